@@ -1,0 +1,25 @@
+# `cmake --install` puts the static library, the headers (under include/loom, keeping the
+# core/ kernels/ optimizer/ layout) and a loomConfig.cmake so find_package(loom) works.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS loom EXPORT loomTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(DIRECTORY include/loom DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+foreach(dir core kernels optimizer)
+  install(DIRECTORY ${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom
+          FILES_MATCHING PATTERN "*.h")
+endforeach()
+install(EXPORT loomTargets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
+configure_package_config_file(cmake/loomConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/loomConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/loomConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/loomConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/loomConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
+if(TARGET loom-gpt)
+  install(TARGETS loom-gpt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()

@@ -1,0 +1,70 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/runtime.h"
+
+namespace loom {
+
+void* Allocator::allocate(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  void* p = raw_allocate(nbytes);
+  size_t live = live_.fetch_add(nbytes) + nbytes;
+  size_t peak = peak_.load();
+  while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+  }
+  return p;
+}
+
+void Allocator::deallocate(void* ptr, size_t nbytes) {
+  if (ptr == nullptr) return;
+  raw_deallocate(ptr, nbytes);
+  live_.fetch_sub(nbytes);
+}
+
+namespace {
+
+// 64-byte aligned host memory: a cache line, and enough for any vector load.
+class CpuAllocator final : public Allocator {
+ protected:
+  void* raw_allocate(size_t nbytes) override {
+    size_t rounded = (nbytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    LOOM_CHECK(p != nullptr, "cpu allocator: out of memory allocating ", nbytes, " bytes");
+    return p;
+  }
+  void raw_deallocate(void* ptr, size_t) override { std::free(ptr); }
+};
+
+// Direct cudaMalloc/cudaFree. The caching allocator comes with the CUDA backend issue.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+
+ protected:
+  void* raw_allocate(size_t nbytes) override { return cuda_rt::malloc_device(device_, nbytes); }
+  void raw_deallocate(void* ptr, size_t) override { cuda_rt::free_device(device_, ptr); }
+
+ private:
+  int device_;
+};
+
+}  // namespace
+
+Allocator& allocator_for(Device device) {
+  static CpuAllocator cpu;
+  if (device.is_cpu()) return cpu;
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<CudaAllocator>> cuda;
+  std::lock_guard<std::mutex> lock(mu);
+  LOOM_CHECK(device.index >= 0 && device.index < 1024, "allocator: bad device ", device.str());
+  if (cuda.size() <= size_t(device.index)) cuda.resize(device.index + 1);
+  if (!cuda[device.index]) cuda[device.index] = std::make_unique<CudaAllocator>(device.index);
+  return *cuda[device.index];
+}
+
+}  // namespace loom

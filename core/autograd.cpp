@@ -1,0 +1,236 @@
+#include "core/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/ops.h"
+
+namespace loom::autograd {
+
+// Note [Gradient readiness]
+// Every leaf that requires a gradient has exactly one AccumulateGrad node (cached weakly on the
+// leaf), and the engine runs a node only after every edge into it has delivered its gradient
+// (dependency counting). So a leaf's AccumulateGrad runs once per backward, with the complete
+// gradient, and that is when its grad-ready hooks fire: DDP launches a bucket's allreduce from
+// there while the rest of backward goes on. Ready AccumulateGrad nodes run before anything
+// else so hooks fire as early as possible; other nodes run in reverse creation order.
+// A parameter used both inside and outside an activation-checkpointed region gets two
+// backwards (the recomputation's and the outer one), and so fires its hooks twice.
+
+namespace {
+
+std::atomic<uint64_t> next_sequence_nr{0};
+thread_local bool grad_mode = true;
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : Node(name), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    LOOM_CHECK(fn_ != nullptr, "backward: trying to backward through ", name(),
+               " a second time; its saved tensors were freed by the first backward");
+    std::vector<Tensor> grads = fn_(grad_output);
+    fn_ = nullptr;  // release saved tensors now: activations are freed as backward proceeds
+    return grads;
+  }
+
+ private:
+  BackwardFn fn_;
+};
+
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf)
+      : Node("AccumulateGrad"), leaf_(leaf) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    std::shared_ptr<TensorImpl> impl = leaf_.lock();
+    if (!impl) return {};
+    Tensor leaf(impl);
+    Tensor g = grad_output.detach();
+    if (!impl->grad.defined()) {
+      // A private copy: the incoming gradient may alias another leaf's (add's backward hands
+      // the same tensor to both inputs) and leaf gradients are later updated in place.
+      impl->grad = g.clone();
+    } else {
+      add_(impl->grad, g);
+    }
+    for (auto& hook : impl->grad_ready_hooks) hook(leaf);
+    return {};
+  }
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
+  const auto& impl = leaf.impl();
+  std::shared_ptr<Node> acc = impl->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(impl);
+    impl->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+// Where the gradient of `t` must be sent: its grad_fn, its accumulator, or nowhere.
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  if (t.requires_grad()) return accumulator_for(t);
+  return nullptr;
+}
+
+bool is_accumulator(const Node* n) { return dynamic_cast<const AccumulateGrad*>(n) != nullptr; }
+
+}  // namespace
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequence_nr++) {}
+
+bool grad_enabled() { return grad_mode; }
+
+NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
+NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(grad_mode) { grad_mode = true; }
+EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_mode) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
+            BackwardFn backward) {
+  if (!needs_grad(inputs)) return;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->next.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    if (t.defined())
+      node->next.push_back({gradient_edge(t), t.shape(), t.dtype()});
+    else
+      node->next.push_back({nullptr, {}, DType::kF32});
+  }
+  // The output is a fresh tensor from the op; give it its own impl's autograd state.
+  output.impl()->grad_fn = std::move(node);
+  output.impl()->requires_grad = true;
+}
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  LOOM_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(),
+             " outputs but ", grad_outputs.size(), " gradients");
+  std::unordered_map<Node*, Tensor> pending;  // summed incoming gradient per node
+  std::vector<std::shared_ptr<Node>> roots;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    const Tensor& g = grad_outputs[i];
+    LOOM_CHECK(out.defined(), "backward: output ", i, " is undefined");
+    LOOM_CHECK(g.defined(), "backward: gradient for output ", i, " is undefined");
+    LOOM_CHECK(g.shape() == out.shape(), "backward: gradient ", i, " has shape ",
+               shape_str(g.shape()), " but output has ", shape_str(out.shape()));
+    LOOM_CHECK(g.device() == out.device(), "backward: gradient ", i, " is on ",
+               g.device().str(), " but output on ", out.device().str());
+    std::shared_ptr<Node> root = gradient_edge(out);
+    LOOM_CHECK(root != nullptr, "backward: output ", i, " (", out.str(),
+               ") does not require grad: nothing that produced it requires a gradient");
+    Tensor& slot = pending[root.get()];
+    slot = slot.defined() ? add(slot, g.detach()) : g.detach();
+    roots.push_back(root);
+  }
+
+  // Count, for every reachable node, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (auto& r : roots)
+    if (seen.insert(r.get()).second) stack.push_back(r.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next) {
+      if (!e.node) continue;
+      ++dependencies[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    bool acc_a = is_accumulator(a.get()), acc_b = is_accumulator(b.get());
+    if (acc_a != acc_b) return acc_b;  // accumulators first
+    return a->sequence_nr() < b->sequence_nr();
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
+                      decltype(later_first)>
+      ready(later_first);
+  std::unordered_set<Node*> queued;
+  for (auto& r : roots)
+    if (dependencies[r.get()] == 0 && queued.insert(r.get()).second) ready.push(r);
+
+  NoGradGuard no_grad;
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    Tensor grad = std::move(pending[node.get()]);
+    pending.erase(node.get());
+    std::vector<Tensor> input_grads;
+    if (grad.defined()) input_grads = node->apply(grad);
+    LOOM_ASSERT(input_grads.empty() || input_grads.size() == node->next.size(), node->name(),
+                " returned ", input_grads.size(), " gradients for ", node->next.size(),
+                " inputs");
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Node::Edge& e = node->next[i];
+      if (!e.node) continue;
+      if (i < input_grads.size() && input_grads[i].defined()) {
+        const Tensor& gi = input_grads[i];
+        LOOM_ASSERT(gi.shape() == e.shape, node->name(), " gave input ", i, " a gradient of shape ",
+                    shape_str(gi.shape()), ", expected ", shape_str(e.shape));
+        Tensor& slot = pending[e.node.get()];
+        slot = slot.defined() ? add(slot, gi) : gi;
+      }
+      if (--dependencies[e.node.get()] == 0 && queued.insert(e.node.get()).second)
+        ready.push(e.node);
+    }
+  }
+}
+
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                  const std::vector<Tensor>& inputs) {
+  if (!needs_grad(inputs)) {
+    // Parameters inside fn may still need gradients; without a tracked input we cannot know, so
+    // run fn normally (recording whatever it records).
+    return fn(inputs);
+  }
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = fn(inputs);
+  }
+  out = out.detach();
+  std::vector<Tensor> saved = inputs;
+  record(out, "checkpoint", inputs, [fn, saved](const Tensor& g) {
+    std::vector<Tensor> fresh;
+    fresh.reserve(saved.size());
+    for (const Tensor& t : saved) {
+      if (!t.defined()) {
+        fresh.push_back(t);
+        continue;
+      }
+      Tensor d = t.detach();
+      if (t.requires_grad()) d.set_requires_grad(true);
+      fresh.push_back(d);
+    }
+    Tensor recomputed;
+    {
+      EnableGradGuard enable;
+      recomputed = fn(fresh);
+    }
+    if (recomputed.grad_fn() || recomputed.requires_grad()) backward({recomputed}, {g});
+    std::vector<Tensor> grads;
+    for (const Tensor& t : fresh) grads.push_back(t.defined() ? t.grad() : Tensor());
+    return grads;
+  });
+  return out;
+}
+
+}  // namespace loom::autograd

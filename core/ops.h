@@ -1,0 +1,91 @@
+// Differentiable operations on Tensors. Each op checks its arguments (shape, dtype, device) with
+// LOOM_CHECK, naming itself and the argument, makes its inputs contiguous, dispatches to
+// kernels/cpu or kernels/cuda, and records its backward with autograd::record.
+//
+// Implementations, one file per family under core/ops/: shape.cpp, elementwise.cpp,
+// reduce.cpp, matmul.cpp, activation.cpp (gelu, softmax, dropout), norm.cpp, attention.cpp,
+// loss.cpp, embedding.cpp, optim_update.cpp.
+//
+// Broadcasting ("over leading dims"): for binary elementwise ops the two shapes must be equal,
+// or one must be a suffix of the other (b of shape [C] against a of shape [B, T, C]); the result
+// has the longer shape and the gradient of the shorter operand is summed over the leading dims.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/tensor.h"
+
+namespace loom {
+
+// ---------------- shape (views where possible) ----------------
+Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed; view when contiguous
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  // view
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);  // view
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);  // equal sizes
+
+// ---------------- elementwise ----------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, double s);  // x * s
+Tensor gelu(const Tensor& x);             // tanh approximation, as GPT-2
+
+// ---------------- reductions ----------------
+Tensor sum(const Tensor& x);   // all elements -> shape []
+Tensor mean(const Tensor& x);  // all elements -> shape []
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
+
+// ---------------- linear algebra ----------------
+// a: [..., M, K] ([..., K, M] with transpose_a); b: [K, N] ([N, K] with transpose_b) shared by
+// every batch entry, or with a's leading dims. Result [..., M, N].
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false,
+              bool transpose_b = false);
+// x: [..., in], weight: [out, in], bias: [out] or undefined. Result [..., out].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---------------- neural-network functions ----------------
+Tensor softmax(const Tensor& x);  // over the last dim
+// Over the last dim C; weight and bias [C] (either may be undefined: scale 1 / shift 0).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// q, k, v: [B, H, T, D]; softmax(q k^T / sqrt(D)) v with a causal mask when `causal`.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = true);
+
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;  // targets equal to this add nothing and count for nothing
+  // Only the first num_classes columns are classes (a padded vocabulary's extra columns are
+  // ignored: they take no probability and get zero gradient). -1: all columns.
+  int64_t num_classes = -1;
+};
+// logits [N, V] f32, targets [N] i32/i64 -> mean over non-ignored rows of -log softmax[target],
+// a scalar (shape []). Fused: never stores more than the logits' size (the backward recomputes
+// softmax from the saved logits and the saved per-row log-sum-exp). A target outside
+// [0, num_classes) that is not ignore_index is an error.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options = {});
+
+// weight [V, C], indices i32/i64 of any shape -> [..., C]. Backward scatter-adds into weight's
+// gradient. An index outside [0, V) is an error naming it.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// Counter-based dropout: element i is kept iff uniform(philox(seed, stream, offset + i)) >= p,
+// and kept elements are scaled by 1/(1-p). The same key gives the same mask on any device and
+// in any recomputation. Identity when !training or p == 0.
+struct DropoutKey {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+  uint64_t offset = 0;
+};
+Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key);
+
+// ---------------- in-place, no autograd (optimizers, gradient handling) ----------------
+void add_(Tensor& x, const Tensor& y, double alpha = 1.0);  // x += alpha * y
+void scale_(Tensor& x, double s);                            // x *= s
+double sum_of_squares(const Tensor& x);                      // f64 accumulation
+
+}  // namespace loom

@@ -1,0 +1,26 @@
+// Argument checks shared by the ops: each names the op and the argument in its message.
+#pragma once
+
+#include <string>
+
+#include "core/tensor.h"
+
+namespace loom::detail {
+
+void check_defined(const char* op, const char* arg, const Tensor& t);
+// Defined, f32 (the dtype CPU kernels compute in for now).
+void check_f32(const char* op, const char* arg, const Tensor& t);
+// Defined and of an index type (i32 or i64).
+void check_index(const char* op, const char* arg, const Tensor& t);
+void check_same_device(const char* op, const char* arg_a, const Tensor& a, const char* arg_b,
+                       const Tensor& b);
+void check_dim(const char* op, const char* arg, const Tensor& t, int64_t dims);
+// Normalises a possibly negative dim into [0, ndim).
+int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim);
+
+// For broadcasting over leading dims: true when `small` is a suffix of `big`.
+bool is_suffix(const Shape& small, const Shape& big);
+// Sums a gradient of shape `from` down to the suffix shape `to` (identity when equal).
+Tensor sum_to_suffix(const Tensor& grad, const Shape& to);
+
+}  // namespace loom::detail

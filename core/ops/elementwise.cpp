@@ -1,0 +1,156 @@
+// add / sub / mul / scale with broadcasting over leading dims (see core/ops.h), and the in-place
+// helpers optimizers use.
+#include "core/cuda_dispatch.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace loom {
+
+namespace {
+
+enum class Binary { kAdd, kSub, kMul };
+
+Tensor binary_forward(Binary kind, const Tensor& a, const Tensor& b) {
+  Tensor big = a.contiguous(), small = b.contiguous();
+  bool swapped = false;
+  if (a.shape() != b.shape() && detail::is_suffix(a.shape(), b.shape())) {
+    std::swap(big, small);
+    swapped = true;
+  }
+  Tensor out = Tensor::empty(big.shape(), DType::kF32, big.device());
+  const int64_t n = big.numel(), nb = small.numel();
+  if (n == 0) return out;
+  const float* x = big.data<float>();
+  const float* y = small.data<float>();
+  float* o = out.data<float>();
+  // The kernels broadcast their second operand, so a shorter `a` is swapped in as the second;
+  // sub, the one non-commutative op, then negates (b - a = -(a' - b')).
+  if (big.device().is_cpu()) {
+    switch (kind) {
+      case Binary::kAdd: kernels::cpu::add(x, y, o, n, nb); break;
+      case Binary::kMul: kernels::cpu::mul(x, y, o, n, nb); break;
+      case Binary::kSub:
+        kernels::cpu::sub(x, y, o, n, nb);
+        if (swapped) kernels::cpu::scale(o, -1.0f, o, n);
+        break;
+    }
+  } else {
+    LOOM_IF_CUDA({
+      auto stream = cuda_stream(big.device());
+      switch (kind) {
+        case Binary::kAdd: kernels::cuda::add(x, y, o, n, nb, stream); break;
+        case Binary::kMul: kernels::cuda::mul(x, y, o, n, nb, stream); break;
+        case Binary::kSub:
+          kernels::cuda::sub(x, y, o, n, nb, stream);
+          if (swapped) kernels::cuda::scale(o, -1.0f, o, n, stream);
+          break;
+      }
+    });
+  }
+  return out;
+}
+
+void check_binary(const char* op, const Tensor& a, const Tensor& b) {
+  detail::check_f32(op, "a", a);
+  detail::check_f32(op, "b", b);
+  detail::check_same_device(op, "a", a, "b", b);
+  LOOM_CHECK(a.shape() == b.shape() || detail::is_suffix(b.shape(), a.shape()) ||
+                 detail::is_suffix(a.shape(), b.shape()),
+             op, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+             " do not broadcast (one must equal the trailing dims of the other)");
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  check_binary("add", a, b);
+  Tensor out = binary_forward(Binary::kAdd, a, b);
+  Shape sa = a.shape(), sb = b.shape();
+  autograd::record(out, "add", {a, b}, [sa, sb](const Tensor& g) {
+    return std::vector<Tensor>{detail::sum_to_suffix(g, sa), detail::sum_to_suffix(g, sb)};
+  });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  check_binary("sub", a, b);
+  Tensor out = binary_forward(Binary::kSub, a, b);
+  Shape sa = a.shape(), sb = b.shape();
+  autograd::record(out, "sub", {a, b}, [sa, sb](const Tensor& g) {
+    return std::vector<Tensor>{detail::sum_to_suffix(g, sa),
+                               detail::sum_to_suffix(scale(g, -1.0), sb)};
+  });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  check_binary("mul", a, b);
+  Tensor out = binary_forward(Binary::kMul, a, b);
+  Tensor sa = a.requires_grad() ? b.detach() : Tensor();  // saved only where a gradient needs it
+  Tensor sb = b.requires_grad() ? a.detach() : Tensor();
+  Shape shape_a = a.shape(), shape_b = b.shape();
+  autograd::record(out, "mul", {a, b}, [sa, sb, shape_a, shape_b](const Tensor& g) {
+    Tensor ga = sa.defined() ? detail::sum_to_suffix(mul(g, sa), shape_a) : Tensor();
+    Tensor gb = sb.defined() ? detail::sum_to_suffix(mul(g, sb), shape_b) : Tensor();
+    return std::vector<Tensor>{ga, gb};
+  });
+  return out;
+}
+
+Tensor scale(const Tensor& x, double s) {
+  detail::check_f32("scale", "x", x);
+  Tensor in = x.contiguous();
+  Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
+  if (in.device().is_cpu()) {
+    kernels::cpu::scale(in.data<float>(), float(s), out.data<float>(), in.numel());
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::scale(in.data<float>(), float(s), out.data<float>(), in.numel(),
+                                      cuda_stream(in.device())));
+  }
+  autograd::record(out, "scale", {x}, [s](const Tensor& g) {
+    return std::vector<Tensor>{scale(g, s)};
+  });
+  return out;
+}
+
+void add_(Tensor& x, const Tensor& y, double alpha) {
+  detail::check_f32("add_", "x", x);
+  detail::check_f32("add_", "y", y);
+  detail::check_same_device("add_", "x", x, "y", y);
+  LOOM_CHECK(x.shape() == y.shape(), "add_: shapes ", shape_str(x.shape()), " and ",
+             shape_str(y.shape()), " differ");
+  LOOM_CHECK(x.is_contiguous(), "add_: destination ", x.str(), " is not contiguous");
+  Tensor in = y.detach().contiguous();
+  if (x.device().is_cpu()) {
+    kernels::cpu::axpy(x.data<float>(), in.data<float>(), float(alpha), x.numel());
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::axpy(x.data<float>(), in.data<float>(), float(alpha), x.numel(),
+                                     cuda_stream(x.device())));
+  }
+}
+
+void scale_(Tensor& x, double s) {
+  detail::check_f32("scale_", "x", x);
+  LOOM_CHECK(x.is_contiguous(), "scale_: tensor ", x.str(), " is not contiguous");
+  if (x.device().is_cpu()) {
+    kernels::cpu::scale(x.data<float>(), float(s), x.data<float>(), x.numel());
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::scale(x.data<float>(), float(s), x.data<float>(), x.numel(),
+                                      cuda_stream(x.device())));
+  }
+}
+
+double sum_of_squares(const Tensor& x) {
+  detail::check_f32("sum_of_squares", "x", x);
+  Tensor in = x.detach().contiguous();
+  if (in.device().is_cpu()) return kernels::cpu::sum_of_squares(in.data<float>(), in.numel());
+#if LOOM_WITH_CUDA
+  return kernels::cuda::sum_of_squares(in.data<float>(), in.numel(), cuda_stream(in.device()));
+#else
+  LOOM_FAIL("sum_of_squares: loom was built without CUDA");
+#endif
+}
+
+}  // namespace loom

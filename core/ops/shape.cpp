@@ -1,0 +1,183 @@
+// reshape / transpose / narrow are views (no copy); cat copies; split and chunk are narrows.
+#include <cstring>
+
+#include "core/cuda_dispatch.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+
+namespace loom {
+
+namespace {
+
+// Copies `rows` rows of `width` bytes from src (rows src_pitch apart) to dst (dst_pitch apart),
+// both on `device`.
+void copy_rows(Device device, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+               size_t width, int64_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (device.is_cpu()) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, width);
+  } else {
+    cuda_stream(device);
+    cuda_rt::copy_2d_device(dst, dst_pitch, src, src_pitch, width, size_t(rows));
+  }
+}
+
+// Sizes of the dims before and after `dim`.
+int64_t outer_size(const Shape& s, int64_t dim) {
+  int64_t n = 1;
+  for (int64_t i = 0; i < dim; ++i) n *= s[i];
+  return n;
+}
+int64_t inner_size(const Shape& s, int64_t dim) {
+  int64_t n = 1;
+  for (size_t i = size_t(dim) + 1; i < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  detail::check_defined("reshape", "x", x);
+  Shape target = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (target[i] == -1) {
+      LOOM_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
+      infer = int64_t(i);
+    } else {
+      LOOM_CHECK(target[i] >= 0, "reshape: negative size in ", shape_str(shape));
+      known *= target[i];
+    }
+  }
+  if (infer >= 0) {
+    LOOM_CHECK(known > 0 && x.numel() % known == 0, "reshape: cannot infer -1 in ",
+               shape_str(shape), " for ", x.numel(), " elements");
+    target[infer] = x.numel() / known;
+  }
+  LOOM_CHECK(shape_numel(target) == x.numel(), "reshape: shape ", shape_str(shape), " has ",
+             shape_numel(target), " elements but the tensor ", shape_str(x.shape()), " has ",
+             x.numel());
+  Tensor base = x.contiguous();  // a view when x is contiguous; else one copy (recorded)
+  Tensor out = make_view(base, target, contiguous_strides(target), base.offset());
+  Shape original = x.shape();
+  autograd::record(out, "reshape", {base}, [original](const Tensor& g) {
+    return std::vector<Tensor>{reshape(g, original)};
+  });
+  return out;
+}
+
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  detail::check_defined("transpose", "x", x);
+  d0 = detail::wrap_dim("transpose", d0, x.dim());
+  d1 = detail::wrap_dim("transpose", d1, x.dim());
+  Shape shape = x.shape(), strides = x.strides();
+  std::swap(shape[d0], shape[d1]);
+  std::swap(strides[d0], strides[d1]);
+  Tensor out = make_view(x, shape, strides, x.offset());
+  autograd::record(out, "transpose", {x}, [d0, d1](const Tensor& g) {
+    return std::vector<Tensor>{transpose(g, d0, d1)};
+  });
+  return out;
+}
+
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  detail::check_defined("narrow", "x", x);
+  dim = detail::wrap_dim("narrow", dim, x.dim());
+  LOOM_CHECK(start >= 0 && length >= 0 && start + length <= x.size(dim), "narrow: range [", start,
+             ", ", start + length, ") outside dim ", dim, " of size ", x.size(dim));
+  Shape shape = x.shape();
+  shape[dim] = length;
+  Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[dim]);
+  Shape full = x.shape();
+  DType dtype = x.dtype();
+  autograd::record(out, "narrow", {x}, [full, dim, start, length, dtype](const Tensor& g) {
+    Tensor gc = g.contiguous();
+    Tensor grad = Tensor::zeros(full, dtype, g.device());
+    const size_t es = dtype_size(dtype);
+    const int64_t inner = inner_size(full, dim);
+    copy_rows(g.device(), static_cast<char*>(grad.data_ptr()) + start * inner * es,
+              full[dim] * inner * es, gc.data_ptr(), length * inner * es, length * inner * es,
+              outer_size(full, dim));
+    return std::vector<Tensor>{grad};
+  });
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  LOOM_CHECK(!xs.empty(), "cat: no tensors given");
+  detail::check_defined("cat", "xs[0]", xs[0]);
+  const Tensor& first = xs[0];
+  dim = detail::wrap_dim("cat", dim, first.dim());
+  Shape shape = first.shape();
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& t = xs[i];
+    LOOM_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
+    LOOM_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " has dtype ", dtype_name(t.dtype()),
+               ", tensor 0 has ", dtype_name(first.dtype()));
+    LOOM_CHECK(t.device() == first.device(), "cat: tensor ", i, " is on ", t.device().str(),
+               ", tensor 0 on ", first.device().str());
+    Shape s = t.shape();
+    LOOM_CHECK(s.size() == shape.size(), "cat: tensor ", i, " has shape ", shape_str(s),
+               ", tensor 0 has ", shape_str(first.shape()));
+    s[dim] = shape[dim];
+    LOOM_CHECK(s == shape, "cat: tensor ", i, " has shape ", shape_str(t.shape()),
+               " which differs from tensor 0's ", shape_str(first.shape()), " outside dim ", dim);
+    total += t.size(dim);
+  }
+  shape[dim] = total;
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  const size_t es = dtype_size(first.dtype());
+  const int64_t inner = inner_size(shape, dim), outer = outer_size(shape, dim);
+  int64_t at = 0;
+  std::vector<int64_t> sizes;
+  for (const Tensor& t : xs) {
+    Tensor c = t.detach().contiguous();
+    copy_rows(out.device(), static_cast<char*>(out.data_ptr()) + at * inner * es,
+              total * inner * es, c.data_ptr(), t.size(dim) * inner * es,
+              t.size(dim) * inner * es, outer);
+    at += t.size(dim);
+    sizes.push_back(t.size(dim));
+  }
+  autograd::record(out, "cat", xs, [sizes, dim](const Tensor& g) {
+    std::vector<Tensor> grads;
+    int64_t start = 0;
+    for (int64_t s : sizes) {
+      grads.push_back(narrow(g, dim, start, s));
+      start += s;
+    }
+    return grads;
+  });
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  detail::check_defined("split", "x", x);
+  dim = detail::wrap_dim("split", dim, x.dim());
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    LOOM_CHECK(s >= 0, "split: negative size ", s);
+    total += s;
+  }
+  LOOM_CHECK(total == x.size(dim), "split: sizes add up to ", total, " but dim ", dim, " has size ",
+             x.size(dim));
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    parts.push_back(narrow(x, dim, start, s));
+    start += s;
+  }
+  return parts;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  detail::check_defined("chunk", "x", x);
+  dim = detail::wrap_dim("chunk", dim, x.dim());
+  LOOM_CHECK(chunks > 0 && x.size(dim) % chunks == 0, "chunk: dim ", dim, " of size ", x.size(dim),
+             " does not split into ", chunks, " equal chunks");
+  return split(x, std::vector<int64_t>(size_t(chunks), x.size(dim) / chunks), dim);
+}
+
+}  // namespace loom

@@ -1,0 +1,429 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/cuda_dispatch.h"
+#include "core/dispatch.h"
+#include "core/ops.h"
+#include "kernels/cpu/copy.h"
+#include "kernels/cuda/copy.h"
+#include "kernels/cuda/runtime.h"
+
+namespace loom {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+Storage::Storage(size_t nbytes, Device device)
+    : data_(allocator_for(device).allocate(nbytes)), nbytes_(nbytes), device_(device) {}
+
+Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_); }
+
+// ---------------------------------------------------------------- creation
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t s : shape)
+    LOOM_CHECK(s >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
+  if (device.is_cuda()) {
+    LOOM_CHECK(cuda_rt::built_with_cuda(), "Tensor::empty on ", device.str(),
+               ": loom was built without CUDA");
+    LOOM_CHECK(device.index < cuda_rt::device_count(), "Tensor::empty on ", device.str(), ": ",
+               cuda_rt::device_count(), " CUDA device(s) present",
+               cuda_rt::device_count() == 0 ? " (" + cuda_rt::no_gpu_reason() + ")" : "");
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(0.0);
+  return t;
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, DType dtype, Device device) {
+  return full({}, value, dtype, device);
+}
+
+Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
+  Tensor t = empty({n}, dtype, Device::cpu());
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = kernels::cpu::convert_scalar<T>(double(i));
+  });
+  return device.is_cpu() ? t : t.to(device);
+}
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->device = base.device();
+  return Tensor(std::move(impl));
+}
+
+// ---------------------------------------------------------------- properties
+
+void Tensor::require_defined(const char* what) const {
+  LOOM_CHECK(impl_ != nullptr, "Tensor::", what, ": the tensor is undefined");
+}
+
+const Shape& Tensor::shape() const {
+  require_defined("shape");
+  return impl_->shape;
+}
+const Shape& Tensor::strides() const {
+  require_defined("strides");
+  return impl_->strides;
+}
+int64_t Tensor::size(int64_t d) const {
+  int64_t n = dim();
+  LOOM_CHECK(d >= -n && d < n, "Tensor::size: dim ", d, " out of range for ", n, "-D tensor");
+  return shape()[d < 0 ? d + n : d];
+}
+int64_t Tensor::offset() const {
+  require_defined("offset");
+  return impl_->offset;
+}
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+DType Tensor::dtype() const {
+  require_defined("dtype");
+  return impl_->dtype;
+}
+Device Tensor::device() const {
+  require_defined("device");
+  return impl_->device;
+}
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  require_defined("storage");
+  return impl_->storage;
+}
+
+bool Tensor::is_contiguous() const {
+  const Shape& sh = shape();
+  const Shape& st = strides();
+  int64_t expected = 1;
+  for (size_t i = sh.size(); i-- > 0;) {
+    if (sh[i] == 1) continue;
+    if (st[i] != expected) return false;
+    expected *= sh[i];
+  }
+  return true;
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();
+}
+
+void* Tensor::data_ptr() const {
+  require_defined("data_ptr");
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
+}
+
+double Tensor::item() const {
+  require_defined("item");
+  LOOM_CHECK(numel() == 1, "Tensor::item: tensor has ", numel(), " elements (expected 1)");
+  Tensor host = detach().to(Device::cpu());
+  return visit_dtype(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::cpu::convert_scalar<double>(*static_cast<const T*>(host.data_ptr()));
+  });
+}
+
+void Tensor::copy_from_host(const void* src, size_t nbytes_in) {
+  require_defined("copy_from_host");
+  LOOM_CHECK(is_contiguous(), "Tensor::copy_from_host: destination ", str(), " is not contiguous");
+  LOOM_CHECK(nbytes_in == nbytes(), "Tensor::copy_from_host: ", nbytes_in, " bytes for ", str(),
+             " (needs ", nbytes(), ")");
+  if (nbytes_in == 0) return;
+  if (device().is_cpu())
+    std::memcpy(data_ptr(), src, nbytes_in);
+  else
+    cuda_rt::copy_host_to_device(device().index, data_ptr(), src, nbytes_in);
+}
+
+void Tensor::copy_to_host(void* dst, size_t nbytes_out) const {
+  require_defined("copy_to_host");
+  LOOM_CHECK(is_contiguous(), "Tensor::copy_to_host: source ", str(), " is not contiguous");
+  LOOM_CHECK(nbytes_out == nbytes(), "Tensor::copy_to_host: ", nbytes_out, " bytes for ", str(),
+             " (needs ", nbytes(), ")");
+  if (nbytes_out == 0) return;
+  if (device().is_cpu())
+    std::memcpy(dst, data_ptr(), nbytes_out);
+  else
+    cuda_rt::copy_device_to_host(device().index, dst, data_ptr(), nbytes_out);
+}
+
+// ---------------------------------------------------------------- copies
+
+namespace {
+
+// A contiguous copy of x's data on x's device (no autograd).
+Tensor contiguous_copy(const Tensor& x) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() == 0) return out;
+  const void* base = static_cast<const char*>(x.storage()->data()) +
+                     x.offset() * dtype_size(x.dtype());
+  if (x.device().is_cpu()) {
+    kernels::cpu::strided_copy(base, out.data_ptr(), dtype_size(x.dtype()), int(x.dim()),
+                               x.shape().data(), x.strides().data());
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::strided_copy(base, out.data_ptr(), dtype_size(x.dtype()),
+                                             int(x.dim()), x.shape().data(), x.strides().data(),
+                                             cuda_stream(x.device())));
+  }
+  return out;
+}
+
+// Copies contiguous src into contiguous dst of the same byte size, across devices.
+void copy_bytes(const Tensor& src, Tensor& dst) {
+  size_t n = src.nbytes();
+  if (n == 0) return;
+  Device s = src.device(), d = dst.device();
+  if (s.is_cpu() && d.is_cpu()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), n);
+  } else if (s.is_cpu()) {
+    cuda_rt::copy_host_to_device(d.index, dst.data_ptr(), src.data_ptr(), n);
+  } else if (d.is_cpu()) {
+    cuda_rt::copy_device_to_host(s.index, dst.data_ptr(), src.data_ptr(), n);
+  } else if (s == d) {
+    cuda_rt::copy_device_to_device(d.index, dst.data_ptr(), src.data_ptr(), n);
+  } else {  // between GPUs through the host
+    std::vector<char> host(n);
+    cuda_rt::copy_device_to_host(s.index, host.data(), src.data_ptr(), n);
+    cuda_rt::copy_host_to_device(d.index, dst.data_ptr(), host.data(), n);
+  }
+}
+
+Tensor convert_copy(const Tensor& x, DType to) {
+  Tensor src = x.is_contiguous() ? x : contiguous_copy(x);
+  Tensor out = Tensor::empty(x.shape(), to, x.device());
+  if (x.device().is_cpu()) {
+    visit_dtype(x.dtype(), [&](auto from_tag) {
+      visit_dtype(to, [&](auto to_tag) {
+        using From = decltype(from_tag);
+        using To = decltype(to_tag);
+        kernels::cpu::convert(src.data<From>(), out.data<To>(), src.numel());
+      });
+    });
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::convert(src.data_ptr(), int(x.dtype()), out.data_ptr(), int(to),
+                                        src.numel(), cuda_stream(x.device())));
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor Tensor::contiguous() const {
+  require_defined("contiguous");
+  if (is_contiguous()) return *this;
+  Tensor out = contiguous_copy(*this);
+  autograd::record(out, "contiguous", {*this}, [](const Tensor& g) {
+    return std::vector<Tensor>{g};
+  });
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  require_defined("clone");
+  Tensor out = contiguous_copy(*this);
+  autograd::record(out, "clone", {*this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  return out;
+}
+
+Tensor Tensor::detach() const {
+  require_defined("detach");
+  return make_view(*this, shape(), strides(), offset());
+}
+
+Tensor Tensor::to(Device target) const {
+  require_defined("to");
+  if (target == device()) return *this;
+  Tensor src = is_contiguous() ? detach() : contiguous_copy(*this);
+  Tensor out = Tensor::empty(shape(), dtype(), target);
+  copy_bytes(src, out);
+  Device source = device();
+  autograd::record(out, "to_device", {*this}, [source](const Tensor& g) {
+    return std::vector<Tensor>{g.to(source)};
+  });
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  require_defined("to");
+  if (target == dtype()) return *this;
+  Tensor out = convert_copy(*this, target);
+  if (is_floating(dtype()) && is_floating(target)) {
+    DType source = dtype();
+    autograd::record(out, "to_dtype", {*this}, [source](const Tensor& g) {
+      return std::vector<Tensor>{g.to(source)};
+    });
+  }
+  return out;
+}
+
+void Tensor::copy_(const Tensor& src) {
+  require_defined("copy_");
+  LOOM_CHECK(src.defined(), "Tensor::copy_: source is undefined");
+  LOOM_CHECK(src.shape() == shape(), "Tensor::copy_: source shape ", shape_str(src.shape()),
+             " does not match destination ", shape_str(shape()));
+  LOOM_CHECK(src.dtype() == dtype(), "Tensor::copy_: source dtype ", dtype_name(src.dtype()),
+             " does not match destination ", dtype_name(dtype()));
+  Tensor s = src.detach().contiguous();
+  if (is_contiguous()) {
+    copy_bytes(s, *this);
+    return;
+  }
+  // Non-contiguous destination: only on the host, element by element through the strides.
+  LOOM_CHECK(device().is_cpu(), "Tensor::copy_: non-contiguous destination on ", device().str(),
+             " is not supported");
+  Tensor host = s.to(Device::cpu());
+  size_t es = dtype_size(dtype());
+  const char* from = static_cast<const char*>(host.data_ptr());
+  char* base = static_cast<char*>(storage()->data()) + offset() * es;
+  const Shape& sh = shape();
+  const Shape& st = strides();
+  int64_t n = numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i, off = 0;
+    for (size_t d = sh.size(); d-- > 0;) {
+      off += (rem % sh[d]) * st[d];
+      rem /= sh[d];
+    }
+    std::memcpy(base + off * es, from + i * es, es);
+  }
+}
+
+void Tensor::fill_(double value) {
+  require_defined("fill_");
+  LOOM_CHECK(is_contiguous(), "Tensor::fill_: tensor ", str(), " is not contiguous");
+  visit_dtype(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T v = kernels::cpu::convert_scalar<T>(value);
+    if (device().is_cpu()) {
+      T* p = static_cast<T*>(data_ptr());
+      for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
+    } else {
+      LOOM_IF_CUDA(kernels::cuda::fill(data_ptr(), &v, sizeof(T), numel(), cuda_stream(device())));
+    }
+  });
+}
+
+// ---------------------------------------------------------------- views
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  return loom::narrow(*this, d, start, length);
+}
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return loom::transpose(*this, d0, d1); }
+Tensor Tensor::reshape(const Shape& s) const { return loom::reshape(*this, s); }
+
+// ---------------------------------------------------------------- autograd
+
+bool Tensor::requires_grad() const {
+  require_defined("requires_grad");
+  return impl_->requires_grad;
+}
+
+Tensor& Tensor::set_requires_grad(bool value) {
+  require_defined("set_requires_grad");
+  LOOM_CHECK(impl_->grad_fn == nullptr,
+             "Tensor::set_requires_grad: only leaf tensors can be marked; this one was produced "
+             "by ", impl_->grad_fn->name(), " (use detach() to make a leaf)");
+  LOOM_CHECK(!value || is_floating(dtype()), "Tensor::set_requires_grad: dtype ",
+             dtype_name(dtype()), " cannot require gradients (floating types only)");
+  impl_->requires_grad = value;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  require_defined("is_leaf");
+  return impl_->grad_fn == nullptr;
+}
+
+const Tensor& Tensor::grad() const {
+  require_defined("grad");
+  return impl_->grad;
+}
+
+void Tensor::set_grad(const Tensor& grad) {
+  require_defined("set_grad");
+  if (grad.defined()) {
+    LOOM_CHECK(grad.shape() == shape(), "Tensor::set_grad: gradient shape ",
+               shape_str(grad.shape()), " does not match ", shape_str(shape()));
+  }
+  impl_->grad = grad;
+}
+
+void Tensor::zero_grad() {
+  require_defined("zero_grad");
+  impl_->grad = Tensor();
+}
+
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+  require_defined("grad_fn");
+  return impl_->grad_fn;
+}
+
+void Tensor::backward(const Tensor& grad_output) const {
+  require_defined("backward");
+  Tensor g = grad_output;
+  if (!g.defined()) {
+    LOOM_CHECK(numel() == 1, "Tensor::backward: an implicit gradient needs a single-element "
+               "output, this one is ", shape_str(shape()), " (pass grad_output)");
+    g = Tensor::ones(shape(), dtype(), device());
+  }
+  autograd::backward({*this}, {g});
+}
+
+void Tensor::register_grad_ready_hook(std::function<void(const Tensor&)> hook) {
+  require_defined("register_grad_ready_hook");
+  LOOM_CHECK(is_leaf(), "Tensor::register_grad_ready_hook: only leaf tensors (parameters) have "
+             "grad-ready hooks");
+  impl_->grad_ready_hooks.push_back(std::move(hook));
+}
+
+}  // namespace loom

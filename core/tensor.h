@@ -1,0 +1,176 @@
+// Tensor: shared storage + shape + strides + offset (in elements). Views (narrow, transpose,
+// reshape of a contiguous tensor) share storage; kernels take contiguous inputs, so ops call
+// contiguous() first. A Tensor is a cheap handle (one shared_ptr); copies alias.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace loom {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "[2, 3]"
+Shape contiguous_strides(const Shape& shape);
+
+// Bytes on one device, returned to its allocator when the last tensor using them goes away.
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+};
+
+namespace autograd {
+class Node;
+}
+struct TensorImpl;
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- creation ----
+  static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+  static Tensor ones(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32,
+                     Device device = Device::cpu());
+  static Tensor scalar(double value, DType dtype = DType::kF32, Device device = Device::cpu());
+  // 0, 1, ..., n-1 as f32 (or the given dtype), shaped [n].
+  static Tensor arange(int64_t n, DType dtype = DType::kF32, Device device = Device::cpu());
+  // Copies host values (T must match dtype's C++ type) into a new tensor of `shape`.
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                            Device device = Device::cpu());
+
+  // ---- properties ----
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  const Shape& strides() const;
+  int64_t dim() const { return int64_t(shape().size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t offset() const;         // in elements
+  int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const;
+  std::string str() const;  // "Tensor[2, 3] f32 cpu"
+
+  // ---- data access ----
+  void* data_ptr() const;  // first element (storage + offset)
+  template <typename T>
+  T* data() const;  // checks that T matches dtype
+  double item() const;  // the single element as double (any dtype, any device)
+  template <typename T>
+  std::vector<T> to_vector() const;  // row-major copy to the host, any layout or device
+  void copy_from_host(const void* src, size_t nbytes);  // into a contiguous tensor
+  void copy_to_host(void* dst, size_t nbytes) const;    // from a contiguous tensor
+
+  // ---- copies and conversions (not recorded by autograd unless noted) ----
+  Tensor contiguous() const;  // itself when already contiguous; differentiable
+  Tensor clone() const;       // new contiguous storage; differentiable
+  Tensor detach() const;      // same storage, no autograd history
+  Tensor to(Device device) const;  // differentiable
+  Tensor to(DType dtype) const;    // differentiable between floating types
+  void copy_(const Tensor& src);   // same shape and dtype; any device or layout
+  void fill_(double value);
+  void zero_() { fill_(0.0); }
+
+  // ---- views (differentiable; see core/ops.h) ----
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor reshape(const Shape& shape) const;
+
+  // ---- autograd ----
+  bool requires_grad() const;
+  // Marks a leaf as needing a gradient. Only leaves (tensors no op produced) may be marked.
+  Tensor& set_requires_grad(bool value);
+  bool is_leaf() const;
+  const Tensor& grad() const;  // undefined until a backward reaches this leaf
+  void set_grad(const Tensor& grad);
+  void zero_grad();  // drops the gradient (undefined again)
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  // backward() of a single-element tensor (gradient 1), or with an explicit output gradient.
+  void backward(const Tensor& grad_output = Tensor()) const;
+  // `hook(param)` runs once this leaf's gradient is complete for the current backward.
+  void register_grad_ready_hook(std::function<void(const Tensor&)> hook);
+
+  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+  bool same_as(const Tensor& other) const { return impl_ == other.impl_; }
+
+ private:
+  void require_defined(const char* what) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;
+  int64_t offset = 0;
+  DType dtype = DType::kF32;
+  Device device;
+
+  // autograd state
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<autograd::Node> grad_fn;             // null for leaves
+  std::weak_ptr<autograd::Node> grad_accumulator;      // the leaf's AccumulateGrad node
+  std::vector<std::function<void(const Tensor&)>> grad_ready_hooks;
+};
+
+// Makes a tensor over existing storage (a view): no copy, no autograd history.
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+
+template <typename T>
+T* Tensor::data() const {
+  require_defined("data");
+  LOOM_CHECK(dtype() == DTypeOf<T>::value, "Tensor::data: tensor is ", dtype_name(dtype()),
+             " but ", dtype_name(DTypeOf<T>::value), " was requested");
+  return static_cast<T*>(data_ptr());
+}
+
+template <typename T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
+  LOOM_CHECK(int64_t(values.size()) == shape_numel(shape), "Tensor::from_vector: ",
+             values.size(), " values for shape ", shape_str(shape), " (needs ",
+             shape_numel(shape), ")");
+  Tensor t = empty(shape, DTypeOf<T>::value, device);
+  t.copy_from_host(values.data(), values.size() * sizeof(T));
+  return t;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  require_defined("to_vector");
+  LOOM_CHECK(dtype() == DTypeOf<T>::value, "Tensor::to_vector: tensor is ", dtype_name(dtype()),
+             " but ", dtype_name(DTypeOf<T>::value), " was requested");
+  std::vector<T> out(static_cast<size_t>(numel()));
+  detach().contiguous().copy_to_host(out.data(), out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,138 @@
+#include "kernels/cuda/copy.h"
+#include "kernels/cuda/launch.h"
+
+namespace loom::kernels::cuda {
+
+namespace {
+
+constexpr int kMaxDims = 16;
+struct Layout {
+  int ndim;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+};
+
+template <typename T>
+__global__ void strided_copy_kernel(const T* src, T* dst, Layout layout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t rem = i, off = 0;
+    for (int d = layout.ndim - 1; d >= 0; --d) {
+      off += (rem % layout.shape[d]) * layout.strides[d];
+      rem /= layout.shape[d];
+    }
+    dst[i] = src[off];
+  }
+}
+
+template <typename T>
+__device__ float to_f(T v) { return float(v); }
+template <>
+__device__ float to_f(BFloat16 v) { return bf16_to_float(v); }
+template <>
+__device__ float to_f(Float16 v) { return f16_to_float(v); }
+
+template <typename T>
+__device__ T from_f(float v) { return T(v); }
+template <>
+__device__ BFloat16 from_f(float v) { return float_to_bf16(v); }
+template <>
+__device__ Float16 from_f(float v) { return float_to_f16(v); }
+
+template <typename To, typename From>
+__global__ void convert_kernel(const From* src, To* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_integral_v<To> && std::is_integral_v<From>)
+      dst[i] = To(src[i]);
+    else
+      dst[i] = from_f<To>(to_f(src[i]));
+  }
+}
+
+template <typename T>
+__global__ void fill_kernel(T* dst, T value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+constexpr int kBlock = 256;
+unsigned grid_for(int64_t n) {
+  int64_t b = (n + kBlock - 1) / kBlock;
+  return unsigned(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+template <typename F>
+void visit_type(int code, F&& f) {
+  switch (code) {
+    case 0: return f(float{});
+    case 1: return f(BFloat16{});
+    case 2: return f(Float16{});
+    case 3: return f(int32_t{});
+    case 4: return f(int64_t{});
+    case 5: return f(uint8_t{});
+  }
+  LOOM_FAIL("cuda convert: unknown type code ", code);
+}
+
+}  // namespace
+
+void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
+                  const int64_t* strides, Stream stream) {
+  LOOM_CHECK(ndim <= kMaxDims, "cuda strided_copy: ", ndim, " dims (at most ", kMaxDims, ")");
+  Layout layout{};
+  layout.ndim = ndim;
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) {
+    layout.shape[d] = shape[d];
+    layout.strides[d] = strides[d];
+    n *= shape[d];
+  }
+  if (n == 0) return;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    LOOM_LAUNCH(strided_copy_kernel<T>, grid_for(n), kBlock, 0, stream,
+                static_cast<const T*>(src), static_cast<T*>(dst), layout, n);
+  };
+  switch (elem_size) {
+    case 1: return launch(uint8_t{});
+    case 2: return launch(uint16_t{});
+    case 4: return launch(uint32_t{});
+    case 8: return launch(uint64_t{});
+  }
+  LOOM_FAIL("cuda strided_copy: element size ", elem_size);
+}
+
+void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, Stream stream) {
+  if (n == 0) return;
+  visit_type(src_type, [&](auto from_tag) {
+    visit_type(dst_type, [&](auto to_tag) {
+      using From = decltype(from_tag);
+      using To = decltype(to_tag);
+      auto kernel = convert_kernel<To, From>;
+      LOOM_LAUNCH(kernel, grid_for(n), kBlock, 0, stream, static_cast<const From*>(src),
+                  static_cast<To*>(dst), n);
+    });
+  });
+}
+
+void fill(void* dst, const void* value, size_t elem_size, int64_t n, Stream stream) {
+  if (n == 0) return;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    T v;
+    memcpy(&v, value, sizeof(T));
+    LOOM_LAUNCH(fill_kernel<T>, grid_for(n), kBlock, 0, stream, static_cast<T*>(dst), v,
+                n);
+  };
+  switch (elem_size) {
+    case 1: return launch(uint8_t{});
+    case 2: return launch(uint16_t{});
+    case 4: return launch(uint32_t{});
+    case 8: return launch(uint64_t{});
+  }
+  LOOM_FAIL("cuda fill: element size ", elem_size);
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,20 @@
+// Elementwise kernels on device memory: the CUDA twins of kernels/cpu/elementwise.h, with the
+// same broadcasting rule (b repeats every nb elements of a).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/stream.h"
+
+namespace loom::kernels::cuda {
+
+void add(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
+void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
+void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
+void scale(const float* x, float s, float* out, int64_t n, Stream stream);
+void axpy(float* x, const float* y, float alpha, int64_t n, Stream stream);
+void sum_rows(const float* x, float* out, int64_t rows, int64_t cols, Stream stream);
+// Sum of squares accumulated in f64, returned to the host (synchronises the stream).
+double sum_of_squares(const float* x, int64_t n, Stream stream);
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,76 @@
+#include "kernels/cuda/runtime.h"
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/check.h"
+
+namespace loom::cuda_rt {
+
+bool built_with_cuda() { return true; }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+std::string no_gpu_reason() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device: ") + cudaGetErrorString(err);
+  }
+  return n == 0 ? "no CUDA device present" : "";
+}
+
+void* malloc_device(int device, size_t nbytes) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  void* p = nullptr;
+  LOOM_CUDA_CHECK(cudaMalloc(&p, nbytes));
+  return p;
+}
+
+void free_device(int device, void* ptr) {
+  cudaSetDevice(device);
+  cudaFree(ptr);  // never throws from a destructor path
+}
+
+void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice));
+}
+
+void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_device_to_device(int device, void* dst, const void* src, size_t nbytes) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToDevice));
+}
+
+void memset_device(int device, void* dst, int value, size_t nbytes) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  LOOM_CUDA_CHECK(cudaMemset(dst, value, nbytes));
+}
+
+void synchronize(int device) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void set_device(int device) { LOOM_CUDA_CHECK(cudaSetDevice(device)); }
+
+void copy_2d_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                    size_t height) {
+  if (width == 0 || height == 0) return;
+  LOOM_CUDA_CHECK(
+      cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice));
+}
+
+}  // namespace loom::cuda_rt

@@ -1,0 +1,27 @@
+// The CUDA runtime calls core needs (device memory, copies, device count), behind plain
+// functions so core compiles the same with and without CUDA. Built from runtime.cpp when
+// LOOM_WITH_CUDA is on, and from runtime_stub.cpp (every call but the queries throws) otherwise.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace loom::cuda_rt {
+
+bool built_with_cuda();
+int device_count();  // 0 when built without CUDA or when no GPU is usable; never throws
+std::string no_gpu_reason();  // why device_count() is 0, for skip messages
+
+void* malloc_device(int device, size_t nbytes);
+void free_device(int device, void* ptr);
+void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes);
+void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes);
+void copy_device_to_device(int device, void* dst, const void* src, size_t nbytes);
+void memset_device(int device, void* dst, int value, size_t nbytes);
+void synchronize(int device);
+void set_device(int device);
+// height rows of width bytes, rows dst_pitch / src_pitch bytes apart, on the current device.
+void copy_2d_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                    size_t height);
+
+}  // namespace loom::cuda_rt

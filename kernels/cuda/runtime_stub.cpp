@@ -1,0 +1,29 @@
+// Built instead of runtime.cpp when loom is configured without CUDA.
+#include "core/error.h"
+#include "kernels/cuda/runtime.h"
+
+namespace loom::cuda_rt {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  LOOM_FAIL(what, ": loom was built without CUDA (reconfigure with -DLOOM_WITH_CUDA=ON)");
+}
+}  // namespace
+
+bool built_with_cuda() { return false; }
+int device_count() { return 0; }
+std::string no_gpu_reason() { return "loom was built without CUDA"; }
+void* malloc_device(int, size_t) { no_cuda("cuda malloc"); }
+void free_device(int, void*) {}
+void copy_host_to_device(int, void*, const void*, size_t) { no_cuda("copy to cuda"); }
+void copy_device_to_host(int, void*, const void*, size_t) { no_cuda("copy from cuda"); }
+void copy_device_to_device(int, void*, const void*, size_t) { no_cuda("cuda copy"); }
+void memset_device(int, void*, int, size_t) { no_cuda("cuda memset"); }
+void synchronize(int) { no_cuda("cuda synchronize"); }
+void set_device(int) { no_cuda("cuda set_device"); }
+
+void copy_2d_device(void*, size_t, const void*, size_t, size_t, size_t) {
+  no_cuda("cuda copy_2d");
+}
+
+}  // namespace loom::cuda_rt
