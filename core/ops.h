@@ -2,9 +2,9 @@
 // LOOM_CHECK, naming itself and the argument, makes its inputs contiguous, dispatches to
 // kernels/cpu or kernels/cuda, and records its backward with autograd::record.
 //
-// Implementations, one file per family under core/ops/: shape.cpp, elementwise.cpp,
-// reduce.cpp, matmul.cpp, activation.cpp (gelu, softmax, dropout), norm.cpp, attention.cpp,
-// loss.cpp, embedding.cpp, optim_update.cpp.
+// Implementations, one file per family under core/ops/: shape.cpp, elementwise.cpp, reduce.cpp,
+// matmul.cpp, gelu.cpp, softmax.cpp, dropout.cpp, norm.cpp, attention.cpp, loss.cpp,
+// embedding.cpp.
 //
 // Broadcasting ("over leading dims"): for binary elementwise ops the two shapes must be equal,
 // or one must be a suffix of the other (b of shape [C] against a of shape [B, T, C]); the result

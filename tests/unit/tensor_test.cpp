@@ -2,6 +2,7 @@
 
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "testing/gradcheck.h"
 
 namespace loom {
 namespace {
@@ -76,6 +77,85 @@ TEST(Autograd, AddMulChainRule) {
   y.backward(Tensor::ones({3}));
   EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{6, 9, 12}));
   EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
+}
+
+TEST(Autograd, ShapeOpsMatchFiniteDifferences) {
+  Tensor a = testing::random_tensor({2, 3, 4}, 1).set_requires_grad(true);
+  Tensor b = testing::random_tensor({2, 2, 4}, 2).set_requires_grad(true);
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        Tensor c = cat({in[0], in[1]}, 1);                   // [2, 5, 4]
+        Tensor t = c.transpose(0, 2).narrow(1, 1, 3);        // [4, 3, 2]
+        std::vector<Tensor> parts = split(t.reshape({4, 6}), {2, 4}, 1);
+        return mul(parts[1], parts[1]);                      // [4, 4]
+      },
+      {a, b});
+}
+
+TEST(Autograd, BroadcastGradientSumsLeadingDims) {
+  Tensor x = testing::random_tensor({3, 4}, 3).set_requires_grad(true);
+  Tensor bias = testing::random_tensor({4}, 4).set_requires_grad(true);
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) { return mul(sub(in[1], in[0]), add(in[0], in[1])); },
+      {x, bias});
+}
+
+TEST(Autograd, GradReadyHookFiresOnceWithTheCompleteGradient) {
+  Tensor w = Tensor::from_vector<float>({2}, {1}).set_requires_grad(true);
+  int calls = 0;
+  std::vector<float> seen;
+  w.register_grad_ready_hook([&](const Tensor& p) {
+    ++calls;
+    seen = p.grad().to_vector<float>();
+  });
+  Tensor y = add(mul(w, w), scale(w, 3.0));  // dy/dw = 2w + 3 = 7, reached over three paths
+  y.backward(Tensor::ones({1}));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, (std::vector<float>{7}));
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwards) {
+  Tensor w = Tensor::from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  scale(w, 2.0).backward(Tensor::ones({2}));
+  scale(w, 3.0).backward(Tensor::ones({2}));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{5, 5}));
+}
+
+TEST(Autograd, MultiOutputBackwardForAPipelineStage) {
+  Tensor x = Tensor::from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  Tensor y1 = scale(x, 2.0), y2 = mul(x, x);
+  autograd::backward({y1, y2}, {Tensor::ones({2}), Tensor::from_vector<float>({10, 100}, {2})});
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2 + 20, 2 + 400}));
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor x = Tensor::ones({2}).set_requires_grad(true);
+  NoGradGuard guard;
+  Tensor y = mul(x, x);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_THROW(y.backward(Tensor::ones({2})), Error);
+}
+
+TEST(Autograd, CheckpointGivesTheSameGradients) {
+  Tensor x1 = testing::random_tensor({5}, 5).set_requires_grad(true);
+  Tensor x2 = x1.detach().clone().set_requires_grad(true);
+  Tensor w1 = testing::random_tensor({5}, 6).set_requires_grad(true);
+  Tensor w2 = w1.detach().clone().set_requires_grad(true);
+  auto region = [](const Tensor& x, const Tensor& w) { return mul(mul(x, w), add(x, w)); };
+  region(x1, w1).backward(Tensor::ones({5}));
+  Tensor y = autograd::checkpoint([&](const std::vector<Tensor>& in) { return region(in[0], w2); },
+                                  {x2});
+  EXPECT_EQ(y.grad_fn()->name(), "checkpoint");
+  y.backward(Tensor::ones({5}));
+  EXPECT_EQ(x2.grad().to_vector<float>(), x1.grad().to_vector<float>());
+  EXPECT_EQ(w2.grad().to_vector<float>(), w1.grad().to_vector<float>());
+}
+
+TEST(Autograd, SecondBackwardThroughFreedGraphIsAnError) {
+  Tensor x = Tensor::ones({2}).set_requires_grad(true);
+  Tensor y = mul(x, x);
+  y.backward(Tensor::ones({2}));
+  EXPECT_THROW(y.backward(Tensor::ones({2})), Error);
 }
 
 }  // namespace
