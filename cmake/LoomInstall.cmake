@@ -9,9 +9,14 @@ install(TARGETS loom EXPORT loomTargets
 install(DIRECTORY include/loom DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 foreach(dir core kernels optimizer)
   install(DIRECTORY ${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom
-          FILES_MATCHING PATTERN "*.h")
+          FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 endforeach()
 install(EXPORT loomTargets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
+# loomConfig.cmake defaults CUDAToolkit_ROOT to the toolkit this build used.
+set(LOOM_CUDA_TOOLKIT_ROOT "")
+if(LOOM_CUDA_ENABLED)
+  get_filename_component(LOOM_CUDA_TOOLKIT_ROOT "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+endif()
 configure_package_config_file(cmake/loomConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/loomConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)

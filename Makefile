@@ -1,0 +1,85 @@
+# The front door: a thin layer over CMake so that one command does the whole set-up on a fresh
+# Debian 12 machine (install missing packages, configure, build) and then runs something.
+#
+#   make          packages + configure (first time only) + build
+#   make test     the same, then every ctest entry
+#   make demo     the same, then build/bin/loom-gpt on the built-in synthetic task
+#   make bench    the same, then the benchmarks that exist
+#   make clean    remove the build directory
+#   make format   clang-format -i the C++ sources
+#
+# Variables: BUILD (build directory, default build), LOOM_CMAKE_ARGS (extra cmake flags, e.g.
+# LOOM_CMAKE_ARGS="-DLOOM_WITH_CUDA=OFF"; given on the command line they re-run the configure
+# step so they take effect on an existing build), JOBS (parallel compile jobs, default nproc),
+# LOOM_SKIP_DEPS=1 (skip the package check).
+#
+# Every target is phony and the recipes decide for themselves what to skip: ninja already knows
+# when the build is up to date and re-runs cmake when a CMakeLists.txt changes, so make only has
+# to know whether the build directory has been configured at all.
+
+BUILD ?= build
+GENERATOR ?= Ninja
+# Debian's python has numpy and PyTorch from apt; the python3 first on PATH may be a pyenv
+# build without them (see DESIGN.md, "Facts about the machines").
+PYTHON ?= /usr/bin/python3
+JOBS ?= $(shell nproc)
+CTEST_JOBS ?= 2
+LOOM_CMAKE_ARGS ?=
+CLANG_FORMAT ?= clang-format
+
+# Folders holding C++ sources (the later layers are picked up once they exist).
+FORMAT_DIRS := $(wildcard core kernels optimizer collectives parallel examples tests benchmarks \
+                          python include)
+
+.PHONY: all deps configure build test demo bench clean format
+
+all: build
+
+deps:
+	@LOOM_CMAKE_ARGS="$(LOOM_CMAKE_ARGS)" LOOM_BUILD_DIR="$(BUILD)" bash scripts/install-deps.sh
+
+# Configure when the build directory has no generated build system yet, or when extra cmake
+# flags were given (cmake then updates the existing cache with them).
+configure: deps
+	@if [ ! -f "$(BUILD)/CMakeCache.txt" ] || [ ! -f "$(BUILD)/build.ninja" -a ! -f "$(BUILD)/Makefile" ] \
+	    || [ -n "$(strip $(LOOM_CMAKE_ARGS))" ]; then \
+	  echo "make: configuring $(BUILD)"; \
+	  cmake -S . -B "$(BUILD)" -G "$(GENERATOR)" --no-warn-unused-cli -DPython3_EXECUTABLE=$(PYTHON) $(LOOM_CMAKE_ARGS); \
+	else \
+	  echo "make: $(BUILD) is configured (make clean, or pass LOOM_CMAKE_ARGS, to configure again)"; \
+	fi
+
+build: configure
+	cmake --build "$(BUILD)" -j $(JOBS)
+
+test: build
+	ctest --test-dir "$(BUILD)" --output-on-failure -j $(CTEST_JOBS)
+
+demo: build
+	@if [ ! -x "$(BUILD)/bin/loom-gpt" ]; then \
+	  echo "make demo: $(BUILD)/bin/loom-gpt was not built (is examples/gpt in the tree?)"; exit 1; \
+	fi
+	./$(BUILD)/bin/loom-gpt
+
+# Runs whichever benchmarks exist: the Google Benchmark microbenchmarks and the side-by-side
+# GPT training comparison with PyTorch (told which loom-gpt to run, so BUILD=... works).
+bench: build
+	@ran=0; \
+	if [ -x "$(BUILD)/bin/loom-bench" ]; then \
+	  echo "make bench: $(BUILD)/bin/loom-bench"; ./$(BUILD)/bin/loom-bench || exit $$?; ran=1; \
+	fi; \
+	if [ -f benchmarks/gpt_vs_pytorch.py ]; then \
+	  echo "make bench: $(PYTHON) benchmarks/gpt_vs_pytorch.py"; \
+	  $(PYTHON) benchmarks/gpt_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \
+	  ran=1; \
+	fi; \
+	if [ $$ran = 0 ]; then \
+	  echo "make bench: no benchmarks found ($(BUILD)/bin/loom-bench, benchmarks/gpt_vs_pytorch.py)"; \
+	  exit 1; \
+	fi
+
+clean:
+	rm -rf "$(BUILD)"
+
+format:
+	find $(FORMAT_DIRS) \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 -r $(CLANG_FORMAT) -i

@@ -1,0 +1,41 @@
+// A GPT's weights as the weight formats exchange them: the config plus a flat map from loom's
+// parameter names (See Note [GPT parameter names] in core/nn/gpt_config.h) to CPU f32 tensors.
+// The formats depend on this map only, not on nn::Module, so a checkpoint can be read, checked
+// and converted without building a model.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/nn/gpt_config.h"
+#include "core/tensor.h"
+
+namespace loom::io {
+
+using GptParams = std::map<std::string, Tensor>;
+
+struct GptWeights {
+  GptConfig config;
+  GptParams params;  // loom names -> CPU f32 tensors
+};
+
+struct GptParamSpec {
+  std::string name;
+  Shape shape;
+};
+
+// Every parameter of a GPT with this config, in the order of Note [GPT parameter names]
+// (wte, wpe, then each block, then ln_f).
+std::vector<GptParamSpec> gpt_param_specs(const GptConfig& config);
+
+// Checks that `params` holds exactly the parameters of gpt_param_specs(config), each with its
+// shape and a floating dtype. Throws loom::Error naming `context` (e.g. "saving model.bin") and
+// the first missing, unexpected or misshapen tensor.
+void check_gpt_params(const GptConfig& config, const GptParams& params, const std::string& context);
+
+// A contiguous CPU f32 copy (or the tensor itself when it already is one), without autograd
+// history: what a writer puts in a file.
+Tensor host_f32(const Tensor& t);
+
+}  // namespace loom::io

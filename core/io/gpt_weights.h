@@ -1,0 +1,24 @@
+// The one entry point for GPT weights (loom-gpt --init-from / --save): loading picks the format
+// from the file's first bytes, so a misnamed file still loads; saving picks it from the
+// extension, so the user says which format they want.
+//   .bin          llm.c model file (core/io/llmc_checkpoint.h)
+//   .safetensors  Hugging Face GPT-2 names (core/io/gpt2_weights.h)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/io/gpt_params.h"
+
+namespace loom::io {
+
+// `heads_hint`: the --heads the user gave, 0 for none. A file that records its heads (every
+// llm.c file; safetensors saved by loom) must agree with it; otherwise it supplies the heads.
+// Throws loom::Error naming the file when it is neither format (with a hint when it is an llm.c
+// token file).
+GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint = 0);
+
+// Throws loom::Error for an extension other than .bin or .safetensors.
+void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params);
+
+}  // namespace loom::io

@@ -1,0 +1,195 @@
+// See core/io/safetensors.h. The checks follow the reference implementation's
+// (huggingface/safetensors): header at most 100 MB, offsets within the data, no overlaps, each
+// tensor exactly shape x dtype size. Holes between tensors are tolerated.
+#include "core/io/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "core/io/detail/file.h"
+
+namespace loom::io {
+
+static_assert(std::endian::native == std::endian::little, "core/io assumes a little-endian host");
+
+namespace {
+
+constexpr const char* kWhat = "safetensors file";
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+struct DTypeCode {
+  DType dtype;
+  const char* code;
+};
+constexpr DTypeCode kCodes[] = {{DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"},
+                                {DType::kI32, "I32"}, {DType::kI64, "I64"},   {DType::kU8, "U8"}};
+
+const char* code_of(DType t) {
+  for (const DTypeCode& c : kCodes)
+    if (c.dtype == t) return c.code;
+  LOOM_ASSERT(false, "no safetensors code for dtype ", dtype_name(t));
+}
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin;
+  uint64_t end;
+};
+
+// A JSON value as a non-negative integer, or an error naming what it is.
+uint64_t as_count(const nlohmann::json& v, const std::string& where) {
+  LOOM_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), where,
+             " must be a non-negative integer, got ", v.dump());
+  return v.get<uint64_t>();
+}
+
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v) {
+  const std::string where = std::string(kWhat) + " " + path + ": tensor '" + name + "'";
+  LOOM_CHECK(v.is_object(), where, " is not a JSON object: ", v.dump());
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    LOOM_CHECK(v.contains(key), where, " has no \"", key, "\"");
+  Entry e;
+  e.name = name;
+  LOOM_CHECK(v["dtype"].is_string(), where, ": dtype must be a string, got ", v["dtype"].dump());
+  const std::string code = v["dtype"].get<std::string>();
+  const DTypeCode* found = std::find_if(std::begin(kCodes), std::end(kCodes),
+                                        [&](const DTypeCode& c) { return code == c.code; });
+  LOOM_CHECK(found != std::end(kCodes), where, " has dtype ", code,
+             ", which loom does not support (F32, BF16, F16, I32, I64, U8)");
+  e.dtype = found->dtype;
+
+  LOOM_CHECK(v["shape"].is_array(), where, ": shape must be an array, got ", v["shape"].dump());
+  uint64_t bytes = dtype_size(e.dtype);
+  for (const nlohmann::json& d : v["shape"]) {
+    uint64_t n = as_count(d, where + " shape entry");
+    LOOM_CHECK(n <= uint64_t(INT64_MAX) && !__builtin_mul_overflow(bytes, n, &bytes), where,
+               ": shape ", v["shape"].dump(), " is too large");
+    e.shape.push_back(int64_t(n));
+  }
+
+  const nlohmann::json& off = v["data_offsets"];
+  LOOM_CHECK(off.is_array() && off.size() == 2, where, ": data_offsets must be [begin, end], got ",
+             off.dump());
+  e.begin = as_count(off[0], where + " data_offsets begin");
+  e.end = as_count(off[1], where + " data_offsets end");
+  LOOM_CHECK(e.begin <= e.end, where, ": data_offsets [", e.begin, ", ", e.end,
+             "] end before they begin");
+  LOOM_CHECK(e.end - e.begin == bytes, where, ": data_offsets [", e.begin, ", ", e.end, "] span ",
+             e.end - e.begin, " bytes, but shape ", shape_str(e.shape), " ", code, " needs ",
+             bytes);
+  return e;
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  detail::InFile in(path, kWhat);
+  LOOM_CHECK(in.size() >= 8, kWhat, " ", path, " is ", in.size(),
+             " bytes, too short for the 8-byte header length");
+  uint64_t n = 0;
+  in.read_at(0, &n, 8);
+  LOOM_CHECK(n <= kMaxHeaderBytes, kWhat, " ", path, ": header length ", n,
+             " is over the format's limit of 100 MB (is this a safetensors file?)");
+  LOOM_CHECK(8 + n <= in.size(), kWhat, " ", path, " is truncated: the header length ", n,
+             " runs past the end of the file (", in.size(), " bytes)");
+  std::string text(n, '\0');
+  in.read_at(8, text.data(), n);
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL(kWhat, " ", path, ": the header is not valid JSON: ", e.what());
+  }
+  LOOM_CHECK(header.is_object(), kWhat, " ", path, ": the header must be a JSON object, got ",
+             header.type_name());
+
+  SafetensorsFile file;
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      LOOM_CHECK(value.is_object(), kWhat, " ", path, ": __metadata__ must be an object, got ",
+                 value.dump());
+      for (const auto& [key, v] : value.items()) {
+        LOOM_CHECK(v.is_string(), kWhat, " ", path, ": __metadata__ value '", key,
+                   "' must be a string, got ", v.dump());
+        file.metadata[key] = v.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, value));
+  }
+
+  const uint64_t data_start = 8 + n;
+  const uint64_t data_bytes = in.size() - data_start;
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Entry* last = nullptr;  // the non-empty tensor ending last so far
+  for (const Entry& e : entries) {
+    LOOM_CHECK(e.end <= data_bytes, kWhat, " ", path, ": tensor '", e.name, "' data_offsets [",
+               e.begin, ", ", e.end, "] run past the end of the data (", data_bytes,
+               " bytes after the header): the file is truncated or the header is wrong");
+    if (e.begin == e.end) continue;  // empty tensors occupy no bytes and overlap nothing
+    LOOM_CHECK(last == nullptr || e.begin >= last->end, kWhat, " ", path, ": tensors '", last->name,
+               "' [", last->begin, ", ", last->end, ") and '", e.name, "' [", e.begin, ", ", e.end,
+               ") overlap");
+    last = &e;
+  }
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    in.read_at(data_start + e.begin, t.data_ptr(), e.end - e.begin);
+    file.tensors.emplace(e.name, t);
+  }
+  return file;
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    LOOM_CHECK(!name.empty() && name != "__metadata__", "cannot write ", kWhat, " ", path, ": '",
+               name, "' is not a valid tensor name");
+    LOOM_CHECK(tensor.defined(), "cannot write ", kWhat, " ", path, ": tensor '", name,
+               "' is undefined");
+    Tensor t = tensor.detach().to(Device::cpu()).contiguous();
+    nlohmann::json shape = nlohmann::json::array();
+    for (int64_t d : t.shape()) shape.push_back(d);
+    header[name] = {{"dtype", code_of(t.dtype())},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+    data.push_back(t);
+  }
+  std::string text = header.dump();
+  // The reference writer pads the header with spaces to 8 bytes so the data stays aligned.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+
+  detail::OutFile out(path, kWhat);
+  out.write(&n, 8);
+  out.write(text.data(), n);
+  for (const Tensor& t : data) out.write(t.data_ptr(), t.nbytes());
+  out.commit();
+}
+
+bool looks_like_safetensors(const std::string& path) {
+  detail::InFile in(path, kWhat);
+  if (in.size() < 9) return false;
+  unsigned char head[9];
+  in.read_at(0, head, 9);
+  uint64_t n = 0;
+  std::memcpy(&n, head, 8);
+  return n >= 2 && n <= kMaxHeaderBytes && 8 + n <= in.size() && head[8] == '{';
+}
+
+}  // namespace loom::io

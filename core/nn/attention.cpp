@@ -1,0 +1,56 @@
+#include "core/nn/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/ops.h"
+
+namespace loom::nn {
+
+namespace {
+
+// [T, T] additive mask: 0 on and below the diagonal, -inf above (future positions).
+Tensor causal_mask(int64_t t, Device device) {
+  std::vector<float> m(size_t(t * t), 0.0f);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = i + 1; j < t; ++j)
+      m[size_t(i * t + j)] = -std::numeric_limits<float>::infinity();
+  return Tensor::from_vector(m, {t, t}, device);
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(int64_t channels, int64_t heads, double dropout,
+                                         double proj_std)
+    : channels_(channels), heads_(heads) {
+  LOOM_CHECK(channels > 0 && heads > 0 && channels % heads == 0, "CausalSelfAttention: heads (",
+             heads, ") must divide dim (", channels, ")");
+  qkv = register_module("qkv", std::make_shared<Linear>(channels, 3 * channels));
+  proj = register_module("proj", std::make_shared<Linear>(channels, channels, true, proj_std));
+  attn_drop = register_module("attn_drop", std::make_shared<Dropout>(dropout));
+  resid_drop = register_module("resid_drop", std::make_shared<Dropout>(dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  LOOM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == channels_, "CausalSelfAttention '",
+             full_name(), "': input must be [B, T, ", channels_, "], got ",
+             x.defined() ? shape_str(x.shape()) : "undefined");
+  const int64_t b = x.size(0), t = x.size(1), h = heads_, d = channels_ / heads_;
+  std::vector<Tensor> parts = split(qkv->forward(x), {channels_, channels_, channels_}, 2);
+  auto heads_first = [&](const Tensor& p) {  // [B, T, C] -> [B, H, T, D]
+    return transpose(reshape(p, {b, t, h, d}), 1, 2);
+  };
+  Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);
+  Tensor y;  // [B, H, T, D]
+  if (is_training() && attn_drop->p() > 0.0) {
+    Tensor scores = scale(matmul(q, k, false, true), 1.0 / std::sqrt(double(d)));  // [B,H,T,T]
+    Tensor att = attn_drop->forward(softmax(add(scores, causal_mask(t, x.device()))));
+    y = matmul(att, v);
+  } else {
+    y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  }
+  Tensor merged = reshape(transpose(y, 1, 2), {b, t, channels_});  // [B, T, C]
+  return resid_drop->forward(proj->forward(merged));
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,36 @@
+// Causal multi-head self-attention, GPT-2 style: one qkv projection (C -> 3C) split into q, k, v,
+// heads [B, H, T, D] with D = C / H, causal scaled-dot-product attention, heads merged, output
+// projection (C -> C), residual dropout.
+//
+// Attention-probability dropout cannot go through the fused scaled_dot_product_attention op (it
+// has no dropout), so when it is active (training, p > 0) attention is composed from matmul,
+// a causal -inf mask, softmax and dropout; otherwise the fused op runs. Both compute the same
+// function up to rounding.
+#pragma once
+
+#include <memory>
+
+#include "core/nn/dropout.h"
+#include "core/nn/linear.h"
+
+namespace loom::nn {
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t channels, int64_t heads, double dropout = 0.0,
+                      double proj_std = 0.02);
+  Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
+
+  int64_t channels() const { return channels_; }
+  int64_t heads() const { return heads_; }
+
+  std::shared_ptr<Linear> qkv;          // weight [3C, C]: rows q, then k, then v
+  std::shared_ptr<Linear> proj;         // weight [C, C]
+  std::shared_ptr<Dropout> attn_drop;   // on the attention probabilities [B, H, T, T]
+  std::shared_ptr<Dropout> resid_drop;  // on proj's output
+
+ private:
+  int64_t channels_, heads_;
+};
+
+}  // namespace loom::nn

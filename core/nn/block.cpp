@@ -1,0 +1,20 @@
+#include "core/nn/block.h"
+
+#include "core/ops.h"
+
+namespace loom::nn {
+
+Block::Block(int64_t channels, int64_t heads, double dropout, double proj_std) {
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(channels));
+  attn = register_module("attn",
+                         std::make_shared<CausalSelfAttention>(channels, heads, dropout, proj_std));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(channels));
+  mlp = register_module("mlp", std::make_shared<MLP>(channels, dropout, proj_std));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  Tensor h = add(x, attn->forward(ln1->forward(x)));
+  return add(h, mlp->forward(ln2->forward(h)));
+}
+
+}  // namespace loom::nn

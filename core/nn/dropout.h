@@ -1,0 +1,58 @@
+// Dropout as a module, keyed so that masks are reproducible. See Note [Dropout keys].
+//
+// Note [Dropout keys]
+// loom::dropout draws element i's mask bit from Philox at (seed, stream, offset + i). The Dropout
+// module uses
+//   seed   = the process-wide dropout seed (set_dropout_seed; the same on every rank),
+//   stream = hash of the module's full name (rng::stream_of("blocks.3.attn.attn_drop")),
+//   offset = dropout_step() * 2^32,
+// and keeps no per-call state of its own. The "dropout step" is a process-wide counter that the
+// training loop sets (set_dropout_step) once per forward of a micro-batch: e.g.
+// step * accumulation_steps + micro_batch. Consequences:
+//  - An activation-checkpoint recomputation in the same step draws the same mask, so the
+//    recomputed region equals the original. GPT's checkpointed blocks also capture the step at
+//    forward time and restore it around the recomputation (DropoutStepGuard), so the masks stay
+//    right even when a pipeline schedule runs other micro-batches' forwards before this one's
+//    backward.
+//  - Masks do not depend on the parallel layout: a tensor-parallel or pipeline run names its
+//    modules as the single-process model does and draws the same bits.
+//  - A module called twice in one step reuses its mask; modules that need two masks per step
+//    hold two Dropout modules (distinct names, distinct streams).
+// One call may use at most 2^32 elements, so consecutive steps never overlap.
+#pragma once
+
+#include <cstdint>
+
+#include "core/nn/module.h"
+
+namespace loom::nn {
+
+void set_dropout_seed(uint64_t seed);
+uint64_t dropout_seed();
+void set_dropout_step(uint64_t step);
+uint64_t dropout_step();
+
+// Sets the dropout step for its lifetime and restores the previous one.
+class DropoutStepGuard {
+ public:
+  explicit DropoutStepGuard(uint64_t step);
+  ~DropoutStepGuard();
+  DropoutStepGuard(const DropoutStepGuard&) = delete;
+  DropoutStepGuard& operator=(const DropoutStepGuard&) = delete;
+
+ private:
+  uint64_t previous_;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p);
+  // Identity in eval mode or when p == 0; otherwise the mask of Note [Dropout keys].
+  Tensor forward(const Tensor& x) override;
+  double p() const { return p_; }
+
+ private:
+  double p_;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,79 @@
+#include "core/nn/gpt.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+
+namespace loom::nn {
+
+GPT::GPT(const GptConfig& config, const GptOptions& options) : config_(config), options_(options) {
+  config.validate();
+  const int64_t c = config.channels;
+  const double proj_std = 0.02 / std::sqrt(2.0 * double(config.layers));
+  wte = register_module(
+      "wte", std::make_shared<Embedding>(config.padded_vocab, c,
+                                         Init::normal(0.02).with_zero_rows_from(config.vocab)));
+  wpe = register_module("wpe", std::make_shared<Embedding>(config.max_seq_len, c));
+  drop = register_module("drop", std::make_shared<Dropout>(options.dropout));
+  blocks = register_module("blocks", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < config.layers; ++i) {
+    blocks_.push_back(std::make_shared<Block>(c, config.heads, options.dropout, proj_std));
+    blocks->push_back(blocks_.back());
+  }
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c));
+}
+
+void GPT::check_tokens(const Tensor& idx) const {
+  LOOM_CHECK(idx.defined() && idx.dim() == 2, "GPT: idx must be token ids [B, T], got ",
+             idx.defined() ? shape_str(idx.shape()) : "undefined");
+  LOOM_CHECK(idx.dtype() == DType::kI32 || idx.dtype() == DType::kI64,
+             "GPT: idx must be i32 or i64 token ids, got ", dtype_name(idx.dtype()));
+  LOOM_CHECK(idx.size(1) <= config_.max_seq_len, "GPT: sequence length ", idx.size(1),
+             " exceeds max_seq_len ", config_.max_seq_len);
+  // The embedding op accepts any row of wte, padding included; a real token must be < vocab.
+  Tensor ids = idx.dtype() == DType::kI64 ? idx : idx.to(DType::kI64);
+  const std::vector<int64_t> v = ids.to_vector<int64_t>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    LOOM_CHECK(v[i] >= 0 && v[i] < config_.vocab, "GPT: token ", v[i], " at [",
+               int64_t(i) / idx.size(1), ", ", int64_t(i) % idx.size(1),
+               "] is outside the vocabulary [0, ", config_.vocab, ")");
+  }
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  check_tokens(idx);
+  const int64_t t = idx.size(1);
+  Tensor pos = Tensor::arange(t, DType::kI64, idx.device());
+  Tensor x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B, T, C]
+  for (const auto& block : blocks_) {
+    if (options_.checkpoint && autograd::grad_enabled()) {
+      // The recomputation runs in backward, possibly after the training loop has moved the
+      // dropout step on: pin the step this forward used. See Note [Dropout keys].
+      const uint64_t step = dropout_step();
+      x = autograd::checkpoint(
+          [block, step](const std::vector<Tensor>& in) {
+            DropoutStepGuard guard(step);
+            return block->forward(in[0]);
+          },
+          {x});
+    } else {
+      x = block->forward(x);
+    }
+  }
+  x = ln_f->forward(x);
+  return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
+  LOOM_CHECK(targets.defined() && idx.defined() && targets.shape() == idx.shape(),
+             "GPT::loss: targets ", targets.defined() ? shape_str(targets.shape()) : "undefined",
+             " must have the shape of idx ", idx.defined() ? shape_str(idx.shape()) : "undefined");
+  Tensor logits = forward(idx);
+  const int64_t n = idx.size(0) * idx.size(1);
+  CrossEntropyOptions options;
+  options.num_classes = config_.vocab;
+  return cross_entropy(reshape(logits, {n, config_.padded_vocab}), reshape(targets, {n}), options);
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,58 @@
+// GPT-2: token + learned position embeddings, pre-LayerNorm blocks, a final LayerNorm, and an
+// output head tied to the token embedding (logits = x wte^T over the padded vocabulary).
+// Parameter names are exactly Note [GPT parameter names] (core/nn/gpt_config.h).
+//
+// GPT-2 init (init_parameters): weights normal(0, 0.02); the residual projections
+// (attn.proj.weight, mlp.proj.weight) normal(0, 0.02 / sqrt(2 * layers)); biases 0; LayerNorm
+// weight 1, bias 0; wte rows past `vocab` (padding) 0.
+//
+// Activation checkpointing (per block) keeps only each block's input in forward and recomputes
+// the block in backward; results and gradients are bit-identical to running without it (dropout
+// masks are re-drawn from the same key, See Note [Dropout keys]).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/nn/block.h"
+#include "core/nn/embedding.h"
+#include "core/nn/gpt_config.h"
+
+namespace loom::nn {
+
+struct GptOptions {
+  double dropout = 0.0;     // embedding, attention-probability and residual dropout
+  bool checkpoint = false;  // activation checkpointing of every block
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GptConfig& config, const GptOptions& options = {});
+
+  // idx: token ids [B, T] (i32/i64), T <= max_seq_len, ids in [0, vocab) -> logits [B, T, Vp]
+  // (Vp = padded_vocab; the padding columns are not classes).
+  Tensor forward(const Tensor& idx) override;
+  // Mean next-token cross-entropy of forward(idx) against targets [B, T] over the first `vocab`
+  // columns; targets equal to -100 are ignored. A scalar.
+  Tensor loss(const Tensor& idx, const Tensor& targets);
+
+  const GptConfig& config() const { return config_; }
+  const GptOptions& options() const { return options_; }
+  void set_checkpointing(bool on) { options_.checkpoint = on; }
+  Block& block(size_t i) const { return *blocks_.at(i); }
+
+  std::shared_ptr<Embedding> wte;  // weight [padded_vocab, C], tied to the output head
+  std::shared_ptr<Embedding> wpe;  // weight [max_seq_len, C]
+  std::shared_ptr<Dropout> drop;   // on the summed embeddings
+  std::shared_ptr<ModuleList> blocks;
+  std::shared_ptr<LayerNorm> ln_f;
+
+ private:
+  void check_tokens(const Tensor& idx) const;
+
+  GptConfig config_;
+  GptOptions options_;
+  std::vector<std::shared_ptr<Block>> blocks_;  // the same modules as `blocks`, typed
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,172 @@
+// Module bookkeeping: registration, hierarchical names, state dicts, modes, init.
+#include "core/nn/module.h"
+
+#include <set>
+
+#include "core/autograd.h"
+
+namespace loom::nn {
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+std::string list_str(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s;
+}
+
+}  // namespace
+
+Tensor Module::forward(const Tensor&) {
+  LOOM_FAIL("Module '", full_name_.empty() ? "<root>" : full_name_, "' has no forward(x)");
+}
+
+std::string Module::qualified(const std::string& local) const { return join(full_name_, local); }
+
+void Module::check_new_name(const std::string& name) const {
+  LOOM_CHECK(!name.empty() && name.find('.') == std::string::npos, "Module '", full_name_,
+             "': name '", name, "' must be non-empty and contain no '.'");
+  for (const Param& p : params_)
+    LOOM_CHECK(p.name != name, "Module '", full_name_, "': '", name, "' is already a parameter");
+  for (const auto& [n, m] : children_)
+    LOOM_CHECK(n != name, "Module '", full_name_, "': '", name, "' is already a submodule");
+}
+
+Tensor Module::register_parameter(const std::string& name, const Shape& shape, const Init& init) {
+  check_new_name(name);
+  Tensor t = Tensor::zeros(shape);  // a normal spec stays zero until init_parameters
+  if (init.kind == Init::Kind::kOnes) init_tensor(t, init, 0, qualified(name));
+  t.set_requires_grad(true);
+  order_.emplace_back(false, params_.size());
+  params_.push_back(Param{name, t, init});
+  return t;
+}
+
+void Module::adopt(const std::string& name, std::shared_ptr<Module> module) {
+  LOOM_CHECK(module != nullptr, "Module '", full_name_, "': submodule '", name, "' is null");
+  LOOM_CHECK(module.get() != this, "Module '", full_name_, "': cannot register itself as '", name,
+             "'");
+  LOOM_CHECK(!module->has_parent_, "Module '", full_name_, "': submodule '", name,
+             "' already belongs to another module (as '", module->full_name_, "')");
+  check_new_name(name);
+  module->has_parent_ = true;
+  module->set_full_name(join(full_name_, name));
+  order_.emplace_back(true, children_.size());
+  children_.emplace_back(name, std::move(module));
+}
+
+void Module::set_full_name(const std::string& name) {
+  full_name_ = name;
+  for (auto& [n, m] : children_) m->set_full_name(join(name, n));
+}
+
+void Module::collect(const std::string& prefix,
+                     std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (auto [is_child, i] : order_) {
+    if (is_child)
+      children_[i].second->collect(join(prefix, children_[i].first), out);
+    else
+      out.emplace_back(join(prefix, params_[i].name), params_[i].tensor);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+const Init& Module::parameter_init(const std::string& name) const {
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos) {
+    for (const Param& p : params_)
+      if (p.name == name) return p.init;
+  } else {
+    const std::string head = name.substr(0, dot);
+    for (const auto& [n, m] : children_)
+      if (n == head) return m->parameter_init(name.substr(dot + 1));
+  }
+  LOOM_FAIL("Module '", full_name_, "': no parameter named '", name, "'");
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [n, t] : named_parameters()) out.emplace(n, t);
+  return out;
+}
+
+LoadResult Module::load_state_dict(const StateDict& state, bool strict) {
+  const auto named = named_parameters();
+  LoadResult result;
+  std::set<std::string> known;
+  // Check everything first so a failed load leaves the module untouched.
+  for (const auto& [name, param] : named) {
+    known.insert(name);
+    auto it = state.find(name);
+    if (it == state.end()) {
+      result.missing.push_back(name);
+      continue;
+    }
+    const Tensor& src = it->second;
+    LOOM_CHECK(src.defined(), "load_state_dict: '", name, "' is undefined in the state dict");
+    LOOM_CHECK(src.shape() == param.shape(), "load_state_dict: '", name, "' has shape ",
+               shape_str(src.shape()), " in the state dict but ", shape_str(param.shape()),
+               " in the module");
+    LOOM_CHECK(src.dtype() == param.dtype() || is_floating(src.dtype()), "load_state_dict: '", name,
+               "' has dtype ", dtype_name(src.dtype()), " in the state dict but ",
+               dtype_name(param.dtype()), " in the module");
+  }
+  for (const auto& [name, t] : state)
+    if (!known.count(name)) result.unexpected.push_back(name);
+  if (strict) {
+    LOOM_CHECK(result.missing.empty() && result.unexpected.empty(), "load_state_dict (strict): ",
+               result.missing.empty() ? "" : "missing keys: " + list_str(result.missing),
+               !result.missing.empty() && !result.unexpected.empty() ? "; " : "",
+               result.unexpected.empty() ? "" : "unexpected keys: " + list_str(result.unexpected));
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, param] : named) {
+    auto it = state.find(name);
+    if (it == state.end() || it->second.same_as(param)) continue;
+    Tensor src = it->second.detach();
+    if (src.dtype() != param.dtype()) src = src.to(param.dtype());
+    Tensor dst = param;
+    dst.copy_(src);
+  }
+  return result;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+void Module::zero_grad() {
+  for (Param& p : params_) p.tensor.zero_grad();
+  for (auto& [n, m] : children_) m->zero_grad();
+}
+
+void Module::init_parameters(uint64_t seed) {
+  for (Param& p : params_) init_tensor(p.tensor, p.init, seed, qualified(p.name));
+  for (auto& [n, m] : children_) m->init_parameters(seed);
+}
+
+void ModuleList::push_back(std::shared_ptr<Module> module) {
+  register_module(std::to_string(size()), std::move(module));
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,116 @@
+// Module: a node in a tree of layers owning parameters under hierarchical names
+// ("blocks.3.attn.qkv.weight"). Parameters and children are kept in registration order, which is
+// the order of named_parameters() (so a GPT lists its parameters as in Note [GPT parameter
+// names]). Each parameter carries an Init spec; init_parameters(seed) fills every parameter by
+// its full name, See Note [Deterministic init].
+//
+// The virtual surface is one call, forward(x), so Python can subclass modules through a
+// pybind11 trampoline. Everything else is plain, non-virtual bookkeeping.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/nn/init.h"
+#include "core/tensor.h"
+
+namespace loom::nn {
+
+using StateDict = std::map<std::string, Tensor>;
+
+// What a non-strict load_state_dict left out: parameters the map lacked, and keys of the map
+// the module does not have.
+struct LoadResult {
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+};
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The computation. The base raises "Module '<name>' has no forward(x)".
+  virtual Tensor forward(const Tensor& x);
+
+  // ---- parameters (names relative to this module, registration order, depth first) ----
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t num_parameters() const;  // elements
+  // The Init spec a parameter was registered with (name relative to this module).
+  const Init& parameter_init(const std::string& name) const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+
+  // name -> parameter; the tensors share storage with the module's.
+  StateDict state_dict() const;
+  // Copies values into the existing parameters (their storage and autograd identity stay).
+  // Shapes must match (an error names the key and both shapes); dtypes are converted between
+  // floating types. strict: missing or unexpected keys are an error listing them all; otherwise
+  // they are returned. Nothing is copied when an error is raised.
+  LoadResult load_state_dict(const StateDict& state, bool strict = true);
+
+  // ---- modes and gradients (recursive) ----
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  void zero_grad();
+
+  // Fills every parameter from its Init spec under `seed`, keyed by its full name.
+  void init_parameters(uint64_t seed);
+
+  // This module's name from the root of its tree: "" for a root, "blocks.3.attn" for a GPT's
+  // fourth attention. Set by register_module; a root may be given one (a pipeline stage's block
+  // keeps its global name) and its subtree follows.
+  const std::string& full_name() const { return full_name_; }
+  void set_full_name(const std::string& name);
+
+ protected:
+  // A new parameter [shape] (f32, CPU, requires_grad) named `name` (no dots) in this module.
+  // kZeros / kOnes specs are applied at once; normal ones start at zero until
+  // init_parameters(seed).
+  Tensor register_parameter(const std::string& name, const Shape& shape, const Init& init);
+  // Adopts `module` as child `name` (no dots); it may have no other parent.
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    adopt(name, module);
+    return module;
+  }
+  // Joins this module's full name and a local name: "blocks.3" + "attn" -> "blocks.3.attn".
+  std::string qualified(const std::string& local) const;
+
+ private:
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    Init init;
+  };
+  void adopt(const std::string& name, std::shared_ptr<Module> module);
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+
+  std::vector<Param> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  // Interleaving of params_ and children_ in registration order: (is_child, index).
+  std::vector<std::pair<bool, size_t>> order_;
+  std::string full_name_;
+  bool has_parent_ = false;
+  bool training_ = true;
+};
+
+// An indexed list of modules, named "0", "1", ... (GPT's blocks).
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<Module> module);
+  size_t size() const { return children().size(); }
+  Module& operator[](size_t i) const { return *children().at(i).second; }
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,76 @@
+// embedding: a row gather. Indices are validated here on the host before the kernel runs, so an
+// out-of-range index is an error naming it rather than a wild read.
+#include <type_traits>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "kernels/cpu/embedding.h"
+
+namespace loom {
+
+namespace {
+
+// "[1, 2]" for flat position i of `shape`, so the message points into the user's tensor.
+std::string position_str(int64_t i, const Shape& shape) {
+  Shape pos(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    pos[d] = i % shape[d];
+    i /= shape[d];
+  }
+  return shape_str(pos);
+}
+
+template <typename I>
+void check_indices(const I* indices, const Shape& shape, int64_t vocab) {
+  const int64_t n = shape_numel(shape);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = int64_t(indices[i]);
+    LOOM_CHECK(v >= 0 && v < vocab, "embedding: index ", v, " at position ", position_str(i, shape),
+               " of 'indices' ", shape_str(shape), " is outside [0, ", vocab, ") (the weight has ",
+               vocab, " rows)");
+  }
+}
+
+// Calls f(I{}) with the indices' C++ type (i32 or i64; checked before).
+template <typename F>
+void visit_index(DType dtype, F&& f) {
+  visit_dtype(dtype, [&](auto tag) {
+    using I = decltype(tag);
+    if constexpr (std::is_same_v<I, int32_t> || std::is_same_v<I, int64_t>) f(tag);
+  });
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  detail::check_f32("embedding", "weight", weight);
+  detail::check_dim("embedding", "weight", weight, 2);
+  detail::check_index("embedding", "indices", indices);
+  detail::check_same_device("embedding", "weight", weight, "indices", indices);
+  LOOM_CHECK(weight.device().is_cpu(),
+             "embedding: CUDA kernel not implemented yet (CPU only for now)");
+  const int64_t vocab = weight.size(0), cols = weight.size(1), n = indices.numel();
+  Tensor w = weight.detach().contiguous(), idx = indices.detach().contiguous();
+  Shape out_shape = indices.shape();
+  out_shape.push_back(cols);
+  Tensor out = Tensor::empty(out_shape, DType::kF32, w.device());
+  visit_index(idx.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    check_indices(idx.data<I>(), idx.shape(), vocab);
+    kernels::cpu::embedding_forward(w.data<float>(), idx.data<I>(), out.data<float>(), n, cols);
+  });
+  autograd::record(out, "embedding", {weight}, [idx, vocab, cols, n](const Tensor& g) {
+    Tensor gc = g.contiguous();
+    Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, gc.device());
+    visit_index(idx.dtype(), [&](auto tag) {
+      using I = decltype(tag);
+      kernels::cpu::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n, vocab,
+                                       cols);
+    });
+    return std::vector<Tensor>{dw};
+  });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,79 @@
+// cross_entropy: fused log-softmax + negative log-likelihood, mean over non-ignored rows. Saves
+// the logits and one log-sum-exp per row; the backward writes the logits' gradient directly.
+#include <type_traits>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "kernels/cpu/cross_entropy.h"
+
+namespace loom {
+
+namespace {
+
+template <typename I>
+void check_targets(const I* targets, int64_t rows, int64_t classes, int64_t ignore_index) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = int64_t(targets[r]);
+    LOOM_CHECK(t == ignore_index || (t >= 0 && t < classes), "cross_entropy: target ", t,
+               " at row ", r, " is outside [0, ", classes, ") and is not ignore_index (",
+               ignore_index, ")");
+  }
+}
+
+// Calls f(I{}) with the targets' C++ type (i32 or i64; checked before).
+template <typename F>
+void visit_index(DType dtype, F&& f) {
+  visit_dtype(dtype, [&](auto tag) {
+    using I = decltype(tag);
+    if constexpr (std::is_same_v<I, int32_t> || std::is_same_v<I, int64_t>) f(tag);
+  });
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) {
+  detail::check_f32("cross_entropy", "logits", logits);
+  detail::check_dim("cross_entropy", "logits", logits, 2);
+  detail::check_index("cross_entropy", "targets", targets);
+  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
+             "cross_entropy: argument 'targets' must have shape [", logits.size(0),
+             "] (one per row of logits ", shape_str(logits.shape()), "), got ",
+             shape_str(targets.shape()), "; flatten [B, T, V] logits to [B*T, V] first");
+  detail::check_same_device("cross_entropy", "logits", logits, "targets", targets);
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const int64_t classes = options.num_classes < 0 ? cols : options.num_classes;
+  LOOM_CHECK(classes >= 1 && classes <= cols, "cross_entropy: num_classes ", options.num_classes,
+             " must be in [1, ", cols, "] (the logits' last dim), or -1 for all columns");
+  LOOM_CHECK(logits.device().is_cpu(),
+             "cross_entropy: CUDA kernel not implemented yet (CPU only for now)");
+
+  Tensor x = logits.detach().contiguous(), tg = targets.detach().contiguous();
+  Tensor lse = Tensor::empty({rows}, DType::kF32, x.device());
+  const kernels::cpu::CrossEntropyShape shape{rows, cols, classes, options.ignore_index};
+  int64_t count = 0;
+  double total = 0.0;
+  visit_index(tg.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    check_targets(tg.data<I>(), rows, classes, options.ignore_index);
+    total = kernels::cpu::cross_entropy_forward(x.data<float>(), tg.data<I>(), lse.data<float>(),
+                                                shape, &count);
+  });
+  // All rows ignored: loss 0 and zero gradients rather than PyTorch's 0/0 = NaN, so a micro-batch
+  // that is all padding does not poison the step.
+  Tensor out = Tensor::scalar(count > 0 ? total / double(count) : 0.0, DType::kF32, x.device());
+  autograd::record(out, "cross_entropy", {logits}, [x, tg, lse, shape, count](const Tensor& g) {
+    const float scale = count > 0 ? float(g.item() / double(count)) : 0.0f;
+    Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
+    visit_index(tg.dtype(), [&](auto tag) {
+      using I = decltype(tag);
+      kernels::cpu::cross_entropy_backward(x.data<float>(), tg.data<I>(), lse.data<float>(), scale,
+                                           dx.data<float>(), shape);
+    });
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,61 @@
+// layer_norm over the last dim. The forward keeps per-row mean and rstd (two floats per row) for
+// the backward instead of the normalised activations.
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "kernels/cpu/layer_norm.h"
+
+namespace loom {
+
+namespace {
+
+void check_param(const char* arg, const Tensor& p, const Tensor& x, int64_t cols) {
+  if (!p.defined()) return;
+  detail::check_f32("layer_norm", arg, p);
+  detail::check_same_device("layer_norm", "x", x, arg, p);
+  LOOM_CHECK(p.shape() == Shape{cols}, "layer_norm: argument '", arg, "' must have shape [", cols,
+             "] (the last dim of x ", shape_str(x.shape()), "), got ", shape_str(p.shape()));
+}
+
+const float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::check_f32("layer_norm", "x", x);
+  LOOM_CHECK(x.dim() >= 1, "layer_norm: argument 'x' must have at least 1 dim, got shape ",
+             shape_str(x.shape()));
+  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
+  check_param("weight", weight, x, cols);
+  check_param("bias", bias, x, cols);
+  LOOM_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got ", eps);
+  LOOM_CHECK(x.device().is_cpu(), "layer_norm: CUDA kernel not implemented yet (CPU only for now)");
+  Tensor in = x.detach().contiguous();
+  Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
+  Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+  Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
+  Tensor mean = Tensor::empty({rows}, DType::kF32, in.device());
+  Tensor rstd = Tensor::empty({rows}, DType::kF32, in.device());
+  kernels::cpu::layer_norm_forward(in.data<float>(), data_or_null(w), data_or_null(b),
+                                   out.data<float>(), mean.data<float>(), rstd.data<float>(), rows,
+                                   cols, float(eps));
+  const bool need_dx = x.requires_grad();
+  const bool need_dw = weight.defined() && weight.requires_grad();
+  const bool need_db = bias.defined() && bias.requires_grad();
+  autograd::record(
+      out, "layer_norm", {x, weight, bias},
+      [in, w, mean, rstd, rows, cols, need_dx, need_dw, need_db](const Tensor& g) {
+        Tensor gc = g.contiguous();
+        Tensor dx = need_dx ? Tensor::empty(in.shape(), DType::kF32, in.device()) : Tensor();
+        Tensor dw = need_dw ? Tensor::empty({cols}, DType::kF32, in.device()) : Tensor();
+        Tensor db = need_db ? Tensor::empty({cols}, DType::kF32, in.device()) : Tensor();
+        kernels::cpu::layer_norm_backward(in.data<float>(), data_or_null(w), mean.data<float>(),
+                                          rstd.data<float>(), gc.data<float>(),
+                                          dx.defined() ? dx.data<float>() : nullptr,
+                                          dw.defined() ? dw.data<float>() : nullptr,
+                                          db.defined() ? db.data<float>() : nullptr, rows, cols);
+        return std::vector<Tensor>{dx, dw, db};
+      });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,99 @@
+// sum and mean, over all elements or over one dim. Both are one kernel, sum_dim, over the input
+// viewed as [outer, size, inner] with a scale (1 or 1/size); their backward is the matching
+// broadcast of the output gradient back over the reduced dim.
+#include "kernels/cpu/reduce.h"
+#include "core/cuda_dispatch.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "kernels/cuda/reduce.h"
+
+namespace loom {
+
+namespace {
+
+// x viewed as [outer, size, inner], reduced over `size`.
+struct ReduceShape {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+
+ReduceShape reduce_shape(const Shape& s, int64_t dim) {
+  ReduceShape r;
+  for (int64_t i = 0; i < int64_t(s.size()); ++i) {
+    if (i < dim) r.outer *= s[size_t(i)];
+    if (i == dim) r.size = s[size_t(i)];
+    if (i > dim) r.inner *= s[size_t(i)];
+  }
+  return r;
+}
+
+Tensor run_sum(const Tensor& x, const Shape& out_shape, ReduceShape r, double scale) {
+  Tensor in = x.detach().contiguous();
+  Tensor out = Tensor::empty(out_shape, DType::kF32, in.device());
+  if (in.device().is_cpu()) {
+    kernels::cpu::sum_dim(in.data<float>(), out.data<float>(), r.outer, r.size, r.inner, scale);
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::sum_dim(in.data<float>(), out.data<float>(), r.outer, r.size,
+                                        r.inner, scale, cuda_stream(in.device())));
+  }
+  return out;
+}
+
+// The gradient of run_sum: each input element receives scale * its output's gradient.
+Tensor run_broadcast(const Tensor& grad, const Shape& in_shape, ReduceShape r, double scale) {
+  Tensor g = grad.contiguous();
+  Tensor out = Tensor::empty(in_shape, DType::kF32, g.device());
+  if (g.device().is_cpu()) {
+    kernels::cpu::broadcast_dim(g.data<float>(), out.data<float>(), r.outer, r.size, r.inner,
+                                float(scale));
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::broadcast_dim(g.data<float>(), out.data<float>(), r.outer, r.size,
+                                              r.inner, float(scale), cuda_stream(g.device())));
+  }
+  return out;
+}
+
+Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
+  detail::check_f32(op, "x", x);
+  ReduceShape r{1, x.numel(), 1};
+  // mean of nothing is 0 * inf = NaN, as in PyTorch
+  const double scale = mean ? 1.0 / double(r.size) : 1.0;
+  Tensor out = run_sum(x, {}, r, scale);
+  Shape in_shape = x.shape();
+  autograd::record(out, op, {x}, [in_shape, r, scale](const Tensor& g) {
+    return std::vector<Tensor>{run_broadcast(g, in_shape, r, scale)};
+  });
+  return out;
+}
+
+Tensor reduce_dim(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool mean) {
+  detail::check_f32(op, "x", x);
+  dim = detail::wrap_dim(op, dim, x.dim());
+  ReduceShape r = reduce_shape(x.shape(), dim);
+  Shape out_shape = x.shape();
+  if (!out_shape.empty()) {  // a 0-D tensor reduced over its one implicit dim stays 0-D
+    if (keepdim)
+      out_shape[size_t(dim)] = 1;
+    else
+      out_shape.erase(out_shape.begin() + dim);
+  }
+  const double scale = mean ? 1.0 / double(r.size) : 1.0;
+  Tensor out = run_sum(x, out_shape, r, scale);
+  Shape in_shape = x.shape();
+  autograd::record(out, op, {x}, [in_shape, r, scale](const Tensor& g) {
+    return std::vector<Tensor>{run_broadcast(g, in_shape, r, scale)};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) { return reduce_all("sum", x, false); }
+Tensor mean(const Tensor& x) { return reduce_all("mean", x, true); }
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
+  return reduce_dim("sum", x, dim, keepdim, false);
+}
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
+  return reduce_dim("mean", x, dim, keepdim, true);
+}
+
+}  // namespace loom

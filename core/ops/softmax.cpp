@@ -1,0 +1,28 @@
+// softmax over the last dim. The backward saves the output, not the input: the gradient is a
+// function of y alone.
+#include "kernels/cpu/softmax.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+
+namespace loom {
+
+Tensor softmax(const Tensor& x) {
+  detail::check_f32("softmax", "x", x);
+  LOOM_CHECK(x.dim() >= 1, "softmax: argument 'x' must have at least 1 dim, got shape ",
+             shape_str(x.shape()));
+  LOOM_CHECK(x.device().is_cpu(), "softmax: CUDA kernel not implemented yet (CPU only for now)");
+  Tensor in = x.contiguous();
+  Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
+  const int64_t cols = in.size(-1), rows = cols > 0 ? in.numel() / cols : 0;
+  kernels::cpu::softmax_forward(in.data<float>(), out.data<float>(), rows, cols);
+  Tensor y = out.detach();
+  autograd::record(out, "softmax", {x}, [y, rows, cols](const Tensor& g) {
+    Tensor gc = g.contiguous();
+    Tensor dx = Tensor::empty(y.shape(), DType::kF32, y.device());
+    kernels::cpu::softmax_backward(y.data<float>(), gc.data<float>(), dx.data<float>(), rows, cols);
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,46 @@
+// Per-step progress output shared by loom's programs: one line per step (step, loss, lr,
+// tokens/s, elapsed, ETA) on stdout, and optionally one JSON object per step in a metrics file
+// (`--metrics-file`). On a terminal the line is redrawn in place and kept every `keep_every`
+// steps; otherwise every step is a plain line, so logs stay greppable.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+
+namespace loom::cli {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based
+  double loss = 0;
+  double lr = 0;
+  double tokens_per_s = 0;
+  double elapsed_s = 0;
+  double step_ms = 0;
+  double grad_norm = -1;  // < 0: not computed
+};
+
+class Progress {
+ public:
+  Progress(int64_t total_steps, const std::string& metrics_file);
+
+  // Prints the line for a finished step and appends its JSON record.
+  void step(const StepMetrics& m);
+  // A free-form record (e.g. an evaluation): printed as "key value" pairs and appended to the
+  // metrics file as one JSON object with the step.
+  void event(int64_t step, const std::string& kind, const std::map<std::string, double>& values);
+  // Ends an in-place terminal line before other output.
+  void flush_line();
+
+ private:
+  int64_t total_;
+  bool terminal_;
+  bool line_open_ = false;
+  std::ofstream metrics_;
+};
+
+std::string format_duration(double seconds);  // "1m05s", "3.2s"
+
+}  // namespace loom::cli

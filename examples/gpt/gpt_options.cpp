@@ -1,0 +1,112 @@
+#include "gpt/gpt_options.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace loom::gpt {
+
+void declare_gpt_flags(cli::Flags& f) {
+  f.add_int("layers", 2, "transformer blocks");
+  f.add_int("heads", 4, "attention heads (must divide --dim)");
+  f.add_int("dim", 128, "model width (channels)");
+  f.add_int("seq", 64, "sequence length T of each training row");
+  f.add_int("vocab", 0, "vocabulary size; 0: from the data (task 14, text 256, tokens 50257)");
+  f.add_double("dropout", 0.0, "dropout probability (attention, residual, embedding)");
+  f.add_bool("checkpoint-activations", "recompute each block's activations in backward");
+  f.add_string("data", "",
+               "training data: an llm.c token file (.bin) or a text file (byte-level); "
+               "empty: the built-in addition task");
+  f.add_int("digits", 3, "digits per operand of the built-in addition task");
+  f.add_int("batch", 32, "sequences per optimizer step");
+  f.add_int("steps", 3000, "optimizer steps (the addition task stops early at --target)");
+  f.add_double("lr", 3e-3, "peak learning rate");
+  f.add_string("optimizer", "adamw", "optimizer", {"sgd", "adamw"});
+  f.add_double("weight-decay", 0.0, "weight decay (AdamW: decoupled; SGD: coupled)");
+  f.add_double("momentum", 0.0, "SGD momentum");
+  f.add_double("grad-clip", 1.0, "clip the global gradient norm to this (0 = off)");
+  f.add_int("warmup-steps", 100, "linear learning-rate warmup steps (default: at most --steps/10)");
+  f.add_string("lr-schedule", "cosine", "learning-rate schedule after warmup",
+               {"constant", "cosine"});
+  f.add_double("min-lr-ratio", 0.1, "cosine schedule: final lr as a fraction of --lr");
+  f.add_int("seed", 1337, "seed for initialisation, dropout and the task's examples");
+  f.add_bool("eval-only", "evaluate and exit: prints `val_loss <float>`");
+  f.add_int("eval-batches", 4, "batches of --batch x --seq for --eval-only's val_loss");
+  f.add_int("eval-every", 100, "addition task: evaluate held-out exact match every N steps");
+  f.add_int("eval-examples", 1000, "addition task: held-out examples scored per evaluation");
+  f.add_double("target", 0.95, "addition task: held-out exact-match accuracy to reach");
+  f.add_string("init-from", "", "initial weights: llm.c model file or GPT-2 safetensors");
+  f.add_string("save", "", "write the final weights (.bin llm.c, .safetensors Hugging Face)");
+  f.add_string("metrics-file", "", "append one JSON object per step to this file");
+  f.add_int("threads", 0, "CPU threads (0: OMP_NUM_THREADS or all cores)");
+}
+
+GptOptions read_gpt_options(const cli::Flags& f) {
+  GptOptions o;
+  o.flags = &f;
+  o.layers = f.get_int("layers");
+  o.heads = f.get_int("heads");
+  o.dim = f.get_int("dim");
+  o.seq = f.get_int("seq");
+  o.vocab = f.get_int("vocab");
+  o.dropout = f.get_double("dropout");
+  o.checkpoint_activations = f.get_bool("checkpoint-activations");
+  o.data = f.get_string("data");
+  o.digits = f.get_int("digits");
+  o.batch = f.get_int("batch");
+  o.steps = f.get_int("steps");
+  o.lr = f.get_double("lr");
+  o.optimizer = f.get_string("optimizer");
+  o.weight_decay = f.get_double("weight-decay");
+  o.momentum = f.get_double("momentum");
+  o.grad_clip = f.get_double("grad-clip");
+  o.warmup_steps = f.get_int("warmup-steps");
+  // The default warmup must not exceed a short run; an explicit one is taken as given.
+  if (!f.was_set("warmup-steps")) o.warmup_steps = std::min(o.warmup_steps, o.steps / 10);
+  o.lr_schedule = f.get_string("lr-schedule");
+  o.min_lr_ratio = f.get_double("min-lr-ratio");
+  o.seed = uint64_t(f.get_int("seed"));
+  o.eval_only = f.get_bool("eval-only");
+  o.eval_batches = f.get_int("eval-batches");
+  o.eval_every = f.get_int("eval-every");
+  o.eval_examples = f.get_int("eval-examples");
+  o.target = f.get_double("target");
+  o.init_from = f.get_string("init-from");
+  o.save = f.get_string("save");
+  o.metrics_file = f.get_string("metrics-file");
+  o.threads = f.get_int("threads");
+
+  auto positive = [](const char* flag, int64_t v) {
+    LOOM_CHECK(v > 0, "loom-gpt: --", flag, " must be positive, got ", v);
+  };
+  positive("layers", o.layers);
+  positive("heads", o.heads);
+  positive("dim", o.dim);
+  positive("seq", o.seq);
+  positive("batch", o.batch);
+  positive("eval-batches", o.eval_batches);
+  positive("eval-every", o.eval_every);
+  positive("eval-examples", o.eval_examples);
+  LOOM_CHECK(o.steps >= 0, "loom-gpt: --steps must be >= 0, got ", o.steps);
+  LOOM_CHECK(o.dim % o.heads == 0, "loom-gpt: --heads ", o.heads, " must divide --dim ", o.dim,
+             " (head size would be ", double(o.dim) / double(o.heads), ")");
+  LOOM_CHECK(o.vocab >= 0, "loom-gpt: --vocab must be >= 0, got ", o.vocab);
+  LOOM_CHECK(o.dropout >= 0 && o.dropout < 1, "loom-gpt: --dropout must be in [0, 1), got ",
+             o.dropout);
+  LOOM_CHECK(o.lr > 0, "loom-gpt: --lr must be positive, got ", o.lr);
+  LOOM_CHECK(o.grad_clip >= 0, "loom-gpt: --grad-clip must be >= 0 (0 = off), got ", o.grad_clip);
+  LOOM_CHECK(o.warmup_steps >= 0, "loom-gpt: --warmup-steps must be >= 0, got ", o.warmup_steps);
+  LOOM_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1,
+             "loom-gpt: --min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
+  LOOM_CHECK(o.target > 0 && o.target <= 1, "loom-gpt: --target must be in (0, 1], got ",
+             o.target);
+  LOOM_CHECK(o.weight_decay >= 0, "loom-gpt: --weight-decay must be >= 0, got ", o.weight_decay);
+  LOOM_CHECK(o.momentum >= 0 && o.momentum < 1, "loom-gpt: --momentum must be in [0, 1), got ",
+             o.momentum);
+  LOOM_CHECK(o.optimizer == "sgd" || !f.was_set("momentum"),
+             "loom-gpt: --momentum applies to --optimizer sgd only");
+  LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
+  return o;
+}
+
+}  // namespace loom::gpt

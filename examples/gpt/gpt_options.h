@@ -1,0 +1,44 @@
+// loom-gpt's flags and the run they describe. Flag meanings are in --help (gpt_options.cpp);
+// cross-flag consistency (heads dividing dim, batch and steps positive, ...) is checked here so
+// a bad combination fails before any work, with the flag named.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/flags.h"
+
+namespace loom::gpt {
+
+struct GptOptions {
+  // model (ignored where --init-from supplies it; a conflicting explicit flag is an error)
+  int64_t layers, heads, dim, seq, vocab;
+  double dropout;
+  bool checkpoint_activations;
+  // data
+  std::string data;  // empty: the built-in addition task
+  int64_t digits;
+  // optimisation
+  int64_t batch, steps;
+  double lr, min_lr_ratio, weight_decay, momentum, grad_clip;
+  std::string optimizer, lr_schedule;
+  int64_t warmup_steps;
+  uint64_t seed;
+  // evaluation
+  bool eval_only;
+  int64_t eval_batches, eval_every, eval_examples;
+  double target;
+  // files and output
+  std::string init_from, save, metrics_file;
+  int64_t threads;
+
+  bool was_set(const std::string& flag) const { return flags->was_set(flag); }
+  const cli::Flags* flags = nullptr;
+};
+
+// Declares every flag on `flags`.
+void declare_gpt_flags(cli::Flags& flags);
+// Reads and checks them. Throws loom::Error naming the flag for an inconsistent combination.
+GptOptions read_gpt_options(const cli::Flags& flags);
+
+}  // namespace loom::gpt

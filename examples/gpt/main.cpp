@@ -1,0 +1,242 @@
+// loom-gpt: trains or evaluates a GPT-2-style model on one process.
+//
+// With no flags it trains the built-in addition task until held-out exact match reaches
+// --target (and says whether it did); with --data it trains on an llm.c token file or a text
+// file; --init-from / --save read and write llm.c and safetensors weights; --eval-only prints
+// `val_loss <float>` over the first --eval-batches batches, read as llm.c reads them.
+#include <omp.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+
+#include "common/flags.h"
+#include "core/autograd.h"
+#include "common/progress.h"
+#include "core/io/batch_loader.h"
+#include "core/io/gpt_weights.h"
+#include "core/nn/dropout.h"
+#include "core/nn/gpt.h"
+#include "gpt/gpt_data.h"
+#include "gpt/gpt_options.h"
+#include "optimizer/adamw.h"
+#include "optimizer/clip_grad.h"
+#include "optimizer/lr_schedule.h"
+#include "optimizer/sgd.h"
+
+namespace loom::gpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int64_t padded_vocab_for(int64_t vocab) {
+  // Matmuls over the vocabulary run fastest on round sizes; llm.c pads 50257 to 50304 (x128).
+  const int64_t multiple = vocab > 1024 ? 128 : 16;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+// The model shape: from the checkpoint when there is one (explicit flags must agree), else from
+// the flags and the data's vocabulary.
+GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::GptWeights* init) {
+  GptConfig c;
+  if (init) {
+    c = init->config;
+    auto agree = [&](const char* flag, int64_t given, int64_t in_file) {
+      LOOM_CHECK(!o.was_set(flag) || given == in_file, "loom-gpt: --", flag, " ", given,
+                 " conflicts with --init-from ", o.init_from, " which has ", in_file);
+    };
+    agree("layers", o.layers, c.layers);
+    agree("heads", o.heads, c.heads);
+    agree("dim", o.dim, c.channels);
+    agree("vocab", o.vocab, c.vocab);
+    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq, " exceeds the checkpoint's "
+               "maximum sequence length ", c.max_seq_len);
+  } else {
+    c.layers = o.layers;
+    c.heads = o.heads;
+    c.channels = o.dim;
+    c.vocab = o.vocab > 0 ? o.vocab : data.vocab;
+    c.padded_vocab = data.task ? io::AdditionTask::kPaddedVocab : padded_vocab_for(c.vocab);
+    if (c.padded_vocab < c.vocab) c.padded_vocab = padded_vocab_for(c.vocab);
+    c.max_seq_len = o.seq;
+  }
+  c.validate();
+  return c;
+}
+
+// Mean next-token loss over the first `batches` batches of the stream (no gradients).
+double evaluate_loss(nn::GPT& model, const io::BatchLoader& loader, int64_t batches) {
+  NoGradGuard no_grad;
+  double total = 0.0;
+  for (int64_t k = 0; k < batches; ++k) {
+    io::Batch b = loader.batch_at(k);
+    total += model.loss(b.inputs, b.targets).item();
+  }
+  return total / double(batches);
+}
+
+io::ExactMatch evaluate_task(nn::GPT& model, const io::AdditionEvalSet& set, int64_t rows) {
+  NoGradGuard no_grad;
+  return io::evaluate_exact_match(
+      set, [&](const Tensor& inputs) { return model.forward(inputs); }, rows);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const GptOptions& o, std::vector<Tensor> params) {
+  if (o.optimizer == "sgd") {
+    optim::SgdOptions s;
+    s.lr = o.lr;
+    s.momentum = o.momentum;
+    s.weight_decay = o.weight_decay;
+    return std::make_unique<optim::SGD>(std::move(params), s);
+  }
+  optim::AdamWOptions a;
+  a.lr = o.lr;
+  a.weight_decay = o.weight_decay;
+  return std::make_unique<optim::AdamW>(std::move(params), a);
+}
+
+int run(int argc, char** argv) {
+  cli::Flags flags("loom-gpt",
+                   "Trains or evaluates a GPT-2-style model. With no flags: trains the built-in "
+                   "addition task to --target.");
+  declare_gpt_flags(flags);
+  if (!flags.parse(argc, argv)) return 0;
+  const GptOptions o = read_gpt_options(flags);
+  if (o.threads > 0) omp_set_num_threads(int(o.threads));
+
+  std::unique_ptr<io::GptWeights> init;
+  if (!o.init_from.empty())
+    init = std::make_unique<io::GptWeights>(
+        io::load_gpt_weights(o.init_from, o.was_set("heads") ? o.heads : 0));
+  GptData data = load_gpt_data(o);
+  const GptConfig config = resolve_config(o, data, init.get());
+  io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
+  io::BatchLoader loader(std::move(data.tokens), o.batch, o.seq, o.data);
+
+  nn::GptOptions model_options;
+  model_options.dropout = o.dropout;
+  model_options.checkpoint = o.checkpoint_activations;
+  nn::GPT model(config, model_options);
+  if (init) {
+    model.load_state_dict(init->params);
+    init.reset();  // the model holds its own copy
+  } else {
+    model.init_parameters(o.seed);
+  }
+  nn::set_dropout_seed(o.seed);
+
+  if (o.eval_only) {
+    model.eval();
+    LOOM_CHECK(o.eval_batches <= loader.batches_per_pass(), "loom-gpt: --eval-batches ",
+               o.eval_batches, " but the data holds only ", loader.batches_per_pass(),
+               " batches of ", o.batch, " x ", o.seq);
+    std::printf("val_loss %.7f\n", evaluate_loss(model, loader, o.eval_batches));
+    if (data.task) {
+      io::ExactMatch m = evaluate_task(model, data.task->heldout_set(o.eval_examples), o.batch);
+      std::printf("exact_match %.4f (%" PRId64 "/%" PRId64 " held-out examples)\n", m.accuracy(),
+                  m.correct, m.total);
+    }
+    return 0;
+  }
+
+  std::printf("loom-gpt: %s\n", data.description.c_str());
+  std::printf("model: %s, %" PRId64 " parameters (%.1f MB f32)%s\n", config.str().c_str(),
+              model.num_parameters(), double(model.num_parameters()) * 4 / 1e6,
+              o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
+
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model.parameters());
+  const optim::LrSchedule schedule =
+      o.lr_schedule == "cosine"
+          ? optim::LrSchedule::cosine(o.lr, o.lr * o.min_lr_ratio, o.warmup_steps, o.steps)
+          : optim::LrSchedule::constant(o.lr, o.warmup_steps);
+  std::printf("training: %" PRId64 " steps of %" PRId64 " x %" PRId64 " tokens, %s, lr %s, "
+              "grad clip %g, %d thread(s)\n",
+              o.steps, o.batch, o.seq, opt->name(), schedule.str().c_str(), o.grad_clip,
+              omp_get_max_threads());
+
+  std::unique_ptr<io::AdditionEvalSet> heldout;
+  if (data.task) heldout = std::make_unique<io::AdditionEvalSet>(data.task->heldout_set(o.eval_examples));
+
+  cli::Progress progress(o.steps, o.metrics_file);
+  const auto start = Clock::now();
+  io::ExactMatch best;
+  int64_t best_step = 0, steps_done = 0;
+  bool reached = false;
+  model.train();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const auto step_start = Clock::now();
+    const double lr = schedule.lr(step);
+    opt->set_lr(lr);
+    io::Batch batch = loader.next_batch();
+    nn::set_dropout_step(uint64_t(step));
+    Tensor loss = model.loss(batch.inputs, batch.targets);
+    loss.backward();
+    double norm = -1;
+    if (o.grad_clip > 0) norm = optim::clip_grad_norm(model.parameters(), o.grad_clip);
+    opt->step();
+    opt->zero_grad();
+    steps_done = step + 1;
+
+    cli::StepMetrics m;
+    m.step = step + 1;
+    m.loss = loss.item();
+    m.lr = lr;
+    m.step_ms = seconds_since(step_start) * 1e3;
+    m.elapsed_s = seconds_since(start);
+    m.tokens_per_s = double(o.batch * o.seq) / (m.step_ms / 1e3);
+    m.grad_norm = norm;
+    progress.step(m);
+
+    if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      model.eval();
+      io::ExactMatch em = evaluate_task(model, *heldout, o.batch);
+      model.train();
+      if (em.accuracy() >= best.accuracy()) best = em, best_step = step + 1;
+      progress.event(step + 1, "eval", {{"exact_match", em.accuracy()}});
+      if (em.accuracy() >= o.target) {
+        reached = true;
+        break;
+      }
+    }
+  }
+  progress.flush_line();
+  const double elapsed = seconds_since(start);
+  std::printf("trained %" PRId64 " steps in %s\n", steps_done, cli::format_duration(elapsed).c_str());
+
+  if (!o.save.empty()) {
+    io::GptParams params;
+    for (auto& [name, t] : model.named_parameters()) params[name] = t;
+    io::save_gpt_weights(o.save, config, params);
+    std::printf("saved weights to %s\n", o.save.c_str());
+  }
+  if (heldout) {
+    std::printf("%s: held-out exact match %.3f %s %.3f on %" PRId64 " examples (step %" PRId64
+                ", %s)\n",
+                reached ? "target reached" : "target not reached", best.accuracy(),
+                reached ? ">=" : "<", o.target, best.total, best_step,
+                cli::format_duration(elapsed).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom::gpt
+
+int main(int argc, char** argv) {
+  try {
+    return loom::gpt::run(argc, argv);
+  } catch (const loom::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom-gpt: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom-gpt: error: %s\n", e.what());
+    return 1;
+  }
+}

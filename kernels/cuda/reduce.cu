@@ -1,0 +1,127 @@
+// Three ways to reduce, picked by shape so every case has enough threads and coalesced reads:
+// - many outputs with inner > 1 (a sum over a leading dim): one thread per output, walking the
+//   reduced dim; neighbouring threads read neighbouring addresses;
+// - a few outputs or inner == 1 (a sum over the last dim): one block per output, its threads
+//   striding the reduced dim, partials combined in shared memory;
+// - one huge output (a sum over everything): per-block partials in f64, then one block adds them.
+// Every path adds in an order fixed by the shape and launch sizes, so results are deterministic.
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/reduce.h"
+
+namespace loom::kernels::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr unsigned kMaxBlocks = 65535;
+// Below this many outputs a thread per output leaves most of the GPU idle.
+constexpr int64_t kThreadPerOutputMin = 4096;
+// A single sum over more elements than this gets the two-pass treatment.
+constexpr int64_t kTwoPassMin = int64_t(1) << 16;
+constexpr unsigned kPartials = 1024;
+
+unsigned capped_blocks(int64_t n) {
+  int64_t b = (n + kBlock - 1) / kBlock;
+  return unsigned(b < 1 ? 1 : (b < kMaxBlocks ? b : kMaxBlocks));
+}
+
+// Sums buf[0..kBlock) into buf[0]; the calling block's threads must all take part.
+__device__ double block_sum(double* buf, double v) {
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kBlock / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+__global__ void sum_thread_per_output(const float* x, float* out, int64_t outer, int64_t size,
+                                      int64_t inner, double scale) {
+  const int64_t outputs = outer * inner;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < outputs;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = j / inner, i = j % inner;
+    const float* p = x + o * size * inner + i;
+    double acc = 0.0;
+    for (int64_t r = 0; r < size; ++r) acc += double(p[r * inner]);
+    out[j] = float(acc * scale);
+  }
+}
+
+__global__ void sum_block_per_output(const float* x, float* out, int64_t outer, int64_t size,
+                                     int64_t inner, double scale) {
+  __shared__ double buf[kBlock];
+  const int64_t outputs = outer * inner;
+  for (int64_t j = blockIdx.x; j < outputs; j += gridDim.x) {
+    const int64_t o = j / inner, i = j % inner;
+    const float* p = x + o * size * inner + i;
+    double acc = 0.0;
+    for (int64_t r = threadIdx.x; r < size; r += blockDim.x) acc += double(p[r * inner]);
+    const double total = block_sum(buf, acc);
+    if (threadIdx.x == 0) out[j] = float(total * scale);
+    __syncthreads();  // buf is reused by the next output
+  }
+}
+
+__global__ void sum_partials(const float* x, int64_t n, double* partial) {
+  __shared__ double buf[kBlock];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    acc += double(x[i]);
+  const double total = block_sum(buf, acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+__global__ void sum_finish(const double* partial, int count, float* out, double scale) {
+  __shared__ double buf[kBlock];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+  const double total = block_sum(buf, acc);
+  if (threadIdx.x == 0) out[0] = float(total * scale);
+}
+
+__global__ void broadcast_kernel(const float* g, float* out, int64_t outer, int64_t size,
+                                 int64_t inner, float scale) {
+  const int64_t n = outer * size * inner;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = j / (size * inner), i = j % inner;
+    out[j] = g[o * inner + i] * scale;
+  }
+}
+
+}  // namespace
+
+void sum_dim(const float* x, float* out, int64_t outer, int64_t size, int64_t inner, double scale,
+             Stream stream) {
+  const int64_t outputs = outer * inner;
+  if (outputs == 0) return;
+  if (outputs == 1 && size >= kTwoPassMin) {
+    const unsigned blocks = capped_blocks(size) < kPartials ? capped_blocks(size) : kPartials;
+    double* partial = nullptr;
+    LOOM_CUDA_CHECK(cudaMallocAsync(&partial, blocks * sizeof(double), stream));
+    LOOM_LAUNCH(sum_partials, blocks, kBlock, 0, stream, x, size, partial);
+    LOOM_LAUNCH(sum_finish, 1, kBlock, 0, stream, partial, int(blocks), out, scale);
+    LOOM_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    return;
+  }
+  if (inner > 1 && outputs >= kThreadPerOutputMin) {
+    LOOM_LAUNCH(sum_thread_per_output, capped_blocks(outputs), kBlock, 0, stream, x, out, outer,
+                size, inner, scale);
+    return;
+  }
+  const unsigned blocks = unsigned(outputs < kMaxBlocks ? outputs : kMaxBlocks);
+  LOOM_LAUNCH(sum_block_per_output, blocks, kBlock, 0, stream, x, out, outer, size, inner, scale);
+}
+
+void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int64_t inner,
+                   float scale, Stream stream) {
+  const int64_t n = outer * size * inner;
+  if (n == 0) return;
+  LOOM_LAUNCH(broadcast_kernel, capped_blocks(n), kBlock, 0, stream, g, out, outer, size, inner,
+              scale);
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,51 @@
+// AdamW: checks and per-parameter dispatch to kernels/cpu/optimizer_update.
+#include "optimizer/adamw.h"
+
+#include "kernels/cpu/optimizer_update.h"
+
+namespace loom::optim {
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : Optimizer("AdamW", std::move(params), options.lr), options_(options) {
+  LOOM_CHECK(options.beta1 >= 0.0 && options.beta1 < 1.0, "AdamW: beta1 must be in [0, 1), got ",
+             options.beta1);
+  LOOM_CHECK(options.beta2 >= 0.0 && options.beta2 < 1.0, "AdamW: beta2 must be in [0, 1), got ",
+             options.beta2);
+  LOOM_CHECK(options.eps >= 0.0, "AdamW: eps must be >= 0, got ", options.eps);
+  LOOM_CHECK(options.weight_decay >= 0.0, "AdamW: weight decay must be >= 0, got ",
+             options.weight_decay);
+  steps_.assign(params_.size(), 0);
+  for (const Tensor& p : params_) {
+    exp_avg_.push_back(Tensor::zeros(p.shape(), DType::kF32, p.device()));
+    exp_avg_sq_.push_back(Tensor::zeros(p.shape(), DType::kF32, p.device()));
+  }
+}
+
+void AdamW::step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = grad_for_update(i);
+    if (!g.defined()) continue;
+    Tensor& p = params_[i];
+    require_cpu(p);
+    kernels::cpu::AdamWHyper h;
+    h.lr = lr_;
+    h.beta1 = options_.beta1;
+    h.beta2 = options_.beta2;
+    h.eps = options_.eps;
+    h.weight_decay = options_.weight_decay;
+    h.step = ++steps_[i];
+    kernels::cpu::adamw_step(p.data<float>(), g.data<float>(), exp_avg_[i].data<float>(),
+                             exp_avg_sq_[i].data<float>(), p.numel(), h);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back(std::to_string(i) + ".exp_avg", exp_avg_[i]);
+    out.emplace_back(std::to_string(i) + ".exp_avg_sq", exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+}  // namespace loom::optim
