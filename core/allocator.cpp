@@ -1,5 +1,7 @@
 #include "core/allocator.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -29,7 +31,19 @@ void Allocator::deallocate(void* ptr, size_t nbytes) {
 namespace {
 
 // 64-byte aligned host memory: a cache line, and enough for any vector load.
+//
+// A training step frees and reallocates the same large activation and gradient buffers every
+// step. glibc serves large blocks with mmap and gives them back on free, so each step would
+// page-fault every buffer in again (measured: half of cross-entropy's time at GPT-2 vocab). Raising
+// the mmap and trim thresholds keeps freed blocks in the heap for reuse; the process's footprint
+// stays at its peak, as with PyTorch's caching allocators.
 class CpuAllocator final : public Allocator {
+ public:
+  CpuAllocator() {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
+
  protected:
   void* raw_allocate(size_t nbytes) override {
     size_t rounded = (nbytes + 63) / 64 * 64;

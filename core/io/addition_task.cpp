@@ -127,6 +127,24 @@ std::vector<int32_t> AdditionTask::train_stream(int64_t num_examples) const {
   return out;
 }
 
+void AdditionTask::mask_non_answer_targets(Tensor& targets) const {
+  LOOM_CHECK(targets.defined() && targets.dim() == 2 && targets.dtype() == DType::kI32 &&
+                 targets.device().is_cpu() && targets.is_contiguous(),
+             "addition task: targets must be a contiguous i32 CPU tensor [B, T], got ",
+             targets.str());
+  const int64_t len = example_len(), seq = targets.size(1);
+  LOOM_CHECK(seq % len == 0, "addition task: loss masking needs the sequence length (", seq,
+             ") to be a multiple of the example length (", len, ")");
+  // target[p] is token p + 1; the answer digits and the end token sit at offsets
+  // 2D + 2 .. 3D + 3 of an example ('=' is at 2D + 1), so p % len must be in [2D + 1, 3D + 2].
+  const int64_t first = 2 * options_.digits + 1, last = 3 * options_.digits + 2;
+  int32_t* t = targets.data<int32_t>();
+  for (int64_t i = 0, n = targets.numel(); i < n; ++i) {
+    const int64_t offset = (i % seq) % len;
+    if (offset < first || offset > last) t[i] = kIgnoreTarget;
+  }
+}
+
 AdditionEvalSet AdditionTask::heldout_set(int64_t num_examples, int64_t examples_per_row) const {
   LOOM_CHECK(examples_per_row > 0 && num_examples > 0 && num_examples % examples_per_row == 0,
              "addition task: held-out examples (", num_examples,

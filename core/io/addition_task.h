@@ -88,6 +88,14 @@ class AdditionTask {
   // `num_examples` training examples concatenated (none of them held out), deterministic in the
   // seed. Examples may repeat.
   std::vector<int32_t> train_stream(int64_t num_examples) const;
+  // Training loss on the answer only (as minGPT's adder does): sets every target of a batch that
+  // is not an answer digit or an example's end token to kIgnoreTarget, so the unpredictable
+  // operand digits add no gradient noise. Needs rows aligned to examples: the batch's seq length
+  // must be a multiple of example_len() (every row then starts at an example boundary, since the
+  // stream is whole examples and batches start at multiples of the row length). Throws otherwise.
+  static constexpr int32_t kIgnoreTarget = -100;
+  void mask_non_answer_targets(Tensor& targets) const;
+
   // `num_examples` distinct held-out examples, `examples_per_row` to a row (num_examples must be
   // a multiple of it), deterministic in the seed. Throws when there are not that many.
   AdditionEvalSet heldout_set(int64_t num_examples, int64_t examples_per_row = 1) const;

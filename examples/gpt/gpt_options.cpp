@@ -10,7 +10,7 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("layers", 2, "transformer blocks");
   f.add_int("heads", 4, "attention heads (must divide --dim)");
   f.add_int("dim", 128, "model width (channels)");
-  f.add_int("seq", 64, "sequence length T of each training row");
+  f.add_int("seq", 0, "sequence length T of each row; 0: one example (3*digits+4 tokens) for the addition task, else 64");
   f.add_int("vocab", 0, "vocabulary size; 0: from the data (task 14, text 256, tokens 50257)");
   f.add_double("dropout", 0.0, "dropout probability (attention, residual, embedding)");
   f.add_bool("checkpoint-activations", "recompute each block's activations in backward");
@@ -18,7 +18,7 @@ void declare_gpt_flags(cli::Flags& f) {
                "training data: an llm.c token file (.bin) or a text file (byte-level); "
                "empty: the built-in addition task");
   f.add_int("digits", 3, "digits per operand of the built-in addition task");
-  f.add_int("batch", 32, "sequences per optimizer step");
+  f.add_int("batch", 64, "sequences per optimizer step");
   f.add_int("steps", 3000, "optimizer steps (the addition task stops early at --target)");
   f.add_double("lr", 3e-3, "peak learning rate");
   f.add_string("optimizer", "adamw", "optimizer", {"sgd", "adamw"});
@@ -82,7 +82,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("layers", o.layers);
   positive("heads", o.heads);
   positive("dim", o.dim);
-  positive("seq", o.seq);
+  LOOM_CHECK(o.seq >= 0, "loom-gpt: --seq must be >= 0 (0 = from the data), got ", o.seq);
+  if (o.seq == 0) o.seq = o.data.empty() ? 3 * o.digits + 4 : 64;
   positive("batch", o.batch);
   positive("eval-batches", o.eval_batches);
   positive("eval-every", o.eval_every);

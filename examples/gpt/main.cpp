@@ -173,6 +173,7 @@ int run(int argc, char** argv) {
     const double lr = schedule.lr(step);
     opt->set_lr(lr);
     io::Batch batch = loader.next_batch();
+    if (data.task) data.task->mask_non_answer_targets(batch.targets);
     nn::set_dropout_step(uint64_t(step));
     Tensor loss = model.loss(batch.inputs, batch.targets);
     loss.backward();

@@ -392,5 +392,31 @@ TEST(AdditionTask, EvaluateThroughACallbackThatAdds) {
   EXPECT_EQ(half.correct, even);
 }
 
+TEST(AdditionTask, LossMaskKeepsExactlyTheAnswerDigitsAndTheEndToken) {
+  AdditionTask task({/*digits=*/2, /*seed=*/5, /*heldout_percent=*/10});
+  const int64_t len = task.example_len();  // "12+34=6400\n": 10 tokens
+  BatchLoader loader(task.train_stream(50), /*batch=*/3, /*seq=*/2 * len);
+  Batch b = loader.next_batch();
+  std::vector<int32_t> before = b.targets.to_vector<int32_t>();
+  std::vector<int32_t> inputs = b.inputs.to_vector<int32_t>();
+  task.mask_non_answer_targets(b.targets);
+  std::vector<int32_t> after = b.targets.to_vector<int32_t>();
+  for (size_t i = 0; i < after.size(); ++i) {
+    // The target is kept exactly when the input at i is '=' or an answer digit before the end:
+    // positions 2D+1 .. 3D+2 of an example, i.e. the targets are the D+1 digits and the end.
+    const int64_t offset = int64_t(i % size_t(2 * len)) % len;
+    const bool answer = offset >= 2 * 2 + 1 && offset <= 3 * 2 + 2;
+    if (answer) {
+      EXPECT_EQ(after[i], before[i]) << "position " << i;
+      EXPECT_TRUE(before[i] == AdditionTask::kEnd || (before[i] >= 0 && before[i] <= 9));
+    } else {
+      EXPECT_EQ(after[i], AdditionTask::kIgnoreTarget) << "position " << i;
+    }
+    if (offset == 2 * 2 + 1) EXPECT_EQ(inputs[i], AdditionTask::kEquals) << "position " << i;
+  }
+  Tensor unaligned = Tensor::zeros({2, len + 1}, DType::kI32);
+  EXPECT_THROW(task.mask_non_answer_targets(unaligned), Error);
+}
+
 }  // namespace
 }  // namespace loom::io
