@@ -118,8 +118,8 @@ void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
 }
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
-  LOOM_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(),
-             " outputs but ", grad_outputs.size(), " gradients");
+  LOOM_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(), " outputs but ",
+             grad_outputs.size(), " gradients");
   std::unordered_map<Node*, Tensor> pending;  // summed incoming gradient per node
   std::vector<std::shared_ptr<Node>> roots;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -129,8 +129,8 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
     LOOM_CHECK(g.defined(), "backward: gradient for output ", i, " is undefined");
     LOOM_CHECK(g.shape() == out.shape(), "backward: gradient ", i, " has shape ",
                shape_str(g.shape()), " but output has ", shape_str(out.shape()));
-    LOOM_CHECK(g.device() == out.device(), "backward: gradient ", i, " is on ",
-               g.device().str(), " but output on ", out.device().str());
+    LOOM_CHECK(g.device() == out.device(), "backward: gradient ", i, " is on ", g.device().str(),
+               " but output on ", out.device().str());
     std::shared_ptr<Node> root = gradient_edge(out);
     LOOM_CHECK(root != nullptr, "backward: output ", i, " (", out.str(),
                ") does not require grad: nothing that produced it requires a gradient");
@@ -176,8 +176,7 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
     std::vector<Tensor> input_grads;
     if (grad.defined()) input_grads = node->apply(grad);
     LOOM_ASSERT(input_grads.empty() || input_grads.size() == node->next.size(), node->name(),
-                " returned ", input_grads.size(), " gradients for ", node->next.size(),
-                " inputs");
+                " returned ", input_grads.size(), " gradients for ", node->next.size(), " inputs");
     for (size_t i = 0; i < node->next.size(); ++i) {
       const Node::Edge& e = node->next[i];
       if (!e.node) continue;

@@ -9,12 +9,18 @@ namespace loom {
 template <typename F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::kF32: return f(float{});
-    case DType::kBF16: return f(BFloat16{});
-    case DType::kF16: return f(Float16{});
-    case DType::kI32: return f(int32_t{});
-    case DType::kI64: return f(int64_t{});
-    case DType::kU8: return f(uint8_t{});
+    case DType::kF32:
+      return f(float{});
+    case DType::kBF16:
+      return f(BFloat16{});
+    case DType::kF16:
+      return f(Float16{});
+    case DType::kI32:
+      return f(int32_t{});
+    case DType::kI64:
+      return f(int64_t{});
+    case DType::kU8:
+      return f(uint8_t{});
   }
   LOOM_ASSERT(false, "unknown dtype ", int(t));
 }

@@ -12,18 +12,36 @@ namespace loom {
 enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "f32", "bf16", ...
+const char* dtype_name(DType t);             // "f32", "bf16", ...
 DType parse_dtype(const std::string& name);  // throws loom::Error naming the choices
 bool is_floating(DType t);
 
 // The DType of a C++ element type, for typed access (Tensor::data<T>()).
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<Float16> { static constexpr DType value = DType::kF16; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
-template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kU8; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<Float16> {
+  static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::kI64;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::kU8;
+};
 
 }  // namespace loom

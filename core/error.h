@@ -34,17 +34,18 @@ std::string str_cat(const Args&... args) {
 }  // namespace detail
 }  // namespace loom
 
-#define LOOM_CHECK(cond, ...)                                                                 \
+#define LOOM_CHECK(cond, ...)                                                                \
+  do {                                                                                       \
+    if (!(cond))                                                                             \
+      ::loom::detail::throw_error(::loom::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__); \
+  } while (0)
+
+#define LOOM_ASSERT(cond, ...)                                                                \
   do {                                                                                        \
-    if (!(cond)) ::loom::detail::throw_error(::loom::detail::str_cat(__VA_ARGS__), __FILE__, \
-                                             __LINE__);                                       \
+    if (!(cond))                                                                              \
+      ::loom::detail::throw_internal(                                                         \
+          #cond, ::loom::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__), __FILE__, __LINE__); \
   } while (0)
 
-#define LOOM_ASSERT(cond, ...)                                                              \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      ::loom::detail::throw_internal(#cond, ::loom::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__), \
-                                     __FILE__, __LINE__);                                   \
-  } while (0)
-
-#define LOOM_FAIL(...) ::loom::detail::throw_error(::loom::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__)
+#define LOOM_FAIL(...) \
+  ::loom::detail::throw_error(::loom::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__)

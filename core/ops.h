@@ -20,7 +20,7 @@
 namespace loom {
 
 // ---------------- shape (views where possible) ----------------
-Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed; view when contiguous
+Tensor reshape(const Tensor& x, const Shape& shape);        // one -1 allowed; view when contiguous
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  // view
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);  // view
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
@@ -43,8 +43,7 @@ Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
 // ---------------- linear algebra ----------------
 // a: [..., M, K] ([..., K, M] with transpose_a); b: [K, N] ([N, K] with transpose_b) shared by
 // every batch entry, or with a's leading dims. Result [..., M, N].
-Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false,
-              bool transpose_b = false);
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 // x: [..., in], weight: [out, in], bias: [out] or undefined. Result [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
@@ -85,7 +84,7 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key);
 
 // ---------------- in-place, no autograd (optimizers, gradient handling) ----------------
 void add_(Tensor& x, const Tensor& y, double alpha = 1.0);  // x += alpha * y
-void scale_(Tensor& x, double s);                            // x *= s
-double sum_of_squares(const Tensor& x);                      // f64 accumulation
+void scale_(Tensor& x, double s);                           // x *= s
+double sum_of_squares(const Tensor& x);                     // f64 accumulation
 
 }  // namespace loom

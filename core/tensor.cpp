@@ -205,8 +205,8 @@ namespace {
 Tensor contiguous_copy(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.numel() == 0) return out;
-  const void* base = static_cast<const char*>(x.storage()->data()) +
-                     x.offset() * dtype_size(x.dtype());
+  const void* base =
+      static_cast<const char*>(x.storage()->data()) + x.offset() * dtype_size(x.dtype());
   if (x.device().is_cpu()) {
     kernels::cpu::strided_copy(base, out.data_ptr(), dtype_size(x.dtype()), int(x.dim()),
                                x.shape().data(), x.strides().data());
@@ -262,9 +262,8 @@ Tensor Tensor::contiguous() const {
   require_defined("contiguous");
   if (is_contiguous()) return *this;
   Tensor out = contiguous_copy(*this);
-  autograd::record(out, "contiguous", {*this}, [](const Tensor& g) {
-    return std::vector<Tensor>{g};
-  });
+  autograd::record(out, "contiguous", {*this},
+                   [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
 
@@ -287,9 +286,8 @@ Tensor Tensor::to(Device target) const {
   Tensor out = Tensor::empty(shape(), dtype(), target);
   copy_bytes(src, out);
   Device source = device();
-  autograd::record(out, "to_device", {*this}, [source](const Tensor& g) {
-    return std::vector<Tensor>{g.to(source)};
-  });
+  autograd::record(out, "to_device", {*this},
+                   [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
   return out;
 }
 
@@ -299,9 +297,8 @@ Tensor Tensor::to(DType target) const {
   Tensor out = convert_copy(*this, target);
   if (is_floating(dtype()) && is_floating(target)) {
     DType source = dtype();
-    autograd::record(out, "to_dtype", {*this}, [source](const Tensor& g) {
-      return std::vector<Tensor>{g.to(source)};
-    });
+    autograd::record(out, "to_dtype", {*this},
+                     [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
   }
   return out;
 }
@@ -372,7 +369,8 @@ Tensor& Tensor::set_requires_grad(bool value) {
   require_defined("set_requires_grad");
   LOOM_CHECK(impl_->grad_fn == nullptr,
              "Tensor::set_requires_grad: only leaf tensors can be marked; this one was produced "
-             "by ", impl_->grad_fn->name(), " (use detach() to make a leaf)");
+             "by ",
+             impl_->grad_fn->name(), " (use detach() to make a leaf)");
   LOOM_CHECK(!value || is_floating(dtype()), "Tensor::set_requires_grad: dtype ",
              dtype_name(dtype()), " cannot require gradients (floating types only)");
   impl_->requires_grad = value;
@@ -412,8 +410,10 @@ void Tensor::backward(const Tensor& grad_output) const {
   require_defined("backward");
   Tensor g = grad_output;
   if (!g.defined()) {
-    LOOM_CHECK(numel() == 1, "Tensor::backward: an implicit gradient needs a single-element "
-               "output, this one is ", shape_str(shape()), " (pass grad_output)");
+    LOOM_CHECK(numel() == 1,
+               "Tensor::backward: an implicit gradient needs a single-element "
+               "output, this one is ",
+               shape_str(shape()), " (pass grad_output)");
     g = Tensor::ones(shape(), dtype(), device());
   }
   autograd::backward({*this}, {g});
@@ -421,7 +421,8 @@ void Tensor::backward(const Tensor& grad_output) const {
 
 void Tensor::register_grad_ready_hook(std::function<void(const Tensor&)> hook) {
   require_defined("register_grad_ready_hook");
-  LOOM_CHECK(is_leaf(), "Tensor::register_grad_ready_hook: only leaf tensors (parameters) have "
+  LOOM_CHECK(is_leaf(),
+             "Tensor::register_grad_ready_hook: only leaf tensors (parameters) have "
              "grad-ready hooks");
   impl_->grad_ready_hooks.push_back(std::move(hook));
 }

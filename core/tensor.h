@@ -82,7 +82,7 @@ class Tensor {
   // ---- data access ----
   void* data_ptr() const;  // first element (storage + offset)
   template <typename T>
-  T* data() const;  // checks that T matches dtype
+  T* data() const;      // checks that T matches dtype
   double item() const;  // the single element as double (any dtype, any device)
   template <typename T>
   std::vector<T> to_vector() const;  // row-major copy to the host, any layout or device
@@ -90,9 +90,9 @@ class Tensor {
   void copy_to_host(void* dst, size_t nbytes) const;    // from a contiguous tensor
 
   // ---- copies and conversions (not recorded by autograd unless noted) ----
-  Tensor contiguous() const;  // itself when already contiguous; differentiable
-  Tensor clone() const;       // new contiguous storage; differentiable
-  Tensor detach() const;      // same storage, no autograd history
+  Tensor contiguous() const;       // itself when already contiguous; differentiable
+  Tensor clone() const;            // new contiguous storage; differentiable
+  Tensor detach() const;           // same storage, no autograd history
   Tensor to(Device device) const;  // differentiable
   Tensor to(DType dtype) const;    // differentiable between floating types
   void copy_(const Tensor& src);   // same shape and dtype; any device or layout
@@ -137,8 +137,8 @@ struct TensorImpl {
   // autograd state
   bool requires_grad = false;
   Tensor grad;
-  std::shared_ptr<autograd::Node> grad_fn;             // null for leaves
-  std::weak_ptr<autograd::Node> grad_accumulator;      // the leaf's AccumulateGrad node
+  std::shared_ptr<autograd::Node> grad_fn;         // null for leaves
+  std::weak_ptr<autograd::Node> grad_accumulator;  // the leaf's AccumulateGrad node
   std::vector<std::function<void(const Tensor&)>> grad_ready_hooks;
 };
 
@@ -148,16 +148,15 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 template <typename T>
 T* Tensor::data() const {
   require_defined("data");
-  LOOM_CHECK(dtype() == DTypeOf<T>::value, "Tensor::data: tensor is ", dtype_name(dtype()),
-             " but ", dtype_name(DTypeOf<T>::value), " was requested");
+  LOOM_CHECK(dtype() == DTypeOf<T>::value, "Tensor::data: tensor is ", dtype_name(dtype()), " but ",
+             dtype_name(DTypeOf<T>::value), " was requested");
   return static_cast<T*>(data_ptr());
 }
 
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  LOOM_CHECK(int64_t(values.size()) == shape_numel(shape), "Tensor::from_vector: ",
-             values.size(), " values for shape ", shape_str(shape), " (needs ",
-             shape_numel(shape), ")");
+  LOOM_CHECK(int64_t(values.size()) == shape_numel(shape), "Tensor::from_vector: ", values.size(),
+             " values for shape ", shape_str(shape), " (needs ", shape_numel(shape), ")");
   Tensor t = empty(shape, DTypeOf<T>::value, device);
   t.copy_from_host(values.data(), values.size() * sizeof(T));
   return t;

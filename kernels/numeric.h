@@ -33,7 +33,9 @@ LOOM_HOST_DEVICE inline float bits_float(uint32_t u) {
   return f;
 }
 
-LOOM_HOST_DEVICE inline float bf16_to_float(BFloat16 h) { return bits_float(uint32_t(h.bits) << 16); }
+LOOM_HOST_DEVICE inline float bf16_to_float(BFloat16 h) {
+  return bits_float(uint32_t(h.bits) << 16);
+}
 
 LOOM_HOST_DEVICE inline BFloat16 float_to_bf16(float f) {
   uint32_t u = float_bits(f);
@@ -60,7 +62,7 @@ LOOM_HOST_DEVICE inline Float16 float_to_f16(float f) {
   uint32_t u = float_bits(f);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return Float16{uint16_t(sign | 0x7e00u)};  // nan
+  if (a > 0x7f800000u) return Float16{uint16_t(sign | 0x7e00u)};   // nan
   if (a >= 0x477ff000u) return Float16{uint16_t(sign | 0x7c00u)};  // overflow -> inf
   if (a < 0x38800000u) {  // subnormal or zero in f16: round(|f| * 2^24)
     float v = bits_float(a) * 16777216.0f;

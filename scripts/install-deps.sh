@@ -14,12 +14,12 @@
 set -euo pipefail
 
 # Build tools, the libraries loom links (Eigen, GoogleTest/GoogleMock, Google Benchmark,
-# nlohmann-json), and Debian's Python with numpy and PyTorch: the numerics tests and the
+# nlohmann-json), and Debian's Python with numpy, PyTorch and pytest: the numerics tests and the
 # PyTorch comparison benchmark run under /usr/bin/python3. OpenMP comes with g++ (libgomp).
 packages=(
   cmake ninja-build g++ make pkg-config
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  python3 python3-numpy python3-torch
+  python3 python3-numpy python3-torch python3-pytest
   clang-format
 )
 

@@ -8,8 +8,8 @@ void GptConfig::validate() const {
   LOOM_CHECK(layers > 0, "GPT config: layers must be positive, got ", layers);
   LOOM_CHECK(heads > 0, "GPT config: heads must be positive, got ", heads);
   LOOM_CHECK(channels > 0, "GPT config: channels (dim) must be positive, got ", channels);
-  LOOM_CHECK(channels % heads == 0, "GPT config: heads (", heads, ") must divide dim (",
-             channels, ")");
+  LOOM_CHECK(channels % heads == 0, "GPT config: heads (", heads, ") must divide dim (", channels,
+             ")");
   LOOM_CHECK(vocab > 0, "GPT config: vocab must be positive, got ", vocab);
   LOOM_CHECK(padded_vocab >= vocab, "GPT config: padded vocab ", padded_vocab,
              " is smaller than vocab ", vocab);

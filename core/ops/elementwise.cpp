@@ -1,9 +1,9 @@
 // add / sub / mul / scale with broadcasting over leading dims (see core/ops.h), and the in-place
 // helpers optimizers use.
+#include "kernels/cpu/elementwise.h"
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
-#include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/elementwise.h"
 
 namespace loom {
@@ -29,8 +29,12 @@ Tensor binary_forward(Binary kind, const Tensor& a, const Tensor& b) {
   // sub, the one non-commutative op, then negates (b - a = -(a' - b')).
   if (big.device().is_cpu()) {
     switch (kind) {
-      case Binary::kAdd: kernels::cpu::add(x, y, o, n, nb); break;
-      case Binary::kMul: kernels::cpu::mul(x, y, o, n, nb); break;
+      case Binary::kAdd:
+        kernels::cpu::add(x, y, o, n, nb);
+        break;
+      case Binary::kMul:
+        kernels::cpu::mul(x, y, o, n, nb);
+        break;
       case Binary::kSub:
         kernels::cpu::sub(x, y, o, n, nb);
         if (swapped) kernels::cpu::scale(o, -1.0f, o, n);
@@ -40,8 +44,12 @@ Tensor binary_forward(Binary kind, const Tensor& a, const Tensor& b) {
     LOOM_IF_CUDA({
       auto stream = cuda_stream(big.device());
       switch (kind) {
-        case Binary::kAdd: kernels::cuda::add(x, y, o, n, nb, stream); break;
-        case Binary::kMul: kernels::cuda::mul(x, y, o, n, nb, stream); break;
+        case Binary::kAdd:
+          kernels::cuda::add(x, y, o, n, nb, stream);
+          break;
+        case Binary::kMul:
+          kernels::cuda::mul(x, y, o, n, nb, stream);
+          break;
         case Binary::kSub:
           kernels::cuda::sub(x, y, o, n, nb, stream);
           if (swapped) kernels::cuda::scale(o, -1.0f, o, n, stream);
@@ -109,9 +117,8 @@ Tensor scale(const Tensor& x, double s) {
     LOOM_IF_CUDA(kernels::cuda::scale(in.data<float>(), float(s), out.data<float>(), in.numel(),
                                       cuda_stream(in.device())));
   }
-  autograd::record(out, "scale", {x}, [s](const Tensor& g) {
-    return std::vector<Tensor>{scale(g, s)};
-  });
+  autograd::record(out, "scale", {x},
+                   [s](const Tensor& g) { return std::vector<Tensor>{scale(g, s)}; });
   return out;
 }
 

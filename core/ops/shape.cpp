@@ -76,9 +76,8 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   std::swap(shape[d0], shape[d1]);
   std::swap(strides[d0], strides[d1]);
   Tensor out = make_view(x, shape, strides, x.offset());
-  autograd::record(out, "transpose", {x}, [d0, d1](const Tensor& g) {
-    return std::vector<Tensor>{transpose(g, d0, d1)};
-  });
+  autograd::record(out, "transpose", {x},
+                   [d0, d1](const Tensor& g) { return std::vector<Tensor>{transpose(g, d0, d1)}; });
   return out;
 }
 
@@ -136,8 +135,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   for (const Tensor& t : xs) {
     Tensor c = t.detach().contiguous();
     copy_rows(out.device(), static_cast<char*>(out.data_ptr()) + at * inner * es,
-              total * inner * es, c.data_ptr(), t.size(dim) * inner * es,
-              t.size(dim) * inner * es, outer);
+              total * inner * es, c.data_ptr(), t.size(dim) * inner * es, t.size(dim) * inner * es,
+              outer);
     at += t.size(dim);
     sizes.push_back(t.size(dim));
   }

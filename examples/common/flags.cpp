@@ -47,8 +47,8 @@ void Flags::assign(const std::string& name, Flag& flag, const std::string& value
     case Kind::kDouble: {
       char* end = nullptr;
       std::strtod(value.c_str(), &end);
-      LOOM_CHECK(!value.empty() && *end == '\0', program_, ": --", name,
-                 " expects a number, got '", value, "'");
+      LOOM_CHECK(!value.empty() && *end == '\0', program_, ": --", name, " expects a number, got '",
+                 value, "'");
       break;
     }
     case Kind::kString:
@@ -67,8 +67,8 @@ void Flags::assign(const std::string& name, Flag& flag, const std::string& value
                  ": --", name, " is a switch (true/false), got '", value, "'");
       break;
   }
-  flag.value = (flag.kind == Kind::kBool) ? ((value == "true" || value == "1") ? "true" : "false")
-                                          : value;
+  flag.value =
+      (flag.kind == Kind::kBool) ? ((value == "true" || value == "1") ? "true" : "false") : value;
   flag.set = true;
 }
 
@@ -79,8 +79,8 @@ bool Flags::parse(int argc, char** argv) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
-    LOOM_CHECK(arg.rfind("--", 0) == 0 && arg.size() > 2, program_, ": unexpected argument '",
-               arg, "' (flags look like --name value; see --help)");
+    LOOM_CHECK(arg.rfind("--", 0) == 0 && arg.size() > 2, program_, ": unexpected argument '", arg,
+               "' (flags look like --name value; see --help)");
     std::string name = arg.substr(2), value;
     bool has_value = false;
     if (auto eq = name.find('='); eq != std::string::npos) {
@@ -135,11 +135,12 @@ std::string Flags::help() const {
   for (const auto& name : order_) {
     const Flag& f = flags_.at(name);
     std::string left = "  --" + name;
-    if (f.kind != Kind::kBool) left += f.choices.empty() ? " X" : " {" + [&] {
-      std::string s;
-      for (const auto& c : f.choices) s += (s.empty() ? "" : ",") + c;
-      return s;
-    }() + "}";
+    if (f.kind != Kind::kBool)
+      left += f.choices.empty() ? " X" : " {" + [&] {
+        std::string s;
+        for (const auto& c : f.choices) s += (s.empty() ? "" : ",") + c;
+        return s;
+      }() + "}";
     os << left;
     for (size_t pad = left.size(); pad < 34; ++pad) os << ' ';
     os << ' ' << f.help;

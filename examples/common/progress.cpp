@@ -36,7 +36,8 @@ void Progress::step(const StepMetrics& m) {
   if (m.grad_norm >= 0) std::snprintf(grad, sizeof grad, " | norm %.3f", m.grad_norm);
   char line[256];
   std::snprintf(line, sizeof line,
-                "step %" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e%s | %.0f tok/s | %.1f ms | "
+                "step %" PRId64 "/%" PRId64
+                " | loss %.6f | lr %.3e%s | %.0f tok/s | %.1f ms | "
                 "elapsed %s | eta %s",
                 m.step, total_, m.loss, m.lr, grad, m.tokens_per_s, m.step_ms,
                 format_duration(m.elapsed_s).c_str(), format_duration(eta).c_str());
@@ -49,9 +50,12 @@ void Progress::step(const StepMetrics& m) {
   }
   std::fflush(stdout);
   if (metrics_.is_open()) {
-    nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
-                        {"lr", m.lr},               {"tokens_per_s", m.tokens_per_s},
-                        {"elapsed_s", m.elapsed_s}, {"step_ms", m.step_ms}};
+    nlohmann::json j = {{"step", m.step},
+                        {"loss", m.loss},
+                        {"lr", m.lr},
+                        {"tokens_per_s", m.tokens_per_s},
+                        {"elapsed_s", m.elapsed_s},
+                        {"step_ms", m.step_ms}};
     if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
     metrics_ << j.dump() << "\n";
     metrics_.flush();

@@ -10,7 +10,8 @@ namespace loom::gpt {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 constexpr int64_t kGpt2Vocab = 50257;
@@ -30,15 +31,14 @@ GptData load_gpt_data(const GptOptions& o) {
       d.tokens = set.tokens.to_vector<int32_t>();
     } else {
       // Enough examples that training never wraps (it would still be correct, only repetitive).
-      const int64_t needed = (std::max<int64_t>(o.steps, 1) * o.batch * o.seq) /
-                                 d.task->example_len() + 2;
+      const int64_t needed =
+          (std::max<int64_t>(o.steps, 1) * o.batch * o.seq) / d.task->example_len() + 2;
       d.tokens = d.task->train_stream(std::max<int64_t>(needed, 1000));
     }
     d.vocab = io::AdditionTask::kVocab;
     d.description = detail::str_cat("built-in task: ", o.digits, "-digit addition, reversed sum (",
                                     d.task->example_len(), " tokens per example, e.g. ",
-                                    io::AdditionTask::decode(d.task->encode_example(123, 45)),
-                                    ")");
+                                    io::AdditionTask::decode(d.task->encode_example(123, 45)), ")");
     // The decoded example ends with a newline; drop it for a one-line banner.
     d.description.erase(std::remove(d.description.begin(), d.description.end(), '\n'),
                         d.description.end());

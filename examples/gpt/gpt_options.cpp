@@ -10,7 +10,9 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("layers", 2, "transformer blocks");
   f.add_int("heads", 4, "attention heads (must divide --dim)");
   f.add_int("dim", 128, "model width (channels)");
-  f.add_int("seq", 0, "sequence length T of each row; 0: one example (3*digits+4 tokens) for the addition task, else 64");
+  f.add_int("seq", 0,
+            "sequence length T of each row; 0: one example (3*digits+4 tokens) for the addition "
+            "task, else 64");
   f.add_int("vocab", 0, "vocabulary size; 0: from the data (task 14, text 256, tokens 50257)");
   f.add_double("dropout", 0.0, "dropout probability (attention, residual, embedding)");
   f.add_bool("checkpoint-activations", "recompute each block's activations in backward");
@@ -25,7 +27,8 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_double("weight-decay", 0.0, "weight decay (AdamW: decoupled; SGD: coupled)");
   f.add_double("momentum", 0.0, "SGD momentum");
   f.add_double("grad-clip", 1.0, "clip the global gradient norm to this (0 = off)");
-  f.add_int("warmup-steps", 100, "linear learning-rate warmup steps (default: at most --steps/10)");
+  f.add_int("warmup-steps", 100,
+            "linear learning-rate warmup steps; unless given, at most --steps/10");
   f.add_string("lr-schedule", "cosine", "learning-rate schedule after warmup",
                {"constant", "cosine"});
   f.add_double("min-lr-ratio", 0.1, "cosine schedule: final lr as a fraction of --lr");
@@ -37,7 +40,7 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_double("target", 0.95, "addition task: held-out exact-match accuracy to reach");
   f.add_string("init-from", "", "initial weights: llm.c model file or GPT-2 safetensors");
   f.add_string("save", "", "write the final weights (.bin llm.c, .safetensors Hugging Face)");
-  f.add_string("metrics-file", "", "append one JSON object per step to this file");
+  f.add_string("metrics-file", "", "write one JSON object per step (JSON Lines) to this file");
   f.add_int("threads", 0, "CPU threads (0: OMP_NUM_THREADS or all cores)");
 }
 
@@ -99,8 +102,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.warmup_steps >= 0, "loom-gpt: --warmup-steps must be >= 0, got ", o.warmup_steps);
   LOOM_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1,
              "loom-gpt: --min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
-  LOOM_CHECK(o.target > 0 && o.target <= 1, "loom-gpt: --target must be in (0, 1], got ",
-             o.target);
+  LOOM_CHECK(o.target > 0 && o.target <= 1, "loom-gpt: --target must be in (0, 1], got ", o.target);
   LOOM_CHECK(o.weight_decay >= 0, "loom-gpt: --weight-decay must be >= 0, got ", o.weight_decay);
   LOOM_CHECK(o.momentum >= 0 && o.momentum < 1, "loom-gpt: --momentum must be in [0, 1), got ",
              o.momentum);

@@ -12,8 +12,8 @@
 #include <map>
 
 #include "common/flags.h"
-#include "core/autograd.h"
 #include "common/progress.h"
+#include "core/autograd.h"
 #include "core/io/batch_loader.h"
 #include "core/io/gpt_weights.h"
 #include "core/nn/dropout.h"
@@ -54,8 +54,10 @@ GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::Gpt
     agree("heads", o.heads, c.heads);
     agree("dim", o.dim, c.channels);
     agree("vocab", o.vocab, c.vocab);
-    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq, " exceeds the checkpoint's "
-               "maximum sequence length ", c.max_seq_len);
+    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq,
+               " exceeds the checkpoint's "
+               "maximum sequence length ",
+               c.max_seq_len);
   } else {
     c.layers = o.layers;
     c.heads = o.heads;
@@ -154,13 +156,15 @@ int run(int argc, char** argv) {
       o.lr_schedule == "cosine"
           ? optim::LrSchedule::cosine(o.lr, o.lr * o.min_lr_ratio, o.warmup_steps, o.steps)
           : optim::LrSchedule::constant(o.lr, o.warmup_steps);
-  std::printf("training: %" PRId64 " steps of %" PRId64 " x %" PRId64 " tokens, %s, lr %s, "
+  std::printf("training: %" PRId64 " steps of %" PRId64 " x %" PRId64
+              " tokens, %s, lr %s, "
               "grad clip %g, %d thread(s)\n",
               o.steps, o.batch, o.seq, opt->name(), schedule.str().c_str(), o.grad_clip,
               omp_get_max_threads());
 
   std::unique_ptr<io::AdditionEvalSet> heldout;
-  if (data.task) heldout = std::make_unique<io::AdditionEvalSet>(data.task->heldout_set(o.eval_examples));
+  if (data.task)
+    heldout = std::make_unique<io::AdditionEvalSet>(data.task->heldout_set(o.eval_examples));
 
   cli::Progress progress(o.steps, o.metrics_file);
   const auto start = Clock::now();
@@ -207,7 +211,8 @@ int run(int argc, char** argv) {
   }
   progress.flush_line();
   const double elapsed = seconds_since(start);
-  std::printf("trained %" PRId64 " steps in %s\n", steps_done, cli::format_duration(elapsed).c_str());
+  std::printf("trained %" PRId64 " steps in %s\n", steps_done,
+              cli::format_duration(elapsed).c_str());
 
   if (!o.save.empty()) {
     io::GptParams params;
@@ -216,11 +221,10 @@ int run(int argc, char** argv) {
     std::printf("saved weights to %s\n", o.save.c_str());
   }
   if (heldout) {
-    std::printf("%s: held-out exact match %.3f %s %.3f on %" PRId64 " examples (step %" PRId64
-                ", %s)\n",
-                reached ? "target reached" : "target not reached", best.accuracy(),
-                reached ? ">=" : "<", o.target, best.total, best_step,
-                cli::format_duration(elapsed).c_str());
+    std::printf(
+        "%s: held-out exact match %.3f %s %.3f on %" PRId64 " examples (step %" PRId64 ", %s)\n",
+        reached ? "target reached" : "target not reached", best.accuracy(), reached ? ">=" : "<",
+        o.target, best.total, best_step, cli::format_duration(elapsed).c_str());
   }
   return 0;
 }

@@ -43,10 +43,14 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
   auto s = static_cast<const char*>(src);
   auto d = static_cast<char*>(dst);
   switch (elem_size) {
-    case 1: return strided_copy_typed<1>(s, d, ndim, shape, strides);
-    case 2: return strided_copy_typed<2>(s, d, ndim, shape, strides);
-    case 4: return strided_copy_typed<4>(s, d, ndim, shape, strides);
-    case 8: return strided_copy_typed<8>(s, d, ndim, shape, strides);
+    case 1:
+      return strided_copy_typed<1>(s, d, ndim, shape, strides);
+    case 2:
+      return strided_copy_typed<2>(s, d, ndim, shape, strides);
+    case 4:
+      return strided_copy_typed<4>(s, d, ndim, shape, strides);
+    case 8:
+      return strided_copy_typed<8>(s, d, ndim, shape, strides);
   }
 }
 

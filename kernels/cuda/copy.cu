@@ -26,18 +26,30 @@ __global__ void strided_copy_kernel(const T* src, T* dst, Layout layout, int64_t
 }
 
 template <typename T>
-__device__ float to_f(T v) { return float(v); }
+__device__ float to_f(T v) {
+  return float(v);
+}
 template <>
-__device__ float to_f(BFloat16 v) { return bf16_to_float(v); }
+__device__ float to_f(BFloat16 v) {
+  return bf16_to_float(v);
+}
 template <>
-__device__ float to_f(Float16 v) { return f16_to_float(v); }
+__device__ float to_f(Float16 v) {
+  return f16_to_float(v);
+}
 
 template <typename T>
-__device__ T from_f(float v) { return T(v); }
+__device__ T from_f(float v) {
+  return T(v);
+}
 template <>
-__device__ BFloat16 from_f(float v) { return float_to_bf16(v); }
+__device__ BFloat16 from_f(float v) {
+  return float_to_bf16(v);
+}
 template <>
-__device__ Float16 from_f(float v) { return float_to_f16(v); }
+__device__ Float16 from_f(float v) {
+  return float_to_f16(v);
+}
 
 template <typename To, typename From>
 __global__ void convert_kernel(const From* src, To* dst, int64_t n) {
@@ -66,12 +78,18 @@ unsigned grid_for(int64_t n) {
 template <typename F>
 void visit_type(int code, F&& f) {
   switch (code) {
-    case 0: return f(float{});
-    case 1: return f(BFloat16{});
-    case 2: return f(Float16{});
-    case 3: return f(int32_t{});
-    case 4: return f(int64_t{});
-    case 5: return f(uint8_t{});
+    case 0:
+      return f(float{});
+    case 1:
+      return f(BFloat16{});
+    case 2:
+      return f(Float16{});
+    case 3:
+      return f(int32_t{});
+    case 4:
+      return f(int64_t{});
+    case 5:
+      return f(uint8_t{});
   }
   LOOM_FAIL("cuda convert: unknown type code ", code);
 }
@@ -92,14 +110,18 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
   if (n == 0) return;
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    LOOM_LAUNCH(strided_copy_kernel<T>, grid_for(n), kBlock, 0, stream,
-                static_cast<const T*>(src), static_cast<T*>(dst), layout, n);
+    LOOM_LAUNCH(strided_copy_kernel<T>, grid_for(n), kBlock, 0, stream, static_cast<const T*>(src),
+                static_cast<T*>(dst), layout, n);
   };
   switch (elem_size) {
-    case 1: return launch(uint8_t{});
-    case 2: return launch(uint16_t{});
-    case 4: return launch(uint32_t{});
-    case 8: return launch(uint64_t{});
+    case 1:
+      return launch(uint8_t{});
+    case 2:
+      return launch(uint16_t{});
+    case 4:
+      return launch(uint32_t{});
+    case 8:
+      return launch(uint64_t{});
   }
   LOOM_FAIL("cuda strided_copy: element size ", elem_size);
 }
@@ -123,14 +145,17 @@ void fill(void* dst, const void* value, size_t elem_size, int64_t n, Stream stre
     using T = decltype(tag);
     T v;
     memcpy(&v, value, sizeof(T));
-    LOOM_LAUNCH(fill_kernel<T>, grid_for(n), kBlock, 0, stream, static_cast<T*>(dst), v,
-                n);
+    LOOM_LAUNCH(fill_kernel<T>, grid_for(n), kBlock, 0, stream, static_cast<T*>(dst), v, n);
   };
   switch (elem_size) {
-    case 1: return launch(uint8_t{});
-    case 2: return launch(uint16_t{});
-    case 4: return launch(uint32_t{});
-    case 8: return launch(uint64_t{});
+    case 1:
+      return launch(uint8_t{});
+    case 2:
+      return launch(uint16_t{});
+    case 4:
+      return launch(uint32_t{});
+    case 8:
+      return launch(uint64_t{});
   }
   LOOM_FAIL("cuda fill: element size ", elem_size);
 }

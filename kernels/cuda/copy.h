@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/numeric.h"
 #include "kernels/cuda/stream.h"
+#include "kernels/numeric.h"
 
 namespace loom::kernels::cuda {
 

@@ -15,7 +15,7 @@ unsigned grid_for(int64_t n) {
 }
 
 // Grid-stride loops: correct for any n with a bounded grid.
-#define LOOM_GRID_STRIDE(i, n)                                            \
+#define LOOM_GRID_STRIDE(i, n)                                              \
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 

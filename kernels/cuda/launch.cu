@@ -14,9 +14,8 @@ void check_launch_config(const char* kernel, dim3 grid, dim3 block, size_t share
                  grid.y <= unsigned(prop.maxGridSize[1]) && grid.z <= unsigned(prop.maxGridSize[2]),
              "launch of ", kernel, ": grid (", grid.x, ", ", grid.y, ", ", grid.z,
              ") outside the device limits");
-  LOOM_CHECK(shared_bytes <= prop.sharedMemPerBlockOptin, "launch of ", kernel, ": ",
-             shared_bytes, " bytes of shared memory (device limit ", prop.sharedMemPerBlockOptin,
-             ")");
+  LOOM_CHECK(shared_bytes <= prop.sharedMemPerBlockOptin, "launch of ", kernel, ": ", shared_bytes,
+             " bytes of shared memory (device limit ", prop.sharedMemPerBlockOptin, ")");
 }
 
 void check_after_launch(const char* kernel) {

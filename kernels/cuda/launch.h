@@ -19,9 +19,9 @@ void check_after_launch(const char* kernel);
 }  // namespace loom::kernels::cuda
 
 // LOOM_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)
-#define LOOM_LAUNCH(kernel, grid, block, shared, stream, ...)                           \
-  do {                                                                                  \
+#define LOOM_LAUNCH(kernel, grid, block, shared, stream, ...)                             \
+  do {                                                                                    \
     ::loom::kernels::cuda::check_launch_config(#kernel, dim3(grid), dim3(block), shared); \
-    kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__);                       \
-    ::loom::kernels::cuda::check_after_launch(#kernel);                                 \
+    kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__);                         \
+    ::loom::kernels::cuda::check_after_launch(#kernel);                                   \
   } while (0)

@@ -9,7 +9,7 @@
 namespace loom::cuda_rt {
 
 bool built_with_cuda();
-int device_count();  // 0 when built without CUDA or when no GPU is usable; never throws
+int device_count();           // 0 when built without CUDA or when no GPU is usable; never throws
 std::string no_gpu_reason();  // why device_count() is 0, for skip messages
 
 void* malloc_device(int device, size_t nbytes);

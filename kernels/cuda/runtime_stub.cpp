@@ -22,8 +22,6 @@ void memset_device(int, void*, int, size_t) { no_cuda("cuda memset"); }
 void synchronize(int) { no_cuda("cuda synchronize"); }
 void set_device(int) { no_cuda("cuda set_device"); }
 
-void copy_2d_device(void*, size_t, const void*, size_t, size_t, size_t) {
-  no_cuda("cuda copy_2d");
-}
+void copy_2d_device(void*, size_t, const void*, size_t, size_t, size_t) { no_cuda("cuda copy_2d"); }
 
 }  // namespace loom::cuda_rt

@@ -51,7 +51,8 @@ TEST(Tensor, DtypeConversionRoundsToNearestEven) {
   Tensor b = t.to(DType::kBF16);
   EXPECT_EQ(b.dtype(), DType::kBF16);
   // 1 + 2^-8 is halfway between two bf16 values; ties go to the even one, 1.0.
-  EXPECT_EQ(b.to(DType::kF32).to_vector<float>(), (std::vector<float>{1.0f, 1.0f, -2.5f, 65536.0f}));
+  EXPECT_EQ(b.to(DType::kF32).to_vector<float>(),
+            (std::vector<float>{1.0f, 1.0f, -2.5f, 65536.0f}));
   Tensor h = t.to(DType::kF16);
   EXPECT_EQ(h.to(DType::kF32).to_vector<float>(),
             (std::vector<float>{1.0f, 1.00390625f, -2.5f, 65504.0f}));
@@ -84,10 +85,10 @@ TEST(Autograd, ShapeOpsMatchFiniteDifferences) {
   Tensor b = testing::random_tensor({2, 2, 4}, 2).set_requires_grad(true);
   testing::expect_gradients_match(
       [](const std::vector<Tensor>& in) {
-        Tensor c = cat({in[0], in[1]}, 1);                   // [2, 5, 4]
-        Tensor t = c.transpose(0, 2).narrow(1, 1, 3);        // [4, 3, 2]
+        Tensor c = cat({in[0], in[1]}, 1);             // [2, 5, 4]
+        Tensor t = c.transpose(0, 2).narrow(1, 1, 3);  // [4, 3, 2]
         std::vector<Tensor> parts = split(t.reshape({4, 6}), {2, 4}, 1);
-        return mul(parts[1], parts[1]);                      // [4, 4]
+        return mul(parts[1], parts[1]);  // [4, 4]
       },
       {a, b});
 }
@@ -143,8 +144,8 @@ TEST(Autograd, CheckpointGivesTheSameGradients) {
   Tensor w2 = w1.detach().clone().set_requires_grad(true);
   auto region = [](const Tensor& x, const Tensor& w) { return mul(mul(x, w), add(x, w)); };
   region(x1, w1).backward(Tensor::ones({5}));
-  Tensor y = autograd::checkpoint([&](const std::vector<Tensor>& in) { return region(in[0], w2); },
-                                  {x2});
+  Tensor y =
+      autograd::checkpoint([&](const std::vector<Tensor>& in) { return region(in[0], w2); }, {x2});
   EXPECT_EQ(y.grad_fn()->name(), "checkpoint");
   y.backward(Tensor::ones({5}));
   EXPECT_EQ(x2.grad().to_vector<float>(), x1.grad().to_vector<float>());

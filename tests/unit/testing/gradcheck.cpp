@@ -43,7 +43,8 @@ void expect_gradients_match(const std::function<Tensor(const std::vector<Tensor>
     if (!x.defined() || !x.requires_grad()) continue;
     ASSERT_TRUE(x.grad().defined()) << "input " << k << " got no gradient";
     std::vector<float> analytic = x.grad().to_vector<float>();
-    ASSERT_TRUE(x.is_contiguous() && x.device().is_cpu()) << "gradcheck needs contiguous CPU inputs";
+    ASSERT_TRUE(x.is_contiguous() && x.device().is_cpu())
+        << "gradcheck needs contiguous CPU inputs";
     float* data = x.data<float>();
     int failures = 0;
     for (int64_t i = 0; i < x.numel(); ++i) {
