@@ -25,4 +25,18 @@ decltype(auto) visit_dtype(DType t, F&& f) {
   LOOM_ASSERT(false, "unknown dtype ", int(t));
 }
 
+// Calls f(I{}) with the C++ type of an index dtype (i32 or i64); any other dtype is an internal
+// error, since ops check index dtypes (detail::check_index) before dispatching.
+template <typename F>
+void visit_index_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kI32:
+      return f(int32_t{});
+    case DType::kI64:
+      return f(int64_t{});
+    default:
+      LOOM_ASSERT(false, "visit_index_dtype: ", dtype_name(t), " is not an index dtype");
+  }
+}
+
 }  // namespace loom

@@ -32,15 +32,6 @@ void check_indices(const I* indices, const Shape& shape, int64_t vocab) {
   }
 }
 
-// Calls f(I{}) with the indices' C++ type (i32 or i64; checked before).
-template <typename F>
-void visit_index(DType dtype, F&& f) {
-  visit_dtype(dtype, [&](auto tag) {
-    using I = decltype(tag);
-    if constexpr (std::is_same_v<I, int32_t> || std::is_same_v<I, int64_t>) f(tag);
-  });
-}
-
 }  // namespace
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
@@ -55,7 +46,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape out_shape = indices.shape();
   out_shape.push_back(cols);
   Tensor out = Tensor::empty(out_shape, DType::kF32, w.device());
-  visit_index(idx.dtype(), [&](auto tag) {
+  visit_index_dtype(idx.dtype(), [&](auto tag) {
     using I = decltype(tag);
     check_indices(idx.data<I>(), idx.shape(), vocab);
     kernels::cpu::embedding_forward(w.data<float>(), idx.data<I>(), out.data<float>(), n, cols);
@@ -63,7 +54,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   autograd::record(out, "embedding", {weight}, [idx, vocab, cols, n](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, gc.device());
-    visit_index(idx.dtype(), [&](auto tag) {
+    visit_index_dtype(idx.dtype(), [&](auto tag) {
       using I = decltype(tag);
       kernels::cpu::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n, vocab,
                                        cols);

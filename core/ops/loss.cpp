@@ -21,15 +21,6 @@ void check_targets(const I* targets, int64_t rows, int64_t classes, int64_t igno
   }
 }
 
-// Calls f(I{}) with the targets' C++ type (i32 or i64; checked before).
-template <typename F>
-void visit_index(DType dtype, F&& f) {
-  visit_dtype(dtype, [&](auto tag) {
-    using I = decltype(tag);
-    if constexpr (std::is_same_v<I, int32_t> || std::is_same_v<I, int64_t>) f(tag);
-  });
-}
-
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
@@ -54,7 +45,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   const kernels::cpu::CrossEntropyShape shape{rows, cols, classes, options.ignore_index};
   int64_t count = 0;
   double total = 0.0;
-  visit_index(tg.dtype(), [&](auto tag) {
+  visit_index_dtype(tg.dtype(), [&](auto tag) {
     using I = decltype(tag);
     check_targets(tg.data<I>(), rows, classes, options.ignore_index);
     total = kernels::cpu::cross_entropy_forward(x.data<float>(), tg.data<I>(), lse.data<float>(),
@@ -66,7 +57,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   autograd::record(out, "cross_entropy", {logits}, [x, tg, lse, shape, count](const Tensor& g) {
     const float scale = count > 0 ? float(g.item() / double(count)) : 0.0f;
     Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
-    visit_index(tg.dtype(), [&](auto tag) {
+    visit_index_dtype(tg.dtype(), [&](auto tag) {
       using I = decltype(tag);
       kernels::cpu::cross_entropy_backward(x.data<float>(), tg.data<I>(), lse.data<float>(), scale,
                                            dx.data<float>(), shape);

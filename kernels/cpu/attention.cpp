@@ -11,13 +11,10 @@
 // rowsum(dO * O) equals rowsum(P * dP), and costs D instead of T per row.
 #include "kernels/cpu/attention.h"
 
-#pragma GCC diagnostic push  // See Note [Eigen under GCC 12] in kernels/cpu/softmax.cpp
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
-#pragma GCC diagnostic pop
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "kernels/cpu/eigen.h"
 
 namespace loom::kernels::cpu {
 

@@ -5,13 +5,10 @@
 // does not depend on the thread count.
 #include "kernels/cpu/cross_entropy.h"
 
-#pragma GCC diagnostic push  // See Note [Eigen under GCC 12] in kernels/cpu/softmax.cpp
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
-#pragma GCC diagnostic pop
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "kernels/cpu/eigen.h"
 
 namespace loom::kernels::cpu {
 

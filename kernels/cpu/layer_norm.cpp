@@ -7,13 +7,10 @@
 // dbias are bit-for-bit the same whatever the thread count.
 #include "kernels/cpu/layer_norm.h"
 
-#pragma GCC diagnostic push  // See Note [Eigen under GCC 12] in kernels/cpu/softmax.cpp
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
-#pragma GCC diagnostic pop
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "kernels/cpu/eigen.h"
 
 namespace loom::kernels::cpu {
 

@@ -2,13 +2,7 @@
 // independent, so OpenMP splits them.
 #include "kernels/cpu/softmax.h"
 
-// Note [Eigen under GCC 12]: GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics
-// Eigen's packet math inlines (_mm512_undefined_ps), a false positive; the pragma silences it
-// for the system headers Eigen pulls in and nothing else.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/eigen.h"
 
 namespace loom::kernels::cpu {
 

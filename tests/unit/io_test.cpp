@@ -13,36 +13,16 @@
 #include "core/io/batch_loader.h"
 #include "core/io/text_file.h"
 #include "core/io/token_file.h"
+#include "testing/files.h"
 
 namespace loom::io {
 namespace {
 
-class IoTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "loom_io_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-
-  std::string dir_;
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-template <typename T>
-void append(std::string& bytes, T value) {
-  bytes.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
+using IoTest = testing::TempDirTest;
+using testing::append;
+using testing::expect_error;
+using testing::read_bytes;
+using testing::write_bytes;
 
 // An llm.c token-file header: 256 int32, the first three given.
 std::string token_header(int32_t magic, int32_t version, int32_t count) {
@@ -52,19 +32,6 @@ std::string token_header(int32_t magic, int32_t version, int32_t count) {
   append(h, count);
   for (int i = 3; i < 256; ++i) append(h, int32_t(0));
   return h;
-}
-
-// Runs f, expecting a loom::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a loom::Error";
-  } catch (const Error& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-  }
 }
 
 // ---------------------------------------------------------------- llm.c token files

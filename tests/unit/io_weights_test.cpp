@@ -14,48 +14,16 @@
 #include "core/io/llmc_checkpoint.h"
 #include "core/io/safetensors.h"
 #include "core/io/token_file.h"
+#include "testing/files.h"
 
 namespace loom::io {
 namespace {
 
-class WeightsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "loom_weights_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-
-  std::string dir_;
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-template <typename T>
-void append(std::string& bytes, T value) {
-  bytes.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a loom::Error";
-  } catch (const Error& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-  }
-}
+using WeightsTest = testing::TempDirTest;
+using testing::append;
+using testing::expect_error;
+using testing::read_bytes;
+using testing::write_bytes;
 
 // ---------------------------------------------------------------- a tiny llm.c model by hand
 

@@ -71,6 +71,22 @@ TEST(Tensor, BadInputIsAClearError) {
   }
 }
 
+TEST(Tensor, CudaTensorWithoutAGpuIsAClearError) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present: this checks the error without one";
+  try {
+    Tensor::zeros({2}, DType::kF32, Device::cuda(0));
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("device(s) present") != std::string::npos ||
+                msg.find("without CUDA") != std::string::npos)
+        << msg;
+  }
+  EXPECT_THROW(Device::parse("gpu:0"), Error);
+  EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
+}
+
 TEST(Autograd, AddMulChainRule) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
   Tensor b = Tensor::from_vector<float>({4, 5, 6}, {3}).set_requires_grad(true);
