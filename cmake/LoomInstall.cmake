@@ -7,7 +7,7 @@ install(TARGETS loom EXPORT loomTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY include/loom DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-foreach(dir core kernels optimizer)
+foreach(dir core kernels optimizer collectives parallel)
   install(DIRECTORY ${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom
           FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 endforeach()

@@ -1,0 +1,182 @@
+// Communicator: collectives and point-to-point over a group of ranks, on Tensors. Every call is
+// asynchronous and returns a Work; the caller must wait() on it (or test() it to completion)
+// before reading an output or reusing an input buffer. The blocking forms (*_sync) wait for you.
+//
+// The base class owns everything that does not depend on the transport: argument checks (each
+// a loom::Error naming the op, the argument and expected vs actual, on the rank that made the
+// mistake), the per-group sequence number, and the deadline of every wait
+// (See Note [Deadlines]). Backends (self, mpi; nccl later) implement the short list of *_impl
+// calls, each taking an options struct last so fields can be added without touching
+// signatures. A backend that does not support a call fails loudly: "backend X does not
+// support Y".
+//
+// Buffers: contiguous tensors of one dtype on one device, f32 / bf16 / f16 / i32 / i64 (u8 for
+// raw bytes where no reduction is involved). bf16 and f16 reductions accumulate in f32.
+// Counts are in elements. In-place: pass the same tensor as input and output.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::comm {
+
+// Raised for communication failures (timeouts, a peer that died, mismatched collectives), as
+// opposed to argument mistakes, which are loom::Error.
+class CommError : public Error {
+ public:
+  explicit CommError(const std::string& what) : Error(what) {}
+};
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+
+// A pending operation. wait() blocks until it completes or its deadline passes (CommError naming
+// the group, op, sequence number and bytes); test() polls without blocking. Both are idempotent
+// once complete. A Work must be waited on before its buffers are reused; destroying an
+// unfinished Work waits for it (never leaves MPI writing into freed memory).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// Waits on every work in order.
+void wait_all(const std::vector<WorkPtr>& works);
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+};
+struct AllgatherOptions {};
+struct BroadcastOptions {
+  int root = 0;
+};
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+};
+struct AllToAllOptions {
+  // Element counts per peer (size() entries each). Empty: equal splits of numel / size().
+  std::vector<int64_t> input_splits;
+  std::vector<int64_t> output_splits;
+};
+struct PointToPointOptions {
+  int tag = 0;
+};
+struct BarrierOptions {};
+
+// One send or recv of a batch (posted together, so pairs of ranks exchanging both ways cannot
+// deadlock on ordering).
+struct P2POp {
+  enum class Kind : uint8_t { kSend, kRecv } kind;
+  Tensor tensor;
+  int peer;
+  int tag = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }  // "world", "tp", "dp.1", ...
+  virtual const char* backend() const = 0;
+
+  // output = op over ranks of input (input and output may be the same tensor).
+  WorkPtr allreduce(const Tensor& input, Tensor& output, const AllreduceOptions& options = {});
+  WorkPtr allreduce(Tensor& tensor, const AllreduceOptions& options = {});
+  // input: size() * n elements; output: n elements, rank r gets chunk r of the reduction.
+  WorkPtr reduce_scatter(const Tensor& input, Tensor& output,
+                         const ReduceScatterOptions& options = {});
+  // input: n elements; output: size() * n elements, chunk r from rank r.
+  WorkPtr allgather(const Tensor& input, Tensor& output, const AllgatherOptions& options = {});
+  WorkPtr broadcast(Tensor& tensor, const BroadcastOptions& options = {});
+  // output (significant on the root only; may be undefined elsewhere) = op over ranks of input.
+  WorkPtr reduce(const Tensor& input, Tensor& output, const ReduceOptions& options = {});
+  // Chunk j of input goes to rank j; chunk i of output comes from rank i (sizes per options).
+  WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {});
+  WorkPtr send(const Tensor& tensor, int peer, const PointToPointOptions& options = {});
+  WorkPtr recv(Tensor& tensor, int peer, const PointToPointOptions& options = {});
+  WorkPtr batch_p2p(const std::vector<P2POp>& ops);
+  WorkPtr barrier(const BarrierOptions& options = {});
+
+  // Blocking conveniences.
+  void allreduce_sync(Tensor& tensor, ReduceOp op = ReduceOp::kSum) {
+    allreduce(tensor, AllreduceOptions{op})->wait();
+  }
+  void barrier_sync() { barrier()->wait(); }
+
+  // A sub-group of the ranks that pass the same color, ordered by (key, rank). Collective over
+  // this communicator: every rank must call it. `name` names the group in errors.
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& name);
+
+  // Collectives issued on this group so far (each rank's count; the same on every rank of a
+  // correct program). Also per-op counts, for tests that count communication.
+  uint64_t sequence_number() const { return sequence_; }
+  uint64_t op_count(const std::string& op) const;
+
+  // Seconds each wait may take (LOOM_COMM_TIMEOUT, default 300).
+  double timeout_seconds() const { return timeout_s_; }
+  void set_timeout_seconds(double seconds);
+
+ protected:
+  Communicator(int rank, int size, std::string name);
+
+  // What a backend implements. Arguments are already checked: contiguous, same dtype and
+  // device, sizes consistent with the group, peers and roots in range.
+  struct OpInfo {  // for messages: which collective this is
+    const char* op;
+    uint64_t sequence;
+    size_t bytes;
+  };
+  virtual WorkPtr allreduce_impl(const Tensor& input, Tensor& output, const AllreduceOptions& o,
+                                 const OpInfo& info) = 0;
+  virtual WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output,
+                                      const ReduceScatterOptions& o, const OpInfo& info) = 0;
+  virtual WorkPtr allgather_impl(const Tensor& input, Tensor& output, const AllgatherOptions& o,
+                                 const OpInfo& info) = 0;
+  virtual WorkPtr broadcast_impl(Tensor& tensor, const BroadcastOptions& o,
+                                 const OpInfo& info) = 0;
+  virtual WorkPtr reduce_impl(const Tensor& input, Tensor& output, const ReduceOptions& o,
+                              const OpInfo& info) = 0;
+  virtual WorkPtr all_to_all_impl(const Tensor& input, Tensor& output, const AllToAllOptions& o,
+                                  const OpInfo& info) = 0;
+  virtual WorkPtr batch_p2p_impl(const std::vector<P2POp>& ops, const OpInfo& info) = 0;
+  virtual WorkPtr barrier_impl(const BarrierOptions& o, const OpInfo& info) = 0;
+  virtual std::shared_ptr<Communicator> split_impl(int color, int key, const std::string& name) = 0;
+
+  // "group 'tp' (rank 1 of 2) allreduce #17, 4096 bytes": the context every error names.
+  std::string describe(const OpInfo& info) const;
+
+ private:
+  OpInfo begin(const char* op, size_t bytes);
+
+  int rank_;
+  int size_;
+  std::string name_;
+  uint64_t sequence_ = 0;
+  std::vector<std::pair<std::string, uint64_t>> op_counts_;
+  double timeout_s_;
+};
+
+// The world: the MPI world when the process was launched by mpirun and loom has MPI (MPI is
+// initialised on first use and finalised at exit), else a single-process `self` communicator.
+// `backend`: "auto", "self" or "mpi". Sets the rank printed in error messages.
+std::shared_ptr<Communicator> world(const std::string& backend = "auto");
+
+// True when the environment says this process was started by an MPI launcher.
+bool launched_by_mpi();
+
+}  // namespace loom::comm

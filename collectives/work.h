@@ -1,0 +1,41 @@
+// Work implementations shared by the backends: one already complete, and one completed by
+// polling, which is where Note [Deadlines] (communicator.cpp) is enforced for every backend.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "collectives/communicator.h"
+
+namespace loom::comm {
+
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+WorkPtr completed_work();
+
+// Subclasses implement poll() (make progress; true once the operation is complete) and
+// optionally finish() (post-processing run once, on the waiting thread, after completion: e.g.
+// dividing a sum by the group size for avg, or copying a staging buffer back).
+class PollingWork : public Work {
+ public:
+  // `context` is Communicator::describe() of the op, for the timeout message.
+  PollingWork(std::string context, double timeout_seconds);
+  void wait() override;
+  bool test() override;
+
+ protected:
+  virtual bool poll() = 0;
+  virtual void finish() {}
+  bool done() const { return done_; }
+
+ private:
+  void complete();
+  std::string context_;
+  double timeout_s_;
+  bool done_ = false;
+};
+
+}  // namespace loom::comm
