@@ -22,8 +22,10 @@ double timeout_from_environment() {
   if (const char* v = std::getenv("LOOM_COMM_TIMEOUT")) {
     char* end = nullptr;
     double s = std::strtod(v, &end);
-    LOOM_CHECK(end != v && *end == '\0' && s > 0, "LOOM_COMM_TIMEOUT must be a positive number "
-               "of seconds, got '", v, "'");
+    LOOM_CHECK(end != v && *end == '\0' && s > 0,
+               "LOOM_COMM_TIMEOUT must be a positive number "
+               "of seconds, got '",
+               v, "'");
     return s;
   }
   return 300.0;
@@ -35,7 +37,8 @@ void check_buffer(const char* op, const char* arg, const Tensor& t) {
 }
 
 void check_reducible(const char* op, const Tensor& t) {
-  LOOM_CHECK(t.dtype() != DType::kU8, op, ": u8 buffers cannot be reduced (raw bytes); use f32, "
+  LOOM_CHECK(t.dtype() != DType::kU8, op,
+             ": u8 buffers cannot be reduced (raw bytes); use f32, "
              "bf16, f16, i32 or i64");
 }
 
@@ -50,10 +53,14 @@ void check_same(const char* op, const Tensor& in, const Tensor& out) {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -197,10 +204,10 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
     LOOM_CHECK(p.tag >= 0, what, ": tag must be >= 0, got ", p.tag);
     bytes += p.tensor.nbytes();
   }
-  return batch_p2p_impl(ops, begin(ops.size() == 1 ? (ops[0].kind == P2POp::Kind::kSend ? "send"
-                                                                                         : "recv")
-                                                   : "batch_p2p",
-                                    bytes));
+  return batch_p2p_impl(
+      ops,
+      begin(ops.size() == 1 ? (ops[0].kind == P2POp::Kind::kSend ? "send" : "recv") : "batch_p2p",
+            bytes));
 }
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
@@ -219,12 +226,14 @@ bool launched_by_mpi() {
 }
 
 std::shared_ptr<Communicator> world(const std::string& backend) {
-  LOOM_CHECK(backend == "auto" || backend == "self" || backend == "mpi",
-             "world: unknown backend '", backend, "' (expected auto, self or mpi)");
+  LOOM_CHECK(backend == "auto" || backend == "self" || backend == "mpi", "world: unknown backend '",
+             backend, "' (expected auto, self or mpi)");
   static std::shared_ptr<Communicator> instance;
   if (instance) {
-    LOOM_CHECK(backend == "auto" || backend == instance->backend(), "world: already created with "
-               "backend ", instance->backend(), ", cannot switch to ", backend);
+    LOOM_CHECK(backend == "auto" || backend == instance->backend(),
+               "world: already created with "
+               "backend ",
+               instance->backend(), ", cannot switch to ", backend);
     return instance;
   }
   bool use_mpi = backend == "mpi" || (backend == "auto" && launched_by_mpi());
@@ -232,10 +241,12 @@ std::shared_ptr<Communicator> world(const std::string& backend) {
 #if LOOM_WITH_MPI
     instance = make_mpi_world();
 #else
-    LOOM_CHECK(backend != "mpi", "world: backend mpi requested but loom was built without MPI "
+    LOOM_CHECK(backend != "mpi",
+               "world: backend mpi requested but loom was built without MPI "
                "(install libopenmpi-dev and reconfigure)");
-    LOOM_FAIL("world: this process was started by mpirun but loom was built without MPI, so it "
-              "cannot join the other ranks (install libopenmpi-dev and reconfigure)");
+    LOOM_FAIL(
+        "world: this process was started by mpirun but loom was built without MPI, so it "
+        "cannot join the other ranks (install libopenmpi-dev and reconfigure)");
 #endif
   } else {
     instance = make_self_communicator("world");

@@ -147,8 +147,7 @@ class Communicator {
                                       const ReduceScatterOptions& o, const OpInfo& info) = 0;
   virtual WorkPtr allgather_impl(const Tensor& input, Tensor& output, const AllgatherOptions& o,
                                  const OpInfo& info) = 0;
-  virtual WorkPtr broadcast_impl(Tensor& tensor, const BroadcastOptions& o,
-                                 const OpInfo& info) = 0;
+  virtual WorkPtr broadcast_impl(Tensor& tensor, const BroadcastOptions& o, const OpInfo& info) = 0;
   virtual WorkPtr reduce_impl(const Tensor& input, Tensor& output, const ReduceOptions& o,
                               const OpInfo& info) = 0;
   virtual WorkPtr all_to_all_impl(const Tensor& input, Tensor& output, const AllToAllOptions& o,

@@ -4,6 +4,7 @@
 // reductions are computed in f32 (converted, reduced, converted back). Built only with MPI.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "collectives/communicator.h"
@@ -13,5 +14,12 @@ namespace loom::comm {
 // The MPI world (MPI_COMM_WORLD). Initialises MPI (MPI_THREAD_SERIALIZED) on the first call and
 // registers its finalisation at exit.
 std::shared_ptr<Communicator> make_mpi_world();
+
+// The most elements one MPI call carries (MPI counts are int; default INT_MAX). Larger
+// allreduce, reduce, broadcast and send/recv are split into pieces of at most this many;
+// reduce_scatter, allgather and all_to_all beyond it raise loom::Error before anything is
+// posted. Tests lower it to exercise those paths; set it to the same value on every rank.
+int64_t mpi_max_count();
+void set_mpi_max_count(int64_t count);
 
 }  // namespace loom::comm

@@ -29,8 +29,7 @@ class SelfCommunicator final : public Communicator {
   WorkPtr broadcast_impl(Tensor&, const BroadcastOptions&, const OpInfo&) override {
     return completed_work();
   }
-  WorkPtr reduce_impl(const Tensor& in, Tensor& out, const ReduceOptions&,
-                      const OpInfo&) override {
+  WorkPtr reduce_impl(const Tensor& in, Tensor& out, const ReduceOptions&, const OpInfo&) override {
     return copy(in, out);
   }
   WorkPtr all_to_all_impl(const Tensor& in, Tensor& out, const AllToAllOptions&,

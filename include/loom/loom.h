@@ -1,6 +1,7 @@
 // The umbrella header: everything a program that trains with loom needs.
 #pragma once
 
+#include "collectives/communicator.h"
 #include "core/autograd.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -19,3 +20,4 @@
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
 #include "optimizer/sgd.h"
+#include "parallel/mesh.h"

@@ -1,0 +1,625 @@
+// The MPI backend: every op posts nonblocking MPI calls (MPI_Iallreduce, ...) and returns an
+// MpiWork that polls them with MPI_Testall until done or past its deadline
+// (See Note [Deadlines] in communicator.cpp). Three decisions that are not obvious:
+// See Note [MPI staging], Note [Abandoned operations], and all_to_all_impl on why it always
+// posts MPI_Ialltoallv.
+#include "collectives/mpi_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "collectives/mpi_check.h"
+#include "collectives/work.h"
+
+namespace loom::comm {
+
+// Note [MPI staging]
+// MPI is handed host buffers of a type it can reduce. A buffer is staged (copied into a host
+// tensor before the call, and the result copied back in finish()) when it lives on a GPU (Open
+// MPI from Debian is not CUDA-aware) or when a reduction runs on bf16/f16: MPI has no 16-bit
+// float types, so the values are widened to f32, reduced in f32, and rounded once at the end
+// (after the division for avg). Ops that only move data (allgather, broadcast, all_to_all,
+// send/recv) carry bf16/f16 as raw 16-bit words (MPI_UINT16_T), bit for bit.
+//
+// Note [Abandoned operations]
+// MPI may write into a receive buffer until its request completes, so the buffers of a Work
+// destroyed before completion must not be freed. Its destructor polls up to the group's timeout
+// (not forever: a peer that never joins must not turn an error into a hang; and not at all once
+// a wait on the same group has failed, so unwinding past many works does not wait for each),
+// then, if the op is still pending, abandons it: the requests and buffers move to a process-wide
+// list that is never freed. At exit MPI_Finalize is skipped while any abandoned op is pending,
+// since it would wait for the peer that never came (mpirun then reports the rank as exiting without
+// finalising).
+
+namespace {
+int64_t g_max_count = INT_MAX;
+}
+int64_t mpi_max_count() { return g_max_count; }
+void set_mpi_max_count(int64_t count) {
+  LOOM_CHECK(count >= 1 && count <= INT_MAX, "set_mpi_max_count: must be in [1, ", INT_MAX,
+             "], got ", count);
+  g_max_count = count;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+// An MPI communicator, freed when the last of its Communicator and its pending works lets go:
+// Open MPI's nonblocking collectives crash when their communicator is freed before they finish.
+struct CommHandle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool failed = false;  // a work on it timed out or failed: See Note [Abandoned operations]
+  explicit CommHandle(MPI_Comm c) : comm(c) {}
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  ~CommHandle() {
+    // After MPI_Finalize (the world outlives it, in a static) there is nothing left to free.
+    if (!mpi_finalized()) MPI_Comm_free(&comm);
+  }
+};
+
+// ---------------------------------------------------------------- abandoned operations
+
+struct Abandoned {
+  std::vector<MPI_Request> requests;
+  std::vector<Tensor> buffers;       // what MPI may still read or write
+  std::vector<int> ints;             // counts, displacements, or split's (color, key) buffer
+  std::shared_ptr<CommHandle> comm;  // the communicator they run on
+};
+
+std::vector<Abandoned>& abandoned() {
+  static auto* list = new std::vector<Abandoned>();  // never freed: See Note [Abandoned operations]
+  return *list;
+}
+
+// How many abandoned ops are still pending (those that finished are dropped).
+size_t pending_abandoned() {
+  auto& list = abandoned();
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [](Abandoned& a) {
+                              int flag = 0;
+                              int rc = MPI_Testall(int(a.requests.size()), a.requests.data(), &flag,
+                                                   MPI_STATUSES_IGNORE);
+                              return rc != MPI_SUCCESS || flag != 0;
+                            }),
+             list.end());
+  return list.size();
+}
+
+void finalize_at_exit() {
+  if (mpi_finalized()) return;
+  if (size_t n = pending_abandoned()) {
+    std::fprintf(stderr,
+                 "[rank %d] loom: %zu MPI operation(s) never completed (a peer did not join "
+                 "them); exiting without MPI_Finalize, which would wait for them\n",
+                 error_rank(), n);
+    return;
+  }
+  MPI_Finalize();
+}
+
+// ---------------------------------------------------------------- types and buffers
+
+// The MPI type a buffer travels as; bf16/f16 as raw words (See Note [MPI staging]).
+MPI_Datatype transport_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kBF16:
+    case DType::kF16:
+      return MPI_UINT16_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
+  }
+  LOOM_ASSERT(false, "unknown dtype ", int(t));
+}
+
+// The dtype a reduction runs in: f32 for bf16/f16, else the dtype itself.
+DType reduction_dtype(DType t) { return t == DType::kBF16 || t == DType::kF16 ? DType::kF32 : t; }
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return MPI_SUM;  // avg divides in finish()
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+  }
+  LOOM_ASSERT(false, "unknown reduce op ", int(op));
+}
+
+// True when a host buffer of `dtype` cannot simply be t itself.
+bool needs_staging(const Tensor& t, DType dtype) {
+  return !t.device().is_cpu() || t.dtype() != dtype;
+}
+
+// A host tensor holding t's values as `dtype`: t itself when it already is one.
+Tensor host_values(const Tensor& t, DType dtype) {
+  Tensor h = t.detach();
+  if (!h.device().is_cpu()) h = h.to(Device::cpu());
+  if (h.dtype() != dtype) h = h.to(dtype);
+  return h;
+}
+
+// A host buffer for MPI to write t's result into, as `dtype`: t itself when it can be.
+Tensor host_buffer(const Tensor& t, DType dtype) {
+  if (!needs_staging(t, dtype)) return t.detach();
+  return Tensor::empty(t.shape(), dtype, Device::cpu());
+}
+
+// Brings a result from its host buffer into t, converting back to t's dtype; nothing to do when
+// the buffer is t's own memory.
+void store(const Tensor& host, Tensor t) {
+  if (t.numel() == 0 || (t.device().is_cpu() && host.data_ptr() == t.data_ptr())) return;
+  t.copy_(host.dtype() == t.dtype() ? host : host.to(t.dtype()));
+}
+
+// avg = sum / group size. Integers use C++ integer division (truncates toward zero).
+void divide(const Tensor& host, int n) {
+  const int64_t count = host.numel();
+  switch (host.dtype()) {
+    case DType::kF32: {
+      float* p = host.data<float>();
+      for (int64_t i = 0; i < count; ++i) p[i] /= float(n);
+      break;
+    }
+    case DType::kI32: {
+      int32_t* p = host.data<int32_t>();
+      for (int64_t i = 0; i < count; ++i) p[i] /= n;
+      break;
+    }
+    case DType::kI64: {
+      int64_t* p = host.data<int64_t>();
+      for (int64_t i = 0; i < count; ++i) p[i] /= n;
+      break;
+    }
+    default:
+      LOOM_ASSERT(false, "avg on ", dtype_name(host.dtype()));
+  }
+}
+
+char* bytes_at(const Tensor& t, int64_t element) {
+  return static_cast<char*>(t.data_ptr()) + element * int64_t(dtype_size(t.dtype()));
+}
+
+// [offset, count) pieces of n elements, each at most mpi_max_count() long. One (empty) piece
+// when n is 0, so that every rank still takes part in the collective.
+std::vector<std::pair<int64_t, int>> pieces(int64_t n) {
+  const int64_t max = mpi_max_count();
+  std::vector<std::pair<int64_t, int>> out;
+  for (int64_t offset = 0; offset < n || out.empty(); offset += max)
+    out.emplace_back(offset, int(std::min(max, n - offset)));
+  return out;
+}
+
+// MPI forbids a send buffer that overlaps the receive buffer (outside MPI_IN_PLACE): such a send
+// buffer (an output that is a view of the input, say) is copied first.
+Tensor separate(const Tensor& send, const Tensor& recv) {
+  if (send.numel() == 0 || recv.numel() == 0) return send;
+  const char* s = bytes_at(send, 0);
+  const char* r = bytes_at(recv, 0);
+  const bool overlap = s < r + recv.nbytes() && r < s + send.nbytes();
+  return overlap ? send.clone() : send;
+}
+
+// ---------------------------------------------------------------- the work
+
+class MpiWork final : public PollingWork {
+ public:
+  MpiWork(std::shared_ptr<CommHandle> comm, std::string context, double timeout_s)
+      : PollingWork(context, timeout_s),
+        comm(std::move(comm)),
+        context_(std::move(context)),
+        timeout_s_(timeout_s) {}
+  ~MpiWork() override;
+
+  // A CommError (timed out, or MPI failed) marks the work failed: its destructor then abandons
+  // it at once instead of waiting again (See Note [Abandoned operations]).
+  void wait() override {
+    try {
+      PollingWork::wait();
+    } catch (const CommError&) {
+      mark_failed();
+      throw;
+    }
+  }
+  bool test() override {
+    try {
+      return PollingWork::test();
+    } catch (const CommError&) {
+      mark_failed();
+      throw;
+    }
+  }
+
+  const std::string& context() const { return context_; }
+
+  std::shared_ptr<CommHandle> comm;  // kept until the requests complete
+  std::vector<MPI_Request> requests;
+  std::vector<MPI_Status> statuses;  // filled by MPI_Testall when sized like requests
+  std::vector<Tensor> buffers;       // all that MPI reads or writes: alive until completion
+  std::vector<int> ints;             // count/displacement arrays or int buffers, as `buffers`
+  std::function<void()> then;        // post-processing once complete (divide, copy back, ...)
+
+  // Adds a request slot and returns it for the MPI call to fill.
+  MPI_Request* next_request() {
+    requests.push_back(MPI_REQUEST_NULL);
+    return &requests.back();
+  }
+
+ protected:
+  bool poll() override {
+    if (requests.empty()) return true;
+    int flag = 0;
+    MPI_Status* st = statuses.size() == requests.size() ? statuses.data() : MPI_STATUSES_IGNORE;
+    int rc = MPI_Testall(int(requests.size()), requests.data(), &flag, st);
+    if (rc == MPI_ERR_IN_STATUS && st != MPI_STATUSES_IGNORE) {
+      for (const MPI_Status& s : statuses)  // report the request's own error, not "in status"
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+          rc = s.MPI_ERROR;
+          break;
+        }
+    }
+    check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context_);
+    return flag != 0;
+  }
+
+  void finish() override {
+    std::function<void()> f = std::move(then);
+    then = nullptr;
+    if (f) f();
+    buffers.clear();
+    if (comm) comm->failed = false;  // the group works again
+    comm.reset();
+  }
+
+ private:
+  void mark_failed() {
+    failed_ = true;
+    if (comm) comm->failed = true;
+  }
+
+  std::string context_;
+  double timeout_s_;
+  bool failed_ = false;
+};
+
+MpiWork::~MpiWork() {
+  if (done() || requests.empty()) return;
+  // See Note [Abandoned operations].
+  if (!failed_ && !(comm && comm->failed) && !mpi_finalized()) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (Clock::now() < deadline) {
+      int flag = 0;
+      if (MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE) !=
+          MPI_SUCCESS)
+        break;
+      if (flag) {
+        try {
+          finish();  // the results are as complete as if wait() had been called
+        } catch (...) {
+        }
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  abandoned().push_back(
+      Abandoned{std::move(requests), std::move(buffers), std::move(ints), std::move(comm)});
+}
+
+// ---------------------------------------------------------------- the communicator
+
+int comm_rank(MPI_Comm comm) {
+  int r = 0;
+  LOOM_MPI_CHECK(MPI_Comm_rank(comm, &r));
+  return r;
+}
+int comm_size(MPI_Comm comm) {
+  int s = 0;
+  LOOM_MPI_CHECK(MPI_Comm_size(comm, &s));
+  return s;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (a dup or split; See CommHandle).
+  MpiCommunicator(MPI_Comm comm, const std::string& name)
+      : Communicator(comm_rank(comm), comm_size(comm), name),
+        handle_(std::make_shared<CommHandle>(comm)),
+        comm_(comm) {
+    LOOM_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    std::string mpi_name = "loom:" + name;
+    LOOM_MPI_CHECK(MPI_Comm_set_name(comm_, mpi_name.c_str()));
+    void* value = nullptr;
+    int flag = 0;
+    LOOM_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &flag));
+    tag_ub_ = flag ? *static_cast<int*>(value) : 32767;  // 32767: the least MPI guarantees
+  }
+  const char* backend() const override { return "mpi"; }
+
+ protected:
+  WorkPtr allreduce_impl(const Tensor& input, Tensor& output, const AllreduceOptions& o,
+                         const OpInfo& info) override {
+    const DType rd = reduction_dtype(input.dtype());
+    auto w = make_work(info, {input, output});
+    Tensor send, recv;  // send undefined: MPI_IN_PLACE on recv
+    if (needs_staging(output, rd)) {
+      recv = host_values(input, rd);  // a fresh host copy, reduced in place
+    } else {
+      recv = output.detach();
+      if (input.data_ptr() != output.data_ptr()) send = separate(input.detach(), recv);
+    }
+    w->buffers.insert(w->buffers.end(), {send, recv});
+    for (auto [offset, count] : pieces(input.numel())) {
+      const void* s = send.defined() ? bytes_at(send, offset) : MPI_IN_PLACE;
+      LOOM_MPI_CHECK_IN(w->context(),
+                        MPI_Iallreduce(s, bytes_at(recv, offset), count, transport_type(rd),
+                                       mpi_op(o.op), comm_, w->next_request()));
+    }
+    w->then = [recv, out = output, op = o.op, n = size()] {
+      if (op == ReduceOp::kAvg) divide(recv, n);
+      store(recv, out);
+    };
+    return w;
+  }
+
+  WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output, const ReduceScatterOptions& o,
+                              const OpInfo& info) override {
+    const int count = fits_one_call(info, "output", output.numel());
+    const DType rd = reduction_dtype(input.dtype());
+    auto w = make_work(info, {input, output});
+    Tensor recv = host_buffer(output, rd);
+    Tensor send = separate(host_values(input, rd), recv);
+    w->buffers.insert(w->buffers.end(), {send, recv});
+    LOOM_MPI_CHECK_IN(
+        w->context(),
+        MPI_Ireduce_scatter_block(bytes_at(send, 0), bytes_at(recv, 0), count, transport_type(rd),
+                                  mpi_op(o.op), comm_, w->next_request()));
+    w->then = [recv, out = output, op = o.op, n = size()] {
+      if (op == ReduceOp::kAvg) divide(recv, n);
+      store(recv, out);
+    };
+    return w;
+  }
+
+  WorkPtr allgather_impl(const Tensor& input, Tensor& output, const AllgatherOptions&,
+                         const OpInfo& info) override {
+    const int count = fits_one_call(info, "input", input.numel());
+    const DType dt = input.dtype();
+    // In place: the input is this rank's chunk of the output, where MPI_IN_PLACE expects it.
+    const bool in_place = !needs_staging(output, dt) && count > 0 &&
+                          input.data_ptr() == bytes_at(output, int64_t(rank()) * count);
+    auto w = make_work(info, {input, output});
+    Tensor recv = host_buffer(output, dt);
+    Tensor send = in_place ? Tensor() : separate(host_values(input, dt), recv);
+    w->buffers.insert(w->buffers.end(), {send, recv});
+    LOOM_MPI_CHECK_IN(
+        w->context(),
+        MPI_Iallgather(send.defined() ? bytes_at(send, 0) : MPI_IN_PLACE, count, transport_type(dt),
+                       bytes_at(recv, 0), count, transport_type(dt), comm_, w->next_request()));
+    w->then = [recv, out = output] { store(recv, out); };
+    return w;
+  }
+
+  WorkPtr broadcast_impl(Tensor& tensor, const BroadcastOptions& o, const OpInfo& info) override {
+    const DType dt = tensor.dtype();
+    const bool root = rank() == o.root;
+    auto w = make_work(info, {tensor});
+    Tensor buf = root ? host_values(tensor, dt) : host_buffer(tensor, dt);
+    w->buffers.push_back(buf);
+    for (auto [offset, count] : pieces(tensor.numel()))
+      LOOM_MPI_CHECK_IN(w->context(), MPI_Ibcast(bytes_at(buf, offset), count, transport_type(dt),
+                                                 o.root, comm_, w->next_request()));
+    if (!root) w->then = [buf, t = tensor] { store(buf, t); };
+    return w;
+  }
+
+  WorkPtr reduce_impl(const Tensor& input, Tensor& output, const ReduceOptions& o,
+                      const OpInfo& info) override {
+    const DType rd = reduction_dtype(input.dtype());
+    const bool root = rank() == o.root;
+    auto w = make_work(info, {input, output});
+    Tensor send, recv;  // on the root, send undefined: MPI_IN_PLACE on recv
+    if (!root) {
+      send = host_values(input, rd);  // recv stays undefined: MPI ignores it off the root
+    } else if (needs_staging(output, rd)) {
+      recv = host_values(input, rd);
+    } else {
+      recv = output.detach();
+      if (input.data_ptr() != output.data_ptr()) send = separate(input.detach(), recv);
+    }
+    w->buffers.insert(w->buffers.end(), {send, recv});
+    for (auto [offset, count] : pieces(input.numel())) {
+      const void* s = send.defined() ? bytes_at(send, offset) : MPI_IN_PLACE;
+      void* r = recv.defined() ? bytes_at(recv, offset) : nullptr;
+      LOOM_MPI_CHECK_IN(w->context(), MPI_Ireduce(s, r, count, transport_type(rd), mpi_op(o.op),
+                                                  o.root, comm_, w->next_request()));
+    }
+    if (root) {
+      w->then = [recv, out = output, op = o.op, n = size()] {
+        if (op == ReduceOp::kAvg) divide(recv, n);
+        store(recv, out);
+      };
+    }
+    return w;
+  }
+
+  // Always MPI_Ialltoallv, even when this rank's splits are all equal: whether the splits are
+  // equal is a per-rank fact (a rank may send equal parts yet receive unequal ones), and MPI
+  // requires every rank to call the same collective. Open MPI runs equal counts through
+  // alltoallv at the same speed in practice.
+  WorkPtr all_to_all_impl(const Tensor& input, Tensor& output, const AllToAllOptions& o,
+                          const OpInfo& info) override {
+    fits_one_call(info, "input", input.numel());  // displacements are ints too
+    fits_one_call(info, "output", output.numel());
+    const DType dt = input.dtype();
+    auto w = make_work(info, {input, output});
+    // In place too the input is copied: MPI_IN_PLACE for alltoallv is not in every MPI's
+    // nonblocking path, and it would still need a temporary buffer.
+    Tensor recv = host_buffer(output, dt);
+    Tensor send = separate(host_values(input, dt), recv);
+    w->buffers.insert(w->buffers.end(), {send, recv});
+    const int n = size();
+    w->ints.resize(4 * size_t(n));
+    int* send_counts = w->ints.data();
+    int* send_displs = send_counts + n;
+    int* recv_counts = send_displs + n;
+    int* recv_displs = recv_counts + n;
+    for (int i = 0, s = 0, r = 0; i < n; ++i) {
+      send_counts[i] = int(o.input_splits[size_t(i)]);
+      recv_counts[i] = int(o.output_splits[size_t(i)]);
+      send_displs[i] = s;
+      recv_displs[i] = r;
+      s += send_counts[i];
+      r += recv_counts[i];
+    }
+    LOOM_MPI_CHECK_IN(w->context(),
+                      MPI_Ialltoallv(bytes_at(send, 0), send_counts, send_displs,
+                                     transport_type(dt), bytes_at(recv, 0), recv_counts,
+                                     recv_displs, transport_type(dt), comm_, w->next_request()));
+    w->then = [recv, out = output] { store(recv, out); };
+    return w;
+  }
+
+  WorkPtr batch_p2p_impl(const std::vector<P2POp>& ops, const OpInfo& info) override {
+    for (const P2POp& p : ops)
+      LOOM_CHECK(p.tag <= tag_ub_, describe(info), ": tag ", p.tag,
+                 " is above this MPI's limit MPI_TAG_UB = ", tag_ub_);
+    auto w = make_work(info, {});
+    struct Expect {  // a receive piece, checked for its length once complete
+      size_t request;
+      int count;
+      MPI_Datatype type;
+      int peer;
+      int tag;
+    };
+    std::vector<Expect> expect;
+    std::vector<std::pair<Tensor, Tensor>> results;  // (host buffer, tensor) of staged receives
+    for (const P2POp& p : ops) {
+      const DType dt = p.tensor.dtype();
+      const bool is_send = p.kind == P2POp::Kind::kSend;
+      Tensor buf = is_send ? host_values(p.tensor, dt) : host_buffer(p.tensor, dt);
+      w->buffers.insert(w->buffers.end(), {p.tensor, buf});
+      if (!is_send && needs_staging(p.tensor, dt)) results.emplace_back(buf, p.tensor);
+      // Pieces of one message keep their order (MPI does not overtake on one tag and peer).
+      for (auto [offset, count] : pieces(p.tensor.numel())) {
+        if (is_send) {
+          LOOM_MPI_CHECK_IN(w->context(),
+                            MPI_Isend(bytes_at(buf, offset), count, transport_type(dt), p.peer,
+                                      p.tag, comm_, w->next_request()));
+        } else {
+          expect.push_back(Expect{w->requests.size(), count, transport_type(dt), p.peer, p.tag});
+          LOOM_MPI_CHECK_IN(w->context(),
+                            MPI_Irecv(bytes_at(buf, offset), count, transport_type(dt), p.peer,
+                                      p.tag, comm_, w->next_request()));
+        }
+      }
+    }
+    w->statuses.resize(w->requests.size());
+    MpiWork* raw = w.get();  // `then` runs inside the work, so the pointer outlives it
+    w->then = [raw, expect = std::move(expect), results = std::move(results)] {
+      // A shorter message than the receive buffer arrives without an MPI error: catch it here.
+      // (A longer one is MPI_ERR_TRUNCATE, except that Open MPI 4.1 truncates a message a rank
+      // sends to itself without a word.)
+      for (const Expect& e : expect) {
+        int got = 0;
+        MPI_Get_count(&raw->statuses[e.request], e.type, &got);
+        if (got != e.count) {
+          throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", raw->context(),
+                                                ": recv from rank ", e.peer, " with tag ", e.tag,
+                                                " got ", got, " elements, expected ", e.count,
+                                                " (the matching send is shorter)"));
+        }
+      }
+      for (const auto& [buf, t] : results) store(buf, t);
+    };
+    return w;
+  }
+
+  WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {
+    auto w = make_work(info, {});
+    LOOM_MPI_CHECK_IN(w->context(), MPI_Ibarrier(comm_, w->next_request()));
+    return w;
+  }
+
+  // MPI_Comm_split blocks until every rank of the group calls it, which could hang on a rank that
+  // never does. So first a polled allgather of (color, key) with the usual deadline: once it
+  // completes, every rank has reached split, and the blocking call cannot hang.
+  std::shared_ptr<Communicator> split_impl(int color, int key, const std::string& name) override {
+    const OpInfo info{"split", sequence_number(), sizeof(int) * 2 * size_t(size())};
+    auto w = make_work(info, {});
+    w->ints = {color, key};
+    w->ints.resize(2 + 2 * size_t(size()));
+    LOOM_MPI_CHECK_IN(w->context(), MPI_Iallgather(w->ints.data(), 2, MPI_INT, w->ints.data() + 2,
+                                                   2, MPI_INT, comm_, w->next_request()));
+    w->wait();
+    MPI_Comm sub = MPI_COMM_NULL;
+    LOOM_MPI_CHECK_IN(w->context(), MPI_Comm_split(comm_, color, key, &sub));
+    return std::make_shared<MpiCommunicator>(sub, name);
+  }
+
+ private:
+  std::shared_ptr<MpiWork> make_work(const OpInfo& info, std::vector<Tensor> keep) {
+    auto w = std::make_shared<MpiWork>(handle_, describe(info), timeout_seconds());
+    for (Tensor& t : keep)
+      if (t.defined()) w->buffers.push_back(std::move(t));
+    return w;
+  }
+
+  // The count as an int for an op MPI cannot split into pieces. See mpi_max_count().
+  int fits_one_call(const OpInfo& info, const char* what, int64_t count) const {
+    LOOM_CHECK(count <= mpi_max_count(), describe(info), ": ", what, " of ", count,
+               " elements is more than one MPI call carries (", mpi_max_count(),
+               "; MPI counts are int); split it into smaller ", info.op, "s");
+    return int(count);
+  }
+
+  std::shared_ptr<CommHandle> handle_;
+  MPI_Comm comm_;  // handle_->comm
+  int tag_ub_ = 32767;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_mpi_world() {
+  LOOM_CHECK(!mpi_finalized(),
+             "make_mpi_world: MPI was already finalised; the world must be "
+             "created before MPI_Finalize");
+  int initialized = 0;
+  LOOM_MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    LOOM_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    // MPI initialised by loom is finalised by loom; one the program initialised is its own.
+    std::atexit(finalize_at_exit);
+    LOOM_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  auto world = std::make_shared<MpiCommunicator>(comm, "world");
+  set_error_rank(world->rank());
+  return world;
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,829 @@
+// Data validation of every collective in the manner of nccl-tests: each rank fills its input from a
+// formula of (rank, index), the expected output has a closed form, each rank counts its wrong
+// elements, and the counts are summed over all ranks with an allreduce, so a wrong element on any
+// rank fails the test on every rank. Runs under mpirun -np 1, 2, 3, 4, 8 (tests/CMakeLists.txt)
+// and alone, on the self backend.
+//
+// Exactness. Reduced values are v(r, i) = ±(r+1)(i%7+1): every partial sum over up to 8 ranks is
+// an integer of magnitude below 256, exact in bf16 (8 significant bits), f16, f32 and the
+// integers, so sum, max and min are compared bit for bit, whatever order MPI adds in. avg is the
+// f32 sum divided by the group size and rounded once to the dtype (integers: C++ division,
+// truncating toward zero), and the expectation is computed the same way, so it too is exact.
+// Moved values (allgather, broadcast, all_to_all, send/recv) are larger and differ per rank;
+// bf16/f16 round them, and the expectation rounds the same formula to the dtype the same way, so
+// the comparison is still bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "core/dispatch.h"
+#include "core/tensor.h"
+#if LOOM_WITH_MPI
+#include "collectives/mpi_backend.h"
+#endif
+
+namespace loom::comm {
+namespace {
+
+const DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+const int64_t kSizes[] = {0, 1, 7, 1009};  // 7 and 1009 divide by no group size tested
+
+std::shared_ptr<Communicator> world_comm() { return world(); }
+
+// ---------------------------------------------------------------- values
+
+// The value a rank holds for reductions: ±(r+1)(i%7+1), negative at odd i.
+double reduce_value(int r, int64_t i) {
+  return double(r + 1) * double(i % 7 + 1) * (i % 2 ? -1.0 : 1.0);
+}
+// The value a rank moves (allgather, broadcast, send/recv): distinct per rank.
+double move_value(int r, int64_t i) { return double(r + 1) * 1000.0 + double(i % 1000); }
+// Element j of the part rank `from` sends to rank `to` in all_to_all and batch_p2p.
+double part_value(int from, int to, int64_t j) {
+  return double(from) * 1000.0 + double(to) * 100.0 + double(j % 100);  // within f16 range
+}
+constexpr double kGarbage = -7777.0;  // what outputs hold before the op writes them
+
+// v as element type T, rounded as loom rounds (to nearest even for bf16/f16).
+template <typename T>
+T as(double v) {
+  if constexpr (std::is_same_v<T, BFloat16>)
+    return float_to_bf16(float(v));
+  else if constexpr (std::is_same_v<T, Float16>)
+    return float_to_f16(float(v));
+  else
+    return T(v);
+}
+template <typename T>
+double to_double(T x) {
+  if constexpr (std::is_same_v<T, BFloat16>)
+    return bf16_to_float(x);
+  else if constexpr (std::is_same_v<T, Float16>)
+    return f16_to_float(x);
+  else
+    return double(x);
+}
+
+// A [n] tensor of dtype dt whose element i is value(i).
+Tensor make(DType dt, int64_t n, const std::function<double(int64_t)>& value) {
+  return visit_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = as<T>(value(i));
+    return Tensor::from_vector(v, {n});
+  });
+}
+Tensor garbage(DType dt, int64_t n) {
+  return make(dt, n, [](int64_t) { return kGarbage; });
+}
+
+// Counts the elements of t that are not, bit for bit, expected(i) rounded to t's dtype. The first
+// few are reported on this rank (prefixed with it by mpi_main.cpp), naming `what`.
+int64_t count_wrong(const std::string& what, const Tensor& t,
+                    const std::function<double(int64_t)>& expected) {
+  return visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> got = t.to_vector<T>();
+    int64_t wrong = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      T want = as<T>(expected(int64_t(i)));
+      // Bit for bit on purpose: -0 is not +0, and bf16/f16 are compared as their 16-bit words.
+      // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
+      if (std::memcmp(&got[i], &want, sizeof(T)) == 0) continue;
+      if (++wrong <= 3)
+        ADD_FAILURE() << what << " (" << dtype_name(t.dtype()) << ", " << got.size()
+                      << " elements): element " << i << " is " << to_double(got[i]) << ", expected "
+                      << to_double(want);
+    }
+    return wrong;
+  });
+}
+
+// The reduction over `members` (world ranks) of reduce_value(m, i), as the backend computes it:
+// exact sum, max, min; avg = f32 sum / group size rounded once (integers: truncating division).
+double reduced(ReduceOp op, DType dt, const std::vector<int>& members, int64_t i) {
+  double sum = 0, max = -1e300, min = 1e300;
+  for (int m : members) {
+    double v = reduce_value(m, i);
+    sum += v;
+    max = std::max(max, v);
+    min = std::min(min, v);
+  }
+  const int n = int(members.size());
+  switch (op) {
+    case ReduceOp::kSum:
+      return sum;
+    case ReduceOp::kMax:
+      return max;
+    case ReduceOp::kMin:
+      return min;
+    case ReduceOp::kAvg:
+      // Integers: truncating integer division, as the backend documents.
+      return is_floating(dt)
+                 ? double(float(sum) / float(n))
+                 : double(int64_t(sum) / int64_t(n));  // NOLINT(bugprone-integer-division)
+  }
+  return 0;
+}
+
+std::vector<int> all_ranks(int size) {
+  std::vector<int> r(static_cast<size_t>(size));
+  for (int i = 0; i < size; ++i) r[size_t(i)] = i;
+  return r;
+}
+
+std::string name_of(const char* op, DType dt, int64_t n, const std::string& extra = "") {
+  std::ostringstream os;
+  os << op << " " << dtype_name(dt) << " n=" << n << (extra.empty() ? "" : " ") << extra;
+  return os.str();
+}
+
+// Sums the wrong-element counts of every rank: the test's verdict, the same on all ranks.
+int64_t total_wrong(int64_t local) {
+  Tensor t = Tensor::full({1}, double(local), DType::kI64);
+  world_comm()->allreduce_sync(t, ReduceOp::kSum);
+  return int64_t(t.item());
+}
+
+// Expects f() to throw loom::Error (an argument mistake: not a CommError) naming every part.
+void expect_argument_error(const std::function<void()>& f,
+                           std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a loom::Error";
+  } catch (const CommError& e) {
+    ADD_FAILURE() << "expected an argument error, got a CommError: " << e.what();
+  } catch (const Error& e) {
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message lacks '" << p << "': " << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- reductions
+
+TEST(Collectives, AllreduceEveryDtypeOpSizeInAndOutOfPlace) {
+  auto comm = world_comm();
+  const int r = comm->rank();
+  const auto members = all_ranks(comm->size());
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (ReduceOp op : kOps)
+      for (int64_t n : kSizes) {
+        auto input = [&](int64_t i) { return reduce_value(r, i); };
+        auto expected = [&](int64_t i) { return reduced(op, dt, members, i); };
+        const std::string what = name_of("allreduce", dt, n, reduce_op_name(op));
+        Tensor in = make(dt, n, input);
+        Tensor out = garbage(dt, n);
+        comm->allreduce(in, out, AllreduceOptions{op})->wait();
+        wrong += count_wrong(what + " out-of-place", out, expected);
+        wrong += count_wrong(what + " input kept", in, input);
+        Tensor t = make(dt, n, input);
+        comm->allreduce(t, AllreduceOptions{op})->wait();
+        wrong += count_wrong(what + " in-place", t, expected);
+      }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+TEST(Collectives, ReduceScatterEveryDtypeOpSize) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  const auto members = all_ranks(size);
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (ReduceOp op : kOps)
+      for (int64_t n : kSizes) {  // n elements per rank
+        Tensor in = make(dt, n * size, [&](int64_t i) { return reduce_value(r, i); });
+        Tensor out = garbage(dt, n);
+        comm->reduce_scatter(in, out, ReduceScatterOptions{op})->wait();
+        wrong += count_wrong(name_of("reduce_scatter", dt, n, reduce_op_name(op)), out,
+                             [&](int64_t j) { return reduced(op, dt, members, r * n + j); });
+      }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+TEST(Collectives, ReduceToEveryRoot) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  const auto members = all_ranks(size);
+  int64_t wrong = 0;
+  for (int root = 0; root < size; ++root)
+    for (DType dt : kDTypes)
+      for (ReduceOp op : kOps)
+        for (int64_t n : kSizes) {
+          if (n != 1009 && root != size - 1) continue;  // every size on one root, keeps it short
+          const std::string what =
+              name_of("reduce", dt, n, reduce_op_name(op)) + " root " + std::to_string(root);
+          Tensor in = make(dt, n, [&](int64_t i) { return reduce_value(r, i); });
+          // Off the root the output is not significant: undefined, or a buffer left untouched.
+          const bool pass_output = r == root || (root + int(op)) % 2 == 0;
+          Tensor out = pass_output ? garbage(dt, n) : Tensor();
+          comm->reduce(in, out, ReduceOptions{op, root})->wait();
+          if (r == root)
+            wrong += count_wrong(what, out, [&](int64_t i) { return reduced(op, dt, members, i); });
+          else if (pass_output)
+            wrong += count_wrong(what + " non-root output untouched", out,
+                                 [](int64_t) { return kGarbage; });
+        }
+  // In place on the root (the same tensor as input and output).
+  for (DType dt : kDTypes)
+    for (ReduceOp op : kOps) {
+      Tensor t = make(dt, 1009, [&](int64_t i) { return reduce_value(r, i); });
+      comm->reduce(t, t, ReduceOptions{op, 0})->wait();
+      if (r == 0)
+        wrong += count_wrong(name_of("reduce in-place", dt, 1009, reduce_op_name(op)), t,
+                             [&](int64_t i) { return reduced(op, dt, members, i); });
+    }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// 16M f32 (64 MB) summed in place; the expected sum is exact (integers below 2^24).
+TEST(Collectives, Allreduce64MB) {
+  auto comm = world_comm();
+  if (comm->size() > 4)  // 8 ranks share 2 cores in CI: 512 MB through shared memory is slow
+    GTEST_SKIP() << "64 MB allreduce runs for up to 4 ranks";
+  const int r = comm->rank(), size = comm->size();
+  const int64_t n = int64_t(16) << 20;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(reduce_value(r, i));
+  Tensor t = Tensor::from_vector(v, {n});
+  comm->allreduce(t, AllreduceOptions{ReduceOp::kSum})->wait();
+  const float* p = t.data<float>();
+  const double ranks_sum = double(size) * (size + 1) / 2;  // sum of (r+1) over ranks
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (double(p[i]) != ranks_sum * reduce_value(0, i)) ++wrong;
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// ---------------------------------------------------------------- data movement
+
+TEST(Collectives, AllgatherEveryDtypeSizeInAndOutOfPlace) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (int64_t n : kSizes) {  // n elements per rank
+      auto expected = [&](int64_t i) { return move_value(int(i / n), i % n); };
+      Tensor in = make(dt, n, [&](int64_t i) { return move_value(r, i); });
+      Tensor out = garbage(dt, n * size);
+      comm->allgather(in, out)->wait();
+      wrong += count_wrong(name_of("allgather", dt, n), out, expected);
+      // In place: the input is this rank's chunk of the output.
+      Tensor whole = make(dt, n * size,
+                          [&](int64_t i) { return i / n == r ? move_value(r, i % n) : kGarbage; });
+      Tensor own = whole.narrow(0, r * n, n);
+      comm->allgather(own, whole)->wait();
+      wrong += count_wrong(name_of("allgather in-place", dt, n), whole, expected);
+    }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  int64_t wrong = 0;
+  for (int root = 0; root < size; ++root)
+    for (DType dt : kDTypes)
+      for (int64_t n : kSizes) {
+        Tensor t = r == root ? make(dt, n, [&](int64_t i) { return move_value(root, i); })
+                             : garbage(dt, n);
+        comm->broadcast(t, BroadcastOptions{root})->wait();
+        wrong += count_wrong(name_of("broadcast", dt, n, "root " + std::to_string(root)), t,
+                             [&](int64_t i) { return move_value(root, i); });
+      }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// all_to_all where rank `from` sends count(from, to) elements to rank `to`.
+int64_t check_all_to_all(Communicator& comm, DType dt, const std::string& what,
+                         const std::function<int64_t(int, int)>& count, bool explicit_splits,
+                         bool in_place, Device device = Device::cpu()) {
+  const int r = comm.rank(), size = comm.size();
+  std::vector<int64_t> in_splits, out_splits;
+  std::vector<double> in_values, expected;
+  for (int peer = 0; peer < size; ++peer) {
+    in_splits.push_back(count(r, peer));
+    out_splits.push_back(count(peer, r));
+    for (int64_t j = 0; j < count(r, peer); ++j) in_values.push_back(part_value(r, peer, j));
+    for (int64_t j = 0; j < count(peer, r); ++j) expected.push_back(part_value(peer, r, j));
+  }
+  Tensor in = make(dt, int64_t(in_values.size()), [&](int64_t i) {
+                return in_values[size_t(i)];
+              }).to(device);
+  Tensor out = in_place ? in : garbage(dt, int64_t(expected.size())).to(device);
+  AllToAllOptions o;
+  if (explicit_splits) o = AllToAllOptions{in_splits, out_splits};
+  comm.all_to_all(in, out, o)->wait();
+  return count_wrong(what + " " + dtype_name(dt), out,
+                     [&](int64_t i) { return expected[size_t(i)]; });
+}
+
+TEST(Collectives, AllToAllEqualAndUnevenSplits) {
+  auto comm = world_comm();
+  int64_t wrong = 0;
+  for (DType dt : kDTypes) {
+    for (int64_t n : kSizes) {
+      auto equal = [n](int, int) { return n; };
+      wrong += check_all_to_all(*comm, dt, name_of("all_to_all equal", dt, n), equal, false, false);
+      wrong += check_all_to_all(*comm, dt, name_of("all_to_all equal, splits given", dt, n), equal,
+                                true, false);
+    }
+    wrong += check_all_to_all(
+        *comm, dt, "all_to_all equal in-place n=7", [](int, int) { return 7; }, false, true);
+    // Uneven, zero-length parts included: 0, 3, 6 or 9 elements per pair.
+    wrong += check_all_to_all(
+        *comm, dt, "all_to_all uneven", [](int from, int to) { return (from + 2 * to) % 4 * 3; },
+        true, false);
+    // Rank 0 sends nothing at all; the others send 0, 1 or 2 elements.
+    wrong += check_all_to_all(
+        *comm, dt, "all_to_all rank 0 sends nothing",
+        [](int from, int to) { return from == 0 ? 0 : (from + to) % 3; }, true, false);
+  }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// Ring: each rank sends two tagged messages to the next rank and receives the previous rank's,
+// in the opposite tag order: tags, not order, must match them.
+TEST(Collectives, SendRecvRingWithTags) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  const int next = (r + 1) % size, prev = (r + size - 1) % size;
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (int64_t n : kSizes) {
+      Tensor a = make(dt, n, [&](int64_t i) { return move_value(r, i); });
+      Tensor b = make(dt, n, [&](int64_t i) { return move_value(r, i + 500); });
+      Tensor got_a = garbage(dt, n), got_b = garbage(dt, n);
+      std::vector<WorkPtr> works;
+      // Sends first: the self backend matches a recv only with an earlier send.
+      works.push_back(comm->send(b, next, PointToPointOptions{9}));
+      works.push_back(comm->send(a, next, PointToPointOptions{5}));
+      works.push_back(comm->recv(got_a, prev, PointToPointOptions{5}));
+      works.push_back(comm->recv(got_b, prev, PointToPointOptions{9}));
+      wait_all(works);
+      wrong += count_wrong(name_of("recv tag 5", dt, n), got_a,
+                           [&](int64_t i) { return move_value(prev, i); });
+      wrong += count_wrong(name_of("recv tag 9", dt, n), got_b,
+                           [&](int64_t i) { return move_value(prev, i + 500); });
+    }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// Every pair of ranks exchanges both ways in one batch (a send to and a receive from each peer).
+TEST(Collectives, BatchP2PExchangeBothWays) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (int64_t n : kSizes) {
+      std::vector<P2POp> ops;
+      std::vector<Tensor> received;
+      for (int peer = 0; peer < size; ++peer) {
+        received.push_back(garbage(dt, n));
+        ops.push_back(P2POp{P2POp::Kind::kRecv, received.back(), peer, 3});
+        ops.push_back(P2POp{P2POp::Kind::kSend,
+                            make(dt, n, [&](int64_t j) { return part_value(r, peer, j); }), peer,
+                            3});
+      }
+      comm->batch_p2p(ops)->wait();
+      for (int peer = 0; peer < size; ++peer)
+        wrong +=
+            count_wrong(name_of("batch_p2p", dt, n, "from " + std::to_string(peer)),
+                        received[size_t(peer)], [&](int64_t j) { return part_value(peer, r, j); });
+    }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// u8 (raw bytes) moves too, though it cannot be reduced.
+TEST(Collectives, RawBytesMove) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  auto byte = [](int rank, int64_t i) { return uint8_t((int64_t(rank) * 31 + i) % 256); };
+  auto make_bytes = [](int64_t n, const std::function<uint8_t(int64_t)>& f) {
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = f(i);
+    return Tensor::from_vector(v, {n});
+  };
+  auto wrong_bytes = [](const std::string& what, const Tensor& t,
+                        const std::function<uint8_t(int64_t)>& want) {
+    std::vector<uint8_t> got = t.to_vector<uint8_t>();
+    int64_t wrong = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want(int64_t(i)) && ++wrong <= 3)
+        ADD_FAILURE() << what << ": byte " << i << " is " << int(got[i]) << ", expected "
+                      << int(want(int64_t(i)));
+    return wrong;
+  };
+  const int64_t n = 1009;
+  int64_t wrong = 0;
+  Tensor gathered = Tensor::zeros({n * size}, DType::kU8);
+  comm->allgather(make_bytes(n, [&](int64_t i) { return byte(r, i); }), gathered)->wait();
+  wrong +=
+      wrong_bytes("allgather u8", gathered, [&](int64_t i) { return byte(int(i / n), i % n); });
+  Tensor b = r == size - 1 ? make_bytes(n, [&](int64_t i) { return byte(size - 1, i); })
+                           : Tensor::zeros({n}, DType::kU8);
+  comm->broadcast(b, BroadcastOptions{size - 1})->wait();
+  wrong += wrong_bytes("broadcast u8", b, [&](int64_t i) { return byte(size - 1, i); });
+  Tensor got = Tensor::zeros({n}, DType::kU8);
+  const int next = (r + 1) % size, prev = (r + size - 1) % size;
+  wait_all({comm->send(make_bytes(n, [&](int64_t i) { return byte(r, i); }), next),
+            comm->recv(got, prev)});
+  wrong += wrong_bytes("recv u8", got, [&](int64_t i) { return byte(prev, i); });
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// CUDA buffers go through host staging (Open MPI from Debian is not CUDA-aware): the same checks
+// on tensors that live on the GPU. Every rank uses GPU 0. Skips without a GPU.
+TEST(Collectives, CudaTensorsThroughHostStaging) {
+  auto comm = world_comm();
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int r = comm->rank(), size = comm->size();
+  const auto members = all_ranks(size);
+  const Device gpu = Device::cuda(0);
+  const int64_t n = 1009;
+  int64_t wrong = 0;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI64}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      auto expected = [&](int64_t i) { return reduced(op, dt, members, i); };
+      const std::string what = name_of("cuda", dt, n, reduce_op_name(op));
+      Tensor t = make(dt, n, [&](int64_t i) { return reduce_value(r, i); }).to(gpu);
+      comm->allreduce(t, AllreduceOptions{op})->wait();
+      wrong += count_wrong(what + " allreduce in-place", t, expected);
+      Tensor in = make(dt, n, [&](int64_t i) { return reduce_value(r, i); }).to(gpu);
+      Tensor out = garbage(dt, n).to(gpu);
+      comm->allreduce(in, out, AllreduceOptions{op})->wait();
+      wrong += count_wrong(what + " allreduce", out, expected);
+      Tensor red = garbage(dt, n).to(gpu);
+      comm->reduce(in, red, ReduceOptions{op, size - 1})->wait();
+      if (r == size - 1) wrong += count_wrong(what + " reduce", red, expected);
+      Tensor big = make(dt, n * size, [&](int64_t i) { return reduce_value(r, i); }).to(gpu);
+      Tensor part = garbage(dt, n).to(gpu);
+      comm->reduce_scatter(big, part, ReduceScatterOptions{op})->wait();
+      wrong += count_wrong(what + " reduce_scatter", part,
+                           [&](int64_t j) { return reduced(op, dt, members, r * n + j); });
+    }
+    const std::string what = name_of("cuda", dt, n);
+    Tensor gathered = garbage(dt, n * size).to(gpu);
+    comm->allgather(make(dt, n, [&](int64_t i) { return move_value(r, i); }).to(gpu), gathered)
+        ->wait();
+    wrong += count_wrong(what + " allgather", gathered,
+                         [&](int64_t i) { return move_value(int(i / n), i % n); });
+    Tensor b =
+        (r == 0 ? make(dt, n, [](int64_t i) { return move_value(0, i); }) : garbage(dt, n)).to(gpu);
+    comm->broadcast(b)->wait();
+    wrong += count_wrong(what + " broadcast", b, [](int64_t i) { return move_value(0, i); });
+    wrong += check_all_to_all(
+        *comm, dt, "cuda all_to_all", [](int from, int to) { return (from + 2 * to) % 4 * 3; },
+        true, false, gpu);
+    Tensor got = garbage(dt, n).to(gpu);
+    const int next = (r + 1) % size, prev = (r + size - 1) % size;
+    wait_all({comm->send(make(dt, n, [&](int64_t i) { return move_value(r, i); }).to(gpu), next),
+              comm->recv(got, prev)});
+    wrong += count_wrong(what + " recv", got, [&](int64_t i) { return move_value(prev, i); });
+  }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// ---------------------------------------------------------------- asynchrony
+
+// Several works outstanding on one group, completed in reverse order (by test() polling and
+// wait()), and one dropped without a wait, whose destructor completes it.
+TEST(Collectives, ManyOutstandingWorks) {
+  auto comm = world_comm();
+  const int r = comm->rank();
+  const auto members = all_ranks(comm->size());
+  int64_t wrong = 0;
+  std::vector<Tensor> tensors;
+  std::vector<WorkPtr> works;
+  for (DType dt : kDTypes) {
+    tensors.push_back(make(dt, 1009, [&](int64_t i) { return reduce_value(r, i); }));
+    works.push_back(comm->allreduce(tensors.back()));
+  }
+  for (size_t k = works.size(); k-- > 0;) {
+    if (k % 2) {
+      while (!works[k]->test()) {
+      }
+      EXPECT_TRUE(works[k]->test());  // idempotent once complete
+    } else {
+      works[k]->wait();
+      works[k]->wait();
+    }
+  }
+  for (size_t k = 0; k < tensors.size(); ++k)
+    wrong += count_wrong("outstanding allreduce", tensors[k], [&](int64_t i) {
+      return reduced(ReduceOp::kSum, tensors[k].dtype(), members, i);
+    });
+  Tensor dropped = make(DType::kF32, 1009, [&](int64_t i) { return reduce_value(r, i); });
+  comm->allreduce(dropped, AllreduceOptions{ReduceOp::kAvg});  // Work destroyed at once
+  wrong += count_wrong("allreduce whose Work was dropped", dropped,
+                       [&](int64_t i) { return reduced(ReduceOp::kAvg, DType::kF32, members, i); });
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// ---------------------------------------------------------------- sub-groups
+
+// The ranks of a 2 x 2 x 2 mesh (r = 4 pp + 2 dp + tp; fewer ranks fill it partly) split along
+// each axis: the group of rank r along axis a holds r with bit a clear and set. For 4 ranks the
+// first two axes are the 2-D layout color = rank / 2 and color = rank % 2. All groups reduce and
+// gather at once, their works outstanding together with one on the world.
+TEST(Collectives, SubGroupsReduceIndependentlyAndConcurrently) {
+  auto world = world_comm();
+  const int r = world->rank(), size = world->size();
+  const char* axis_names[] = {"tp", "dp", "pp"};
+  std::vector<std::shared_ptr<Communicator>> groups;
+  std::vector<std::vector<int>> members;
+  for (int a = 0; a < 3; ++a) {
+    const int bit = 1 << a, color = r & ~bit;
+    groups.push_back(
+        world->split(color, r, std::string(axis_names[a]) + "." + std::to_string(color)));
+    members.emplace_back();
+    for (int m : {r & ~bit, r | bit})
+      if (m < size && (members.back().empty() || members.back().back() != m))
+        members.back().push_back(m);
+  }
+  int64_t wrong = 0;
+  const int64_t n = 1009;
+  std::vector<Tensor> sums, gathered;
+  std::vector<WorkPtr> works;
+  for (int a = 0; a < 3; ++a) {
+    Communicator& g = *groups[size_t(a)];
+    const auto& m = members[size_t(a)];
+    EXPECT_EQ(g.size(), int(m.size())) << g.name();
+    EXPECT_EQ(g.rank(), int(std::find(m.begin(), m.end(), r) - m.begin())) << g.name();
+    EXPECT_EQ(g.name(), std::string(axis_names[a]) + "." + std::to_string(r & ~(1 << a)));
+    sums.push_back(make(DType::kF32, n, [&](int64_t i) { return reduce_value(r, i); }));
+    works.push_back(g.allreduce(sums.back()));
+    gathered.push_back(garbage(DType::kI32, n * g.size()));
+    works.push_back(g.allgather(make(DType::kI32, n, [&](int64_t i) { return move_value(r, i); }),
+                                gathered.back()));
+  }
+  Tensor world_sum = make(DType::kBF16, n, [&](int64_t i) { return reduce_value(r, i); });
+  works.push_back(world->allreduce(world_sum));
+  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
+  for (int a = 0; a < 3; ++a) {
+    const auto& m = members[size_t(a)];
+    const std::string what = groups[size_t(a)]->name();
+    wrong += count_wrong(what + " allreduce", sums[size_t(a)],
+                         [&](int64_t i) { return reduced(ReduceOp::kSum, DType::kF32, m, i); });
+    wrong += count_wrong(what + " allgather", gathered[size_t(a)],
+                         [&](int64_t i) { return move_value(m[size_t(i / n)], i % n); });
+    EXPECT_EQ(groups[size_t(a)]->sequence_number(), 2u) << what;
+  }
+  wrong += count_wrong("world allreduce beside the groups", world_sum, [&](int64_t i) {
+    return reduced(ReduceOp::kSum, DType::kBF16, all_ranks(size), i);
+  });
+  // The key orders a group: reversed keys give reversed ranks.
+  auto reversed = world->split(0, size - r, "reversed");
+  EXPECT_EQ(reversed->rank(), size - 1 - r);
+  Tensor order = garbage(DType::kI64, size);
+  reversed->allgather(Tensor::full({1}, double(r), DType::kI64), order)->wait();
+  wrong +=
+      count_wrong("reversed allgather", order, [&](int64_t j) { return double(size - 1 - j); });
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// ---------------------------------------------------------------- failures
+
+// Rank 0 skips an allreduce that the others wait on: they raise CommError after the 2 s timeout
+// (well within 2 + 10 s), naming the group, the op, its sequence number and its bytes. Then rank 0
+// posts it after all, once the others have timed out (a world barrier says so), so the pending
+// MPI operation is matched and every rank finishes it: later tests start in step.
+TEST(Collectives, TimeoutNamesGroupOpSequenceAndBytes) {
+  auto world = world_comm();
+  if (world->size() == 1) GTEST_SKIP() << "a timeout needs a second rank to skip the collective";
+  const int r = world->rank(), size = world->size();
+  auto comm = world->split(0, r, "timeout-test");  // its own sequence numbers
+  comm->set_timeout_seconds(2);
+  comm->barrier_sync();  // #1
+  Tensor t = Tensor::full({1024}, 1.0);
+  WorkPtr work;
+  if (r != 0) {
+    work = comm->allreduce(t);  // #2, 4096 bytes
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      work->wait();
+      ADD_FAILURE() << "allreduce completed though rank 0 never joined";
+    } catch (const CommError& e) {
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_GE(waited, 2.0);
+      EXPECT_LE(waited, 12.0);
+      const std::string msg = e.what();
+      for (const char* part : {"group 'timeout-test'", "allreduce #2", "4096 bytes", "timed out"})
+        EXPECT_NE(msg.find(part), std::string::npos) << "message lacks '" << part << "': " << msg;
+    }
+  }
+  world->barrier_sync();  // rank 0 waits here until the others have timed out
+  if (r == 0) {
+    work = comm->allreduce(t);
+    EXPECT_EQ(comm->sequence_number(), 2u);
+  }
+  work->wait();  // the same operation, completed now that rank 0 joined
+  EXPECT_EQ(total_wrong(count_wrong("allreduce after the timeout", t,
+                                    [&](int64_t) { return double(size); })),
+            0);
+
+  // A Work dropped unfinished: its destructor waits up to the timeout, not forever, then keeps
+  // the buffers alive for MPI (the mpi backend's Note [Abandoned operations]). Rank 0 joins late
+  // again, so the abandoned operation completes and the process still exits cleanly.
+  Tensor u = Tensor::full({1024}, 1.0);
+  if (r != 0) {
+    const auto start = std::chrono::steady_clock::now();
+    comm->allreduce(u);  // #3, destroyed at once
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_GE(waited, 2.0);
+    EXPECT_LE(waited, 12.0);
+  }
+  world->barrier_sync();
+  if (r == 0) comm->allreduce(u)->wait();
+}
+
+// Argument mistakes raise loom::Error on the calling rank before anything is posted: nothing
+// counts in the sequence, and the group stays in step (the collectives after them complete).
+TEST(Collectives, ArgumentErrorsStartNothing) {
+  auto comm = world_comm();
+  const int size = comm->size();
+  const uint64_t before = comm->sequence_number();
+  Tensor f5 = Tensor::zeros({5}), f6 = Tensor::zeros({6}), i5 = Tensor::zeros({5}, DType::kI32);
+  expect_argument_error([&] { comm->allreduce(f5, f6); }, {"allreduce", "5", "6"});
+  expect_argument_error([&] { comm->allreduce(f5, i5); }, {"allreduce", "f32", "i32"});
+  Tensor u8 = Tensor::zeros({5}, DType::kU8);
+  expect_argument_error([&] { comm->allreduce(u8); }, {"allreduce", "u8"});
+  Tensor big = Tensor::zeros({3 * size + 1}), three = Tensor::zeros({3});
+  expect_argument_error([&] { comm->reduce_scatter(big, three); },
+                        {"reduce_scatter", "group size"});
+  expect_argument_error([&] { comm->allgather(three, big); }, {"allgather", "group size"});
+  expect_argument_error([&] { comm->allgather(three, i5); }, {"allgather", "f32", "i32"});
+  expect_argument_error([&] { comm->broadcast(f5, BroadcastOptions{size}); },
+                        {"broadcast", "root " + std::to_string(size), "outside group 'world'"});
+  expect_argument_error([&] { comm->broadcast(f5, BroadcastOptions{-1}); },
+                        {"broadcast", "root -1"});
+  expect_argument_error(
+      [&] {
+        comm->reduce(f5, f5, ReduceOptions{ReduceOp::kSum, size});
+      },
+      {"reduce", "root"});
+  expect_argument_error([&] { comm->send(f5, size); }, {"send", "peer " + std::to_string(size)});
+  expect_argument_error([&] { comm->recv(f5, -1); }, {"recv", "peer -1"});
+  expect_argument_error([&] { comm->send(f5, 0, PointToPointOptions{-3}); }, {"send", "tag"});
+  // One bad op in a batch: the good ones are not posted either.
+  expect_argument_error(
+      [&] {
+        comm->batch_p2p(
+            {P2POp{P2POp::Kind::kRecv, f5, 0, 0}, P2POp{P2POp::Kind::kSend, f5, size, 0}});
+      },
+      {"send", "peer"});
+  Tensor n2 = Tensor::zeros({2 * int64_t(size)}), n2b = Tensor::zeros({2 * int64_t(size)});
+  expect_argument_error(
+      [&] {
+        comm->all_to_all(n2, n2b, AllToAllOptions{std::vector<int64_t>(size_t(size) + 1, 0), {}});
+      },
+      {"all_to_all", "input_splits", "entries"});
+  expect_argument_error(
+      [&] {
+        comm->all_to_all(n2, n2b, AllToAllOptions{std::vector<int64_t>(size_t(size), 1), {}});
+      },
+      {"all_to_all", "add up to"});
+  if (size > 1) {
+    Tensor odd = Tensor::zeros({2 * size + 1});
+    expect_argument_error([&] { comm->all_to_all(odd, odd); }, {"all_to_all", "not divisible"});
+  }
+  EXPECT_EQ(comm->sequence_number(), before);
+  // Still in step: a collective after the mistakes completes with the right value.
+  Tensor one = Tensor::full({3}, 1.0, DType::kI32);
+  comm->allreduce_sync(one);
+  EXPECT_EQ(total_wrong(count_wrong("allreduce after argument errors", one,
+                                    [&](int64_t) { return double(size); })),
+            0);
+}
+
+// sequence_number() and op_count() after a known series on a fresh group.
+TEST(Collectives, SequenceNumbersAndOpCounts) {
+  auto world = world_comm();
+  const int r = world->rank(), size = world->size();
+  const uint64_t splits_before = world->op_count("split");
+  auto comm = world->split(0, r, "counters");
+  EXPECT_EQ(world->op_count("split"), splits_before + 1);
+  EXPECT_EQ(comm->sequence_number(), 0u);
+  Tensor t = Tensor::ones({4}), out = Tensor::zeros({4 * int64_t(size)});
+  comm->allreduce_sync(t);
+  comm->allreduce(t)->wait();
+  comm->broadcast(t)->wait();
+  comm->allgather(t, out)->wait();
+  comm->barrier_sync();
+  Tensor got = Tensor::zeros({4});
+  const int next = (r + 1) % size, prev = (r + size - 1) % size;
+  wait_all({comm->send(t, next), comm->recv(got, prev)});
+  comm->batch_p2p({P2POp{P2POp::Kind::kSend, t, next}, P2POp{P2POp::Kind::kRecv, got, prev}})
+      ->wait();
+  EXPECT_THROW(comm->broadcast(t, BroadcastOptions{size}), Error);  // not counted
+  EXPECT_EQ(comm->sequence_number(), 8u);
+  EXPECT_EQ(comm->op_count("allreduce"), 2u);
+  EXPECT_EQ(comm->op_count("broadcast"), 1u);
+  EXPECT_EQ(comm->op_count("allgather"), 1u);
+  EXPECT_EQ(comm->op_count("barrier"), 1u);
+  EXPECT_EQ(comm->op_count("send"), 1u);
+  EXPECT_EQ(comm->op_count("recv"), 1u);
+  EXPECT_EQ(comm->op_count("batch_p2p"), 1u);
+  EXPECT_EQ(comm->op_count("reduce"), 0u);
+}
+
+// ---------------------------------------------------------------- the mpi backend's limits
+
+#if LOOM_WITH_MPI
+// MPI counts are ints: with the per-call limit lowered to 100 elements, allreduce, reduce,
+// broadcast and send/recv of 1009 elements go in 11 pieces and must still be exact; allgather,
+// reduce_scatter and all_to_all beyond the limit raise loom::Error on every rank before posting.
+TEST(MpiBackend, LargeCountsSplitIntoPiecesOrRaise) {
+  auto comm = world_comm();
+  if (std::string(comm->backend()) != "mpi") GTEST_SKIP() << "backend " << comm->backend();
+  const int r = comm->rank(), size = comm->size();
+  const auto members = all_ranks(size);
+  struct Restore {
+    ~Restore() { set_mpi_max_count(INT_MAX); }
+  } restore;
+  set_mpi_max_count(100);
+  const int64_t n = 1009;
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (ReduceOp op : kOps) {
+      Tensor t = make(dt, n, [&](int64_t i) { return reduce_value(r, i); });
+      comm->allreduce(t, AllreduceOptions{op})->wait();
+      wrong += count_wrong(name_of("allreduce in pieces", dt, n, reduce_op_name(op)), t,
+                           [&](int64_t i) { return reduced(op, dt, members, i); });
+      Tensor in = make(dt, n, [&](int64_t i) { return reduce_value(r, i); });
+      Tensor out = garbage(dt, n);
+      comm->reduce(in, out, ReduceOptions{op, size - 1})->wait();
+      if (r == size - 1)
+        wrong += count_wrong(name_of("reduce in pieces", dt, n, reduce_op_name(op)), out,
+                             [&](int64_t i) { return reduced(op, dt, members, i); });
+    }
+  for (DType dt : kDTypes) {
+    Tensor b = r == 0 ? make(dt, n, [](int64_t i) { return move_value(0, i); }) : garbage(dt, n);
+    comm->broadcast(b)->wait();
+    wrong += count_wrong(name_of("broadcast in pieces", dt, n), b,
+                         [](int64_t i) { return move_value(0, i); });
+    Tensor got = garbage(dt, n);
+    const int next = (r + 1) % size, prev = (r + size - 1) % size;
+    wait_all({comm->send(make(dt, n, [&](int64_t i) { return move_value(r, i); }), next),
+              comm->recv(got, prev)});
+    wrong += count_wrong(name_of("recv in pieces", dt, n), got,
+                         [&](int64_t i) { return move_value(prev, i); });
+  }
+  const uint64_t before = comm->sequence_number();
+  Tensor one = Tensor::zeros({n}), all = Tensor::zeros({n * size});
+  expect_argument_error([&] { comm->allgather(one, all); },
+                        {"allgather", "1009 elements", "more than one MPI call carries (100"});
+  expect_argument_error([&] { comm->reduce_scatter(all, one); }, {"reduce_scatter", "1009"});
+  expect_argument_error([&] { comm->all_to_all(all, all); }, {"all_to_all"});
+  // The checks run after the sequence number is taken, but before anything is posted.
+  EXPECT_EQ(comm->sequence_number(), before + 3);
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
+// A receive whose matching send is shorter, or longer, is a CommError on the receiver, never a
+// silently partial buffer.
+TEST(MpiBackend, MismatchedSendRecvLengthsAreErrors) {
+  auto comm = world_comm();
+  if (std::string(comm->backend()) != "mpi") GTEST_SKIP() << "backend " << comm->backend();
+  const int r = comm->rank(), size = comm->size();
+  const int next = (r + 1) % size, prev = (r + size - 1) % size;
+  Tensor ten = Tensor::ones({10}), twenty = Tensor::zeros({20});
+  WorkPtr recv = comm->recv(twenty, prev, PointToPointOptions{11});
+  comm->send(ten, next, PointToPointOptions{11})->wait();
+  try {
+    recv->wait();
+    ADD_FAILURE() << "a 10-element message filled a 20-element recv without an error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("got 10 elements, expected 20"), std::string::npos)
+        << e.what();
+  }
+  // Open MPI 4.1 truncates a message a rank sends to itself without reporting it (its ob1 self
+  // path sets no MPI_ERR_TRUNCATE), so the longer-send case needs a second rank.
+  if (size == 1) return;
+  Tensor five = Tensor::zeros({5});
+  recv = comm->recv(five, prev, PointToPointOptions{12});
+  comm->send(ten, next, PointToPointOptions{12})->wait();
+  try {
+    recv->wait();
+    ADD_FAILURE() << "a 10-element message fit a 5-element recv without an error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("MPI_ERR_TRUNCATE"), std::string::npos) << e.what();
+  }
+  comm->barrier_sync();
+}
+#endif
+
+}  // namespace
+}  // namespace loom::comm

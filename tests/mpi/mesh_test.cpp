@@ -1,0 +1,118 @@
+// DeviceMesh on every factorisation of the world size into pp x dp x tp: coordinates follow
+// rank = (pp * dp_size + dp) * tp_size + tp, and each named group reduces over exactly its
+// ranks — checked with closed-form sums of world ranks, with the three groups' reductions in
+// flight at the same time.
+#include <gtest/gtest.h>
+
+#include "collectives/communicator.h"
+#include "parallel/mesh.h"
+
+namespace loom::parallel {
+namespace {
+
+using comm::Communicator;
+
+std::vector<MeshCoords> factorisations(int n) {
+  std::vector<MeshCoords> out;
+  for (int pp = 1; pp <= n; ++pp)
+    for (int dp = 1; dp <= n; ++dp)
+      if (n % (pp * dp) == 0) out.push_back(MeshCoords{pp, dp, n / (pp * dp)});
+  return out;
+}
+
+// Sum over the group's ranks of their world rank, computed from the mesh formula.
+int64_t expected_sum(const DeviceMesh& m, char which) {
+  const MeshCoords& c = m.coords();
+  int64_t total = 0;
+  const int n = which == 't' ? m.tp_size() : which == 'd' ? m.dp_size() : m.pp_size();
+  for (int i = 0; i < n; ++i) {
+    MeshCoords o = c;
+    (which == 't' ? o.tp : which == 'd' ? o.dp : o.pp) = i;
+    total += m.rank_of(o);
+  }
+  return total;
+}
+
+TEST(DeviceMesh, EveryFactorisationGroupsTheRightRanks) {
+  auto world = comm::world();
+  for (const MeshCoords& shape : factorisations(world->size())) {
+    DeviceMesh mesh(world, shape.pp, shape.dp, shape.tp);
+    SCOPED_TRACE(mesh.str());
+    const MeshCoords& c = mesh.coords();
+    EXPECT_EQ(mesh.rank_of(c), world->rank());
+    EXPECT_EQ(c.tp, world->rank() % shape.tp);
+    EXPECT_EQ(mesh.tp().size(), shape.tp);
+    EXPECT_EQ(mesh.dp().size(), shape.dp);
+    EXPECT_EQ(mesh.pp().size(), shape.pp);
+    EXPECT_EQ(mesh.tp().rank(), c.tp);
+    EXPECT_EQ(mesh.dp().rank(), c.dp);
+    EXPECT_EQ(mesh.pp().rank(), c.pp);
+
+    // All three reductions outstanding at once, then waited in reverse order.
+    Tensor t = Tensor::full({3}, world->rank(), DType::kI64);
+    Tensor d = t.clone(), p = t.clone();
+    auto wt = mesh.tp().allreduce(t);
+    auto wd = mesh.dp().allreduce(d);
+    auto wp = mesh.pp().allreduce(p);
+    wp->wait();
+    wd->wait();
+    wt->wait();
+    EXPECT_EQ(t.to_vector<int64_t>(), std::vector<int64_t>(3, expected_sum(mesh, 't')));
+    EXPECT_EQ(d.to_vector<int64_t>(), std::vector<int64_t>(3, expected_sum(mesh, 'd')));
+    EXPECT_EQ(p.to_vector<int64_t>(), std::vector<int64_t>(3, expected_sum(mesh, 'p')));
+  }
+}
+
+TEST(DeviceMesh, CustomGroupsForTiedEmbeddingsAndReplicaPairs) {
+  auto world = comm::world();
+  const int n = world->size();
+  DeviceMesh mesh(world, n, 1, 1);  // a pure pipeline: stage i on rank i
+  // Tied embeddings: the first and last stage (one rank when n == 1).
+  std::vector<int> ends = n == 1 ? std::vector<int>{0} : std::vector<int>{0, n - 1};
+  auto tied = mesh.new_group(ends, "embedding");
+  const bool member = world->rank() == 0 || world->rank() == n - 1;
+  ASSERT_EQ(tied != nullptr, member);
+  if (tied) {
+    Tensor x = Tensor::full({1}, world->rank() + 1, DType::kF32);
+    tied->allreduce_sync(x);
+    EXPECT_EQ(x.item(), n == 1 ? 1.0 : 1.0 + n);
+    EXPECT_EQ(tied->name(), "embedding");
+  }
+  // Chimera replica pairs: rank i with rank n-1-i, listed in that order.
+  const int r = world->rank(), partner = n - 1 - r;
+  for (int i = 0; i < (n + 1) / 2; ++i) {
+    std::vector<int> pair = i == n - 1 - i ? std::vector<int>{i} : std::vector<int>{i, n - 1 - i};
+    auto g = mesh.new_group(pair, "replica");
+    ASSERT_EQ(g != nullptr, r == i || r == n - 1 - i);
+    if (g) {
+      EXPECT_EQ(g->rank(), r == i ? 0 : 1);
+      Tensor x = Tensor::full({1}, r, DType::kI32);
+      g->allreduce_sync(x);
+      EXPECT_EQ(x.item(), r == partner ? r : r + partner);
+    }
+  }
+}
+
+TEST(DeviceMesh, BadShapesAreClearErrorsOnEveryRank) {
+  auto world = comm::world();
+  const int n = world->size();
+  try {
+    DeviceMesh mesh(world, 2, n, 2);  // 4n ranks: never the world size
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks, but the world has"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(DeviceMesh(world, 0, n, 1), Error);
+  DeviceMesh mesh(world, 1, n, 1);
+  EXPECT_THROW(mesh.new_group({}, "empty"), Error);
+  EXPECT_THROW(mesh.new_group({0, 0}, "twice"), Error);
+  EXPECT_THROW(mesh.new_group({n}, "outside"), Error);
+  EXPECT_THROW(mesh.rank_of(MeshCoords{0, n, 0}), Error);
+  // Nothing above started a collective, so the world still agrees on its sequence: a barrier
+  // completes.
+  world->barrier_sync();
+}
+
+}  // namespace
+}  // namespace loom::parallel
