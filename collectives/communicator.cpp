@@ -1,6 +1,8 @@
 #include "collectives/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 
 #include "collectives/self_backend.h"
 #if LOOM_WITH_MPI
@@ -16,7 +18,30 @@ namespace loom::comm {
 // sequence number and its size, so a rank that skipped a collective or died shows up as a clear
 // error on every rank still waiting for it, rather than as a silent hang.
 
+// Note [Debug mode]
+// A collective that the ranks of a group call differently (another op, dtype, element count,
+// root or reduction) is undefined in MPI and NCCL: it hangs, or worse, returns wrong numbers.
+// With LOOM_COMM_DEBUG=1 every collective first allgathers a small signature of the call over
+// the group (an internal exchange that does not count in the sequence numbers) and compares
+// them; on a difference every rank raises the same CommError listing which ranks made which
+// call, before the real collective starts, so nothing hangs and nothing is silently wrong. It
+// costs one small allgather per collective, so it is off by default.
+
 namespace {
+
+const char* const kCollectiveOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                      "reduce",    "all_to_all",     "barrier",   "split"};
+
+int64_t op_code(const char* op) {
+  for (size_t i = 0; i < std::size(kCollectiveOps); ++i)
+    if (std::string(op) == kCollectiveOps[i]) return int64_t(i);
+  LOOM_ASSERT(false, "unknown collective ", op);
+}
+
+bool debug_from_environment() {
+  const char* v = std::getenv("LOOM_COMM_DEBUG");
+  return v != nullptr && std::string(v) != "0" && std::string(v) != "";
+}
 
 double timeout_from_environment() {
   if (const char* v = std::getenv("LOOM_COMM_TIMEOUT")) {
@@ -71,7 +96,11 @@ void wait_all(const std::vector<WorkPtr>& works) {
 }
 
 Communicator::Communicator(int rank, int size, std::string name)
-    : rank_(rank), size_(size), name_(std::move(name)), timeout_s_(timeout_from_environment()) {
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      timeout_s_(timeout_from_environment()),
+      debug_(debug_from_environment()) {
   LOOM_ASSERT(size > 0 && rank >= 0 && rank < size, "rank ", rank, " of ", size);
 }
 
@@ -94,6 +123,47 @@ Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
   return OpInfo{op, ++sequence_, bytes};
 }
 
+Communicator::OpInfo Communicator::begin_collective(const Signature& signature, size_t bytes) {
+  OpInfo info = begin(signature.op, bytes);
+  if (debug_) verify_same_call(info, signature);
+  return info;
+}
+
+void Communicator::verify_same_call(const OpInfo& info, const Signature& sig) {
+  constexpr int64_t kFields = 5;
+  Tensor mine = Tensor::from_vector<int64_t>(
+      {op_code(sig.op), int64_t(sig.dtype), sig.count, sig.root, sig.reduce}, {kFields});
+  Tensor all = Tensor::empty({size_ * kFields}, DType::kI64);
+  const OpInfo check{"debug check", info.sequence, size_t(all.nbytes())};
+  allgather_impl(mine, all, AllgatherOptions{}, check)->wait();
+  const std::vector<int64_t> v = all.to_vector<int64_t>();
+  auto call_of = [&](int r) {
+    const int64_t* f = &v[size_t(r * kFields)];
+    std::string text =
+        detail::str_cat(kCollectiveOps[f[0]], " ", dtype_name(DType(f[1])), " count ", f[2]);
+    if (f[3] >= 0) text += detail::str_cat(" root ", f[3]);
+    if (f[4] >= 0) text += detail::str_cat(" ", reduce_op_name(ReduceOp(f[4])));
+    return text;
+  };
+  // Group the ranks by the call they made, in order of first appearance.
+  std::vector<std::pair<std::string, std::string>> calls;  // call -> "0, 1, 3"
+  for (int r = 0; r < size_; ++r) {
+    const std::string c = call_of(r);
+    auto it = std::find_if(calls.begin(), calls.end(), [&](const auto& p) { return p.first == c; });
+    if (it == calls.end())
+      calls.emplace_back(c, std::to_string(r));
+    else
+      it->second += detail::str_cat(", ", r);
+  }
+  if (calls.size() == 1) return;
+  std::string list;
+  for (const auto& [call, ranks] : calls)
+    list += detail::str_cat(list.empty() ? "" : "; ", "rank",
+                            ranks.find(',') == std::string::npos ? " " : "s ", ranks, ": ", call);
+  throw CommError(detail::str_cat("[rank ", error_rank(), "] LOOM_COMM_DEBUG: the ranks of group '",
+                                  name_, "' disagree on collective #", info.sequence, ": ", list));
+}
+
 std::string Communicator::describe(const OpInfo& info) const {
   return detail::str_cat("group '", name_, "' (rank ", rank_, " of ", size_, ") ", info.op, " #",
                          info.sequence, ", ", info.bytes, " bytes");
@@ -107,7 +177,10 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   check_reducible("allreduce", input);
   LOOM_CHECK(input.numel() == output.numel(), "allreduce: input has ", input.numel(),
              " elements but output has ", output.numel());
-  return allreduce_impl(input, output, options, begin("allreduce", input.nbytes()));
+  return allreduce_impl(
+      input, output, options,
+      begin_collective({"allreduce", input.dtype(), input.numel(), -1, int(options.op)},
+                       input.nbytes()));
 }
 
 WorkPtr Communicator::allreduce(Tensor& tensor, const AllreduceOptions& options) {
@@ -123,7 +196,10 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
   LOOM_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input has ", input.numel(),
              " elements, expected group size ", size_, " x output's ", output.numel(), " = ",
              output.numel() * size_);
-  return reduce_scatter_impl(input, output, options, begin("reduce_scatter", input.nbytes()));
+  return reduce_scatter_impl(
+      input, output, options,
+      begin_collective({"reduce_scatter", input.dtype(), input.numel(), -1, int(options.op)},
+                       input.nbytes()));
 }
 
 WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
@@ -134,14 +210,19 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
   LOOM_CHECK(output.numel() == input.numel() * size_, "allgather: output has ", output.numel(),
              " elements, expected group size ", size_, " x input's ", input.numel(), " = ",
              input.numel() * size_);
-  return allgather_impl(input, output, options, begin("allgather", output.nbytes()));
+  return allgather_impl(
+      input, output, options,
+      begin_collective({"allgather", input.dtype(), input.numel()}, output.nbytes()));
 }
 
 WorkPtr Communicator::broadcast(Tensor& tensor, const BroadcastOptions& options) {
   check_buffer("broadcast", "tensor", tensor);
   LOOM_CHECK(options.root >= 0 && options.root < size_, "broadcast: root ", options.root,
              " outside group '", name_, "' of size ", size_);
-  return broadcast_impl(tensor, options, begin("broadcast", tensor.nbytes()));
+  return broadcast_impl(
+      tensor, options,
+      begin_collective({"broadcast", tensor.dtype(), tensor.numel(), options.root},
+                       tensor.nbytes()));
 }
 
 WorkPtr Communicator::reduce(const Tensor& input, Tensor& output, const ReduceOptions& options) {
@@ -155,7 +236,10 @@ WorkPtr Communicator::reduce(const Tensor& input, Tensor& output, const ReduceOp
     LOOM_CHECK(input.numel() == output.numel(), "reduce: input has ", input.numel(),
                " elements but output has ", output.numel());
   }
-  return reduce_impl(input, output, options, begin("reduce", input.nbytes()));
+  return reduce_impl(
+      input, output, options,
+      begin_collective({"reduce", input.dtype(), input.numel(), options.root, int(options.op)},
+                       input.nbytes()));
 }
 
 WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
@@ -183,7 +267,9 @@ WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
   };
   resolve(o.input_splits, input, "input");
   resolve(o.output_splits, output, "output");
-  return all_to_all_impl(input, output, o, begin("all_to_all", input.nbytes()));
+  // Split sizes may differ per rank; the dtype and the op must not (the count is not compared).
+  return all_to_all_impl(input, output, o,
+                         begin_collective({"all_to_all", input.dtype(), -1}, input.nbytes()));
 }
 
 WorkPtr Communicator::send(const Tensor& tensor, int peer, const PointToPointOptions& options) {
@@ -211,12 +297,12 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
 }
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
-  return barrier_impl(options, begin("barrier", 0));
+  return barrier_impl(options, begin_collective({"barrier"}, 0));
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
   LOOM_CHECK(color >= 0, "split: color must be >= 0, got ", color);
-  begin("split", 0);
+  begin_collective({"split"}, 0);
   return split_impl(color, key, name);
 }
 

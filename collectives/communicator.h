@@ -127,6 +127,11 @@ class Communicator {
   uint64_t sequence_number() const { return sequence_; }
   uint64_t op_count(const std::string& op) const;
 
+  // See Note [Debug mode]: LOOM_COMM_DEBUG=1 (or set_debug) checks before each collective that
+  // every rank of the group calls the same op with the same dtype, count, root and reduction.
+  bool debug() const { return debug_; }
+  void set_debug(bool on) { debug_ = on; }
+
   // Seconds each wait may take (LOOM_COMM_TIMEOUT, default 300).
   double timeout_seconds() const { return timeout_s_; }
   void set_timeout_seconds(double seconds);
@@ -160,7 +165,17 @@ class Communicator {
   std::string describe(const OpInfo& info) const;
 
  private:
+  // What every rank of a collective must agree on (See Note [Debug mode]).
+  struct Signature {
+    const char* op;
+    DType dtype = DType::kU8;
+    int64_t count = 0;
+    int root = -1;    // -1: the op has no root
+    int reduce = -1;  // ReduceOp, -1: not a reduction
+  };
   OpInfo begin(const char* op, size_t bytes);
+  OpInfo begin_collective(const Signature& signature, size_t bytes);
+  void verify_same_call(const OpInfo& info, const Signature& signature);
 
   int rank_;
   int size_;
@@ -168,6 +183,7 @@ class Communicator {
   uint64_t sequence_ = 0;
   std::vector<std::pair<std::string, uint64_t>> op_counts_;
   double timeout_s_;
+  bool debug_;
 };
 
 // The world: the MPI world when the process was launched by mpirun and loom has MPI (MPI is

@@ -1,0 +1,100 @@
+// LOOM_COMM_DEBUG (See Note [Debug mode] in collectives/communicator.cpp): after many good
+// collectives, a call that one rank makes differently (count, dtype, op, root, reduction) raises
+// CommError on every rank of the group, naming the ranks and their calls, before anything hangs;
+// and the group stays usable afterwards.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "collectives/communicator.h"
+
+namespace loom::comm {
+namespace {
+
+std::shared_ptr<Communicator> debug_group() {
+  auto world = comm::world();
+  auto g = world->split(0, world->rank(), "debugged");
+  g->set_debug(true);
+  return g;
+}
+
+// Runs `call` on every rank; expects every rank to get CommError containing all of `parts`.
+void expect_mismatch(Communicator& g, const std::function<void()>& call,
+                     std::initializer_list<std::string> parts) {
+  try {
+    call();
+    ADD_FAILURE() << "expected a CommError on rank " << g.rank();
+  } catch (const CommError& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "message lacks '" << p << "': " << msg;
+  }
+}
+
+TEST(CommDebug, GoodCollectivesPassAndMismatchesRaiseOnEveryRank) {
+  auto g = debug_group();
+  const int n = g->size(), r = g->rank(), last = n - 1;
+  // Many good collectives first: the check must not get in their way.
+  for (int i = 0; i < 20; ++i) {
+    Tensor x = Tensor::full({16}, 1.0);
+    g->allreduce_sync(x);
+    EXPECT_EQ(x.to_vector<float>(), std::vector<float>(16, float(n)));
+    Tensor b = Tensor::full({4}, r, DType::kI32);
+    g->broadcast(b, {i % n})->wait();
+    EXPECT_EQ(b.to_vector<int32_t>(), std::vector<int32_t>(4, i % n));
+  }
+  if (n == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+
+  // Count: the last rank reduces fewer elements.
+  expect_mismatch(
+      *g,
+      [&] {
+        Tensor x = Tensor::ones({r == last ? 8 : 16});
+        g->allreduce_sync(x);
+      },
+      {"disagree", "group 'debugged'", "count 16", "count 8", detail::str_cat(last, ": ")});
+  // Dtype.
+  expect_mismatch(
+      *g,
+      [&] {
+        Tensor x = Tensor::ones({16}, r == 0 ? DType::kF16 : DType::kF32);
+        g->allreduce_sync(x);
+      },
+      {"rank 0: allreduce f16", "allreduce f32"});
+  // Op: rank 0 broadcasts while the others allreduce.
+  expect_mismatch(
+      *g,
+      [&] {
+        Tensor x = Tensor::ones({16});
+        if (r == 0)
+          g->broadcast(x, {0})->wait();
+        else
+          g->allreduce_sync(x);
+      },
+      {"broadcast f32 count 16 root 0", "allreduce f32 count 16 sum"});
+  // Root.
+  expect_mismatch(
+      *g,
+      [&] {
+        Tensor x = Tensor::ones({16});
+        g->broadcast(x, {r == last ? 0 : last})->wait();
+      },
+      {"root 0", detail::str_cat("root ", last)});
+  // Reduction.
+  expect_mismatch(
+      *g,
+      [&] {
+        Tensor x = Tensor::ones({16});
+        g->allreduce_sync(x, r == 0 ? ReduceOp::kMax : ReduceOp::kSum);
+      },
+      {"max", "sum"});
+
+  // Nothing was started, so the group is still in step.
+  Tensor x = Tensor::full({3}, 2.0);
+  g->allreduce_sync(x);
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(3, 2.0f * float(n)));
+  g->barrier_sync();
+}
+
+}  // namespace
+}  // namespace loom::comm
