@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "collectives/mpi_check.h"
+#include "collectives/termination.h"
 #include "collectives/work.h"
 
 namespace loom::comm {
@@ -619,6 +620,7 @@ std::shared_ptr<Communicator> make_mpi_world() {
   LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   auto world = std::make_shared<MpiCommunicator>(comm, "world");
   set_error_rank(world->rank());
+  install_termination_report();
   return world;
 }
 

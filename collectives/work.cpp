@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include "collectives/termination.h"
+
 namespace loom::comm {
 
 WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
@@ -28,6 +30,7 @@ void PollingWork::wait() {
   // keeps progress going and still lets oversubscribed peers run. Only after a second without
   // completion, when a peer is late rather than the transfer slow, does it sleep between polls.
   const auto patient_until = Clock::now() + std::chrono::seconds(1);
+  WaitingScope waiting(context_);  // See Note [Termination by the launcher]
   while (!poll()) {
     const auto now = Clock::now();
     if (now > deadline) {

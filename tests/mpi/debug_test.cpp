@@ -54,40 +54,36 @@ TEST(CommDebug, GoodCollectivesPassAndMismatchesRaiseOnEveryRank) {
       },
       {"disagree", "group 'debugged'", "count 16", "count 8", detail::str_cat(last, ": ")});
   // Dtype.
-  expect_mismatch(
-      *g,
-      [&] {
-        Tensor x = Tensor::ones({16}, r == 0 ? DType::kF16 : DType::kF32);
-        g->allreduce_sync(x);
-      },
-      {"rank 0: allreduce f16", "allreduce f32"});
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor x = Tensor::ones({16}, r == 0 ? DType::kF16 : DType::kF32);
+                    g->allreduce_sync(x);
+                  },
+                  {"rank 0: allreduce f16", "allreduce f32"});
   // Op: rank 0 broadcasts while the others allreduce.
-  expect_mismatch(
-      *g,
-      [&] {
-        Tensor x = Tensor::ones({16});
-        if (r == 0)
-          g->broadcast(x, {0})->wait();
-        else
-          g->allreduce_sync(x);
-      },
-      {"broadcast f32 count 16 root 0", "allreduce f32 count 16 sum"});
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor x = Tensor::ones({16});
+                    if (r == 0)
+                      g->broadcast(x, {0})->wait();
+                    else
+                      g->allreduce_sync(x);
+                  },
+                  {"broadcast f32 count 16 root 0", "allreduce f32 count 16 sum"});
   // Root.
-  expect_mismatch(
-      *g,
-      [&] {
-        Tensor x = Tensor::ones({16});
-        g->broadcast(x, {r == last ? 0 : last})->wait();
-      },
-      {"root 0", detail::str_cat("root ", last)});
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor x = Tensor::ones({16});
+                    g->broadcast(x, {r == last ? 0 : last})->wait();
+                  },
+                  {"root 0", detail::str_cat("root ", last)});
   // Reduction.
-  expect_mismatch(
-      *g,
-      [&] {
-        Tensor x = Tensor::ones({16});
-        g->allreduce_sync(x, r == 0 ? ReduceOp::kMax : ReduceOp::kSum);
-      },
-      {"max", "sum"});
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor x = Tensor::ones({16});
+                    g->allreduce_sync(x, r == 0 ? ReduceOp::kMax : ReduceOp::kSum);
+                  },
+                  {"max", "sum"});
 
   // Nothing was started, so the group is still in step.
   Tensor x = Tensor::full({3}, 2.0);
