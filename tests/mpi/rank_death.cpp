@@ -1,7 +1,8 @@
 // A program for tests/mpi/rank_death.sh: all ranks do one good allreduce, then rank 1 dies
 // (`kill`: SIGKILL; `exit`: exits with status 3 without finalising MPI) while the others wait in
 // a second allreduce. The survivors must fail with loom's message, and the job must end.
-// Usage: rank_death {kill|exit} TIMEOUT_SECONDS
+// Usage: rank_death {kill|exit} TIMEOUT_SECONDS [TAG] (TAG is ignored: it lets a test find its
+// own processes)
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -10,8 +11,8 @@
 #include "collectives/communicator.h"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: rank_death {kill|exit} TIMEOUT_SECONDS\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: rank_death {kill|exit} TIMEOUT_SECONDS [TAG]\n");
     return 2;
   }
   const std::string mode = argv[1];

@@ -7,8 +7,9 @@ set -u
 mode=$1 prog=$2 mpiexec=$3
 shift 3
 timeout_s=5
+tag="rank-death-$$-$RANDOM"  # marks this job's processes (tests may run side by side)
 start=$(date +%s)
-out=$(timeout $((timeout_s + 30)) "$mpiexec" -np 3 "$@" "$prog" "$mode" "$timeout_s" 2>&1)
+out=$(timeout $((timeout_s + 30)) "$mpiexec" -np 3 "$@" "$prog" "$mode" "$timeout_s" "$tag" 2>&1)
 status=$?
 elapsed=$(($(date +%s) - start))
 echo "$out"
@@ -25,6 +26,6 @@ for r in 0 2; do
 done
 grep -Eq "rank 1|\[\[[0-9]+,1\],1\]" <<<"$out" || fail "nothing names rank 1 as the one that failed"
 sleep 1
-left=$(ps -eo stat=,args= | awk -v p="$prog" '$1 !~ /^Z/ && index($0, p) && !/rank_death.sh/' )
+left=$(ps -eo stat=,args= | awk -v t="$tag" '$1 !~ /^Z/ && index($0, t) && !/awk -v t=/')
 [ -z "$left" ] || fail "processes left running: $left"
 echo "ok: rank 1 ${mode}: the job ended in ${elapsed}s with loom's messages, nothing left running"
