@@ -3,10 +3,12 @@
 // a second allreduce. The survivors must fail with loom's message, and the job must end.
 // Usage: rank_death {kill|exit} TIMEOUT_SECONDS [TAG] (TAG is ignored: it lets a test find its
 // own processes)
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "collectives/communicator.h"
 
@@ -21,6 +23,9 @@ int main(int argc, char** argv) {
   loom::Tensor x = loom::Tensor::ones({1024});
   world->allreduce_sync(x);
   if (world->rank() == 1) {
+    // Die only once the others are surely inside the second allreduce's wait (they post it at
+    // once); on a loaded machine a survivor could otherwise still be between the two calls.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
     if (mode == "kill") std::raise(SIGKILL);
     std::_Exit(3);
   }
