@@ -378,11 +378,18 @@ class MpiCommunicator final : public Communicator {
                         MPI_Iallreduce(s, bytes_at(recv, offset), count, transport_type(rd),
                                        mpi_op(o.op), comm_, w->next_request()));
     }
-    w->then = [recv, out = output, op = o.op, n = size()] {
+    w->then = finish_reduction(recv, output, o.op);
+    return w;
+  }
+
+  // A reduction's completion: avg divides the sum by the group size, then the result goes from
+  // the receive buffer (an f32 or host staging copy, or the output itself) to the output.
+  std::function<void()> finish_reduction(const Tensor& recv, const Tensor& output,
+                                         ReduceOp op) const {
+    return [recv, out = output, op, n = size()] {
       if (op == ReduceOp::kAvg) divide(recv, n);
       store(recv, out);
     };
-    return w;
   }
 
   WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output, const ReduceScatterOptions& o,
@@ -397,10 +404,7 @@ class MpiCommunicator final : public Communicator {
         w->context(),
         MPI_Ireduce_scatter_block(bytes_at(send, 0), bytes_at(recv, 0), count, transport_type(rd),
                                   mpi_op(o.op), comm_, w->next_request()));
-    w->then = [recv, out = output, op = o.op, n = size()] {
-      if (op == ReduceOp::kAvg) divide(recv, n);
-      store(recv, out);
-    };
+    w->then = finish_reduction(recv, output, o.op);
     return w;
   }
 
@@ -458,10 +462,7 @@ class MpiCommunicator final : public Communicator {
                                                   o.root, comm_, w->next_request()));
     }
     if (root) {
-      w->then = [recv, out = output, op = o.op, n = size()] {
-        if (op == ReduceOp::kAvg) divide(recv, n);
-        store(recv, out);
-      };
+      w->then = finish_reduction(recv, output, o.op);
     }
     return w;
   }

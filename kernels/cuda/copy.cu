@@ -14,8 +14,7 @@ struct Layout {
 
 template <typename T>
 __global__ void strided_copy_kernel(const T* src, T* dst, Layout layout, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  LOOM_GRID_STRIDE(i, n) {
     int64_t rem = i, off = 0;
     for (int d = layout.ndim - 1; d >= 0; --d) {
       off += (rem % layout.shape[d]) * layout.strides[d];
@@ -53,8 +52,7 @@ __device__ Float16 from_f(float v) {
 
 template <typename To, typename From>
 __global__ void convert_kernel(const From* src, To* dst, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  LOOM_GRID_STRIDE(i, n) {
     if constexpr (std::is_integral_v<To> && std::is_integral_v<From>)
       dst[i] = To(src[i]);
     else
@@ -64,15 +62,26 @@ __global__ void convert_kernel(const From* src, To* dst, int64_t n) {
 
 template <typename T>
 __global__ void fill_kernel(T* dst, T value, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = value;
+  LOOM_GRID_STRIDE(i, n)
+  dst[i] = value;
 }
 
-constexpr int kBlock = 256;
-unsigned grid_for(int64_t n) {
-  int64_t b = (n + kBlock - 1) / kBlock;
-  return unsigned(b < 65535 ? (b > 0 ? b : 1) : 65535);
+constexpr int kBlock = kBlockThreads;
+
+// Calls f(T{}) with an unsigned type of elem_size bytes: copies and fills move bit patterns.
+template <typename F>
+void visit_element_size(const char* op, size_t elem_size, F&& f) {
+  switch (elem_size) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+  }
+  LOOM_FAIL(op, ": element size ", elem_size);
 }
 
 template <typename F>
@@ -110,20 +119,10 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
   if (n == 0) return;
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    LOOM_LAUNCH(strided_copy_kernel<T>, grid_for(n), kBlock, 0, stream, static_cast<const T*>(src),
-                static_cast<T*>(dst), layout, n);
+    LOOM_LAUNCH(strided_copy_kernel<T>, grid_stride_blocks(n), kBlock, 0, stream,
+                static_cast<const T*>(src), static_cast<T*>(dst), layout, n);
   };
-  switch (elem_size) {
-    case 1:
-      return launch(uint8_t{});
-    case 2:
-      return launch(uint16_t{});
-    case 4:
-      return launch(uint32_t{});
-    case 8:
-      return launch(uint64_t{});
-  }
-  LOOM_FAIL("cuda strided_copy: element size ", elem_size);
+  visit_element_size("cuda strided_copy", elem_size, launch);
 }
 
 void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, Stream stream) {
@@ -133,7 +132,7 @@ void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, 
       using From = decltype(from_tag);
       using To = decltype(to_tag);
       auto kernel = convert_kernel<To, From>;
-      LOOM_LAUNCH(kernel, grid_for(n), kBlock, 0, stream, static_cast<const From*>(src),
+      LOOM_LAUNCH(kernel, grid_stride_blocks(n), kBlock, 0, stream, static_cast<const From*>(src),
                   static_cast<To*>(dst), n);
     });
   });
@@ -145,19 +144,10 @@ void fill(void* dst, const void* value, size_t elem_size, int64_t n, Stream stre
     using T = decltype(tag);
     T v;
     memcpy(&v, value, sizeof(T));
-    LOOM_LAUNCH(fill_kernel<T>, grid_for(n), kBlock, 0, stream, static_cast<T*>(dst), v, n);
+    LOOM_LAUNCH(fill_kernel<T>, grid_stride_blocks(n), kBlock, 0, stream, static_cast<T*>(dst), v,
+                n);
   };
-  switch (elem_size) {
-    case 1:
-      return launch(uint8_t{});
-    case 2:
-      return launch(uint16_t{});
-    case 4:
-      return launch(uint32_t{});
-    case 8:
-      return launch(uint64_t{});
-  }
-  LOOM_FAIL("cuda fill: element size ", elem_size);
+  visit_element_size("cuda fill", elem_size, launch);
 }
 
 }  // namespace loom::kernels::cuda

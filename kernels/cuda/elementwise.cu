@@ -7,17 +7,7 @@ namespace loom::kernels::cuda {
 
 namespace {
 
-constexpr int kBlock = 256;
-
-unsigned grid_for(int64_t n) {
-  int64_t b = (n + kBlock - 1) / kBlock;
-  return unsigned(b < 65535 ? (b > 0 ? b : 1) : 65535);
-}
-
-// Grid-stride loops: correct for any n with a bounded grid.
-#define LOOM_GRID_STRIDE(i, n)                                              \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += int64_t(gridDim.x) * blockDim.x)
+constexpr int kBlock = kBlockThreads;
 
 template <int kOp>
 __global__ void binary_kernel(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
@@ -63,7 +53,7 @@ void binary(const float* a, const float* b, float* out, int64_t n, int64_t nb, S
   if (n == 0) return;
   LOOM_CHECK(nb > 0 && n % nb == 0, "cuda binary op: broadcast size ", nb, " does not divide ", n);
   auto kernel = binary_kernel<kOp>;
-  LOOM_LAUNCH(kernel, grid_for(n), kBlock, 0, stream, a, b, out, n, nb);
+  LOOM_LAUNCH(kernel, grid_stride_blocks(n), kBlock, 0, stream, a, b, out, n, nb);
 }
 
 }  // namespace
@@ -80,22 +70,22 @@ void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stre
 
 void scale(const float* x, float s, float* out, int64_t n, Stream stream) {
   if (n == 0) return;
-  LOOM_LAUNCH(scale_kernel, grid_for(n), kBlock, 0, stream, x, s, out, n);
+  LOOM_LAUNCH(scale_kernel, grid_stride_blocks(n), kBlock, 0, stream, x, s, out, n);
 }
 
 void axpy(float* x, const float* y, float alpha, int64_t n, Stream stream) {
   if (n == 0) return;
-  LOOM_LAUNCH(axpy_kernel, grid_for(n), kBlock, 0, stream, x, y, alpha, n);
+  LOOM_LAUNCH(axpy_kernel, grid_stride_blocks(n), kBlock, 0, stream, x, y, alpha, n);
 }
 
 void sum_rows(const float* x, float* out, int64_t rows, int64_t cols, Stream stream) {
   if (cols == 0) return;
-  LOOM_LAUNCH(sum_rows_kernel, grid_for(cols), kBlock, 0, stream, x, out, rows, cols);
+  LOOM_LAUNCH(sum_rows_kernel, grid_stride_blocks(cols), kBlock, 0, stream, x, out, rows, cols);
 }
 
 double sum_of_squares(const float* x, int64_t n, Stream stream) {
   if (n == 0) return 0.0;
-  const unsigned blocks = grid_for(n) < 1024 ? grid_for(n) : 1024;
+  const unsigned blocks = grid_stride_blocks(n) < 1024 ? grid_stride_blocks(n) : 1024;
   double* partial = nullptr;
   LOOM_CUDA_CHECK(cudaMallocAsync(&partial, blocks * sizeof(double), stream));
   LOOM_LAUNCH(sum_of_squares_kernel, blocks, kBlock, 0, stream, x, n, partial);

@@ -12,18 +12,13 @@ namespace loom::kernels::cuda {
 
 namespace {
 
-constexpr int kBlock = 256;
-constexpr unsigned kMaxBlocks = 65535;
+constexpr int kBlock = kBlockThreads;
+constexpr unsigned kMaxBlocks = kMaxGridBlocks;
 // Below this many outputs a thread per output leaves most of the GPU idle.
 constexpr int64_t kThreadPerOutputMin = 4096;
 // A single sum over more elements than this gets the two-pass treatment.
 constexpr int64_t kTwoPassMin = int64_t(1) << 16;
 constexpr unsigned kPartials = 1024;
-
-unsigned capped_blocks(int64_t n) {
-  int64_t b = (n + kBlock - 1) / kBlock;
-  return unsigned(b < 1 ? 1 : (b < kMaxBlocks ? b : kMaxBlocks));
-}
 
 // Sums buf[0..kBlock) into buf[0]; the calling block's threads must all take part.
 __device__ double block_sum(double* buf, double v) {
@@ -39,8 +34,7 @@ __device__ double block_sum(double* buf, double v) {
 __global__ void sum_thread_per_output(const float* x, float* out, int64_t outer, int64_t size,
                                       int64_t inner, double scale) {
   const int64_t outputs = outer * inner;
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < outputs;
-       j += int64_t(gridDim.x) * blockDim.x) {
+  LOOM_GRID_STRIDE(j, outputs) {
     const int64_t o = j / inner, i = j % inner;
     const float* p = x + o * size * inner + i;
     double acc = 0.0;
@@ -67,9 +61,8 @@ __global__ void sum_block_per_output(const float* x, float* out, int64_t outer, 
 __global__ void sum_partials(const float* x, int64_t n, double* partial) {
   __shared__ double buf[kBlock];
   double acc = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    acc += double(x[i]);
+  LOOM_GRID_STRIDE(i, n)
+  acc += double(x[i]);
   const double total = block_sum(buf, acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
@@ -85,8 +78,7 @@ __global__ void sum_finish(const double* partial, int count, float* out, double 
 __global__ void broadcast_kernel(const float* g, float* out, int64_t outer, int64_t size,
                                  int64_t inner, float scale) {
   const int64_t n = outer * size * inner;
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
-       j += int64_t(gridDim.x) * blockDim.x) {
+  LOOM_GRID_STRIDE(j, n) {
     const int64_t o = j / (size * inner), i = j % inner;
     out[j] = g[o * inner + i] * scale;
   }
@@ -99,7 +91,8 @@ void sum_dim(const float* x, float* out, int64_t outer, int64_t size, int64_t in
   const int64_t outputs = outer * inner;
   if (outputs == 0) return;
   if (outputs == 1 && size >= kTwoPassMin) {
-    const unsigned blocks = capped_blocks(size) < kPartials ? capped_blocks(size) : kPartials;
+    const unsigned blocks =
+        grid_stride_blocks(size) < kPartials ? grid_stride_blocks(size) : kPartials;
     double* partial = nullptr;
     LOOM_CUDA_CHECK(cudaMallocAsync(&partial, blocks * sizeof(double), stream));
     LOOM_LAUNCH(sum_partials, blocks, kBlock, 0, stream, x, size, partial);
@@ -108,8 +101,8 @@ void sum_dim(const float* x, float* out, int64_t outer, int64_t size, int64_t in
     return;
   }
   if (inner > 1 && outputs >= kThreadPerOutputMin) {
-    LOOM_LAUNCH(sum_thread_per_output, capped_blocks(outputs), kBlock, 0, stream, x, out, outer,
-                size, inner, scale);
+    LOOM_LAUNCH(sum_thread_per_output, grid_stride_blocks(outputs), kBlock, 0, stream, x, out,
+                outer, size, inner, scale);
     return;
   }
   const unsigned blocks = unsigned(outputs < kMaxBlocks ? outputs : kMaxBlocks);
@@ -120,8 +113,8 @@ void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int6
                    float scale, Stream stream) {
   const int64_t n = outer * size * inner;
   if (n == 0) return;
-  LOOM_LAUNCH(broadcast_kernel, capped_blocks(n), kBlock, 0, stream, g, out, outer, size, inner,
-              scale);
+  LOOM_LAUNCH(broadcast_kernel, grid_stride_blocks(n), kBlock, 0, stream, g, out, outer, size,
+              inner, scale);
 }
 
 }  // namespace loom::kernels::cuda
