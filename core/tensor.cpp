@@ -274,6 +274,17 @@ Tensor Tensor::clone() const {
   return out;
 }
 
+void Tensor::set_data(const Tensor& source) {
+  require_defined("set_data");
+  LOOM_CHECK(source.defined(), "Tensor::set_data: source is undefined");
+  LOOM_CHECK(source.shape() == shape() && source.dtype() == dtype() && source.device() == device(),
+             "Tensor::set_data: source ", source.str(),
+             " must have the shape, dtype and device of ", str());
+  impl_->storage = source.storage();
+  impl_->strides = source.strides();
+  impl_->offset = source.offset();
+}
+
 Tensor Tensor::detach() const {
   require_defined("detach");
   return make_view(*this, shape(), strides(), offset());

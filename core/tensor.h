@@ -98,6 +98,11 @@ class Tensor {
   void copy_(const Tensor& src);   // same shape and dtype; any device or layout
   void fill_(double value);
   void zero_() { fill_(0.0); }
+  // Makes this tensor use `source`'s memory (same shape, dtype and device; its values become
+  // source's), keeping its own autograd identity: gradient, hooks and graph edges. DDP and ZeRO
+  // move parameters into flat buffers this way. Not while a graph that saved this tensor is
+  // waiting for backward: the saved tensor would see the new memory.
+  void set_data(const Tensor& source);
 
   // ---- views (differentiable; see core/ops.h) ----
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;

@@ -1,0 +1,60 @@
+#include "parallel/bucket_plan.h"
+
+#include <algorithm>
+
+namespace loom::parallel {
+
+BucketPlan::BucketPlan(const std::vector<Tensor>& params, size_t bucket_bytes, int64_t pad_to)
+    : where_(params.size()), pad_to_(pad_to) {
+  LOOM_CHECK(bucket_bytes > 0, "BucketPlan: bucket size must be positive");
+  LOOM_CHECK(pad_to > 0, "BucketPlan: pad_to must be positive, got ", pad_to);
+  Bucket current;
+  size_t current_bytes = 0;
+  auto close = [&] {
+    if (current.slots.empty()) return;
+    current.padded = (current.numel + pad_to - 1) / pad_to * pad_to;
+    if (current.padded == 0) current.padded = pad_to;  // every bucket has a shard on each rank
+    buckets_.push_back(std::move(current));
+    current = Bucket();
+    current_bytes = 0;
+  };
+  for (size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
+    LOOM_CHECK(p.defined(), "BucketPlan: parameter ", k, " is undefined");
+    const size_t bytes = p.nbytes();
+    if (!current.slots.empty() && current_bytes + bytes > bucket_bytes) close();
+    where_[k] = {buckets_.size(), current.slots.size()};
+    current.slots.push_back(BucketSlot{k, current.numel, p.numel()});
+    current.numel += p.numel();
+    current_bytes += bytes;
+  }
+  close();
+}
+
+const BucketSlot& BucketPlan::slot_of(size_t param) const {
+  const auto& [b, s] = where_.at(param);
+  return buckets_[b].slots[s];
+}
+
+std::vector<ShardPiece> BucketPlan::shard_pieces(int shard) const {
+  LOOM_CHECK(shard >= 0 && shard < pad_to_, "BucketPlan::shard_pieces: shard ", shard,
+             " outside [0, ", pad_to_, ")");
+  std::vector<ShardPiece> pieces;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const int64_t size = shard_numel(b);
+    const int64_t lo = shard * size, hi = lo + size;
+    for (const BucketSlot& s : buckets_[b].slots) {
+      const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+      if (a < e) pieces.push_back(ShardPiece{b, s.param, a - s.offset, a - lo, e - a});
+    }
+  }
+  return pieces;
+}
+
+int64_t BucketPlan::total_padded() const {
+  int64_t total = 0;
+  for (const Bucket& b : buckets_) total += b.padded;
+  return total;
+}
+
+}  // namespace loom::parallel

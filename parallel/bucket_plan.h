@@ -1,0 +1,63 @@
+// Where each parameter sits in the flat buffers DDP and ZeRO reduce: parameters are taken in
+// reverse registration order (the order backward produces their gradients, so the first bucket
+// fills first) and packed into buckets of at most `bucket_bytes` (a parameter larger than that
+// gets a bucket of its own). Each bucket is padded to a multiple of `pad_to` elements so it
+// splits into equal shards, one per rank of the group (ZeRO); DDP pads to 1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::parallel {
+
+using NamedParams = std::vector<std::pair<std::string, Tensor>>;
+
+struct BucketSlot {
+  size_t param;    // index into the parameter list
+  int64_t offset;  // first element in the bucket
+  int64_t numel;
+};
+
+struct Bucket {
+  std::vector<BucketSlot> slots;  // in the order their gradients are expected
+  int64_t numel = 0;              // sum of the slots
+  int64_t padded = 0;             // numel rounded up to pad_to
+};
+
+// The part of a parameter that falls in one rank's shard of a bucket: elements
+// [param_offset, param_offset + numel) of the flattened parameter sit at [shard_offset, ...) of
+// the shard.
+struct ShardPiece {
+  size_t bucket;
+  size_t param;
+  int64_t param_offset;
+  int64_t shard_offset;
+  int64_t numel;
+};
+
+class BucketPlan {
+ public:
+  // Throws for a non-positive bucket size or pad, or an f32 parameter list with holes.
+  BucketPlan(const std::vector<Tensor>& params, size_t bucket_bytes, int64_t pad_to);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // bucket_of(param) and the slot within it.
+  size_t bucket_of(size_t param) const { return where_[param].first; }
+  const BucketSlot& slot_of(size_t param) const;
+  int64_t pad_to() const { return pad_to_; }
+  int64_t shard_numel(size_t bucket) const { return buckets_[bucket].padded / pad_to_; }
+  // The pieces of shard `shard` (0 <= shard < pad_to) of every bucket, bucket by bucket.
+  std::vector<ShardPiece> shard_pieces(int shard) const;
+  int64_t total_padded() const;
+
+ private:
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, slot)
+  int64_t pad_to_;
+};
+
+}  // namespace loom::parallel

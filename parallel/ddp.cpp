@@ -1,0 +1,47 @@
+#include "parallel/ddp.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "parallel/replicas.h"
+
+namespace loom::parallel {
+
+size_t bucket_bytes_from_mb(double mb, const char* owner) {
+  LOOM_CHECK(std::isfinite(mb) && mb > 0, owner, ": bucket size must be positive MiB, got ", mb);
+  return std::max<size_t>(1, size_t(mb * double(1 << 20)));
+}
+
+namespace {
+
+// Runs before the reducer is built: parameters agreed on and made identical.
+NamedParams prepared_parameters(nn::Module& module, comm::Communicator* group,
+                                const DdpOptions& o) {
+  LOOM_CHECK(group != nullptr, "DDP: the group communicator is null");
+  NamedParams params = module.named_parameters();
+  check_same_parameters(params, *group, "DDP");
+  if (o.check_replicas)
+    check_replicas_identical(params, *group, "DDP");
+  else
+    broadcast_parameters(params, *group, 0);
+  return params;
+}
+
+GradReducerOptions reducer_options(const DdpOptions& o) {
+  GradReducerOptions r;
+  r.mode = GradMode::kAllreduce;
+  r.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, "DDP");
+  r.grad_accum = o.grad_accum;
+  return r;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& module,
+                                                 std::shared_ptr<comm::Communicator> group,
+                                                 const DdpOptions& options)
+    : module_(module),
+      reducer_("DDP", prepared_parameters(module, group.get(), options), group,
+               reducer_options(options)) {}
+
+}  // namespace loom::parallel

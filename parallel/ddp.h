@@ -1,0 +1,59 @@
+// DistributedDataParallel: data parallelism over a group (the mesh's dp group, or the world).
+// Every rank holds the whole model and a different part of the global batch; after backward
+// the gradients are averaged over the group, so each rank's optimizer takes the step the
+// single-process run takes on the whole batch (when each rank's loss is its mean, and the
+// ranks' parts are equal).
+//
+//   parallel::DistributedDataParallel ddp(model, world, {.grad_accum = 2});
+//   for (int k = 0; k < 2; ++k) ddp.backward(model.loss(x[k], y[k]).scale(0.5));
+//   ddp.finish();  // averaged gradients in place
+//   opt.step();
+//
+// Gradients are reduced in buckets, each launched while the rest of backward runs (See
+// GradReducer); with grad_accum > 1 only the last micro-batch communicates.
+#pragma once
+
+#include <memory>
+
+#include "collectives/communicator.h"
+#include "core/nn/module.h"
+#include "parallel/grad_reducer.h"
+
+namespace loom::parallel {
+
+struct DdpOptions {
+  double bucket_mb = 25;  // gradient bucket size in MiB
+  int grad_accum = 1;     // micro-batches per step
+  // At wrap time every rank must have the same parameter names and shapes (always checked).
+  // Values: rank 0's are broadcast to all; or, with check_replicas, the values are verified
+  // identical instead and a difference is an error naming the parameter.
+  bool check_replicas = false;
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective over `group`.
+  DistributedDataParallel(nn::Module& module, std::shared_ptr<comm::Communicator> group,
+                          const DdpOptions& options = {});
+
+  // Backward of one micro-batch; its reductions are launched as gradients become ready.
+  void backward(const Tensor& loss) { reducer_.backward(loss); }
+  // After the last micro-batch: waits for the reductions. Each parameter's .grad is then the
+  // group average (undefined for a parameter no rank used).
+  void finish() { reducer_.finish(); }
+
+  nn::Module& module() const { return module_; }
+  comm::Communicator& group() const { return reducer_.group(); }
+  const BucketPlan& buckets() const { return reducer_.plan(); }
+  // Seconds the last finish() waited: reduction time backward did not hide.
+  double exposed_wait_seconds() const { return reducer_.exposed_wait_seconds(); }
+
+ private:
+  nn::Module& module_;
+  GradReducer reducer_;
+};
+
+// Bytes of a bucket size given in MiB (checked positive).
+size_t bucket_bytes_from_mb(double mb, const char* owner);
+
+}  // namespace loom::parallel

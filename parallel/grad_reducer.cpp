@@ -1,0 +1,258 @@
+#include "parallel/grad_reducer.h"
+
+#include <chrono>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+
+namespace loom::parallel {
+
+// Note [Bucket launch order]
+// Nonblocking collectives must be posted in the same order on every rank of a group. Gradients
+// may arrive in a different order on different ranks (and a bucket holding an unused parameter
+// fills only when the micro-batch ends), so buckets are launched strictly in index order: a
+// bucket that fills early waits until every bucket before it has been launched. Each hook also
+// polls the reductions in flight, since MPI progresses a nonblocking collective only while it is
+// called.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+GradReducer::GradReducer(const char* owner, NamedParams params,
+                         std::shared_ptr<comm::Communicator> group,
+                         const GradReducerOptions& options)
+    : owner_(owner),
+      params_(std::move(params)),
+      group_(std::move(group)),
+      options_(options),
+      plan_(
+          [&] {
+            std::vector<Tensor> ts;
+            for (auto& [name, t] : params_) ts.push_back(t);
+            return ts;
+          }(),
+          options.bucket_bytes,
+          options.mode == GradMode::kAllreduce ? 1 : (group_ ? group_->size() : 1)),
+      rank_(group_ ? group_->rank() : 0),
+      alive_(std::make_shared<bool>(true)) {
+  LOOM_CHECK(group_ != nullptr, owner_, ": the group communicator is null");
+  LOOM_CHECK(options_.grad_accum >= 1, owner_, ": grad_accum must be >= 1, got ",
+             options_.grad_accum);
+  const size_t n = params_.size();
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = params_[i].second;
+    LOOM_CHECK(p.requires_grad(), owner_, ": parameter '", params_[i].first,
+               "' does not require a gradient");
+    LOOM_CHECK(p.dtype() == params_[0].second.dtype() && p.device() == params_[0].second.device(),
+               owner_, ": parameters must share one dtype and device; '", params_[i].first, "' is ",
+               p.str(), " but '", params_[0].first, "' is ", params_[0].second.str());
+  }
+  const DType dt = n ? params_[0].second.dtype() : DType::kF32;
+  const Device dev = n ? params_[0].second.device() : Device::cpu();
+  const auto& buckets = plan_.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (options_.mode != GradMode::kShardOnly)
+      buckets_.push_back(Tensor::zeros({buckets[b].padded}, dt, dev));
+    if (options_.mode != GradMode::kAllreduce) {
+      // kShardKeep: the shard is a view of the bucket (reduce-scatter writes it in place).
+      shard_grads_.push_back(
+          options_.mode == GradMode::kShardKeep
+              ? buckets_[b].narrow(0, rank_ * plan_.shard_numel(b), plan_.shard_numel(b))
+              : Tensor::zeros({plan_.shard_numel(b)}, dt, dev));
+    }
+  }
+  staging_.resize(buckets.size());
+  ready_in_bucket_.assign(buckets.size(), 0);
+  ready_.assign(n, 0);
+  used_.assign(n, 0);
+  used_anywhere_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    std::weak_ptr<bool> alive = alive_;
+    Tensor(params_[i].second).register_grad_ready_hook([this, alive, i](const Tensor&) {
+      if (alive.lock()) on_gradient(i);
+    });
+  }
+}
+
+GradReducer::~GradReducer() {
+  *alive_ = false;
+  // Reductions still in flight (an exception unwound past finish()) are waited by their Works.
+}
+
+std::string GradReducer::describe(size_t param) const {
+  return detail::str_cat("'", params_[param].first, "'");
+}
+
+bool GradReducer::reduces_this_micro_batch() const {
+  return options_.mode == GradMode::kShardOnly || micro_ == options_.grad_accum - 1;
+}
+
+void GradReducer::backward(const Tensor& loss) {
+  LOOM_CHECK(micro_ < options_.grad_accum, owner_, ": backward() for micro-batch ", micro_ + 1,
+             " but a step has ", options_.grad_accum,
+             " (grad_accum); call finish() / step() after the last micro-batch");
+  if (micro_ == 0) {
+    std::fill(used_.begin(), used_.end(), 0);
+    finished_ = false;
+    if (options_.mode == GradMode::kShardOnly)
+      for (Tensor& s : shard_grads_) s.zero_();
+    // A sharded step consumes its gradients: what the buckets hold after a reduce-scatter is
+    // no one's gradient, so none carries over into the next step.
+    if (options_.mode == GradMode::kShardKeep)
+      for (auto& [name, p] : params_) Tensor(p).set_grad(Tensor());
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(ready_in_bucket_.begin(), ready_in_bucket_.end(), 0);
+  next_launch_ = 0;
+  in_backward_ = true;
+  try {
+    loss.backward();
+  } catch (...) {
+    in_backward_ = false;
+    throw;
+  }
+  in_backward_ = false;
+  if (reduces_this_micro_batch()) flush_micro_batch();
+  ++micro_;
+}
+
+void GradReducer::on_gradient(size_t i) {
+  LOOM_CHECK(in_backward_, owner_, ": the gradient of ", describe(i),
+             " arrived outside backward(loss); run each micro-batch's backward through the "
+             "wrapper (its backward(loss)), not loss.backward()");
+  LOOM_CHECK(!ready_[i], owner_, ": parameter ", describe(i),
+             " received two gradients in one backward (is it used both inside and outside an "
+             "activation-checkpointed region?)");
+  ready_[i] = 1;
+  used_[i] = 1;
+  stage_gradient(i);
+  const size_t b = plan_.bucket_of(i);
+  if (++ready_in_bucket_[b] == int(plan_.buckets()[b].slots.size()) && reduces_this_micro_batch())
+    launch_ready_buckets();
+  poll();
+}
+
+// Moves parameter i's fresh gradient into its bucket slot.
+void GradReducer::stage_gradient(size_t i) {
+  Tensor p = params_[i].second;
+  const Tensor g = p.grad();
+  const BucketSlot& s = plan_.slot_of(i);
+  const size_t b = plan_.bucket_of(i);
+  if (options_.mode == GradMode::kShardOnly) {
+    if (!staging_[b].defined())
+      staging_[b] = Tensor::zeros({plan_.buckets()[b].padded}, g.dtype(), g.device());
+    staging_[b].narrow(0, s.offset, s.numel).copy_(g.detach().reshape({s.numel}));
+    p.set_grad(Tensor());  // this rank keeps only its shard
+    return;
+  }
+  Tensor view = buckets_[b].narrow(0, s.offset, s.numel).reshape(p.shape());
+  const bool already_there = g.storage() == view.storage() && g.offset() == view.offset();
+  if (!already_there) {
+    view.copy_(g.detach());
+    p.set_grad(view);  // later micro-batches accumulate in the bucket
+  }
+}
+
+void GradReducer::launch_ready_buckets() {
+  const auto& buckets = plan_.buckets();
+  while (next_launch_ < buckets.size() &&
+         ready_in_bucket_[next_launch_] == int(buckets[next_launch_].slots.size()))
+    launch(next_launch_++);
+}
+
+// The end of a micro-batch that reduces: launch, in order, the buckets still waiting for a
+// parameter that got no gradient (See Note [Unused parameters]).
+void GradReducer::flush_micro_batch() {
+  const auto& buckets = plan_.buckets();
+  for (; next_launch_ < buckets.size(); ++next_launch_) {
+    const size_t b = next_launch_;
+    for (const BucketSlot& s : buckets[b].slots) {
+      if (ready_[s.param]) continue;
+      if (options_.mode == GradMode::kShardOnly) continue;  // staging starts zeroed
+      if (!used_[s.param]) {
+        // Never used this step: reduce zeros. (Used in an earlier micro-batch: the slot holds
+        // that accumulation already.)
+        buckets_[b].narrow(0, s.offset, s.numel).zero_();
+      }
+    }
+    if (options_.mode == GradMode::kShardOnly && !staging_[b].defined()) {
+      const Tensor& like = shard_grads_[b];
+      staging_[b] = Tensor::zeros({buckets[b].padded}, like.dtype(), like.device());
+    }
+    launch(b);
+  }
+}
+
+void GradReducer::launch(size_t b) {
+  Pending p{b, nullptr, Tensor(), Tensor()};
+  switch (options_.mode) {
+    case GradMode::kAllreduce:
+      p.work = group_->allreduce(buckets_[b], comm::AllreduceOptions{comm::ReduceOp::kAvg});
+      break;
+    case GradMode::kShardKeep:
+      p.work = group_->reduce_scatter(buckets_[b], shard_grads_[b],
+                                      comm::ReduceScatterOptions{comm::ReduceOp::kAvg});
+      break;
+    case GradMode::kShardOnly:
+      p.input = std::move(staging_[b]);
+      staging_[b] = Tensor();
+      p.output = Tensor::empty({plan_.shard_numel(b)}, p.input.dtype(), p.input.device());
+      p.work = group_->reduce_scatter(p.input, p.output,
+                                      comm::ReduceScatterOptions{comm::ReduceOp::kAvg});
+      break;
+  }
+  pending_.push_back(std::move(p));
+}
+
+void GradReducer::complete(Pending& p) {
+  p.work->wait();
+  if (options_.mode == GradMode::kShardOnly) {
+    NoGradGuard no_grad;
+    Tensor acc = shard_grads_[p.bucket];
+    add_(acc, p.output);
+  }
+  p.input = Tensor();
+  p.output = Tensor();
+}
+
+void GradReducer::poll() {
+  for (Pending& p : pending_) p.work->test();
+}
+
+void GradReducer::finish() {
+  LOOM_CHECK(micro_ == options_.grad_accum, owner_, ": finish() after ", micro_, " of ",
+             options_.grad_accum,
+             " micro-batches; run backward(loss) once per micro-batch before finishing the step");
+  const auto start = Clock::now();
+  for (Pending& p : pending_) complete(p);
+  pending_.clear();
+  exposed_wait_s_ = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // See Note [Unused parameters].
+  const int64_t n = int64_t(params_.size());
+  Tensor flags = Tensor::empty({n}, DType::kI32);
+  auto* f = flags.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) f[i] = used_[i];
+  group_->allreduce(flags, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
+  for (int64_t i = 0; i < n; ++i) used_anywhere_[i] = char(f[i] != 0);
+
+  if (options_.mode == GradMode::kAllreduce) {
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor p = params_[i].second;
+      if (!used_anywhere_[i]) {
+        p.set_grad(Tensor());
+      } else if (!used_[i]) {  // others used it: its average is in the slot
+        const BucketSlot& s = plan_.slot_of(size_t(i));
+        p.set_grad(
+            buckets_[plan_.bucket_of(size_t(i))].narrow(0, s.offset, s.numel).reshape(p.shape()));
+      }
+    }
+  }
+  micro_ = 0;
+  finished_ = true;
+}
+
+}  // namespace loom::parallel

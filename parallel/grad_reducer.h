@@ -1,0 +1,108 @@
+// GradReducer: the gradient side of data parallelism, shared by DDP and ZeRO. It owns the
+// bucketed gradient buffers of a parameter list (See BucketPlan), registers a grad-ready hook on
+// every parameter, and launches each bucket's reduction over the group as soon as the bucket's
+// last gradient arrives, while backward goes on (See Note [Bucket launch order]).
+//
+// One optimizer step is `grad_accum` micro-batches, each run through backward(loss), then
+// finish(). What is reduced and what is kept depends on the mode:
+//   kAllreduce   (DDP)     gradients live in the buckets (each param's .grad is a view of its
+//                          slot); the last micro-batch allreduces them (average) in place.
+//   kShardKeep   (ZeRO 1)  as kAllreduce, but the last micro-batch reduce-scatters: afterwards
+//                          only this rank's shard of each bucket holds the averaged sum.
+//   kShardOnly   (ZeRO 2, 3) every micro-batch copies gradients into a temporary bucket, drops
+//                          the parameters' .grad, reduce-scatters the bucket and adds this rank's
+//                          shard into a persistent shard buffer: a rank never keeps more than its
+//                          shard of the gradients between micro-batches.
+//
+// Note [Unused parameters]
+// A parameter may get no gradient in a step (a branch not taken). Its slot then reduces as
+// zeros, so no rank waits for a bucket another rank never fills; and finish() allreduces one
+// "used" flag per parameter, so a parameter no rank used ends with no gradient — as in the
+// single-process run, where the optimizer skips it — while one used anywhere gets the average.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "parallel/bucket_plan.h"
+
+namespace loom::parallel {
+
+enum class GradMode { kAllreduce, kShardKeep, kShardOnly };
+
+struct GradReducerOptions {
+  GradMode mode = GradMode::kAllreduce;
+  size_t bucket_bytes = 25u << 20;
+  int grad_accum = 1;  // micro-batches per step
+};
+
+class GradReducer {
+ public:
+  // `owner` prefixes errors ("DDP", "ZeRO-2"). Registers hooks on the parameters.
+  GradReducer(const char* owner, NamedParams params, std::shared_ptr<comm::Communicator> group,
+              const GradReducerOptions& options);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Backward of one micro-batch (scale its loss by 1 / grad_accum yourself).
+  void backward(const Tensor& loss);
+  // Waits for every reduction of the step; requires grad_accum micro-batches since the last
+  // finish(). Afterwards (kAllreduce) each used parameter's .grad is the group average, or
+  // (kShard*) shard_grad(b) holds this rank's shard of the averaged bucket b.
+  void finish();
+
+  bool finished() const { return finished_; }
+  int micro_batches_done() const { return micro_; }
+  const BucketPlan& plan() const { return plan_; }
+  const NamedParams& params() const { return params_; }
+  comm::Communicator& group() const { return *group_; }
+  // After finish(): whether any rank produced a gradient for parameter i this step.
+  bool used_anywhere(size_t i) const { return used_anywhere_.at(i) != 0; }
+  // kShard*: this rank's shard of bucket b's averaged gradient (shard_numel(b) elements).
+  const Tensor& shard_grad(size_t b) const { return shard_grads_.at(b); }
+  // Seconds finish() spent waiting for reductions in the last step: the part of the
+  // communication backward did not hide.
+  double exposed_wait_seconds() const { return exposed_wait_s_; }
+
+ private:
+  struct Pending {
+    size_t bucket;
+    comm::WorkPtr work;
+    Tensor input, output;  // kShardOnly: the temporary bucket and its reduced shard
+  };
+  void on_gradient(size_t param);
+  void stage_gradient(size_t param);
+  void launch_ready_buckets();
+  void launch(size_t bucket);
+  void flush_micro_batch();
+  void complete(Pending& pending);
+  void poll();
+  bool reduces_this_micro_batch() const;
+  std::string describe(size_t param) const;
+
+  const char* owner_;
+  NamedParams params_;
+  std::shared_ptr<comm::Communicator> group_;
+  GradReducerOptions options_;
+  BucketPlan plan_;
+  int rank_;
+
+  std::vector<Tensor> buckets_;      // kAllreduce, kShardKeep: the persistent flat gradients
+  std::vector<Tensor> staging_;      // kShardOnly: this micro-batch's temporary buckets
+  std::vector<Tensor> shard_grads_;  // kShard*: this rank's shard of each bucket
+  std::vector<int> ready_in_bucket_;
+  std::vector<char> ready_;  // param got its gradient in this micro-batch
+  std::vector<char> used_;   // param got a gradient in this step on this rank
+  std::vector<char> used_anywhere_;
+  size_t next_launch_ = 0;
+  std::vector<Pending> pending_;
+  bool in_backward_ = false;
+  bool finished_ = false;
+  int micro_ = 0;
+  double exposed_wait_s_ = 0;
+  std::shared_ptr<bool> alive_;  // hooks outlive us on the parameters; they check this
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,22 @@
+// Keeping the replicas of a model identical across a data-parallel group: DDP and ZeRO call these
+// when they wrap a model. All are collective over the group.
+#pragma once
+
+#include "collectives/communicator.h"
+#include "parallel/bucket_plan.h"
+
+namespace loom::parallel {
+
+// Every rank must hold the same parameter list: the same names, shapes and dtypes in the same
+// order. Throws on every rank, naming the first rank and parameter that differ from rank 0.
+void check_same_parameters(const NamedParams& params, comm::Communicator& group, const char* owner);
+
+// Copies rank `root`'s parameter values to every rank (one broadcast of the packed bytes).
+void broadcast_parameters(const NamedParams& params, comm::Communicator& group, int root = 0);
+
+// Throws on every rank, naming the first parameter whose bytes differ from rank 0's and the
+// ranks holding a different value.
+void check_replicas_identical(const NamedParams& params, comm::Communicator& group,
+                              const char* owner);
+
+}  // namespace loom::parallel
