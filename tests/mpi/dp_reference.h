@@ -11,6 +11,7 @@
 
 #include "core/nn/gpt.h"
 #include "optimizer/adamw.h"
+#include "optimizer/clip_grad.h"
 
 namespace loom::testing {
 
@@ -85,8 +86,9 @@ inline std::vector<std::pair<std::string, std::vector<float>>> parameter_values(
   return out;
 }
 
-// The single-process run: kSteps AdamW steps on the whole global batch.
-inline RunResult single_process_run() {
+// The single-process run: kSteps AdamW steps on the whole global batch, the gradient clipped
+// to global norm `clip` when it is positive.
+inline RunResult single_process_run(double clip = 0) {
   nn::GPT model(tiny_gpt_config());
   model.init_parameters(kSeed);
   optim::AdamW opt(model.parameters(), test_adamw());
@@ -95,6 +97,7 @@ inline RunResult single_process_run() {
     GlobalBatch b = global_batch(s, model.config().vocab);
     Tensor loss = model.loss(b.inputs, b.targets);
     loss.backward();
+    if (clip > 0) optim::clip_grad_norm(model.parameters(), clip);
     opt.step();
     opt.zero_grad();
     r.losses.push_back(loss.item());

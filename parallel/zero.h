@@ -1,0 +1,83 @@
+// ZeRO (Rajbhandari et al.): data parallelism that shards the training state over the group
+// instead of replicating it, wrapping any loom optimizer.
+//   stage 1: optimizer state sharded. Gradients are reduce-scattered (average) at the end of the
+//            step; each rank updates only its shard of the parameters; the updated shards are
+//            all-gathered back into every rank's full parameters.
+//   stage 2: as 1, and each rank keeps only its shard of the gradients: every micro-batch's
+//            gradient buckets are reduce-scattered as they fill and then dropped.
+//
+// Layout: the parameters are moved into flat buckets (See BucketPlan), each padded to a multiple
+// of the group size and split into one equal shard per rank; rank r owns shard r of every
+// bucket. The wrapped optimizer sees only this rank's pieces of the parameters (views into the
+// flat buckets), so its state is 1/N of the whole, and it steps those pieces exactly as it would
+// step whole parameters: elementwise optimizers (SGD, AdamW) give the single-process update.
+//
+//   parallel::ZeroOptimizer opt(model, world, {.stage = 2}, [](std::vector<Tensor> p) {
+//     return std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{});
+//   });
+//   opt.backward(model.loss(x, y));
+//   opt.clip_grad_norm(1.0);  // optional: the global norm over every shard
+//   opt.step();
+//   opt.zero_grad();
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "collectives/communicator.h"
+#include "core/nn/module.h"
+#include "optimizer/optimizer.h"
+#include "parallel/grad_reducer.h"
+
+namespace loom::parallel {
+
+struct ZeroOptions {
+  int stage = 1;                // 1 or 2
+  double bucket_mb = 25;        // bucket size in MiB
+  int grad_accum = 1;           // micro-batches per step
+  bool check_replicas = false;  // as DdpOptions::check_replicas
+};
+
+// Builds the wrapped optimizer over the parameter pieces it is given.
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
+
+class ZeroOptimizer : public optim::Optimizer {
+ public:
+  // Collective over `group`. Moves the module's parameters into the flat buckets (their values
+  // and autograd identity stay; rank 0's values are broadcast unless check_replicas).
+  ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
+                const ZeroOptions& options, const OptimizerFactory& make_optimizer);
+
+  // Backward of one micro-batch (scale its loss by 1 / grad_accum yourself).
+  void backward(const Tensor& loss) { reducer_.backward(loss); }
+  // Waits for the step's gradient reductions (step() does it when you have not).
+  void finish_gradients();
+  // Clips the global gradient norm (every shard of every parameter, counted once) to
+  // max_norm, as optim::clip_grad_norm does for the whole model on one process. Returns the
+  // norm before clipping.
+  double clip_grad_norm(double max_norm);
+  // Updates this rank's shard, then all-gathers the parameters.
+  void step() override;
+  // This rank's share of the wrapped optimizer's state.
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+
+  int stage() const { return options_.stage; }
+  const BucketPlan& buckets() const { return reducer_.plan(); }
+  optim::Optimizer& inner() const { return *inner_; }
+  double exposed_wait_seconds() const { return reducer_.exposed_wait_seconds(); }
+
+ private:
+  struct Piece {  // this rank's part of one parameter
+    size_t param;
+    Tensor master;  // view into flat_params_
+    Tensor grad;    // view into the reducer's shard gradient
+  };
+  ZeroOptions options_;
+  GradReducer reducer_;
+  std::vector<Tensor> flat_params_;  // per bucket, padded; the parameters are views into them
+  std::vector<Piece> pieces_;
+  std::unique_ptr<optim::Optimizer> inner_;
+};
+
+}  // namespace loom::parallel
