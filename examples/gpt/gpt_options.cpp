@@ -33,6 +33,11 @@ void declare_gpt_flags(cli::Flags& f) {
                {"constant", "cosine"});
   f.add_double("min-lr-ratio", 0.1, "cosine schedule: final lr as a fraction of --lr");
   f.add_int("seed", 1337, "seed for initialisation, dropout and the task's examples");
+  f.add_int("dp", 0, "data-parallel ranks (run under mpirun -np N); 0: every rank launched");
+  f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 or 2");
+  f.add_int("grad-accum", 1,
+            "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
+  f.add_double("bucket-mb", 25, "gradient bucket size in MiB (DDP and ZeRO)");
   f.add_bool("eval-only", "evaluate and exit: prints `val_loss <float>`");
   f.add_int("eval-batches", 4, "batches of --batch x --seq for --eval-only's val_loss");
   f.add_int("eval-every", 100, "addition task: evaluate held-out exact match every N steps");
@@ -69,6 +74,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.lr_schedule = f.get_string("lr-schedule");
   o.min_lr_ratio = f.get_double("min-lr-ratio");
   o.seed = uint64_t(f.get_int("seed"));
+  o.dp = f.get_int("dp");
+  o.zero = f.get_int("zero");
+  o.grad_accum = f.get_int("grad-accum");
+  o.bucket_mb = f.get_double("bucket-mb");
   o.eval_only = f.get_bool("eval-only");
   o.eval_batches = f.get_int("eval-batches");
   o.eval_every = f.get_int("eval-every");
@@ -108,6 +117,11 @@ GptOptions read_gpt_options(const cli::Flags& f) {
              o.momentum);
   LOOM_CHECK(o.optimizer == "sgd" || !f.was_set("momentum"),
              "loom-gpt: --momentum applies to --optimizer sgd only");
+  LOOM_CHECK(o.dp >= 0, "loom-gpt: --dp must be >= 0 (0 = every rank launched), got ", o.dp);
+  LOOM_CHECK(o.zero >= 0 && o.zero <= 2, "loom-gpt: --zero must be 0, 1 or 2, got ", o.zero,
+             o.zero == 3 ? " (stage 3 is not implemented yet)" : "");
+  positive("grad-accum", o.grad_accum);
+  LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
   return o;
 }

@@ -24,6 +24,9 @@ struct GptOptions {
   std::string optimizer, lr_schedule;
   int64_t warmup_steps;
   uint64_t seed;
+  // data parallelism (under mpirun)
+  int64_t dp, zero, grad_accum;
+  double bucket_mb;
   // evaluation
   bool eval_only;
   int64_t eval_batches, eval_every, eval_examples;

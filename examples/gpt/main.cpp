@@ -1,4 +1,5 @@
-// loom-gpt: trains or evaluates a GPT-2-style model on one process.
+// loom-gpt: trains or evaluates a GPT-2-style model, on one process or data-parallel under
+// mpirun (--dp, --zero, --grad-accum; See gpt_parallel.h). Only rank 0 prints.
 //
 // With no flags it trains the built-in addition task until held-out exact match reaches
 // --target (and says whether it did); with --data it trains on an llm.c token file or a text
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <map>
 
+#include "collectives/communicator.h"
 #include "common/flags.h"
 #include "common/progress.h"
 #include "core/autograd.h"
@@ -20,6 +22,7 @@
 #include "core/nn/gpt.h"
 #include "gpt/gpt_data.h"
 #include "gpt/gpt_options.h"
+#include "gpt/gpt_parallel.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
@@ -108,8 +111,19 @@ int run(int argc, char** argv) {
                    "addition task to --target.");
   declare_gpt_flags(flags);
   if (!flags.parse(argc, argv)) return 0;
-  const GptOptions o = read_gpt_options(flags);
+  GptOptions o = read_gpt_options(flags);
   if (o.threads > 0) omp_set_num_threads(int(o.threads));
+  auto world = comm::world();
+  // The other ranks compute the same figures; one copy of the output is enough (errors still
+  // reach stderr from every rank).
+  if (world->rank() != 0)
+    LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
+               "loom-gpt: cannot silence stdout on rank ", world->rank());
+  if (o.dp == 0) o.dp = world->size();
+  LOOM_CHECK(o.batch % (o.dp * o.grad_accum) == 0, "loom-gpt: --batch ", o.batch,
+             " must divide evenly over --dp ", o.dp, " x --grad-accum ", o.grad_accum,
+             " (it is the global batch: each rank takes batch / dp rows, in grad-accum "
+             "micro-batches)");
 
   std::unique_ptr<io::GptWeights> init;
   if (!o.init_from.empty())
@@ -151,22 +165,27 @@ int run(int argc, char** argv) {
               model.num_parameters(), double(model.num_parameters()) * 4 / 1e6,
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
 
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model.parameters());
+  DataParallelStep trainer(model, o, world, [&o](std::vector<Tensor> params) {
+    return make_optimizer(o, std::move(params));
+  });
+  optim::Optimizer* opt = &trainer.optimizer();
   const optim::LrSchedule schedule =
       o.lr_schedule == "cosine"
           ? optim::LrSchedule::cosine(o.lr, o.lr * o.min_lr_ratio, o.warmup_steps, o.steps)
           : optim::LrSchedule::constant(o.lr, o.warmup_steps);
   std::printf("training: %" PRId64 " steps of %" PRId64 " x %" PRId64
               " tokens, %s, lr %s, "
-              "grad clip %g, %d thread(s)\n",
+              "grad clip %g, %d thread(s) per rank\n",
               o.steps, o.batch, o.seq, opt->name(), schedule.str().c_str(), o.grad_clip,
               omp_get_max_threads());
+  if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1)
+    std::printf("parallel: %s over %d rank(s)\n", trainer.str().c_str(), world->size());
 
   std::unique_ptr<io::AdditionEvalSet> heldout;
   if (data.task)
     heldout = std::make_unique<io::AdditionEvalSet>(data.task->heldout_set(o.eval_examples));
 
-  cli::Progress progress(o.steps, o.metrics_file);
+  cli::Progress progress(o.steps, world->rank() == 0 ? o.metrics_file : std::string());
   const auto start = Clock::now();
   io::ExactMatch best;
   int64_t best_step = 0, steps_done = 0;
@@ -175,21 +194,15 @@ int run(int argc, char** argv) {
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto step_start = Clock::now();
     const double lr = schedule.lr(step);
-    opt->set_lr(lr);
     io::Batch batch = loader.next_batch();
     if (data.task) data.task->mask_non_answer_targets(batch.targets);
-    nn::set_dropout_step(uint64_t(step));
-    Tensor loss = model.loss(batch.inputs, batch.targets);
-    loss.backward();
-    double norm = -1;
-    if (o.grad_clip > 0) norm = optim::clip_grad_norm(model.parameters(), o.grad_clip);
-    opt->step();
-    opt->zero_grad();
+    const StepResult r = trainer.run(batch, step, lr);
+    const double norm = r.grad_norm;
     steps_done = step + 1;
 
     cli::StepMetrics m;
     m.step = step + 1;
-    m.loss = loss.item();
+    m.loss = r.loss;
     m.lr = lr;
     m.step_ms = seconds_since(step_start) * 1e3;
     m.elapsed_s = seconds_since(start);
@@ -214,7 +227,7 @@ int run(int argc, char** argv) {
   std::printf("trained %" PRId64 " steps in %s\n", steps_done,
               cli::format_duration(elapsed).c_str());
 
-  if (!o.save.empty()) {
+  if (!o.save.empty() && world->rank() == 0) {
     io::GptParams params;
     for (auto& [name, t] : model.named_parameters()) params[name] = t;
     io::save_gpt_weights(o.save, config, params);

@@ -1,0 +1,90 @@
+#include "gpt/gpt_parallel.h"
+
+#include "core/nn/dropout.h"
+#include "core/ops.h"
+#include "optimizer/clip_grad.h"
+
+namespace loom::gpt {
+namespace {
+
+int64_t counted_targets(const Tensor& targets) {
+  int64_t n = 0;
+  for (int64_t t : targets.to(DType::kI64).to_vector<int64_t>()) n += t != -100;
+  return n;
+}
+
+}  // namespace
+
+DataParallelStep::DataParallelStep(nn::GPT& model, const GptOptions& o,
+                                   std::shared_ptr<comm::Communicator> world,
+                                   const parallel::OptimizerFactory& make_optimizer)
+    : model_(model), o_(o), world_(std::move(world)) {
+  LOOM_CHECK(o.dp == world_->size(), "loom-gpt: --dp ", o.dp, " but ", world_->size(),
+             " rank(s) are running; launch with mpirun -np ", o.dp,
+             " (data parallelism is the only parallelism so far)");
+  if (o.zero > 0) {
+    parallel::ZeroOptions z;
+    z.stage = int(o.zero);
+    z.bucket_mb = o.bucket_mb;
+    z.grad_accum = int(o.grad_accum);
+    auto zero = std::make_unique<parallel::ZeroOptimizer>(model, world_, z, make_optimizer);
+    zero_ = zero.get();
+    opt_ = std::move(zero);
+  } else {
+    if (o.dp > 1) {
+      parallel::DdpOptions d;
+      d.bucket_mb = o.bucket_mb;
+      d.grad_accum = int(o.grad_accum);
+      ddp_ = std::make_unique<parallel::DistributedDataParallel>(model, world_, d);
+    }
+    opt_ = make_optimizer(model.parameters());
+  }
+}
+
+std::string DataParallelStep::str() const {
+  std::string s = detail::str_cat("dp ", o_.dp);
+  if (zero_) s += detail::str_cat(", ZeRO-", o_.zero);
+  if (o_.grad_accum > 1) s += detail::str_cat(", grad-accum ", o_.grad_accum);
+  if (zero_ || ddp_) s += detail::str_cat(", buckets ", o_.bucket_mb, " MiB");
+  return s;
+}
+
+StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double lr) {
+  const int64_t n = o_.dp, k_count = o_.grad_accum;
+  const int64_t rows = o_.batch / n / k_count;
+  const int64_t counted = counted_targets(global.targets);
+  LOOM_CHECK(counted > 0, "loom-gpt: step ", step + 1, "'s batch has no targets to predict");
+  nn::set_dropout_step(uint64_t(step));
+  double loss_sum = 0;  // this rank's share of the global mean loss
+  for (int64_t k = 0; k < k_count; ++k) {
+    const int64_t first = (int64_t(world_->rank()) * k_count + k) * rows;
+    Tensor inputs = global.inputs.narrow(0, first, rows).contiguous();
+    Tensor targets = global.targets.narrow(0, first, rows).contiguous();
+    const int64_t mine = counted_targets(targets);
+    LOOM_CHECK(mine > 0, "loom-gpt: micro-batch ", k + 1, " of rank ", world_->rank(),
+               " has no targets to predict; use fewer ranks or micro-batches");
+    Tensor loss = model_.loss(inputs, targets);
+    loss_sum += loss.item() * double(mine) / double(counted);
+    // See Note [Loss weighting].
+    Tensor weighted = scale(loss, double(mine) * double(n) / double(counted));
+    if (zero_)
+      zero_->backward(weighted);
+    else if (ddp_)
+      ddp_->backward(weighted);
+    else
+      weighted.backward();
+  }
+  if (ddp_) ddp_->finish();
+  double norm = -1;
+  if (o_.grad_clip > 0)
+    norm = zero_ ? zero_->clip_grad_norm(o_.grad_clip)
+                 : optim::clip_grad_norm(model_.parameters(), o_.grad_clip);
+  opt_->set_lr(lr);
+  opt_->step();
+  opt_->zero_grad();
+  Tensor total = Tensor::full({1}, loss_sum, DType::kF32);
+  world_->allreduce(total)->wait();
+  return StepResult{total.item(), norm};
+}
+
+}  // namespace loom::gpt

@@ -1,0 +1,54 @@
+// How loom-gpt runs one optimizer step on this rank under data parallelism: which rows of the
+// global batch the rank takes, how they split into micro-batches, and which wrapper (none, DDP,
+// ZeRO 1/2) reduces the gradients. --batch stays the global batch, so the same flags on any
+// number of ranks train on the same data and give the single-process losses.
+//
+// Note [Loss weighting]
+// The single-process loss is the mean over the global batch's counted targets (the addition
+// task masks all but the answer). Micro-batch j on rank r holds v_rj of the G counted targets,
+// and its loss is the mean over those; backpropagating loss_rj * v_rj * N / G, where the
+// wrapper averages over the N ranks, gives exactly the gradient of the global mean, however the
+// counted targets fall over ranks and micro-batches. The reported loss is the same weighting,
+// summed over ranks.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "collectives/communicator.h"
+#include "core/io/batch_loader.h"
+#include "core/nn/gpt.h"
+#include "gpt/gpt_options.h"
+#include "optimizer/optimizer.h"
+#include "parallel/ddp.h"
+#include "parallel/zero.h"
+
+namespace loom::gpt {
+
+struct StepResult {
+  double loss;       // over the whole global batch
+  double grad_norm;  // before clipping; -1 without clipping
+};
+
+class DataParallelStep {
+ public:
+  // Collective over `world` (the wrappers broadcast rank 0's parameters).
+  DataParallelStep(nn::GPT& model, const GptOptions& o, std::shared_ptr<comm::Communicator> world,
+                   const parallel::OptimizerFactory& make_optimizer);
+
+  // Forward, backward, reduction, clipping and the optimizer update for one global batch.
+  StepResult run(const io::Batch& global, int64_t step, double lr);
+
+  optim::Optimizer& optimizer() const { return *opt_; }
+  std::string str() const;  // "dp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
+
+ private:
+  nn::GPT& model_;
+  const GptOptions& o_;
+  std::shared_ptr<comm::Communicator> world_;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;
+  parallel::ZeroOptimizer* zero_ = nullptr;  // opt_ when ZeRO wraps the optimizer
+  std::unique_ptr<optim::Optimizer> opt_;
+};
+
+}  // namespace loom::gpt
