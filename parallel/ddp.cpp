@@ -44,4 +44,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module,
       reducer_("DDP", prepared_parameters(module, group.get(), options), group,
                reducer_options(options)) {}
 
+TrainingMemory DistributedDataParallel::memory() const {
+  TrainingMemory m;
+  for (const auto& [name, p] : reducer_.params()) m.parameters += p.nbytes();
+  m.gradients = reducer_.gradient_bytes();
+  return m;
+}
+
 }  // namespace loom::parallel

@@ -18,6 +18,7 @@
 #include "collectives/communicator.h"
 #include "core/nn/module.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/training_memory.h"
 
 namespace loom::parallel {
 
@@ -45,6 +46,8 @@ class DistributedDataParallel {
   nn::Module& module() const { return module_; }
   comm::Communicator& group() const { return reducer_.group(); }
   const BucketPlan& buckets() const { return reducer_.plan(); }
+  // What this rank keeps for training, in bytes (the optimizer's state is the optimizer's).
+  TrainingMemory memory() const;
   // Seconds the last finish() waited: reduction time backward did not hide.
   double exposed_wait_seconds() const { return reducer_.exposed_wait_seconds(); }
 

@@ -222,6 +222,15 @@ void GradReducer::poll() {
   for (Pending& p : pending_) p.work->test();
 }
 
+size_t GradReducer::gradient_bytes() const {
+  size_t total = 0;
+  if (options_.mode == GradMode::kShardOnly)
+    for (const Tensor& t : shard_grads_) total += t.nbytes();
+  else
+    for (const Tensor& t : buckets_) total += t.nbytes();
+  return total;
+}
+
 void GradReducer::finish() {
   LOOM_CHECK(micro_ == options_.grad_accum, owner_, ": finish() after ", micro_, " of ",
              options_.grad_accum,

@@ -62,6 +62,8 @@ class GradReducer {
   bool used_anywhere(size_t i) const { return used_anywhere_.at(i) != 0; }
   // kShard*: this rank's shard of bucket b's averaged gradient (shard_numel(b) elements).
   const Tensor& shard_grad(size_t b) const { return shard_grads_.at(b); }
+  // Bytes of the gradient buffers this reducer keeps between steps (buckets or shards).
+  size_t gradient_bytes() const;
   // Seconds finish() spent waiting for reductions in the last step: the part of the
   // communication backward did not hide.
   double exposed_wait_seconds() const { return exposed_wait_s_; }

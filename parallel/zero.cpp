@@ -79,6 +79,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   inner_ = make_optimizer(std::move(masters));
   LOOM_CHECK(inner_ != nullptr, name_, ": the optimizer factory returned null");
   lr_ = inner_->lr();
+  name_ = inner_->name();  // what is being stepped; errors of the sharding itself name the stage
 }
 
 void ZeroOptimizer::finish_gradients() {
@@ -127,6 +128,14 @@ void ZeroOptimizer::step() {
     works.push_back(reducer_.group().allgather(mine, flat_params_[b]));
   }
   comm::wait_all(works);
+}
+
+TrainingMemory ZeroOptimizer::memory() const {
+  TrainingMemory m;
+  for (const Tensor& t : flat_params_) m.parameters += t.nbytes();
+  m.gradients = reducer_.gradient_bytes();
+  m.optimizer_state = inner_->state_bytes();
+  return m;
 }
 
 std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state() const { return inner_->state(); }

@@ -28,6 +28,7 @@
 #include "core/nn/module.h"
 #include "optimizer/optimizer.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/training_memory.h"
 
 namespace loom::parallel {
 
@@ -65,6 +66,9 @@ class ZeroOptimizer : public optim::Optimizer {
   int stage() const { return options_.stage; }
   const BucketPlan& buckets() const { return reducer_.plan(); }
   optim::Optimizer& inner() const { return *inner_; }
+  // What this rank keeps for training, in bytes: its parameters (full in stages 1 and 2), its
+  // gradients (stage 1: full buckets; stage 2: its shards) and its share of the optimizer state.
+  TrainingMemory memory() const;
   double exposed_wait_seconds() const { return reducer_.exposed_wait_seconds(); }
 
  private:

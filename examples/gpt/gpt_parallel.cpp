@@ -49,6 +49,19 @@ std::string DataParallelStep::str() const {
   return s;
 }
 
+parallel::TrainingMemory DataParallelStep::memory() const {
+  if (zero_) return zero_->memory();
+  parallel::TrainingMemory m;
+  if (ddp_) {
+    m = ddp_->memory();
+  } else {
+    for (const Tensor& p : model_.parameters()) m.parameters += p.nbytes();
+    m.gradients = m.parameters;  // one gradient per parameter, made by backward
+  }
+  m.optimizer_state = opt_->state_bytes();
+  return m;
+}
+
 StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double lr) {
   const int64_t n = o_.dp, k_count = o_.grad_accum;
   const int64_t rows = o_.batch / n / k_count;

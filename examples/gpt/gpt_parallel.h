@@ -40,6 +40,9 @@ class DataParallelStep {
   StepResult run(const io::Batch& global, int64_t step, double lr);
 
   optim::Optimizer& optimizer() const { return *opt_; }
+  // This rank's parameters, gradients (counted at their steady-state size, also before the first
+  // backward allocates them) and optimizer state.
+  parallel::TrainingMemory memory() const;
   std::string str() const;  // "dp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
 
  private:

@@ -15,6 +15,7 @@
 #include "collectives/communicator.h"
 #include "common/flags.h"
 #include "common/progress.h"
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/io/batch_loader.h"
 #include "core/io/gpt_weights.h"
@@ -180,6 +181,7 @@ int run(int argc, char** argv) {
               omp_get_max_threads());
   if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1)
     std::printf("parallel: %s over %d rank(s)\n", trainer.str().c_str(), world->size());
+  std::printf("memory per rank: %s\n", trainer.memory().str().c_str());
 
   std::unique_ptr<io::AdditionEvalSet> heldout;
   if (data.task)
@@ -224,8 +226,9 @@ int run(int argc, char** argv) {
   }
   progress.flush_line();
   const double elapsed = seconds_since(start);
-  std::printf("trained %" PRId64 " steps in %s\n", steps_done,
-              cli::format_duration(elapsed).c_str());
+  std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (CPU allocator)\n",
+              steps_done, cli::format_duration(elapsed).c_str(),
+              double(allocator_for(Device::cpu()).peak_bytes()) / 1e6);
 
   if (!o.save.empty() && world->rank() == 0) {
     io::GptParams params;
