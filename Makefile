@@ -82,6 +82,10 @@ bench: build
 	  $(PYTHON) benchmarks/gpt_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \
 	  ran=1; \
 	fi; \
+	if [ -f benchmarks/ddp_vs_pytorch.py ] && command -v mpirun > /dev/null; then \
+	  echo "make bench: $(PYTHON) benchmarks/ddp_vs_pytorch.py"; \
+	  $(PYTHON) benchmarks/ddp_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \
+	fi; \
 	if [ $$ran = 0 ]; then \
 	  echo "make bench: no benchmarks found ($(BUILD)/bin/loom-bench, benchmarks/gpt_vs_pytorch.py)"; \
 	  exit 1; \

@@ -32,6 +32,7 @@ GradReducerOptions reducer_options(const DdpOptions& o) {
   r.mode = GradMode::kAllreduce;
   r.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, "DDP");
   r.grad_accum = o.grad_accum;
+  r.overlap = o.overlap;
   return r;
 }
 

@@ -29,6 +29,7 @@ struct DdpOptions {
   // Values: rank 0's are broadcast to all; or, with check_replicas, the values are verified
   // identical instead and a difference is an error naming the parameter.
   bool check_replicas = false;
+  bool overlap = true;  // See GradReducerOptions::overlap
 };
 
 class DistributedDataParallel {

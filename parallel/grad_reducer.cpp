@@ -130,7 +130,8 @@ void GradReducer::on_gradient(size_t i) {
   used_[i] = 1;
   stage_gradient(i);
   const size_t b = plan_.bucket_of(i);
-  if (++ready_in_bucket_[b] == int(plan_.buckets()[b].slots.size()) && reduces_this_micro_batch())
+  if (++ready_in_bucket_[b] == int(plan_.buckets()[b].slots.size()) && options_.overlap &&
+      reduces_this_micro_batch())
     launch_ready_buckets();
   poll();
 }

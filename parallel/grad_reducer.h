@@ -35,6 +35,9 @@ struct GradReducerOptions {
   GradMode mode = GradMode::kAllreduce;
   size_t bucket_bytes = 25u << 20;
   int grad_accum = 1;  // micro-batches per step
+  // Launch each bucket as soon as it fills (overlapping backward); false launches them all
+  // after backward, which only benchmarks want (to measure how much the overlap hides).
+  bool overlap = true;
 };
 
 class GradReducer {

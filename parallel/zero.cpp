@@ -41,6 +41,7 @@ GradReducerOptions reducer_options(const ZeroOptions& o) {
   r.mode = o.stage == 1 ? GradMode::kShardKeep : GradMode::kShardOnly;
   r.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, owner_name(o.stage));
   r.grad_accum = o.grad_accum;
+  r.overlap = o.overlap;
   return r;
 }
 

@@ -37,6 +37,7 @@ struct ZeroOptions {
   double bucket_mb = 25;        // bucket size in MiB
   int grad_accum = 1;           // micro-batches per step
   bool check_replicas = false;  // as DdpOptions::check_replicas
+  bool overlap = true;          // See GradReducerOptions::overlap
 };
 
 // Builds the wrapped optimizer over the parameter pieces it is given.

@@ -57,6 +57,7 @@ void Progress::step(const StepMetrics& m) {
                         {"elapsed_s", m.elapsed_s},
                         {"step_ms", m.step_ms}};
     if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
+    if (m.comm_wait_ms >= 0) j["comm_wait_ms"] = m.comm_wait_ms;
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }

@@ -19,7 +19,8 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double elapsed_s = 0;
   double step_ms = 0;
-  double grad_norm = -1;  // < 0: not computed
+  double grad_norm = -1;     // < 0: not computed
+  double comm_wait_ms = -1;  // < 0: no data-parallel reduction; else the time waited for it
 };
 
 class Progress {

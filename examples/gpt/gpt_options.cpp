@@ -38,6 +38,9 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
   f.add_double("bucket-mb", 25, "gradient bucket size in MiB (DDP and ZeRO)");
+  f.add_bool("no-overlap",
+             "launch gradient reductions after backward instead of during it (to measure the "
+             "overlap)");
   f.add_bool("eval-only", "evaluate and exit: prints `val_loss <float>`");
   f.add_int("eval-batches", 4, "batches of --batch x --seq for --eval-only's val_loss");
   f.add_int("eval-every", 100, "addition task: evaluate held-out exact match every N steps");
@@ -78,6 +81,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.zero = f.get_int("zero");
   o.grad_accum = f.get_int("grad-accum");
   o.bucket_mb = f.get_double("bucket-mb");
+  o.no_overlap = f.get_bool("no-overlap");
   o.eval_only = f.get_bool("eval-only");
   o.eval_batches = f.get_int("eval-batches");
   o.eval_every = f.get_int("eval-every");

@@ -27,6 +27,7 @@ struct GptOptions {
   // data parallelism (under mpirun)
   int64_t dp, zero, grad_accum;
   double bucket_mb;
+  bool no_overlap;
   // evaluation
   bool eval_only;
   int64_t eval_batches, eval_every, eval_examples;

@@ -27,6 +27,7 @@ DataParallelStep::DataParallelStep(nn::GPT& model, const GptOptions& o,
     z.stage = int(o.zero);
     z.bucket_mb = o.bucket_mb;
     z.grad_accum = int(o.grad_accum);
+    z.overlap = !o.no_overlap;
     auto zero = std::make_unique<parallel::ZeroOptimizer>(model, world_, z, make_optimizer);
     zero_ = zero.get();
     opt_ = std::move(zero);
@@ -35,6 +36,7 @@ DataParallelStep::DataParallelStep(nn::GPT& model, const GptOptions& o,
       parallel::DdpOptions d;
       d.bucket_mb = o.bucket_mb;
       d.grad_accum = int(o.grad_accum);
+      d.overlap = !o.no_overlap;
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(model, world_, d);
     }
     opt_ = make_optimizer(model.parameters());
@@ -87,7 +89,14 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     else
       weighted.backward();
   }
-  if (ddp_) ddp_->finish();
+  double wait_ms = -1;
+  if (ddp_) {
+    ddp_->finish();
+    wait_ms = ddp_->exposed_wait_seconds() * 1e3;
+  } else if (zero_) {
+    zero_->finish_gradients();
+    wait_ms = zero_->exposed_wait_seconds() * 1e3;
+  }
   double norm = -1;
   if (o_.grad_clip > 0)
     norm = zero_ ? zero_->clip_grad_norm(o_.grad_clip)
@@ -97,7 +106,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   opt_->zero_grad();
   Tensor total = Tensor::full({1}, loss_sum, DType::kF32);
   world_->allreduce(total)->wait();
-  return StepResult{total.item(), norm};
+  return StepResult{total.item(), norm, wait_ms};
 }
 
 }  // namespace loom::gpt

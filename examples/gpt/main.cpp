@@ -210,6 +210,7 @@ int run(int argc, char** argv) {
     m.elapsed_s = seconds_since(start);
     m.tokens_per_s = double(o.batch * o.seq) / (m.step_ms / 1e3);
     m.grad_norm = norm;
+    m.comm_wait_ms = r.comm_wait_ms;
     progress.step(m);
 
     if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
