@@ -20,4 +20,6 @@
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
 #include "optimizer/sgd.h"
+#include "parallel/ddp.h"
 #include "parallel/mesh.h"
+#include "parallel/zero.h"
