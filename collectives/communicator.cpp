@@ -8,6 +8,9 @@
 #if LOOM_WITH_MPI
 #include "collectives/mpi_backend.h"
 #endif
+#if LOOM_WITH_NCCL
+#include "collectives/nccl_backend.h"
+#endif
 
 namespace loom::comm {
 
@@ -312,19 +315,31 @@ bool launched_by_mpi() {
 }
 
 std::shared_ptr<Communicator> world(const std::string& backend) {
-  LOOM_CHECK(backend == "auto" || backend == "self" || backend == "mpi", "world: unknown backend '",
-             backend, "' (expected auto, self or mpi)");
+  LOOM_CHECK(backend == "auto" || backend == "self" || backend == "mpi" || backend == "nccl",
+             "world: unknown backend '", backend, "' (expected auto, self, mpi or nccl)");
   static std::shared_ptr<Communicator> instance;
   if (instance) {
-    LOOM_CHECK(backend == "auto" || backend == instance->backend(),
-               "world: already created with "
-               "backend ",
-               instance->backend(), ", cannot switch to ", backend);
+    // "nccl" asks for the world that routes CUDA tensors to NCCL: "mpi+nccl".
+    const std::string have = instance->backend();
+    LOOM_CHECK(backend == "auto" || backend == have || (backend == "nccl" && have == "mpi+nccl"),
+               "world: already created with backend ", have, ", cannot switch to ", backend);
     return instance;
   }
-  bool use_mpi = backend == "mpi" || (backend == "auto" && launched_by_mpi());
-  if (use_mpi) {
-#if LOOM_WITH_MPI
+  if (backend == "nccl") {
+    // Also without mpirun: MPI then starts as a world of one (a singleton), which still carries
+    // NCCL's unique id.
+#if LOOM_WITH_NCCL
+    instance = make_mpi_nccl_world(/*required=*/true);
+#else
+    LOOM_FAIL(
+        "world: backend nccl requested but loom was built without NCCL (it needs CUDA, MPI and "
+        "NCCL at configure time: see the NCCL line of the configure summary)");
+#endif
+  } else if (backend == "mpi" || (backend == "auto" && launched_by_mpi())) {
+#if LOOM_WITH_NCCL
+    // auto: NCCL for CUDA tensors when every rank has a GPU of its own, else the MPI world.
+    instance = backend == "auto" ? make_mpi_nccl_world(/*required=*/false) : make_mpi_world();
+#elif LOOM_WITH_MPI
     instance = make_mpi_world();
 #else
     LOOM_CHECK(backend != "mpi",

@@ -66,6 +66,16 @@ void synchronize(int device) {
 
 void set_device(int device) { LOOM_CUDA_CHECK(cudaSetDevice(device)); }
 
+int select_device_for_local_rank(int local_rank) {
+  const int n = device_count();
+  LOOM_CHECK(local_rank >= 0 && local_rank < n, "local rank ", local_rank,
+             " needs a GPU of its own but this node has only ", n,
+             n == 0 ? " (" + no_gpu_reason() + ")" : "",
+             " (use backend mpi for host staging, or fewer ranks per node)");
+  LOOM_CUDA_CHECK(cudaSetDevice(local_rank));
+  return local_rank;
+}
+
 void copy_2d_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                     size_t height) {
   if (width == 0 || height == 0) return;

@@ -20,6 +20,11 @@ void copy_device_to_device(int device, void* dst, const void* src, size_t nbytes
 void memset_device(int device, void* dst, int value, size_t nbytes);
 void synchronize(int device);
 void set_device(int device);
+// One GPU per rank (NCCL refuses two ranks on one GPU): makes GPU `local_rank` current for the
+// rank with that index among the ranks of its node, and returns it. loom::Error when the node has
+// no such GPU, naming both numbers. Launchers say what the local rank is, not the GPU layer;
+// see collectives/nccl_backend.cpp.
+int select_device_for_local_rank(int local_rank);
 // height rows of width bytes, rows dst_pitch / src_pitch bytes apart, on the current device.
 void copy_2d_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                     size_t height);

@@ -21,6 +21,7 @@ void copy_device_to_device(int, void*, const void*, size_t) { no_cuda("cuda copy
 void memset_device(int, void*, int, size_t) { no_cuda("cuda memset"); }
 void synchronize(int) { no_cuda("cuda synchronize"); }
 void set_device(int) { no_cuda("cuda set_device"); }
+int select_device_for_local_rank(int) { no_cuda("cuda select_device_for_local_rank"); }
 
 void copy_2d_device(void*, size_t, const void*, size_t, size_t, size_t) { no_cuda("cuda copy_2d"); }
 
