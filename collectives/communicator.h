@@ -5,7 +5,7 @@
 // The base class owns everything that does not depend on the transport: argument checks (each
 // a loom::Error naming the op, the argument and expected vs actual, on the rank that made the
 // mistake), the per-group sequence number, and the deadline of every wait
-// (See Note [Deadlines]). Backends (self, mpi; nccl later) implement the short list of *_impl
+// (See Note [Deadlines]). Backends (self, mpi, nccl) implement the short list of *_impl
 // calls, each taking an options struct last so fields can be added without touching
 // signatures. A backend that does not support a call fails loudly: "backend X does not
 // support Y".
@@ -188,7 +188,9 @@ class Communicator {
 
 // The world: the MPI world when the process was launched by mpirun and loom has MPI (MPI is
 // initialised on first use and finalised at exit), else a single-process `self` communicator.
-// `backend`: "auto", "self" or "mpi". Sets the rank printed in error messages.
+// `backend`: "auto", "self", "mpi" or "nccl". Built with NCCL, "auto" under mpirun returns the
+// MPI world with NCCL for CUDA tensors (backend "mpi+nccl") when every rank has a GPU of its own,
+// and "nccl" requires that (collectives/nccl_backend.h). Sets the rank printed in error messages.
 std::shared_ptr<Communicator> world(const std::string& backend = "auto");
 
 // True when the environment says this process was started by an MPI launcher.
