@@ -24,6 +24,9 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#if LOOM_WITH_NCCL
+#include "collectives/nccl_backend.h"
+#endif
 #include "core/dispatch.h"
 #include "core/tensor.h"
 #if LOOM_WITH_MPI
@@ -449,7 +452,12 @@ TEST(Collectives, CudaTensorsThroughHostStaging) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const int r = comm->rank(), size = comm->size();
   const auto members = all_ranks(size);
+  // With NCCL behind the world, each rank's CUDA tensors must be on its own GPU.
+#if LOOM_WITH_NCCL
+  const Device gpu = Device::cuda(comm::nccl_device() >= 0 ? comm::nccl_device() : 0);
+#else
   const Device gpu = Device::cuda(0);
+#endif
   const int64_t n = 1009;
   int64_t wrong = 0;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kI64}) {
