@@ -7,14 +7,17 @@
 
 namespace loom::optim {
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  LOOM_CHECK(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+double grad_sum_of_squares(const std::vector<Tensor>& params) {
   double sum_sq = 0.0;
   for (const Tensor& p : params)
     if (p.defined() && p.grad().defined()) sum_sq += sum_of_squares(p.grad());
-  const double norm = std::sqrt(sum_sq);
+  return sum_sq;
+}
+
+void scale_grads_to_norm(const std::vector<Tensor>& params, double norm, double max_norm) {
+  LOOM_CHECK(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   const double coef = max_norm / (norm + 1e-6);
-  if (!std::isfinite(norm) || !(coef < 1.0)) return norm;
+  if (!std::isfinite(norm) || !(coef < 1.0)) return;
   for (const Tensor& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
     Tensor g = p.grad();
@@ -24,6 +27,12 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     }
     scale_(g, coef);
   }
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  LOOM_CHECK(max_norm > 0.0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  const double norm = std::sqrt(grad_sum_of_squares(params));
+  scale_grads_to_norm(params, norm, max_norm);
   return norm;
 }
 

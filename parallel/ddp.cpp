@@ -14,19 +14,6 @@ size_t bucket_bytes_from_mb(double mb, const char* owner) {
 
 namespace {
 
-// Runs before the reducer is built: parameters agreed on and made identical.
-NamedParams prepared_parameters(nn::Module& module, comm::Communicator* group,
-                                const DdpOptions& o) {
-  LOOM_CHECK(group != nullptr, "DDP: the group communicator is null");
-  NamedParams params = module.named_parameters();
-  check_same_parameters(params, *group, "DDP");
-  if (o.check_replicas)
-    check_replicas_identical(params, *group, "DDP");
-  else
-    broadcast_parameters(params, *group, 0);
-  return params;
-}
-
 GradReducerOptions reducer_options(const DdpOptions& o) {
   GradReducerOptions r;
   r.mode = GradMode::kAllreduce;
@@ -42,7 +29,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module,
                                                  std::shared_ptr<comm::Communicator> group,
                                                  const DdpOptions& options)
     : module_(module),
-      reducer_("DDP", prepared_parameters(module, group.get(), options), group,
+      reducer_("DDP", agreed_parameters(module, group.get(), options.check_replicas, "DDP"), group,
                reducer_options(options)) {}
 
 TrainingMemory DistributedDataParallel::memory() const {

@@ -34,6 +34,18 @@ std::vector<int64_t> gather_rows(const std::vector<uint64_t>& mine, comm::Commun
 
 }  // namespace
 
+NamedParams agreed_parameters(nn::Module& module, comm::Communicator* group, bool check_replicas,
+                              const char* owner) {
+  LOOM_CHECK(group != nullptr, owner, ": the group communicator is null");
+  NamedParams params = module.named_parameters();
+  check_same_parameters(params, *group, owner);
+  if (check_replicas)
+    check_replicas_identical(params, *group, owner);
+  else
+    broadcast_parameters(params, *group, 0);
+  return params;
+}
+
 void check_same_parameters(const NamedParams& params, comm::Communicator& group,
                            const char* owner) {
   // First the count, so the fingerprint rows below have one length on every rank.

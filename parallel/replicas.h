@@ -3,9 +3,16 @@
 #pragma once
 
 #include "collectives/communicator.h"
+#include "core/nn/module.h"
 #include "parallel/bucket_plan.h"
 
 namespace loom::parallel {
+
+// What DDP and ZeRO do when they wrap `module`: check that every rank built the same model, then
+// make the replicas identical (broadcast rank 0's values) or, with check_replicas, verify that
+// they are. Returns the module's named parameters.
+NamedParams agreed_parameters(nn::Module& module, comm::Communicator* group, bool check_replicas,
+                              const char* owner);
 
 // Every rank must hold the same parameter list: the same names, shapes and dtypes in the same
 // order. Throws on every rank, naming the first rank and parameter that differ from rank 0.

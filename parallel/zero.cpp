@@ -2,8 +2,7 @@
 
 #include <cmath>
 
-#include "core/autograd.h"
-#include "core/ops.h"
+#include "optimizer/clip_grad.h"
 #include "parallel/ddp.h"
 #include "parallel/replicas.h"
 
@@ -25,15 +24,7 @@ NamedParams prepared_parameters(nn::Module& module, comm::Communicator* group,
                                 const ZeroOptions& o) {
   LOOM_CHECK(o.stage == 1 || o.stage == 2, "ZeRO: stage must be 1 or 2, got ", o.stage,
              " (stage 0 is plain DDP)");
-  LOOM_CHECK(group != nullptr, "ZeRO: the group communicator is null");
-  NamedParams params = module.named_parameters();
-  const char* owner = owner_name(o.stage);
-  check_same_parameters(params, *group, owner);
-  if (o.check_replicas)
-    check_replicas_identical(params, *group, owner);
-  else
-    broadcast_parameters(params, *group, 0);
-  return params;
+  return agreed_parameters(module, group, o.check_replicas, owner_name(o.stage));
 }
 
 GradReducerOptions reducer_options(const ZeroOptions& o) {
@@ -84,37 +75,25 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
 }
 
 void ZeroOptimizer::finish_gradients() {
-  if (!reducer_.finished()) reducer_.finish();
+  if (reducer_.finished()) return;
+  reducer_.finish();
+  // The wrapped optimizer's gradients: this rank's shard, none for a parameter no rank used.
+  for (Piece& p : pieces_) p.master.set_grad(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
 }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   finish_gradients();
-  double local = 0;
-  for (const Piece& p : pieces_) {
-    if (!reducer_.used_anywhere(p.param)) continue;
-    const float* g = p.grad.data<float>();
-    for (int64_t k = 0; k < p.grad.numel(); ++k) local += double(g[k]) * double(g[k]);
-  }
+  const std::vector<Tensor>& mine = inner_->params();
   // Each element sits in exactly one rank's shard, so the sum over ranks counts it once.
-  Tensor total = Tensor::full({1}, local, DType::kF32);
+  Tensor total = Tensor::full({1}, optim::grad_sum_of_squares(mine), DType::kF32);
   reducer_.group().allreduce(total)->wait();
   const double norm = std::sqrt(total.item());
-  if (!std::isfinite(norm)) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    NoGradGuard no_grad;
-    for (Piece& p : pieces_) {
-      Tensor g = p.grad;
-      Tensor scaled = scale(g, coef);
-      g.copy_(scaled);
-    }
-  }
+  optim::scale_grads_to_norm(mine, norm, max_norm);
   return norm;
 }
 
 void ZeroOptimizer::step() {
   finish_gradients();
-  for (Piece& p : pieces_) p.master.set_grad(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
   inner_->set_lr(lr_);
   inner_->step();
   for (Piece& p : pieces_) p.master.set_grad(Tensor());

@@ -9,7 +9,8 @@ namespace {
 
 int64_t counted_targets(const Tensor& targets) {
   int64_t n = 0;
-  for (int64_t t : targets.to(DType::kI64).to_vector<int64_t>()) n += t != -100;
+  for (int64_t t : targets.to(DType::kI64).to_vector<int64_t>())
+    n += t != CrossEntropyOptions{}.ignore_index;
   return n;
 }
 

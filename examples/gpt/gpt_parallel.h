@@ -26,7 +26,7 @@
 namespace loom::gpt {
 
 struct StepResult {
-  double loss;       // over the whole global batch
+  double loss;          // over the whole global batch
   double grad_norm;     // before clipping; -1 without clipping
   double comm_wait_ms;  // waiting for the gradient reductions after backward; -1 without any
 };

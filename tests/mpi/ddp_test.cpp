@@ -17,35 +17,21 @@ using namespace loom::testing;
 
 RunResult ddp_run(const std::shared_ptr<comm::Communicator>& world, int grad_accum,
                   double bucket_mb) {
-  const int n = world->size(), r = world->rank();
   nn::GPT model(tiny_gpt_config());
   // Only rank 0 initialises: DDP must broadcast its values to the others.
-  if (r == 0) model.init_parameters(kSeed);
+  if (world->rank() == 0) model.init_parameters(kSeed);
   DdpOptions o;
   o.grad_accum = grad_accum;
   o.bucket_mb = bucket_mb;
   DistributedDataParallel ddp(model, world, o);
   optim::AdamW opt(model.parameters(), test_adamw());
-  const int64_t rows = kGlobalBatch / n / grad_accum;
-  RunResult result;
-  for (int s = 0; s < kSteps; ++s) {
-    GlobalBatch b = global_batch(s, model.config().vocab);
-    double local = 0;
-    for (int k = 0; k < grad_accum; ++k) {
-      const int64_t first = (int64_t(r) * grad_accum + k) * rows;
-      Tensor loss = model.loss(b.rows(first, rows), b.target_rows(first, rows));
-      local += loss.item() / grad_accum;
-      ddp.backward(scale(loss, 1.0 / grad_accum));
-    }
-    ddp.finish();
-    opt.step();
-    opt.zero_grad();
-    Tensor l = Tensor::full({1}, local, DType::kF32);
-    world->allreduce(l, comm::AllreduceOptions{comm::ReduceOp::kAvg})->wait();
-    result.losses.push_back(l.item());
-  }
-  result.params = parameter_values(model);
-  return result;
+  return split_batch_run(
+      *world, model, grad_accum, [&](const Tensor& loss) { ddp.backward(loss); },
+      [&] {
+        ddp.finish();
+        opt.step();
+        opt.zero_grad();
+      });
 }
 
 TEST(DDP, MatchesTheSingleProcessRun) {

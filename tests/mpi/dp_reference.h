@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "core/nn/gpt.h"
+#include "core/ops.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
 
@@ -104,6 +107,33 @@ inline RunResult single_process_run(double clip = 0) {
   }
   r.params = parameter_values(model);
   return r;
+}
+
+// The data-parallel side of the comparison: kSteps steps in which rank r of the world takes its
+// 1/n of the global batch in grad_accum micro-batches. `backward(loss)` runs one micro-batch
+// (its loss already scaled by 1 / grad_accum) through the wrapper under test; `end_step()`
+// finishes the step (reduction, optimizer). The recorded loss is the ranks' average.
+inline RunResult split_batch_run(comm::Communicator& world, nn::GPT& model, int grad_accum,
+                                 const std::function<void(const Tensor&)>& backward,
+                                 const std::function<void()>& end_step) {
+  const int64_t rows = kGlobalBatch / world.size() / grad_accum;
+  RunResult result;
+  for (int s = 0; s < kSteps; ++s) {
+    GlobalBatch b = global_batch(s, model.config().vocab);
+    double local = 0;
+    for (int k = 0; k < grad_accum; ++k) {
+      const int64_t first = (int64_t(world.rank()) * grad_accum + k) * rows;
+      Tensor loss = model.loss(b.rows(first, rows), b.target_rows(first, rows));
+      local += loss.item() / grad_accum;
+      backward(scale(loss, 1.0 / grad_accum));
+    }
+    end_step();
+    Tensor l = Tensor::full({1}, local, DType::kF32);
+    world.allreduce(l, comm::AllreduceOptions{comm::ReduceOp::kAvg})->wait();
+    result.losses.push_back(l.item());
+  }
+  result.params = parameter_values(model);
+  return result;
 }
 
 // Per-step losses within `rel` relative, and every parameter tensor within `rel` of the

@@ -9,7 +9,7 @@
 // since NCCL needs a GPU of its own per rank. Registered for mpirun -np 1, 2 and 4, only when loom
 // has NCCL (tests/CMakeLists.txt).
 //
-// Exactness, as in collectives_test.cpp: reduced values are ±(r+1)(i%7+1), so every partial sum
+// Exactness, as in collective_checks.h: reduced values are ±(r+1)(i%7+1), so every partial sum
 // is an integer below 256 in magnitude, exact in every dtype, and sum, max and min compare bit
 // for bit. avg is the f32 sum divided by the group size, rounded once to the dtype (integers:
 // truncating division). NCCL's avg multiplies each value by 1/size before summing (Note [NCCL
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "collective_checks.h"
 #include "collectives/communicator.h"
 #include "collectives/nccl_backend.h"
 #include "core/dispatch.h"
@@ -48,130 +49,34 @@ namespace {
                    << cuda_device_count() << " are on this node): NCCL tests skipped";           \
   } while (0)
 
-const DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64};
-const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
-const int64_t kSizes[] = {0, 1, 7, 1009};  // 7 and 1009 are primes: no group size divides them
+using checks::all_ranks;
+using checks::count_wrong;
+using checks::kGarbage;
+using checks::kDTypes;
+using checks::kOps;
+using checks::kSizes;
+using checks::move_value;
+using checks::name_of;
+using checks::part_value;
+using checks::reduce_value;
+using checks::reduced;
+using checks::total_wrong;
 
 Device gpu() { return Device::cuda(nccl_device()); }
 
-// ---------------------------------------------------------------- values
-
-double reduce_value(int r, int64_t i) {
-  return double(r + 1) * double(i % 7 + 1) * (i % 2 ? -1.0 : 1.0);
-}
-double move_value(int r, int64_t i) { return double(r + 1) * 1000.0 + double(i % 1000); }
-double part_value(int from, int to, int64_t j) {
-  return double(from) * 1000.0 + double(to) * 100.0 + double(j % 100);  // within f16 range
-}
-constexpr double kGarbage = -7777.0;  // what outputs hold before the op writes them
-
-template <typename T>
-T as(double v) {
-  if constexpr (std::is_same_v<T, BFloat16>)
-    return float_to_bf16(float(v));
-  else if constexpr (std::is_same_v<T, Float16>)
-    return float_to_f16(float(v));
-  else
-    return T(v);
-}
-template <typename T>
-double to_double(T x) {
-  if constexpr (std::is_same_v<T, BFloat16>)
-    return bf16_to_float(x);
-  else if constexpr (std::is_same_v<T, Float16>)
-    return f16_to_float(x);
-  else
-    return double(x);
-}
-
-// A [n] tensor of dtype dt on `device` whose element i is value(i).
+// As checks::make and checks::garbage, on this rank's GPU unless told otherwise.
 Tensor make(DType dt, int64_t n, const std::function<double(int64_t)>& value,
             Device device = gpu()) {
-  Tensor host = visit_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<T> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = as<T>(value(i));
-    return Tensor::from_vector(v, {n});
-  });
-  return host.to(device);
+  return checks::make(dt, n, value, device);
 }
 Tensor garbage(DType dt, int64_t n, Device device = gpu()) {
-  return make(
-      dt, n, [](int64_t) { return kGarbage; }, device);
+  return checks::garbage(dt, n, device);
 }
 
 // Relative tolerance of a floating avg over a group whose size is not a power of two.
 double avg_tolerance(ReduceOp op, DType dt, int size) {
   if (op != ReduceOp::kAvg || !is_floating(dt) || (size & (size - 1)) == 0) return 0;
   return dt == DType::kF32 ? 0x1p-22 : dt == DType::kF16 ? 0x1p-9 : 0x1p-6;  // 2 ulps
-}
-
-// Counts the elements of t (on any device) that are not expected(i) rounded to t's dtype: bit for
-// bit when `tolerance` is 0, else within that relative difference. Reports the first few.
-int64_t count_wrong(const std::string& what, const Tensor& t,
-                    const std::function<double(int64_t)>& expected, double tolerance = 0) {
-  return visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<T> got = t.to_vector<T>();
-    int64_t wrong = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      T want = as<T>(expected(int64_t(i)));
-      // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
-      if (std::memcmp(&got[i], &want, sizeof(T)) == 0) continue;
-      const double g = to_double(got[i]), w = to_double(want);
-      if (tolerance > 0 && std::fabs(g - w) <= tolerance * std::fabs(w)) continue;
-      if (++wrong <= 3)
-        ADD_FAILURE() << what << " (" << dtype_name(t.dtype()) << " on " << t.device().str() << ", "
-                      << got.size() << " elements): element " << i << " is " << g << ", expected "
-                      << w;
-    }
-    return wrong;
-  });
-}
-
-// The reduction over `members` of reduce_value(m, i): exact sum, max, min; avg = f32 sum / group
-// size rounded once (integers: truncating division).
-double reduced(ReduceOp op, DType dt, const std::vector<int>& members, int64_t i) {
-  double sum = 0, max = -1e300, min = 1e300;
-  for (int m : members) {
-    double v = reduce_value(m, i);
-    sum += v;
-    max = std::max(max, v);
-    min = std::min(min, v);
-  }
-  const int n = int(members.size());
-  switch (op) {
-    case ReduceOp::kSum:
-      return sum;
-    case ReduceOp::kMax:
-      return max;
-    case ReduceOp::kMin:
-      return min;
-    case ReduceOp::kAvg:
-      return is_floating(dt)
-                 ? double(float(sum) / float(n))
-                 : double(int64_t(sum) / int64_t(n));  // NOLINT(bugprone-integer-division)
-  }
-  return 0;
-}
-
-std::vector<int> all_ranks(int size) {
-  std::vector<int> r(static_cast<size_t>(size));
-  for (int i = 0; i < size; ++i) r[size_t(i)] = i;
-  return r;
-}
-
-std::string name_of(const char* op, DType dt, int64_t n, const std::string& extra = "") {
-  std::ostringstream os;
-  os << op << " " << dtype_name(dt) << " n=" << n << (extra.empty() ? "" : " ") << extra;
-  return os.str();
-}
-
-// Sums the wrong-element counts of every rank (a CPU allreduce: through MPI on "mpi+nccl").
-int64_t total_wrong(int64_t local) {
-  Tensor t = Tensor::full({1}, double(local), DType::kI64);
-  world()->allreduce_sync(t, ReduceOp::kSum);
-  return int64_t(t.item());
 }
 
 // ---------------------------------------------------------------- routing

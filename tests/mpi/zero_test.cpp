@@ -22,34 +22,21 @@ OptimizerFactory adamw_factory() {
 
 RunResult zero_run(const std::shared_ptr<comm::Communicator>& world, int stage, int grad_accum,
                    double bucket_mb, double clip) {
-  const int n = world->size(), r = world->rank();
   nn::GPT model(tiny_gpt_config());
-  if (r == 0) model.init_parameters(kSeed);  // the wrapper broadcasts rank 0's values
+  if (world->rank() == 0) model.init_parameters(kSeed);  // the wrapper broadcasts rank 0's values
   ZeroOptions o;
   o.stage = stage;
   o.grad_accum = grad_accum;
   o.bucket_mb = bucket_mb;
   ZeroOptimizer opt(model, world, o, adamw_factory());
-  const int64_t rows = kGlobalBatch / n / grad_accum;
-  RunResult result;
-  for (int s = 0; s < kSteps; ++s) {
-    GlobalBatch b = global_batch(s, model.config().vocab);
-    double local = 0;
-    for (int k = 0; k < grad_accum; ++k) {
-      const int64_t first = (int64_t(r) * grad_accum + k) * rows;
-      Tensor loss = model.loss(b.rows(first, rows), b.target_rows(first, rows));
-      local += loss.item() / grad_accum;
-      opt.backward(scale(loss, 1.0 / grad_accum));
-    }
-    if (clip > 0) EXPECT_GT(opt.clip_grad_norm(clip), clip) << "the test must exercise clipping";
-    opt.step();
-    opt.zero_grad();
-    Tensor l = Tensor::full({1}, local, DType::kF32);
-    world->allreduce(l, comm::AllreduceOptions{comm::ReduceOp::kAvg})->wait();
-    result.losses.push_back(l.item());
-  }
-  result.params = parameter_values(model);
-  return result;
+  return split_batch_run(
+      *world, model, grad_accum, [&](const Tensor& loss) { opt.backward(loss); },
+      [&] {
+        if (clip > 0)
+          EXPECT_GT(opt.clip_grad_norm(clip), clip) << "the test must exercise clipping";
+        opt.step();
+        opt.zero_grad();
+      });
 }
 
 TEST(ZeRO, MatchesTheSingleProcessRun) {
