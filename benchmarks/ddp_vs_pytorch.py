@@ -30,7 +30,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import gpt2_reference as ref  # noqa: E402
-from gpt_vs_pytorch import cpu_name  # noqa: E402
+from gpt_vs_pytorch import add_run_args, cpu_name  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 MPIRUN_FLAGS = ["--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
@@ -102,16 +102,8 @@ def torch_worker(rank, args, cfg, tokens, port, out):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=16, help="global batch (sequences, both ranks)")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
+    add_run_args(p, batch=16, batch_help="global batch (sequences, both ranks)")
     p.add_argument("--bucket-mb", type=float, default=1.0)
-    p.add_argument("--loom-gpt", default=os.path.join(ROOT, "build", "bin", "loom-gpt"))
     args = p.parse_args()
     if not os.path.exists(args.loom_gpt):
         sys.exit(f"{args.loom_gpt} not found: run `make` first")

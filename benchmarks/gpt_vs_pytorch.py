@@ -38,6 +38,19 @@ def cpu_name():
     return platform.processor() or "unknown cpu"
 
 
+def add_run_args(p, batch, batch_help):
+    """The model, data and run flags both comparisons share."""
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=batch, help=batch_help)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--loom-gpt", default=os.path.join(ROOT, "build", "bin", "loom-gpt"))
+
+
 def loom_step_ms(args, tokens_path, ckpt_path):
     metrics = os.path.join(os.path.dirname(tokens_path), "loom_metrics.jsonl")
     cmd = [args.loom_gpt, "--init-from", ckpt_path, "--data", tokens_path,
@@ -74,15 +87,7 @@ def torch_step_ms(args, cfg, tokens):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--loom-gpt", default=os.path.join(ROOT, "build", "bin", "loom-gpt"))
+    add_run_args(p, batch=8, batch_help="sequences per step")
     args = p.parse_args()
     if not os.path.exists(args.loom_gpt):
         sys.exit(f"{args.loom_gpt} not found: run `make` first")

@@ -1,16 +1,9 @@
 #include "parallel/ddp.h"
 
-#include <algorithm>
-#include <cmath>
 
 #include "parallel/replicas.h"
 
 namespace loom::parallel {
-
-size_t bucket_bytes_from_mb(double mb, const char* owner) {
-  LOOM_CHECK(std::isfinite(mb) && mb > 0, owner, ": bucket size must be positive MiB, got ", mb);
-  return std::max<size_t>(1, size_t(mb * double(1 << 20)));
-}
 
 namespace {
 

@@ -56,8 +56,4 @@ class DistributedDataParallel {
   nn::Module& module_;
   GradReducer reducer_;
 };
-
-// Bytes of a bucket size given in MiB (checked positive).
-size_t bucket_bytes_from_mb(double mb, const char* owner);
-
 }  // namespace loom::parallel

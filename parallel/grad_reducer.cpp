@@ -1,6 +1,8 @@
 #include "parallel/grad_reducer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -20,6 +22,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
+
+size_t bucket_bytes_from_mb(double mb, const char* owner) {
+  LOOM_CHECK(std::isfinite(mb) && mb > 0, owner, ": bucket size must be positive MiB, got ", mb);
+  return std::max<size_t>(1, size_t(mb * double(1 << 20)));
+}
 
 GradReducer::GradReducer(const char* owner, NamedParams params,
                          std::shared_ptr<comm::Communicator> group,

@@ -40,6 +40,9 @@ struct GradReducerOptions {
   bool overlap = true;
 };
 
+// Bytes of a bucket size given in MiB (checked positive).
+size_t bucket_bytes_from_mb(double mb, const char* owner);
+
 class GradReducer {
  public:
   // `owner` prefixes errors ("DDP", "ZeRO-2"). Registers hooks on the parameters.

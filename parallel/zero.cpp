@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "optimizer/clip_grad.h"
-#include "parallel/ddp.h"
 #include "parallel/replicas.h"
 
 namespace loom::parallel {

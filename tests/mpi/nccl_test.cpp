@@ -50,9 +50,11 @@ namespace {
   } while (0)
 
 using checks::all_ranks;
+using checks::check_all_to_all;
+using checks::check_all_to_all_cases;
 using checks::count_wrong;
-using checks::kGarbage;
 using checks::kDTypes;
+using checks::kGarbage;
 using checks::kOps;
 using checks::kSizes;
 using checks::move_value;
@@ -280,52 +282,10 @@ TEST(Nccl, BroadcastFromEveryRoot) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
-// all_to_all where rank `from` sends count(from, to) elements to rank `to`.
-int64_t check_all_to_all(Communicator& comm, DType dt, const std::string& what,
-                         const std::function<int64_t(int, int)>& count, bool explicit_splits,
-                         bool in_place, Device device = gpu()) {
-  const int r = comm.rank(), size = comm.size();
-  std::vector<int64_t> in_splits, out_splits;
-  std::vector<double> in_values, expected;
-  for (int peer = 0; peer < size; ++peer) {
-    in_splits.push_back(count(r, peer));
-    out_splits.push_back(count(peer, r));
-    for (int64_t j = 0; j < count(r, peer); ++j) in_values.push_back(part_value(r, peer, j));
-    for (int64_t j = 0; j < count(peer, r); ++j) expected.push_back(part_value(peer, r, j));
-  }
-  Tensor in = make(
-      dt, int64_t(in_values.size()), [&](int64_t i) { return in_values[size_t(i)]; }, device);
-  Tensor out = in_place ? in : garbage(dt, int64_t(expected.size()), device);
-  AllToAllOptions o;
-  if (explicit_splits) o = AllToAllOptions{in_splits, out_splits};
-  comm.all_to_all(in, out, o)->wait();
-  return count_wrong(what + " " + dtype_name(dt), out,
-                     [&](int64_t i) { return expected[size_t(i)]; });
-}
-
 TEST(Nccl, AllToAllEqualAndUnevenSplits) {
   LOOM_SKIP_WITHOUT_NCCL();
   auto comm = world();
-  int64_t wrong = 0;
-  for (DType dt : kDTypes) {
-    for (int64_t n : kSizes) {
-      auto equal = [n](int, int) { return n; };
-      wrong += check_all_to_all(*comm, dt, name_of("all_to_all equal", dt, n), equal, false, false);
-      wrong += check_all_to_all(*comm, dt, name_of("all_to_all equal, splits given", dt, n), equal,
-                                true, false);
-    }
-    wrong += check_all_to_all(
-        *comm, dt, "all_to_all equal in-place n=7", [](int, int) { return 7; }, false, true);
-    // Uneven, zero-length parts included: 0, 3, 6 or 9 elements per pair.
-    wrong += check_all_to_all(
-        *comm, dt, "all_to_all uneven", [](int from, int to) { return (from + 2 * to) % 4 * 3; },
-        true, false);
-    // Rank 0 sends nothing at all; the others send 0, 1 or 2 elements.
-    wrong += check_all_to_all(
-        *comm, dt, "all_to_all rank 0 sends nothing",
-        [](int from, int to) { return from == 0 ? 0 : (from + to) % 3; }, true, false);
-  }
-  EXPECT_EQ(total_wrong(wrong), 0);
+  EXPECT_EQ(total_wrong(check_all_to_all_cases(*comm, gpu())), 0);
 }
 
 // ---------------------------------------------------------------- point-to-point
