@@ -48,4 +48,10 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   return out;
 }
 
+std::map<std::string, Tensor> AdamW::state_dict() const { return state_dict_with_steps(steps_); }
+
+void AdamW::load_state_dict(const std::map<std::string, Tensor>& state) {
+  load_state_dict_with_steps(state, steps_);
+}
+
 }  // namespace loom::optim

@@ -23,6 +23,8 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Tensor> params, const AdamWOptions& options);
   void step() override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
+  std::map<std::string, Tensor> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
   const AdamWOptions& options() const { return options_; }
   int64_t step_count(size_t param_index) const { return steps_.at(param_index); }
 

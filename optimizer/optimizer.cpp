@@ -1,7 +1,24 @@
-// Shared optimizer plumbing: argument checks, gradient access, state accounting.
+// Shared optimizer plumbing: argument checks, gradient access, state accounting, saving and
+// loading the state.
 #include "optimizer/optimizer.h"
 
+#include <set>
+
 namespace loom::optim {
+namespace {
+
+std::string step_key(size_t param_index) { return std::to_string(param_index) + ".step"; }
+
+// "a, b, c", at most kMaxListed of them and then how many there are in all.
+std::string join_keys(const std::vector<std::string>& keys) {
+  constexpr size_t kMaxListed = 8;
+  std::string out;
+  for (size_t i = 0; i < keys.size() && i < kMaxListed; ++i) out += (i ? ", " : "") + keys[i];
+  if (keys.size() > kMaxListed) out += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return out;
+}
+
+}  // namespace
 
 Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
     : name_(name), params_(std::move(params)), lr_(lr) {
@@ -31,6 +48,73 @@ size_t Optimizer::state_bytes() const {
   size_t total = 0;
   for (const auto& [name, t] : state()) total += t.nbytes();
   return total;
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  LOOM_FAIL(name_, ": this optimizer does not implement state_dict (one that wraps another must ",
+            "forward it to the wrapped one)");
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>&) {
+  LOOM_FAIL(name_, ": this optimizer does not implement load_state_dict (one that wraps another ",
+            "must forward it to the wrapped one)");
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict_with_steps(
+    const std::vector<int64_t>& steps) const {
+  LOOM_ASSERT(steps.size() == params_.size(), name_, ": ", steps.size(), " step counts for ",
+              params_.size(), " parameters");
+  std::map<std::string, Tensor> out;
+  for (const auto& [key, t] : state()) out.emplace(key, t.detach().clone());
+  for (size_t i = 0; i < steps.size(); ++i)
+    out.emplace(step_key(i), Tensor::from_vector(std::vector<int64_t>{steps[i]}, {1}));
+  return out;
+}
+
+void Optimizer::load_state_dict_with_steps(const std::map<std::string, Tensor>& state,
+                                           std::vector<int64_t>& steps) {
+  LOOM_ASSERT(steps.size() == params_.size(), name_, ": ", steps.size(), " step counts for ",
+              params_.size(), " parameters");
+  // Every check comes before the first copy. See Note [Optimizer state dict].
+  std::vector<std::pair<std::string, Tensor>> targets = this->state();  // the live tensors
+  std::vector<std::string> expected;
+  for (const auto& [key, t] : targets) expected.push_back(key);
+  for (size_t i = 0; i < steps.size(); ++i) expected.push_back(step_key(i));
+  const std::set<std::string> known(expected.begin(), expected.end());
+  std::vector<std::string> missing, unexpected;
+  for (const std::string& key : expected)
+    if (state.count(key) == 0) missing.push_back(key);
+  for (const auto& [key, t] : state)
+    if (known.count(key) == 0) unexpected.push_back(key);
+  LOOM_CHECK(missing.empty() && unexpected.empty(), name_,
+             ": load_state_dict: the state does not fit this optimizer:",
+             missing.empty() ? "" : " missing " + join_keys(missing) + ";",
+             unexpected.empty() ? "" : " unexpected " + join_keys(unexpected) + ";",
+             " hint: load a state_dict() of the same optimizer with the same options over the ",
+             params_.size(), " parameters");
+
+  for (const auto& [key, target] : targets) {
+    const Tensor& t = state.at(key);
+    LOOM_CHECK(t.defined(), name_, ": load_state_dict: '", key, "' is undefined");
+    LOOM_CHECK(t.dtype() == target.dtype(), name_, ": load_state_dict: '", key, "' is ",
+               dtype_name(t.dtype()), " but this optimizer's is ", dtype_name(target.dtype()));
+    LOOM_CHECK(t.shape() == target.shape(), name_, ": load_state_dict: '", key, "' has shape ",
+               shape_str(t.shape()), " but this optimizer's has shape ", shape_str(target.shape()));
+  }
+  std::vector<int64_t> loaded(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string key = step_key(i);
+    const Tensor& t = state.at(key);
+    LOOM_CHECK(t.defined(), name_, ": load_state_dict: '", key, "' is undefined");
+    LOOM_CHECK(t.dtype() == DType::kI64 && t.numel() == 1, name_, ": load_state_dict: '", key,
+               "' is ", t.str(), " but a step count is one i64 value");
+    loaded[i] = t.to_vector<int64_t>()[0];
+    LOOM_CHECK(loaded[i] >= 0, name_, ": load_state_dict: '", key, "' is ", loaded[i],
+               " but a step count is >= 0");
+  }
+
+  for (auto& [key, target] : targets) target.copy_(state.at(key));
+  steps = std::move(loaded);
 }
 
 Tensor Optimizer::grad_for_update(size_t i) const {

@@ -45,4 +45,10 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   return out;
 }
 
+std::map<std::string, Tensor> SGD::state_dict() const { return state_dict_with_steps(steps_); }
+
+void SGD::load_state_dict(const std::map<std::string, Tensor>& state) {
+  load_state_dict_with_steps(state, steps_);
+}
+
 }  // namespace loom::optim

@@ -20,6 +20,8 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, const SgdOptions& options);
   void step() override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
+  std::map<std::string, Tensor> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
   const SgdOptions& options() const { return options_; }
 
  private:

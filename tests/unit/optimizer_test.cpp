@@ -1,13 +1,19 @@
 // Optimizers against hand-computed updates (formulas written out below, in double) and against
-// values printed by PyTorch 1.13's torch.optim, plus clipping and learning-rate schedules.
+// values printed by PyTorch 1.13's torch.optim; saving and loading their state (a resumed run
+// continues bit for bit); clipping and learning-rate schedules.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
 
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
 #include "optimizer/sgd.h"
+#include "testing/files.h"
+#include "testing/gradcheck.h"
 
 namespace loom {
 namespace {
@@ -205,6 +211,245 @@ TEST(Optimizer, CudaParametersAreRefusedClearly) {
               std::string::npos)
         << e.what();
   }
+}
+
+// ---- state dicts: see Note [Optimizer state dict]
+
+// Three parameters of different shapes, fixed values.
+std::vector<Tensor> make_params() {
+  std::vector<Tensor> out;
+  uint64_t seed = 1;
+  for (const Shape& shape : {Shape{3}, Shape{2, 4}, Shape{5}}) {
+    Tensor t = testing::random_tensor(shape, seed++);
+    t.set_requires_grad(true);
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<Tensor> copy_params(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : params) {
+    Tensor t = p.detach().clone();
+    t.set_requires_grad(true);
+    out.push_back(t);
+  }
+  return out;
+}
+
+// The gradients of step `s`, the same for every copy of the parameters.
+void set_grads(std::vector<Tensor>& params, int s) {
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].set_grad(testing::random_tensor(params[i].shape(), 1000 + 10 * uint64_t(s) + i));
+}
+
+std::string host_bytes(const Tensor& t) {
+  Tensor c = t.detach().contiguous();
+  std::string out(c.nbytes(), '\0');
+  c.copy_to_host(out.data(), out.size());
+  return out;
+}
+
+// Same shape, dtype and bits (EXPECT_EQ on floats would take -0 for +0).
+void expect_bit_identical(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
+  const std::string a = host_bytes(actual), e = host_bytes(expected);
+  const size_t width = dtype_size(actual.dtype());
+  for (size_t k = 0; k < a.size(); k += width)
+    if (a.compare(k, width, e, k, width) != 0) {
+      ADD_FAILURE() << what << ": element " << k / width << " differs";
+      return;
+    }
+}
+
+void expect_same_state_dict(const std::map<std::string, Tensor>& actual,
+                            const std::map<std::string, Tensor>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [key, t] : expected) {
+    ASSERT_EQ(actual.count(key), 1u) << key;
+    expect_bit_identical(actual.at(key), t, key);
+  }
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+// Steps `a` three times and loads its state into `b`, over copies of a's parameters; both then
+// step twice with the same gradients. b must continue exactly as a does.
+void expect_bit_exact_resume(const MakeOptimizer& make) {
+  std::vector<Tensor> pa = make_params();
+  std::unique_ptr<optim::Optimizer> a = make(pa);
+  for (int s = 0; s < 3; ++s) {
+    set_grads(pa, s);
+    a->step();
+  }
+  const std::map<std::string, Tensor> saved = a->state_dict();
+  std::vector<Tensor> pb = copy_params(pa);
+  std::unique_ptr<optim::Optimizer> b = make(pb);
+  b->load_state_dict(saved);
+  expect_same_state_dict(b->state_dict(), saved);
+  for (int s = 3; s < 5; ++s) {
+    set_grads(pa, s);
+    set_grads(pb, s);
+    a->step();
+    b->step();
+  }
+  for (size_t i = 0; i < pa.size(); ++i)
+    expect_bit_identical(pb[i], pa[i], "parameter " + std::to_string(i));
+  expect_same_state_dict(b->state_dict(), a->state_dict());
+}
+
+TEST(StateDict, AdamWResumesBitExactly) {
+  expect_bit_exact_resume([](std::vector<Tensor> p) {
+    return std::make_unique<AdamW>(std::move(p), AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+  });
+}
+
+TEST(StateDict, SgdWithMomentumResumesBitExactly) {
+  // Dampening makes the first update (buf = g) differ from the later ones, so the loaded step
+  // counts are exercised too.
+  expect_bit_exact_resume([](std::vector<Tensor> p) {
+    return std::make_unique<SGD>(
+        std::move(p),
+        SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
+  });
+}
+
+TEST(StateDict, HoldsTheStateAndTheStepCounts) {
+  std::vector<Tensor> p = make_params();
+  AdamW adam(p, AdamWOptions{});
+  set_grads(p, 0);
+  adam.step();
+  p[1].zero_grad();  // parameter 1 skips the second step
+  adam.step();
+  std::map<std::string, Tensor> sd = adam.state_dict();
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : sd) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"0.exp_avg", "0.exp_avg_sq", "0.step", "1.exp_avg",
+                                            "1.exp_avg_sq", "1.step", "2.exp_avg", "2.exp_avg_sq",
+                                            "2.step"}));
+  EXPECT_EQ(sd.at("0.step").dtype(), DType::kI64);
+  EXPECT_EQ(sd.at("0.step").shape(), (Shape{1}));
+  EXPECT_EQ(sd.at("0.step").to_vector<int64_t>(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(sd.at("1.step").to_vector<int64_t>(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(adam.state().size(), 6u);  // the step counts are not state(): state_bytes is memory
+  EXPECT_EQ(adam.state_bytes(), 2 * (3 + 8 + 5) * sizeof(float));
+
+  // A copy: later steps leave it as it was.
+  const std::string m0 = host_bytes(sd.at("0.exp_avg"));
+  adam.step();
+  EXPECT_EQ(host_bytes(sd.at("0.exp_avg")), m0);
+  EXPECT_EQ(sd.at("0.step").to_vector<int64_t>(), (std::vector<int64_t>{2}));
+
+  Tensor q = param(kP0);
+  SGD plain({q}, SgdOptions{});  // no momentum: only the step count
+  EXPECT_EQ(plain.state_dict().size(), 1u);
+  EXPECT_EQ(plain.state_dict().count("0.step"), 1u);
+}
+
+TEST(StateDict, AdamWBiasCorrectionUsesTheLoadedStep) {
+  const AdamWOptions options{.lr = 0.01, .weight_decay = 0.1};
+  std::vector<Tensor> pa = make_params();
+  AdamW a(pa, options);
+  for (int s = 0; s < 3; ++s) {
+    set_grads(pa, s);
+    a.step();
+  }
+  std::map<std::string, Tensor> saved = a.state_dict();
+  std::vector<Tensor> pb = copy_params(pa), pc = copy_params(pa);
+  set_grads(pa, 3);
+  a.step();
+
+  AdamW b(pb, options);  // fresh: steps 0 until it loads
+  b.load_state_dict(saved);
+  for (size_t i = 0; i < pb.size(); ++i) EXPECT_EQ(b.step_count(i), 3) << i;
+  set_grads(pb, 3);
+  b.step();
+  for (size_t i = 0; i < pb.size(); ++i) {
+    EXPECT_EQ(b.step_count(i), 4) << i;
+    expect_bit_identical(pb[i], pa[i], "parameter " + std::to_string(i));
+  }
+
+  // The same moments with step counts 0: the update corrects as for t = 1 and comes out
+  // different, so the counts above are what made b agree.
+  for (size_t i = 0; i < pc.size(); ++i)
+    saved[std::to_string(i) + ".step"] = Tensor::from_vector(std::vector<int64_t>{0}, {1});
+  AdamW c(pc, options);
+  c.load_state_dict(saved);
+  set_grads(pc, 3);
+  c.step();
+  EXPECT_NE(pc[0].to_vector<float>(), pa[0].to_vector<float>());
+}
+
+// `bad` is rejected with a message naming every one of `parts`, and the optimizer's state is
+// untouched.
+void expect_load_error(optim::Optimizer& opt, const std::map<std::string, Tensor>& bad,
+                       std::initializer_list<std::string> parts) {
+  const std::map<std::string, Tensor> before = opt.state_dict();
+  testing::expect_error([&] { opt.load_state_dict(bad); }, parts);
+  expect_same_state_dict(opt.state_dict(), before);
+}
+
+TEST(StateDict, BadStatesAreClearErrorsAndChangeNothing) {
+  // Load a's state after 3 steps into b after 1: a partial copy would show in b's state.
+  std::vector<Tensor> pa = make_params(), pb = copy_params(pa);
+  AdamW a(pa, AdamWOptions{}), b(pb, AdamWOptions{});
+  for (int s = 0; s < 3; ++s) {
+    set_grads(pa, s);
+    a.step();
+  }
+  set_grads(pb, 0);
+  b.step();
+  const std::map<std::string, Tensor> good = a.state_dict();
+
+  std::map<std::string, Tensor> missing = good;
+  missing.erase("1.exp_avg_sq");
+  missing.erase("2.step");
+  expect_load_error(b, missing, {"AdamW: load_state_dict", "missing 1.exp_avg_sq, 2.step"});
+
+  std::map<std::string, Tensor> unexpected = good;
+  unexpected["0.momentum_buffer"] = Tensor::zeros({3});
+  unexpected["3.step"] = Tensor::from_vector(std::vector<int64_t>{3}, {1});
+  expect_load_error(b, unexpected, {"unexpected 0.momentum_buffer, 3.step"});
+
+  std::map<std::string, Tensor> shape = good;
+  shape["1.exp_avg"] = Tensor::zeros({4, 2});
+  expect_load_error(b, shape,
+                    {"'1.exp_avg' has shape [4, 2]", "this optimizer's has shape [2, 4]"});
+
+  std::map<std::string, Tensor> dtype = good;
+  dtype["2.exp_avg_sq"] = Tensor::zeros({5}, DType::kI32);
+  expect_load_error(b, dtype, {"'2.exp_avg_sq' is i32", "this optimizer's is f32"});
+
+  std::map<std::string, Tensor> negative = good;  // checked last: every tensor before it is fine
+  negative["2.step"] = Tensor::from_vector(std::vector<int64_t>{-1}, {1});
+  expect_load_error(b, negative, {"'2.step' is -1"});
+
+  std::map<std::string, Tensor> float_step = good;
+  float_step["0.step"] = Tensor::full({1}, 3.0);
+  expect_load_error(b, float_step, {"'0.step' is Tensor[1] f32", "one i64 value"});
+
+  // Another optimizer's state: SGD with momentum has momentum buffers, not moments.
+  std::vector<Tensor> pc = copy_params(pa);
+  SGD sgd(pc, SgdOptions{.momentum = 0.9});
+  expect_load_error(sgd, good,
+                    {"SGD: load_state_dict", "missing 0.momentum_buffer, 1.momentum_buffer",
+                     "unexpected 0.exp_avg, 0.exp_avg_sq, 1.exp_avg"});
+}
+
+TEST(StateDict, AnOptimizerThatDoesNotImplementItSaysSo) {
+  class Stateless : public optim::Optimizer {
+   public:
+    explicit Stateless(std::vector<Tensor> params)
+        : Optimizer("Stateless", std::move(params), 0.1) {}
+    void step() override {}
+    std::vector<std::pair<std::string, Tensor>> state() const override { return {}; }
+  };
+  Stateless opt({param(kP0)});
+  testing::expect_error([&] { opt.state_dict(); },
+                        {"Stateless: this optimizer does not implement state_dict"});
+  testing::expect_error([&] { opt.load_state_dict({}); },
+                        {"Stateless: this optimizer does not implement load_state_dict"});
 }
 
 TEST(ClipGradNorm, ScalesToMaxNormAndReturnsTheNorm) {
