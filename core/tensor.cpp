@@ -40,7 +40,22 @@ Shape contiguous_strides(const Shape& shape) {
 Storage::Storage(size_t nbytes, Device device)
     : data_(allocator_for(device).allocate(nbytes)), nbytes_(nbytes), device_(device) {}
 
-Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_); }
+Storage::~Storage() {
+  if (!released_) allocator_for(device_).deallocate(data_, nbytes_);
+}
+
+void Storage::release() {
+  if (released_) return;
+  allocator_for(device_).deallocate(data_, nbytes_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::materialize() {
+  if (!released_) return;
+  data_ = allocator_for(device_).allocate(nbytes_);
+  released_ = false;
+}
 
 // ---------------------------------------------------------------- creation
 
@@ -160,6 +175,9 @@ std::string Tensor::str() const {
 
 void* Tensor::data_ptr() const {
   require_defined("data_ptr");
+  LOOM_CHECK(!impl_->storage->released(), "Tensor: the memory of ", str(),
+             " has been released (a ZeRO-3 parameter used outside its module's forward and "
+             "backward? Call the module through operator(), or gather the parameters first)");
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
 }
 
@@ -205,8 +223,7 @@ namespace {
 Tensor contiguous_copy(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.numel() == 0) return out;
-  const void* base =
-      static_cast<const char*>(x.storage()->data()) + x.offset() * dtype_size(x.dtype());
+  const void* base = x.data_ptr();  // the first element; the strides walk from there
   if (x.device().is_cpu()) {
     kernels::cpu::strided_copy(base, out.data_ptr(), dtype_size(x.dtype()), int(x.dim()),
                                x.shape().data(), x.strides().data());
@@ -332,7 +349,7 @@ void Tensor::copy_(const Tensor& src) {
   Tensor host = s.to(Device::cpu());
   size_t es = dtype_size(dtype());
   const char* from = static_cast<const char*>(host.data_ptr());
-  char* base = static_cast<char*>(storage()->data()) + offset() * es;
+  char* base = static_cast<char*>(data_ptr());
   const Shape& sh = shape();
   const Shape& st = strides();
   int64_t n = numel();

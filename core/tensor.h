@@ -34,10 +34,20 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Frees the bytes but keeps the object, so every tensor viewing it (a parameter, the copies
+  // autograd saved for backward) stays valid and sees the new bytes after materialize(). ZeRO-3
+  // frees gathered parameters between uses this way. Reading a released storage's data is an
+  // error (Tensor::data_ptr checks).
+  void release();
+  // Allocates the bytes again (contents undefined) when released; a no-op otherwise.
+  void materialize();
+  bool released() const { return released_; }
+
  private:
   void* data_;
   size_t nbytes_;
   Device device_;
+  bool released_ = false;
 };
 
 namespace autograd {

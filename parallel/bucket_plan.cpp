@@ -1,6 +1,7 @@
 #include "parallel/bucket_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace loom::parallel {
 
@@ -10,25 +11,51 @@ BucketPlan::BucketPlan(const std::vector<Tensor>& params, size_t bucket_bytes, i
   LOOM_CHECK(pad_to > 0, "BucketPlan: pad_to must be positive, got ", pad_to);
   Bucket current;
   size_t current_bytes = 0;
-  auto close = [&] {
-    if (current.slots.empty()) return;
-    current.padded = (current.numel + pad_to - 1) / pad_to * pad_to;
-    if (current.padded == 0) current.padded = pad_to;  // every bucket has a shard on each rank
-    buckets_.push_back(std::move(current));
-    current = Bucket();
-    current_bytes = 0;
-  };
   for (size_t k = params.size(); k-- > 0;) {
     const Tensor& p = params[k];
     LOOM_CHECK(p.defined(), "BucketPlan: parameter ", k, " is undefined");
     const size_t bytes = p.nbytes();
-    if (!current.slots.empty() && current_bytes + bytes > bucket_bytes) close();
-    where_[k] = {buckets_.size(), current.slots.size()};
+    if (!current.slots.empty() && current_bytes + bytes > bucket_bytes) {
+      add_bucket(std::move(current));
+      current = Bucket();
+      current_bytes = 0;
+    }
     current.slots.push_back(BucketSlot{k, current.numel, p.numel()});
     current.numel += p.numel();
     current_bytes += bytes;
   }
-  close();
+  if (!current.slots.empty()) add_bucket(std::move(current));
+}
+
+BucketPlan::BucketPlan(const std::vector<Tensor>& params,
+                       const std::vector<std::vector<size_t>>& groups, int64_t pad_to)
+    : where_(params.size(), {SIZE_MAX, 0}), pad_to_(pad_to) {
+  LOOM_CHECK(pad_to > 0, "BucketPlan: pad_to must be positive, got ", pad_to);
+  for (const std::vector<size_t>& group : groups) {
+    LOOM_CHECK(!group.empty(), "BucketPlan: an empty parameter group");
+    Bucket bucket;
+    for (size_t k : group) {
+      LOOM_CHECK(k < params.size(), "BucketPlan: parameter index ", k, " out of range (",
+                 params.size(), " parameters)");
+      LOOM_CHECK(params[k].defined(), "BucketPlan: parameter ", k, " is undefined");
+      LOOM_CHECK(where_[k].first == SIZE_MAX, "BucketPlan: parameter ", k, " is in two groups");
+      where_[k].first = 0;  // claimed; add_bucket sets the real place
+      bucket.slots.push_back(BucketSlot{k, bucket.numel, params[k].numel()});
+      bucket.numel += params[k].numel();
+    }
+    add_bucket(std::move(bucket));
+  }
+  for (size_t k = 0; k < params.size(); ++k)
+    LOOM_CHECK(where_[k].first != SIZE_MAX, "BucketPlan: parameter ", k, " is in no group");
+}
+
+// Pads `bucket` so it splits into pad_to equal shards and records where its parameters sit.
+void BucketPlan::add_bucket(Bucket bucket) {
+  bucket.padded = (bucket.numel + pad_to_ - 1) / pad_to_ * pad_to_;
+  if (bucket.padded == 0) bucket.padded = pad_to_;  // every bucket has a shard on each rank
+  for (size_t s = 0; s < bucket.slots.size(); ++s)
+    where_[bucket.slots[s].param] = {buckets_.size(), s};
+  buckets_.push_back(std::move(bucket));
 }
 
 const BucketSlot& BucketPlan::slot_of(size_t param) const {

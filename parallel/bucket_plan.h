@@ -43,6 +43,10 @@ class BucketPlan {
  public:
   // Throws for a non-positive bucket size or pad, or an f32 parameter list with holes.
   BucketPlan(const std::vector<Tensor>& params, size_t bucket_bytes, int64_t pad_to);
+  // One bucket per group of parameter indices, in the order given (ZeRO-3: a bucket per
+  // module). Every parameter must be in exactly one group; slots follow each group's order.
+  BucketPlan(const std::vector<Tensor>& params, const std::vector<std::vector<size_t>>& groups,
+             int64_t pad_to);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // bucket_of(param) and the slot within it.
@@ -55,6 +59,8 @@ class BucketPlan {
   int64_t total_padded() const;
 
  private:
+  void add_bucket(Bucket bucket);
+
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, slot)
   int64_t pad_to_;

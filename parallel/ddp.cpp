@@ -1,6 +1,5 @@
 #include "parallel/ddp.h"
 
-
 #include "parallel/replicas.h"
 
 namespace loom::parallel {

@@ -21,6 +21,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+BucketPlan make_plan(const NamedParams& params, const GradReducerOptions& o,
+                     const comm::Communicator* group) {
+  std::vector<Tensor> tensors;
+  for (auto& [name, t] : params) tensors.push_back(t);
+  // Sharded modes split every bucket into one equal shard per rank.
+  const int64_t pad_to = o.mode == GradMode::kAllreduce ? 1 : (group ? group->size() : 1);
+  if (!o.bucket_groups.empty()) return BucketPlan(tensors, o.bucket_groups, pad_to);
+  return BucketPlan(tensors, o.bucket_bytes, pad_to);
+}
+
 }  // namespace
 
 size_t bucket_bytes_from_mb(double mb, const char* owner) {
@@ -35,14 +45,7 @@ GradReducer::GradReducer(const char* owner, NamedParams params,
       params_(std::move(params)),
       group_(std::move(group)),
       options_(options),
-      plan_(
-          [&] {
-            std::vector<Tensor> ts;
-            for (auto& [name, t] : params_) ts.push_back(t);
-            return ts;
-          }(),
-          options.bucket_bytes,
-          options.mode == GradMode::kAllreduce ? 1 : (group_ ? group_->size() : 1)),
+      plan_(make_plan(params_, options, group_.get())),
       rank_(group_ ? group_->rank() : 0),
       alive_(std::make_shared<bool>(true)) {
   LOOM_CHECK(group_ != nullptr, owner_, ": the group communicator is null");

@@ -38,6 +38,8 @@ struct GradReducerOptions {
   // Launch each bucket as soon as it fills (overlapping backward); false launches them all
   // after backward, which only benchmarks want (to measure how much the overlap hides).
   bool overlap = true;
+  // Explicit buckets (groups of parameter indices, See BucketPlan); empty: by bucket_bytes.
+  std::vector<std::vector<size_t>> bucket_groups;
 };
 
 // Bytes of a bucket size given in MiB (checked positive).

@@ -1,5 +1,6 @@
 // What a rank keeps in memory for training, by kind: the figures ZeRO's savings are stated in
-// (bytes per parameter: f32 with Adam, 16 replicated; stage 1, 8 + 8/N; stage 2, 4 + 12/N).
+// (bytes per parameter: f32 with Adam, 16 replicated; stage 1, 8 + 8/N; stage 2, 4 + 12/N;
+// stage 3, 16/N).
 #pragma once
 
 #include <cstddef>

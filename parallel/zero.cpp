@@ -14,55 +14,80 @@ const char* owner_name(int stage) {
       return "ZeRO-1";
     case 2:
       return "ZeRO-2";
+    case 3:
+      return "ZeRO-3";
     default:
       return "ZeRO";
   }
 }
 
-NamedParams prepared_parameters(nn::Module& module, comm::Communicator* group,
-                                const ZeroOptions& o) {
-  LOOM_CHECK(o.stage == 1 || o.stage == 2, "ZeRO: stage must be 1 or 2, got ", o.stage,
-             " (stage 0 is plain DDP)");
-  return agreed_parameters(module, group, o.check_replicas, owner_name(o.stage));
-}
-
-GradReducerOptions reducer_options(const ZeroOptions& o) {
-  GradReducerOptions r;
-  r.mode = o.stage == 1 ? GradMode::kShardKeep : GradMode::kShardOnly;
-  r.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, owner_name(o.stage));
-  r.grad_accum = o.grad_accum;
-  r.overlap = o.overlap;
-  return r;
-}
-
 }  // namespace
+
+// What the reducer and the parameter sharding are built from, worked out before either exists.
+struct ZeroOptimizer::Prepared {
+  NamedParams params;
+  GradReducerOptions reducer;
+  Zero3Layout layout;  // stage 3
+};
+
+ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communicator* group,
+                                               const ZeroOptions& o) {
+  LOOM_CHECK(o.stage >= 1 && o.stage <= 3, "ZeRO: stage must be 1, 2 or 3, got ", o.stage,
+             " (stage 0 is plain DDP)");
+  const char* owner = owner_name(o.stage);
+  ZeroOptimizer::Prepared p;
+  p.params = agreed_parameters(module, group, o.check_replicas, owner);
+  p.reducer.mode = o.stage == 1 ? GradMode::kShardKeep : GradMode::kShardOnly;
+  p.reducer.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, owner);
+  p.reducer.grad_accum = o.grad_accum;
+  p.reducer.overlap = o.overlap;
+  if (o.stage == 3) {
+    p.layout = zero3_layout(module, p.params);
+    p.reducer.bucket_groups = p.layout.parameters;
+  }
+  return p;
+}
 
 ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                              const ZeroOptions& options, const OptimizerFactory& make_optimizer)
+    : ZeroOptimizer(module, group, options, make_optimizer, prepare(module, group.get(), options)) {
+}
+
+ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
+                             const ZeroOptions& options, const OptimizerFactory& make_optimizer,
+                             Prepared prepared)
     : Optimizer(owner_name(options.stage), module.parameters(), 0.0),
       options_(options),
-      reducer_(owner_name(options.stage), prepared_parameters(module, group.get(), options), group,
-               reducer_options(options)) {
+      reducer_(owner_name(options.stage), prepared.params, group, prepared.reducer) {
   LOOM_CHECK(make_optimizer != nullptr, name_, ": no optimizer factory given");
   const BucketPlan& plan = reducer_.plan();
   const NamedParams& named = reducer_.params();
   const int rank = reducer_.group().rank();
-  for (size_t b = 0; b < plan.buckets().size(); ++b) {
-    const Bucket& bucket = plan.buckets()[b];
-    Tensor flat = Tensor::zeros({bucket.padded}, DType::kF32, named[0].second.device());
-    for (const BucketSlot& s : bucket.slots) {
-      Tensor p = named[s.param].second;
-      Tensor view = flat.narrow(0, s.offset, s.numel).reshape(p.shape());
-      view.copy_(p.detach());
-      p.set_data(view);
+  if (options.stage == 3) {
+    // The gathers get a communicator of their own, See ShardedParameters.
+    sharded_ = std::make_unique<ShardedParameters>(
+        named, plan, prepared.layout.units,
+        group->split(0, group->rank(), group->name() + ".zero3_gather"));
+  } else {
+    for (size_t b = 0; b < plan.buckets().size(); ++b) {
+      const Bucket& bucket = plan.buckets()[b];
+      Tensor flat = Tensor::zeros({bucket.padded}, DType::kF32, named[0].second.device());
+      for (const BucketSlot& s : bucket.slots) {
+        Tensor p = named[s.param].second;
+        Tensor view = flat.narrow(0, s.offset, s.numel).reshape(p.shape());
+        view.copy_(p.detach());
+        p.set_data(view);
+      }
+      flat_params_.push_back(flat);
     }
-    flat_params_.push_back(flat);
   }
   std::vector<Tensor> masters;
   for (const ShardPiece& sp : plan.shard_pieces(rank)) {
-    const int64_t shard_start = int64_t(rank) * plan.shard_numel(sp.bucket);
-    Piece piece{sp.param,
-                flat_params_[sp.bucket].narrow(0, shard_start + sp.shard_offset, sp.numel),
+    const Tensor shard =
+        sharded_ ? sharded_->shard(sp.bucket)
+                 : flat_params_[sp.bucket].narrow(0, int64_t(rank) * plan.shard_numel(sp.bucket),
+                                                  plan.shard_numel(sp.bucket));
+    Piece piece{sp.param, shard.narrow(0, sp.shard_offset, sp.numel),
                 reducer_.shard_grad(sp.bucket).narrow(0, sp.shard_offset, sp.numel)};
     masters.push_back(piece.master);
     pieces_.push_back(std::move(piece));
@@ -71,6 +96,17 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   LOOM_CHECK(inner_ != nullptr, name_, ": the optimizer factory returned null");
   lr_ = inner_->lr();
   name_ = inner_->name();  // what is being stepped; errors of the sharding itself name the stage
+}
+
+void ZeroOptimizer::backward(const Tensor& loss) {
+  if (!sharded_) return reducer_.backward(loss);
+  try {
+    reducer_.backward(loss);
+  } catch (...) {
+    sharded_->release_all();
+    throw;
+  }
+  sharded_->release_all();
 }
 
 void ZeroOptimizer::finish_gradients() {
@@ -96,6 +132,10 @@ void ZeroOptimizer::step() {
   inner_->set_lr(lr_);
   inner_->step();
   for (Piece& p : pieces_) p.master.set_grad(Tensor());
+  if (sharded_) {
+    sharded_->release_all();  // a gathered copy (gather_parameters) is stale now
+    return;                   // the next forward gathers the updated shards
+  }
 
   // Every rank's updated shards back into every rank's parameters, in place.
   const BucketPlan& plan = reducer_.plan();
@@ -109,9 +149,14 @@ void ZeroOptimizer::step() {
   comm::wait_all(works);
 }
 
+void ZeroOptimizer::gather_parameters() {
+  if (sharded_) sharded_->gather_all();
+}
+
 TrainingMemory ZeroOptimizer::memory() const {
   TrainingMemory m;
   for (const Tensor& t : flat_params_) m.parameters += t.nbytes();
+  if (sharded_) m.parameters = sharded_->resident_bytes();
   m.gradients = reducer_.gradient_bytes();
   m.optimizer_state = inner_->state_bytes();
   return m;

@@ -5,12 +5,17 @@
 //            all-gathered back into every rank's full parameters.
 //   stage 2: as 1, and each rank keeps only its shard of the gradients: every micro-batch's
 //            gradient buckets are reduce-scattered as they fill and then dropped.
+//   stage 3: as 2, and each rank keeps only its shard of the parameters: a module's parameters
+//            are all-gathered just before its forward and again before its backward, released
+//            after each, and the next module is prefetched (See ShardedParameters). Call the model
+//            through operator() (`model(x)`; GPT::loss does), which runs the hooks that gather.
 //
-// Layout: the parameters are moved into flat buckets (See BucketPlan), each padded to a multiple
-// of the group size and split into one equal shard per rank; rank r owns shard r of every
-// bucket. The wrapped optimizer sees only this rank's pieces of the parameters (views into the
-// flat buckets), so its state is 1/N of the whole, and it steps those pieces exactly as it would
-// step whole parameters: elementwise optimizers (SGD, AdamW) give the single-process update.
+// Layout: the parameters are moved into flat buckets (See BucketPlan; in stage 3 one bucket per
+// module, See zero3_layout), each padded to a multiple of the group size and split into one equal
+// shard per rank; rank r owns shard r of every bucket. The wrapped optimizer sees only this rank's
+// pieces of the parameters (views into the flat buckets), so its state is 1/N of the whole, and it
+// steps those pieces exactly as it would step whole parameters: elementwise optimizers (SGD, AdamW)
+// give the single-process update.
 //
 //   parallel::ZeroOptimizer opt(model, world, {.stage = 2}, [](std::vector<Tensor> p) {
 //     return std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{});
@@ -28,13 +33,14 @@
 #include "core/nn/module.h"
 #include "optimizer/optimizer.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/sharded_parameters.h"
 #include "parallel/training_memory.h"
 
 namespace loom::parallel {
 
 struct ZeroOptions {
-  int stage = 1;                // 1 or 2
-  double bucket_mb = 25;        // bucket size in MiB
+  int stage = 1;                // 1, 2 or 3
+  double bucket_mb = 25;        // bucket size in MiB (stages 1 and 2; stage 3 buckets by module)
   int grad_accum = 1;           // micro-batches per step
   bool check_replicas = false;  // as DdpOptions::check_replicas
   bool overlap = true;          // See GradReducerOptions::overlap
@@ -52,35 +58,46 @@ class ZeroOptimizer : public optim::Optimizer {
                 const ZeroOptions& options, const OptimizerFactory& make_optimizer);
 
   // Backward of one micro-batch (scale its loss by 1 / grad_accum yourself).
-  void backward(const Tensor& loss) { reducer_.backward(loss); }
+  void backward(const Tensor& loss);
   // Waits for the step's gradient reductions (step() does it when you have not).
   void finish_gradients();
   // Clips the global gradient norm (every shard of every parameter, counted once) to
   // max_norm, as optim::clip_grad_norm does for the whole model on one process. Returns the
   // norm before clipping.
   double clip_grad_norm(double max_norm);
-  // Updates this rank's shard, then all-gathers the parameters.
+  // Updates this rank's shard, then (stages 1, 2) all-gathers the parameters.
   void step() override;
+  // Stage 3: gathers every parameter, so the model can be read whole (saved, compared) until
+  // its next forward; a no-op in stages 1 and 2, whose parameters are always whole. Collective.
+  void gather_parameters();
   // This rank's share of the wrapped optimizer's state.
   std::vector<std::pair<std::string, Tensor>> state() const override;
 
   int stage() const { return options_.stage; }
   const BucketPlan& buckets() const { return reducer_.plan(); }
   optim::Optimizer& inner() const { return *inner_; }
-  // What this rank keeps for training, in bytes: its parameters (full in stages 1 and 2), its
-  // gradients (stage 1: full buckets; stage 2: its shards) and its share of the optimizer state.
+  // What this rank keeps for training, in bytes: its parameters (full in stages 1 and 2; in
+  // stage 3 its shards plus the modules gathered at the moment), its gradients (stage 1: full
+  // buckets; stages 2, 3: its shards) and its share of the optimizer state.
   TrainingMemory memory() const;
   double exposed_wait_seconds() const { return reducer_.exposed_wait_seconds(); }
 
  private:
+  struct Prepared;
+  static Prepared prepare(nn::Module& module, comm::Communicator* group,
+                          const ZeroOptions& options);
+  ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
+                const ZeroOptions& options, const OptimizerFactory& make_optimizer,
+                Prepared prepared);
   struct Piece {  // this rank's part of one parameter
     size_t param;
-    Tensor master;  // view into flat_params_
+    Tensor master;  // view into flat_params_ (stage 3: into the parameter shard)
     Tensor grad;    // view into the reducer's shard gradient
   };
   ZeroOptions options_;
   GradReducer reducer_;
-  std::vector<Tensor> flat_params_;  // per bucket, padded; the parameters are views into them
+  std::vector<Tensor> flat_params_;  // stages 1, 2: per bucket, padded; the parameters view them
+  std::unique_ptr<ShardedParameters> sharded_;  // stage 3
   std::vector<Piece> pieces_;
   std::unique_ptr<optim::Optimizer> inner_;
 };

@@ -36,7 +36,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
              full_name(), "': input must be [B, T, ", channels_, "], got ",
              x.defined() ? shape_str(x.shape()) : "undefined");
   const int64_t b = x.size(0), t = x.size(1), h = heads_, d = channels_ / heads_;
-  std::vector<Tensor> parts = split(qkv->forward(x), {channels_, channels_, channels_}, 2);
+  std::vector<Tensor> parts = split((*qkv)(x), {channels_, channels_, channels_}, 2);
   auto heads_first = [&](const Tensor& p) {  // [B, T, C] -> [B, H, T, D]
     return transpose(reshape(p, {b, t, h, d}), 1, 2);
   };
@@ -44,13 +44,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor y;  // [B, H, T, D]
   if (is_training() && attn_drop->p() > 0.0) {
     Tensor scores = scale(matmul(q, k, false, true), 1.0 / std::sqrt(double(d)));  // [B,H,T,T]
-    Tensor att = attn_drop->forward(softmax(add(scores, causal_mask(t, x.device()))));
+    Tensor att = (*attn_drop)(softmax(add(scores, causal_mask(t, x.device()))));
     y = matmul(att, v);
   } else {
     y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
   }
   Tensor merged = reshape(transpose(y, 1, 2), {b, t, channels_});  // [B, T, C]
-  return resid_drop->forward(proj->forward(merged));
+  return (*resid_drop)((*proj)(merged));
 }
 
 }  // namespace loom::nn

@@ -13,8 +13,8 @@ Block::Block(int64_t channels, int64_t heads, double dropout, double proj_std) {
 }
 
 Tensor Block::forward(const Tensor& x) {
-  Tensor h = add(x, attn->forward(ln1->forward(x)));
-  return add(h, mlp->forward(ln2->forward(h)));
+  Tensor h = add(x, (*attn)((*ln1)(x)));
+  return add(h, (*mlp)((*ln2)(h)));
 }
 
 }  // namespace loom::nn

@@ -45,7 +45,7 @@ Tensor GPT::forward(const Tensor& idx) {
   check_tokens(idx);
   const int64_t t = idx.size(1);
   Tensor pos = Tensor::arange(t, DType::kI64, idx.device());
-  Tensor x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B, T, C]
+  Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C]
   for (const auto& block : blocks_) {
     if (options_.checkpoint && autograd::grad_enabled()) {
       // The recomputation runs in backward, possibly after the training loop has moved the
@@ -54,14 +54,14 @@ Tensor GPT::forward(const Tensor& idx) {
       x = autograd::checkpoint(
           [block, step](const std::vector<Tensor>& in) {
             DropoutStepGuard guard(step);
-            return block->forward(in[0]);
+            return (*block)(in[0]);
           },
           {x});
     } else {
-      x = block->forward(x);
+      x = (*block)(x);
     }
   }
-  x = ln_f->forward(x);
+  x = (*ln_f)(x);
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
 }
 
@@ -69,7 +69,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   LOOM_CHECK(targets.defined() && idx.defined() && targets.shape() == idx.shape(),
              "GPT::loss: targets ", targets.defined() ? shape_str(targets.shape()) : "undefined",
              " must have the shape of idx ", idx.defined() ? shape_str(idx.shape()) : "undefined");
-  Tensor logits = forward(idx);
+  Tensor logits = (*this)(idx);  // through the hooks, as a caller's model(idx)
   const int64_t n = idx.size(0) * idx.size(1);
   CrossEntropyOptions options;
   options.num_classes = config_.vocab;

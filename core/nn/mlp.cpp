@@ -10,6 +10,6 @@ MLP::MLP(int64_t channels, double dropout, double proj_std) {
   drop = register_module("drop", std::make_shared<Dropout>(dropout));
 }
 
-Tensor MLP::forward(const Tensor& x) { return drop->forward(proj->forward(gelu(fc->forward(x)))); }
+Tensor MLP::forward(const Tensor& x) { return (*drop)((*proj)(gelu((*fc)(x)))); }
 
 }  // namespace loom::nn

@@ -23,6 +23,30 @@ Tensor Module::forward(const Tensor&) {
   LOOM_FAIL("Module '", full_name_.empty() ? "<root>" : full_name_, "' has no forward(x)");
 }
 
+Tensor Module::operator()(const Tensor& x) {
+  for (auto& [handle, hook] : pre_hooks_) hook(*this);
+  Tensor y = forward(x);
+  for (auto& [handle, hook] : post_hooks_) y = hook(*this, y);
+  return y;
+}
+
+int Module::add_forward_pre_hook(ForwardPreHook hook) {
+  LOOM_CHECK(hook != nullptr, "Module '", full_name_, "': null forward pre-hook");
+  pre_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+int Module::add_forward_hook(ForwardHook hook) {
+  LOOM_CHECK(hook != nullptr, "Module '", full_name_, "': null forward hook");
+  post_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+void Module::remove_hook(int handle) {
+  std::erase_if(pre_hooks_, [&](const auto& h) { return h.first == handle; });
+  std::erase_if(post_hooks_, [&](const auto& h) { return h.first == handle; });
+}
+
 std::string Module::qualified(const std::string& local) const { return join(full_name_, local); }
 
 void Module::check_new_name(const std::string& name) const {

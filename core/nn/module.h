@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,19 @@ class Module {
 
   // The computation. The base raises "Module '<name>' has no forward(x)".
   virtual Tensor forward(const Tensor& x);
+
+  // Runs forward(x) between this module's hooks: every forward pre-hook, forward(x), then every
+  // forward hook, each of which may replace the output. Parents call their children this way
+  // (as in PyTorch, `module(x)`), so a wrapper can act around any module's computation: ZeRO-3
+  // gathers a module's parameters before it and frees them after. forward(x) skips the hooks.
+  Tensor operator()(const Tensor& x);
+
+  using ForwardPreHook = std::function<void(Module& module)>;
+  using ForwardHook = std::function<Tensor(Module& module, const Tensor& output)>;
+  // Hooks run in the order they were added; each returns a handle for remove_hook.
+  int add_forward_pre_hook(ForwardPreHook hook);
+  int add_forward_hook(ForwardHook hook);
+  void remove_hook(int handle);  // unknown handles are ignored
 
   // ---- parameters (names relative to this module, registration order, depth first) ----
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
@@ -100,6 +114,9 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   // Interleaving of params_ and children_ in registration order: (is_child, index).
   std::vector<std::pair<bool, size_t>> order_;
+  std::vector<std::pair<int, ForwardPreHook>> pre_hooks_;
+  std::vector<std::pair<int, ForwardHook>> post_hooks_;
+  int next_hook_ = 0;
   std::string full_name_;
   bool has_parent_ = false;
   bool training_ = true;

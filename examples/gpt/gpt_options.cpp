@@ -34,7 +34,7 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_double("min-lr-ratio", 0.1, "cosine schedule: final lr as a fraction of --lr");
   f.add_int("seed", 1337, "seed for initialisation, dropout and the task's examples");
   f.add_int("dp", 0, "data-parallel ranks (run under mpirun -np N); 0: every rank launched");
-  f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 or 2");
+  f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1, 2 or 3");
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
   f.add_double("bucket-mb", 25, "gradient bucket size in MiB (DDP and ZeRO)");
@@ -122,8 +122,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.optimizer == "sgd" || !f.was_set("momentum"),
              "loom-gpt: --momentum applies to --optimizer sgd only");
   LOOM_CHECK(o.dp >= 0, "loom-gpt: --dp must be >= 0 (0 = every rank launched), got ", o.dp);
-  LOOM_CHECK(o.zero >= 0 && o.zero <= 2, "loom-gpt: --zero must be 0, 1 or 2, got ", o.zero,
-             o.zero == 3 ? " (stage 3 is not implemented yet)" : "");
+  LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "loom-gpt: --zero must be 0, 1, 2 or 3, got ", o.zero);
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);

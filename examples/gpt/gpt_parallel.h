@@ -1,6 +1,6 @@
 // How loom-gpt runs one optimizer step on this rank under data parallelism: which rows of the
 // global batch the rank takes, how they split into micro-batches, and which wrapper (none, DDP,
-// ZeRO 1/2) reduces the gradients. --batch stays the global batch, so the same flags on any
+// ZeRO 1/2/3) reduces the gradients. --batch stays the global batch, so the same flags on any
 // number of ranks train on the same data and give the single-process losses.
 //
 // Note [Loss weighting]
@@ -41,6 +41,11 @@ class DataParallelStep {
   StepResult run(const io::Batch& global, int64_t step, double lr);
 
   optim::Optimizer& optimizer() const { return *opt_; }
+  // Makes the model's parameters whole (ZeRO-3 shards them between steps) until its next
+  // forward. Collective: every rank calls it.
+  void gather_parameters() {
+    if (zero_) zero_->gather_parameters();
+  }
   // This rank's parameters, gradients (counted at their steady-state size, also before the first
   // backward allocates them) and optimizer state.
   parallel::TrainingMemory memory() const;

@@ -89,7 +89,7 @@ double evaluate_loss(nn::GPT& model, const io::BatchLoader& loader, int64_t batc
 io::ExactMatch evaluate_task(nn::GPT& model, const io::AdditionEvalSet& set, int64_t rows) {
   NoGradGuard no_grad;
   return io::evaluate_exact_match(
-      set, [&](const Tensor& inputs) { return model.forward(inputs); }, rows);
+      set, [&](const Tensor& inputs) { return model(inputs); }, rows);
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const GptOptions& o, std::vector<Tensor> params) {
@@ -231,6 +231,7 @@ int run(int argc, char** argv) {
               steps_done, cli::format_duration(elapsed).c_str(),
               double(allocator_for(Device::cpu()).peak_bytes()) / 1e6);
 
+  if (!o.save.empty()) trainer.gather_parameters();  // ZeRO-3: every rank takes part
   if (!o.save.empty() && world->rank() == 0) {
     io::GptParams params;
     for (auto& [name, t] : model.named_parameters()) params[name] = t;

@@ -1,7 +1,8 @@
-// ZeRO stages 1 and 2 against the single-process run (the equivalence principle): 5 AdamW steps
-// of a small GPT with the global batch split over the world, with and without gradient
-// accumulation, one bucket or many, and with global-norm clipping, give the single-process
-// losses and parameters within 1e-5 relative. Also: the optimizer state really is sharded.
+// ZeRO stages 1, 2 and 3 against the single-process run (the equivalence principle): 5 AdamW
+// steps of a small GPT with the global batch split over the world, with and without gradient
+// accumulation, one bucket or many, with activation checkpointing (stage 3), and with global-norm
+// clipping, give the single-process losses and parameters within 1e-5 relative. Also: the
+// optimizer state really is sharded, and so are stage 3's parameters.
 #include <gtest/gtest.h>
 
 #include "collectives/communicator.h"
@@ -21,14 +22,15 @@ OptimizerFactory adamw_factory() {
 }
 
 RunResult zero_run(const std::shared_ptr<comm::Communicator>& world, int stage, int grad_accum,
-                   double bucket_mb, double clip) {
-  nn::GPT model(tiny_gpt_config());
+                   double bucket_mb, double clip, bool checkpoint = false) {
+  nn::GPT model(tiny_gpt_config(), nn::GptOptions{0.0, checkpoint});
   if (world->rank() == 0) model.init_parameters(kSeed);  // the wrapper broadcasts rank 0's values
   ZeroOptions o;
   o.stage = stage;
   o.grad_accum = grad_accum;
   o.bucket_mb = bucket_mb;
   ZeroOptimizer opt(model, world, o, adamw_factory());
+  int steps = 0;
   return split_batch_run(
       *world, model, grad_accum, [&](const Tensor& loss) { opt.backward(loss); },
       [&] {
@@ -36,15 +38,18 @@ RunResult zero_run(const std::shared_ptr<comm::Communicator>& world, int stage, 
           EXPECT_GT(opt.clip_grad_norm(clip), clip) << "the test must exercise clipping";
         opt.step();
         opt.zero_grad();
+        // Stage 3 keeps 1/N of the parameters between steps; the comparison reads them whole.
+        if (++steps == kSteps) opt.gather_parameters();
       });
 }
 
 TEST(ZeRO, MatchesTheSingleProcessRun) {
   auto world = comm::world();
   const RunResult want = single_process_run();
-  for (int stage : {1, 2})
+  for (int stage : {1, 2, 3})
     for (int accum : {1, 2})
       for (double bucket_mb : {25.0, 0.002}) {
+        if (stage == 3 && bucket_mb != 25.0) continue;  // stage 3 buckets by module
         SCOPED_TRACE(detail::str_cat(world->size(), " ranks, stage ", stage, ", grad_accum ", accum,
                                      ", buckets of ", bucket_mb, " MiB"));
         expect_same_run(zero_run(world, stage, accum, bucket_mb, 0), want, 1e-5);
@@ -55,9 +60,63 @@ TEST(ZeRO, ClipsTheGlobalNormOverAllShards) {
   auto world = comm::world();
   // 0.05 is well below this model's gradient norm, so every step clips.
   const RunResult want = single_process_run(0.05);
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     SCOPED_TRACE(detail::str_cat(world->size(), " ranks, stage ", stage));
     expect_same_run(zero_run(world, stage, 1, 0.002, 0.05), want, 1e-5);
+  }
+}
+
+// Checkpointing recomputes each block inside backward: stage 3 gathers the block again for the
+// recomputation, and the result is still the single-process one.
+TEST(ZeRO, Stage3WithActivationCheckpointing) {
+  auto world = comm::world();
+  const RunResult want = single_process_run();
+  for (int accum : {1, 2}) {
+    SCOPED_TRACE(detail::str_cat(world->size(), " ranks, grad_accum ", accum));
+    expect_same_run(zero_run(world, 3, accum, 25, 0, /*checkpoint=*/true), want, 1e-5);
+  }
+}
+
+// Between steps a stage-3 rank holds only its shards: a parameter cannot be read (a clear
+// error, not freed memory), the parameter bytes are 1/N of the model, and gather_parameters()
+// makes the whole model readable again, equal on every rank.
+TEST(ZeRO, Stage3ShardsTheParameters) {
+  auto world = comm::world();
+  const int n = world->size();
+  nn::GPT model(tiny_gpt_config());
+  model.init_parameters(kSeed);
+  const RunResult initial{{}, parameter_values(model)};
+  const int64_t numel = model.num_parameters();
+  ZeroOptions o;
+  o.stage = 3;
+  ZeroOptimizer opt(model, world, o, adamw_factory());
+  const Tensor wte = model.wte->weight;
+  try {
+    (void)wte.to_vector<float>();
+    FAIL() << "reading a released ZeRO-3 parameter must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has been released"), std::string::npos) << e.what();
+  }
+  // One unit per block plus the root (embeddings, final LayerNorm), each padded to n.
+  const size_t units = size_t(model.config().layers) + 1;
+  ASSERT_EQ(opt.buckets().buckets().size(), units);
+  const size_t shard_bytes = opt.memory().parameters;
+  EXPECT_GE(shard_bytes, size_t(numel) * 4 / size_t(n));
+  EXPECT_LE(shard_bytes, (size_t(numel) / size_t(n) + units) * 4);
+
+  opt.gather_parameters();
+  EXPECT_EQ(opt.memory().parameters, shard_bytes + opt.buckets().total_padded() * 4);
+  expect_same_run(RunResult{{}, parameter_values(model)}, initial, 0);
+
+  // Calling forward() directly skips the hooks that gather: an error once released.
+  GlobalBatch b = global_batch(0, model.config().vocab);
+  opt.backward(model.loss(b.rows(0, 2), b.target_rows(0, 2)));  // releases every unit
+  EXPECT_EQ(opt.memory().parameters, shard_bytes);
+  try {
+    model.block(0).forward(Tensor::zeros({1, 2, model.config().channels}));
+    FAIL() << "a block's forward() past the hooks must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("operator()"), std::string::npos) << e.what();
   }
 }
 
