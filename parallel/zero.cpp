@@ -164,4 +164,88 @@ TrainingMemory ZeroOptimizer::memory() const {
 
 std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state() const { return inner_->state(); }
 
+namespace {
+
+Tensor i64_values(const std::vector<int64_t>& v) {
+  return Tensor::from_vector(v, {int64_t(v.size())});
+}
+
+// The values of an i64 state entry, or an error naming it.
+std::vector<int64_t> i64_entry(const std::map<std::string, Tensor>& state, const std::string& key,
+                               const char* owner) {
+  auto it = state.find(key);
+  LOOM_CHECK(it != state.end() && it->second.defined(), owner, ": load_state_dict: no '", key,
+             "' in the state (was it saved by a ZeroOptimizer's state_dict()?)");
+  LOOM_CHECK(it->second.dtype() == DType::kI64, owner, ": load_state_dict: '", key, "' is ",
+             it->second.str(), ", expected i64");
+  return it->second.to_vector<int64_t>();
+}
+
+std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> ZeroOptimizer::state_dict() const {
+  std::map<std::string, Tensor> out = inner_->state_dict();
+  const BucketPlan& plan = reducer_.plan();
+  std::vector<int64_t> shard_numel;
+  for (size_t b = 0; b < plan.buckets().size(); ++b) shard_numel.push_back(plan.shard_numel(b));
+  out["zero.stage"] = i64_values({options_.stage});
+  out["zero.rank"] = i64_values({reducer_.group().rank()});
+  out["zero.world_size"] = i64_values({reducer_.group().size()});
+  out["zero.shard_numel"] = i64_values(shard_numel);
+  if (sharded_)
+    for (size_t b = 0; b < plan.buckets().size(); ++b)
+      out["zero.param_shard." + std::to_string(b)] = sharded_->shard(b).clone();
+  return out;
+}
+
+void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  const char* owner = owner_name(options_.stage);
+  const int rank = reducer_.group().rank(), size = reducer_.group().size();
+  const int64_t saved_size = i64_entry(state, "zero.world_size", owner).at(0);
+  const int64_t saved_rank = i64_entry(state, "zero.rank", owner).at(0);
+  const int64_t saved_stage = i64_entry(state, "zero.stage", owner).at(0);
+  LOOM_CHECK(saved_size == size, owner, ": load_state_dict: the state was saved by rank ",
+             saved_rank, " of ", saved_size, " ranks, but this group has ", size,
+             ": a ZeRO state holds one rank's shards and loads only on the same number of ranks "
+             "(See Note [Sharded state])");
+  LOOM_CHECK(saved_rank == rank, owner, ": load_state_dict: the state was saved by rank ",
+             saved_rank, " but this is rank ", rank, "; load each rank's own state");
+  LOOM_CHECK(saved_stage == options_.stage, owner,
+             ": load_state_dict: the state was saved by "
+             "ZeRO stage ",
+             saved_stage, ", not ", options_.stage);
+  const BucketPlan& plan = reducer_.plan();
+  std::vector<int64_t> mine;
+  for (size_t b = 0; b < plan.buckets().size(); ++b) mine.push_back(plan.shard_numel(b));
+  const std::vector<int64_t> saved = i64_entry(state, "zero.shard_numel", owner);
+  LOOM_CHECK(saved == mine, owner, ": load_state_dict: the state's bucket shards hold ",
+             list_str(saved), " elements but this optimizer's hold ", list_str(mine),
+             " (a different model or bucket size)");
+  std::map<std::string, Tensor> inner;
+  for (const auto& [key, t] : state)
+    if (key.rfind("zero.", 0) != 0) inner.emplace(key, t);
+  if (sharded_) {
+    for (size_t b = 0; b < plan.buckets().size(); ++b) {
+      const std::string key = "zero.param_shard." + std::to_string(b);
+      auto it = state.find(key);
+      LOOM_CHECK(it != state.end() && it->second.defined() &&
+                     it->second.shape() == sharded_->shard(b).shape() &&
+                     it->second.dtype() == DType::kF32,
+                 owner, ": load_state_dict: '", key, "' is missing or is not f32 [", mine[b], "]");
+    }
+  }
+  inner_->load_state_dict(inner);  // checks its own entries before changing anything
+  if (sharded_) {
+    for (size_t b = 0; b < plan.buckets().size(); ++b)
+      Tensor(sharded_->shard(b)).copy_(state.at("zero.param_shard." + std::to_string(b)));
+    sharded_->release_all();  // a gathered copy is stale
+  }
+}
+
 }  // namespace loom::parallel

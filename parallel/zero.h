@@ -24,9 +24,17 @@
 //   opt.clip_grad_norm(1.0);  // optional: the global norm over every shard
 //   opt.step();
 //   opt.zero_grad();
+//
+// Note [Sharded state]
+// A ZeRO rank's optimizer state covers only the elements of its shards, whose boundaries depend
+// on the group size and the bucket layout. A state saved on N ranks therefore cannot be loaded on
+// M != N ranks (re-sharding it would mean gathering and re-splitting every bucket, which loom
+// does not do): load_state_dict refuses it, naming both sizes, rather than loading moments into
+// the wrong elements.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 
 #include "collectives/communicator.h"
@@ -72,6 +80,16 @@ class ZeroOptimizer : public optim::Optimizer {
   void gather_parameters();
   // This rank's share of the wrapped optimizer's state.
   std::vector<std::pair<std::string, Tensor>> state() const override;
+  // This rank's shard of the training state, to checkpoint: the wrapped optimizer's
+  // state_dict() over this rank's pieces, plus where it belongs ("zero.stage", "zero.rank",
+  // "zero.world_size", "zero.shard_numel" per bucket) and, in stage 3, the parameter shards
+  // ("zero.param_shard.{b}"), which no other copy of the model holds whole. Each rank saves its
+  // own (See Note [Sharded state]).
+  std::map<std::string, Tensor> state_dict() const override;
+  // Loads what state_dict() saved on the same rank of a group of the same size, stage and
+  // bucket layout; anything else is refused with an error naming what differs, before anything
+  // changes. Local: no communication, so a refusal cannot hang the other ranks.
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
   int stage() const { return options_.stage; }
   const BucketPlan& buckets() const { return reducer_.plan(); }

@@ -141,6 +141,101 @@ TEST(ZeRO, OptimizerStateIsSharded) {
   EXPECT_LE(mine, 2 * (numel / n + int64_t(opt.buckets().buckets().size())));
 }
 
+// Steps [first, first + count) with the whole global batch split over the group's ranks.
+void train_steps(comm::Communicator& group, nn::GPT& model, ZeroOptimizer& opt, int first,
+                 int count) {
+  const int64_t rows = kGlobalBatch / group.size();
+  for (int s = first; s < first + count; ++s) {
+    GlobalBatch b = global_batch(s, model.config().vocab);
+    const int64_t row0 = int64_t(group.rank()) * rows;
+    opt.backward(model.loss(b.rows(row0, rows), b.target_rows(row0, rows)));
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
+std::unique_ptr<ZeroOptimizer> make_zero(nn::GPT& model, std::shared_ptr<comm::Communicator> g,
+                                         int stage, double bucket_mb = 0.002) {
+  ZeroOptions o;
+  o.stage = stage;
+  o.bucket_mb = bucket_mb;
+  return std::make_unique<ZeroOptimizer>(model, std::move(g), o, adamw_factory());
+}
+
+// A run checkpointed after 2 steps (each rank its own shard of the state; the model's weights
+// whole, except in stage 3, whose parameter shards are in the state) and resumed by a fresh
+// optimizer continues bit for bit as the run that never stopped.
+TEST(ZeRO, ResumesBitExactlyFromASavedState) {
+  auto world = comm::world();
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(detail::str_cat(world->size(), " ranks, stage ", stage));
+    nn::GPT a(tiny_gpt_config());
+    a.init_parameters(kSeed);
+    auto opt_a = make_zero(a, world, stage);
+    train_steps(*world, a, *opt_a, 0, 2);
+    const std::map<std::string, Tensor> saved = opt_a->state_dict();
+    opt_a->gather_parameters();
+    nn::StateDict weights;
+    for (const auto& [name, t] : a.state_dict()) weights[name] = t.clone();
+    train_steps(*world, a, *opt_a, 2, 3);
+    opt_a->gather_parameters();
+
+    nn::GPT b(tiny_gpt_config());
+    if (stage < 3) b.load_state_dict(weights);  // stage 3 restores its shards from the state
+    auto opt_b = make_zero(b, world, stage);
+    opt_b->load_state_dict(saved);
+    train_steps(*world, b, *opt_b, 2, 3);
+    opt_b->gather_parameters();
+    expect_same_run(RunResult{{}, parameter_values(b)}, RunResult{{}, parameter_values(a)}, 0);
+  }
+}
+
+void expect_refused(ZeroOptimizer& opt, const std::map<std::string, Tensor>& state,
+                    const std::string& message) {
+  try {
+    opt.load_state_dict(state);
+    ADD_FAILURE() << "loading must throw: " << message;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
+// A sharded state only fits the group size, rank, stage and buckets it was saved with.
+TEST(ZeRO, RefusesAStateSavedWithAnotherWorld) {
+  auto world = comm::world();
+  const int n = world->size(), r = world->rank();
+  nn::GPT model(tiny_gpt_config());
+  model.init_parameters(kSeed);
+  auto opt = make_zero(model, world, 2);
+  train_steps(*world, model, *opt, 0, 1);
+  const std::map<std::string, Tensor> saved = opt->state_dict();
+
+  std::map<std::string, Tensor> other = saved;
+  other["zero.world_size"] = Tensor::from_vector(std::vector<int64_t>{n + 1}, {1});
+  expect_refused(
+      *opt, other,
+      detail::str_cat("saved by rank ", r, " of ", n + 1, " ranks, but this group has ", n));
+  auto stage1 = make_zero(model, world, 1);
+  expect_refused(*stage1, saved, "saved by ZeRO stage 2, not 1");
+  auto one_bucket = make_zero(model, world, 2, 25);
+  expect_refused(*one_bucket, saved, "a different model or bucket size");
+  if (n > 1) {  // a real group of another size: each rank on its own
+    nn::GPT alone_model(tiny_gpt_config());
+    auto alone = make_zero(alone_model, world->split(r, 0, "alone"), 2);
+    expect_refused(*alone, saved,
+                   detail::str_cat("saved by rank ", r, " of ", n, " ranks, but this group has 1"));
+  }
+  // A refused load changed nothing: the optimizer still saves what it saved.
+  const std::map<std::string, Tensor> after = opt->state_dict();
+  ASSERT_EQ(after.size(), saved.size());
+  for (const auto& [key, t] : saved) {
+    if (t.dtype() == DType::kI64)
+      EXPECT_EQ(after.at(key).to_vector<int64_t>(), t.to_vector<int64_t>()) << key;
+    else
+      EXPECT_EQ(after.at(key).to_vector<float>(), t.to_vector<float>()) << key;
+  }
+}
+
 TEST(ZeRO, StepWithoutBackwardIsAnError) {
   auto world = comm::world();
   nn::GPT model(tiny_gpt_config());
