@@ -302,6 +302,22 @@ void Tensor::set_data(const Tensor& source) {
   impl_->offset = source.offset();
 }
 
+void Tensor::to_(DType target) {
+  require_defined("to_");
+  LOOM_CHECK(is_floating(dtype()) && is_floating(target), "Tensor::to_: ", str(), " to ",
+             dtype_name(target), ": only floating tensors convert to floating dtypes in place");
+  LOOM_CHECK(impl_->grad_fn == nullptr, "Tensor::to_: ", str(), " was produced by ",
+             impl_->grad_fn->name(), "; only leaf tensors convert in place (use to(DType) for a ",
+             "differentiable copy)");
+  if (target == dtype()) return;
+  Tensor converted = convert_copy(*this, target);
+  impl_->storage = converted.storage();
+  impl_->strides = converted.strides();
+  impl_->offset = converted.offset();
+  impl_->dtype = target;
+  impl_->grad = Tensor();
+}
+
 Tensor Tensor::detach() const {
   require_defined("detach");
   return make_view(*this, shape(), strides(), offset());

@@ -113,6 +113,12 @@ class Tensor {
   // move parameters into flat buffers this way. Not while a graph that saved this tensor is
   // waiting for backward: the saved tensor would see the new memory.
   void set_data(const Tensor& source);
+  // Converts a leaf's values to floating `dtype` in new memory, keeping its autograd identity
+  // (this impl, requires_grad, hooks): how Module::to casts parameters. Drops the gradient, which
+  // had the old dtype. A no-op when the dtype is already `dtype`. Leaves only (an op's output
+  // would no longer match its graph). Like set_data, not while a graph that saved this tensor is
+  // waiting for backward; views made earlier (detach(), narrow) keep the old memory and dtype.
+  void to_(DType dtype);
 
   // ---- views (differentiable; see core/ops.h) ----
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;

@@ -20,14 +20,16 @@ std::string join_keys(const std::vector<std::string>& keys) {
 
 }  // namespace
 
-Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
+Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr, bool f32_only)
     : name_(name), params_(std::move(params)), lr_(lr) {
   LOOM_CHECK(lr >= 0.0, name_, ": learning rate must be >= 0, got ", lr);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     LOOM_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
-    LOOM_CHECK(p.dtype() == DType::kF32, name_, ": parameter ", i, " ", p.str(),
-               " must be f32 (optimizers update f32 parameters)");
+    LOOM_CHECK(p.dtype() == DType::kF32 || (!f32_only && is_floating(p.dtype())), name_,
+               ": parameter ", i, " ", p.str(),
+               " must be f32 (optimizers update f32 parameters; train bf16 or f16 ones with f32 "
+               "master weights: MixedPrecisionOptimizer, or ZeRO)");
     LOOM_CHECK(p.is_contiguous(), name_, ": parameter ", i, " ", p.str(), " is not contiguous");
     for (size_t j = 0; j < i; ++j)
       LOOM_CHECK(!params_[j].same_as(p), name_, ": parameter ", i, " is the same tensor as ", j,

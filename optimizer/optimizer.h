@@ -14,7 +14,9 @@
 // anything, so a failed load leaves the optimizer as it was.
 #pragma once
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,7 +27,8 @@ namespace loom::optim {
 
 class Optimizer {
  public:
-  Optimizer(const char* name, std::vector<Tensor> params, double lr);
+  // f32_only false: a wrapper whose parameters may be bf16 or f16 (it steps f32 masters).
+  Optimizer(const char* name, std::vector<Tensor> params, double lr, bool f32_only = true);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -70,5 +73,9 @@ class Optimizer {
   std::vector<Tensor> params_;
   double lr_;
 };
+
+// Builds an optimizer over the parameters it is given: how wrappers that own the tensors being
+// stepped (f32 masters, ZeRO's shards) take "any loom optimizer".
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor> params)>;
 
 }  // namespace loom::optim

@@ -70,7 +70,8 @@ ShardedParameters::ShardedParameters(const NamedParams& params, const BucketPlan
   for (size_t b = 0; b < n; ++b) {
     const Bucket& bucket = plan.buckets()[b];
     const int64_t size = plan.shard_numel(b);
-    Tensor full = Tensor::zeros({bucket.padded}, DType::kF32, params[0].second.device());
+    Tensor full =
+        Tensor::zeros({bucket.padded}, params[0].second.dtype(), params[0].second.device());
     for (const BucketSlot& s : bucket.slots) {
       Tensor p = params[s.param].second;
       Tensor view = full.narrow(0, s.offset, s.numel).reshape(p.shape());

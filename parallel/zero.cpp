@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "parallel/replicas.h"
 
@@ -56,7 +57,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
 ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                              const ZeroOptions& options, const OptimizerFactory& make_optimizer,
                              Prepared prepared)
-    : Optimizer(owner_name(options.stage), module.parameters(), 0.0),
+    : Optimizer(owner_name(options.stage), module.parameters(), 0.0, /*f32_only=*/false),
       options_(options),
       reducer_(owner_name(options.stage), prepared.params, group, prepared.reducer) {
   LOOM_CHECK(make_optimizer != nullptr, name_, ": no optimizer factory given");
@@ -71,7 +72,8 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   } else {
     for (size_t b = 0; b < plan.buckets().size(); ++b) {
       const Bucket& bucket = plan.buckets()[b];
-      Tensor flat = Tensor::zeros({bucket.padded}, DType::kF32, named[0].second.device());
+      Tensor flat =
+          Tensor::zeros({bucket.padded}, named[0].second.dtype(), named[0].second.device());
       for (const BucketSlot& s : bucket.slots) {
         Tensor p = named[s.param].second;
         Tensor view = flat.narrow(0, s.offset, s.numel).reshape(p.shape());
@@ -81,7 +83,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
       flat_params_.push_back(flat);
     }
   }
-  std::vector<Tensor> masters;
+  std::vector<Tensor> stepped;  // what the wrapped optimizer steps: the pieces, or f32 masters
   for (const ShardPiece& sp : plan.shard_pieces(rank)) {
     const Tensor shard =
         sharded_ ? sharded_->shard(sp.bucket)
@@ -89,16 +91,26 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
                                                   plan.shard_numel(sp.bucket));
     Piece piece{sp.param, shard.narrow(0, sp.shard_offset, sp.numel),
                 reducer_.shard_grad(sp.bucket).narrow(0, sp.shard_offset, sp.numel)};
-    masters.push_back(piece.master);
+    stepped.push_back(piece.master);
     pieces_.push_back(std::move(piece));
   }
-  inner_ = make_optimizer(std::move(masters));
+  const DType dtype = named.empty() ? DType::kF32 : named[0].second.dtype();
+  if (optim::is_low_precision(dtype)) {
+    masters_ = std::make_unique<optim::MasterWeights>(stepped);
+    stepped = masters_->masters();
+  }
+  scaler_ = options.loss_scaling   ? optim::LossScaler(*options.loss_scaling)
+            : dtype == DType::kF16 ? optim::LossScaler()
+                                   : optim::LossScaler::none();
+  inner_ = make_optimizer(std::move(stepped));
   LOOM_CHECK(inner_ != nullptr, name_, ": the optimizer factory returned null");
   lr_ = inner_->lr();
   name_ = inner_->name();  // what is being stepped; errors of the sharding itself name the stage
 }
 
-void ZeroOptimizer::backward(const Tensor& loss) {
+void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
+  const Tensor loss =
+      scaler_.scale() == 1.0 ? unscaled_loss : scale(unscaled_loss, scaler_.scale());
   if (!sharded_) return reducer_.backward(loss);
   try {
     reducer_.backward(loss);
@@ -113,7 +125,18 @@ void ZeroOptimizer::finish_gradients() {
   if (reducer_.finished()) return;
   reducer_.finish();
   // The wrapped optimizer's gradients: this rank's shard, none for a parameter no rank used.
-  for (Piece& p : pieces_) p.master.set_grad(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
+  if (!masters_) {
+    for (Piece& p : pieces_) p.master.set_grad(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
+    found_nonfinite_ = false;
+    return;
+  }
+  // See Note [Skipping a step]: the decision is the group's, since each rank sees its shards.
+  std::vector<Tensor> grads;
+  for (Piece& p : pieces_) grads.push_back(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
+  const bool finite = masters_->set_gradients(grads, 1.0 / scaler_.scale());
+  Tensor flag = Tensor::full({1}, finite ? 0.0 : 1.0, DType::kI32);
+  reducer_.group().allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
+  found_nonfinite_ = flag.item() != 0;
 }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
@@ -129,9 +152,18 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
 
 void ZeroOptimizer::step() {
   finish_gradients();
-  inner_->set_lr(lr_);
-  inner_->step();
+  const bool skip = found_nonfinite_;
+  if (!skip) {
+    inner_->set_lr(lr_);
+    inner_->step();
+  }
   for (Piece& p : pieces_) p.master.set_grad(Tensor());
+  if (masters_) {
+    masters_->clear_gradients();
+    if (!skip) masters_->copy_to_model();  // rounded into this rank's shard of the parameters
+  }
+  scaler_.update(skip);
+  if (skip) return;  // parameters and optimizer state as they were (See Note [Skipping a step])
   if (sharded_) {
     sharded_->release_all();  // a gathered copy (gather_parameters) is stale now
     return;                   // the next forward gathers the updated shards
@@ -158,11 +190,17 @@ TrainingMemory ZeroOptimizer::memory() const {
   for (const Tensor& t : flat_params_) m.parameters += t.nbytes();
   if (sharded_) m.parameters = sharded_->resident_bytes();
   m.gradients = reducer_.gradient_bytes();
-  m.optimizer_state = inner_->state_bytes();
+  m.optimizer_state = state_bytes();  // the wrapped optimizer's and the f32 masters
   return m;
 }
 
-std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state() const { return inner_->state(); }
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state() const {
+  std::vector<std::pair<std::string, Tensor>> out = inner_->state();
+  if (masters_)
+    for (size_t i = 0; i < masters_->masters().size(); ++i)
+      out.emplace_back(std::to_string(i) + ".master", masters_->masters()[i]);
+  return out;
+}
 
 namespace {
 
@@ -191,6 +229,9 @@ std::string list_str(const std::vector<int64_t>& v) {
 
 std::map<std::string, Tensor> ZeroOptimizer::state_dict() const {
   std::map<std::string, Tensor> out = inner_->state_dict();
+  if (masters_)
+    for (size_t i = 0; i < masters_->masters().size(); ++i)
+      out["zero.master." + std::to_string(i)] = masters_->masters()[i].clone();
   const BucketPlan& plan = reducer_.plan();
   std::vector<int64_t> shard_numel;
   for (size_t b = 0; b < plan.buckets().size(); ++b) shard_numel.push_back(plan.shard_numel(b));
@@ -236,11 +277,28 @@ void ZeroOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) 
       auto it = state.find(key);
       LOOM_CHECK(it != state.end() && it->second.defined() &&
                      it->second.shape() == sharded_->shard(b).shape() &&
+                     it->second.dtype() == sharded_->shard(b).dtype(),
+                 owner, ": load_state_dict: '", key, "' is missing or is not ",
+                 sharded_->shard(b).str());
+    }
+  }
+  if (masters_) {
+    for (size_t i = 0; i < masters_->masters().size(); ++i) {
+      const std::string key = "zero.master." + std::to_string(i);
+      auto it = state.find(key);
+      LOOM_CHECK(it != state.end() && it->second.defined() &&
+                     it->second.shape() == masters_->masters()[i].shape() &&
                      it->second.dtype() == DType::kF32,
-                 owner, ": load_state_dict: '", key, "' is missing or is not f32 [", mine[b], "]");
+                 owner, ": load_state_dict: '", key, "' is missing or is not ",
+                 masters_->masters()[i].str());
     }
   }
   inner_->load_state_dict(inner);  // checks its own entries before changing anything
+  // The model's low-precision values are the masters rounded: the weights loaded into the
+  // model (stages 1, 2) or the parameter shards below (stage 3) already hold them.
+  if (masters_)
+    for (size_t i = 0; i < masters_->masters().size(); ++i)
+      Tensor(masters_->masters()[i]).copy_(state.at("zero.master." + std::to_string(i)));
   if (sharded_) {
     for (size_t b = 0; b < plan.buckets().size(); ++b)
       Tensor(sharded_->shard(b)).copy_(state.at("zero.param_shard." + std::to_string(b)));

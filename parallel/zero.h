@@ -25,6 +25,13 @@
 //   opt.step();
 //   opt.zero_grad();
 //
+// Note [Skipping a step]
+// With bf16 or f16 parameters the wrapped optimizer steps f32 masters of this rank's pieces (so
+// the masters, like the rest of the optimizer state, are sharded: 12/N bytes per parameter with
+// Adam). A rank sees only its shards of the gradient, so whether a step holds an inf or nan is
+// agreed over the group (one max-allreduce of a flag): then every rank skips the step, leaving
+// parameters and optimizer state unchanged, and its loss scaler backs off and counts the skip.
+//
 // Note [Sharded state]
 // A ZeRO rank's optimizer state covers only the elements of its shards, whose boundaries depend
 // on the group size and the bucket layout. A state saved on N ranks therefore cannot be loaded on
@@ -36,9 +43,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "collectives/communicator.h"
 #include "core/nn/module.h"
+#include "optimizer/loss_scaler.h"
+#include "optimizer/master_weights.h"
 #include "optimizer/optimizer.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/sharded_parameters.h"
@@ -52,11 +62,13 @@ struct ZeroOptions {
   int grad_accum = 1;           // micro-batches per step
   bool check_replicas = false;  // as DdpOptions::check_replicas
   bool overlap = true;          // See GradReducerOptions::overlap
+  // bf16 / f16 parameters train with f32 master weights (See Note [Skipping a step]); the loss
+  // scaling defaults to dynamic for f16 and none for bf16.
+  std::optional<optim::LossScalerOptions> loss_scaling;
 };
 
 // Builds the wrapped optimizer over the parameter pieces it is given.
-using OptimizerFactory =
-    std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
+using OptimizerFactory = optim::OptimizerFactory;
 
 class ZeroOptimizer : public optim::Optimizer {
  public:
@@ -65,7 +77,8 @@ class ZeroOptimizer : public optim::Optimizer {
   ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                 const ZeroOptions& options, const OptimizerFactory& make_optimizer);
 
-  // Backward of one micro-batch (scale its loss by 1 / grad_accum yourself).
+  // Backward of one micro-batch (scale its loss by 1 / grad_accum yourself; the loss scale, for
+  // f16, is applied here).
   void backward(const Tensor& loss);
   // Waits for the step's gradient reductions (step() does it when you have not).
   void finish_gradients();
@@ -92,6 +105,7 @@ class ZeroOptimizer : public optim::Optimizer {
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
   int stage() const { return options_.stage; }
+  const optim::LossScaler& scaler() const { return scaler_; }
   const BucketPlan& buckets() const { return reducer_.plan(); }
   optim::Optimizer& inner() const { return *inner_; }
   // What this rank keeps for training, in bytes: its parameters (full in stages 1 and 2; in
@@ -118,6 +132,9 @@ class ZeroOptimizer : public optim::Optimizer {
   std::unique_ptr<ShardedParameters> sharded_;  // stage 3
   std::vector<Piece> pieces_;
   std::unique_ptr<optim::Optimizer> inner_;
+  std::unique_ptr<optim::MasterWeights> masters_;  // bf16 / f16: f32 copies of the pieces
+  optim::LossScaler scaler_ = optim::LossScaler::none();
+  bool found_nonfinite_ = false;  // this step's gradients, on any rank
 };
 
 }  // namespace loom::parallel

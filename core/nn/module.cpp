@@ -189,6 +189,16 @@ void Module::init_parameters(uint64_t seed) {
   for (auto& [n, m] : children_) m->init_parameters(seed);
 }
 
+void Module::to(DType dtype) {
+  LOOM_CHECK(is_floating(dtype), "Module::to: dtype ", dtype_name(dtype),
+             " is not floating; parameters can be f32, bf16 or f16");
+  for (auto& [name, param] : named_parameters()) {
+    Tensor p = param;
+    p.zero_grad();
+    p.to_(dtype);
+  }
+}
+
 void ModuleList::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));
 }

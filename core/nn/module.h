@@ -80,6 +80,15 @@ class Module {
   // Fills every parameter from its Init spec under `seed`, keyed by its full name.
   void init_parameters(uint64_t seed);
 
+  // Converts every parameter (recursively) to floating `dtype` (f32, bf16 or f16; anything else
+  // is an error and changes nothing). Each parameter stays the same tensor (Tensor::to_): a leaf,
+  // still requiring grad, with its hooks, so handles taken before (parameters(), state_dict())
+  // see the new dtype. Every gradient is dropped. The ops then run in bf16/f16, See Note
+  // [Low-precision compute]. Call it before handing the parameters to an optimizer, DDP or ZeRO,
+  // which keep their own views of the parameters' memory:
+  //   nn::GPT model(config); model.init_parameters(seed); model.to(DType::kBF16);
+  void to(DType dtype);
+
   // This module's name from the root of its tree: "" for a root, "blocks.3.attn" for a GPT's
   // fourth attention. Set by register_module; a root may be given one (a pipeline stage's block
   // keeps its global name) and its subtree follows.

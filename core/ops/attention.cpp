@@ -3,12 +3,16 @@
 #include "kernels/cpu/attention.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 
 namespace loom {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal) {
   constexpr const char* op = "scaled_dot_product_attention";
+  // See Note [Low-precision compute].
+  const detail::LowPrecision lp(op, {{"q", q}, {"k", k}, {"v", v}});
+  if (lp) return lp.round(scaled_dot_product_attention(lp.f32(q), lp.f32(k), lp.f32(v), causal));
   detail::check_f32(op, "q", q);
   detail::check_f32(op, "k", k);
   detail::check_f32(op, "v", v);

@@ -8,7 +8,8 @@
 namespace loom::detail {
 
 void check_defined(const char* op, const char* arg, const Tensor& t);
-// Defined, f32 (the dtype CPU kernels compute in for now).
+// Defined, f32 (the dtype the kernels compute in). Ops call it on their f32 path, after
+// LowPrecision has sent bf16/f16 inputs through f32 copies (See Note [Low-precision compute]).
 void check_f32(const char* op, const char* arg, const Tensor& t);
 // Defined and of an index type (i32 or i64).
 void check_index(const char* op, const char* arg, const Tensor& t);

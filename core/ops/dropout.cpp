@@ -3,14 +3,17 @@
 #include "kernels/cpu/dropout.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 
 namespace loom {
 
 Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) {
-  detail::check_f32("dropout", "x", x);
+  detail::check_defined("dropout", "x", x);
+  const detail::LowPrecision lp("dropout", {{"x", x}});  // x is f32, bf16 or f16
   LOOM_CHECK(p >= 0.0 && p < 1.0 && float(p) < 1.0f,
              "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
+  if (lp) return lp.round(dropout(lp.f32(x), p, training, key));  // Note [Low-precision compute]
   LOOM_CHECK(x.device().is_cpu(), "dropout: CUDA kernel not implemented yet (CPU only for now)");
   Tensor in = x.detach().contiguous();
   Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());

@@ -1,9 +1,10 @@
 // add / sub / mul / scale with broadcasting over leading dims (see core/ops.h), and the in-place
-// helpers optimizers use.
+// helpers optimizers use. bf16/f16: See Note [Low-precision compute].
 #include "kernels/cpu/elementwise.h"
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cuda/elementwise.h"
 
 namespace loom {
@@ -73,6 +74,8 @@ void check_binary(const char* op, const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  const detail::LowPrecision lp("add", {{"a", a}, {"b", b}});
+  if (lp) return lp.round(add(lp.f32(a), lp.f32(b)));
   check_binary("add", a, b);
   Tensor out = binary_forward(Binary::kAdd, a, b);
   Shape sa = a.shape(), sb = b.shape();
@@ -83,6 +86,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  const detail::LowPrecision lp("sub", {{"a", a}, {"b", b}});
+  if (lp) return lp.round(sub(lp.f32(a), lp.f32(b)));
   check_binary("sub", a, b);
   Tensor out = binary_forward(Binary::kSub, a, b);
   Shape sa = a.shape(), sb = b.shape();
@@ -94,6 +99,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  const detail::LowPrecision lp("mul", {{"a", a}, {"b", b}});
+  if (lp) return lp.round(mul(lp.f32(a), lp.f32(b)));
   check_binary("mul", a, b);
   Tensor out = binary_forward(Binary::kMul, a, b);
   Tensor sa = a.requires_grad() ? b.detach() : Tensor();  // saved only where a gradient needs it
@@ -108,6 +115,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor scale(const Tensor& x, double s) {
+  const detail::LowPrecision lp("scale", {{"x", x}});
+  if (lp) return lp.round(scale(lp.f32(x), s));
   detail::check_f32("scale", "x", x);
   Tensor in = x.contiguous();
   Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
@@ -123,12 +132,18 @@ Tensor scale(const Tensor& x, double s) {
 }
 
 void add_(Tensor& x, const Tensor& y, double alpha) {
-  detail::check_f32("add_", "x", x);
-  detail::check_f32("add_", "y", y);
+  const detail::LowPrecision lp("add_", {{"x", x}, {"y", y}});
+  detail::check_defined("add_", "x", x);
+  detail::check_defined("add_", "y", y);
   detail::check_same_device("add_", "x", x, "y", y);
   LOOM_CHECK(x.shape() == y.shape(), "add_: shapes ", shape_str(x.shape()), " and ",
              shape_str(y.shape()), " differ");
   LOOM_CHECK(x.is_contiguous(), "add_: destination ", x.str(), " is not contiguous");
+  if (lp) {  // x keeps its dtype: rounded back into a bf16/f16 x, left f32 otherwise
+    detail::LowPrecision::update(
+        x, [&](Tensor& x32) { add_(x32, detail::LowPrecision::f32(y.detach()), alpha); });
+    return;
+  }
   Tensor in = y.detach().contiguous();
   if (x.device().is_cpu()) {
     kernels::cpu::axpy(x.data<float>(), in.data<float>(), float(alpha), x.numel());
@@ -139,8 +154,13 @@ void add_(Tensor& x, const Tensor& y, double alpha) {
 }
 
 void scale_(Tensor& x, double s) {
-  detail::check_f32("scale_", "x", x);
+  const detail::LowPrecision lp("scale_", {{"x", x}});
+  detail::check_defined("scale_", "x", x);
   LOOM_CHECK(x.is_contiguous(), "scale_: tensor ", x.str(), " is not contiguous");
+  if (lp) {
+    detail::LowPrecision::update(x, [s](Tensor& x32) { scale_(x32, s); });
+    return;
+  }
   if (x.device().is_cpu()) {
     kernels::cpu::scale(x.data<float>(), float(s), x.data<float>(), x.numel());
   } else {
@@ -150,6 +170,9 @@ void scale_(Tensor& x, double s) {
 }
 
 double sum_of_squares(const Tensor& x) {
+  // bf16/f16 values are exact in f32, so the upcast changes nothing but the storage.
+  const detail::LowPrecision lp("sum_of_squares", {{"x", x}});
+  if (lp) return sum_of_squares(detail::LowPrecision::f32(x.detach()));
   detail::check_f32("sum_of_squares", "x", x);
   Tensor in = x.detach().contiguous();
   if (in.device().is_cpu()) return kernels::cpu::sum_of_squares(in.data<float>(), in.numel());

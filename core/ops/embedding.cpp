@@ -5,6 +5,7 @@
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cpu/embedding.h"
 
 namespace loom {
@@ -35,6 +36,10 @@ void check_indices(const I* indices, const Shape& shape, int64_t vocab) {
 }  // namespace
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  // See Note [Low-precision compute]: the gather is exact in any dtype, but the backward's
+  // scatter-add must sum in f32, so a bf16 weight is upcast whole like any other input.
+  const detail::LowPrecision lp("embedding", {{"weight", weight}});
+  if (lp) return lp.round(embedding(lp.f32(weight), indices));
   detail::check_f32("embedding", "weight", weight);
   detail::check_dim("embedding", "weight", weight, 2);
   detail::check_index("embedding", "indices", indices);

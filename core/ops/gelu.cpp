@@ -4,6 +4,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cuda/gelu.h"
 
 namespace loom {
@@ -25,6 +26,8 @@ Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
 }  // namespace
 
 Tensor gelu(const Tensor& x) {
+  const detail::LowPrecision lp("gelu", {{"x", x}});  // See Note [Low-precision compute]
+  if (lp) return lp.round(gelu(lp.f32(x)));
   detail::check_f32("gelu", "x", x);
   Tensor in = x.detach().contiguous();
   Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());

@@ -5,6 +5,7 @@
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cpu/cross_entropy.h"
 
 namespace loom {
@@ -25,6 +26,11 @@ void check_targets(const I* targets, int64_t rows, int64_t classes, int64_t igno
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options) {
+  // bf16/f16 logits: computed on an f32 copy and, unlike other ops, the loss stays f32 (as under
+  // PyTorch autocast); the logits' gradient comes back in their dtype through the upcast. See
+  // Note [Low-precision compute].
+  const detail::LowPrecision lp("cross_entropy", {{"logits", logits}});
+  if (lp) return cross_entropy(lp.f32(logits), targets, options);
   detail::check_f32("cross_entropy", "logits", logits);
   detail::check_dim("cross_entropy", "logits", logits, 2);
   detail::check_index("cross_entropy", "targets", targets);

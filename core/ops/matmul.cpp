@@ -17,6 +17,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/gemm.h"
@@ -148,6 +149,10 @@ std::pair<Tensor, Tensor> product_backward(const Product& p, const Tensor& g, bo
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  // See Note [Low-precision compute]. A transposed bf16 view upcasts to a contiguous f32 copy,
+  // which the f32 path then takes as is.
+  const detail::LowPrecision lp("matmul", {{"a", a}, {"b", b}});
+  if (lp) return lp.round(matmul(lp.f32(a), lp.f32(b), transpose_a, transpose_b));
   detail::check_f32("matmul", "a", a);
   detail::check_f32("matmul", "b", b);
   detail::check_same_device("matmul", "a", a, "b", b);
@@ -194,6 +199,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const detail::LowPrecision lp("linear", {{"x", x}, {"weight", weight}, {"bias", bias}});
+  if (lp) return lp.round(linear(lp.f32(x), lp.f32(weight), lp.f32(bias)));
   detail::check_f32("linear", "x", x);
   detail::check_f32("linear", "weight", weight);
   detail::check_same_device("linear", "x", x, "weight", weight);

@@ -2,6 +2,7 @@
 // the backward instead of the normalised activations.
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cpu/layer_norm.h"
 
 namespace loom {
@@ -21,6 +22,9 @@ const float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>(
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  // See Note [Low-precision compute]; undefined weight or bias stay undefined.
+  const detail::LowPrecision lp("layer_norm", {{"x", x}, {"weight", weight}, {"bias", bias}});
+  if (lp) return lp.round(layer_norm(lp.f32(x), lp.f32(weight), lp.f32(bias), eps));
   detail::check_f32("layer_norm", "x", x);
   LOOM_CHECK(x.dim() >= 1, "layer_norm: argument 'x' must have at least 1 dim, got shape ",
              shape_str(x.shape()));

@@ -1,10 +1,12 @@
 // sum and mean, over all elements or over one dim. Both are one kernel, sum_dim, over the input
 // viewed as [outer, size, inner] with a scale (1 or 1/size); their backward is the matching
-// broadcast of the output gradient back over the reduced dim.
+// broadcast of the output gradient back over the reduced dim. bf16/f16 inputs give a bf16/f16
+// result, the whole-tensor forms included: See Note [Low-precision compute].
 #include "kernels/cpu/reduce.h"
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 #include "kernels/cuda/reduce.h"
 
 namespace loom {
@@ -53,6 +55,8 @@ Tensor run_broadcast(const Tensor& grad, const Shape& in_shape, ReduceShape r, d
 }
 
 Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
+  const detail::LowPrecision lp(op, {{"x", x}});
+  if (lp) return lp.round(reduce_all(op, lp.f32(x), mean));
   detail::check_f32(op, "x", x);
   ReduceShape r{1, x.numel(), 1};
   // mean of nothing is 0 * inf = NaN, as in PyTorch
@@ -66,6 +70,8 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
 }
 
 Tensor reduce_dim(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool mean) {
+  const detail::LowPrecision lp(op, {{"x", x}});
+  if (lp) return lp.round(reduce_dim(op, lp.f32(x), dim, keepdim, mean));
   detail::check_f32(op, "x", x);
   dim = detail::wrap_dim(op, dim, x.dim());
   ReduceShape r = reduce_shape(x.shape(), dim);

@@ -1,9 +1,13 @@
-// reshape / transpose / narrow are views (no copy); cat copies; split and chunk are narrows.
+// reshape / transpose / narrow are views (no copy); cat copies; split and chunk are narrows. All of
+// them move bytes and work on any dtype; only cat of mixed f32 and bf16/f16 inputs converts (See
+// Note [Low-precision compute]).
+#include <algorithm>
 #include <cstring>
 
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 
 namespace loom {
 
@@ -108,6 +112,16 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   LOOM_CHECK(!xs.empty(), "cat: no tensors given");
   detail::check_defined("cat", "xs[0]", xs[0]);
   const Tensor& first = xs[0];
+  if (is_floating(first.dtype()) && std::any_of(xs.begin(), xs.end(), [&](const Tensor& t) {
+        return t.defined() && t.dtype() != first.dtype();
+      })) {
+    // f32 mixed with bf16 or f16 (other mixtures are refused here or below). Rounding the f32
+    // inputs and copying bytes gives exactly the rounded f32 cat, without upcasting the others.
+    const detail::LowPrecision lp("cat", "xs", xs);
+    std::vector<Tensor> same;
+    for (const Tensor& t : xs) same.push_back(t.defined() ? t.to(lp.dtype()) : t);
+    return cat(same, dim);
+  }
   dim = detail::wrap_dim("cat", dim, first.dim());
   Shape shape = first.shape();
   int64_t total = 0;

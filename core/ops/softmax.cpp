@@ -3,10 +3,13 @@
 #include "kernels/cpu/softmax.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
 
 namespace loom {
 
 Tensor softmax(const Tensor& x) {
+  const detail::LowPrecision lp("softmax", {{"x", x}});  // See Note [Low-precision compute]
+  if (lp) return lp.round(softmax(lp.f32(x)));
   detail::check_f32("softmax", "x", x);
   LOOM_CHECK(x.dim() >= 1, "softmax: argument 'x' must have at least 1 dim, got shape ",
              shape_str(x.shape()));

@@ -37,6 +37,10 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1, 2 or 3");
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
+  f.add_string("dtype", "f32",
+               "parameter and activation dtype; bf16 and f16 train with f32 master weights (f16 "
+               "with dynamic loss scaling)",
+               {"f32", "bf16", "f16"});
   f.add_double("bucket-mb", 25, "gradient bucket size in MiB (DDP and ZeRO)");
   f.add_bool("no-overlap",
              "launch gradient reductions after backward instead of during it (to measure the "
@@ -79,6 +83,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.seed = uint64_t(f.get_int("seed"));
   o.dp = f.get_int("dp");
   o.zero = f.get_int("zero");
+  o.dtype = f.get_string("dtype");
   o.grad_accum = f.get_int("grad-accum");
   o.bucket_mb = f.get_double("bucket-mb");
   o.no_overlap = f.get_bool("no-overlap");

@@ -22,6 +22,7 @@ struct GptOptions {
   int64_t batch, steps;
   double lr, min_lr_ratio, weight_decay, momentum, grad_clip;
   std::string optimizer, lr_schedule;
+  std::string dtype;  // f32, bf16 or f16
   int64_t warmup_steps;
   uint64_t seed;
   // data parallelism (under mpirun)

@@ -3,6 +3,7 @@
 #include "core/nn/dropout.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
+#include "optimizer/mixed_precision.h"
 
 namespace loom::gpt {
 namespace {
@@ -40,8 +41,22 @@ DataParallelStep::DataParallelStep(nn::GPT& model, const GptOptions& o,
       d.overlap = !o.no_overlap;
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(model, world_, d);
     }
-    opt_ = make_optimizer(model.parameters());
+    const DType dtype = model.parameters().at(0).dtype();
+    if (optim::is_low_precision(dtype)) {
+      auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(
+          model.parameters(), make_optimizer,
+          dtype == DType::kF16 ? optim::LossScaler() : optim::LossScaler::none());
+      mixed_ = mp.get();
+      opt_ = std::move(mp);
+    } else {
+      opt_ = make_optimizer(model.parameters());
+    }
   }
+}
+
+const optim::LossScaler* DataParallelStep::scaler() const {
+  if (zero_) return &zero_->scaler();
+  return mixed_ ? &mixed_->scaler() : nullptr;
 }
 
 std::string DataParallelStep::str() const {
@@ -49,6 +64,8 @@ std::string DataParallelStep::str() const {
   if (zero_) s += detail::str_cat(", ZeRO-", o_.zero);
   if (o_.grad_accum > 1) s += detail::str_cat(", grad-accum ", o_.grad_accum);
   if (zero_ || ddp_) s += detail::str_cat(", buckets ", o_.bucket_mb, " MiB");
+  if (scaler())
+    s += detail::str_cat(", ", o_.dtype, " with f32 masters, loss scaling ", scaler()->str());
   return s;
 }
 
@@ -83,12 +100,15 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     loss_sum += loss.item() * double(mine) / double(counted);
     // See Note [Loss weighting].
     Tensor weighted = scale(loss, double(mine) * double(n) / double(counted));
-    if (zero_)
-      zero_->backward(weighted);
-    else if (ddp_)
-      ddp_->backward(weighted);
-    else
-      weighted.backward();
+    if (zero_) {
+      zero_->backward(weighted);  // applies the loss scale itself
+    } else {
+      if (mixed_) weighted = mixed_->scale_loss(weighted);
+      if (ddp_)
+        ddp_->backward(weighted);
+      else
+        weighted.backward();
+    }
   }
   double wait_ms = -1;
   if (ddp_) {
@@ -100,14 +120,16 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   }
   double norm = -1;
   if (o_.grad_clip > 0)
-    norm = zero_ ? zero_->clip_grad_norm(o_.grad_clip)
-                 : optim::clip_grad_norm(model_.parameters(), o_.grad_clip);
+    norm = zero_    ? zero_->clip_grad_norm(o_.grad_clip)
+           : mixed_ ? mixed_->clip_grad_norm(o_.grad_clip)
+                    : optim::clip_grad_norm(model_.parameters(), o_.grad_clip);
   opt_->set_lr(lr);
   opt_->step();
   opt_->zero_grad();
   Tensor total = Tensor::full({1}, loss_sum, DType::kF32);
   world_->allreduce(total)->wait();
-  return StepResult{total.item(), norm, wait_ms};
+  const optim::LossScaler* s = scaler();
+  return StepResult{total.item(), norm, wait_ms, s && s->last_step_skipped()};
 }
 
 }  // namespace loom::gpt

@@ -19,6 +19,7 @@
 #include "core/io/batch_loader.h"
 #include "core/nn/gpt.h"
 #include "gpt/gpt_options.h"
+#include "optimizer/mixed_precision.h"
 #include "optimizer/optimizer.h"
 #include "parallel/ddp.h"
 #include "parallel/zero.h"
@@ -29,6 +30,7 @@ struct StepResult {
   double loss;          // over the whole global batch
   double grad_norm;     // before clipping; -1 without clipping
   double comm_wait_ms;  // waiting for the gradient reductions after backward; -1 without any
+  bool skipped;         // bf16 / f16: an inf or nan gradient on some rank; nothing was updated
 };
 
 class DataParallelStep {
@@ -50,13 +52,16 @@ class DataParallelStep {
   // backward allocates them) and optimizer state.
   parallel::TrainingMemory memory() const;
   std::string str() const;  // "dp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
+  // The loss scaler of bf16 / f16 training (null for f32).
+  const optim::LossScaler* scaler() const;
 
  private:
   nn::GPT& model_;
   const GptOptions& o_;
   std::shared_ptr<comm::Communicator> world_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
-  parallel::ZeroOptimizer* zero_ = nullptr;  // opt_ when ZeRO wraps the optimizer
+  parallel::ZeroOptimizer* zero_ = nullptr;          // opt_ when ZeRO wraps the optimizer
+  optim::MixedPrecisionOptimizer* mixed_ = nullptr;  // opt_ for bf16 / f16 without ZeRO
   std::unique_ptr<optim::Optimizer> opt_;
 };
 

@@ -146,6 +146,8 @@ int run(int argc, char** argv) {
     model.init_parameters(o.seed);
   }
   nn::set_dropout_seed(o.seed);
+  const DType dtype = parse_dtype(o.dtype);
+  if (dtype != DType::kF32) model.to(dtype);  // initialised in f32, then rounded
 
   if (o.eval_only) {
     model.eval();
@@ -162,8 +164,9 @@ int run(int argc, char** argv) {
   }
 
   std::printf("loom-gpt: %s\n", data.description.c_str());
-  std::printf("model: %s, %" PRId64 " parameters (%.1f MB f32)%s\n", config.str().c_str(),
-              model.num_parameters(), double(model.num_parameters()) * 4 / 1e6,
+  std::printf("model: %s, %" PRId64 " parameters (%.1f MB %s)%s\n", config.str().c_str(),
+              model.num_parameters(),
+              double(model.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
 
   DataParallelStep trainer(model, o, world, [&o](std::vector<Tensor> params) {
@@ -179,7 +182,7 @@ int run(int argc, char** argv) {
               "grad clip %g, %d thread(s) per rank\n",
               o.steps, o.batch, o.seq, opt->name(), schedule.str().c_str(), o.grad_clip,
               omp_get_max_threads());
-  if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1)
+  if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1 || dtype != DType::kF32)
     std::printf("parallel: %s over %d rank(s)\n", trainer.str().c_str(), world->size());
   std::printf("memory per rank: %s\n", trainer.memory().str().c_str());
 
@@ -230,11 +233,14 @@ int run(int argc, char** argv) {
   std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (CPU allocator)\n",
               steps_done, cli::format_duration(elapsed).c_str(),
               double(allocator_for(Device::cpu()).peak_bytes()) / 1e6);
+  if (const optim::LossScaler* scaler = trainer.scaler(); scaler && scaler->skipped_steps() > 0)
+    std::printf("skipped %" PRId64 " step(s) with an inf or nan gradient; loss scaling %s\n",
+                scaler->skipped_steps(), scaler->str().c_str());
 
   if (!o.save.empty()) trainer.gather_parameters();  // ZeRO-3: every rank takes part
   if (!o.save.empty() && world->rank() == 0) {
     io::GptParams params;
-    for (auto& [name, t] : model.named_parameters()) params[name] = t;
+    for (auto& [name, t] : model.named_parameters()) params[name] = t.detach().to(DType::kF32);
     io::save_gpt_weights(o.save, config, params);
     std::printf("saved weights to %s\n", o.save.c_str());
   }

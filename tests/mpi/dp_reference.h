@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "core/ops.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
+#include "optimizer/mixed_precision.h"
 
 namespace loom::testing {
 
@@ -85,24 +87,46 @@ struct RunResult {
 inline std::vector<std::pair<std::string, std::vector<float>>> parameter_values(
     const nn::Module& m) {
   std::vector<std::pair<std::string, std::vector<float>>> out;
-  for (auto& [name, t] : m.named_parameters()) out.emplace_back(name, t.to_vector<float>());
+  for (auto& [name, t] : m.named_parameters())
+    out.emplace_back(name, t.detach().to(DType::kF32).to_vector<float>());
   return out;
 }
 
+inline std::unique_ptr<optim::Optimizer> test_adamw_over(std::vector<Tensor> params) {
+  return std::make_unique<optim::AdamW>(std::move(params), test_adamw());
+}
+
 // The single-process run: kSteps AdamW steps on the whole global batch, the gradient clipped
-// to global norm `clip` when it is positive.
-inline RunResult single_process_run(double clip = 0) {
+// to global norm `clip` when it is positive. bf16 / f16: the model is initialised in f32 and
+// rounded, and trains with f32 masters (f16 with dynamic loss scaling).
+inline RunResult single_process_run(double clip = 0, DType dtype = DType::kF32) {
   nn::GPT model(tiny_gpt_config());
   model.init_parameters(kSeed);
-  optim::AdamW opt(model.parameters(), test_adamw());
+  std::unique_ptr<optim::Optimizer> opt;
+  optim::MixedPrecisionOptimizer* mixed = nullptr;
+  if (dtype == DType::kF32) {
+    opt = test_adamw_over(model.parameters());
+  } else {
+    model.to(dtype);
+    auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(
+        model.parameters(), test_adamw_over,
+        dtype == DType::kF16 ? optim::LossScaler() : optim::LossScaler::none());
+    mixed = mp.get();
+    opt = std::move(mp);
+  }
   RunResult r;
   for (int s = 0; s < kSteps; ++s) {
     GlobalBatch b = global_batch(s, model.config().vocab);
     Tensor loss = model.loss(b.inputs, b.targets);
-    loss.backward();
-    if (clip > 0) optim::clip_grad_norm(model.parameters(), clip);
-    opt.step();
-    opt.zero_grad();
+    (mixed ? mixed->scale_loss(loss) : loss).backward();
+    if (clip > 0) {
+      if (mixed)
+        mixed->clip_grad_norm(clip);
+      else
+        optim::clip_grad_norm(model.parameters(), clip);
+    }
+    opt->step();
+    opt->zero_grad();
     r.losses.push_back(loss.item());
   }
   r.params = parameter_values(model);

@@ -1,5 +1,7 @@
 // What each rank keeps for training follows ZeRO's formulas, in bytes per parameter on N ranks
-// with Adam and f32: replicated (DDP) 16, stage 1 8 + 8/N, stage 2 4 + 12/N, stage 3 16/N —
+// with Adam. f32: replicated (DDP) 16, stage 1 8 + 8/N, stage 2 4 + 12/N, stage 3 16/N; bf16
+// parameters and gradients with f32 master weights (optimizer state: master 4 + Adam 8):
+// replicated 16, stage 1 4 + 12/N, stage 2 2 + 14/N, stage 3 16/N —
 // measured with the CPU allocator's live-byte counter between steps (after zero_grad), within 5%
 // (the buckets' padding to a multiple of N is the only departure). The wrappers' own breakdown must
 // add up to the same measured figure.
@@ -30,25 +32,28 @@ struct Measured {
   double breakdown_per_param;  // the wrapper's own account / parameters
 };
 
-Measured measure(int stage) {
+Measured measure(int stage, DType dtype) {
   auto world = comm::world();
   Allocator& cpu = allocator_for(Device::cpu());
   const size_t before = cpu.live_bytes();
   nn::GPT model(memory_test_config());
   model.init_parameters(kSeed);
+  model.to(dtype);
   const double numel = double(model.num_parameters());
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<optim::Optimizer> opt;
   ZeroOptimizer* zero = nullptr;
   if (stage == 0) {
     ddp = std::make_unique<DistributedDataParallel>(model, world);
-    opt = std::make_unique<optim::AdamW>(model.parameters(), test_adamw());
+    if (dtype == DType::kF32)
+      opt = test_adamw_over(model.parameters());
+    else
+      opt = std::make_unique<optim::MixedPrecisionOptimizer>(model.parameters(), test_adamw_over,
+                                                             optim::LossScaler::none());
   } else {
     ZeroOptions o;
     o.stage = stage;
-    auto z = std::make_unique<ZeroOptimizer>(model, world, o, [](std::vector<Tensor> p) {
-      return std::make_unique<optim::AdamW>(std::move(p), test_adamw());
-    });
+    auto z = std::make_unique<ZeroOptimizer>(model, world, o, test_adamw_over);
     zero = z.get();
     opt = std::move(z);
   }
@@ -72,17 +77,21 @@ Measured measure(int stage) {
 
 TEST(ZeroMemory, FollowsTheZeroFormulas) {
   const double n = comm::world()->size();
-  const double formula[4] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
-  for (int stage : {0, 1, 2, 3}) {
-    SCOPED_TRACE(detail::str_cat("stage ", stage, " on ", n, " ranks"));
-    const Measured got = measure(stage);
-    if (comm::world()->rank() == 0)
-      std::printf("stage %d: %.3f bytes per parameter (formula %.3f)\n", stage, got.bytes_per_param,
-                  formula[stage]);
-    EXPECT_NEAR(got.bytes_per_param, formula[stage], 0.05 * formula[stage])
-        << "allocator: " << got.bytes_per_param << " bytes per parameter";
-    EXPECT_NEAR(got.breakdown_per_param, got.bytes_per_param, 0.01 * got.bytes_per_param)
-        << "the wrapper's breakdown must account for what the allocator holds";
+  const double f32[4] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
+  const double bf16[4] = {16, 4 + 12 / n, 2 + 14 / n, 16 / n};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int stage : {0, 1, 2, 3}) {
+      const double formula = dtype == DType::kF32 ? f32[stage] : bf16[stage];
+      SCOPED_TRACE(detail::str_cat(dtype_name(dtype), ", stage ", stage, " on ", n, " ranks"));
+      const Measured got = measure(stage, dtype);
+      if (comm::world()->rank() == 0)
+        std::printf("%s stage %d: %.3f bytes per parameter (formula %.3f)\n", dtype_name(dtype),
+                    stage, got.bytes_per_param, formula);
+      EXPECT_NEAR(got.bytes_per_param, formula, 0.05 * formula)
+          << "allocator: " << got.bytes_per_param << " bytes per parameter";
+      EXPECT_NEAR(got.breakdown_per_param, got.bytes_per_param, 0.01 * got.bytes_per_param)
+          << "the wrapper's breakdown must account for what the allocator holds";
+    }
   }
 }
 

@@ -443,7 +443,10 @@ TEST(LinalgErrors, WrongDtype) {
       {"linear", "'bias'", "i32"});
   expect_error([&] { sum(i32); }, {"sum", "'x'", "i32"});
   expect_error([&] { mean(i32, 0); }, {"mean", "'x'", "i32"});
-  expect_error([] { gelu(Tensor::zeros({2}, DType::kBF16)); }, {"gelu", "'x'", "bf16"});
+  expect_error([] { gelu(Tensor::zeros({2}, DType::kI64)); }, {"gelu", "'x'", "i64"});
+  // bf16 and f16 are computed in f32 (tests/unit/low_precision_test.cpp), but do not mix.
+  expect_error([] { add(Tensor::zeros({2}, DType::kBF16), Tensor::zeros({2}, DType::kF16)); },
+               {"add", "'a'", "bf16", "'b'", "f16"});
 }
 
 TEST(LinalgErrors, LinearShapes) {

@@ -146,8 +146,8 @@ TEST(LayerNorm, BadInputNamesTheOp) {
                {"layer_norm", "'weight'", "[4]", "[3]"});
   expect_error([&] { layer_norm(x, Tensor(), Tensor::zeros({4}, DType::kI32)); },
                {"layer_norm", "'bias'", "f32"});
-  expect_error([&] { layer_norm(x.to(DType::kF16), Tensor(), Tensor()); },
-               {"layer_norm", "'x'", "f16"});
+  expect_error([&] { layer_norm(x.to(DType::kF16), Tensor::ones({4}, DType::kBF16), Tensor()); },
+               {"layer_norm", "'x'", "f16", "'weight'", "bf16"});
   expect_error([&] { layer_norm(x, Tensor(), Tensor(), -1.0); }, {"layer_norm", "eps"});
 }
 
