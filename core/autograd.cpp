@@ -184,6 +184,8 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
         const Tensor& gi = input_grads[i];
         LOOM_ASSERT(gi.shape() == e.shape, node->name(), " gave input ", i, " a gradient of shape ",
                     shape_str(gi.shape()), ", expected ", shape_str(e.shape));
+        LOOM_ASSERT(gi.dtype() == e.dtype, node->name(), " gave input ", i, " a ",
+                    dtype_name(gi.dtype()), " gradient, expected ", dtype_name(e.dtype));
         Tensor& slot = pending[e.node.get()];
         slot = slot.defined() ? add(slot, gi) : gi;
       }

@@ -9,6 +9,9 @@
 // Broadcasting ("over leading dims"): for binary elementwise ops the two shapes must be equal,
 // or one must be a suffix of the other (b of shape [C] against a of shape [B, T, C]); the result
 // has the longer shape and the gradient of the shorter operand is summed over the leading dims.
+//
+// Dtypes: f32, and bf16 / f16 computed in f32 and rounded (See Note [Low-precision compute] in
+// core/ops/low_precision.h); cross_entropy's loss is f32 whatever the logits' dtype.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +64,7 @@ struct CrossEntropyOptions {
   // ignored: they take no probability and get zero gradient). -1: all columns.
   int64_t num_classes = -1;
 };
-// logits [N, V] f32, targets [N] i32/i64 -> mean over non-ignored rows of -log softmax[target],
+// logits [N, V] (f32, bf16 or f16), targets [N] i32/i64 -> mean over non-ignored rows of -log softmax[target],
 // a scalar (shape []). Fused: never stores more than the logits' size (the backward recomputes
 // softmax from the saved logits and the saved per-row log-sum-exp). A target outside
 // [0, num_classes) that is not ignore_index is an error.

@@ -49,8 +49,12 @@ struct LowPrecisionTrainer {
     else
       ddp->backward(mixed->scale_loss(loss));
   }
-  void step() {
+  void step(double clip = 0) {
     if (ddp) ddp->finish();
+    if (clip > 0) {
+      const double norm = zero ? zero->clip_grad_norm(clip) : mixed->clip_grad_norm(clip);
+      EXPECT_GT(norm, clip) << "the test must exercise clipping";
+    }
     opt->step();
     opt->zero_grad();
   }
@@ -66,7 +70,7 @@ struct LowPrecisionTrainer {
 };
 
 RunResult low_precision_run(const std::shared_ptr<comm::Communicator>& world, DType dtype,
-                            int stage, int grad_accum) {
+                            int stage, int grad_accum, double clip = 0) {
   nn::GPT model(tiny_gpt_config());
   model.init_parameters(kSeed);
   model.to(dtype);
@@ -75,7 +79,7 @@ RunResult low_precision_run(const std::shared_ptr<comm::Communicator>& world, DT
   return split_batch_run(
       *world, model, grad_accum, [&](const Tensor& loss) { t.backward(loss); },
       [&] {
-        t.step();
+        t.step(clip);
         if (++steps == kSteps) t.gather();
       });
 }
@@ -131,6 +135,18 @@ TEST(MixedPrecision, Bf16AndF16MatchTheSingleProcessRunInTheirDtype) {
         expect_close_run(low_precision_run(world, dtype, stage, accum), want,
                          same_dtype_tolerance(dtype));
       }
+  }
+}
+
+// Clipping works on the unscaled f32 master gradients, whose global norm each wrapper takes over
+// whatever it holds (whole gradients, or shards summed over the group).
+TEST(MixedPrecision, ClipsTheGlobalNormInBf16UnderEverySharding) {
+  auto world = comm::world();
+  const RunResult want = single_process_run(0.05, DType::kBF16);
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(detail::str_cat(world->size(), " ranks, bf16, stage ", stage));
+    expect_close_run(low_precision_run(world, DType::kBF16, stage, 1, 0.05), want,
+                     same_dtype_tolerance(DType::kBF16));
   }
 }
 
