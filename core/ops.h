@@ -64,10 +64,10 @@ struct CrossEntropyOptions {
   // ignored: they take no probability and get zero gradient). -1: all columns.
   int64_t num_classes = -1;
 };
-// logits [N, V] (f32, bf16 or f16), targets [N] i32/i64 -> mean over non-ignored rows of -log softmax[target],
-// a scalar (shape []). Fused: never stores more than the logits' size (the backward recomputes
-// softmax from the saved logits and the saved per-row log-sum-exp). A target outside
-// [0, num_classes) that is not ignore_index is an error.
+// logits [N, V] (f32, bf16 or f16), targets [N] i32/i64 -> mean over non-ignored rows of -log
+// softmax[target], a scalar (shape []). Fused: never stores more than the logits' size (the
+// backward recomputes softmax from the saved logits and the saved per-row log-sum-exp). A target
+// outside [0, num_classes) that is not ignore_index is an error.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options = {});
 
@@ -82,6 +82,13 @@ struct DropoutKey {
   uint64_t seed = 0;
   uint64_t stream = 0;
   uint64_t offset = 0;
+  // x may be part `part` of `parts` equal parts along dim `part_dim` of a larger tensor (a
+  // tensor-parallel rank's heads, a sequence-parallel rank's positions): its elements then take
+  // the mask bits of their places in that whole tensor, so the ranks together draw the mask one
+  // process draws. parts == 1: x is the whole tensor.
+  int64_t part_dim = 0;
+  int64_t part = 0;
+  int64_t parts = 1;
 };
 Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key);
 

@@ -20,6 +20,15 @@ Tensor causal_mask(int64_t t, Device device) {
 
 }  // namespace
 
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_drop) {
+  if (!attn_drop.is_training() || attn_drop.p() == 0.0)
+    return scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  const int64_t t = q.size(2), d = q.size(3);
+  Tensor scores = scale(matmul(q, k, false, true), 1.0 / std::sqrt(double(d)));  // [B,H,T,T]
+  Tensor att = attn_drop(softmax(add(scores, causal_mask(t, q.device()))));
+  return matmul(att, v);
+}
+
 CausalSelfAttention::CausalSelfAttention(int64_t channels, int64_t heads, double dropout,
                                          double proj_std)
     : channels_(channels), heads_(heads) {
@@ -41,14 +50,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
     return transpose(reshape(p, {b, t, h, d}), 1, 2);
   };
   Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);
-  Tensor y;  // [B, H, T, D]
-  if (is_training() && attn_drop->p() > 0.0) {
-    Tensor scores = scale(matmul(q, k, false, true), 1.0 / std::sqrt(double(d)));  // [B,H,T,T]
-    Tensor att = (*attn_drop)(softmax(add(scores, causal_mask(t, x.device()))));
-    y = matmul(att, v);
-  } else {
-    y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
-  }
+  Tensor y = attend(q, k, v, *attn_drop);                          // [B, H, T, D]
   Tensor merged = reshape(transpose(y, 1, 2), {b, t, channels_});  // [B, T, C]
   return (*resid_drop)((*proj)(merged));
 }

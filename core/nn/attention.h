@@ -15,6 +15,11 @@
 
 namespace loom::nn {
 
+// Causal attention of heads q, k, v [B, H, T, D] -> [B, H, T, D]: the fused op, or, while
+// attn_drop is active (training, p > 0), composed with dropout on the probabilities. Shared by
+// the single-process and the tensor-parallel attention, so both compute the same function.
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_drop);
+
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t channels, int64_t heads, double dropout = 0.0,

@@ -35,8 +35,20 @@ Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p_ == 0.0) return x;
   LOOM_CHECK(x.numel() <= (int64_t(1) << 32), "Dropout '", full_name(), "': ", x.numel(),
              " elements in one call exceed 2^32 (See Note [Dropout keys])");
-  DropoutKey key{dropout_seed(), rng::stream_of(full_name()), dropout_step() << 32};
+  LOOM_CHECK(x.numel() * parts_ <= (int64_t(1) << 32), "Dropout '", full_name(),
+             "': ", x.numel() * parts_,
+             " elements in one call exceed 2^32 (See Note [Dropout keys])");
+  DropoutKey key{
+      dropout_seed(), rng::stream_of(full_name()), dropout_step() << 32, part_dim_, part_, parts_};
   return dropout(x, p_, true, key);
+}
+
+void Dropout::set_part(int64_t dim, int64_t part, int64_t parts) {
+  LOOM_CHECK(dim >= 0 && parts >= 1 && part >= 0 && part < parts, "Dropout '", full_name(),
+             "': part ", part, " of ", parts, " along dim ", dim, " is not a part");
+  part_dim_ = dim;
+  part_ = part;
+  parts_ = parts;
 }
 
 }  // namespace loom::nn

@@ -50,9 +50,14 @@ class Dropout : public Module {
   // Identity in eval mode or when p == 0; otherwise the mask of Note [Dropout keys].
   Tensor forward(const Tensor& x) override;
   double p() const { return p_; }
+  // The inputs are part `part` of `parts` equal parts along `dim` of what one process would drop
+  // out (tensor or sequence parallelism): masks are drawn at the elements' places in the whole,
+  // See DropoutKey.
+  void set_part(int64_t dim, int64_t part, int64_t parts);
 
  private:
   double p_;
+  int64_t part_dim_ = 0, part_ = 0, parts_ = 1;
 };
 
 }  // namespace loom::nn

@@ -65,4 +65,29 @@ void init_tensor(Tensor& t, const Init& init, uint64_t seed, const std::string& 
   rows.copy_(Tensor::zeros(rows.shape(), t.dtype()));
 }
 
+ShardSpec ShardSpec::along(const Shape& full_shape, int64_t dim, int64_t start, int64_t length) {
+  return ShardSpec{full_shape, full_shape, dim, start, length};
+}
+
+Shape ShardSpec::local_view_shape() const {
+  Shape s = view_shape;
+  s.at(size_t(dim)) = length;
+  return s;
+}
+
+int64_t ShardSpec::local_numel() const { return shape_numel(local_view_shape()); }
+
+Tensor ShardSpec::slice_of(const Tensor& full) const {
+  LOOM_CHECK(full.defined() && full.shape() == full_shape, "ShardSpec: a full tensor of shape ",
+             shape_str(full_shape), " is needed to take the shard ", str(), ", got ",
+             full.defined() ? shape_str(full.shape()) : "undefined");
+  NoGradGuard no_grad;
+  return full.detach().contiguous().reshape(view_shape).narrow(dim, start, length).contiguous();
+}
+
+std::string ShardSpec::str() const {
+  return detail::str_cat(shape_str(view_shape), " dim ", dim, " [", start, ", ", start + length,
+                         ")");
+}
+
 }  // namespace loom::nn

@@ -64,7 +64,22 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape, c
   if (init.kind == Init::Kind::kOnes) init_tensor(t, init, 0, qualified(name));
   t.set_requires_grad(true);
   order_.emplace_back(false, params_.size());
-  params_.push_back(Param{name, t, init});
+  params_.push_back(Param{name, t, init, std::nullopt});
+  return t;
+}
+
+Tensor Module::register_parameter(const std::string& name, const Shape& shape, const Init& init,
+                                  const ShardSpec& shard) {
+  LOOM_CHECK(shard.dim >= 0 && shard.dim < int64_t(shard.view_shape.size()) &&
+                 shape_numel(shard.view_shape) == shape_numel(shard.full_shape) &&
+                 shard.start >= 0 && shard.length >= 0 &&
+                 shard.start + shard.length <= shard.view_shape[size_t(shard.dim)],
+             "Module '", full_name_, "': parameter '", name, "' has an invalid shard ", shard.str(),
+             " of ", shape_str(shard.full_shape));
+  LOOM_CHECK(shape_numel(shape) == shard.local_numel(), "Module '", full_name_, "': parameter '",
+             name, "' of shape ", shape_str(shape), " cannot hold the shard ", shard.str());
+  Tensor t = register_parameter(name, shape, init);
+  params_.back().shard = shard;
   return t;
 }
 
@@ -112,6 +127,19 @@ int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (auto& [name, t] : named_parameters()) n += t.numel();
   return n;
+}
+
+const ShardSpec* Module::parameter_shard(const std::string& name) const {
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos) {
+    for (const Param& p : params_)
+      if (p.name == name) return p.shard ? &*p.shard : nullptr;
+  } else {
+    const std::string head = name.substr(0, dot);
+    for (const auto& [n, m] : children_)
+      if (n == head) return m->parameter_shard(name.substr(dot + 1));
+  }
+  LOOM_FAIL("Module '", full_name_, "': no parameter named '", name, "'");
 }
 
 const Init& Module::parameter_init(const std::string& name) const {
@@ -185,7 +213,18 @@ void Module::zero_grad() {
 }
 
 void Module::init_parameters(uint64_t seed) {
-  for (Param& p : params_) init_tensor(p.tensor, p.init, seed, qualified(p.name));
+  for (Param& p : params_) {
+    if (!p.shard) {
+      init_tensor(p.tensor, p.init, seed, qualified(p.name));
+      continue;
+    }
+    // The shard's part of the full parameter's initialisation, See Note [Deterministic init].
+    Tensor local = Tensor::zeros(p.shard->local_view_shape(), p.tensor.dtype());
+    const rng::Slice slice{p.shard->view_shape, p.shard->dim, p.shard->start};
+    init_tensor(local, p.init, seed, qualified(p.name), &slice);
+    NoGradGuard no_grad;
+    p.tensor.detach().copy_(local.reshape(p.tensor.shape()));
+  }
   for (auto& [n, m] : children_) m->init_parameters(seed);
 }
 

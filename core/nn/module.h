@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,9 @@ class Module {
   int64_t num_parameters() const;  // elements
   // The Init spec a parameter was registered with (name relative to this module).
   const Init& parameter_init(const std::string& name) const;
+  // Where a parameter sits in its single-process parameter (tensor parallelism), or null for a
+  // whole parameter (name relative to this module).
+  const ShardSpec* parameter_shard(const std::string& name) const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
   }
@@ -100,6 +104,11 @@ class Module {
   // kZeros / kOnes specs are applied at once; normal ones start at zero until
   // init_parameters(seed).
   Tensor register_parameter(const std::string& name, const Shape& shape, const Init& init);
+  // A parameter that is the shard `shard` of the single-process parameter of the same full name;
+  // `shape` must hold shard.local_numel() elements. init_parameters gives it exactly its part of
+  // the single-process initialisation.
+  Tensor register_parameter(const std::string& name, const Shape& shape, const Init& init,
+                            const ShardSpec& shard);
   // Adopts `module` as child `name` (no dots); it may have no other parent.
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
@@ -114,6 +123,7 @@ class Module {
     std::string name;
     Tensor tensor;
     Init init;
+    std::optional<ShardSpec> shard;
   };
   void adopt(const std::string& name, std::shared_ptr<Module> module);
   void check_new_name(const std::string& name) const;

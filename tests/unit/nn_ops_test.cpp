@@ -477,6 +477,35 @@ TEST(Dropout, MaskIsTheCounterFormulaAndSlicesCompose) {
   EXPECT_EQ(tail, std::vector<float>(y.begin() + 100, y.end()));
 }
 
+// A part of a tensor along any dim (a tp rank's heads, an sp rank's positions) gets the mask of
+// its place in the whole, forward and backward.
+TEST(Dropout, PartsTakeTheirPlaceInTheWholeMask) {
+  Tensor x = random_tensor({2, 6, 3, 5}, 63, 1, 2);
+  const DropoutKey whole_key{11, 3, 4096};
+  Tensor whole = dropout(x, 0.5, true, whole_key);
+  for (int64_t dim : {0, 1, 3}) {
+    const int64_t parts = dim == 3 ? 5 : 2, len = x.size(dim) / parts;
+    for (int64_t part = 0; part < parts; ++part) {
+      DropoutKey key = whole_key;
+      key.part_dim = dim;
+      key.part = part;
+      key.parts = parts;
+      Tensor xp = x.narrow(dim, part * len, len).contiguous().set_requires_grad(true);
+      Tensor y = dropout(xp, 0.5, true, key);
+      EXPECT_EQ(y.to_vector<float>(), whole.narrow(dim, part * len, len).to_vector<float>())
+          << "dim " << dim << " part " << part;
+      y.backward(Tensor::ones(y.shape()));
+      Tensor g = xp.grad();
+      for (size_t i = 0; i < g.to_vector<float>().size(); ++i)
+        EXPECT_EQ(g.to_vector<float>()[i] == 0.0f, y.to_vector<float>()[i] == 0.0f);
+    }
+  }
+  DropoutKey bad = whole_key;
+  bad.parts = 2;
+  bad.part = 2;
+  expect_error([&] { dropout(x, 0.5, true, bad); }, {"dropout", "part 2 of 2"});
+}
+
 TEST(Dropout, KeptFractionIsNearOneMinusP) {
   const int64_t n = 100000;
   for (double p : {0.1, 0.5, 0.9}) {

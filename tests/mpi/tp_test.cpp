@@ -1,0 +1,222 @@
+// Tensor parallelism against the single-process run (the equivalence principle): a small GPT
+// split over tp = the world's ranks (1, 2, 4), with and without sequence parallelism, with
+// dropout off and on, trains 5 AdamW steps on the same batches as one process and gives its
+// per-step losses and (gathered) final parameters within 1e-5 relative. Its vocabulary, 257, does
+// not divide by tp: the padded rows and logits must change nothing. Also: every shard starts as
+// the slice of the single-process initialisation, the communication per block is Megatron's, and
+// loading a single-process checkpoint into the tp model works.
+#include <gtest/gtest.h>
+
+#include "collectives/communicator.h"
+#include "core/nn/dropout.h"
+#include "core/ops.h"
+#include "dp_reference.h"
+#include "optimizer/sgd.h"
+#include "parallel/tensor_parallel/tp_gpt.h"
+#include "parallel/tensor_parallel/tp_state.h"
+
+namespace loom::parallel {
+namespace {
+
+using namespace loom::testing;
+
+GptConfig tp_config() {
+  GptConfig c;
+  c.max_seq_len = 8;
+  c.vocab = 257;  // odd: padded per rank (258 rows on tp 2, 260 on tp 4)
+  c.padded_vocab = 257;
+  c.layers = 2;
+  c.heads = 4;
+  c.channels = 32;
+  return c;
+}
+
+constexpr uint64_t kDropoutSeed = 77;
+
+// Skips (with the reason) when the world cannot be one tp group of this model.
+bool world_fits(int n) { return tp_config().heads % n == 0; }
+
+// The single-process GPT's parameters, with wte's rows as the single-process model has them.
+std::vector<std::pair<std::string, std::vector<float>>> single_process_values(
+    const nn::StateDict& full, int64_t padded_vocab) {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  nn::GPT layout(tp_config());  // for the order of names
+  for (const auto& [name, t] : layout.named_parameters()) {
+    Tensor v = full.at(name);
+    if (name == "wte.weight") v = v.narrow(0, 0, padded_vocab);
+    out.emplace_back(name, v.contiguous().to_vector<float>());
+  }
+  return out;
+}
+
+enum class Opt { kAdamW, kSgd };
+
+std::unique_ptr<optim::Optimizer> make_optimizer(Opt which, std::vector<Tensor> params) {
+  if (which == Opt::kAdamW) return test_adamw_over(std::move(params));
+  optim::SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  return std::make_unique<optim::SGD>(std::move(params), o);
+}
+
+template <typename Model>
+RunResult train(Model& model, Opt which) {
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(which, model.parameters());
+  nn::set_dropout_seed(kDropoutSeed);
+  RunResult r;
+  for (int s = 0; s < kSteps; ++s) {
+    nn::set_dropout_step(uint64_t(s));
+    GlobalBatch b = global_batch(s, model.config().vocab);
+    Tensor loss = model.loss(b.rows(0, 8), b.target_rows(0, 8));
+    loss.backward();
+    opt->step();
+    opt->zero_grad();
+    r.losses.push_back(loss.item());
+  }
+  return r;
+}
+
+RunResult single_process(double dropout, Opt which) {
+  nn::GPT model(tp_config(), nn::GptOptions{dropout, false});
+  model.init_parameters(kSeed);
+  RunResult r = train(model, which);
+  r.params = parameter_values(model);
+  return r;
+}
+
+RunResult tensor_parallel(const GroupPtr& tp, double dropout, bool sequence_parallel, Opt which) {
+  TpGPT model(tp_config(), tp, TpGptOptions{dropout, sequence_parallel});
+  model.init_parameters(kSeed);
+  RunResult r = train(model, which);
+  r.params = single_process_values(gather_full_state(model, *tp), tp_config().padded_vocab);
+  return r;
+}
+
+// Tolerances. tp splits the reductions of every GEMM (and sums the partial products over ranks),
+// so gradients differ from one process's in the last bits. With SGD that stays there, and every
+// tensor compares within 1e-5 of its own scale. AdamW divides each element's step by the root of
+// its squared gradients, so an element whose gradient is a cancellation of much larger terms (a
+// bias summed over positions) turns those last bits into up to ~1e-4 of its step; tensors that
+// started at zero are only a few steps large, so for AdamW the parameters compare within 1e-5 of
+// the model's scale (its largest parameter), and the losses within 1e-5 as always.
+TEST(TensorParallel, MatchesTheSingleProcessRun) {
+  auto world = comm::world();
+  if (!world_fits(world->size()))
+    GTEST_SKIP() << "tp " << world->size() << " does not divide 4 heads";
+  for (Opt which : {Opt::kAdamW, Opt::kSgd})
+    for (double dropout : {0.0, 0.1}) {
+      const RunResult want = single_process(dropout, which);
+      for (bool sp : {false, true}) {
+        SCOPED_TRACE(detail::str_cat("tp ", world->size(), which == Opt::kSgd ? ", SGD" : ", AdamW",
+                                     ", dropout ", dropout, sp ? ", sequence parallel" : ""));
+        expect_same_run(tensor_parallel(world, dropout, sp, which), want, 1e-5,
+                        which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
+      }
+    }
+}
+
+// Every shard is the slice of the single-process initialisation, bit for bit, and the padded
+// rows of wte are zero.
+TEST(TensorParallel, ShardsStartAsSlicesOfTheSingleProcessInit) {
+  auto world = comm::world();
+  if (!world_fits(world->size()))
+    GTEST_SKIP() << "tp " << world->size() << " does not divide 4 heads";
+  nn::GPT single(tp_config());
+  single.init_parameters(kSeed);
+  TpGPT model(tp_config(), world);
+  model.init_parameters(kSeed);
+  const RunResult want{{}, parameter_values(single)};
+  const RunResult got{{}, single_process_values(gather_full_state(model, *world), 257)};
+  expect_same_run(got, want, 0);
+  const nn::StateDict full = gather_full_state(model, *world);
+  const Tensor wte = full.at("wte.weight");
+  ASSERT_EQ(wte.size(0), (257 + world->size() - 1) / world->size() * world->size());
+  for (float v : wte.narrow(0, 257, wte.size(0) - 257).contiguous().to_vector<float>())
+    EXPECT_EQ(v, 0.0f);
+}
+
+// Megatron's communication: per block one allreduce in forward and one in backward for
+// attention, the same for the MLP; plus, per step, the embedding's allreduce, the three of the
+// vocab-parallel loss, and the head input's in backward. With sequence parallelism the block
+// allreduces become all-gather / reduce-scatter pairs.
+TEST(TensorParallel, CommunicatesAsMegatronDoes) {
+  auto world = comm::world();
+  if (world->size() == 1 || !world_fits(world->size())) GTEST_SKIP() << "needs tp > 1";
+  const int64_t layers = tp_config().layers;
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    auto tp = world->split(0, world->rank(), sp ? "tp_sp" : "tp");  // fresh counters
+    TpGPT model(tp_config(), tp, TpGptOptions{0.0, sp});
+    model.init_parameters(kSeed);
+    GlobalBatch b = global_batch(0, tp_config().vocab);
+    Tensor loss = model.loss(b.rows(0, 4), b.target_rows(0, 4));
+    const uint64_t ar_fwd = tp->op_count("allreduce"), ag_fwd = tp->op_count("allgather"),
+                   rs_fwd = tp->op_count("reduce_scatter");
+    loss.backward();
+    const uint64_t ar_bwd = tp->op_count("allreduce") - ar_fwd,
+                   ag_bwd = tp->op_count("allgather") - ag_fwd,
+                   rs_bwd = tp->op_count("reduce_scatter") - rs_fwd;
+    if (!sp) {
+      EXPECT_EQ(ar_fwd, uint64_t(2 * layers + 1 + 3));
+      EXPECT_EQ(ar_bwd, uint64_t(2 * layers + 1));
+      EXPECT_EQ(ag_fwd + rs_fwd + ag_bwd + rs_bwd, 0u);
+    } else {
+      // Forward: an all-gather into qkv and fc, a reduce-scatter out of proj (x2), and one
+      // all-gather into the head; backward the conjugates. The embedding's allreduce and the
+      // loss's three stay; backward sums the 4 LayerNorm parameters per block and ln_f's 2.
+      EXPECT_EQ(ag_fwd, uint64_t(2 * layers + 1));
+      EXPECT_EQ(rs_fwd, uint64_t(2 * layers));
+      EXPECT_EQ(ar_fwd, uint64_t(1 + 3));
+      EXPECT_EQ(rs_bwd, uint64_t(2 * layers + 1));
+      EXPECT_EQ(ag_bwd, uint64_t(2 * layers + 1));               // + the scatter of the embeddings
+      EXPECT_EQ(ar_bwd, uint64_t(4 * layers + 2 + 2 * layers));  // LayerNorms, proj biases
+    }
+  }
+}
+
+// A single-process checkpoint loads into the tp model (each rank takes its slice, wte is padded)
+// and gathering gives it back.
+TEST(TensorParallel, LoadsAndGathersSingleProcessWeights) {
+  auto world = comm::world();
+  if (!world_fits(world->size()))
+    GTEST_SKIP() << "tp " << world->size() << " does not divide 4 heads";
+  nn::GPT single(tp_config());
+  single.init_parameters(kSeed + 1);
+  TpGPT model(tp_config(), world);
+  load_full_state(model, single.state_dict());
+  const RunResult want{{}, parameter_values(single)};
+  expect_same_run(RunResult{{}, single_process_values(gather_full_state(model, *world), 257)}, want,
+                  0);
+
+  nn::StateDict wrong = single.state_dict();
+  wrong["blocks.0.mlp.fc.weight"] = Tensor::zeros({16, 32});
+  try {
+    load_full_state(model, wrong);
+    FAIL() << "a wrong shape must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'blocks.0.mlp.fc.weight' has shape [16, 32]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TensorParallel, RefusesShapesThatDoNotDivide) {
+  auto world = comm::world();
+  if (world->size() == 1) GTEST_SKIP() << "every shape divides by 1";
+  GptConfig c = tp_config();
+  c.heads = world->size() + 1;
+  c.channels = 8 * c.heads;
+  try {
+    TpGPT model(c, world);
+    FAIL() << "heads not dividing by tp must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("heads (" + std::to_string(c.heads) +
+                                   ") must divide evenly over tp " + std::to_string(world->size())),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::parallel
