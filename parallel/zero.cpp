@@ -62,6 +62,8 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
       reducer_(owner_name(options.stage), prepared.params, group, prepared.reducer) {
   LOOM_CHECK(make_optimizer != nullptr, name_, ": no optimizer factory given");
   const BucketPlan& plan = reducer_.plan();
+  for (const auto& [name, p] : reducer_.params())
+    tp_sharded_.push_back(char(module.parameter_shard(name) != nullptr));
   const NamedParams& named = reducer_.params();
   const int rank = reducer_.group().rank();
   if (options.stage == 3) {
@@ -142,10 +144,22 @@ void ZeroOptimizer::finish_gradients() {
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   finish_gradients();
   const std::vector<Tensor>& mine = inner_->params();
-  // Each element sits in exactly one rank's shard, so the sum over ranks counts it once.
-  Tensor total = Tensor::full({1}, optim::grad_sum_of_squares(mine), DType::kF32);
-  reducer_.group().allreduce(total)->wait();
-  const double norm = std::sqrt(total.item());
+  // Each element sits in exactly one rank's shard, so the sum over ranks counts it once. With
+  // tp, a sharded parameter's elements are spread over the tp ranks too; a whole one's repeat.
+  std::vector<Tensor> sharded, whole;
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    (options_.tp && tp_sharded_[pieces_[i].param] ? sharded : whole).push_back(mine[i]);
+  Tensor sums = Tensor::from_vector(std::vector<float>{float(optim::grad_sum_of_squares(sharded)),
+                                                       float(optim::grad_sum_of_squares(whole))},
+                                    {2});
+  reducer_.group().allreduce(sums)->wait();
+  if (options_.tp) {
+    Tensor tp_part = sums.narrow(0, 0, 1).contiguous();
+    options_.tp->allreduce(tp_part)->wait();
+    sums.narrow(0, 0, 1).copy_(tp_part);
+  }
+  const std::vector<float> s = sums.to_vector<float>();
+  const double norm = std::sqrt(double(s[0]) + double(s[1]));
   optim::scale_grads_to_norm(mine, norm, max_norm);
   return norm;
 }

@@ -65,6 +65,9 @@ struct ZeroOptions {
   // bf16 / f16 parameters train with f32 master weights (See Note [Skipping a step]); the loss
   // scaling defaults to dynamic for f16 and none for bf16.
   std::optional<optim::LossScalerOptions> loss_scaling;
+  // The model's tensor-parallel group, when it has one (dp x tp): clip_grad_norm then adds the
+  // squares of tp-sharded parameters (those with a ShardSpec) over it, and counts whole ones once.
+  std::shared_ptr<comm::Communicator> tp;
 };
 
 // Builds the wrapped optimizer over the parameter pieces it is given.
@@ -131,6 +134,7 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<Tensor> flat_params_;  // stages 1, 2: per bucket, padded; the parameters view them
   std::unique_ptr<ShardedParameters> sharded_;  // stage 3
   std::vector<Piece> pieces_;
+  std::vector<char> tp_sharded_;  // per parameter: a ShardSpec shard of a tp model
   std::unique_ptr<optim::Optimizer> inner_;
   std::unique_ptr<optim::MasterWeights> masters_;  // bf16 / f16: f32 copies of the pieces
   optim::LossScaler scaler_ = optim::LossScaler::none();

@@ -12,8 +12,12 @@
 #include "core/ops.h"
 #include "dp_reference.h"
 #include "optimizer/sgd.h"
+#include "parallel/ddp.h"
+#include "parallel/mesh.h"
 #include "parallel/tensor_parallel/tp_gpt.h"
+#include "parallel/tensor_parallel/tp_grad_norm.h"
 #include "parallel/tensor_parallel/tp_state.h"
+#include "parallel/zero.h"
 
 namespace loom::parallel {
 namespace {
@@ -32,6 +36,7 @@ GptConfig tp_config() {
 }
 
 constexpr uint64_t kDropoutSeed = 77;
+constexpr double kClip = 0.05;  // well below this model's gradient norm: every step clips
 
 // Skips (with the reason) when the world cannot be one tp group of this model.
 bool world_fits(int n) { return tp_config().heads % n == 0; }
@@ -59,16 +64,20 @@ std::unique_ptr<optim::Optimizer> make_optimizer(Opt which, std::vector<Tensor> 
   return std::make_unique<optim::SGD>(std::move(params), o);
 }
 
+constexpr int64_t kRows = 8;  // sequences per step
+
+// `clip`: a function clipping the model's gradients (null: none).
 template <typename Model>
-RunResult train(Model& model, Opt which) {
+RunResult train(Model& model, Opt which, const std::function<double()>& clip = {}) {
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(which, model.parameters());
   nn::set_dropout_seed(kDropoutSeed);
   RunResult r;
   for (int s = 0; s < kSteps; ++s) {
     nn::set_dropout_step(uint64_t(s));
     GlobalBatch b = global_batch(s, model.config().vocab);
-    Tensor loss = model.loss(b.rows(0, 8), b.target_rows(0, 8));
+    Tensor loss = model.loss(b.rows(0, kRows), b.target_rows(0, kRows));
     loss.backward();
+    if (clip) EXPECT_GT(clip(), kClip) << "the test must exercise clipping";
     opt->step();
     opt->zero_grad();
     r.losses.push_back(loss.item());
@@ -76,10 +85,13 @@ RunResult train(Model& model, Opt which) {
   return r;
 }
 
-RunResult single_process(double dropout, Opt which) {
+RunResult single_process(double dropout, Opt which, bool clip = false) {
   nn::GPT model(tp_config(), nn::GptOptions{dropout, false});
   model.init_parameters(kSeed);
-  RunResult r = train(model, which);
+  RunResult r = train(model, which,
+                      clip ? std::function<double()>(
+                                 [&] { return optim::clip_grad_norm(model.parameters(), kClip); })
+                           : std::function<double()>());
   r.params = parameter_values(model);
   return r;
 }
@@ -113,6 +125,75 @@ TEST(TensorParallel, MatchesTheSingleProcessRun) {
                         which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
       }
     }
+}
+
+// The global norm counts each element of the whole model once: tp-sharded parameters' squares add
+// over tp, whole ones (replicated on every tp rank) count once.
+TEST(TensorParallel, ClipsTheGlobalNormAcrossShards) {
+  auto world = comm::world();
+  if (!world_fits(world->size()))
+    GTEST_SKIP() << "tp " << world->size() << " does not divide 4 heads";
+  const RunResult want = single_process(0.0, Opt::kSgd, /*clip=*/true);
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(detail::str_cat("tp ", world->size(), sp ? ", sequence parallel" : ""));
+    TpGPT model(tp_config(), world, TpGptOptions{0.0, sp});
+    model.init_parameters(kSeed);
+    RunResult got =
+        train(model, Opt::kSgd, [&] { return tp_clip_grad_norm(model, kClip, *world); });
+    got.params = single_process_values(gather_full_state(model, *world), 257);
+    expect_same_run(got, want, 1e-5);
+  }
+}
+
+// dp 2 x tp 2 on 4 ranks: each dp replica (a tp pair) takes half the batch; DDP or ZeRO-1 over
+// the dp group, gradients clipped over the whole model; the single-process run.
+TEST(TensorParallel, ComposesWithDataParallelismAndZero) {
+  auto world = comm::world();
+  if (world->size() != 4) GTEST_SKIP() << "dp 2 x tp 2 needs 4 ranks";
+  DeviceMesh mesh(world, 1, 2, 2);
+  const RunResult want = single_process(0.0, Opt::kAdamW, /*clip=*/true);
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(detail::str_cat("dp 2 x tp 2, ", stage == 0 ? "DDP" : "ZeRO-1"));
+    TpGPT model(tp_config(), mesh.tp_ptr());
+    model.init_parameters(kSeed);
+    std::unique_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<optim::Optimizer> opt;
+    ZeroOptimizer* zero = nullptr;
+    if (stage == 0) {
+      ddp = std::make_unique<DistributedDataParallel>(model, mesh.dp_ptr());
+      opt = test_adamw_over(model.parameters());
+    } else {
+      ZeroOptions o;
+      o.stage = 1;
+      o.tp = mesh.tp_ptr();
+      auto z = std::make_unique<ZeroOptimizer>(model, mesh.dp_ptr(), o, test_adamw_over);
+      zero = z.get();
+      opt = std::move(z);
+    }
+    RunResult got;
+    const int64_t rows = kRows / 2, first = mesh.coords().dp * rows;
+    for (int s = 0; s < kSteps; ++s) {
+      GlobalBatch b = global_batch(s, tp_config().vocab);
+      Tensor loss = model.loss(b.rows(first, rows), b.target_rows(first, rows));
+      double norm;
+      if (ddp) {
+        ddp->backward(loss);
+        ddp->finish();
+        norm = tp_clip_grad_norm(model, kClip, mesh.tp());
+      } else {
+        zero->backward(loss);
+        norm = zero->clip_grad_norm(kClip);
+      }
+      EXPECT_GT(norm, kClip);
+      opt->step();
+      opt->zero_grad();
+      Tensor l = Tensor::full({1}, loss.item(), DType::kF32);
+      mesh.dp().allreduce(l, comm::AllreduceOptions{comm::ReduceOp::kAvg})->wait();
+      got.losses.push_back(l.item());
+    }
+    got.params = single_process_values(gather_full_state(model, mesh.tp()), 257);
+    expect_same_run(got, want, 1e-5, Scale::kModel);  // AdamW: See MatchesTheSingleProcessRun
+  }
 }
 
 // Every shard is the slice of the single-process initialisation, bit for bit, and the padded
