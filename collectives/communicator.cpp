@@ -113,16 +113,22 @@ void Communicator::set_timeout_seconds(double seconds) {
 }
 
 uint64_t Communicator::op_count(const std::string& op) const {
-  for (const auto& [name, count] : op_counts_)
-    if (name == op) return count;
+  for (const OpTally& t : op_counts_)
+    if (t.op == op) return t.count;
+  return 0;
+}
+
+uint64_t Communicator::op_bytes(const std::string& op) const {
+  for (const OpTally& t : op_counts_)
+    if (t.op == op) return t.bytes;
   return 0;
 }
 
 Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
   bool found = false;
-  for (auto& [name, count] : op_counts_)
-    if (name == op) ++count, found = true;
-  if (!found) op_counts_.emplace_back(op, 1);
+  for (OpTally& t : op_counts_)
+    if (t.op == op) ++t.count, t.bytes += bytes, found = true;
+  if (!found) op_counts_.push_back(OpTally{op, 1, bytes});
   return OpInfo{op, ++sequence_, bytes};
 }
 

@@ -126,6 +126,9 @@ class Communicator {
   // correct program). Also per-op counts, for tests that count communication.
   uint64_t sequence_number() const { return sequence_; }
   uint64_t op_count(const std::string& op) const;
+  // Bytes of the whole tensor each call of `op` moved so far: an allreduce's or reduce-scatter's
+  // input, an all-gather's output (what bandwidth formulas such as Megatron's count).
+  uint64_t op_bytes(const std::string& op) const;
 
   // See Note [Debug mode]: LOOM_COMM_DEBUG=1 (or set_debug) checks before each collective that
   // every rank of the group calls the same op with the same dtype, count, root and reduction.
@@ -181,7 +184,11 @@ class Communicator {
   int size_;
   std::string name_;
   uint64_t sequence_ = 0;
-  std::vector<std::pair<std::string, uint64_t>> op_counts_;
+  struct OpTally {
+    std::string op;
+    uint64_t count = 0, bytes = 0;
+  };
+  std::vector<OpTally> op_counts_;
   double timeout_s_;
   bool debug_;
 };

@@ -22,4 +22,10 @@ std::string GptConfig::str() const {
                          " (padded ", padded_vocab, ") seq ", max_seq_len);
 }
 
+int64_t GptConfig::num_parameters() const {
+  const int64_t c = channels;
+  const int64_t per_block = 12 * c * c + 13 * c;  // 2 LayerNorms, qkv, proj, fc, proj
+  return padded_vocab * c + max_seq_len * c + layers * per_block + 2 * c;
+}
+
 }  // namespace loom

@@ -31,7 +31,10 @@ struct GptConfig {
 
   // Throws loom::Error naming the first inconsistent field (e.g. heads not dividing channels).
   void validate() const;
-  std::string str() const;  // "layers 12 heads 12 channels 768 vocab 50257 (padded 50304) seq 1024"
+  std::string str() const;
+  // Elements of all parameters (wte at padded_vocab rows), however the model is split.
+  int64_t num_parameters()
+      const;  // "layers 12 heads 12 channels 768 vocab 50257 (padded 50304) seq 1024"
 };
 
 }  // namespace loom

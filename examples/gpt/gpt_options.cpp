@@ -33,7 +33,13 @@ void declare_gpt_flags(cli::Flags& f) {
                {"constant", "cosine"});
   f.add_double("min-lr-ratio", 0.1, "cosine schedule: final lr as a fraction of --lr");
   f.add_int("seed", 1337, "seed for initialisation, dropout and the task's examples");
-  f.add_int("dp", 0, "data-parallel ranks (run under mpirun -np N); 0: every rank launched");
+  f.add_int("dp", 0,
+            "data-parallel ranks (run under mpirun -np dp x tp); 0: every rank launched / --tp");
+  f.add_int("tp", 1,
+            "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split); --dp x --tp "
+            "ranks in all");
+  f.add_bool("sequence-parallel",
+             "with --tp: split the LayerNorm and dropout regions along the sequence");
   f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1, 2 or 3");
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
@@ -83,6 +89,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.seed = uint64_t(f.get_int("seed"));
   o.dp = f.get_int("dp");
   o.zero = f.get_int("zero");
+  o.tp = f.get_int("tp");
+  o.sequence_parallel = f.get_bool("sequence-parallel");
   o.dtype = f.get_string("dtype");
   o.grad_accum = f.get_int("grad-accum");
   o.bucket_mb = f.get_double("bucket-mb");
@@ -127,6 +135,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.optimizer == "sgd" || !f.was_set("momentum"),
              "loom-gpt: --momentum applies to --optimizer sgd only");
   LOOM_CHECK(o.dp >= 0, "loom-gpt: --dp must be >= 0 (0 = every rank launched), got ", o.dp);
+  LOOM_CHECK(o.tp >= 1, "loom-gpt: --tp must be >= 1, got ", o.tp);
   LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "loom-gpt: --zero must be 0, 1, 2 or 3, got ", o.zero);
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);

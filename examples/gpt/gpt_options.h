@@ -25,8 +25,9 @@ struct GptOptions {
   std::string dtype;  // f32, bf16 or f16
   int64_t warmup_steps;
   uint64_t seed;
-  // data parallelism (under mpirun)
-  int64_t dp, zero, grad_accum;
+  // parallelism (under mpirun): dp x tp ranks
+  int64_t dp, tp, zero, grad_accum;
+  bool sequence_parallel;
   double bucket_mb;
   bool no_overlap;
   // evaluation

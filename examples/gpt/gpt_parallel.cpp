@@ -4,6 +4,7 @@
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/mixed_precision.h"
+#include "parallel/tensor_parallel/tp_grad_norm.h"
 
 namespace loom::gpt {
 namespace {
@@ -17,20 +18,19 @@ int64_t counted_targets(const Tensor& targets) {
 
 }  // namespace
 
-DataParallelStep::DataParallelStep(nn::GPT& model, const GptOptions& o,
-                                   std::shared_ptr<comm::Communicator> world,
+DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
+                                   const parallel::DeviceMesh& mesh,
                                    const parallel::OptimizerFactory& make_optimizer)
-    : model_(model), o_(o), world_(std::move(world)) {
-  LOOM_CHECK(o.dp == world_->size(), "loom-gpt: --dp ", o.dp, " but ", world_->size(),
-             " rank(s) are running; launch with mpirun -np ", o.dp,
-             " (data parallelism is the only parallelism so far)");
+    : model_(model), o_(o), dp_(mesh.dp_ptr()), dp_rank_(mesh.coords().dp) {
+  nn::Module& module = model.module();
   if (o.zero > 0) {
     parallel::ZeroOptions z;
     z.stage = int(o.zero);
     z.bucket_mb = o.bucket_mb;
     z.grad_accum = int(o.grad_accum);
     z.overlap = !o.no_overlap;
-    auto zero = std::make_unique<parallel::ZeroOptimizer>(model, world_, z, make_optimizer);
+    z.tp = model.tp();
+    auto zero = std::make_unique<parallel::ZeroOptimizer>(module, dp_, z, make_optimizer);
     zero_ = zero.get();
     opt_ = std::move(zero);
   } else {
@@ -39,28 +39,34 @@ DataParallelStep::DataParallelStep(nn::GPT& model, const GptOptions& o,
       d.bucket_mb = o.bucket_mb;
       d.grad_accum = int(o.grad_accum);
       d.overlap = !o.no_overlap;
-      ddp_ = std::make_unique<parallel::DistributedDataParallel>(model, world_, d);
+      ddp_ = std::make_unique<parallel::DistributedDataParallel>(module, dp_, d);
     }
-    const DType dtype = model.parameters().at(0).dtype();
+    const DType dtype = module.parameters().at(0).dtype();
     if (optim::is_low_precision(dtype)) {
+      LOOM_CHECK(model.tp() == nullptr || o.grad_clip == 0, "loom-gpt: --dtype ", o.dtype,
+                 " with --tp and gradient clipping needs --zero "
+                 "1, 2 or 3 for now (the plain mixed-precision optimizer clips without tp)");
       auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(
-          model.parameters(), make_optimizer,
+          module.parameters(), make_optimizer,
           dtype == DType::kF16 ? optim::LossScaler() : optim::LossScaler::none());
       mixed_ = mp.get();
       opt_ = std::move(mp);
     } else {
-      opt_ = make_optimizer(model.parameters());
+      opt_ = make_optimizer(module.parameters());
     }
   }
 }
 
 const optim::LossScaler* DataParallelStep::scaler() const {
+  if (o_.dtype == "f32") return nullptr;
   if (zero_) return &zero_->scaler();
   return mixed_ ? &mixed_->scaler() : nullptr;
 }
 
 std::string DataParallelStep::str() const {
   std::string s = detail::str_cat("dp ", o_.dp);
+  if (model_.tp())
+    s += detail::str_cat(" x tp ", o_.tp, o_.sequence_parallel ? " (sequence parallel)" : "");
   if (zero_) s += detail::str_cat(", ZeRO-", o_.zero);
   if (o_.grad_accum > 1) s += detail::str_cat(", grad-accum ", o_.grad_accum);
   if (zero_ || ddp_) s += detail::str_cat(", buckets ", o_.bucket_mb, " MiB");
@@ -75,7 +81,7 @@ parallel::TrainingMemory DataParallelStep::memory() const {
   if (ddp_) {
     m = ddp_->memory();
   } else {
-    for (const Tensor& p : model_.parameters()) m.parameters += p.nbytes();
+    for (const Tensor& p : model_.module().parameters()) m.parameters += p.nbytes();
     m.gradients = m.parameters;  // one gradient per parameter, made by backward
   }
   m.optimizer_state = opt_->state_bytes();
@@ -90,11 +96,11 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   nn::set_dropout_step(uint64_t(step));
   double loss_sum = 0;  // this rank's share of the global mean loss
   for (int64_t k = 0; k < k_count; ++k) {
-    const int64_t first = (int64_t(world_->rank()) * k_count + k) * rows;
+    const int64_t first = (int64_t(dp_rank_) * k_count + k) * rows;
     Tensor inputs = global.inputs.narrow(0, first, rows).contiguous();
     Tensor targets = global.targets.narrow(0, first, rows).contiguous();
     const int64_t mine = counted_targets(targets);
-    LOOM_CHECK(mine > 0, "loom-gpt: micro-batch ", k + 1, " of rank ", world_->rank(),
+    LOOM_CHECK(mine > 0, "loom-gpt: micro-batch ", k + 1, " of dp rank ", dp_rank_,
                " has no targets to predict; use fewer ranks or micro-batches");
     Tensor loss = model_.loss(inputs, targets);
     loss_sum += loss.item() * double(mine) / double(counted);
@@ -120,14 +126,15 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   }
   double norm = -1;
   if (o_.grad_clip > 0)
-    norm = zero_    ? zero_->clip_grad_norm(o_.grad_clip)
-           : mixed_ ? mixed_->clip_grad_norm(o_.grad_clip)
-                    : optim::clip_grad_norm(model_.parameters(), o_.grad_clip);
+    norm = zero_         ? zero_->clip_grad_norm(o_.grad_clip)
+           : mixed_      ? mixed_->clip_grad_norm(o_.grad_clip)
+           : model_.tp() ? parallel::tp_clip_grad_norm(model_.module(), o_.grad_clip, *model_.tp())
+                         : optim::clip_grad_norm(model_.module().parameters(), o_.grad_clip);
   opt_->set_lr(lr);
   opt_->step();
   opt_->zero_grad();
   Tensor total = Tensor::full({1}, loss_sum, DType::kF32);
-  world_->allreduce(total)->wait();
+  dp_->allreduce(total)->wait();  // the ranks of a tp group hold the same loss: sum over dp
   const optim::LossScaler* s = scaler();
   return StepResult{total.item(), norm, wait_ms, s && s->last_step_skipped()};
 }

@@ -1,7 +1,8 @@
-// How loom-gpt runs one optimizer step on this rank under data parallelism: which rows of the
-// global batch the rank takes, how they split into micro-batches, and which wrapper (none, DDP,
-// ZeRO 1/2/3) reduces the gradients. --batch stays the global batch, so the same flags on any
-// number of ranks train on the same data and give the single-process losses.
+// How loom-gpt runs one optimizer step on this rank under data (and tensor) parallelism: which
+// rows of the global batch the rank takes (by its dp index: the ranks of one tp group take the
+// same rows), how they split into micro-batches, and which wrapper (none, DDP, ZeRO 1/2/3)
+// reduces the gradients over the dp group. --batch stays the global batch, so the same flags on
+// any number of ranks train on the same data and give the single-process losses.
 //
 // Note [Loss weighting]
 // The single-process loss is the mean over the global batch's counted targets (the addition
@@ -18,6 +19,7 @@
 #include "collectives/communicator.h"
 #include "core/io/batch_loader.h"
 #include "core/nn/gpt.h"
+#include "gpt/gpt_model.h"
 #include "gpt/gpt_options.h"
 #include "optimizer/mixed_precision.h"
 #include "optimizer/optimizer.h"
@@ -35,8 +37,8 @@ struct StepResult {
 
 class DataParallelStep {
  public:
-  // Collective over `world` (the wrappers broadcast rank 0's parameters).
-  DataParallelStep(nn::GPT& model, const GptOptions& o, std::shared_ptr<comm::Communicator> world,
+  // Collective over the mesh's dp group (the wrappers broadcast its rank 0's parameters).
+  DataParallelStep(GptModel& model, const GptOptions& o, const parallel::DeviceMesh& mesh,
                    const parallel::OptimizerFactory& make_optimizer);
 
   // Forward, backward, reduction, clipping and the optimizer update for one global batch.
@@ -51,14 +53,15 @@ class DataParallelStep {
   // This rank's parameters, gradients (counted at their steady-state size, also before the first
   // backward allocates them) and optimizer state.
   parallel::TrainingMemory memory() const;
-  std::string str() const;  // "dp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
+  std::string str() const;  // "dp 2 x tp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
   // The loss scaler of bf16 / f16 training (null for f32).
   const optim::LossScaler* scaler() const;
 
  private:
-  nn::GPT& model_;
+  GptModel& model_;
   const GptOptions& o_;
-  std::shared_ptr<comm::Communicator> world_;
+  std::shared_ptr<comm::Communicator> dp_;
+  int dp_rank_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
   parallel::ZeroOptimizer* zero_ = nullptr;          // opt_ when ZeRO wraps the optimizer
   optim::MixedPrecisionOptimizer* mixed_ = nullptr;  // opt_ for bf16 / f16 without ZeRO

@@ -22,6 +22,7 @@
 #include "core/nn/dropout.h"
 #include "core/nn/gpt.h"
 #include "gpt/gpt_data.h"
+#include "gpt/gpt_model.h"
 #include "gpt/gpt_options.h"
 #include "gpt/gpt_parallel.h"
 #include "optimizer/adamw.h"
@@ -76,7 +77,7 @@ GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::Gpt
 }
 
 // Mean next-token loss over the first `batches` batches of the stream (no gradients).
-double evaluate_loss(nn::GPT& model, const io::BatchLoader& loader, int64_t batches) {
+double evaluate_loss(const GptModel& model, const io::BatchLoader& loader, int64_t batches) {
   NoGradGuard no_grad;
   double total = 0.0;
   for (int64_t k = 0; k < batches; ++k) {
@@ -86,10 +87,10 @@ double evaluate_loss(nn::GPT& model, const io::BatchLoader& loader, int64_t batc
   return total / double(batches);
 }
 
-io::ExactMatch evaluate_task(nn::GPT& model, const io::AdditionEvalSet& set, int64_t rows) {
+io::ExactMatch evaluate_task(const GptModel& model, const io::AdditionEvalSet& set, int64_t rows) {
   NoGradGuard no_grad;
   return io::evaluate_exact_match(
-      set, [&](const Tensor& inputs) { return model(inputs); }, rows);
+      set, [&](const Tensor& inputs) { return model.logits(inputs); }, rows);
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const GptOptions& o, std::vector<Tensor> params) {
@@ -120,7 +121,15 @@ int run(int argc, char** argv) {
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-gpt: cannot silence stdout on rank ", world->rank());
-  if (o.dp == 0) o.dp = world->size();
+  if (o.dp == 0) {
+    LOOM_CHECK(world->size() % o.tp == 0, "loom-gpt: --tp ", o.tp, " does not divide the ",
+               world->size(), " rank(s) running");
+    o.dp = world->size() / o.tp;
+  }
+  LOOM_CHECK(o.dp * o.tp == world->size(), "loom-gpt: --dp ", o.dp, " x --tp ", o.tp, " needs ",
+             o.dp * o.tp, " ranks but ", world->size(),
+             " rank(s) are running; launch with mpirun -np ", o.dp * o.tp);
+  const parallel::DeviceMesh mesh(world, 1, int(o.dp), int(o.tp));
   LOOM_CHECK(o.batch % (o.dp * o.grad_accum) == 0, "loom-gpt: --batch ", o.batch,
              " must divide evenly over --dp ", o.dp, " x --grad-accum ", o.grad_accum,
              " (it is the global batch: each rank takes batch / dp rows, in grad-accum "
@@ -135,12 +144,10 @@ int run(int argc, char** argv) {
   io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
   io::BatchLoader loader(std::move(data.tokens), o.batch, o.seq, o.data);
 
-  nn::GptOptions model_options;
-  model_options.dropout = o.dropout;
-  model_options.checkpoint = o.checkpoint_activations;
-  nn::GPT model(config, model_options);
+  GptModel gpt(config, o, mesh);
+  nn::Module& model = gpt.module();
   if (init) {
-    model.load_state_dict(init->params);
+    gpt.load(init->params);
     init.reset();  // the model holds its own copy
   } else {
     model.init_parameters(o.seed);
@@ -154,9 +161,9 @@ int run(int argc, char** argv) {
     LOOM_CHECK(o.eval_batches <= loader.batches_per_pass(), "loom-gpt: --eval-batches ",
                o.eval_batches, " but the data holds only ", loader.batches_per_pass(),
                " batches of ", o.batch, " x ", o.seq);
-    std::printf("val_loss %.7f\n", evaluate_loss(model, loader, o.eval_batches));
+    std::printf("val_loss %.7f\n", evaluate_loss(gpt, loader, o.eval_batches));
     if (data.task) {
-      io::ExactMatch m = evaluate_task(model, data.task->heldout_set(o.eval_examples), o.batch);
+      io::ExactMatch m = evaluate_task(gpt, data.task->heldout_set(o.eval_examples), o.batch);
       std::printf("exact_match %.4f (%" PRId64 "/%" PRId64 " held-out examples)\n", m.accuracy(),
                   m.correct, m.total);
     }
@@ -165,11 +172,11 @@ int run(int argc, char** argv) {
 
   std::printf("loom-gpt: %s\n", data.description.c_str());
   std::printf("model: %s, %" PRId64 " parameters (%.1f MB %s)%s\n", config.str().c_str(),
-              model.num_parameters(),
-              double(model.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
+              config.num_parameters(),
+              double(config.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
 
-  DataParallelStep trainer(model, o, world, [&o](std::vector<Tensor> params) {
+  DataParallelStep trainer(gpt, o, mesh, [&o](std::vector<Tensor> params) {
     return make_optimizer(o, std::move(params));
   });
   optim::Optimizer* opt = &trainer.optimizer();
@@ -218,7 +225,7 @@ int run(int argc, char** argv) {
 
     if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
       model.eval();
-      io::ExactMatch em = evaluate_task(model, *heldout, o.batch);
+      io::ExactMatch em = evaluate_task(gpt, *heldout, o.batch);
       model.train();
       if (em.accuracy() >= best.accuracy()) best = em, best_step = step + 1;
       progress.event(step + 1, "eval", {{"exact_match", em.accuracy()}});
@@ -237,12 +244,13 @@ int run(int argc, char** argv) {
     std::printf("skipped %" PRId64 " step(s) with an inf or nan gradient; loss scaling %s\n",
                 scaler->skipped_steps(), scaler->str().c_str());
 
-  if (!o.save.empty()) trainer.gather_parameters();  // ZeRO-3: every rank takes part
-  if (!o.save.empty() && world->rank() == 0) {
-    io::GptParams params;
-    for (auto& [name, t] : model.named_parameters()) params[name] = t.detach().to(DType::kF32);
-    io::save_gpt_weights(o.save, config, params);
-    std::printf("saved weights to %s\n", o.save.c_str());
+  if (!o.save.empty()) {
+    trainer.gather_parameters();                     // ZeRO-3: every rank takes part
+    const io::GptParams params = gpt.full_params();  // tp: every rank takes part
+    if (world->rank() == 0) {
+      io::save_gpt_weights(o.save, config, params);
+      std::printf("saved weights to %s\n", o.save.c_str());
+    }
   }
   if (heldout) {
     std::printf(

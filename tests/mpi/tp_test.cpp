@@ -255,6 +255,41 @@ TEST(TensorParallel, CommunicatesAsMegatronDoes) {
   }
 }
 
+// The bytes per block, as Megatron counts them: the difference between a 2-block and a 1-block
+// model's traffic for one forward and backward. Without sequence parallelism, 4 allreduces of
+// B x T x C (2 forward, 2 backward); with it, 4 all-gathers and 4 reduce-scatters of B x T x C,
+// plus the allreduce of the 4 LayerNorm vectors and 2 row-parallel biases summed over tp.
+TEST(TensorParallel, MovesMegatronsBytesPerBlock) {
+  auto world = comm::world();
+  if (world->size() == 1 || !world_fits(world->size())) GTEST_SKIP() << "needs tp > 1";
+  const int64_t b = 4, t = 8, c = tp_config().channels, f32 = 4;
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    std::map<std::string, int64_t> bytes[2];
+    for (int64_t layers : {1, 2}) {
+      GptConfig config = tp_config();
+      config.layers = layers;
+      auto tp = world->split(0, world->rank(), "tp_bytes");
+      TpGPT model(config, tp, TpGptOptions{0.0, sp});
+      model.init_parameters(kSeed);
+      GlobalBatch batch = global_batch(0, config.vocab);
+      model.loss(batch.rows(0, b), batch.target_rows(0, b)).backward();
+      for (const char* op : {"allreduce", "allgather", "reduce_scatter"})
+        bytes[layers - 1][op] = int64_t(tp->op_bytes(op));
+    }
+    auto per_block = [&](const char* op) { return bytes[1][op] - bytes[0][op]; };
+    const int64_t activation = b * t * c * f32;
+    if (!sp) {
+      EXPECT_EQ(per_block("allreduce"), 4 * activation);
+      EXPECT_EQ(per_block("allgather") + per_block("reduce_scatter"), 0);
+    } else {
+      EXPECT_EQ(per_block("allgather"), 4 * activation);
+      EXPECT_EQ(per_block("reduce_scatter"), 4 * activation);
+      EXPECT_EQ(per_block("allreduce"), 6 * c * f32);
+    }
+  }
+}
+
 // A single-process checkpoint loads into the tp model (each rank takes its slice, wte is padded)
 // and gathering gives it back.
 TEST(TensorParallel, LoadsAndGathersSingleProcessWeights) {

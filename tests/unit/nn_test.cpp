@@ -56,6 +56,7 @@ TEST(Module, GptParameterNamesAreTheNotesList) {
   GptConfig c = tiny_config();
   c.layers = 2;
   GPT gpt(c);
+  EXPECT_EQ(c.num_parameters(), gpt.num_parameters()) << "GptConfig::num_parameters' formula";
   std::vector<std::pair<std::string, Shape>> expected = {{"wte.weight", {16, 8}},
                                                          {"wpe.weight", {4, 8}}};
   for (int i = 0; i < 2; ++i) {

@@ -4,7 +4,11 @@
 # print the same per-step losses (from --metrics-file) within 1e-5 relative, and ZeRO-3, whose
 # ranks hold 1/2 of the parameters each, must --save the single-process final weights; bf16 and
 # f16 runs agree with one process in their dtype.
-# usage: gpt_dp.sh LOOM_GPT MPIEXEC [mpirun flags...]
+# Tensor parallelism: --tp 2 (with and without --sequence-parallel, whose runs use --data text so
+# the sequence divides) and --dp 2 x --tp 2 with ZeRO-1 on 4 ranks give the single-process losses;
+# --tp 2 --save writes the single-process weights, and a single-process checkpoint evaluates the
+# same under --tp 2 --init-from.
+# usage: gpt_parallel.sh LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
 gpt=$1; mpiexec=$2; shift 2
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
@@ -74,4 +78,52 @@ for k in want:
     err = max(abs(g - w) for g, w in zip(got[k], want[k]))
     assert err <= 1e-5 * scale, f"{k}: max difference {err} vs max |value| {scale}"
 print(f"dp2_zero3 --save: {len(want)} tensors match the single-process weights")
+PY
+
+# Tensor parallelism (the losses: AdamW; the weights: SGD, as above).
+for flags in "--tp 2" "--dp 2 --tp 2 --zero 1"; do
+  np=2
+  [[ $flags == *"--dp 2"* ]] && np=4
+  name="tp_$(echo "$flags" | tr -d - | tr " " _)"
+  "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" $flags --metrics-file "$dir/$name.jsonl" \
+    > "$dir/$name.log"
+  compare "$name" "$dir/$name.jsonl"
+done
+printf 'the quick brown fox jumps over the lazy dog. %.0s' {1..40} > "$dir/text.txt"
+text=(--data "$dir/text.txt" --seq 16 --steps 6 --batch 4 --layers 2 --dim 32 --heads 2
+      --threads 1 --lr 1e-3 --warmup-steps 0 --dropout 0.1)
+"$gpt" "${text[@]}" --metrics-file "$dir/text_single.jsonl" > "$dir/text_single.log"
+"$mpiexec" -np 2 "$@" "$gpt" "${text[@]}" --tp 2 --sequence-parallel \
+  --metrics-file "$dir/text_sp.jsonl" > "$dir/text_sp.log"
+compare "tp2_sequence_parallel_dropout" "$dir/text_sp.jsonl" "$dir/text_single.jsonl"
+
+"$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${sgd[@]}" --tp 2 \
+  --save "$dir/tp2.safetensors" > "$dir/tp2_save.log"
+python3 - "$dir/single.safetensors" "$dir/tp2.safetensors" <<'PY'
+import array, json, struct, sys
+def load(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items()}
+want, got = load(sys.argv[1]), load(sys.argv[2])
+assert want.keys() == got.keys(), f"tensor names differ: {sorted(want.keys() ^ got.keys())}"
+for k in want:
+    assert len(got[k]) == len(want[k]), f"{k}: {len(got[k])} values vs {len(want[k])}"
+    scale = max(max(abs(w) for w in want[k]), 1e-30)
+    err = max(abs(g - w) for g, w in zip(got[k], want[k]))
+    assert err <= 1e-5 * scale, f"{k}: max difference {err} vs max |value| {scale}"
+print(f"tp2 --save: {len(want)} tensors match the single-process weights")
+PY
+single_eval=$("$gpt" "${common[@]}" --init-from "$dir/single.safetensors" --eval-only | grep val_loss)
+tp_eval=$("$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" --init-from "$dir/single.safetensors" \
+  --tp 2 --eval-only | grep val_loss)
+python3 - "$single_eval" "$tp_eval" <<'PY'
+import sys
+a, b = float(sys.argv[1].split()[1]), float(sys.argv[2].split()[1])
+assert abs(a - b) <= 1e-5 * abs(a), f"--tp 2 --init-from: val_loss {b} vs single-process {a}"
+print(f"tp2 --init-from: val_loss {b} matches the single-process {a}")
 PY

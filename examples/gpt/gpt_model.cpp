@@ -1,0 +1,58 @@
+#include "gpt/gpt_model.h"
+
+#include "core/ops.h"
+#include "parallel/tensor_parallel/tp_state.h"
+
+namespace loom::gpt {
+
+GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
+    : config_(config) {
+  if (mesh.tp_size() == 1 && !o.sequence_parallel) {
+    gpt_ = std::make_unique<nn::GPT>(config, nn::GptOptions{o.dropout, o.checkpoint_activations});
+    return;
+  }
+  LOOM_CHECK(!o.checkpoint_activations,
+             "loom-gpt: --checkpoint-activations is not supported with --tp yet");
+  tp_ = mesh.tp_ptr();
+  tp_gpt_ = std::make_unique<parallel::TpGPT>(
+      config, tp_, parallel::TpGptOptions{o.dropout, o.sequence_parallel});
+}
+
+nn::Module& GptModel::module() const {
+  if (gpt_) return *gpt_;
+  return *tp_gpt_;
+}
+
+Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
+  return gpt_ ? gpt_->loss(idx, targets) : tp_gpt_->loss(idx, targets);
+}
+
+Tensor GptModel::logits(const Tensor& idx) const {
+  if (gpt_) return (*gpt_)(idx);
+  Tensor whole = parallel::gather_from_tp((*tp_gpt_)(idx), tp_, -1);
+  return whole.narrow(-1, 0, config_.padded_vocab);
+}
+
+void GptModel::load(const io::GptParams& params) {
+  if (gpt_) {
+    gpt_->load_state_dict(params);
+    return;
+  }
+  parallel::load_full_state(*tp_gpt_, params);
+}
+
+io::GptParams GptModel::full_params() const {
+  io::GptParams out;
+  if (gpt_) {
+    for (auto& [name, t] : gpt_->named_parameters()) out[name] = t.detach().to(DType::kF32);
+    return out;
+  }
+  for (auto& [name, t] : parallel::gather_full_state(*tp_gpt_, *tp_)) {
+    Tensor v = t.to(DType::kF32);
+    // wte's rows past the single-process padding exist only for tp (See TpGPT::wte_rows).
+    out[name] = name == "wte.weight" ? v.narrow(0, 0, config_.padded_vocab).contiguous() : v;
+  }
+  return out;
+}
+
+}  // namespace loom::gpt

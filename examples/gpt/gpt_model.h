@@ -1,0 +1,42 @@
+// The model loom-gpt trains, behind one interface: the single-process GPT, or with --tp its
+// tensor-parallel split (parallel::TpGPT) over the mesh's tp group. Checkpoints are always the
+// single-process layout: loading cuts each rank's slice, saving gathers the whole.
+#pragma once
+
+#include <memory>
+
+#include "core/io/gpt_params.h"
+#include "core/nn/gpt.h"
+#include "gpt/gpt_options.h"
+#include "parallel/mesh.h"
+#include "parallel/tensor_parallel/tp_gpt.h"
+
+namespace loom::gpt {
+
+class GptModel {
+ public:
+  GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh);
+
+  nn::Module& module() const;
+  const GptConfig& config() const { return config_; }
+  // The tp group (null without tensor parallelism).
+  std::shared_ptr<comm::Communicator> tp() const { return tp_; }
+
+  // Mean next-token cross-entropy over the first `vocab` columns (the same on every tp rank).
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  // Full logits [B, T, padded_vocab], the same on every tp rank (the tp split gathers them).
+  Tensor logits(const Tensor& idx) const;
+
+  // Single-process weights in, each rank taking its slice.
+  void load(const io::GptParams& params);
+  // The single-process weights (f32, CPU). Collective over tp.
+  io::GptParams full_params() const;
+
+ private:
+  GptConfig config_;
+  std::shared_ptr<comm::Communicator> tp_;
+  std::unique_ptr<nn::GPT> gpt_;
+  std::unique_ptr<parallel::TpGPT> tp_gpt_;
+};
+
+}  // namespace loom::gpt
