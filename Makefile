@@ -77,6 +77,13 @@ bench: build
 	      ./$(BUILD)/bin/loom-bench-collectives -o $$op -b 1M -e 64M -f 4 -n 10 -w 3 -c 1 || exit $$?; \
 	  done; ran=1; \
 	fi; \
+	if [ -x "$(BUILD)/bin/loom-bench-tp" ]; then \
+	  echo "make bench: mpirun -np 2 $(BUILD)/bin/loom-bench-tp"; \
+	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe \
+	    --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
+	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
+	    ./$(BUILD)/bin/loom-bench-tp || exit $$?; \
+	fi; \
 	if [ -f benchmarks/gpt_vs_pytorch.py ]; then \
 	  echo "make bench: $(PYTHON) benchmarks/gpt_vs_pytorch.py"; \
 	  $(PYTHON) benchmarks/gpt_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \

@@ -13,6 +13,7 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layer_norm.h"
+#include "kernels/cpu/vocab_parallel_cross_entropy.h"
 
 namespace {
 
@@ -135,7 +136,47 @@ void BM_cross_entropy(benchmark::State& state) {
       benchmark::Counter(12.0 * double(rows * vocab) * double(state.iterations()),
                          benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_cross_entropy)->Args({1024, 256})->Args({512, 50257})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cross_entropy)
+    ->Args({1024, 256})
+    ->Args({512, 50257})
+    ->Args({1024, 50304})
+    ->Unit(benchmark::kMillisecond);
+
+// The vocab-parallel cross-entropy's kernels on one rank holding every column (the allreduces
+// between them are no-ops there): forward + backward, to set beside BM_cross_entropy.
+void BM_vocab_parallel_cross_entropy(benchmark::State& state) {
+  const int64_t rows = state.range(0), vocab = state.range(1);
+  auto logits = random_floats(size_t(rows * vocab), 11, 4.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) targets[size_t(i)] = int32_t((i * 7919) % vocab);
+  std::vector<float> local_max(static_cast<size_t>(rows)), target_logit(local_max.size()),
+      sum_exp(local_max.size()), lse(local_max.size()), dlogits(logits.size());
+  std::vector<double> local_sum_exp(local_max.size());
+  cpu::VocabParallelCrossEntropyShape shape;
+  shape.rows = rows;
+  shape.cols = vocab;
+  shape.local_classes = vocab;
+  for (auto _ : state) {
+    cpu::vocab_parallel_cross_entropy_local_stats(logits.data(), targets.data(), local_max.data(),
+                                                  local_sum_exp.data(), shape);
+    cpu::vocab_parallel_cross_entropy_target_logit(logits.data(), targets.data(),
+                                                   target_logit.data(), shape);
+    cpu::vocab_parallel_cross_entropy_rescale_sum_exp(local_max.data(), local_sum_exp.data(),
+                                                      local_max.data(), sum_exp.data(), rows);
+    int64_t count = 0;
+    double loss =
+        cpu::vocab_parallel_cross_entropy_loss(targets.data(), local_max.data(), sum_exp.data(),
+                                               target_logit.data(), lse.data(), shape, &count);
+    cpu::vocab_parallel_cross_entropy_backward(logits.data(), targets.data(), lse.data(),
+                                               1.0f / float(count), dlogits.data(), shape);
+    benchmark::DoNotOptimize(loss);
+  }
+  // as BM_cross_entropy: the forward reads the logits once, the backward reads and writes
+  state.counters["GB/s"] =
+      benchmark::Counter(12.0 * double(rows * vocab) * double(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_vocab_parallel_cross_entropy)->Args({1024, 50304})->Unit(benchmark::kMillisecond);
 
 void BM_gelu(benchmark::State& state) {
   const int64_t n = state.range(0);

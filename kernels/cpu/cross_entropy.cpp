@@ -1,31 +1,22 @@
-// Each row's exponentials are evaluated by Eigen (vectorised exp) in chunks of kChunk columns,
-// summed in f32 within a chunk and in double across chunks. At GPT-2's 50257 classes a running
-// f32 sum of the row drifts by up to ~3e-6 of the log-sum-exp, more than the 1e-6 the loss must
-// keep; the chunked sum stays near 1e-9. Per-row losses are added in row order, so the result
-// does not depend on the thread count.
+// The rows' max, sum of exponentials and gradient come from cross_entropy_impl.h, shared with the
+// vocab-parallel kernels (see Note [Summing a row's exponentials] there). Per-row losses are added
+// in row order, so the result does not depend on the thread count.
 #include "kernels/cpu/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
-#include "kernels/cpu/eigen.h"
+
+#include "kernels/cpu/cross_entropy_impl.h"
 
 namespace loom::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kChunk = 1024;
-
-using Row = Eigen::Map<Eigen::ArrayXf>;
-using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
-
 // log(sum(exp(x[0, n)))) with the max subtracted first so no term overflows.
 double log_sum_exp(const float* x, int64_t n) {
-  const float m = ConstRow(x, n).maxCoeff();
-  double sum = 0.0;
-  for (int64_t c = 0; c < n; c += kChunk)
-    sum += double((ConstRow(x + c, std::min(kChunk, n - c)) - m).exp().sum());
-  return double(m) + std::log(sum);
+  const float m = detail::row_max(x, n);
+  return double(m) + std::log(detail::row_sum_exp(x, n, m));
 }
 
 template <typename I>
@@ -68,9 +59,7 @@ void backward_impl(const float* logits, const I* targets, const float* lse, floa
       std::fill(d, d + cols, 0.0f);
       continue;
     }
-    Row(d, classes) = (ConstRow(logits + r * cols, classes) - lse[r]).exp() * scale;
-    std::fill(d + classes, d + cols, 0.0f);
-    d[target] -= scale;
+    detail::row_cross_entropy_grad(logits + r * cols, cols, classes, target, lse[r], scale, d);
   }
 }
 
