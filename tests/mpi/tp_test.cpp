@@ -145,15 +145,16 @@ TEST(TensorParallel, ClipsTheGlobalNormAcrossShards) {
   }
 }
 
-// dp 2 x tp 2 on 4 ranks: each dp replica (a tp pair) takes half the batch; DDP or ZeRO-1 over
+// dp 2 x tp 2 on 4 ranks: each dp replica (a tp pair) takes half the batch; DDP or ZeRO-1/2 over
 // the dp group, gradients clipped over the whole model; the single-process run.
 TEST(TensorParallel, ComposesWithDataParallelismAndZero) {
   auto world = comm::world();
   if (world->size() != 4) GTEST_SKIP() << "dp 2 x tp 2 needs 4 ranks";
   DeviceMesh mesh(world, 1, 2, 2);
   const RunResult want = single_process(0.0, Opt::kAdamW, /*clip=*/true);
-  for (int stage : {0, 1}) {
-    SCOPED_TRACE(detail::str_cat("dp 2 x tp 2, ", stage == 0 ? "DDP" : "ZeRO-1"));
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE(detail::str_cat(
+        "dp 2 x tp 2, ", stage == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(stage)));
     TpGPT model(tp_config(), mesh.tp_ptr());
     model.init_parameters(kSeed);
     std::unique_ptr<DistributedDataParallel> ddp;
@@ -164,7 +165,7 @@ TEST(TensorParallel, ComposesWithDataParallelismAndZero) {
       opt = test_adamw_over(model.parameters());
     } else {
       ZeroOptions o;
-      o.stage = 1;
+      o.stage = stage;
       o.tp = mesh.tp_ptr();
       auto z = std::make_unique<ZeroOptimizer>(model, mesh.dp_ptr(), o, test_adamw_over);
       zero = z.get();
