@@ -9,6 +9,7 @@
 
 #include "collectives/communicator.h"
 #include "core/nn/dropout.h"
+#include "core/nn/linear.h"
 #include "core/ops.h"
 #include "dp_reference.h"
 #include "optimizer/sgd.h"
@@ -195,6 +196,62 @@ TEST(TensorParallel, ComposesWithDataParallelismAndZero) {
     got.params = single_process_values(gather_full_state(model, mesh.tp()), 257);
     expect_same_run(got, want, 1e-5, Scale::kModel);  // AdamW: See MatchesTheSingleProcessRun
   }
+}
+
+// The layers alone: a column-parallel layer gathering its output is the single-process Linear;
+// feeding its split output to a row-parallel layer gives the single-process pair; both with their
+// gradients (the input's is summed over tp by copy_to_tp).
+class TwoLinears : public nn::Module {
+ public:
+  TwoLinears(GroupPtr tp, bool gather) {
+    ColumnParallelOptions c;
+    c.gather_output = gather;
+    fc = register_module("fc", std::make_shared<ColumnParallelLinear>(8, 12, tp, c));
+    proj = register_module("proj", std::make_shared<RowParallelLinear>(12, 6, tp));
+  }
+  std::shared_ptr<ColumnParallelLinear> fc;
+  std::shared_ptr<RowParallelLinear> proj;
+};
+
+class TwoLinearsSingle : public nn::Module {
+ public:
+  TwoLinearsSingle() {
+    fc = register_module("fc", std::make_shared<nn::Linear>(8, 12));
+    proj = register_module("proj", std::make_shared<nn::Linear>(12, 6));
+  }
+  std::shared_ptr<nn::Linear> fc, proj;
+};
+
+TEST(TensorParallel, ColumnAndRowParallelLayersAreTheSingleProcessLinears) {
+  auto world = comm::world();
+  if (12 % world->size() != 0) GTEST_SKIP() << "12 features do not divide over " << world->size();
+  TwoLinearsSingle single;
+  single.init_parameters(kSeed);
+  Tensor x = Tensor::arange(3 * 8).reshape({3, 8});
+  x = scale(x, 0.1).detach();
+  x.set_requires_grad(true);
+  Tensor want_mid = (*single.fc)(x);
+  Tensor want = (*single.proj)(gelu(want_mid));
+  want.backward(Tensor::ones(want.shape()));
+
+  TwoLinears gathered(world, /*gather=*/true);
+  gathered.init_parameters(kSeed);
+  Tensor mid = (*gathered.fc)(x.detach());
+  // Within rounding: a GEMM over fewer output columns may block its sums differently.
+  const std::vector<float> m = mid.to_vector<float>(), wm = want_mid.to_vector<float>();
+  ASSERT_EQ(m.size(), wm.size()) << "gather_output gives all 12 features";
+  for (size_t i = 0; i < wm.size(); ++i) EXPECT_NEAR(m[i], wm[i], 1e-7) << "gather_output " << i;
+
+  TwoLinears split(world, /*gather=*/false);
+  split.init_parameters(kSeed);
+  Tensor xs = x.detach();
+  xs.set_requires_grad(true);
+  Tensor got = (*split.proj)(gelu((*split.fc)(xs)));
+  got.backward(Tensor::ones(got.shape()));
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(g[i], w[i], 1e-6) << i;
+  const std::vector<float> gx = xs.grad().to_vector<float>(), wx = x.grad().to_vector<float>();
+  for (size_t i = 0; i < wx.size(); ++i) EXPECT_NEAR(gx[i], wx[i], 1e-6) << "input gradient " << i;
 }
 
 // Every shard is the slice of the single-process initialisation, bit for bit, and the padded
