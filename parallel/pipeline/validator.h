@@ -1,0 +1,63 @@
+// The schedule validator: simulates every rank's action list of one step before anything runs,
+// under a cost model, and either proves the lists complete or refuses them with the rank and
+// action where they stall.
+//
+// Simulation rules (the executor's semantics): a send is posted and the rank goes on; a receive
+// blocks the rank until the matching send has been posted and `transfer` has passed. Compute
+// actions take their cost; a chunk's cost is the cost of one rank's share of the model divided by
+// the chunks that share holds (interleaved chunks cost 1/v, See Schedule). Checked on the way:
+// each receive names the rank that holds the neighbouring stage and is matched by exactly one
+// send of that message; F of a non-first stage comes after its RA, B after its F (and its RG
+// below the last stage), sends after the compute that produces them, W after its B, SYNC after
+// every B and W of its chunk. A violation or a stall throws loom::Error naming the rank, the
+// action's index and the action.
+//
+// Reported per rank: bubble = 1 - busy / makespan (busy: the time spent in F, B and W; makespan:
+// when the last rank finishes), and peak_activations = the most micro-batches whose forward on
+// one of the rank's chunks has run and whose backward (and W, when split) has not, counted per
+// chunk. With unit costs GPipe and 1F1B give bubble (p-1)/(m+p-1); GPipe keeps m activations,
+// 1F1B at most p on the first stage.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/schedule.h"
+
+namespace loom::parallel::pipeline {
+
+struct CostModel {  // unit costs by default
+  double forward = 1.0;
+  double backward = 1.0;     // B (with the weight gradient unless split into W)
+  double weight_grad = 1.0;  // W
+  double transfer = 0.0;     // from a send's posting to its arrival
+};
+
+struct RankStats {
+  double busy = 0.0;
+  double finish = 0.0;
+  double bubble = 0.0;
+  int peak_activations = 0;
+};
+
+// When one action ran in the simulation (receives: from the call to the message's arrival).
+struct SimulatedSpan {
+  int rank;
+  int index;  // into the rank's action list
+  Action action;
+  double start, end;
+};
+
+struct Simulation {
+  double makespan = 0.0;
+  std::vector<RankStats> ranks;
+  std::vector<SimulatedSpan> spans;
+  // One line per rank: "rank R bubble F peak_activations A".
+  std::string report() const;
+};
+
+// Throws loom::Error (See the header comment) for a schedule that is not well formed, breaks a
+// dependency, or deadlocks.
+Simulation validate(const Schedule& schedule, const CostModel& cost = {});
+
+}  // namespace loom::parallel::pipeline
