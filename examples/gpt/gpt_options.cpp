@@ -40,6 +40,18 @@ void declare_gpt_flags(cli::Flags& f) {
             "ranks in all");
   f.add_bool("sequence-parallel",
              "with --tp: split the LayerNorm and dropout regions along the sequence");
+  f.add_int("pp", 1, "pipeline stages (ranks of a pipeline)");
+  f.add_string("schedule", "1f1b", "pipeline schedule",
+               {"gpipe", "1f1b", "interleaved", "chimera"});
+  f.add_int("microbatches", 0,
+            "pipeline micro-batches per step on each dp rank (0: --pp); must divide batch / dp");
+  f.add_int("virtual-stages", 1, "--schedule interleaved: model chunks per pipeline rank");
+  f.add_string("schedule-file", "",
+               "a schedule in loom's text form (see --print-schedule) instead of --schedule");
+  f.add_bool("validate-schedule",
+             "simulate the schedule on one process (unit costs), print one line per rank "
+             "(`rank R bubble F peak_activations A`) and exit");
+  f.add_bool("print-schedule", "print the schedule in its text form and exit");
   f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1, 2 or 3");
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
@@ -90,6 +102,13 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.dp = f.get_int("dp");
   o.zero = f.get_int("zero");
   o.tp = f.get_int("tp");
+  o.pp = f.get_int("pp");
+  o.schedule = f.get_string("schedule");
+  o.microbatches = f.get_int("microbatches");
+  o.virtual_stages = f.get_int("virtual-stages");
+  o.schedule_file = f.get_string("schedule-file");
+  o.validate_schedule = f.get_bool("validate-schedule");
+  o.print_schedule = f.get_bool("print-schedule");
   o.sequence_parallel = f.get_bool("sequence-parallel");
   o.dtype = f.get_string("dtype");
   o.grad_accum = f.get_int("grad-accum");
@@ -136,6 +155,13 @@ GptOptions read_gpt_options(const cli::Flags& f) {
              "loom-gpt: --momentum applies to --optimizer sgd only");
   LOOM_CHECK(o.dp >= 0, "loom-gpt: --dp must be >= 0 (0 = every rank launched), got ", o.dp);
   LOOM_CHECK(o.tp >= 1, "loom-gpt: --tp must be >= 1, got ", o.tp);
+  LOOM_CHECK(o.pp >= 1, "loom-gpt: --pp must be >= 1, got ", o.pp);
+  LOOM_CHECK(o.microbatches >= 0, "loom-gpt: --microbatches must be >= 0, got ", o.microbatches);
+  if (o.microbatches == 0) o.microbatches = o.pp;
+  LOOM_CHECK(o.virtual_stages >= 1, "loom-gpt: --virtual-stages must be >= 1, got ",
+             o.virtual_stages);
+  LOOM_CHECK(o.virtual_stages == 1 || o.schedule == "interleaved",
+             "loom-gpt: --virtual-stages applies to --schedule interleaved only");
   LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "loom-gpt: --zero must be 0, 1, 2 or 3, got ", o.zero);
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);

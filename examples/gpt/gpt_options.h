@@ -28,6 +28,10 @@ struct GptOptions {
   // parallelism (under mpirun): dp x tp ranks
   int64_t dp, tp, zero, grad_accum;
   bool sequence_parallel;
+  // pipeline parallelism
+  int64_t pp, microbatches, virtual_stages;
+  std::string schedule, schedule_file;
+  bool validate_schedule, print_schedule;
   double bucket_mb;
   bool no_overlap;
   // evaluation

@@ -29,6 +29,8 @@
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
 #include "optimizer/sgd.h"
+#include "parallel/pipeline/generators.h"
+#include "parallel/pipeline/validator.h"
 
 namespace loom::gpt {
 namespace {
@@ -93,6 +95,34 @@ io::ExactMatch evaluate_task(const GptModel& model, const io::AdditionEvalSet& s
       set, [&](const Tensor& inputs) { return model.logits(inputs); }, rows);
 }
 
+// The pipeline schedule the flags describe: --schedule-file, or the --schedule generator.
+parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
+  parallel::pipeline::Schedule s =
+      o.schedule_file.empty()
+          ? parallel::pipeline::make_schedule(o.schedule, int(o.pp), int(o.microbatches),
+                                              int(o.virtual_stages))
+          : parallel::pipeline::read_schedule_file(o.schedule_file);
+  LOOM_CHECK(s.ranks == o.pp, "loom-gpt: the schedule has ", s.ranks, " ranks but --pp is ", o.pp);
+  LOOM_CHECK(o.layers >= s.stages, "loom-gpt: --layers ", o.layers, " cannot be split into the ",
+             s.stages, " stages of schedule '", s.name, "' (each stage needs a block)");
+  return s;
+}
+
+// --print-schedule / --validate-schedule: one process, no training.
+int inspect_schedule(const GptOptions& o) {
+  const parallel::pipeline::Schedule s = schedule_from(o);
+  if (o.print_schedule) std::printf("%s", parallel::pipeline::format_schedule(s).c_str());
+  if (o.validate_schedule) {
+    const parallel::pipeline::Simulation sim = parallel::pipeline::validate(s);
+    std::printf(
+        "schedule %s: %d ranks, %d stage(s) x %d pipeline(s), %d micro-batches, unit "
+        "costs: valid, makespan %g\n%s",
+        s.name.c_str(), s.ranks, s.stages, s.pipelines, s.microbatches, sim.makespan,
+        sim.report().c_str());
+  }
+  return 0;
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const GptOptions& o, std::vector<Tensor> params) {
   if (o.optimizer == "sgd") {
     optim::SgdOptions s;
@@ -114,6 +144,7 @@ int run(int argc, char** argv) {
   declare_gpt_flags(flags);
   if (!flags.parse(argc, argv)) return 0;
   GptOptions o = read_gpt_options(flags);
+  if (o.validate_schedule || o.print_schedule) return inspect_schedule(o);
   if (o.threads > 0) omp_set_num_threads(int(o.threads));
   auto world = comm::world();
   // The other ranks compute the same figures; one copy of the output is enough (errors still
@@ -121,6 +152,9 @@ int run(int argc, char** argv) {
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-gpt: cannot silence stdout on rank ", world->rank());
+  LOOM_CHECK(o.pp == 1, "loom-gpt: --pp ", o.pp,
+             ": the pipeline executor is not implemented yet; --validate-schedule and "
+             "--print-schedule simulate and print the schedule");
   if (o.dp == 0) {
     LOOM_CHECK(world->size() % o.tp == 0, "loom-gpt: --tp ", o.tp, " does not divide the ",
                world->size(), " rank(s) running");

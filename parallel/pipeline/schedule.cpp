@@ -6,6 +6,8 @@
 // name the line of the action too.
 #include "parallel/pipeline/schedule.h"
 
+#include "core/io/detail/file.h"
+
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -429,6 +431,13 @@ std::string format_schedule(const Schedule& s) {
 
 Schedule parse_schedule(const std::string& text, const std::string& source) {
   return Parser(text, source).run();
+}
+
+Schedule read_schedule_file(const std::string& path) {
+  io::detail::InFile file(path, "pipeline schedule");
+  std::string text(size_t(file.size()), '\0');
+  file.read_at(0, text.data(), file.size());
+  return parse_schedule(text, path);
 }
 
 }  // namespace loom::parallel::pipeline

@@ -98,4 +98,7 @@ void check_well_formed(const Schedule& s);
 std::string format_schedule(const Schedule& s);
 Schedule parse_schedule(const std::string& text, const std::string& source = "schedule");
 
+// parse_schedule of a file's text (errors name the file and line; a missing file names it).
+Schedule read_schedule_file(const std::string& path);
+
 }  // namespace loom::parallel::pipeline

@@ -218,6 +218,7 @@ class Simulator {
         msg += ";";
       }
     }
+    if (!msg.empty() && msg.back() == ';') msg.back() = '.';
     LOOM_FAIL(msg);
   }
 
