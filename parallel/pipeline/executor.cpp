@@ -1,0 +1,134 @@
+#include "parallel/pipeline/executor.h"
+
+#include <map>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+
+namespace loom::parallel::pipeline {
+namespace {
+
+// What one micro-batch on one chunk keeps between its actions.
+struct Slot {
+  Tensor input;        // the received activation (a leaf requiring a gradient), or tokens
+  Tensor output;       // the forward's output (last stage: the scaled loss)
+  Tensor grad_output;  // the received gradient of the output
+  comm::WorkPtr recv_activation, recv_grad;
+};
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, std::shared_ptr<comm::Communicator> pp,
+                                   std::vector<StageChunk> chunks, Shape activation)
+    : schedule_(std::move(schedule)),
+      pp_(std::move(pp)),
+      chunks_(std::move(chunks)),
+      activation_(std::move(activation)) {
+  LOOM_CHECK(pp_ != nullptr, "PipelineExecutor: the pipeline group is null");
+  LOOM_CHECK(pp_->size() == schedule_.ranks, "PipelineExecutor: schedule '", schedule_.name,
+             "' is for ", schedule_.ranks, " ranks but the pipeline group has ", pp_->size());
+  rank_ = pp_->rank();
+  LOOM_CHECK(int(chunks_.size()) == schedule_.chunks_per_rank(),
+             "PipelineExecutor: ", chunks_.size(), " chunks given for the schedule's ",
+             schedule_.chunks_per_rank());
+  for (const Action& a : schedule_.actions[size_t(rank_)])
+    LOOM_CHECK(a.kind != ActionKind::kWeightGrad,
+               "PipelineExecutor: split weight-gradient actions (W) are not supported yet");
+}
+
+int PipelineExecutor::tag(bool gradient, int microbatch, int pipeline, int stage) const {
+  return ((int(gradient) * schedule_.microbatches + microbatch) * schedule_.pipelines + pipeline) *
+             schedule_.stages +
+         stage;
+}
+
+double PipelineExecutor::run(const std::vector<Tensor>& tokens,
+                             const std::vector<Tensor>& targets) {
+  const int m = schedule_.microbatches;
+  LOOM_CHECK(int(tokens.size()) == m && int(targets.size()) == m, "PipelineExecutor: ", m,
+             " micro-batches in the schedule but ", tokens.size(), " token and ", targets.size(),
+             " target tensors given");
+  const std::vector<ChunkPlace>& places = schedule_.chunks[size_t(rank_)];
+  const int last = schedule_.stages - 1;
+  std::map<std::pair<int, int>, Slot> slots;  // (microbatch, chunk)
+  std::vector<comm::WorkPtr> sends;
+  std::vector<Tensor> in_flight;  // buffers of posted sends
+  double loss_sum = 0;
+  for (const Action& a : schedule_.actions[size_t(rank_)]) {
+    if (a.kind == ActionKind::kGradSync) {
+      if (chunks_[size_t(a.chunk)].sync) chunks_[size_t(a.chunk)].sync();
+      continue;
+    }
+    const ChunkPlace& place = places[size_t(a.chunk)];
+    Slot& slot = slots[{a.microbatch, a.chunk}];
+    const StageChunk& chunk = chunks_[size_t(a.chunk)];
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+        slot.input = Tensor::empty(activation_);
+        slot.recv_activation = pp_->recv(
+            slot.input, a.peer, {tag(false, a.microbatch, place.pipeline, place.stage - 1)});
+        break;
+      case ActionKind::kRecvGrad:
+        slot.grad_output = Tensor::empty(activation_);
+        slot.recv_grad = pp_->recv(slot.grad_output, a.peer,
+                                   {tag(true, a.microbatch, place.pipeline, place.stage + 1)});
+        break;
+      case ActionKind::kForward: {
+        if (place.stage == 0) {
+          slot.input = tokens[size_t(a.microbatch)];
+        } else {
+          slot.recv_activation->wait();
+          slot.input.set_requires_grad(true);
+        }
+        Tensor out = chunk.forward(slot.input);
+        if (place.stage == last) {
+          Tensor loss = chunk.loss(out, targets[size_t(a.microbatch)]);
+          loss_sum += loss.item();
+          out = scale(loss, 1.0 / m);
+        }
+        slot.output = out;
+        break;
+      }
+      case ActionKind::kSendActivation: {
+        Tensor buffer = slot.output.detach().contiguous();
+        in_flight.push_back(buffer);
+        sends.push_back(
+            pp_->send(buffer, a.peer, {tag(false, a.microbatch, place.pipeline, place.stage)}));
+        break;
+      }
+      case ActionKind::kBackward:
+        if (place.stage == last) {
+          slot.output.backward();
+        } else {
+          slot.recv_grad->wait();
+          autograd::backward({slot.output}, {slot.grad_output});
+        }
+        slot.output = Tensor();
+        slot.grad_output = Tensor();
+        break;
+      case ActionKind::kSendGrad: {
+        LOOM_CHECK(slot.input.defined() && slot.input.grad().defined(), "PipelineExecutor: rank ",
+                   rank_, " has no input gradient to send for ", a.str());
+        Tensor buffer = slot.input.grad().detach().contiguous();
+        in_flight.push_back(buffer);
+        sends.push_back(
+            pp_->send(buffer, a.peer, {tag(true, a.microbatch, place.pipeline, place.stage)}));
+        slot.input = Tensor();
+        break;
+      }
+      case ActionKind::kWeightGrad:
+      case ActionKind::kGradSync:
+        break;
+    }
+  }
+  comm::wait_all(sends);
+  return loss_sum / m;
+}
+
+double PipelineExecutor::mean_loss(double local) const {
+  Tensor l = Tensor::full({1}, local, DType::kF32);
+  pp_->allreduce(l)->wait();
+  return l.item();
+}
+
+}  // namespace loom::parallel::pipeline

@@ -1,0 +1,62 @@
+// The pipeline executor: runs this rank's action list of a Schedule for one training step.
+//
+//   RA / RG   post the receive (into a buffer of the activation's shape); the F or B that needs
+//             it waits for it
+//   F         the chunk's forward on the received activation (a leaf that requires a gradient)
+//             or, on the first stage, the micro-batch's tokens; the last stage also computes the
+//             loss, scaled by 1 / microbatches so the step's gradient is that of the mean
+//   SA / SG   post the send of the output / of the input's gradient and go on
+//   B         backward from the output with the received gradient (last stage: from the loss);
+//             gradients accumulate in the parameters over the step's micro-batches
+//   SYNC      the chunk's gradients are complete: runs the chunk's sync callback (data
+//             parallelism's reduction, Chimera's replica pair)
+// Messages carry a tag naming (kind, micro-batch, pipeline, stage), so each receive matches its
+// send whatever order the ranks post them in. Every send is waited before the step returns.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "core/tensor.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace loom::parallel::pipeline {
+
+// One chunk of this rank: its forward (input -> output), and on a last stage the loss of its
+// output against the micro-batch's targets.
+struct StageChunk {
+  std::function<Tensor(const Tensor& input)> forward;
+  std::function<Tensor(const Tensor& output, const Tensor& targets)> loss;  // last stages
+  std::function<void()> sync;  // at SYNC (may be empty)
+};
+
+class PipelineExecutor {
+ public:
+  // `pp`: the pipeline group (rank i runs schedule.actions[i]). chunks[c] runs this rank's chunk
+  // c. `activation`: the shape of one micro-batch's activation between stages ([rows, T, C], f32).
+  PipelineExecutor(Schedule schedule, std::shared_ptr<comm::Communicator> pp,
+                   std::vector<StageChunk> chunks, Shape activation);
+
+  // One step: tokens and targets per micro-batch (only the first and last stages read them).
+  // Returns the mean loss over the micro-batches on ranks holding a last stage, 0 elsewhere
+  // (See mean_loss for the value on every rank).
+  double run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets);
+  // The step's mean loss on every rank of the pipeline group: the sum over the ranks of what
+  // run() returned (each micro-batch's loss is on its pipeline's last stage). Collective.
+  double mean_loss(double local) const;
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  int tag(bool gradient, int microbatch, int pipeline, int stage) const;
+
+  Schedule schedule_;
+  std::shared_ptr<comm::Communicator> pp_;
+  std::vector<StageChunk> chunks_;
+  Shape activation_;
+  int rank_;
+};
+
+}  // namespace loom::parallel::pipeline

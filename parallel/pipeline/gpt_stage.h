@@ -1,0 +1,59 @@
+// One pipeline stage of a GPT: a contiguous range of its blocks, plus the embeddings on the first
+// stage and the final LayerNorm and tied output head on the last. Parameters keep their
+// single-process names ("blocks.5.attn.qkv.weight"), so init_parameters(seed) gives each stage
+// exactly the single-process values and checkpoints need no renaming.
+//
+// The output head is tied to wte, which lives on the first stage. With more than one stage the
+// last stage holds its own copy of wte (initialised identically); after each step's backwards the
+// two copies' gradients are summed over the embedding group (first and last stage), as in
+// Megatron-LM, so both take the same update and stay equal.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "core/nn/block.h"
+#include "core/nn/dropout.h"
+#include "core/nn/embedding.h"
+#include "core/nn/gpt_config.h"
+#include "core/nn/layer_norm.h"
+#include "core/nn/module.h"
+
+namespace loom::parallel::pipeline {
+
+// Blocks [first, first + count) of `layers` for stage `stage` of `stages`, split as evenly as
+// possible (the earlier stages get the extra blocks). Throws when a stage would get none.
+std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stage, int stages);
+
+class GptStage : public nn::Module {
+ public:
+  GptStage(const GptConfig& config, int stage, int stages, double dropout = 0.0);
+
+  bool is_first() const { return stage_ == 0; }
+  bool is_last() const { return stage_ == stages_ - 1; }
+  // First stage: token ids [B, T] -> hidden [B, T, C]; other stages: hidden -> hidden; the last
+  // stage returns the logits [B, T, padded_vocab].
+  Tensor forward(const Tensor& x) override;
+  // The last stage: mean cross-entropy of its logits over the first `vocab` columns.
+  Tensor loss(const Tensor& logits, const Tensor& targets) const;
+
+  const GptConfig& config() const { return config_; }
+
+  std::shared_ptr<nn::Embedding> wte;  // first stage, and the last (the tied head)
+  std::shared_ptr<nn::Embedding> wpe;  // first stage
+  std::shared_ptr<nn::Dropout> drop;   // first stage
+  std::vector<std::shared_ptr<nn::Block>> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;  // last stage
+
+ private:
+  GptConfig config_;
+  int stage_, stages_;
+};
+
+// The tied embedding: sums the gradients of every copy of wte.weight among `local` (this rank's
+// stages) and, when `group` is given, over its ranks (the ranks holding the first or last stage),
+// and gives every copy the sum. Collective over `group`.
+void sync_tied_embedding(const std::vector<GptStage*>& local, comm::Communicator* group);
+
+}  // namespace loom::parallel::pipeline

@@ -1,0 +1,172 @@
+// Pipeline parallelism against the single-process run (the equivalence principle): a small GPT
+// cut into stages over the world's ranks (pp 2 and 4), trained 5 AdamW steps with each schedule
+// (GPipe, 1F1B, interleaved with v = 2) and m in {pp, 2 pp} micro-batches, gives the
+// single-process per-step losses, and every parameter every rank holds equals the single-process
+// parameter of that name, within 1e-5 (AdamW: of the model's scale, See the tolerance note in
+// tests/mpi/tp_test.cpp — micro-batching sums each gradient in another order, and AdamW turns the
+// last bits of a cancelling sum into up to ~1e-4 of a step; SGD is compared per tensor).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "collectives/communicator.h"
+#include "core/ops.h"
+#include "dp_reference.h"
+#include "optimizer/sgd.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/generators.h"
+#include "parallel/pipeline/gpt_stage.h"
+
+namespace loom::parallel::pipeline {
+namespace {
+
+using namespace loom::testing;
+
+GptConfig pp_config() {
+  GptConfig c = tiny_gpt_config();
+  c.layers = 8;  // 2 blocks per chunk at pp 4 x v 2
+  return c;
+}
+
+constexpr int64_t kRows = 8;
+
+// One rank's part of a pipeline run: its stages, the executor, the optimizer.
+enum class Opt { kAdamW, kSgd };
+
+std::unique_ptr<optim::Optimizer> make_optimizer(Opt which, std::vector<Tensor> params) {
+  if (which == Opt::kAdamW) return test_adamw_over(std::move(params));
+  optim::SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  return std::make_unique<optim::SGD>(std::move(params), o);
+}
+
+struct PipelineRank {
+  PipelineRank(const Schedule& s, const std::shared_ptr<comm::Communicator>& pp, Opt which) {
+    const int rank = pp->rank();
+    std::vector<StageChunk> chunks;
+    std::vector<Tensor> params;
+    for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
+      auto stage = std::make_shared<GptStage>(pp_config(), place.stage, s.stages);
+      stage->init_parameters(kSeed);
+      for (const Tensor& p : stage->parameters()) params.push_back(p);
+      GptStage* raw = stage.get();
+      chunks.push_back(
+          StageChunk{[raw](const Tensor& x) { return (*raw)(x); },
+                     [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
+                     {}});
+      stages.push_back(std::move(stage));
+    }
+    // The ranks holding a copy of wte (the first and the last stage) sum its gradients.
+    const int first = s.holder(0, 0).first, last = s.holder(0, s.stages - 1).first;
+    const bool member = rank == first || rank == last;
+    embedding = pp->split(member ? 0 : 1, rank, member ? "embedding" : "embedding.others");
+    if (!member || first == last) embedding = nullptr;
+    const int64_t rows = kRows / s.microbatches;
+    executor = std::make_unique<PipelineExecutor>(s, pp, std::move(chunks),
+                                                  Shape{rows, 8, pp_config().channels});
+    opt = make_optimizer(which, params);
+  }
+
+  double step(int s) {
+    const Schedule& sch = executor->schedule();
+    GlobalBatch b = global_batch(s, pp_config().vocab);
+    const int64_t rows = kRows / sch.microbatches;
+    std::vector<Tensor> tokens, targets;
+    for (int mb = 0; mb < sch.microbatches; ++mb) {
+      tokens.push_back(b.rows(mb * rows, rows));
+      targets.push_back(b.target_rows(mb * rows, rows));
+    }
+    const double local = executor->run(tokens, targets);
+    std::vector<GptStage*> mine;
+    for (auto& st : stages) mine.push_back(st.get());
+    sync_tied_embedding(mine, embedding.get());
+    opt->step();
+    opt->zero_grad();
+    return executor->mean_loss(local);
+  }
+
+  std::vector<std::shared_ptr<GptStage>> stages;
+  std::shared_ptr<comm::Communicator> embedding;
+  std::unique_ptr<PipelineExecutor> executor;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+
+RunResult single_process(Opt which) {
+  nn::GPT model(pp_config());
+  model.init_parameters(kSeed);
+  auto opt = make_optimizer(which, model.parameters());
+  RunResult r;
+  for (int s = 0; s < kSteps; ++s) {
+    GlobalBatch b = global_batch(s, pp_config().vocab);
+    Tensor loss = model.loss(b.rows(0, kRows), b.target_rows(0, kRows));
+    loss.backward();
+    opt->step();
+    opt->zero_grad();
+    r.losses.push_back(loss.item());
+  }
+  r.params = parameter_values(model);
+  return r;
+}
+
+// This rank's parameters against the single-process ones of the same names, and every name held
+// by some rank.
+void expect_matches(const PipelineRank& pr, const RunResult& got_losses, const RunResult& want,
+                    comm::Communicator& pp, Scale by) {
+  RunResult got{got_losses.losses, {}}, want_mine{want.losses, {}};
+  std::set<std::string> seen;
+  for (const auto& st : pr.stages)
+    for (const auto& [name, t] : st->named_parameters()) {
+      if (!seen.insert(name).second) continue;  // a second copy of wte on this rank
+      got.params.emplace_back(name, t.to_vector<float>());
+      for (const auto& [n, v] : want.params)
+        if (n == name) want_mine.params.emplace_back(n, v);
+    }
+  std::sort(got.params.begin(), got.params.end());
+  std::sort(want_mine.params.begin(), want_mine.params.end());
+  expect_same_run(got, want_mine, 1e-5, by);
+  // Coverage: each single-process parameter is held by at least one rank.
+  std::vector<int32_t> held(want.params.size(), 0);
+  for (size_t i = 0; i < want.params.size(); ++i) held[i] = seen.count(want.params[i].first);
+  Tensor h = Tensor::from_vector(held, {int64_t(held.size())});
+  pp.allreduce(h)->wait();
+  const std::vector<int32_t> total = h.to_vector<int32_t>();
+  for (size_t i = 0; i < total.size(); ++i)
+    EXPECT_GE(total[i], 1) << want.params[i].first << " is held by no rank";
+}
+
+TEST(Pipeline, EverySchedulesMatchesTheSingleProcessRun) {
+  auto world = comm::world();
+  const int p = world->size();
+  if (p == 1 || kRows % (2 * p) != 0) GTEST_SKIP() << "pp " << p << ": needs 2, 4 (or 8) ranks";
+  for (Opt which : {Opt::kAdamW, Opt::kSgd}) {
+    const RunResult want = single_process(which);
+    for (const std::string name : {"gpipe", "1f1b", "interleaved"})
+      for (int m : {p, 2 * p}) {
+        SCOPED_TRACE(detail::str_cat(name, ", pp ", p, ", ", m, " micro-batches, ",
+                                     which == Opt::kSgd ? "SGD" : "AdamW"));
+        const Schedule s = make_schedule(name, p, m, name == "interleaved" ? 2 : 1);
+        PipelineRank pr(s, world, which);
+        RunResult got;
+        for (int step = 0; step < kSteps; ++step) got.losses.push_back(pr.step(step));
+        expect_matches(pr, got, want, *world, which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
+      }
+  }
+}
+
+TEST(Pipeline, StageLayersSplitEvenly) {
+  EXPECT_EQ(stage_layers(8, 0, 3), (std::pair<int64_t, int64_t>{0, 3}));
+  EXPECT_EQ(stage_layers(8, 1, 3), (std::pair<int64_t, int64_t>{3, 3}));
+  EXPECT_EQ(stage_layers(8, 2, 3), (std::pair<int64_t, int64_t>{6, 2}));
+  try {
+    stage_layers(2, 0, 4);
+    FAIL() << "2 blocks over 4 stages must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 blocks cannot be split into 4 stages"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::parallel::pipeline
