@@ -122,7 +122,40 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens,
     }
   }
   comm::wait_all(sends);
+  for (const StageChunk& chunk : chunks_)
+    if (chunk.sync_wait) chunk.sync_wait();
   return loss_sum / m;
+}
+
+GradientSum::GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group)
+    : params_(std::move(params)), group_(std::move(group)) {
+  LOOM_CHECK(group_ != nullptr, "GradientSum: the group is null");
+}
+
+void GradientSum::start() {
+  LOOM_CHECK(work_ == nullptr, "GradientSum: started twice in a step");
+  int64_t n = 0;
+  for (const Tensor& p : params_) n += p.numel();
+  flat_ = Tensor::zeros({n});
+  int64_t offset = 0;
+  for (const Tensor& p : params_) {
+    if (p.grad().defined())
+      flat_.narrow(0, offset, p.numel()).copy_(p.grad().detach().reshape({p.numel()}));
+    offset += p.numel();
+  }
+  work_ = group_->allreduce(flat_);
+}
+
+void GradientSum::wait() {
+  if (!work_) return;
+  work_->wait();
+  work_ = nullptr;
+  int64_t offset = 0;
+  for (Tensor p : params_) {
+    p.set_grad(flat_.narrow(0, offset, p.numel()).reshape(p.shape()).contiguous());
+    offset += p.numel();
+  }
+  flat_ = Tensor();
 }
 
 double PipelineExecutor::mean_loss(double local) const {

@@ -29,7 +29,26 @@ namespace loom::parallel::pipeline {
 struct StageChunk {
   std::function<Tensor(const Tensor& input)> forward;
   std::function<Tensor(const Tensor& output, const Tensor& targets)> loss;  // last stages
-  std::function<void()> sync;  // at SYNC (may be empty)
+  // At SYNC: start the chunk's gradient reduction without blocking (a blocking collective there
+  // could wait on a peer that waits on this rank's next send); sync_wait finishes it once the
+  // step's actions are done. Either may be empty.
+  std::function<void()> sync;
+  std::function<void()> sync_wait;
+};
+
+// The gradients of a set of parameters summed over a group, started and finished separately (See
+// StageChunk::sync): one allreduce of their packed gradients.
+class GradientSum {
+ public:
+  GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group);
+  void start();
+  void wait();
+
+ private:
+  std::vector<Tensor> params_;
+  std::shared_ptr<comm::Communicator> group_;
+  Tensor flat_;
+  comm::WorkPtr work_;
 };
 
 class PipelineExecutor {

@@ -1,6 +1,7 @@
 // Pipeline parallelism against the single-process run (the equivalence principle): a small GPT
 // cut into stages over the world's ranks (pp 2 and 4), trained 5 AdamW steps with each schedule
-// (GPipe, 1F1B, interleaved with v = 2) and m in {pp, 2 pp} micro-batches, gives the
+// (GPipe, 1F1B, interleaved with v = 2, Chimera: two replicas of the model in opposite
+// directions whose stage pairs sum their gradients) and m in {pp, 2 pp} micro-batches, gives the
 // single-process per-step losses, and every parameter every rank holds equals the single-process
 // parameter of that name, within 1e-5 (AdamW: of the model's scale, See the tolerance note in
 // tests/mpi/tp_test.cpp — micro-batching sums each gradient in another order, and AdamW turns the
@@ -44,6 +45,15 @@ std::unique_ptr<optim::Optimizer> make_optimizer(Opt which, std::vector<Tensor> 
 struct PipelineRank {
   PipelineRank(const Schedule& s, const std::shared_ptr<comm::Communicator>& pp, Opt which) {
     const int rank = pp->rank();
+    // Chimera: the two replicas of stage k (down on one rank, up on its mirror) sum their
+    // gradients over a group of their own per stage (one per stage keeps the two stages a pair
+    // of ranks shares from mixing their collectives).
+    std::vector<std::shared_ptr<comm::Communicator>> replica_pair(size_t(s.stages));
+    if (s.pipelines == 2)
+      for (int k = 0; k < s.stages; ++k) {
+        const bool member = s.holder(0, k).first == rank || s.holder(1, k).first == rank;
+        replica_pair[size_t(k)] = pp->split(member ? 0 : 1, rank, "replicas");
+      }
     std::vector<StageChunk> chunks;
     std::vector<Tensor> params;
     for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
@@ -51,10 +61,20 @@ struct PipelineRank {
       stage->init_parameters(kSeed);
       for (const Tensor& p : stage->parameters()) params.push_back(p);
       GptStage* raw = stage.get();
-      chunks.push_back(
-          StageChunk{[raw](const Tensor& x) { return (*raw)(x); },
-                     [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
-                     {}});
+      StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
+                       [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
+                       {},
+                       {}};
+      if (s.pipelines == 2) {
+        // wte's copies are summed with the tied embedding's below, not here.
+        std::vector<Tensor> replicated;
+        for (const auto& [name, p] : stage->named_parameters())
+          if (name != "wte.weight") replicated.push_back(p);
+        auto sum = std::make_shared<GradientSum>(replicated, replica_pair[size_t(place.stage)]);
+        chunk.sync = [sum] { sum->start(); };
+        chunk.sync_wait = [sum] { sum->wait(); };
+      }
+      chunks.push_back(std::move(chunk));
       stages.push_back(std::move(stage));
     }
     // The ranks holding a copy of wte (the first and the last stage) sum its gradients.
@@ -141,7 +161,7 @@ TEST(Pipeline, EverySchedulesMatchesTheSingleProcessRun) {
   if (p == 1 || kRows % (2 * p) != 0) GTEST_SKIP() << "pp " << p << ": needs 2, 4 (or 8) ranks";
   for (Opt which : {Opt::kAdamW, Opt::kSgd}) {
     const RunResult want = single_process(which);
-    for (const std::string name : {"gpipe", "1f1b", "interleaved"})
+    for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"})
       for (int m : {p, 2 * p}) {
         SCOPED_TRACE(detail::str_cat(name, ", pp ", p, ", ", m, " micro-batches, ",
                                      which == Opt::kSgd ? "SGD" : "AdamW"));
