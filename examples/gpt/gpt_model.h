@@ -3,6 +3,7 @@
 // single-process layout: loading cuts each rank's slice, saving gathers the whole.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "core/io/gpt_params.h"
@@ -26,6 +27,9 @@ class GptModel {
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   // Full logits [B, T, padded_vocab], the same on every tp rank (the tp split gathers them).
   Tensor logits(const Tensor& idx) const;
+  std::function<Tensor(const Tensor&)> logits_fn() const {
+    return [this](const Tensor& idx) { return logits(idx); };
+  }
 
   // Single-process weights in, each rank taking its slice.
   void load(const io::GptParams& params);

@@ -139,4 +139,9 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   return StepResult{total.item(), norm, wait_ms, s && s->last_step_skipped()};
 }
 
+io::GptParams DataParallelStep::full_params() {
+  gather_parameters();  // ZeRO-3
+  return model_.full_params();
+}
+
 }  // namespace loom::gpt

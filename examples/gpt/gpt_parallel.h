@@ -35,14 +35,32 @@ struct StepResult {
   bool skipped;         // bf16 / f16: an inf or nan gradient on some rank; nothing was updated
 };
 
-class DataParallelStep {
+// What loom-gpt's training loop drives: one optimizer step over the global batch, under data and
+// tensor parallelism (DataParallelStep) or with a pipeline (PipelineStep, gpt_pipeline.h).
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+  // Forward, backward, reduction, clipping and the optimizer update for one global batch.
+  virtual StepResult run(const io::Batch& global, int64_t step, double lr) = 0;
+  virtual std::string str() const = 0;
+  virtual const char* optimizer_name() const = 0;
+  // This rank's parameters, gradients and optimizer state.
+  virtual parallel::TrainingMemory memory() const = 0;
+  // The loss scaler of bf16 / f16 training (null for f32).
+  virtual const optim::LossScaler* scaler() const { return nullptr; }
+  // The single-process weights (f32). Collective: every rank calls it.
+  virtual io::GptParams full_params() = 0;
+};
+
+class DataParallelStep : public Trainer {
  public:
   // Collective over the mesh's dp group (the wrappers broadcast its rank 0's parameters).
   DataParallelStep(GptModel& model, const GptOptions& o, const parallel::DeviceMesh& mesh,
                    const parallel::OptimizerFactory& make_optimizer);
 
-  // Forward, backward, reduction, clipping and the optimizer update for one global batch.
-  StepResult run(const io::Batch& global, int64_t step, double lr);
+  StepResult run(const io::Batch& global, int64_t step, double lr) override;
+  const char* optimizer_name() const override { return opt_->name(); }
+  io::GptParams full_params() override;
 
   optim::Optimizer& optimizer() const { return *opt_; }
   // Makes the model's parameters whole (ZeRO-3 shards them between steps) until its next
@@ -52,10 +70,9 @@ class DataParallelStep {
   }
   // This rank's parameters, gradients (counted at their steady-state size, also before the first
   // backward allocates them) and optimizer state.
-  parallel::TrainingMemory memory() const;
-  std::string str() const;  // "dp 2 x tp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
-  // The loss scaler of bf16 / f16 training (null for f32).
-  const optim::LossScaler* scaler() const;
+  parallel::TrainingMemory memory() const override;
+  std::string str() const override;  // "dp 2 x tp 2, ZeRO-1, grad-accum 2, buckets 25 MiB"
+  const optim::LossScaler* scaler() const override;
 
  private:
   GptModel& model_;

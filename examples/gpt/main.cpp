@@ -25,6 +25,7 @@
 #include "gpt/gpt_model.h"
 #include "gpt/gpt_options.h"
 #include "gpt/gpt_parallel.h"
+#include "gpt/gpt_pipeline.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
@@ -89,10 +90,10 @@ double evaluate_loss(const GptModel& model, const io::BatchLoader& loader, int64
   return total / double(batches);
 }
 
-io::ExactMatch evaluate_task(const GptModel& model, const io::AdditionEvalSet& set, int64_t rows) {
+io::ExactMatch evaluate_task(const std::function<Tensor(const Tensor&)>& logits,
+                             const io::AdditionEvalSet& set, int64_t rows) {
   NoGradGuard no_grad;
-  return io::evaluate_exact_match(
-      set, [&](const Tensor& inputs) { return model.logits(inputs); }, rows);
+  return io::evaluate_exact_match(set, logits, rows);
 }
 
 // The pipeline schedule the flags describe: --schedule-file, or the --schedule generator.
@@ -152,18 +153,16 @@ int run(int argc, char** argv) {
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-gpt: cannot silence stdout on rank ", world->rank());
-  LOOM_CHECK(o.pp == 1, "loom-gpt: --pp ", o.pp,
-             ": the pipeline executor is not implemented yet; --validate-schedule and "
-             "--print-schedule simulate and print the schedule");
+  const int64_t model_ranks = o.tp * o.pp;
   if (o.dp == 0) {
-    LOOM_CHECK(world->size() % o.tp == 0, "loom-gpt: --tp ", o.tp, " does not divide the ",
-               world->size(), " rank(s) running");
-    o.dp = world->size() / o.tp;
+    LOOM_CHECK(world->size() % model_ranks == 0, "loom-gpt: --tp ", o.tp, " x --pp ", o.pp,
+               " does not divide the ", world->size(), " rank(s) running");
+    o.dp = world->size() / model_ranks;
   }
-  LOOM_CHECK(o.dp * o.tp == world->size(), "loom-gpt: --dp ", o.dp, " x --tp ", o.tp, " needs ",
-             o.dp * o.tp, " ranks but ", world->size(),
-             " rank(s) are running; launch with mpirun -np ", o.dp * o.tp);
-  const parallel::DeviceMesh mesh(world, 1, int(o.dp), int(o.tp));
+  LOOM_CHECK(o.dp * model_ranks == world->size(), "loom-gpt: --dp ", o.dp, " x --tp ", o.tp,
+             " x --pp ", o.pp, " needs ", o.dp * model_ranks, " ranks but ", world->size(),
+             " rank(s) are running; launch with mpirun -np ", o.dp * model_ranks);
+  const parallel::DeviceMesh mesh(world, int(o.pp), int(o.dp), int(o.tp));
   LOOM_CHECK(o.batch % (o.dp * o.grad_accum) == 0, "loom-gpt: --batch ", o.batch,
              " must divide evenly over --dp ", o.dp, " x --grad-accum ", o.grad_accum,
              " (it is the global batch: each rank takes batch / dp rows, in grad-accum "
@@ -178,26 +177,45 @@ int run(int argc, char** argv) {
   io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
   io::BatchLoader loader(std::move(data.tokens), o.batch, o.seq, o.data);
 
-  GptModel gpt(config, o, mesh);
-  nn::Module& model = gpt.module();
-  if (init) {
-    gpt.load(init->params);
-    init.reset();  // the model holds its own copy
-  } else {
-    model.init_parameters(o.seed);
-  }
   nn::set_dropout_seed(o.seed);
   const DType dtype = parse_dtype(o.dtype);
-  if (dtype != DType::kF32) model.to(dtype);  // initialised in f32, then rounded
+  auto optimizer_factory = [&o](std::vector<Tensor> params) {
+    return make_optimizer(o, std::move(params));
+  };
+  // With --pp the stages live in the PipelineStep; evaluation runs on a gathered single-process
+  // copy (See gpt_pipeline.h).
+  std::unique_ptr<GptModel> gpt;
+  std::unique_ptr<Trainer> trainer;
+  if (o.pp > 1) {
+    LOOM_CHECK(!o.eval_only, "loom-gpt: --eval-only runs without --pp");
+    auto pipeline =
+        std::make_unique<PipelineStep>(config, o, mesh, schedule_from(o), optimizer_factory);
+    if (init)
+      pipeline->load(init->params);
+    else
+      pipeline->init_parameters(o.seed);
+    trainer = std::move(pipeline);
+  } else {
+    gpt = std::make_unique<GptModel>(config, o, mesh);
+    if (init)
+      gpt->load(init->params);
+    else
+      gpt->module().init_parameters(o.seed);
+    if (dtype != DType::kF32) gpt->module().to(dtype);  // initialised in f32, then rounded
+  }
+  init.reset();  // the model holds its own copy
 
   if (o.eval_only) {
+    GptModel& model_ref = *gpt;
+    nn::Module& model = model_ref.module();
     model.eval();
     LOOM_CHECK(o.eval_batches <= loader.batches_per_pass(), "loom-gpt: --eval-batches ",
                o.eval_batches, " but the data holds only ", loader.batches_per_pass(),
                " batches of ", o.batch, " x ", o.seq);
-    std::printf("val_loss %.7f\n", evaluate_loss(gpt, loader, o.eval_batches));
+    std::printf("val_loss %.7f\n", evaluate_loss(model_ref, loader, o.eval_batches));
     if (data.task) {
-      io::ExactMatch m = evaluate_task(gpt, data.task->heldout_set(o.eval_examples), o.batch);
+      io::ExactMatch m =
+          evaluate_task(model_ref.logits_fn(), data.task->heldout_set(o.eval_examples), o.batch);
       std::printf("exact_match %.4f (%" PRId64 "/%" PRId64 " held-out examples)\n", m.accuracy(),
                   m.correct, m.total);
     }
@@ -210,10 +228,7 @@ int run(int argc, char** argv) {
               double(config.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
 
-  DataParallelStep trainer(gpt, o, mesh, [&o](std::vector<Tensor> params) {
-    return make_optimizer(o, std::move(params));
-  });
-  optim::Optimizer* opt = &trainer.optimizer();
+  if (!trainer) trainer = std::make_unique<DataParallelStep>(*gpt, o, mesh, optimizer_factory);
   const optim::LrSchedule schedule =
       o.lr_schedule == "cosine"
           ? optim::LrSchedule::cosine(o.lr, o.lr * o.min_lr_ratio, o.warmup_steps, o.steps)
@@ -221,11 +236,11 @@ int run(int argc, char** argv) {
   std::printf("training: %" PRId64 " steps of %" PRId64 " x %" PRId64
               " tokens, %s, lr %s, "
               "grad clip %g, %d thread(s) per rank\n",
-              o.steps, o.batch, o.seq, opt->name(), schedule.str().c_str(), o.grad_clip,
-              omp_get_max_threads());
+              o.steps, o.batch, o.seq, trainer->optimizer_name(), schedule.str().c_str(),
+              o.grad_clip, omp_get_max_threads());
   if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1 || dtype != DType::kF32)
-    std::printf("parallel: %s over %d rank(s)\n", trainer.str().c_str(), world->size());
-  std::printf("memory per rank: %s\n", trainer.memory().str().c_str());
+    std::printf("parallel: %s over %d rank(s)\n", trainer->str().c_str(), world->size());
+  std::printf("memory per rank: %s\n", trainer->memory().str().c_str());
 
   std::unique_ptr<io::AdditionEvalSet> heldout;
   if (data.task)
@@ -236,13 +251,27 @@ int run(int argc, char** argv) {
   io::ExactMatch best;
   int64_t best_step = 0, steps_done = 0;
   bool reached = false;
-  model.train();
+  if (gpt) gpt->module().train();
+  // Held-out evaluation: on the model itself, or with a pipeline on a gathered copy.
+  std::unique_ptr<nn::GPT> gathered;
+  auto evaluate_heldout = [&] {
+    if (gpt) {
+      gpt->module().eval();
+      io::ExactMatch em = evaluate_task(gpt->logits_fn(), *heldout, o.batch);
+      gpt->module().train();
+      return em;
+    }
+    if (!gathered) gathered = std::make_unique<nn::GPT>(config);
+    gathered->load_state_dict(trainer->full_params());
+    gathered->eval();
+    return evaluate_task([&](const Tensor& x) { return (*gathered)(x); }, *heldout, o.batch);
+  };
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto step_start = Clock::now();
     const double lr = schedule.lr(step);
     io::Batch batch = loader.next_batch();
     if (data.task) data.task->mask_non_answer_targets(batch.targets);
-    const StepResult r = trainer.run(batch, step, lr);
+    const StepResult r = trainer->run(batch, step, lr);
     const double norm = r.grad_norm;
     steps_done = step + 1;
 
@@ -258,9 +287,7 @@ int run(int argc, char** argv) {
     progress.step(m);
 
     if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
-      model.eval();
-      io::ExactMatch em = evaluate_task(gpt, *heldout, o.batch);
-      model.train();
+      io::ExactMatch em = evaluate_heldout();
       if (em.accuracy() >= best.accuracy()) best = em, best_step = step + 1;
       progress.event(step + 1, "eval", {{"exact_match", em.accuracy()}});
       if (em.accuracy() >= o.target) {
@@ -274,13 +301,12 @@ int run(int argc, char** argv) {
   std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (CPU allocator)\n",
               steps_done, cli::format_duration(elapsed).c_str(),
               double(allocator_for(Device::cpu()).peak_bytes()) / 1e6);
-  if (const optim::LossScaler* scaler = trainer.scaler(); scaler && scaler->skipped_steps() > 0)
+  if (const optim::LossScaler* scaler = trainer->scaler(); scaler && scaler->skipped_steps() > 0)
     std::printf("skipped %" PRId64 " step(s) with an inf or nan gradient; loss scaling %s\n",
                 scaler->skipped_steps(), scaler->str().c_str());
 
   if (!o.save.empty()) {
-    trainer.gather_parameters();                     // ZeRO-3: every rank takes part
-    const io::GptParams params = gpt.full_params();  // tp: every rank takes part
+    const io::GptParams params = trainer->full_params();  // every rank takes part
     if (world->rank() == 0) {
       io::save_gpt_weights(o.save, config, params);
       std::printf("saved weights to %s\n", o.save.c_str());

@@ -42,12 +42,16 @@ int PipelineExecutor::tag(bool gradient, int microbatch, int pipeline, int stage
          stage;
 }
 
-double PipelineExecutor::run(const std::vector<Tensor>& tokens,
-                             const std::vector<Tensor>& targets) {
+double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
+                             const std::vector<double>& weights_in) {
   const int m = schedule_.microbatches;
   LOOM_CHECK(int(tokens.size()) == m && int(targets.size()) == m, "PipelineExecutor: ", m,
              " micro-batches in the schedule but ", tokens.size(), " token and ", targets.size(),
              " target tensors given");
+  LOOM_CHECK(weights_in.empty() || int(weights_in.size()) == m,
+             "PipelineExecutor: ", weights_in.size(), " loss weights for ", m, " micro-batches");
+  const std::vector<double> weights =
+      weights_in.empty() ? std::vector<double>(size_t(m), 1.0 / m) : weights_in;
   const std::vector<ChunkPlace>& places = schedule_.chunks[size_t(rank_)];
   const int last = schedule_.stages - 1;
   std::map<std::pair<int, int>, Slot> slots;  // (microbatch, chunk)
@@ -83,8 +87,9 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens,
         Tensor out = chunk.forward(slot.input);
         if (place.stage == last) {
           Tensor loss = chunk.loss(out, targets[size_t(a.microbatch)]);
-          loss_sum += loss.item();
-          out = scale(loss, 1.0 / m);
+          const double w = weights[size_t(a.microbatch)];
+          loss_sum += loss.item() * w;
+          out = scale(loss, w);
         }
         slot.output = out;
         break;
@@ -124,11 +129,12 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens,
   comm::wait_all(sends);
   for (const StageChunk& chunk : chunks_)
     if (chunk.sync_wait) chunk.sync_wait();
-  return loss_sum / m;
+  return loss_sum;
 }
 
-GradientSum::GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group)
-    : params_(std::move(params)), group_(std::move(group)) {
+GradientSum::GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group,
+                         bool average)
+    : params_(std::move(params)), group_(std::move(group)), average_(average) {
   LOOM_CHECK(group_ != nullptr, "GradientSum: the group is null");
 }
 
@@ -143,7 +149,8 @@ void GradientSum::start() {
       flat_.narrow(0, offset, p.numel()).copy_(p.grad().detach().reshape({p.numel()}));
     offset += p.numel();
   }
-  work_ = group_->allreduce(flat_);
+  work_ = group_->allreduce(
+      flat_, comm::AllreduceOptions{average_ ? comm::ReduceOp::kAvg : comm::ReduceOp::kSum});
 }
 
 void GradientSum::wait() {

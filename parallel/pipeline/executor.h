@@ -36,17 +36,19 @@ struct StageChunk {
   std::function<void()> sync_wait;
 };
 
-// The gradients of a set of parameters summed over a group, started and finished separately (See
-// StageChunk::sync): one allreduce of their packed gradients.
+// The gradients of a set of parameters summed (or averaged) over a group, started and finished
+// separately (See StageChunk::sync): one allreduce of their packed gradients.
 class GradientSum {
  public:
-  GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group);
+  GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group,
+              bool average = false);
   void start();
   void wait();
 
  private:
   std::vector<Tensor> params_;
   std::shared_ptr<comm::Communicator> group_;
+  bool average_;
   Tensor flat_;
   comm::WorkPtr work_;
 };
@@ -59,9 +61,11 @@ class PipelineExecutor {
                    std::vector<StageChunk> chunks, Shape activation);
 
   // One step: tokens and targets per micro-batch (only the first and last stages read them).
-  // Returns the mean loss over the micro-batches on ranks holding a last stage, 0 elsewhere
-  // (See mean_loss for the value on every rank).
-  double run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets);
+  // Micro-batch k's loss is multiplied by weights[k] before its backward (default 1 / m: the
+  // step's gradient is that of the mean). Returns the sum of weights[k] * loss_k over the
+  // micro-batches whose last stage is on this rank, 0 elsewhere (See mean_loss).
+  double run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
+             const std::vector<double>& weights = {});
   // The step's mean loss on every rank of the pipeline group: the sum over the ranks of what
   // run() returned (each micro-batch's loss is on its pipeline's last stage). Collective.
   double mean_loss(double local) const;

@@ -8,6 +8,8 @@
 # the sequence divides) and --dp 2 x --tp 2 with ZeRO-1 on 4 ranks give the single-process losses;
 # --tp 2 --save writes the single-process weights, and a single-process checkpoint evaluates the
 # same under --tp 2 --init-from.
+# Pipelines: every schedule on --pp 2 (4 blocks, 4 micro-batches) and --dp 2 x --pp 2 give the
+# single-process losses of the same 4-block model.
 # usage: gpt_parallel.sh LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
 gpt=$1; mpiexec=$2; shift 2
@@ -127,3 +129,18 @@ a, b = float(sys.argv[1].split()[1]), float(sys.argv[2].split()[1])
 assert abs(a - b) <= 1e-5 * abs(a), f"--tp 2 --init-from: val_loss {b} vs single-process {a}"
 print(f"tp2 --init-from: val_loss {b} matches the single-process {a}")
 PY
+
+# Pipelines.
+deep=(--steps 6 --batch 16 --layers 4 --dim 32 --heads 2 --eval-every 1000 --threads 1 --lr 1e-3
+      --warmup-steps 0)
+"$gpt" "${deep[@]}" --metrics-file "$dir/deep.jsonl" > "$dir/deep.log"
+for schedule in gpipe 1f1b interleaved chimera; do
+  v=1
+  [[ $schedule == interleaved ]] && v=2
+  "$mpiexec" -np 2 "$@" "$gpt" "${deep[@]}" --pp 2 --schedule "$schedule" --virtual-stages "$v" \
+    --microbatches 4 --metrics-file "$dir/pp_$schedule.jsonl" > "$dir/pp_$schedule.log"
+  compare "pp2_$schedule" "$dir/pp_$schedule.jsonl" "$dir/deep.jsonl"
+done
+"$mpiexec" -np 4 "$@" "$gpt" "${deep[@]}" --dp 2 --pp 2 --microbatches 2 \
+  --metrics-file "$dir/dp_pp.jsonl" > "$dir/dp_pp.log"
+compare "dp2_pp2_1f1b" "$dir/dp_pp.jsonl" "$dir/deep.jsonl"

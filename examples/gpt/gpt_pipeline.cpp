@@ -1,0 +1,199 @@
+#include "gpt/gpt_pipeline.h"
+
+#include <cmath>
+#include <set>
+
+#include "core/nn/dropout.h"
+#include "core/ops.h"
+#include "optimizer/clip_grad.h"
+
+namespace loom::gpt {
+
+using parallel::pipeline::GptStage;
+using parallel::pipeline::GradientSum;
+using parallel::pipeline::StageChunk;
+
+namespace {
+
+int64_t counted_targets(const Tensor& targets) {
+  int64_t n = 0;
+  for (int64_t t : targets.to(DType::kI64).to_vector<int64_t>())
+    n += t != CrossEntropyOptions{}.ignore_index;
+  return n;
+}
+
+// The stage of pipeline 0 that owns a single-process parameter (wte: the first stage's copy).
+int owner_stage(const std::string& name, const GptConfig& c, int stages) {
+  if (name.rfind("blocks.", 0) == 0) {
+    const int64_t block = std::stoll(name.substr(7));
+    for (int s = 0; s < stages; ++s) {
+      const auto [first, count] = parallel::pipeline::stage_layers(c.layers, s, stages);
+      if (block >= first && block < first + count) return s;
+    }
+  }
+  return name.rfind("ln_f.", 0) == 0 ? stages - 1 : 0;
+}
+
+}  // namespace
+
+PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
+                           const parallel::DeviceMesh& mesh, parallel::pipeline::Schedule schedule,
+                           const parallel::OptimizerFactory& make_optimizer)
+    : config_(config),
+      o_(o),
+      pp_(mesh.pp_ptr()),
+      dp_(mesh.dp_ptr()),
+      dp_rank_(mesh.coords().dp),
+      schedule_(std::move(schedule)) {
+  LOOM_CHECK(o.tp == 1 && o.zero == 0 && o.dtype == "f32" && o.grad_accum == 1 &&
+                 !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp only so far (not with --tp, --zero, --dtype ",
+             "bf16/f16, --grad-accum or --checkpoint-activations)");
+  const int64_t per_dp = o.batch / o.dp;
+  LOOM_CHECK(per_dp % schedule_.microbatches == 0, "loom-gpt: --batch ", o.batch, " over --dp ",
+             o.dp, " leaves ", per_dp, " rows per data-parallel rank, which do not divide into ",
+             schedule_.microbatches, " micro-batches");
+  const int rank = pp_->rank();
+  // Chimera's replica pairs: a group per stage (See tests/mpi/pp_test.cpp).
+  std::vector<std::shared_ptr<comm::Communicator>> pair(size_t(schedule_.stages));
+  if (schedule_.pipelines == 2)
+    for (int k = 0; k < schedule_.stages; ++k) {
+      const bool member =
+          schedule_.holder(0, k).first == rank || schedule_.holder(1, k).first == rank;
+      pair[size_t(k)] = pp_->split(member ? 0 : 1, rank, "replicas");
+    }
+  std::vector<StageChunk> chunks;
+  std::vector<Tensor> params;
+  for (const auto& place : schedule_.chunks[size_t(rank)]) {
+    auto stage = std::make_shared<GptStage>(config, place.stage, schedule_.stages, o.dropout);
+    for (const Tensor& p : stage->parameters()) params.push_back(p);
+    GptStage* raw = stage.get();
+    StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
+                     [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
+                     {},
+                     {}};
+    // Replica sums (Chimera) start at SYNC; the dp average follows once they are done. wte's
+    // copies are summed with the tied embedding after the actions.
+    std::vector<Tensor> synced;
+    for (const auto& [name, p] : stage->named_parameters())
+      if (name != "wte.weight") synced.push_back(p);
+    std::shared_ptr<GradientSum> replicas, data;
+    if (schedule_.pipelines == 2)
+      replicas = std::make_shared<GradientSum>(synced, pair[size_t(place.stage)]);
+    if (dp_->size() > 1) data = std::make_shared<GradientSum>(synced, dp_, /*average=*/true);
+    if (replicas || data) {
+      chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
+      chunk.sync_wait = [replicas, data] {
+        if (replicas) {
+          replicas->wait();
+          if (data) data->start();
+        }
+        if (data) data->wait();
+      };
+    }
+    chunks.push_back(std::move(chunk));
+    stages_.push_back(std::move(stage));
+  }
+  const int first = schedule_.holder(0, 0).first,
+            last = schedule_.holder(0, schedule_.stages - 1).first;
+  const bool member = rank == first || rank == last;
+  embedding_ = pp_->split(member ? 0 : 1, rank, member ? "embedding" : "embedding.others");
+  if (!member || first == last) embedding_ = nullptr;
+  executor_ = std::make_unique<parallel::pipeline::PipelineExecutor>(
+      schedule_, pp_, std::move(chunks),
+      Shape{per_dp / schedule_.microbatches, o.seq, config.channels});
+  opt_ = make_optimizer(params);
+}
+
+void PipelineStep::init_parameters(uint64_t seed) {
+  for (auto& s : stages_) s->init_parameters(seed);
+}
+
+void PipelineStep::load(const io::GptParams& params) {
+  for (auto& s : stages_) s->load_state_dict(params, /*strict=*/false);
+}
+
+std::string PipelineStep::str() const {
+  return detail::str_cat("dp ", o_.dp, " x pp ", schedule_.ranks, ", schedule ", schedule_.name,
+                         ", ", schedule_.microbatches, " micro-batches");
+}
+
+parallel::TrainingMemory PipelineStep::memory() const {
+  parallel::TrainingMemory m;
+  for (const auto& s : stages_)
+    for (const Tensor& p : s->parameters()) m.parameters += p.nbytes();
+  m.gradients = m.parameters;
+  m.optimizer_state = opt_->state_bytes();
+  return m;
+}
+
+// The global norm over the whole model: each single-process parameter counted once (pipeline
+// 0's copy; wte on the first stage), the squares summed over pp; dp replicas agree already.
+double PipelineStep::clip(double max_norm) {
+  std::vector<Tensor> owned, all;
+  for (size_t c = 0; c < stages_.size(); ++c) {
+    const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
+    for (const auto& [name, p] : stages_[c]->named_parameters()) {
+      all.push_back(p);
+      if (place.pipeline == 0 && (name != "wte.weight" || place.stage == 0)) owned.push_back(p);
+    }
+  }
+  Tensor sq = Tensor::full({1}, optim::grad_sum_of_squares(owned), DType::kF32);
+  pp_->allreduce(sq)->wait();
+  const double norm = std::sqrt(sq.item());
+  optim::scale_grads_to_norm(all, norm, max_norm);
+  return norm;
+}
+
+StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
+  const int m = schedule_.microbatches;
+  const int64_t per_dp = o_.batch / o_.dp, rows = per_dp / m;
+  const int64_t counted = counted_targets(global.targets);
+  LOOM_CHECK(counted > 0, "loom-gpt: step ", step + 1, "'s batch has no targets to predict");
+  nn::set_dropout_step(uint64_t(step));
+  std::vector<Tensor> tokens, targets;
+  std::vector<double> weights;
+  for (int k = 0; k < m; ++k) {
+    const int64_t first = int64_t(dp_rank_) * per_dp + k * rows;
+    tokens.push_back(global.inputs.narrow(0, first, rows).contiguous());
+    targets.push_back(global.targets.narrow(0, first, rows).contiguous());
+    // See Note [Loss weighting]: the dp average then gives the gradient of the global mean.
+    weights.push_back(double(counted_targets(targets.back())) * double(o_.dp) / double(counted));
+  }
+  const double local = executor_->run(tokens, targets, weights);
+  std::vector<GptStage*> mine;
+  for (auto& s : stages_) mine.push_back(s.get());
+  parallel::pipeline::sync_tied_embedding(mine, embedding_.get());
+  // wte's summed gradient is the dp replica's; the dp average covers it too.
+  if (dp_->size() > 1)
+    for (GptStage* s : mine)
+      if (s->wte) {
+        Tensor g = s->wte->weight.grad();
+        dp_->allreduce(g, {comm::ReduceOp::kAvg})->wait();
+      }
+  const double norm = o_.grad_clip > 0 ? clip(o_.grad_clip) : -1;
+  opt_->set_lr(lr);
+  opt_->step();
+  opt_->zero_grad();
+  Tensor total = Tensor::full({1}, executor_->mean_loss(local) / double(o_.dp), DType::kF32);
+  dp_->allreduce(total)->wait();
+  return StepResult{total.item(), norm, -1, false};
+}
+
+io::GptParams PipelineStep::full_params() {
+  nn::GPT layout(config_);  // names and shapes, in the single-process order
+  std::map<std::string, Tensor> mine;
+  for (size_t c = 0; c < stages_.size(); ++c)
+    for (const auto& [name, p] : stages_[c]->named_parameters()) mine.emplace(name, p);
+  io::GptParams out;
+  for (const auto& [name, shape_of] : layout.named_parameters()) {
+    const int owner = schedule_.holder(0, owner_stage(name, config_, schedule_.stages)).first;
+    Tensor t = pp_->rank() == owner ? mine.at(name).detach().contiguous().clone()
+                                    : Tensor::empty(shape_of.shape());
+    pp_->broadcast(t, {owner})->wait();
+    out[name] = t;
+  }
+  return out;
+}
+
+}  // namespace loom::gpt

@@ -1,0 +1,58 @@
+// loom-gpt's pipeline-parallel training step (--pp): this rank's stages of the GPT (See
+// parallel::pipeline::GptStage), the schedule's executor over the mesh's pp group, and the
+// gradient sums a step needs after its actions: Chimera's replica pairs and the tied embedding's
+// copies, then the average over the dp group. --batch stays the global batch: each dp rank's
+// share is split into --microbatches micro-batches, each loss weighted as in Note [Loss
+// weighting], so the same flags give the single-process losses.
+//
+// Not combined yet: --tp, --zero, --dtype other than f32, --grad-accum (micro-batches do its
+// work) and activation checkpointing. Evaluation and --save gather the whole model onto every
+// rank (the owner of each parameter broadcasts it over pp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/io/batch_loader.h"
+#include "core/io/gpt_params.h"
+#include "core/nn/gpt.h"
+#include "gpt/gpt_options.h"
+#include "gpt/gpt_parallel.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/gpt_stage.h"
+
+namespace loom::gpt {
+
+class PipelineStep : public Trainer {
+ public:
+  // Collective over the mesh's pp and dp groups.
+  PipelineStep(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh,
+               parallel::pipeline::Schedule schedule,
+               const parallel::OptimizerFactory& make_optimizer);
+
+  void init_parameters(uint64_t seed);
+  void load(const io::GptParams& params);  // single-process weights; each stage takes its own
+  StepResult run(const io::Batch& global, int64_t step, double lr) override;
+  // The single-process weights on every rank. Collective over pp.
+  io::GptParams full_params() override;
+  parallel::TrainingMemory memory() const override;
+  std::string str() const override;  // "dp 2 x pp 2, schedule 1f1b, 4 micro-batches"
+  const char* optimizer_name() const override { return opt_->name(); }
+
+ private:
+  double clip(double max_norm);
+
+  GptConfig config_;
+  const GptOptions& o_;
+  std::shared_ptr<comm::Communicator> pp_, dp_;
+  int dp_rank_;
+  parallel::pipeline::Schedule schedule_;
+  std::vector<std::shared_ptr<parallel::pipeline::GptStage>> stages_;  // per chunk
+  std::shared_ptr<comm::Communicator> embedding_;  // ranks holding wte copies (null elsewhere)
+  std::unique_ptr<parallel::pipeline::PipelineExecutor> executor_;
+  std::unique_ptr<optim::Optimizer> opt_;
+};
+
+}  // namespace loom::gpt
