@@ -52,6 +52,9 @@ void declare_gpt_flags(cli::Flags& f) {
              "simulate the schedule on one process (unit costs), print one line per rank "
              "(`rank R bubble F peak_activations A`) and exit");
   f.add_bool("print-schedule", "print the schedule in its text form and exit");
+  f.add_string("trace", "",
+               "with --pp: write a Chrome trace (chrome://tracing, Perfetto) of every step, one "
+               "track per pipeline rank, and print the measured bubble");
   f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1, 2 or 3");
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
@@ -109,6 +112,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.schedule_file = f.get_string("schedule-file");
   o.validate_schedule = f.get_bool("validate-schedule");
   o.print_schedule = f.get_bool("print-schedule");
+  o.trace = f.get_string("trace");
   o.sequence_parallel = f.get_bool("sequence-parallel");
   o.dtype = f.get_string("dtype");
   o.grad_accum = f.get_int("grad-accum");

@@ -32,6 +32,7 @@ struct GptOptions {
   int64_t pp, microbatches, virtual_stages;
   std::string schedule, schedule_file;
   bool validate_schedule, print_schedule;
+  std::string trace;  // Chrome trace of the pipeline's steps
   double bucket_mb;
   bool no_overlap;
   // evaluation

@@ -50,6 +50,8 @@ class Trainer {
   virtual const optim::LossScaler* scaler() const { return nullptr; }
   // The single-process weights (f32). Collective: every rank calls it.
   virtual io::GptParams full_params() = 0;
+  // After the last step (prints what the run measured, writes --trace). Collective.
+  virtual void finish() {}
 };
 
 class DataParallelStep : public Trainer {

@@ -1,11 +1,13 @@
 #include "gpt/gpt_pipeline.h"
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "core/nn/dropout.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
+#include "parallel/pipeline/validator.h"
 
 namespace loom::gpt {
 
@@ -44,7 +46,8 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       pp_(mesh.pp_ptr()),
       dp_(mesh.dp_ptr()),
       dp_rank_(mesh.coords().dp),
-      schedule_(std::move(schedule)) {
+      schedule_(std::move(schedule)),
+      writes_output_(mesh.world().rank() == 0) {
   LOOM_CHECK(o.tp == 1 && o.zero == 0 && o.dtype == "f32" && o.grad_accum == 1 &&
                  !o.checkpoint_activations,
              "loom-gpt: --pp combines with --dp only so far (not with --tp, --zero, --dtype ",
@@ -161,6 +164,8 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
     weights.push_back(double(counted_targets(targets.back())) * double(o_.dp) / double(counted));
   }
   const double local = executor_->run(tokens, targets, weights);
+  last_step_ = parallel::pipeline::gather_timelines(executor_->timeline(), *pp_);
+  if (!o_.trace.empty() && writes_output_) trace_.add_step(step + 1, last_step_);
   std::vector<GptStage*> mine;
   for (auto& s : stages_) mine.push_back(s.get());
   parallel::pipeline::sync_tied_embedding(mine, embedding_.get());
@@ -194,6 +199,21 @@ io::GptParams PipelineStep::full_params() {
     out[name] = t;
   }
   return out;
+}
+
+void PipelineStep::finish() {
+  if (!writes_output_ || last_step_.empty()) return;
+  const std::vector<double> measured = parallel::pipeline::measured_bubbles(last_step_);
+  const parallel::pipeline::Simulation predicted = parallel::pipeline::validate(schedule_);
+  std::printf("pipeline bubble of the last step, measured (validator, unit costs):");
+  for (size_t r = 0; r < measured.size(); ++r)
+    std::printf(" rank %zu %.3f (%.3f)", r, measured[r], predicted.ranks[r].bubble);
+  std::printf("\n");
+  if (!o_.trace.empty()) {
+    trace_.write(o_.trace);
+    std::printf("wrote the pipeline timeline to %s (open it in chrome://tracing or Perfetto)\n",
+                o_.trace.c_str());
+  }
 }
 
 }  // namespace loom::gpt

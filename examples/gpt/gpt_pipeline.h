@@ -22,6 +22,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/gpt_stage.h"
+#include "parallel/pipeline/trace.h"
 
 namespace loom::gpt {
 
@@ -40,6 +41,8 @@ class PipelineStep : public Trainer {
   parallel::TrainingMemory memory() const override;
   std::string str() const override;  // "dp 2 x pp 2, schedule 1f1b, 4 micro-batches"
   const char* optimizer_name() const override { return opt_->name(); }
+  // Writes --trace and prints the last step's measured bubble beside the validator's.
+  void finish() override;
 
  private:
   double clip(double max_norm);
@@ -53,6 +56,9 @@ class PipelineStep : public Trainer {
   std::shared_ptr<comm::Communicator> embedding_;  // ranks holding wte copies (null elsewhere)
   std::unique_ptr<parallel::pipeline::PipelineExecutor> executor_;
   std::unique_ptr<optim::Optimizer> opt_;
+  parallel::pipeline::ChromeTrace trace_;
+  parallel::pipeline::Timelines last_step_;
+  bool writes_output_;  // world rank 0
 };
 
 }  // namespace loom::gpt

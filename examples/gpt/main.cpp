@@ -297,6 +297,7 @@ int run(int argc, char** argv) {
     }
   }
   progress.flush_line();
+  trainer->finish();
   const double elapsed = seconds_since(start);
   std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (CPU allocator)\n",
               steps_done, cli::format_duration(elapsed).c_str(),

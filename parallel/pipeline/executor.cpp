@@ -1,5 +1,6 @@
 #include "parallel/pipeline/executor.h"
 
+#include <chrono>
 #include <map>
 
 #include "core/autograd.h"
@@ -15,6 +16,17 @@ struct Slot {
   Tensor grad_output;  // the received gradient of the output
   comm::WorkPtr recv_activation, recv_grad;
 };
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Waits for a posted receive and records the wait as the receive's span.
+void wait_timed(const comm::WorkPtr& work, const Action& receive, std::vector<TimedAction>& out) {
+  const double start = now();
+  work->wait();
+  out.push_back(TimedAction{receive, start, now()});
+}
 
 }  // namespace
 
@@ -58,9 +70,14 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
   std::vector<comm::WorkPtr> sends;
   std::vector<Tensor> in_flight;  // buffers of posted sends
   double loss_sum = 0;
+  timeline_.clear();
+  std::map<std::pair<int, int>, Action> receives;  // (microbatch, chunk) -> its RA / RG
+  std::map<std::pair<int, int>, Action> grad_receives;
   for (const Action& a : schedule_.actions[size_t(rank_)]) {
+    const double start = now();
     if (a.kind == ActionKind::kGradSync) {
       if (chunks_[size_t(a.chunk)].sync) chunks_[size_t(a.chunk)].sync();
+      timeline_.push_back(TimedAction{a, start, now()});
       continue;
     }
     const ChunkPlace& place = places[size_t(a.chunk)];
@@ -71,19 +88,22 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
         slot.input = Tensor::empty(activation_);
         slot.recv_activation = pp_->recv(
             slot.input, a.peer, {tag(false, a.microbatch, place.pipeline, place.stage - 1)});
+        receives[{a.microbatch, a.chunk}] = a;
         break;
       case ActionKind::kRecvGrad:
         slot.grad_output = Tensor::empty(activation_);
         slot.recv_grad = pp_->recv(slot.grad_output, a.peer,
                                    {tag(true, a.microbatch, place.pipeline, place.stage + 1)});
+        grad_receives[{a.microbatch, a.chunk}] = a;
         break;
       case ActionKind::kForward: {
         if (place.stage == 0) {
           slot.input = tokens[size_t(a.microbatch)];
         } else {
-          slot.recv_activation->wait();
+          wait_timed(slot.recv_activation, receives[{a.microbatch, a.chunk}], timeline_);
           slot.input.set_requires_grad(true);
         }
+        const double compute_start = now();
         Tensor out = chunk.forward(slot.input);
         if (place.stage == last) {
           Tensor loss = chunk.loss(out, targets[size_t(a.microbatch)]);
@@ -92,6 +112,7 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
           out = scale(loss, w);
         }
         slot.output = out;
+        timeline_.push_back(TimedAction{a, compute_start, now()});
         break;
       }
       case ActionKind::kSendActivation: {
@@ -99,18 +120,22 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
         in_flight.push_back(buffer);
         sends.push_back(
             pp_->send(buffer, a.peer, {tag(false, a.microbatch, place.pipeline, place.stage)}));
+        timeline_.push_back(TimedAction{a, start, now()});
         break;
       }
-      case ActionKind::kBackward:
-        if (place.stage == last) {
+      case ActionKind::kBackward: {
+        if (place.stage != last)
+          wait_timed(slot.recv_grad, grad_receives[{a.microbatch, a.chunk}], timeline_);
+        const double compute_start = now();
+        if (place.stage == last)
           slot.output.backward();
-        } else {
-          slot.recv_grad->wait();
+        else
           autograd::backward({slot.output}, {slot.grad_output});
-        }
+        timeline_.push_back(TimedAction{a, compute_start, now()});
         slot.output = Tensor();
         slot.grad_output = Tensor();
         break;
+      }
       case ActionKind::kSendGrad: {
         LOOM_CHECK(slot.input.defined() && slot.input.grad().defined(), "PipelineExecutor: rank ",
                    rank_, " has no input gradient to send for ", a.str());
@@ -118,6 +143,7 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
         in_flight.push_back(buffer);
         sends.push_back(
             pp_->send(buffer, a.peer, {tag(true, a.microbatch, place.pipeline, place.stage)}));
+        timeline_.push_back(TimedAction{a, start, now()});
         slot.input = Tensor();
         break;
       }
@@ -127,8 +153,12 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
     }
   }
   comm::wait_all(sends);
-  for (const StageChunk& chunk : chunks_)
-    if (chunk.sync_wait) chunk.sync_wait();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (!chunks_[c].sync_wait) continue;
+    const double start = now();
+    chunks_[c].sync_wait();
+    timeline_.push_back(TimedAction{Action{ActionKind::kGradSync, -1, int(c)}, start, now()});
+  }
   return loss_sum;
 }
 

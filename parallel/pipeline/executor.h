@@ -53,6 +53,14 @@ class GradientSum {
   comm::WorkPtr work_;
 };
 
+// What one action took in a step, in seconds on the node's monotonic clock (comparable between
+// the processes of one node). Receives are timed where they are waited (by the F or B that needs
+// them), SYNC where its reduction is finished; sends are the instants they were posted.
+struct TimedAction {
+  Action action;
+  double start, end;
+};
+
 class PipelineExecutor {
  public:
   // `pp`: the pipeline group (rank i runs schedule.actions[i]). chunks[c] runs this rank's chunk
@@ -71,6 +79,8 @@ class PipelineExecutor {
   double mean_loss(double local) const;
 
   const Schedule& schedule() const { return schedule_; }
+  // The last run()'s actions with their times (See TimedAction).
+  const std::vector<TimedAction>& timeline() const { return timeline_; }
 
  private:
   int tag(bool gradient, int microbatch, int pipeline, int stage) const;
@@ -80,6 +90,7 @@ class PipelineExecutor {
   std::vector<StageChunk> chunks_;
   Shape activation_;
   int rank_;
+  std::vector<TimedAction> timeline_;
 };
 
 }  // namespace loom::parallel::pipeline

@@ -144,3 +144,22 @@ done
 "$mpiexec" -np 4 "$@" "$gpt" "${deep[@]}" --dp 2 --pp 2 --microbatches 2 \
   --metrics-file "$dir/dp_pp.jsonl" > "$dir/dp_pp.log"
 compare "dp2_pp2_1f1b" "$dir/dp_pp.jsonl" "$dir/deep.jsonl"
+
+# The timeline: a Chrome trace with one track per pipeline rank, each with every micro-batch's
+# forward and backward per step, and the measured bubble printed.
+"$mpiexec" -np 2 "$@" "$gpt" "${deep[@]}" --pp 2 --microbatches 4 --trace "$dir/trace.json" \
+  > "$dir/trace.log"
+grep -q "pipeline bubble of the last step, measured" "$dir/trace.log"
+python3 - "$dir/trace.json" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+assert tracks == {0: "pipeline rank 0", 1: "pipeline rank 1"}, tracks
+spans = [e for e in events if e["ph"] == "X"]
+for rank in (0, 1):
+    for cat in ("forward", "backward"):
+        n = sum(1 for e in spans if e["tid"] == rank and e["cat"] == cat)
+        assert n == 6 * 4, f"rank {rank}: {n} {cat} spans, expected 6 steps x 4 micro-batches"
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+print(f"trace: {len(spans)} spans on 2 tracks")
+PY
