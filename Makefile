@@ -84,6 +84,13 @@ bench: build
 	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
 	    ./$(BUILD)/bin/loom-bench-tp || exit $$?; \
 	fi; \
+	if [ -x "$(BUILD)/bin/loom-bench-pp" ]; then \
+	  echo "make bench: mpirun -np 4 $(BUILD)/bin/loom-bench-pp"; \
+	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --oversubscribe \
+	    --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
+	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
+	    ./$(BUILD)/bin/loom-bench-pp || exit $$?; \
+	fi; \
 	if [ -f benchmarks/gpt_vs_pytorch.py ]; then \
 	  echo "make bench: $(PYTHON) benchmarks/gpt_vs_pytorch.py"; \
 	  $(PYTHON) benchmarks/gpt_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \

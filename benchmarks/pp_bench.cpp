@@ -1,0 +1,187 @@
+// loom-bench-pp: every pipeline schedule on the same GPT and global batch, under mpirun -np N
+// (N = pp): the measured bubble per rank (from the executor's timeline) beside the validator's
+// prediction with unit costs, the median step time, and each rank's peak memory during a step
+// from the CPU allocator (parameters, gradients, optimizer state and live activations).
+//
+//   mpirun -np 4 build/bin/loom-bench-pp [--layers 8 --dim 256 --heads 4 --seq 128 --batch 16
+//                                         --microbatches 8 --steps 6]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "core/allocator.h"
+#include "core/ops.h"
+#include "optimizer/adamw.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/generators.h"
+#include "parallel/pipeline/gpt_stage.h"
+#include "parallel/pipeline/trace.h"
+#include "parallel/pipeline/validator.h"
+
+namespace {
+
+using namespace loom;
+using namespace loom::parallel::pipeline;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int64_t layers = 8, dim = 256, heads = 4, seq = 128, batch = 16, vocab = 256;
+  int microbatches = 8, steps = 6, warmup = 1;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (k == "--layers")
+      a.layers = v;
+    else if (k == "--dim")
+      a.dim = v;
+    else if (k == "--heads")
+      a.heads = v;
+    else if (k == "--seq")
+      a.seq = v;
+    else if (k == "--batch")
+      a.batch = v;
+    else if (k == "--microbatches")
+      a.microbatches = int(v);
+    else if (k == "--steps")
+      a.steps = int(v);
+    else
+      LOOM_FAIL("loom-bench-pp: unknown flag ", k);
+  }
+  return a;
+}
+
+Tensor tokens_of(const Args& a, int64_t rows, uint64_t seed) {
+  std::vector<int64_t> v;
+  uint64_t s = seed;
+  for (int64_t i = 0; i < rows * a.seq; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    v.push_back(int64_t((s >> 33) % uint64_t(a.vocab)));
+  }
+  return Tensor::from_vector(v, {rows, a.seq});
+}
+
+struct Result {
+  double step_ms;
+  std::vector<double> measured;
+  loom::parallel::pipeline::Simulation predicted;
+  double peak_mb;
+};
+
+Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Communicator>& pp) {
+  GptConfig c;
+  c.layers = a.layers;
+  c.heads = a.heads;
+  c.channels = a.dim;
+  c.max_seq_len = a.seq;
+  c.vocab = a.vocab;
+  c.padded_vocab = a.vocab;
+  const int rank = pp->rank();
+  std::vector<std::shared_ptr<GptStage>> stages;
+  std::vector<StageChunk> chunks;
+  std::vector<Tensor> params;
+  std::vector<std::shared_ptr<comm::Communicator>> pair(size_t(s.stages));
+  if (s.pipelines == 2)
+    for (int k = 0; k < s.stages; ++k) {
+      const bool member = s.holder(0, k).first == rank || s.holder(1, k).first == rank;
+      pair[size_t(k)] = pp->split(member ? 0 : 1, rank, "replicas");
+    }
+  for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
+    auto st = std::make_shared<GptStage>(c, place.stage, s.stages);
+    st->init_parameters(1);
+    for (const Tensor& p : st->parameters()) params.push_back(p);
+    GptStage* raw = st.get();
+    StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
+                     [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
+                     {},
+                     {}};
+    if (s.pipelines == 2) {
+      auto sum = std::make_shared<GradientSum>(st->parameters(), pair[size_t(place.stage)]);
+      chunk.sync = [sum] { sum->start(); };
+      chunk.sync_wait = [sum] { sum->wait(); };
+    }
+    chunks.push_back(std::move(chunk));
+    stages.push_back(st);
+  }
+  const int64_t rows = a.batch / s.microbatches;
+  PipelineExecutor exec(s, pp, std::move(chunks), Shape{rows, a.seq, a.dim});
+  optim::AdamW opt(params, optim::AdamWOptions{});
+  std::vector<Tensor> tokens, targets;
+  for (int m = 0; m < s.microbatches; ++m) {
+    tokens.push_back(tokens_of(a, rows, 7 + uint64_t(m)));
+    targets.push_back(tokens_of(a, rows, 1007 + uint64_t(m)));
+  }
+  Allocator& cpu = allocator_for(Device::cpu());
+  std::vector<double> ms;
+  Timelines last;
+  for (int step = 0; step < a.warmup + a.steps; ++step) {
+    pp->barrier_sync();
+    cpu.reset_peak();
+    const auto start = Clock::now();
+    exec.run(tokens, targets);
+    opt.step();
+    opt.zero_grad();
+    const double t = std::chrono::duration<double>(Clock::now() - start).count() * 1e3;
+    if (step >= a.warmup) ms.push_back(t);
+    last = gather_timelines(exec.timeline(), *pp);
+  }
+  std::sort(ms.begin(), ms.end());
+  // The slowest rank's median sets the step time.
+  Tensor med = Tensor::full({1}, ms[ms.size() / 2], DType::kF32);
+  pp->allreduce(med, {comm::ReduceOp::kMax})->wait();
+  return Result{med.item(), measured_bubbles(last), validate(s), double(cpu.peak_bytes()) / 1e6};
+}
+
+int run(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  omp_set_num_threads(1);
+  auto world = comm::world();
+  const int p = world->size();
+  const bool root = world->rank() == 0;
+  if (root)
+    std::printf(
+        "loom-bench-pp: pp %d, GPT layers %lld dim %lld heads %lld, batch %lld x seq %lld, "
+        "%d micro-batches, f32, AdamW, 1 thread per rank, median of %d steps\n",
+        p, (long long)a.layers, (long long)a.dim, (long long)a.heads, (long long)a.batch,
+        (long long)a.seq, a.microbatches, a.steps);
+  for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+    if (name == "chimera" && p % 2 != 0) continue;
+    const Schedule s = make_schedule(name, p, a.microbatches, name == "interleaved" ? 2 : 1);
+    const Result r = bench(a, s, world);
+    Tensor peak = Tensor::full({1}, r.peak_mb, DType::kF32);
+    Tensor peaks = Tensor::empty({p});
+    world->allgather(peak, peaks)->wait();
+    const std::vector<float> pk = peaks.to_vector<float>();
+    if (!root) continue;
+    std::printf("%-12s step %8.1f ms\n", (name + (name == "interleaved" ? " v2" : "")).c_str(),
+                r.step_ms);
+    for (int rank = 0; rank < p; ++rank)
+      std::printf(
+          "  rank %d: bubble measured %.3f, predicted %.3f; peak activations predicted %d; "
+          "peak memory %.1f MB\n",
+          rank, r.measured[size_t(rank)], r.predicted.ranks[size_t(rank)].bubble,
+          r.predicted.ranks[size_t(rank)].peak_activations, double(pk[size_t(rank)]));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loom-bench-pp: error: %s\n", e.what());
+    return 1;
+  }
+}
