@@ -55,11 +55,22 @@ build: configure
 test: build
 	ctest --test-dir "$(BUILD)" --output-on-failure -j $(CTEST_JOBS)
 
+# The main job: the built-in task trained with dp 2 x tp 2 x pp 2 (8 ranks, 1F1B) under mpirun,
+# writing the pipeline timeline to $(BUILD)/demo_trace.json. Without MPI: one process.
 demo: build
 	@if [ ! -x "$(BUILD)/bin/loom-gpt" ]; then \
 	  echo "make demo: $(BUILD)/bin/loom-gpt was not built (is examples/gpt in the tree?)"; exit 1; \
 	fi
-	./$(BUILD)/bin/loom-gpt
+	@if command -v mpirun > /dev/null && [ -x "$(BUILD)/bin/loom-bench-collectives" ]; then \
+	  echo "make demo: mpirun -np 8 $(BUILD)/bin/loom-gpt --dp 2 --tp 2 --pp 2 --schedule 1f1b"; \
+	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -np 8 \
+	    --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
+	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
+	    ./$(BUILD)/bin/loom-gpt --dp 2 --tp 2 --pp 2 --schedule 1f1b \
+	    --trace "$(BUILD)/demo_trace.json"; \
+	else \
+	  echo "make demo: no MPI here; training on one process"; ./$(BUILD)/bin/loom-gpt; \
+	fi
 
 # Runs whichever benchmarks exist: the Google Benchmark microbenchmarks and the side-by-side
 # GPT training comparison with PyTorch (told which loom-gpt to run, so BUILD=... works).

@@ -8,6 +8,7 @@
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "parallel/pipeline/validator.h"
+#include "parallel/tensor_parallel/tp_state.h"
 
 namespace loom::gpt {
 
@@ -48,10 +49,10 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       dp_rank_(mesh.coords().dp),
       schedule_(std::move(schedule)),
       writes_output_(mesh.world().rank() == 0) {
-  LOOM_CHECK(o.tp == 1 && o.zero == 0 && o.dtype == "f32" && o.grad_accum == 1 &&
-                 !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp only so far (not with --tp, --zero, --dtype ",
+  LOOM_CHECK(o.zero == 0 && o.dtype == "f32" && o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp and --tp only so far (not with --zero, --dtype ",
              "bf16/f16, --grad-accum or --checkpoint-activations)");
+  if (o.tp > 1 || o.sequence_parallel) tp_ = mesh.tp_ptr();
   const int64_t per_dp = o.batch / o.dp;
   LOOM_CHECK(per_dp % schedule_.microbatches == 0, "loom-gpt: --batch ", o.batch, " over --dp ",
              o.dp, " leaves ", per_dp, " rows per data-parallel rank, which do not divide into ",
@@ -68,7 +69,8 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
   for (const auto& place : schedule_.chunks[size_t(rank)]) {
-    auto stage = std::make_shared<GptStage>(config, place.stage, schedule_.stages, o.dropout);
+    auto stage = std::make_shared<GptStage>(config, place.stage, schedule_.stages, o.dropout, tp_,
+                                            o.sequence_parallel);
     for (const Tensor& p : stage->parameters()) params.push_back(p);
     GptStage* raw = stage.get();
     StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
@@ -102,9 +104,12 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   const bool member = rank == first || rank == last;
   embedding_ = pp_->split(member ? 0 : 1, rank, member ? "embedding" : "embedding.others");
   if (!member || first == last) embedding_ = nullptr;
+  if (o.sequence_parallel)
+    LOOM_CHECK(o.seq % o.tp == 0, "loom-gpt: --seq ", o.seq, " must divide by --tp ", o.tp,
+               " for --sequence-parallel");
   executor_ = std::make_unique<parallel::pipeline::PipelineExecutor>(
       schedule_, pp_, std::move(chunks),
-      Shape{per_dp / schedule_.microbatches, o.seq, config.channels});
+      stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq));
   opt_ = make_optimizer(params);
 }
 
@@ -113,12 +118,25 @@ void PipelineStep::init_parameters(uint64_t seed) {
 }
 
 void PipelineStep::load(const io::GptParams& params) {
-  for (auto& s : stages_) s->load_state_dict(params, /*strict=*/false);
+  for (auto& s : stages_) {
+    io::GptParams mine;  // the stage's own parameters out of the whole model's
+    for (const auto& [name, p] : s->named_parameters()) {
+      auto it = params.find(name);
+      LOOM_CHECK(it != params.end(), "loom-gpt: the weights have no '", name, "'");
+      mine.emplace(name, it->second);
+    }
+    if (tp_)
+      parallel::load_full_state(*s, mine);
+    else
+      s->load_state_dict(mine);
+  }
 }
 
 std::string PipelineStep::str() const {
-  return detail::str_cat("dp ", o_.dp, " x pp ", schedule_.ranks, ", schedule ", schedule_.name,
-                         ", ", schedule_.microbatches, " micro-batches");
+  return detail::str_cat("dp ", o_.dp, tp_ ? detail::str_cat(" x tp ", o_.tp) : std::string(),
+                         " x pp ", schedule_.ranks, ", schedule ", schedule_.name, ", ",
+                         schedule_.microbatches, " micro-batches",
+                         o_.sequence_parallel ? ", sequence parallel" : "");
 }
 
 parallel::TrainingMemory PipelineStep::memory() const {
@@ -133,15 +151,19 @@ parallel::TrainingMemory PipelineStep::memory() const {
 // The global norm over the whole model: each single-process parameter counted once (pipeline
 // 0's copy; wte on the first stage), the squares summed over pp; dp replicas agree already.
 double PipelineStep::clip(double max_norm) {
-  std::vector<Tensor> owned, all;
+  // With tp, a sharded parameter's squares add over tp too; a whole one's count once.
+  std::vector<Tensor> sharded, whole, all;
   for (size_t c = 0; c < stages_.size(); ++c) {
     const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
     for (const auto& [name, p] : stages_[c]->named_parameters()) {
       all.push_back(p);
-      if (place.pipeline == 0 && (name != "wte.weight" || place.stage == 0)) owned.push_back(p);
+      if (place.pipeline != 0 || (name == "wte.weight" && place.stage != 0)) continue;
+      (tp_ && stages_[c]->parameter_shard(name) ? sharded : whole).push_back(p);
     }
   }
-  Tensor sq = Tensor::full({1}, optim::grad_sum_of_squares(owned), DType::kF32);
+  Tensor tp_part = Tensor::full({1}, optim::grad_sum_of_squares(sharded), DType::kF32);
+  if (tp_) tp_->allreduce(tp_part)->wait();
+  Tensor sq = Tensor::full({1}, tp_part.item() + optim::grad_sum_of_squares(whole), DType::kF32);
   pp_->allreduce(sq)->wait();
   const double norm = std::sqrt(sq.item());
   optim::scale_grads_to_norm(all, norm, max_norm);
@@ -173,7 +195,7 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   if (dp_->size() > 1)
     for (GptStage* s : mine)
       if (s->wte) {
-        Tensor g = s->wte->weight.grad();
+        Tensor g = s->wte_weight().grad();
         dp_->allreduce(g, {comm::ReduceOp::kAvg})->wait();
       }
   const double norm = o_.grad_clip > 0 ? clip(o_.grad_clip) : -1;
@@ -186,10 +208,14 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
 }
 
 io::GptParams PipelineStep::full_params() {
-  nn::GPT layout(config_);  // names and shapes, in the single-process order
-  std::map<std::string, Tensor> mine;
-  for (size_t c = 0; c < stages_.size(); ++c)
-    for (const auto& [name, p] : stages_[c]->named_parameters()) mine.emplace(name, p);
+  nn::GPT layout(config_);             // names and shapes, in the single-process order
+  std::map<std::string, Tensor> mine;  // whole parameters (gathered over tp)
+  for (size_t c = 0; c < stages_.size(); ++c) {
+    nn::StateDict whole =
+        tp_ ? parallel::gather_full_state(*stages_[c], *tp_) : stages_[c]->state_dict();
+    for (auto& [name, t] : whole)
+      mine.emplace(name, name == "wte.weight" ? t.narrow(0, 0, config_.padded_vocab) : t);
+  }
   io::GptParams out;
   for (const auto& [name, shape_of] : layout.named_parameters()) {
     const int owner = schedule_.holder(0, owner_stage(name, config_, schedule_.stages)).first;

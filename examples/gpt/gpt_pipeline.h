@@ -5,7 +5,8 @@
 // share is split into --microbatches micro-batches, each loss weighted as in Note [Loss
 // weighting], so the same flags give the single-process losses.
 //
-// Not combined yet: --tp, --zero, --dtype other than f32, --grad-accum (micro-batches do its
+// With --tp each stage is tensor-parallel too (dp x tp x pp). Not combined yet: --zero, --dtype
+// other than f32, --grad-accum (micro-batches do its
 // work) and activation checkpointing. Evaluation and --save gather the whole model onto every
 // rank (the owner of each parameter broadcasts it over pp).
 #pragma once
@@ -49,7 +50,7 @@ class PipelineStep : public Trainer {
 
   GptConfig config_;
   const GptOptions& o_;
-  std::shared_ptr<comm::Communicator> pp_, dp_;
+  std::shared_ptr<comm::Communicator> pp_, dp_, tp_;  // tp_: null without tensor parallelism
   int dp_rank_;
   parallel::pipeline::Schedule schedule_;
   std::vector<std::shared_ptr<parallel::pipeline::GptStage>> stages_;  // per chunk

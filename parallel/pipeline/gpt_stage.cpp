@@ -3,14 +3,20 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "parallel/tensor_parallel/tp_gpt.h"
+#include "parallel/tensor_parallel/vocab_parallel_cross_entropy.h"
 
 namespace loom::parallel::pipeline {
 namespace {
 
+using parallel::TpBlock;
+using parallel::TpLayerNorm;
+using parallel::VocabParallelEmbedding;
+
 // The "blocks" container of a stage: children named by their global block index.
 class BlockRange : public nn::Module {
  public:
-  void add(int64_t index, std::shared_ptr<nn::Block> block) {
+  void add(int64_t index, std::shared_ptr<nn::Module> block) {
     register_module(std::to_string(index), std::move(block));
   }
 };
@@ -27,27 +33,64 @@ std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stage, int stages) 
   return {first, base + (stage < extra ? 1 : 0)};
 }
 
-GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropout)
-    : config_(config), stage_(stage), stages_(stages) {
+GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropout,
+                   std::shared_ptr<comm::Communicator> tp, bool sequence_parallel)
+    : config_(config),
+      stage_(stage),
+      stages_(stages),
+      tp_(std::move(tp)),
+      sequence_parallel_(sequence_parallel) {
   config.validate();
+  LOOM_CHECK(tp_ || !sequence_parallel, "GptStage: sequence parallelism needs a tp group");
   const auto [first, count] = stage_layers(config.layers, stage, stages);
   const int64_t c = config.channels;
   const double proj_std = 0.02 / std::sqrt(2.0 * double(config.layers));
+  const nn::Init wte_init = nn::Init::normal(0.02).with_zero_rows_from(config.vocab);
+  const parallel::TpGptOptions tp_options{dropout, sequence_parallel};
+  if (tp_) {
+    per_rank("GptStage", "heads", config.heads, tp_->size());
+    per_rank("GptStage", "dim", c, tp_->size());
+  }
   // Registration order follows the single-process GPT's (Note [GPT parameter names]).
-  if (is_first() || is_last())
-    wte = register_module("wte", std::make_shared<nn::Embedding>(
-                                     config.padded_vocab, c,
-                                     nn::Init::normal(0.02).with_zero_rows_from(config.vocab)));
+  if (is_first() || is_last()) {
+    const int n = tp_ ? tp_->size() : 1;
+    const int64_t rows = (config.padded_vocab + n - 1) / n * n;  // See TpGPT::wte_rows
+    if (tp_)
+      wte =
+          register_module("wte", std::make_shared<VocabParallelEmbedding>(rows, c, tp_, wte_init));
+    else
+      wte =
+          register_module("wte", std::make_shared<nn::Embedding>(config.padded_vocab, c, wte_init));
+  }
   if (is_first()) {
     wpe = register_module("wpe", std::make_shared<nn::Embedding>(config.max_seq_len, c));
     drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
+    if (sequence_parallel) drop->set_part(1, tp_->rank(), tp_->size());
   }
   auto range = register_module("blocks", std::make_shared<BlockRange>());
   for (int64_t i = first; i < first + count; ++i) {
-    blocks.push_back(std::make_shared<nn::Block>(c, config.heads, dropout, proj_std));
+    if (tp_)
+      blocks.push_back(std::make_shared<TpBlock>(c, config.heads, tp_, tp_options, proj_std));
+    else
+      blocks.push_back(std::make_shared<nn::Block>(c, config.heads, dropout, proj_std));
     range->add(i, blocks.back());
   }
-  if (is_last()) ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c));
+  if (is_last()) {
+    if (tp_)
+      ln_f = register_module("ln_f", std::make_shared<TpLayerNorm>(c, tp_, sequence_parallel));
+    else
+      ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c));
+  }
+}
+
+Tensor GptStage::wte_weight() const {
+  if (!wte) return Tensor();
+  if (tp_) return std::static_pointer_cast<VocabParallelEmbedding>(wte)->weight;
+  return std::static_pointer_cast<nn::Embedding>(wte)->weight;
+}
+
+Shape GptStage::activation_shape(int64_t rows, int64_t seq) const {
+  return {rows, sequence_parallel_ ? seq / tp_->size() : seq, config_.channels};
 }
 
 Tensor GptStage::forward(const Tensor& x) {
@@ -55,16 +98,23 @@ Tensor GptStage::forward(const Tensor& x) {
   if (is_first()) {
     LOOM_CHECK(x.defined() && x.dim() == 2, "GptStage: the first stage takes token ids [B, T]");
     Tensor pos = Tensor::arange(x.size(1), DType::kI64, x.device());
-    h = (*drop)(add((*wte)(x), (*wpe)(pos)));
+    h = add((*wte)(x), (*wpe)(pos));
+    if (sequence_parallel_) h = scatter_to_tp(h, tp_, 1);
+    h = (*drop)(h);
   }
   for (const auto& block : blocks) h = (*block)(h);
   if (!is_last()) return h;
-  return matmul((*ln_f)(h), wte->weight, false, /*transpose_b=*/true);
+  h = (*ln_f)(h);
+  if (tp_) h = sequence_parallel_ ? gather_sequence(h, tp_, 1) : copy_to_tp(h, tp_);
+  return matmul(h, wte_weight(), false, /*transpose_b=*/true);
 }
 
 Tensor GptStage::loss(const Tensor& logits, const Tensor& targets) const {
   LOOM_CHECK(is_last(), "GptStage::loss: only the last stage computes the loss");
   const int64_t n = targets.numel();
+  if (tp_)
+    return vocab_parallel_cross_entropy(reshape(logits, {n, logits.size(-1)}),
+                                        reshape(targets, {n}), tp_, config_.vocab);
   CrossEntropyOptions o;
   o.num_classes = config_.vocab;
   return cross_entropy(reshape(logits, {n, config_.padded_vocab}), reshape(targets, {n}), o);
@@ -74,7 +124,7 @@ void sync_tied_embedding(const std::vector<GptStage*>& local, comm::Communicator
   NoGradGuard no_grad;
   std::vector<Tensor> copies;
   for (GptStage* stage : local)
-    if (stage->wte) copies.push_back(stage->wte->weight);
+    if (stage->wte) copies.push_back(stage->wte_weight());
   Tensor sum;
   for (const Tensor& w : copies) {
     LOOM_CHECK(w.grad().defined(), "sync_tied_embedding: a copy of wte.weight has no gradient");

@@ -3,6 +3,10 @@
 // single-process names ("blocks.5.attn.qkv.weight"), so init_parameters(seed) gives each stage
 // exactly the single-process values and checkpoints need no renaming.
 //
+// With a tp group the stage is tensor-parallel too (See parallel::TpGPT): vocab-parallel wte,
+// Megatron blocks, the vocab-parallel loss; with sequence parallelism the activation passed
+// between stages is this rank's sequence slice [B, T/tp, C].
+//
 // The output head is tied to wte, which lives on the first stage. With more than one stage the
 // last stage holds its own copy of wte (initialised identically); after each step's backwards the
 // two copies' gradients are summed over the embedding group (first and last stage), as in
@@ -28,7 +32,8 @@ std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stage, int stages);
 
 class GptStage : public nn::Module {
  public:
-  GptStage(const GptConfig& config, int stage, int stages, double dropout = 0.0);
+  GptStage(const GptConfig& config, int stage, int stages, double dropout = 0.0,
+           std::shared_ptr<comm::Communicator> tp = nullptr, bool sequence_parallel = false);
 
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == stages_ - 1; }
@@ -39,16 +44,22 @@ class GptStage : public nn::Module {
   Tensor loss(const Tensor& logits, const Tensor& targets) const;
 
   const GptConfig& config() const { return config_; }
+  // wte's weight (this rank's vocabulary rows with tp), undefined on middle stages.
+  Tensor wte_weight() const;
+  // The activation one micro-batch of `rows` sequences of length `seq` passes to the next stage.
+  Shape activation_shape(int64_t rows, int64_t seq) const;
 
-  std::shared_ptr<nn::Embedding> wte;  // first stage, and the last (the tied head)
+  std::shared_ptr<nn::Module> wte;     // first stage, and the last (the tied head)
   std::shared_ptr<nn::Embedding> wpe;  // first stage
   std::shared_ptr<nn::Dropout> drop;   // first stage
-  std::vector<std::shared_ptr<nn::Block>> blocks;
-  std::shared_ptr<nn::LayerNorm> ln_f;  // last stage
+  std::vector<std::shared_ptr<nn::Module>> blocks;
+  std::shared_ptr<nn::Module> ln_f;  // last stage
 
  private:
   GptConfig config_;
   int stage_, stages_;
+  std::shared_ptr<comm::Communicator> tp_;
+  bool sequence_parallel_;
 };
 
 // The tied embedding: sums the gradients of every copy of wte.weight among `local` (this rank's

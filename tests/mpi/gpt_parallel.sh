@@ -8,8 +8,9 @@
 # the sequence divides) and --dp 2 x --tp 2 with ZeRO-1 on 4 ranks give the single-process losses;
 # --tp 2 --save writes the single-process weights, and a single-process checkpoint evaluates the
 # same under --tp 2 --init-from.
-# Pipelines: every schedule on --pp 2 (4 blocks, 4 micro-batches) and --dp 2 x --pp 2 give the
-# single-process losses of the same 4-block model.
+# Pipelines: every schedule on --pp 2 (4 blocks, 4 micro-batches), --dp 2 x --pp 2, and every
+# schedule in 3D (--dp 2 --tp 2 --pp 2, 8 ranks) give the single-process losses of the same
+# 4-block model.
 # usage: gpt_parallel.sh LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
 gpt=$1; mpiexec=$2; shift 2
@@ -144,6 +145,15 @@ done
 "$mpiexec" -np 4 "$@" "$gpt" "${deep[@]}" --dp 2 --pp 2 --microbatches 2 \
   --metrics-file "$dir/dp_pp.jsonl" > "$dir/dp_pp.log"
 compare "dp2_pp2_1f1b" "$dir/dp_pp.jsonl" "$dir/deep.jsonl"
+# 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule (tp x pp with sequence parallelism once).
+for schedule in gpipe 1f1b interleaved chimera; do
+  v=1
+  [[ $schedule == interleaved ]] && v=2
+  "$mpiexec" -np 8 "$@" "$gpt" "${deep[@]}" --dp 2 --tp 2 --pp 2 --schedule "$schedule" \
+    --virtual-stages "$v" --microbatches 2 --metrics-file "$dir/3d_$schedule.jsonl" \
+    > "$dir/3d_$schedule.log"
+  compare "dp2_tp2_pp2_$schedule" "$dir/3d_$schedule.jsonl" "$dir/deep.jsonl"
+done
 
 # The timeline: a Chrome trace with one track per pipeline rank, each with every micro-batch's
 # forward and backward per step, and the measured bubble printed.
