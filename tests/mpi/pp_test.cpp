@@ -14,9 +14,11 @@
 #include "core/ops.h"
 #include "dp_reference.h"
 #include "optimizer/sgd.h"
+#include "parallel/mesh.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/generators.h"
 #include "parallel/pipeline/gpt_stage.h"
+#include "parallel/tensor_parallel/tp_state.h"
 
 namespace loom::parallel::pipeline {
 namespace {
@@ -42,8 +44,13 @@ std::unique_ptr<optim::Optimizer> make_optimizer(Opt which, std::vector<Tensor> 
   return std::make_unique<optim::SGD>(std::move(params), o);
 }
 
+// 3D: with a tp group each stage is tensor-parallel; with a dp group each chunk's gradients are
+// averaged over it after its SYNC (after Chimera's replica sum), and wte's after the tied sum.
 struct PipelineRank {
-  PipelineRank(const Schedule& s, const std::shared_ptr<comm::Communicator>& pp, Opt which) {
+  PipelineRank(const Schedule& s, const std::shared_ptr<comm::Communicator>& pp, Opt which,
+               std::shared_ptr<comm::Communicator> tp = nullptr,
+               std::shared_ptr<comm::Communicator> dp = nullptr)
+      : tp_(tp), dp_(dp) {
     const int rank = pp->rank();
     // Chimera: the two replicas of stage k (down on one rank, up on its mirror) sum their
     // gradients over a group of their own per stage (one per stage keeps the two stages a pair
@@ -57,7 +64,7 @@ struct PipelineRank {
     std::vector<StageChunk> chunks;
     std::vector<Tensor> params;
     for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
-      auto stage = std::make_shared<GptStage>(pp_config(), place.stage, s.stages);
+      auto stage = std::make_shared<GptStage>(pp_config(), place.stage, s.stages, 0.0, tp);
       stage->init_parameters(kSeed);
       for (const Tensor& p : stage->parameters()) params.push_back(p);
       GptStage* raw = stage.get();
@@ -65,14 +72,23 @@ struct PipelineRank {
                        [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
                        {},
                        {}};
-      if (s.pipelines == 2) {
-        // wte's copies are summed with the tied embedding's below, not here.
-        std::vector<Tensor> replicated;
-        for (const auto& [name, p] : stage->named_parameters())
-          if (name != "wte.weight") replicated.push_back(p);
-        auto sum = std::make_shared<GradientSum>(replicated, replica_pair[size_t(place.stage)]);
-        chunk.sync = [sum] { sum->start(); };
-        chunk.sync_wait = [sum] { sum->wait(); };
+      // wte's copies are summed with the tied embedding's below, not here.
+      std::vector<Tensor> synced;
+      for (const auto& [name, p] : stage->named_parameters())
+        if (name != "wte.weight") synced.push_back(p);
+      std::shared_ptr<GradientSum> replicas, data;
+      if (s.pipelines == 2)
+        replicas = std::make_shared<GradientSum>(synced, replica_pair[size_t(place.stage)]);
+      if (dp && dp->size() > 1) data = std::make_shared<GradientSum>(synced, dp, true);
+      if (replicas || data) {
+        chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
+        chunk.sync_wait = [replicas, data] {
+          if (replicas) {
+            replicas->wait();
+            if (data) data->start();
+          }
+          if (data) data->wait();
+        };
       }
       chunks.push_back(std::move(chunk));
       stages.push_back(std::move(stage));
@@ -82,30 +98,57 @@ struct PipelineRank {
     const bool member = rank == first || rank == last;
     embedding = pp->split(member ? 0 : 1, rank, member ? "embedding" : "embedding.others");
     if (!member || first == last) embedding = nullptr;
-    const int64_t rows = kRows / s.microbatches;
+    const int64_t rows = kRows / dp_size() / s.microbatches;
     executor = std::make_unique<PipelineExecutor>(s, pp, std::move(chunks),
                                                   Shape{rows, 8, pp_config().channels});
     opt = make_optimizer(which, params);
   }
 
+  int dp_size() const { return dp_ ? dp_->size() : 1; }
+
   double step(int s) {
     const Schedule& sch = executor->schedule();
     GlobalBatch b = global_batch(s, pp_config().vocab);
-    const int64_t rows = kRows / sch.microbatches;
+    const int64_t per_dp = kRows / dp_size(), rows = per_dp / sch.microbatches;
+    const int64_t first = (dp_ ? dp_->rank() : 0) * per_dp;
     std::vector<Tensor> tokens, targets;
     for (int mb = 0; mb < sch.microbatches; ++mb) {
-      tokens.push_back(b.rows(mb * rows, rows));
-      targets.push_back(b.target_rows(mb * rows, rows));
+      tokens.push_back(b.rows(first + mb * rows, rows));
+      targets.push_back(b.target_rows(first + mb * rows, rows));
     }
     const double local = executor->run(tokens, targets);
     std::vector<GptStage*> mine;
     for (auto& st : stages) mine.push_back(st.get());
     sync_tied_embedding(mine, embedding.get());
+    if (dp_size() > 1)
+      for (GptStage* st : mine)
+        if (st->wte) {
+          Tensor g = st->wte_weight().grad();
+          dp_->allreduce(g, {comm::ReduceOp::kAvg})->wait();
+        }
     opt->step();
     opt->zero_grad();
-    return executor->mean_loss(local);
+    Tensor loss = Tensor::full({1}, executor->mean_loss(local), DType::kF32);
+    if (dp_) dp_->allreduce(loss, {comm::ReduceOp::kAvg})->wait();
+    return loss.item();
   }
 
+  // This rank's parameters, whole (gathered over tp), by name; a second copy of wte skipped.
+  std::vector<std::pair<std::string, std::vector<float>>> whole_parameters() const {
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    std::set<std::string> seen;
+    for (const auto& st : stages) {
+      nn::StateDict whole = tp_ ? parallel::gather_full_state(*st, *tp_) : st->state_dict();
+      for (const auto& [name, t] : whole) {
+        if (!seen.insert(name).second) continue;
+        Tensor v = name == "wte.weight" ? t.narrow(0, 0, pp_config().padded_vocab) : t;
+        out.emplace_back(name, v.contiguous().to_vector<float>());
+      }
+    }
+    return out;
+  }
+
+  std::shared_ptr<comm::Communicator> tp_, dp_;
   std::vector<std::shared_ptr<GptStage>> stages;
   std::shared_ptr<comm::Communicator> embedding;
   std::unique_ptr<PipelineExecutor> executor;
@@ -133,15 +176,13 @@ RunResult single_process(Opt which) {
 // by some rank.
 void expect_matches(const PipelineRank& pr, const RunResult& got_losses, const RunResult& want,
                     comm::Communicator& pp, Scale by) {
-  RunResult got{got_losses.losses, {}}, want_mine{want.losses, {}};
+  RunResult got{got_losses.losses, pr.whole_parameters()}, want_mine{want.losses, {}};
   std::set<std::string> seen;
-  for (const auto& st : pr.stages)
-    for (const auto& [name, t] : st->named_parameters()) {
-      if (!seen.insert(name).second) continue;  // a second copy of wte on this rank
-      got.params.emplace_back(name, t.to_vector<float>());
-      for (const auto& [n, v] : want.params)
-        if (n == name) want_mine.params.emplace_back(n, v);
-    }
+  for (const auto& [name, v] : got.params) {
+    seen.insert(name);
+    for (const auto& [n, w] : want.params)
+      if (n == name) want_mine.params.emplace_back(n, w);
+  }
   std::sort(got.params.begin(), got.params.end());
   std::sort(want_mine.params.begin(), want_mine.params.end());
   expect_same_run(got, want_mine, 1e-5, by);
@@ -158,7 +199,8 @@ void expect_matches(const PipelineRank& pr, const RunResult& got_losses, const R
 TEST(Pipeline, EverySchedulesMatchesTheSingleProcessRun) {
   auto world = comm::world();
   const int p = world->size();
-  if (p == 1 || kRows % (2 * p) != 0) GTEST_SKIP() << "pp " << p << ": needs 2, 4 (or 8) ranks";
+  if (p == 1 || p == 8 || kRows % (2 * p) != 0)
+    GTEST_SKIP() << "pp " << p << ": needs 2 or 4 ranks";
   for (Opt which : {Opt::kAdamW, Opt::kSgd}) {
     const RunResult want = single_process(which);
     for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"})
@@ -171,6 +213,25 @@ TEST(Pipeline, EverySchedulesMatchesTheSingleProcessRun) {
         for (int step = 0; step < kSteps; ++step) got.losses.push_back(pr.step(step));
         expect_matches(pr, got, want, *world, which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
       }
+  }
+}
+
+// 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule, against one process.
+TEST(Pipeline, ThreeDimensionalRunsMatchTheSingleProcessRun) {
+  auto world = comm::world();
+  if (world->size() != 8) GTEST_SKIP() << "dp 2 x tp 2 x pp 2 needs 8 ranks";
+  parallel::DeviceMesh mesh(world, 2, 2, 2);
+  for (Opt which : {Opt::kAdamW, Opt::kSgd}) {
+    const RunResult want = single_process(which);
+    for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+      SCOPED_TRACE(
+          detail::str_cat(name, ", dp 2 x tp 2 x pp 2, ", which == Opt::kSgd ? "SGD" : "AdamW"));
+      const Schedule s = make_schedule(name, 2, 2, name == "interleaved" ? 2 : 1);
+      PipelineRank pr(s, mesh.pp_ptr(), which, mesh.tp_ptr(), mesh.dp_ptr());
+      RunResult got;
+      for (int step = 0; step < kSteps; ++step) got.losses.push_back(pr.step(step));
+      expect_matches(pr, got, want, mesh.pp(), which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
+    }
   }
 }
 
