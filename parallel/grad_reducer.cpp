@@ -79,7 +79,7 @@ GradReducer::GradReducer(const char* owner, NamedParams params,
   ready_.assign(n, 0);
   used_.assign(n, 0);
   used_anywhere_.assign(n, 0);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n && options_.hooks; ++i) {
     std::weak_ptr<bool> alive = alive_;
     Tensor(params_[i].second).register_grad_ready_hook([this, alive, i](const Tensor&) {
       if (alive.lock()) on_gradient(i);
@@ -100,7 +100,27 @@ bool GradReducer::reduces_this_micro_batch() const {
   return options_.mode == GradMode::kShardOnly || micro_ == options_.grad_accum - 1;
 }
 
+void GradReducer::reduce_accumulated() {
+  LOOM_CHECK(!options_.hooks, owner_, ": reduce_accumulated() is for a reducer without hooks");
+  std::fill(used_.begin(), used_.end(), 0);
+  std::fill(ready_.begin(), ready_.end(), 0);
+  if (options_.mode == GradMode::kShardOnly)
+    for (Tensor& s : shard_grads_) s.zero_();
+  next_launch_ = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].second.grad().defined()) continue;
+    ready_[i] = used_[i] = 1;
+    stage_gradient(i);
+  }
+  flush_micro_batch();
+  micro_ = options_.grad_accum;
+  finish();
+}
+
 void GradReducer::backward(const Tensor& loss) {
+  LOOM_CHECK(options_.hooks, owner_,
+             ": this reducer has no hooks; reduce the accumulated gradients with "
+             "reduce_accumulated()");
   LOOM_CHECK(micro_ < options_.grad_accum, owner_, ": backward() for micro-batch ", micro_ + 1,
              " but a step has ", options_.grad_accum,
              " (grad_accum); call finish() / step() after the last micro-batch");

@@ -40,6 +40,9 @@ struct GradReducerOptions {
   bool overlap = true;
   // Explicit buckets (groups of parameter indices, See BucketPlan); empty: by bucket_bytes.
   std::vector<std::vector<size_t>> bucket_groups;
+  // false: no grad-ready hooks; the step's gradients are accumulated in the parameters' .grad by
+  // someone else (a pipeline executor's backwards) and reduce_accumulated() reduces them.
+  bool hooks = true;
 };
 
 // Bytes of a bucket size given in MiB (checked positive).
@@ -60,6 +63,11 @@ class GradReducer {
   // finish(). Afterwards (kAllreduce) each used parameter's .grad is the group average, or
   // (kShard*) shard_grad(b) holds this rank's shard of the averaged bucket b.
   void finish();
+  // With hooks off: reduces the gradients the parameters hold now (none: zeros, as an unused
+  // parameter), then finishes the step as finish() does.
+  void reduce_accumulated();
+  // With hooks off: the next step's gradients are being accumulated (finished() turns false).
+  void begin_step() { finished_ = false; }
 
   bool finished() const { return finished_; }
   int micro_batches_done() const { return micro_; }

@@ -42,6 +42,10 @@ ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communi
   p.reducer.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, owner);
   p.reducer.grad_accum = o.grad_accum;
   p.reducer.overlap = o.overlap;
+  p.reducer.hooks = !o.external_backward;
+  LOOM_CHECK(!o.external_backward || o.stage < 3, owner,
+             ": stage 3 gathers parameters around each module and cannot take gradients "
+             "accumulated outside its backward (external_backward)");
   if (o.stage == 3) {
     p.layout = zero3_layout(module, p.params);
     p.reducer.bucket_groups = p.layout.parameters;
@@ -125,7 +129,10 @@ void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
 
 void ZeroOptimizer::finish_gradients() {
   if (reducer_.finished()) return;
-  reducer_.finish();
+  if (options_.external_backward)
+    reducer_.reduce_accumulated();
+  else
+    reducer_.finish();
   // The wrapped optimizer's gradients: this rank's shard, none for a parameter no rank used.
   if (!masters_) {
     for (Piece& p : pieces_) p.master.set_grad(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
@@ -147,8 +154,12 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   // Each element sits in exactly one rank's shard, so the sum over ranks counts it once. With
   // tp, a sharded parameter's elements are spread over the tp ranks too; a whole one's repeat.
   std::vector<Tensor> sharded, whole;
-  for (size_t i = 0; i < pieces_.size(); ++i)
-    (options_.tp && tp_sharded_[pieces_[i].param] ? sharded : whole).push_back(mine[i]);
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const size_t param = pieces_[i].param;
+    if (options_.counted_in_norm && !options_.counted_in_norm(reducer_.params()[param].first))
+      continue;
+    (options_.tp && tp_sharded_[param] ? sharded : whole).push_back(mine[i]);
+  }
   Tensor sums = Tensor::from_vector(std::vector<float>{float(optim::grad_sum_of_squares(sharded)),
                                                        float(optim::grad_sum_of_squares(whole))},
                                     {2});
@@ -158,6 +169,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
     options_.tp->allreduce(tp_part)->wait();
     sums.narrow(0, 0, 1).copy_(tp_part);
   }
+  if (options_.pp) options_.pp->allreduce(sums)->wait();
   const std::vector<float> s = sums.to_vector<float>();
   const double norm = std::sqrt(double(s[0]) + double(s[1]));
   optim::scale_grads_to_norm(mine, norm, max_norm);
@@ -166,6 +178,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
 
 void ZeroOptimizer::step() {
   finish_gradients();
+  if (options_.external_backward) reducer_.begin_step();  // the next step accumulates anew
   const bool skip = found_nonfinite_;
   if (!skip) {
     inner_->set_lr(lr_);

@@ -68,6 +68,13 @@ struct ZeroOptions {
   // The model's tensor-parallel group, when it has one (dp x tp): clip_grad_norm then adds the
   // squares of tp-sharded parameters (those with a ShardSpec) over it, and counts whole ones once.
   std::shared_ptr<comm::Communicator> tp;
+  // Pipelines (stages 1 and 2): the gradients are accumulated in the parameters by the
+  // executor's backwards, not through backward(); finish_gradients() reduces them. clip_grad_norm
+  // then also sums over `pp`, counting only the parameters `counted_in_norm` names (one copy of
+  // each: not a tied or replicated second copy).
+  bool external_backward = false;
+  std::shared_ptr<comm::Communicator> pp;
+  std::function<bool(const std::string& name)> counted_in_norm;
 };
 
 // Builds the wrapped optimizer over the parameter pieces it is given.

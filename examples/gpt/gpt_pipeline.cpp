@@ -49,9 +49,9 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       dp_rank_(mesh.coords().dp),
       schedule_(std::move(schedule)),
       writes_output_(mesh.world().rank() == 0) {
-  LOOM_CHECK(o.zero == 0 && o.dtype == "f32" && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp and --tp only so far (not with --zero, --dtype ",
-             "bf16/f16, --grad-accum or --checkpoint-activations)");
+  LOOM_CHECK(o.zero <= 1 && o.dtype == "f32" && o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp, --tp and --zero 1 only so far (not with --zero ",
+             "2 or 3, --dtype bf16/f16, --grad-accum or --checkpoint-activations)");
   if (o.tp > 1 || o.sequence_parallel) tp_ = mesh.tp_ptr();
   const int64_t per_dp = o.batch / o.dp;
   LOOM_CHECK(per_dp % schedule_.microbatches == 0, "loom-gpt: --batch ", o.batch, " over --dp ",
@@ -85,7 +85,9 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
     std::shared_ptr<GradientSum> replicas, data;
     if (schedule_.pipelines == 2)
       replicas = std::make_shared<GradientSum>(synced, pair[size_t(place.stage)]);
-    if (dp_->size() > 1) data = std::make_shared<GradientSum>(synced, dp_, /*average=*/true);
+    // ZeRO reduce-scatters over dp itself.
+    if (dp_->size() > 1 && o.zero == 0)
+      data = std::make_shared<GradientSum>(synced, dp_, /*average=*/true);
     if (replicas || data) {
       chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
       chunk.sync_wait = [replicas, data] {
@@ -110,7 +112,34 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   executor_ = std::make_unique<parallel::pipeline::PipelineExecutor>(
       schedule_, pp_, std::move(chunks),
       stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq));
-  opt_ = make_optimizer(params);
+  if (o.zero == 0) {
+    opt_ = make_optimizer(params);
+    return;
+  }
+  // ZeRO-1 over dp: the stages in one module (each keeping its own names, so initialisation and
+  // dropout are the single-process ones), gradients taken from the executor's backwards.
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    stage_set_->add("chunk" + std::to_string(k), stages_[k]);
+    stages_[k]->set_full_name("");
+  }
+  parallel::ZeroOptions z;
+  z.stage = 1;
+  z.bucket_mb = o.bucket_mb;
+  z.external_backward = true;
+  z.tp = tp_;
+  z.pp = pp_;
+  // One copy of each parameter in the norm: pipeline 0's, and wte's on the first stage.
+  std::set<std::string> counted;
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    const auto& place = schedule_.chunks[size_t(rank)][k];
+    for (const auto& [name, p] : stages_[k]->named_parameters())
+      if (place.pipeline == 0 && (name != "wte.weight" || place.stage == 0))
+        counted.insert("chunk" + std::to_string(k) + "." + name);
+  }
+  z.counted_in_norm = [counted](const std::string& name) { return counted.count(name) > 0; };
+  auto zero = std::make_unique<parallel::ZeroOptimizer>(*stage_set_, dp_, z, make_optimizer);
+  zero_ = zero.get();
+  opt_ = std::move(zero);
 }
 
 void PipelineStep::init_parameters(uint64_t seed) {
@@ -134,12 +163,13 @@ void PipelineStep::load(const io::GptParams& params) {
 
 std::string PipelineStep::str() const {
   return detail::str_cat("dp ", o_.dp, tp_ ? detail::str_cat(" x tp ", o_.tp) : std::string(),
-                         " x pp ", schedule_.ranks, ", schedule ", schedule_.name, ", ",
-                         schedule_.microbatches, " micro-batches",
+                         zero_ ? " (ZeRO-1)" : "", " x pp ", schedule_.ranks, ", schedule ",
+                         schedule_.name, ", ", schedule_.microbatches, " micro-batches",
                          o_.sequence_parallel ? ", sequence parallel" : "");
 }
 
 parallel::TrainingMemory PipelineStep::memory() const {
+  if (zero_) return zero_->memory();
   parallel::TrainingMemory m;
   for (const auto& s : stages_)
     for (const Tensor& p : s->parameters()) m.parameters += p.nbytes();
@@ -191,14 +221,16 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   std::vector<GptStage*> mine;
   for (auto& s : stages_) mine.push_back(s.get());
   parallel::pipeline::sync_tied_embedding(mine, embedding_.get());
-  // wte's summed gradient is the dp replica's; the dp average covers it too.
-  if (dp_->size() > 1)
+  // wte's summed gradient is the dp replica's; the dp average covers it too (ZeRO: its own).
+  if (dp_->size() > 1 && !zero_)
     for (GptStage* s : mine)
       if (s->wte) {
         Tensor g = s->wte_weight().grad();
         dp_->allreduce(g, {comm::ReduceOp::kAvg})->wait();
       }
-  const double norm = o_.grad_clip > 0 ? clip(o_.grad_clip) : -1;
+  const double norm = o_.grad_clip <= 0 ? -1
+                      : zero_           ? zero_->clip_grad_norm(o_.grad_clip)
+                                        : clip(o_.grad_clip);
   opt_->set_lr(lr);
   opt_->step();
   opt_->zero_grad();

@@ -5,7 +5,10 @@
 // share is split into --microbatches micro-batches, each loss weighted as in Note [Loss
 // weighting], so the same flags give the single-process losses.
 //
-// With --tp each stage is tensor-parallel too (dp x tp x pp). Not combined yet: --zero, --dtype
+// With --tp each stage is tensor-parallel too (dp x tp x pp); --zero 1 shards the optimizer state
+// over dp (the executor accumulates each step's gradients in the parameters; ZeRO reduce-scatters
+// them after the actions). Not combined yet: --zero 2 and 3 (they keep only gradient shards
+// between micro-batches, which needs the reduction inside each micro-batch's backward), --dtype
 // other than f32, --grad-accum (micro-batches do its
 // work) and activation checkpointing. Evaluation and --save gather the whole model onto every
 // rank (the owner of each parameter broadcasts it over pp).
@@ -56,6 +59,15 @@ class PipelineStep : public Trainer {
   std::vector<std::shared_ptr<parallel::pipeline::GptStage>> stages_;  // per chunk
   std::shared_ptr<comm::Communicator> embedding_;  // ranks holding wte copies (null elsewhere)
   std::unique_ptr<parallel::pipeline::PipelineExecutor> executor_;
+  // With --zero 1: the stages under one module for the ZeroOptimizer (See the constructor).
+  class StageSet : public nn::Module {
+   public:
+    void add(const std::string& name, std::shared_ptr<nn::Module> m) {
+      register_module(name, std::move(m));
+    }
+  };
+  std::shared_ptr<StageSet> stage_set_ = std::make_shared<StageSet>();
+  parallel::ZeroOptimizer* zero_ = nullptr;
   std::unique_ptr<optim::Optimizer> opt_;
   parallel::pipeline::ChromeTrace trace_;
   parallel::pipeline::Timelines last_step_;

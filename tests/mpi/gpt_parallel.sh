@@ -145,15 +145,27 @@ done
 "$mpiexec" -np 4 "$@" "$gpt" "${deep[@]}" --dp 2 --pp 2 --microbatches 2 \
   --metrics-file "$dir/dp_pp.jsonl" > "$dir/dp_pp.log"
 compare "dp2_pp2_1f1b" "$dir/dp_pp.jsonl" "$dir/deep.jsonl"
-# 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule (tp x pp with sequence parallelism once).
-for schedule in gpipe 1f1b interleaved chimera; do
-  v=1
-  [[ $schedule == interleaved ]] && v=2
-  "$mpiexec" -np 8 "$@" "$gpt" "${deep[@]}" --dp 2 --tp 2 --pp 2 --schedule "$schedule" \
-    --virtual-stages "$v" --microbatches 2 --metrics-file "$dir/3d_$schedule.jsonl" \
-    > "$dir/3d_$schedule.log"
-  compare "dp2_tp2_pp2_$schedule" "$dir/3d_$schedule.jsonl" "$dir/deep.jsonl"
+# 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule, with and without ZeRO-1.
+for zero in 0 1; do
+  for schedule in gpipe 1f1b interleaved chimera; do
+    v=1
+    [[ $schedule == interleaved ]] && v=2
+    name="dp2_tp2_pp2_${schedule}_zero$zero"
+    "$mpiexec" -np 8 "$@" "$gpt" "${deep[@]}" --dp 2 --tp 2 --pp 2 --zero "$zero" \
+      --schedule "$schedule" --virtual-stages "$v" --microbatches 2 \
+      --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+    compare "$name" "$dir/$name.jsonl" "$dir/deep.jsonl"
+  done
 done
+# ... and sequence parallelism in 3D (text data: the sequence divides by tp). Without dropout:
+# splitting the batch over dp ranks and micro-batches does not yet draw the single-process masks
+# (each part's rows index the mask from 0).
+text_nodrop=(--data "$dir/text.txt" --seq 16 --steps 6 --batch 4 --layers 2 --dim 32 --heads 2
+             --threads 1 --lr 1e-3 --warmup-steps 0)
+"$gpt" "${text_nodrop[@]}" --metrics-file "$dir/text_nodrop.jsonl" > "$dir/text_nodrop.log"
+"$mpiexec" -np 8 "$@" "$gpt" "${text_nodrop[@]}" --dp 2 --tp 2 --pp 2 --sequence-parallel \
+  --metrics-file "$dir/text_3d.jsonl" > "$dir/text_3d.log"
+compare "dp2_tp2_pp2_sequence_parallel" "$dir/text_3d.jsonl" "$dir/text_nodrop.jsonl"
 
 # The timeline: a Chrome trace with one track per pipeline rank, each with every micro-batch's
 # forward and backward per step, and the measured bubble printed.
