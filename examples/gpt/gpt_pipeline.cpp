@@ -118,10 +118,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   }
   // ZeRO-1 over dp: the stages in one module (each keeping its own names, so initialisation and
   // dropout are the single-process ones), gradients taken from the executor's backwards.
-  for (size_t k = 0; k < stages_.size(); ++k) {
-    stage_set_->add("chunk" + std::to_string(k), stages_[k]);
-    stages_[k]->set_full_name("");
-  }
+  for (const auto& stage : stages_) stage_set_->add(stage);
   parallel::ZeroOptions z;
   z.stage = 1;
   z.bucket_mb = o.bucket_mb;

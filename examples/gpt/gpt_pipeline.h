@@ -59,14 +59,9 @@ class PipelineStep : public Trainer {
   std::vector<std::shared_ptr<parallel::pipeline::GptStage>> stages_;  // per chunk
   std::shared_ptr<comm::Communicator> embedding_;  // ranks holding wte copies (null elsewhere)
   std::unique_ptr<parallel::pipeline::PipelineExecutor> executor_;
-  // With --zero 1: the stages under one module for the ZeroOptimizer (See the constructor).
-  class StageSet : public nn::Module {
-   public:
-    void add(const std::string& name, std::shared_ptr<nn::Module> m) {
-      register_module(name, std::move(m));
-    }
-  };
-  std::shared_ptr<StageSet> stage_set_ = std::make_shared<StageSet>();
+  // With --zero 1: the stages under one module for the ZeroOptimizer.
+  std::shared_ptr<parallel::pipeline::StageSet> stage_set_ =
+      std::make_shared<parallel::pipeline::StageSet>();
   parallel::ZeroOptimizer* zero_ = nullptr;
   std::unique_ptr<optim::Optimizer> opt_;
   parallel::pipeline::ChromeTrace trace_;

@@ -137,4 +137,10 @@ void sync_tied_embedding(const std::vector<GptStage*>& local, comm::Communicator
   for (Tensor w : copies) w.set_grad(copies.size() == 1 ? sum : sum.clone());
 }
 
+void StageSet::add(std::shared_ptr<GptStage> stage) {
+  GptStage* raw = stage.get();
+  register_module("chunk" + std::to_string(children().size()), std::move(stage));
+  raw->set_full_name("");
+}
+
 }  // namespace loom::parallel::pipeline

@@ -62,6 +62,15 @@ class GptStage : public nn::Module {
   bool sequence_parallel_;
 };
 
+// A rank's stages under one module, for wrappers that take one (ZeroOptimizer): child k is
+// "chunk{k}", so the set's parameter names are unique even when two chunks hold the same
+// single-process parameter (the tied wte, Chimera's replicas), while each stage keeps its own
+// full name (its initialisation and dropout masks stay the single-process ones).
+class StageSet : public nn::Module {
+ public:
+  void add(std::shared_ptr<GptStage> stage);
+};
+
 // The tied embedding: sums the gradients of every copy of wte.weight among `local` (this rank's
 // stages) and, when `group` is given, over its ranks (the ranks holding the first or last stage),
 // and gives every copy the sum. Collective over `group`.

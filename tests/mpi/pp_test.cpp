@@ -19,6 +19,7 @@
 #include "parallel/pipeline/generators.h"
 #include "parallel/pipeline/gpt_stage.h"
 #include "parallel/tensor_parallel/tp_state.h"
+#include "parallel/zero.h"
 
 namespace loom::parallel::pipeline {
 namespace {
@@ -49,8 +50,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(Opt which, std::vector<Tensor> 
 struct PipelineRank {
   PipelineRank(const Schedule& s, const std::shared_ptr<comm::Communicator>& pp, Opt which,
                std::shared_ptr<comm::Communicator> tp = nullptr,
-               std::shared_ptr<comm::Communicator> dp = nullptr)
-      : tp_(tp), dp_(dp) {
+               std::shared_ptr<comm::Communicator> dp = nullptr, bool zero1 = false)
+      : tp_(tp), dp_(dp), zero1_(zero1) {
     const int rank = pp->rank();
     // Chimera: the two replicas of stage k (down on one rank, up on its mirror) sum their
     // gradients over a group of their own per stage (one per stage keeps the two stages a pair
@@ -79,7 +80,8 @@ struct PipelineRank {
       std::shared_ptr<GradientSum> replicas, data;
       if (s.pipelines == 2)
         replicas = std::make_shared<GradientSum>(synced, replica_pair[size_t(place.stage)]);
-      if (dp && dp->size() > 1) data = std::make_shared<GradientSum>(synced, dp, true);
+      if (dp && dp->size() > 1 && !zero1)  // ZeRO-1 reduce-scatters over dp itself
+        data = std::make_shared<GradientSum>(synced, dp, true);
       if (replicas || data) {
         chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
         chunk.sync_wait = [replicas, data] {
@@ -101,7 +103,21 @@ struct PipelineRank {
     const int64_t rows = kRows / dp_size() / s.microbatches;
     executor = std::make_unique<PipelineExecutor>(s, pp, std::move(chunks),
                                                   Shape{rows, 8, pp_config().channels});
-    opt = make_optimizer(which, params);
+    if (!zero1) {
+      opt = make_optimizer(which, params);
+      return;
+    }
+    auto set = std::make_shared<StageSet>();
+    for (const auto& st : stages) set->add(st);
+    stage_set = set;
+    ZeroOptions z;
+    z.stage = 1;
+    z.external_backward = true;
+    z.tp = tp;
+    z.pp = pp;
+    opt = std::make_unique<ZeroOptimizer>(*set, dp, z, [which](std::vector<Tensor> p) {
+      return make_optimizer(which, std::move(p));
+    });
   }
 
   int dp_size() const { return dp_ ? dp_->size() : 1; }
@@ -120,7 +136,7 @@ struct PipelineRank {
     std::vector<GptStage*> mine;
     for (auto& st : stages) mine.push_back(st.get());
     sync_tied_embedding(mine, embedding.get());
-    if (dp_size() > 1)
+    if (dp_size() > 1 && !zero1_)
       for (GptStage* st : mine)
         if (st->wte) {
           Tensor g = st->wte_weight().grad();
@@ -149,6 +165,8 @@ struct PipelineRank {
   }
 
   std::shared_ptr<comm::Communicator> tp_, dp_;
+  bool zero1_;
+  std::shared_ptr<StageSet> stage_set;
   std::vector<std::shared_ptr<GptStage>> stages;
   std::shared_ptr<comm::Communicator> embedding;
   std::unique_ptr<PipelineExecutor> executor;
@@ -216,22 +234,26 @@ TEST(Pipeline, EverySchedulesMatchesTheSingleProcessRun) {
   }
 }
 
-// 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule, against one process.
+// 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule, with the dp average or ZeRO-1 (its
+// reducer taking the gradients the executor accumulated), against one process.
 TEST(Pipeline, ThreeDimensionalRunsMatchTheSingleProcessRun) {
   auto world = comm::world();
   if (world->size() != 8) GTEST_SKIP() << "dp 2 x tp 2 x pp 2 needs 8 ranks";
   parallel::DeviceMesh mesh(world, 2, 2, 2);
   for (Opt which : {Opt::kAdamW, Opt::kSgd}) {
     const RunResult want = single_process(which);
-    for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
-      SCOPED_TRACE(
-          detail::str_cat(name, ", dp 2 x tp 2 x pp 2, ", which == Opt::kSgd ? "SGD" : "AdamW"));
-      const Schedule s = make_schedule(name, 2, 2, name == "interleaved" ? 2 : 1);
-      PipelineRank pr(s, mesh.pp_ptr(), which, mesh.tp_ptr(), mesh.dp_ptr());
-      RunResult got;
-      for (int step = 0; step < kSteps; ++step) got.losses.push_back(pr.step(step));
-      expect_matches(pr, got, want, mesh.pp(), which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
-    }
+    for (bool zero1 : {false, true})
+      for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+        SCOPED_TRACE(detail::str_cat(name, ", dp 2 x tp 2 x pp 2, ",
+                                     which == Opt::kSgd ? "SGD" : "AdamW",
+                                     zero1 ? ", ZeRO-1" : ""));
+        const Schedule s = make_schedule(name, 2, 2, name == "interleaved" ? 2 : 1);
+        PipelineRank pr(s, mesh.pp_ptr(), which, mesh.tp_ptr(), mesh.dp_ptr(), zero1);
+        RunResult got;
+        for (int step = 0; step < kSteps; ++step) got.losses.push_back(pr.step(step));
+        expect_matches(pr, got, want, mesh.pp(),
+                       which == Opt::kSgd ? Scale::kTensor : Scale::kModel);
+      }
   }
 }
 
