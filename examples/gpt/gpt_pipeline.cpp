@@ -30,7 +30,7 @@ int owner_stage(const std::string& name, const GptConfig& c, int stages) {
   if (name.rfind("blocks.", 0) == 0) {
     const int64_t block = std::stoll(name.substr(7));
     for (int s = 0; s < stages; ++s) {
-      const auto [first, count] = parallel::pipeline::stage_layers(c.layers, s, stages);
+      const auto [first, count] = parallel::pipeline::stage_layers(c, s, stages);
       if (block >= first && block < first + count) return s;
     }
   }

@@ -1,5 +1,6 @@
 #include "parallel/pipeline/gpt_stage.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/ops.h"
@@ -33,6 +34,77 @@ std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stage, int stages) 
   return {first, base + (stage < extra ? 1 : 0)};
 }
 
+namespace {
+
+struct Partition {
+  std::vector<int64_t> counts;  // blocks per stage
+  std::vector<double> costs;    // per stage, in blocks
+};
+
+Partition partition(const GptConfig& c, int stages) {
+  LOOM_CHECK(stages >= 1 && c.layers >= stages, "pipeline: ", c.layers,
+             " blocks cannot be split into ", stages, " stages (each stage needs a block)");
+  const double ch = double(c.channels), block = 12 * ch * ch + 2 * double(c.max_seq_len) * ch;
+  const double head = (ch * double(c.padded_vocab) + 3 * double(c.padded_vocab)) / block;
+  const double embed = ch / block;
+  const int64_t layers = c.layers;
+  auto extra = [&](int s) { return (s == 0 ? embed : 0.0) + (s == stages - 1 ? head : 0.0); };
+  auto cost_of = [&](const std::vector<int64_t>& counts) {
+    std::vector<double> out;
+    for (int s = 0; s < stages; ++s) out.push_back(double(counts[size_t(s)]) + extra(s));
+    return out;
+  };
+  auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  std::vector<int64_t> even;
+  for (int s = 0; s < stages; ++s) even.push_back(stage_layers(layers, s, stages).second);
+  // best[s][n]: for stages s.. holding the last n blocks, the least (worst stage cost, sum of
+  // squared stage costs): the worst stage first, then the most even; on a tie the earlier stage
+  // takes more blocks (k runs down), as stage_layers does.
+  using Score = std::pair<double, double>;
+  const Score none{1e300, 1e300};
+  std::vector<std::vector<Score>> best(size_t(stages) + 1,
+                                       std::vector<Score>(size_t(layers) + 1, none));
+  std::vector<std::vector<int64_t>> take(size_t(stages),
+                                         std::vector<int64_t>(size_t(layers) + 1, 0));
+  best[size_t(stages)][0] = {0, 0};
+  for (int s = stages - 1; s >= 0; --s)
+    for (int64_t n = 1; n <= layers; ++n)
+      for (int64_t k = n - (stages - 1 - s); k >= 1; --k) {
+        const Score& rest = best[size_t(s) + 1][size_t(n - k)];
+        if (rest == none) continue;
+        const double mine = double(k) + extra(s);
+        const Score score{std::max(mine, rest.first), rest.second + mine * mine};
+        if (score.first < best[size_t(s)][size_t(n)].first - 1e-12 ||
+            (score.first <= best[size_t(s)][size_t(n)].first + 1e-12 &&
+             score.second < best[size_t(s)][size_t(n)].second - 1e-12)) {
+          best[size_t(s)][size_t(n)] = score;
+          take[size_t(s)][size_t(n)] = k;
+        }
+      }
+  std::vector<int64_t> counts;
+  for (int s = 0, n = int(layers); s < stages; ++s) {
+    counts.push_back(take[size_t(s)][size_t(n)]);
+    n -= int(counts.back());
+  }
+  const std::vector<double> even_costs = cost_of(even), costs = cost_of(counts);
+  if (worst(even_costs) <= worst(costs) + 1e-12) return {even, even_costs};
+  return {counts, costs};
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> stage_layers(const GptConfig& config, int stage, int stages) {
+  LOOM_CHECK(stage >= 0 && stage < stages, "pipeline: stage ", stage, " is not one of ", stages);
+  const Partition p = partition(config, stages);
+  int64_t first = 0;
+  for (int s = 0; s < stage; ++s) first += p.counts[size_t(s)];
+  return {first, p.counts[size_t(stage)]};
+}
+
+std::vector<double> stage_costs(const GptConfig& config, int stages) {
+  return partition(config, stages).costs;
+}
+
 GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropout,
                    std::shared_ptr<comm::Communicator> tp, bool sequence_parallel)
     : config_(config),
@@ -42,7 +114,7 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
       sequence_parallel_(sequence_parallel) {
   config.validate();
   LOOM_CHECK(tp_ || !sequence_parallel, "GptStage: sequence parallelism needs a tp group");
-  const auto [first, count] = stage_layers(config.layers, stage, stages);
+  const auto [first, count] = stage_layers(config, stage, stages);  // Note [Stage partition]
   const int64_t c = config.channels;
   const double proj_std = 0.02 / std::sqrt(2.0 * double(config.layers));
   const nn::Init wte_init = nn::Init::normal(0.02).with_zero_rows_from(config.vocab);

@@ -257,6 +257,24 @@ TEST(Pipeline, ThreeDimensionalRunsMatchTheSingleProcessRun) {
   }
 }
 
+// Note [Stage partition]: a large vocabulary moves blocks off the last stage; a small one keeps
+// the even split.
+TEST(Pipeline, StagesBalanceTheHeadsCost) {
+  GptConfig gpt2;  // 12 layers, dim 768, 50304 rows, seq 1024: the head costs ~4.4 blocks
+  const std::vector<double> costs = stage_costs(gpt2, 4);
+  std::vector<int64_t> counts;
+  for (int s = 0; s < 4; ++s) counts.push_back(stage_layers(gpt2, s, 4).second);
+  // The last stage keeps one block; the first takes the 3 (it also embeds).
+  EXPECT_EQ(counts, (std::vector<int64_t>{3, 4, 4, 1}));
+  EXPECT_NEAR(costs[3], 1 + (768.0 * 50304 + 3 * 50304) / (12.0 * 768 * 768 + 2 * 1024 * 768),
+              1e-9);
+  EXPECT_LT(*std::max_element(costs.begin(), costs.end()), 3.0 + 4.4)
+      << "better than the even split's last stage";
+  GptConfig small = pp_config();  // vocab 32: even
+  for (int s = 0; s < 4; ++s)
+    EXPECT_EQ(stage_layers(small, s, 4), stage_layers(small.layers, s, 4));
+}
+
 TEST(Pipeline, StageLayersSplitEvenly) {
   EXPECT_EQ(stage_layers(8, 0, 3), (std::pair<int64_t, int64_t>{0, 3}));
   EXPECT_EQ(stage_layers(8, 1, 3), (std::pair<int64_t, int64_t>{3, 3}));
