@@ -90,27 +90,12 @@ Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Commu
   std::vector<std::shared_ptr<GptStage>> stages;
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
-  std::vector<std::shared_ptr<comm::Communicator>> pair(size_t(s.stages));
-  if (s.pipelines == 2)
-    for (int k = 0; k < s.stages; ++k) {
-      const bool member = s.holder(0, k).first == rank || s.holder(1, k).first == rank;
-      pair[size_t(k)] = pp->split(member ? 0 : 1, rank, "replicas");
-    }
+  const auto pairs = replica_pairs(s, *pp);
   for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
     auto st = std::make_shared<GptStage>(c, place.stage, s.stages);
     st->init_parameters(1);
     for (const Tensor& p : st->parameters()) params.push_back(p);
-    GptStage* raw = st.get();
-    StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
-                     [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
-                     {},
-                     {}};
-    if (s.pipelines == 2) {
-      auto sum = std::make_shared<GradientSum>(st->parameters(), pair[size_t(place.stage)]);
-      chunk.sync = [sum] { sum->start(); };
-      chunk.sync_wait = [sum] { sum->wait(); };
-    }
-    chunks.push_back(std::move(chunk));
+    chunks.push_back(stage_chunk(st, pairs[size_t(place.stage)], nullptr));
     stages.push_back(st);
   }
   const int64_t rows = a.batch / s.microbatches;

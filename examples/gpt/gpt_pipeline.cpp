@@ -58,46 +58,16 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
              o.dp, " leaves ", per_dp, " rows per data-parallel rank, which do not divide into ",
              schedule_.microbatches, " micro-batches");
   const int rank = pp_->rank();
-  // Chimera's replica pairs: a group per stage (See tests/mpi/pp_test.cpp).
-  std::vector<std::shared_ptr<comm::Communicator>> pair(size_t(schedule_.stages));
-  if (schedule_.pipelines == 2)
-    for (int k = 0; k < schedule_.stages; ++k) {
-      const bool member =
-          schedule_.holder(0, k).first == rank || schedule_.holder(1, k).first == rank;
-      pair[size_t(k)] = pp_->split(member ? 0 : 1, rank, "replicas");
-    }
+  const auto pairs = parallel::pipeline::replica_pairs(schedule_, *pp_);
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
   for (const auto& place : schedule_.chunks[size_t(rank)]) {
     auto stage = std::make_shared<GptStage>(config, place.stage, schedule_.stages, o.dropout, tp_,
                                             o.sequence_parallel);
     for (const Tensor& p : stage->parameters()) params.push_back(p);
-    GptStage* raw = stage.get();
-    StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
-                     [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
-                     {},
-                     {}};
-    // Replica sums (Chimera) start at SYNC; the dp average follows once they are done. wte's
-    // copies are summed with the tied embedding after the actions.
-    std::vector<Tensor> synced;
-    for (const auto& [name, p] : stage->named_parameters())
-      if (name != "wte.weight") synced.push_back(p);
-    std::shared_ptr<GradientSum> replicas, data;
-    if (schedule_.pipelines == 2)
-      replicas = std::make_shared<GradientSum>(synced, pair[size_t(place.stage)]);
     // ZeRO reduce-scatters over dp itself.
-    if (dp_->size() > 1 && o.zero == 0)
-      data = std::make_shared<GradientSum>(synced, dp_, /*average=*/true);
-    if (replicas || data) {
-      chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
-      chunk.sync_wait = [replicas, data] {
-        if (replicas) {
-          replicas->wait();
-          if (data) data->start();
-        }
-        if (data) data->wait();
-      };
-    }
+    StageChunk chunk = parallel::pipeline::stage_chunk(stage, pairs[size_t(place.stage)],
+                                                       o.zero == 0 ? dp_ : nullptr);
     chunks.push_back(std::move(chunk));
     stages_.push_back(std::move(stage));
   }

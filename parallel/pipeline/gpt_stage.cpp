@@ -215,4 +215,45 @@ void StageSet::add(std::shared_ptr<GptStage> stage) {
   raw->set_full_name("");
 }
 
+std::vector<std::shared_ptr<comm::Communicator>> replica_pairs(const Schedule& s,
+                                                               comm::Communicator& pp) {
+  std::vector<std::shared_ptr<comm::Communicator>> out(size_t(s.stages));
+  if (s.pipelines != 2) return out;
+  const int rank = pp.rank();
+  for (int k = 0; k < s.stages; ++k) {
+    const bool member = s.holder(0, k).first == rank || s.holder(1, k).first == rank;
+    auto group = pp.split(member ? 0 : 1, rank, member ? "replicas" : "replicas.others");
+    if (member) out[size_t(k)] = std::move(group);
+  }
+  return out;
+}
+
+StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
+                       std::shared_ptr<comm::Communicator> replica_pair,
+                       std::shared_ptr<comm::Communicator> dp_average) {
+  GptStage* raw = stage.get();
+  StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
+                   [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
+                   {},
+                   {}};
+  std::vector<Tensor> synced;
+  for (const auto& [name, p] : stage->named_parameters())
+    if (name != "wte.weight") synced.push_back(p);
+  std::shared_ptr<GradientSum> replicas, data;
+  if (replica_pair) replicas = std::make_shared<GradientSum>(synced, std::move(replica_pair));
+  if (dp_average && dp_average->size() > 1)
+    data = std::make_shared<GradientSum>(synced, std::move(dp_average), /*average=*/true);
+  if (!replicas && !data) return chunk;
+  // The replica sum starts at SYNC; the dp average follows once it is done.
+  chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
+  chunk.sync_wait = [replicas, data] {
+    if (replicas) {
+      replicas->wait();
+      if (data) data->start();
+    }
+    if (data) data->wait();
+  };
+  return chunk;
+}
+
 }  // namespace loom::parallel::pipeline

@@ -23,6 +23,8 @@
 #include "core/nn/gpt_config.h"
 #include "core/nn/layer_norm.h"
 #include "core/nn/module.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace loom::parallel::pipeline {
 
@@ -72,6 +74,20 @@ class GptStage : public nn::Module {
   std::shared_ptr<comm::Communicator> tp_;
   bool sequence_parallel_;
 };
+
+// Chimera's replica pairs: for each stage k, a group of the two ranks holding its replicas (the
+// down pipeline's and the up pipeline's), or null where this rank holds neither or the schedule
+// has one pipeline. A group per stage keeps the two stages a pair of ranks shares from mixing
+// their collectives. Collective over `pp`.
+std::vector<std::shared_ptr<comm::Communicator>> replica_pairs(const Schedule& schedule,
+                                                               comm::Communicator& pp);
+
+// The executor's view of a stage: its forward and loss, and at SYNC its gradient reductions:
+// the sum over its replica pair (Chimera; null: none), then the average over `dp_average` (null:
+// none). wte is left out of both: its copies are summed by sync_tied_embedding after the actions.
+StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
+                       std::shared_ptr<comm::Communicator> replica_pair,
+                       std::shared_ptr<comm::Communicator> dp_average);
 
 // A rank's stages under one module, for wrappers that take one (ZeroOptimizer): child k is
 // "chunk{k}", so the set's parameter names are unique even when two chunks hold the same

@@ -31,6 +31,31 @@ for s, (g, w) in enumerate(zip(got, want)):
 print(f"{name}: {len(got)} losses match the single-process run")
 PY
 }
+# compare_weights NAME FILE: FILE's tensors equal the single-process weights within 1e-5 of each
+# tensor's scale (safetensors: an 8-byte header length, a JSON header, then the raw data).
+compare_weights() {
+  python3 - "$dir/single.safetensors" "$2" "$1" <<'PY'
+import array, json, struct, sys
+def load(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    assert all(v["dtype"] == "F32" for v in header.values()), f"{path}: not all F32"
+    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items()}
+want, got = load(sys.argv[1]), load(sys.argv[2])
+name = sys.argv[3]
+assert want.keys() == got.keys(), f"{name}: tensor names differ: {sorted(want.keys() ^ got.keys())}"
+for k in want:
+    assert len(got[k]) == len(want[k]), f"{name} {k}: {len(got[k])} values vs {len(want[k])}"
+    scale = max(max(abs(w) for w in want[k]), 1e-30)
+    err = max(abs(g - w) for g, w in zip(got[k], want[k]))
+    assert err <= 1e-5 * scale, f"{name} {k}: max difference {err} vs max |value| {scale}"
+print(f"{name}: {len(want)} tensors match the single-process weights")
+PY
+}
 for zero in 0 1 2 3; do
   for accum in 1 2; do
     name="dp2_zero${zero}_accum${accum}"
@@ -57,31 +82,11 @@ done
 # The weights. With SGD: Adam divides the rounding noise of a gradient that is zero in exact
 # arithmetic (the key third of attn.qkv.bias, See tests/mpi/dp_reference.h) by sqrt(v) + 1e-8 and
 # turns it into visible differences; SGD compares every parameter at 1e-5.
-# safetensors is an 8-byte header length, a JSON header, then the raw data.
 sgd=(--optimizer sgd --momentum 0.9 --lr 0.1)
 "$gpt" "${common[@]}" "${sgd[@]}" --save "$dir/single.safetensors" > "$dir/single_save.log"
 "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${sgd[@]}" --dp 2 --zero 3 \
   --save "$dir/zero3.safetensors" > "$dir/zero3_save.log"
-python3 - "$dir/single.safetensors" "$dir/zero3.safetensors" <<'PY'
-import array, json, struct, sys
-def load(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    data = raw[8 + n:]
-    assert all(v["dtype"] == "F32" for v in header.values()), f"{path}: not all F32"
-    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items()}
-want, got = load(sys.argv[1]), load(sys.argv[2])
-assert want.keys() == got.keys(), f"tensor names differ: {sorted(want.keys() ^ got.keys())}"
-for k in want:
-    assert len(got[k]) == len(want[k]), f"{k}: {len(got[k])} values vs {len(want[k])}"
-    scale = max(max(abs(w) for w in want[k]), 1e-30)
-    err = max(abs(g - w) for g, w in zip(got[k], want[k]))
-    assert err <= 1e-5 * scale, f"{k}: max difference {err} vs max |value| {scale}"
-print(f"dp2_zero3 --save: {len(want)} tensors match the single-process weights")
-PY
+compare_weights "dp2_zero3 --save" "$dir/zero3.safetensors"
 
 # Tensor parallelism (the losses: AdamW; the weights: SGD, as above).
 for flags in "--tp 2" "--dp 2 --tp 2 --zero 1"; do
@@ -102,25 +107,7 @@ compare "tp2_sequence_parallel_dropout" "$dir/text_sp.jsonl" "$dir/text_single.j
 
 "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${sgd[@]}" --tp 2 \
   --save "$dir/tp2.safetensors" > "$dir/tp2_save.log"
-python3 - "$dir/single.safetensors" "$dir/tp2.safetensors" <<'PY'
-import array, json, struct, sys
-def load(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    data = raw[8 + n:]
-    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items()}
-want, got = load(sys.argv[1]), load(sys.argv[2])
-assert want.keys() == got.keys(), f"tensor names differ: {sorted(want.keys() ^ got.keys())}"
-for k in want:
-    assert len(got[k]) == len(want[k]), f"{k}: {len(got[k])} values vs {len(want[k])}"
-    scale = max(max(abs(w) for w in want[k]), 1e-30)
-    err = max(abs(g - w) for g, w in zip(got[k], want[k]))
-    assert err <= 1e-5 * scale, f"{k}: max difference {err} vs max |value| {scale}"
-print(f"tp2 --save: {len(want)} tensors match the single-process weights")
-PY
+compare_weights "tp2 --save" "$dir/tp2.safetensors"
 single_eval=$("$gpt" "${common[@]}" --init-from "$dir/single.safetensors" --eval-only | grep val_loss)
 tp_eval=$("$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" --init-from "$dir/single.safetensors" \
   --tp 2 --eval-only | grep val_loss)

@@ -53,46 +53,15 @@ struct PipelineRank {
                std::shared_ptr<comm::Communicator> dp = nullptr, bool zero1 = false)
       : tp_(tp), dp_(dp), zero1_(zero1) {
     const int rank = pp->rank();
-    // Chimera: the two replicas of stage k (down on one rank, up on its mirror) sum their
-    // gradients over a group of their own per stage (one per stage keeps the two stages a pair
-    // of ranks shares from mixing their collectives).
-    std::vector<std::shared_ptr<comm::Communicator>> replica_pair(size_t(s.stages));
-    if (s.pipelines == 2)
-      for (int k = 0; k < s.stages; ++k) {
-        const bool member = s.holder(0, k).first == rank || s.holder(1, k).first == rank;
-        replica_pair[size_t(k)] = pp->split(member ? 0 : 1, rank, "replicas");
-      }
+    // Chimera's replica pairs sum their gradients; dp averages them unless ZeRO-1 reduces them.
+    const auto pairs = replica_pairs(s, *pp);
     std::vector<StageChunk> chunks;
     std::vector<Tensor> params;
     for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
       auto stage = std::make_shared<GptStage>(pp_config(), place.stage, s.stages, 0.0, tp);
       stage->init_parameters(kSeed);
       for (const Tensor& p : stage->parameters()) params.push_back(p);
-      GptStage* raw = stage.get();
-      StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
-                       [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
-                       {},
-                       {}};
-      // wte's copies are summed with the tied embedding's below, not here.
-      std::vector<Tensor> synced;
-      for (const auto& [name, p] : stage->named_parameters())
-        if (name != "wte.weight") synced.push_back(p);
-      std::shared_ptr<GradientSum> replicas, data;
-      if (s.pipelines == 2)
-        replicas = std::make_shared<GradientSum>(synced, replica_pair[size_t(place.stage)]);
-      if (dp && dp->size() > 1 && !zero1)  // ZeRO-1 reduce-scatters over dp itself
-        data = std::make_shared<GradientSum>(synced, dp, true);
-      if (replicas || data) {
-        chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
-        chunk.sync_wait = [replicas, data] {
-          if (replicas) {
-            replicas->wait();
-            if (data) data->start();
-          }
-          if (data) data->wait();
-        };
-      }
-      chunks.push_back(std::move(chunk));
+      chunks.push_back(stage_chunk(stage, pairs[size_t(place.stage)], zero1 ? nullptr : dp));
       stages.push_back(std::move(stage));
     }
     // The ranks holding a copy of wte (the first and the last stage) sum its gradients.
