@@ -3,7 +3,8 @@
 #
 #   make          packages + configure (first time only) + build
 #   make test     the same, then every ctest entry
-#   make demo     the same, then build/bin/loom-gpt on the built-in synthetic task
+#   make demo     the same, then build/bin/loom-gpt on the built-in synthetic task (8 ranks:
+#                 dp 2 x tp 2 x pp 2 under mpirun; one process without MPI)
 #   make bench    the same, then the benchmarks that exist
 #   make clean    remove the build directory
 #   make format   clang-format -i the C++ sources
@@ -26,6 +27,11 @@ JOBS ?= $(shell nproc)
 CTEST_JOBS ?= 2
 LOOM_CMAKE_ARGS ?=
 CLANG_FORMAT ?= clang-format
+# mpirun as the tests run it (tests/CMakeLists.txt): more ranks than cores, as root, shared
+# memory and loopback only, one OpenMP thread per rank.
+MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun \
+          --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
+          --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo
 
 # Folders holding C++ sources (the later layers are picked up once they exist).
 FORMAT_DIRS := $(wildcard core kernels optimizer collectives parallel examples tests benchmarks \
@@ -63,10 +69,7 @@ demo: build
 	fi
 	@if command -v mpirun > /dev/null && [ -x "$(BUILD)/bin/loom-bench-collectives" ]; then \
 	  echo "make demo: mpirun -np 8 $(BUILD)/bin/loom-gpt --dp 2 --tp 2 --pp 2 --schedule 1f1b"; \
-	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -np 8 \
-	    --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
-	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
-	    ./$(BUILD)/bin/loom-gpt --dp 2 --tp 2 --pp 2 --schedule 1f1b \
+	  $(MPIRUN) -np 8 ./$(BUILD)/bin/loom-gpt --dp 2 --tp 2 --pp 2 --schedule 1f1b \
 	    --trace "$(BUILD)/demo_trace.json"; \
 	else \
 	  echo "make demo: no MPI here; training on one process"; ./$(BUILD)/bin/loom-gpt; \
@@ -82,25 +85,16 @@ bench: build
 	if [ -x "$(BUILD)/bin/loom-bench-collectives" ]; then \
 	  for op in allreduce allgather reduce_scatter; do \
 	    echo "make bench: mpirun -np 2 $(BUILD)/bin/loom-bench-collectives -o $$op"; \
-	    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe \
-	      --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
-	      --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
-	      ./$(BUILD)/bin/loom-bench-collectives -o $$op -b 1M -e 64M -f 4 -n 10 -w 3 -c 1 || exit $$?; \
+	    $(MPIRUN) -np 2 ./$(BUILD)/bin/loom-bench-collectives -o $$op -b 1M -e 64M -f 4 -n 10 -w 3 -c 1 || exit $$?; \
 	  done; ran=1; \
 	fi; \
 	if [ -x "$(BUILD)/bin/loom-bench-tp" ]; then \
 	  echo "make bench: mpirun -np 2 $(BUILD)/bin/loom-bench-tp"; \
-	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe \
-	    --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
-	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
-	    ./$(BUILD)/bin/loom-bench-tp || exit $$?; \
+	  $(MPIRUN) -np 2 ./$(BUILD)/bin/loom-bench-tp || exit $$?; \
 	fi; \
 	if [ -x "$(BUILD)/bin/loom-bench-pp" ]; then \
 	  echo "make bench: mpirun -np 4 $(BUILD)/bin/loom-bench-pp"; \
-	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --oversubscribe \
-	    --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader \
-	    --mca btl_vader_single_copy_mechanism none --mca oob_tcp_if_include lo \
-	    ./$(BUILD)/bin/loom-bench-pp || exit $$?; \
+	  $(MPIRUN) -np 4 ./$(BUILD)/bin/loom-bench-pp || exit $$?; \
 	fi; \
 	if [ -f benchmarks/gpt_vs_pytorch.py ]; then \
 	  echo "make bench: $(PYTHON) benchmarks/gpt_vs_pytorch.py"; \

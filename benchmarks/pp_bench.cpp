@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_gpt.h"
 #include "collectives/communicator.h"
 #include "core/allocator.h"
 #include "core/ops.h"
@@ -32,43 +33,23 @@ using namespace loom::parallel::pipeline;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  int64_t layers = 8, dim = 256, heads = 4, seq = 128, batch = 16, vocab = 256;
-  int microbatches = 8, steps = 6, warmup = 1;
+  int64_t layers = 8, dim = 256, heads = 4, seq = 128, batch = 16, vocab = 256, microbatches = 8,
+          steps = 6, warmup = 1;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--layers")
-      a.layers = v;
-    else if (k == "--dim")
-      a.dim = v;
-    else if (k == "--heads")
-      a.heads = v;
-    else if (k == "--seq")
-      a.seq = v;
-    else if (k == "--batch")
-      a.batch = v;
-    else if (k == "--microbatches")
-      a.microbatches = int(v);
-    else if (k == "--steps")
-      a.steps = int(v);
-    else
-      LOOM_FAIL("loom-bench-pp: unknown flag ", k);
-  }
+  bench::parse_int_flags(argc, argv, "loom-bench-pp",
+                         {{"layers", &a.layers},
+                          {"dim", &a.dim},
+                          {"heads", &a.heads},
+                          {"seq", &a.seq},
+                          {"batch", &a.batch},
+                          {"vocab", &a.vocab},
+                          {"microbatches", &a.microbatches},
+                          {"steps", &a.steps},
+                          {"warmup", &a.warmup}});
   return a;
-}
-
-Tensor tokens_of(const Args& a, int64_t rows, uint64_t seed) {
-  std::vector<int64_t> v;
-  uint64_t s = seed;
-  for (int64_t i = 0; i < rows * a.seq; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    v.push_back(int64_t((s >> 33) % uint64_t(a.vocab)));
-  }
-  return Tensor::from_vector(v, {rows, a.seq});
 }
 
 struct Result {
@@ -79,13 +60,7 @@ struct Result {
 };
 
 Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Communicator>& pp) {
-  GptConfig c;
-  c.layers = a.layers;
-  c.heads = a.heads;
-  c.channels = a.dim;
-  c.max_seq_len = a.seq;
-  c.vocab = a.vocab;
-  c.padded_vocab = a.vocab;
+  const GptConfig c = bench::bench_config(a.layers, a.dim, a.heads, a.seq, a.vocab);
   const int rank = pp->rank();
   std::vector<std::shared_ptr<GptStage>> stages;
   std::vector<StageChunk> chunks;
@@ -103,8 +78,8 @@ Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Commu
   optim::AdamW opt(params, optim::AdamWOptions{});
   std::vector<Tensor> tokens, targets;
   for (int m = 0; m < s.microbatches; ++m) {
-    tokens.push_back(tokens_of(a, rows, 7 + uint64_t(m)));
-    targets.push_back(tokens_of(a, rows, 1007 + uint64_t(m)));
+    tokens.push_back(bench::random_tokens(rows, a.seq, a.vocab, 7 + uint64_t(m)));
+    targets.push_back(bench::random_tokens(rows, a.seq, a.vocab, 1007 + uint64_t(m)));
   }
   Allocator& cpu = allocator_for(Device::cpu());
   std::vector<double> ms;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_gpt.h"
 #include "collectives/communicator.h"
 #include "core/nn/gpt.h"
 #include "core/ops.h"
@@ -32,58 +33,32 @@ using namespace loom;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  int64_t layers = 4, dim = 256, heads = 4, seq = 128, batch = 8, vocab = 256;
-  int steps = 8, warmup = 2;
+  int64_t layers = 4, dim = 256, heads = 4, seq = 128, batch = 8, vocab = 256, steps = 8,
+          warmup = 2;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--layers")
-      a.layers = v;
-    else if (k == "--dim")
-      a.dim = v;
-    else if (k == "--heads")
-      a.heads = v;
-    else if (k == "--seq")
-      a.seq = v;
-    else if (k == "--batch")
-      a.batch = v;
-    else if (k == "--vocab")
-      a.vocab = v;
-    else if (k == "--steps")
-      a.steps = int(v);
-    else if (k == "--warmup")
-      a.warmup = int(v);
-    else
-      LOOM_FAIL("loom-bench-tp: unknown flag ", k);
-  }
+  bench::parse_int_flags(argc, argv, "loom-bench-tp",
+                         {{"layers", &a.layers},
+                          {"dim", &a.dim},
+                          {"heads", &a.heads},
+                          {"seq", &a.seq},
+                          {"batch", &a.batch},
+                          {"vocab", &a.vocab},
+                          {"steps", &a.steps},
+                          {"warmup", &a.warmup}});
   return a;
 }
 
 GptConfig config_of(const Args& a, int64_t layers) {
-  GptConfig c;
-  c.layers = layers;
-  c.heads = a.heads;
-  c.channels = a.dim;
-  c.max_seq_len = a.seq;
-  c.vocab = a.vocab;
-  c.padded_vocab = a.vocab;
-  return c;
+  return bench::bench_config(layers, a.dim, a.heads, a.seq, a.vocab);
 }
 
 // Token ids and next-token targets [batch, seq], the same on every rank.
 std::pair<Tensor, Tensor> batch_of(const Args& a, int step) {
-  std::vector<int64_t> in, out;
-  uint64_t s = 12345 + uint64_t(step);
-  for (int64_t i = 0; i < a.batch * a.seq; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    in.push_back(int64_t((s >> 33) % uint64_t(a.vocab)));
-    out.push_back(int64_t((s >> 13) % uint64_t(a.vocab)));
-  }
-  return {Tensor::from_vector(in, {a.batch, a.seq}), Tensor::from_vector(out, {a.batch, a.seq})};
+  return {bench::random_tokens(a.batch, a.seq, a.vocab, 12345 + uint64_t(step)),
+          bench::random_tokens(a.batch, a.seq, a.vocab, 54321 + uint64_t(step))};
 }
 
 struct Bytes {

@@ -7,7 +7,6 @@
 #include "parallel/tensor_parallel/tp_grad_norm.h"
 
 namespace loom::gpt {
-namespace {
 
 int64_t counted_targets(const Tensor& targets) {
   int64_t n = 0;
@@ -15,8 +14,6 @@ int64_t counted_targets(const Tensor& targets) {
     n += t != CrossEntropyOptions{}.ignore_index;
   return n;
 }
-
-}  // namespace
 
 DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
                                    const parallel::DeviceMesh& mesh,

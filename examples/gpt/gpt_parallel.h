@@ -28,6 +28,9 @@
 
 namespace loom::gpt {
 
+// Targets that count in the loss (not the ignore index): the weights of Note [Loss weighting].
+int64_t counted_targets(const Tensor& targets);
+
 struct StepResult {
   double loss;          // over the whole global batch
   double grad_norm;     // before clipping; -1 without clipping

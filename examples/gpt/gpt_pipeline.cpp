@@ -18,11 +18,10 @@ using parallel::pipeline::StageChunk;
 
 namespace {
 
-int64_t counted_targets(const Tensor& targets) {
-  int64_t n = 0;
-  for (int64_t t : targets.to(DType::kI64).to_vector<int64_t>())
-    n += t != CrossEntropyOptions{}.ignore_index;
-  return n;
+// Whether this copy of a parameter is the one the gradient norm counts: pipeline 0's (Chimera's
+// second pipeline holds replicas), and of wte the first stage's (the last holds a tied copy).
+bool counted_once(const parallel::pipeline::ChunkPlace& place, const std::string& name) {
+  return place.pipeline == 0 && (name != "wte.weight" || place.stage == 0);
 }
 
 // The stage of pipeline 0 that owns a single-process parameter (wte: the first stage's copy).
@@ -100,8 +99,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   for (size_t k = 0; k < stages_.size(); ++k) {
     const auto& place = schedule_.chunks[size_t(rank)][k];
     for (const auto& [name, p] : stages_[k]->named_parameters())
-      if (place.pipeline == 0 && (name != "wte.weight" || place.stage == 0))
-        counted.insert("chunk" + std::to_string(k) + "." + name);
+      if (counted_once(place, name)) counted.insert("chunk" + std::to_string(k) + "." + name);
   }
   z.counted_in_norm = [counted](const std::string& name) { return counted.count(name) > 0; };
   auto zero = std::make_unique<parallel::ZeroOptimizer>(*stage_set_, dp_, z, make_optimizer);
@@ -154,7 +152,7 @@ double PipelineStep::clip(double max_norm) {
     const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
     for (const auto& [name, p] : stages_[c]->named_parameters()) {
       all.push_back(p);
-      if (place.pipeline != 0 || (name == "wte.weight" && place.stage != 0)) continue;
+      if (!counted_once(place, name)) continue;
       (tp_ && stages_[c]->parameter_shard(name) ? sharded : whole).push_back(p);
     }
   }

@@ -68,7 +68,6 @@ class Simulator {
       st.bubble = sim.makespan > 0 ? 1.0 - st.busy / sim.makespan : 0.0;
     }
     sim.ranks = stats_;
-    sim.spans = std::move(spans_);
     return sim;
   }
 
@@ -91,11 +90,9 @@ class Simulator {
     LOOM_CHECK(ok, where(r, i), " ", what);
   }
 
-  void compute(int r, size_t i, const Action& a, double cost) {
-    const double start = clock_[size_t(r)];
+  void compute(int r, double cost) {
     clock_[size_t(r)] += cost;
     stats_[size_t(r)].busy += cost;
-    spans_.push_back(SimulatedSpan{r, int(i), a, start, clock_[size_t(r)]});
   }
 
   void add_live(int r, int delta) {
@@ -119,7 +116,6 @@ class Simulator {
                 detail::str_cat("comes before the backward of micro-batch ", mb, " on chunk ",
                                 a.chunk, " is done"));
       }
-      spans_.push_back(SimulatedSpan{r, int(i), a, clock_[size_t(r)], clock_[size_t(r)]});
       ++pc_[size_t(r)];
       return true;
     }
@@ -134,7 +130,7 @@ class Simulator {
         require(place.stage == 0 || ra_[size_t(r)].count(mc), r, i,
                 "has no input: no receive of its activation (RA) comes before it");
         require(!f_[size_t(r)].count(mc), r, i, "repeats a forward");
-        compute(r, i, a, cost_.forward * scale_);
+        compute(r, cost_.forward * scale_);
         f_[size_t(r)].insert(mc);
         add_live(r, 1);
         break;
@@ -143,14 +139,14 @@ class Simulator {
         require(place.stage == last || rg_[size_t(r)].count(mc), r, i,
                 "has no output gradient: no receive of it (RG) comes before it");
         require(!b_[size_t(r)].count(mc), r, i, "repeats a backward");
-        compute(r, i, a, cost_.backward * scale_);
+        compute(r, cost_.backward * scale_);
         b_[size_t(r)].insert(mc);
         if (!has_w_[size_t(r)].count(mc)) add_live(r, -1);
         break;
       case ActionKind::kWeightGrad:
         require(b_[size_t(r)].count(mc), r, i, "comes before its backward");
         require(!w_[size_t(r)].count(mc), r, i, "repeats a weight gradient");
-        compute(r, i, a, cost_.weight_grad * scale_);
+        compute(r, cost_.weight_grad * scale_);
         w_[size_t(r)].insert(mc);
         add_live(r, -1);
         break;
@@ -164,7 +160,6 @@ class Simulator {
         const Message m{grad, a.microbatch, place.pipeline, place.stage};
         require(!posted_.count(m), r, i, "sends a message that was already sent");
         posted_[m] = Posted{r, int(i), clock_[size_t(r)]};
-        spans_.push_back(SimulatedSpan{r, int(i), a, clock_[size_t(r)], clock_[size_t(r)]});
         break;
       }
       case ActionKind::kRecvActivation:
@@ -177,9 +172,7 @@ class Simulator {
         if (it == posted_.end()) return false;  // blocked until the peer sends
         require(!it->second.received, r, i, "receives a message a second time");
         it->second.received = true;
-        const double start = clock_[size_t(r)];
-        clock_[size_t(r)] = std::max(start, it->second.time + cost_.transfer);
-        spans_.push_back(SimulatedSpan{r, int(i), a, start, clock_[size_t(r)]});
+        clock_[size_t(r)] = std::max(clock_[size_t(r)], it->second.time + cost_.transfer);
         (grad ? rg_ : ra_)[size_t(r)].insert(mc);
         break;
       }
@@ -230,7 +223,6 @@ class Simulator {
   std::vector<Done> f_, b_, w_, ra_, rg_, has_w_;
   std::vector<int> live_;
   std::vector<RankStats> stats_;
-  std::vector<SimulatedSpan> spans_;
   std::map<Message, Posted> posted_;
 };
 

@@ -40,18 +40,9 @@ struct RankStats {
   int peak_activations = 0;
 };
 
-// When one action ran in the simulation (receives: from the call to the message's arrival).
-struct SimulatedSpan {
-  int rank;
-  int index;  // into the rank's action list
-  Action action;
-  double start, end;
-};
-
 struct Simulation {
   double makespan = 0.0;
   std::vector<RankStats> ranks;
-  std::vector<SimulatedSpan> spans;
   // One line per rank: "rank R bubble F peak_activations A".
   std::string report() const;
 };
