@@ -33,14 +33,16 @@ void declare_gpt_flags(cli::Flags& f) {
                {"constant", "cosine"});
   f.add_double("min-lr-ratio", 0.1, "cosine schedule: final lr as a fraction of --lr");
   f.add_int("seed", 1337, "seed for initialisation, dropout and the task's examples");
-  f.add_int("dp", 0,
-            "data-parallel ranks (run under mpirun -np dp x tp); 0: every rank launched / --tp");
-  f.add_int("tp", 1,
-            "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split); --dp x --tp "
-            "ranks in all");
+  f.add_int(
+      "dp", 0,
+      "data-parallel ranks (run under mpirun -np dp x tp x pp); 0: the ranks launched / (tp x pp)");
+  f.add_int(
+      "tp", 1,
+      "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split); --dp x --tp x "
+      "--pp ranks in all");
   f.add_bool("sequence-parallel",
              "with --tp: split the LayerNorm and dropout regions along the sequence");
-  f.add_int("pp", 1, "pipeline stages (ranks of a pipeline)");
+  f.add_int("pp", 1, "pipeline ranks (each holds a stage; --schedule interleaved: several)");
   f.add_string("schedule", "1f1b", "pipeline schedule",
                {"gpipe", "1f1b", "interleaved", "chimera"});
   f.add_int("microbatches", 0,
