@@ -89,6 +89,11 @@ struct DropoutKey {
   int64_t part_dim = 0;
   int64_t part = 0;
   int64_t parts = 1;
+  // Independently, x may be part `batch_part` of `batch_parts` equal parts along dim 0 (the
+  // batch) of the whole: a data-parallel rank's rows, or a micro-batch's. Combines with the part
+  // above, which must then lie along another dim.
+  int64_t batch_part = 0;
+  int64_t batch_parts = 1;
 };
 Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key);
 

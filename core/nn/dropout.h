@@ -18,6 +18,11 @@
 //    modules as the single-process model does and draws the same bits.
 //  - A module called twice in one step reuses its mask; modules that need two masks per step
 //    hold two Dropout modules (distinct names, distinct streams).
+//  - When one process's batch is split (over data-parallel ranks, into micro-batches), the
+//    training loop also sets the "dropout batch part" (set_dropout_batch_part): this call's rows
+//    are part k of K equal parts of the step's batch, and every element draws the bit of its
+//    place in the whole batch. So a step split any way draws the single-process masks, and the
+//    step stays the optimizer step (not the micro-batch).
 // One call may use at most 2^32 elements, so consecutive steps never overlap.
 #pragma once
 
@@ -32,16 +37,26 @@ uint64_t dropout_seed();
 void set_dropout_step(uint64_t step);
 uint64_t dropout_step();
 
-// Sets the dropout step for its lifetime and restores the previous one.
+// The rows of the next calls are part `part` of `parts` equal parts of the step's batch
+// (See Note [Dropout keys]); (0, 1) when the batch is whole.
+struct DropoutBatchPart {
+  int64_t part = 0;
+  int64_t parts = 1;
+};
+void set_dropout_batch_part(DropoutBatchPart batch_part);
+DropoutBatchPart dropout_batch_part();
+
+// Sets the dropout step and batch part for its lifetime and restores the previous ones.
 class DropoutStepGuard {
  public:
-  explicit DropoutStepGuard(uint64_t step);
+  explicit DropoutStepGuard(uint64_t step, DropoutBatchPart batch_part = {});
   ~DropoutStepGuard();
   DropoutStepGuard(const DropoutStepGuard&) = delete;
   DropoutStepGuard& operator=(const DropoutStepGuard&) = delete;
 
  private:
   uint64_t previous_;
+  DropoutBatchPart previous_part_;
 };
 
 class Dropout : public Module {

@@ -49,11 +49,12 @@ Tensor GPT::forward(const Tensor& idx) {
   for (const auto& block : blocks_) {
     if (options_.checkpoint && autograd::grad_enabled()) {
       // The recomputation runs in backward, possibly after the training loop has moved the
-      // dropout step on: pin the step this forward used. See Note [Dropout keys].
+      // dropout step on: pin the step and batch part this forward used. See Note [Dropout keys].
       const uint64_t step = dropout_step();
+      const DropoutBatchPart rows = dropout_batch_part();
       x = autograd::checkpoint(
-          [block, step](const std::vector<Tensor>& in) {
-            DropoutStepGuard guard(step);
+          [block, step, rows](const std::vector<Tensor>& in) {
+            DropoutStepGuard guard(step, rows);
             return (*block)(in[0]);
           },
           {x});

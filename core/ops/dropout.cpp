@@ -1,32 +1,49 @@
 // dropout keyed by (seed, stream, offset). The backward recomputes the mask from the key instead
 // of saving one, so dropout costs no activation memory (See kernels/cpu/dropout.h).
-#include "kernels/cpu/dropout.h"
+#include <string>
+#include <vector>
+
 #include "core/ops.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
+#include "kernels/cpu/dropout.h"
 
 namespace loom {
 namespace {
 
-// y = mask * x / (1 - p) over a contiguous x, with the element indices of See DropoutKey's parts.
+// y = mask * x / (1 - p) over a contiguous x, with the element indices of See DropoutKey's parts:
+// each element takes the index of its place in the whole tensor, whose dim 0 is batch_parts times
+// x's and whose part_dim is parts times x's.
 void dropout_parts(const float* x, float* y, const Shape& shape, float p, const DropoutKey& key) {
   const int64_t n = shape_numel(shape);
-  if (key.parts == 1) {
+  if (key.parts == 1 && key.batch_parts == 1) {
     kernels::cpu::dropout(x, y, n, p, key.seed, key.stream, key.offset);
     return;
   }
-  // Runs of `inner` elements are contiguous in the whole tensor too.
+  // Dims past the last split one are whole, so runs of `inner` elements are contiguous in the
+  // whole tensor too.
+  const size_t last = size_t(key.parts > 1 ? key.part_dim : 0);
+  Shape whole = shape, first = Shape(shape.size(), 0);
+  whole[0] *= key.batch_parts;
+  first[0] = key.batch_part * shape[0];
+  if (key.parts > 1) {
+    whole[last] *= key.parts;
+    first[last] = key.part * shape[last];
+  }
   int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < key.part_dim; ++d) outer *= shape[size_t(d)];
-  for (size_t d = size_t(key.part_dim) + 1; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t mid = shape[size_t(key.part_dim)], whole_mid = mid * key.parts;
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t m = 0; m < mid; ++m) {
-      const int64_t local = (o * mid + m) * inner;
-      const int64_t whole = (o * whole_mid + key.part * mid + m) * inner;
-      kernels::cpu::dropout(x + local, y + local, inner, p, key.seed, key.stream,
-                            key.offset + uint64_t(whole));
+  for (size_t d = 0; d <= last; ++d) outer *= shape[d];
+  for (size_t d = last + 1; d < shape.size(); ++d) inner *= shape[d];
+  std::vector<int64_t> index(last + 1, 0);  // x's index over dims [0, last], row-major
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t place = 0;
+    for (size_t d = 0; d <= last; ++d) place = place * whole[d] + first[d] + index[d];
+    kernels::cpu::dropout(x + o * inner, y + o * inner, inner, p, key.seed, key.stream,
+                          key.offset + uint64_t(place * inner));
+    for (size_t d = last + 1; d-- > 0;) {  // next index
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
     }
+  }
 }
 
 }  // namespace
@@ -43,6 +60,11 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
                  (key.parts == 1 || key.part_dim < x.dim()),
              "dropout: part ", key.part, " of ", key.parts, " along dim ", key.part_dim,
              " does not fit ", x.str());
+  LOOM_CHECK(key.batch_parts >= 1 && key.batch_part >= 0 && key.batch_part < key.batch_parts &&
+                 (key.batch_parts == 1 || (x.dim() >= 1 && (key.parts == 1 || key.part_dim > 0))),
+             "dropout: batch part ", key.batch_part, " of ", key.batch_parts, " does not fit ",
+             x.str(), key.parts > 1 ? " with its part along dim " : "",
+             key.parts > 1 ? std::to_string(key.part_dim) : std::string());
   Tensor in = x.detach().contiguous();
   Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
   const float pf = float(p);

@@ -99,7 +99,10 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     const int64_t mine = counted_targets(targets);
     LOOM_CHECK(mine > 0, "loom-gpt: micro-batch ", k + 1, " of dp rank ", dp_rank_,
                " has no targets to predict; use fewer ranks or micro-batches");
+    // These rows are part (rank k_count + k) of the step's batch: See Note [Dropout keys].
+    nn::set_dropout_batch_part({int64_t(dp_rank_) * k_count + k, n * k_count});
     Tensor loss = model_.loss(inputs, targets);
+    nn::set_dropout_batch_part({});
     loss_sum += loss.item() * double(mine) / double(counted);
     // See Note [Loss weighting].
     Tensor weighted = scale(loss, double(mine) * double(n) / double(counted));

@@ -180,7 +180,12 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
     // See Note [Loss weighting]: the dp average then gives the gradient of the global mean.
     weights.push_back(double(counted_targets(targets.back())) * double(o_.dp) / double(counted));
   }
+  // Micro-batch k of dp rank r holds rows [(r m + k) rows, ...) of the step's batch.
+  executor_->set_before_forward([this, m](int k) {
+    nn::set_dropout_batch_part({int64_t(dp_rank_) * m + k, int64_t(o_.dp) * m});
+  });
   const double local = executor_->run(tokens, targets, weights);
+  nn::set_dropout_batch_part({});
   last_step_ = parallel::pipeline::gather_timelines(executor_->timeline(), *pp_);
   if (!o_.trace.empty() && writes_output_) trace_.add_step(step + 1, last_step_);
   std::vector<GptStage*> mine;

@@ -28,7 +28,34 @@ void wait_timed(const comm::WorkPtr& work, const Action& receive, std::vector<Ti
   out.push_back(TimedAction{receive, start, now()});
 }
 
+bool is_compute(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kWeightGrad;
+}
+
 }  // namespace
+
+// Note [Receives posted early]
+// A schedule places each receive (RA, RG) just before the compute that consumes it, which is
+// where the data must be there. Posted only there, the transfer could not overlap anything: the
+// F or B would wait for the whole message. So the executor posts each receive one compute
+// earlier: before the last compute action that precedes the receive in the list (or at the
+// receive itself when none does), and the consumer waits for it late, as before. Posting a
+// non-blocking receive earlier cannot deadlock a list the validator accepted (it only changes
+// when a buffer exists, not what any rank blocks on), and it holds at most one extra activation
+// buffer per receive in flight. Tags name (kind, micro-batch, pipeline, stage), so the order of
+// posting does not matter to the matching.
+std::vector<int> receive_posts(const std::vector<Action>& actions) {
+  std::vector<int> post_before(actions.size(), -1);
+  int last_compute = -1;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const ActionKind kind = actions[i].kind;
+    if (kind == ActionKind::kRecvActivation || kind == ActionKind::kRecvGrad)
+      post_before[i] = last_compute >= 0 ? last_compute : int(i);
+    if (is_compute(kind)) last_compute = int(i);
+  }
+  return post_before;
+}
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::shared_ptr<comm::Communicator> pp,
                                    std::vector<StageChunk> chunks, Shape activation)
@@ -73,7 +100,30 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
   timeline_.clear();
   std::map<std::pair<int, int>, Action> receives;  // (microbatch, chunk) -> its RA / RG
   std::map<std::pair<int, int>, Action> grad_receives;
-  for (const Action& a : schedule_.actions[size_t(rank_)]) {
+  const std::vector<Action>& actions = schedule_.actions[size_t(rank_)];
+  // Posts a receive into its slot's buffer (See Note [Receives posted early]).
+  auto post_receive = [&](const Action& a) {
+    const ChunkPlace& place = places[size_t(a.chunk)];
+    Slot& slot = slots[{a.microbatch, a.chunk}];
+    if (a.kind == ActionKind::kRecvActivation) {
+      slot.input = Tensor::empty(activation_);
+      slot.recv_activation = pp_->recv(slot.input, a.peer,
+                                       {tag(false, a.microbatch, place.pipeline, place.stage - 1)});
+      receives[{a.microbatch, a.chunk}] = a;
+    } else {
+      slot.grad_output = Tensor::empty(activation_);
+      slot.recv_grad = pp_->recv(slot.grad_output, a.peer,
+                                 {tag(true, a.microbatch, place.pipeline, place.stage + 1)});
+      grad_receives[{a.microbatch, a.chunk}] = a;
+    }
+  };
+  std::vector<std::vector<int>> posted_at(actions.size());  // i -> the receives posted before i
+  const std::vector<int> post_before = receive_posts(actions);
+  for (size_t r = 0; r < actions.size(); ++r)
+    if (post_before[r] >= 0) posted_at[size_t(post_before[r])].push_back(int(r));
+  for (size_t i = 0; i < actions.size(); ++i) {
+    for (int r : posted_at[i]) post_receive(actions[size_t(r)]);
+    const Action& a = actions[i];
     const double start = now();
     if (a.kind == ActionKind::kGradSync) {
       if (chunks_[size_t(a.chunk)].sync) chunks_[size_t(a.chunk)].sync();
@@ -85,17 +135,8 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
     const StageChunk& chunk = chunks_[size_t(a.chunk)];
     switch (a.kind) {
       case ActionKind::kRecvActivation:
-        slot.input = Tensor::empty(activation_);
-        slot.recv_activation = pp_->recv(
-            slot.input, a.peer, {tag(false, a.microbatch, place.pipeline, place.stage - 1)});
-        receives[{a.microbatch, a.chunk}] = a;
-        break;
       case ActionKind::kRecvGrad:
-        slot.grad_output = Tensor::empty(activation_);
-        slot.recv_grad = pp_->recv(slot.grad_output, a.peer,
-                                   {tag(true, a.microbatch, place.pipeline, place.stage + 1)});
-        grad_receives[{a.microbatch, a.chunk}] = a;
-        break;
+        break;  // posted already (post_before[i] <= i)
       case ActionKind::kForward: {
         if (place.stage == 0) {
           slot.input = tokens[size_t(a.microbatch)];
@@ -104,6 +145,7 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
           slot.input.set_requires_grad(true);
         }
         const double compute_start = now();
+        if (before_forward_) before_forward_(a.microbatch);
         Tensor out = chunk.forward(slot.input);
         if (place.stage == last) {
           Tensor loss = chunk.loss(out, targets[size_t(a.microbatch)]);

@@ -1,7 +1,8 @@
 // The pipeline executor: runs this rank's action list of a Schedule for one training step.
 //
-//   RA / RG   post the receive (into a buffer of the activation's shape); the F or B that needs
-//             it waits for it
+//   RA / RG   a receive (into a buffer of the activation's shape), posted one compute action
+//             earlier than its place in the list (See receive_posts); the F or B that needs it
+//             waits for it
 //   F         the chunk's forward on the received activation (a leaf that requires a gradient)
 //             or, on the first stage, the micro-batch's tokens; the last stage also computes the
 //             loss, scaled by 1 / microbatches so the step's gradient is that of the mean
@@ -61,6 +62,11 @@ struct TimedAction {
   double start, end;
 };
 
+// Where the executor posts each receive of a rank's action list: post_before[i] is the index of
+// the action before which receive i is posted (the last F, B or W before it, or i itself when
+// none precedes it); -1 for the other actions. See Note [Receives posted early].
+std::vector<int> receive_posts(const std::vector<Action>& actions);
+
 class PipelineExecutor {
  public:
   // `pp`: the pipeline group (rank i runs schedule.actions[i]). chunks[c] runs this rank's chunk
@@ -78,6 +84,12 @@ class PipelineExecutor {
   // run() returned (each micro-batch's loss is on its pipeline's last stage). Collective.
   double mean_loss(double local) const;
 
+  // Called with the micro-batch's index before every F (e.g. to set the dropout batch part, See
+  // Note [Dropout keys]).
+  void set_before_forward(std::function<void(int microbatch)> hook) {
+    before_forward_ = std::move(hook);
+  }
+
   const Schedule& schedule() const { return schedule_; }
   // The last run()'s actions with their times (See TimedAction).
   const std::vector<TimedAction>& timeline() const { return timeline_; }
@@ -91,6 +103,7 @@ class PipelineExecutor {
   Shape activation_;
   int rank_;
   std::vector<TimedAction> timeline_;
+  std::function<void(int)> before_forward_;
 };
 
 }  // namespace loom::parallel::pipeline

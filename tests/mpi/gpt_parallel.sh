@@ -10,7 +10,8 @@
 # same under --tp 2 --init-from.
 # Pipelines: every schedule on --pp 2 (4 blocks, 4 micro-batches), --dp 2 x --pp 2, and every
 # schedule in 3D (--dp 2 --tp 2 --pp 2, 8 ranks) give the single-process losses of the same
-# 4-block model.
+# 4-block model; with dropout, 3D with sequence parallelism, --pp 2 and --dp 2 with gradient
+# accumulation give the single-process losses too.
 # usage: gpt_parallel.sh LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
 gpt=$1; mpiexec=$2; shift 2
@@ -144,15 +145,19 @@ for zero in 0 1; do
     compare "$name" "$dir/$name.jsonl" "$dir/deep.jsonl"
   done
 done
-# ... and sequence parallelism in 3D (text data: the sequence divides by tp). Without dropout:
-# splitting the batch over dp ranks and micro-batches does not yet draw the single-process masks
-# (each part's rows index the mask from 0).
-text_nodrop=(--data "$dir/text.txt" --seq 16 --steps 6 --batch 4 --layers 2 --dim 32 --heads 2
-             --threads 1 --lr 1e-3 --warmup-steps 0)
-"$gpt" "${text_nodrop[@]}" --metrics-file "$dir/text_nodrop.jsonl" > "$dir/text_nodrop.log"
-"$mpiexec" -np 8 "$@" "$gpt" "${text_nodrop[@]}" --dp 2 --tp 2 --pp 2 --sequence-parallel \
+# ... and with dropout: dp ranks and micro-batches draw the masks of their rows' places in the
+# step's batch (See Note [Dropout keys]), so every split gives the single-process losses. 3D with
+# sequence parallelism (text data: the sequence divides by tp), --pp 2 alone, and --dp 2 with
+# gradient accumulation.
+"$mpiexec" -np 8 "$@" "$gpt" "${text[@]}" --dp 2 --tp 2 --pp 2 --sequence-parallel \
   --metrics-file "$dir/text_3d.jsonl" > "$dir/text_3d.log"
-compare "dp2_tp2_pp2_sequence_parallel" "$dir/text_3d.jsonl" "$dir/text_nodrop.jsonl"
+compare "dp2_tp2_pp2_sequence_parallel_dropout" "$dir/text_3d.jsonl" "$dir/text_single.jsonl"
+"$mpiexec" -np 2 "$@" "$gpt" "${text[@]}" --pp 2 --microbatches 4 \
+  --metrics-file "$dir/text_pp.jsonl" > "$dir/text_pp.log"
+compare "pp2_1f1b_dropout" "$dir/text_pp.jsonl" "$dir/text_single.jsonl"
+"$mpiexec" -np 2 "$@" "$gpt" "${text[@]}" --dp 2 --grad-accum 2 \
+  --metrics-file "$dir/text_dp.jsonl" > "$dir/text_dp.log"
+compare "dp2_accum2_dropout" "$dir/text_dp.jsonl" "$dir/text_single.jsonl"
 
 # The timeline: a Chrome trace with one track per pipeline rank, each with every micro-batch's
 # forward and backward per step, and the measured bubble printed.

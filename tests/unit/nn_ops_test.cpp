@@ -506,6 +506,44 @@ TEST(Dropout, PartsTakeTheirPlaceInTheWholeMask) {
   expect_error([&] { dropout(x, 0.5, true, bad); }, {"dropout", "part 2 of 2"});
 }
 
+// A batch part (a dp rank's or a micro-batch's rows) combined with a part along another dim
+// (a tp rank's heads) gets the mask of its place in the whole.
+TEST(Dropout, BatchPartsCombineWithPartsAlongAnotherDim) {
+  Tensor x = random_tensor({4, 6, 3, 5}, 64, 1, 2);
+  const DropoutKey whole_key{12, 5, 8192};
+  Tensor whole = dropout(x, 0.5, true, whole_key);
+  for (int64_t dim : {-1, 1, 3}) {  // -1: no other part
+    const int64_t parts = dim == 3 ? 5 : dim == 1 ? 2 : 1;
+    const int64_t len = dim < 0 ? 0 : x.size(dim) / parts;
+    for (int64_t batch_part = 0; batch_part < 2; ++batch_part)
+      for (int64_t part = 0; part < parts; ++part) {
+        DropoutKey key = whole_key;
+        key.batch_part = batch_part;
+        key.batch_parts = 2;
+        Tensor xp = x.narrow(0, batch_part * 2, 2);
+        Tensor want = whole.narrow(0, batch_part * 2, 2);
+        if (dim > 0) {
+          key.part_dim = dim;
+          key.part = part;
+          key.parts = parts;
+          xp = xp.narrow(dim, part * len, len);
+          want = want.narrow(dim, part * len, len);
+        }
+        EXPECT_EQ(dropout(xp.contiguous(), 0.5, true, key).to_vector<float>(),
+                  want.to_vector<float>())
+            << "dim " << dim << " batch part " << batch_part << " part " << part;
+      }
+  }
+  DropoutKey bad = whole_key;
+  bad.batch_parts = 2;
+  bad.batch_part = 2;
+  expect_error([&] { dropout(x, 0.5, true, bad); }, {"dropout", "batch part 2 of 2"});
+  bad.batch_part = 1;
+  bad.parts = 2;
+  bad.part_dim = 0;
+  expect_error([&] { dropout(x, 0.5, true, bad); }, {"dropout", "batch part 1 of 2", "dim 0"});
+}
+
 TEST(Dropout, KeptFractionIsNearOneMinusP) {
   const int64_t n = 100000;
   for (double p : {0.1, 0.5, 0.9}) {

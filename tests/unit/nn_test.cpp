@@ -434,6 +434,43 @@ TEST(Dropout, SameStepSameMaskNextStepDifferentEvalIdentity) {
   expect_error([] { nn::Dropout bad(1.0); }, "p must be in [0, 1)");
 }
 
+// A batch split into parts (dp ranks, micro-batches) draws the whole batch's masks, also in a
+// checkpointed recomputation run after the loop has moved on. See Note [Dropout keys].
+TEST(Dropout, BatchPartsDrawTheWholeBatchMasks) {
+  std::vector<std::vector<float>> plain_grads;  // without checkpointing
+  for (bool checkpoint : {false, true}) {
+    GPT gpt(tiny_config(), GptOptions{.dropout = 0.3, .checkpoint = checkpoint});
+    gpt.init_parameters(17);
+    Tensor idx = tokens({1, 5, 10, 0, 3, 3, 7, 2, 4, 4, 9, 1, 0, 2, 6, 8}, {4, 4});
+    nn::set_dropout_seed(5);
+    nn::set_dropout_step(2);
+    const std::vector<float> whole = gpt.forward(idx).to_vector<float>();
+    std::vector<float> parts;
+    for (int64_t k = 0; k < 2; ++k) {
+      nn::set_dropout_batch_part({k, 2});
+      Tensor out = gpt.forward(idx.narrow(0, 2 * k, 2).contiguous());
+      nn::set_dropout_batch_part({1, 4});  // moved on before the (recomputing) backward
+      sum(out).backward();
+      for (float v : out.to_vector<float>()) parts.push_back(v);
+    }
+    nn::set_dropout_batch_part({});
+    ASSERT_EQ(parts.size(), whole.size());
+    for (size_t i = 0; i < whole.size(); ++i)
+      ASSERT_NEAR(parts[i], whole[i], 1e-5 * (1 + std::fabs(whole[i]))) << "at " << i;
+    // The recomputation drew the forward's masks: the same gradients, bit for bit.
+    const auto params = gpt.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!checkpoint)
+        plain_grads.push_back(params[i].second.grad().to_vector<float>());
+      else
+        EXPECT_EQ(params[i].second.grad().to_vector<float>(), plain_grads[i]) << params[i].first;
+    }
+    nn::set_dropout_seed(0);
+    nn::set_dropout_step(0);
+  }
+  expect_error([] { nn::set_dropout_batch_part({2, 2}); }, "part 2 of 2 is not a part");
+}
+
 // The explicit attention path (taken for attention dropout) computes what the fused op does.
 TEST(Dropout, ExplicitAttentionPathMatchesFusedOp) {
   // p = 1e-9: the mask keeps an element unless its 24-bit uniform is exactly 0 (odds 2^-24 per

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/generators.h"
 #include "parallel/pipeline/schedule.h"
 #include "testing/files.h"
@@ -573,6 +574,58 @@ TEST(Generators, RefuseBadArguments) {
   expect_error([] { chimera(3, 6); }, {"chimera: ranks (= stages) must be even, got 3"});
   expect_error([] { chimera(4, 5); }, {"chimera: microbatches must be even, got 5"});
   expect_error([] { chimera(0, 2); }, {"chimera: ranks must be in [1, "});
+}
+
+// ------------------------------------------------------------------ the executor's receives
+
+bool is_compute(ActionKind k) {
+  return k == ActionKind::kForward || k == ActionKind::kBackward || k == ActionKind::kWeightGrad;
+}
+
+TEST(ReceivePosts, PostsEachReceiveOneComputeBeforeItsPlace) {
+  // 1f1b, 2 ranks, 4 micro-batches. Rank 1: RA 0, F 0, B 0, SG 0, RA 1, ...: RA 1 is posted
+  // before B 0, so micro-batch 1's activation arrives while B 0 runs; RA 0 has no compute
+  // before it and is posted in place. Rank 0: F 0, SA 0, F 1, SA 1, RG 0, B 0: RG 0 is posted
+  // before F 1.
+  const Schedule s = one_f_one_b(2, 4);
+  const std::vector<Action>& r1 = s.actions[1];
+  const std::vector<int> p1 = receive_posts(r1);
+  ASSERT_EQ(r1[0].kind, ActionKind::kRecvActivation);
+  EXPECT_EQ(p1[0], 0);
+  ASSERT_EQ(r1[4].kind, ActionKind::kRecvActivation);
+  ASSERT_EQ(r1[2].kind, ActionKind::kBackward);
+  EXPECT_EQ(p1[4], 2);
+  const std::vector<Action>& r0 = s.actions[0];
+  const std::vector<int> p0 = receive_posts(r0);
+  ASSERT_EQ(r0[4].kind, ActionKind::kRecvGrad);
+  ASSERT_EQ(r0[2].kind, ActionKind::kForward);
+  EXPECT_EQ(p0[4], 2);
+  EXPECT_EQ(p0[0], -1);  // F: not a receive
+}
+
+TEST(ReceivePosts, NeverLaterThanTheReceiveNorMoreThanOneComputeEarlier) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(label(c));
+    const Schedule s = make_schedule(c.name, c.ranks, c.microbatches, c.v);
+    for (const std::vector<Action>& actions : s.actions) {
+      const std::vector<int> post = receive_posts(actions);
+      ASSERT_EQ(post.size(), actions.size());
+      for (size_t i = 0; i < actions.size(); ++i) {
+        const bool receive = actions[i].kind == ActionKind::kRecvActivation ||
+                             actions[i].kind == ActionKind::kRecvGrad;
+        if (!receive) {
+          EXPECT_EQ(post[i], -1);
+          continue;
+        }
+        ASSERT_GE(post[i], 0);
+        ASSERT_LE(post[i], int(i));
+        int computes_between = 0;  // computes from the post to the receive's own place
+        for (int k = post[i]; k < int(i); ++k) computes_between += is_compute(actions[k].kind);
+        EXPECT_LE(computes_between, 1);
+        if (post[i] < int(i)) EXPECT_TRUE(is_compute(actions[size_t(post[i])].kind));
+      }
+    }
+  }
 }
 
 }  // namespace
