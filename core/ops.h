@@ -71,6 +71,19 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options = {});
 
+// For recommendation models (DLRM); core/ops/{relu,sigmoid,binary_cross_entropy,
+// dot_interaction}.cpp. CPU only for now: CUDA tensors are a clear error naming the op.
+Tensor relu(const Tensor& x);     // max(x, 0); gradient 0 at x == 0
+Tensor sigmoid(const Tensor& x);  // 1 / (1 + exp(-x))
+// logits and targets of one shape (targets: probabilities in [0, 1]) -> the mean over elements of
+// max(x, 0) - x y + log1p(exp(-|x|)), a scalar (shape [], f32 whatever the logits' dtype, as
+// cross_entropy). Differentiable in both; no elements gives 0.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
+// features [B, F, D] -> [B, F*(F-1)/2]: out[b, i*(i-1)/2 + j] = <features[b,i], features[b,j]>
+// for i > j, i.e. the strictly lower triangle of x x^T row by row: (1,0), (2,0), (2,1), (3,0), ...
+// (the DLRM reference's order).
+Tensor dot_interaction(const Tensor& features);
+
 // weight [V, C], indices i32/i64 of any shape -> [..., C]. Backward scatter-adds into weight's
 // gradient. An index outside [0, V) is an error naming it.
 Tensor embedding(const Tensor& weight, const Tensor& indices);

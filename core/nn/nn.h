@@ -5,6 +5,7 @@
 #include "core/nn/block.h"
 #include "core/nn/dropout.h"
 #include "core/nn/embedding.h"
+#include "core/nn/embedding_bag_collection.h"
 #include "core/nn/gpt.h"
 #include "core/nn/gpt_config.h"
 #include "core/nn/init.h"

@@ -5,6 +5,7 @@
 #include "core/autograd.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/embedding_bag.h"
 #include "core/error.h"
 #include "core/io/addition_task.h"
 #include "core/io/batch_loader.h"

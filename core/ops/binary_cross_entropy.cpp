@@ -1,0 +1,60 @@
+// binary_cross_entropy_with_logits: the mean over elements of the numerically stable form in
+// kernels/cpu/binary_cross_entropy.h. Saves the logits and targets; the backward writes the
+// logits' gradient (sigmoid(x) - y) / n directly, and the targets' -x / n only when they need one.
+#include "kernels/cpu/binary_cross_entropy.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "core/ops/low_precision.h"
+
+namespace loom {
+
+namespace {
+
+constexpr const char* kOp = "binary_cross_entropy_with_logits";
+
+// Targets are probabilities: a value outside [0, 1] (or NaN) is a caller's mistake (labels of
+// -1/+1, class ids) that would otherwise give a finite but meaningless loss.
+void check_target_values(const Tensor& targets) {
+  const float* y = targets.data<float>();
+  for (int64_t i = 0; i < targets.numel(); ++i)
+    LOOM_CHECK(y[i] >= 0.0f && y[i] <= 1.0f, kOp,
+               ": argument 'targets' must hold probabilities in [0, 1], got ", y[i],
+               " at flat index ", i);
+}
+
+}  // namespace
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
+  // bf16/f16: computed on f32 copies and, like cross_entropy, the loss stays f32; gradients come
+  // back in the inputs' dtypes through the upcasts. See Note [Low-precision compute].
+  const detail::LowPrecision lp(kOp, {{"logits", logits}, {"targets", targets}});
+  if (lp) return binary_cross_entropy_with_logits(lp.f32(logits), lp.f32(targets));
+  detail::check_f32(kOp, "logits", logits);
+  detail::check_f32(kOp, "targets", targets);
+  LOOM_CHECK(targets.shape() == logits.shape(), kOp, ": argument 'targets' must have the shape of ",
+             "'logits' ", shape_str(logits.shape()), ", got ", shape_str(targets.shape()),
+             "; reshape [B] labels to the logits' [B, 1] (or the logits to [B]) first");
+  detail::check_same_device(kOp, "logits", logits, "targets", targets);
+  LOOM_CHECK(logits.device().is_cpu(), kOp, ": CUDA kernel not implemented yet (CPU only for now)");
+
+  Tensor x = logits.detach().contiguous(), y = targets.detach().contiguous();  // same shape
+  check_target_values(y);
+  const int64_t n = x.numel();
+  // No elements: loss 0 and zero gradients rather than 0/0 = NaN, as cross_entropy does.
+  const double total =
+      kernels::cpu::binary_cross_entropy_forward(x.data<float>(), y.data<float>(), n);
+  Tensor out = Tensor::scalar(n > 0 ? total / double(n) : 0.0, DType::kF32, x.device());
+  const bool targets_need_grad = targets.requires_grad();
+  autograd::record(out, kOp, {logits, targets}, [x, y, n, targets_need_grad](const Tensor& g) {
+    const float scale = n > 0 ? float(g.item() / double(n)) : 0.0f;
+    Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
+    Tensor dy = targets_need_grad ? Tensor::empty(y.shape(), DType::kF32, y.device()) : Tensor();
+    kernels::cpu::binary_cross_entropy_backward(x.data<float>(), y.data<float>(), scale,
+                                                dx.data<float>(),
+                                                dy.defined() ? dy.data<float>() : nullptr, n);
+    return std::vector<Tensor>{dx, dy};
+  });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,273 @@
+// Table-batched embedding-bag forward and input validation on the CPU. One OpenMP loop over all
+// T*B bags of all tables: a bag's columns are summed in a tile of up to 128 floats held in vector
+// registers and written once, and the rows of the next lookups are prefetched, since the lookup
+// is a chain of random row reads that the hardware prefetcher cannot guess.
+#include "kernels/cpu/embedding_bag.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/embedding_bag_impl.h"
+
+namespace loom::kernels::cpu {
+
+namespace {
+
+using detail::F32x16;
+using detail::resolve_row;
+
+constexpr int kTileVectors = 8;        // 128 columns summed per pass over a bag's rows
+static const int64_t kPrefetchAhead = getenv("EBK_PA") ? atoi(getenv("EBK_PA")) : 4;  // lookups ahead whose rows are prefetched
+
+template <typename W>
+inline void prefetch_row(const W* row, int64_t dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < dim * int64_t(sizeof(W)); b += 64) __builtin_prefetch(p + b, 0, 0);
+}
+
+// A bag's lookups after the bounds check: element offset of each row in its table, and weight.
+struct BagRows {
+  std::vector<int64_t> at;
+  std::vector<float> weight;
+};
+
+// out[0, 16*N) = scale * sum_j weight[j] * table[at[j] + 0 .. 16*N), in N vector registers.
+// The first pass over a bag (prefetch) also prefetches the rows kPrefetchAhead lookups ahead.
+template <int N, typename W>
+void pool_tile(const W* table, int64_t dim, const BagRows& rows, int64_t n, bool prefetch,
+               float scale, float* out) {
+  F32x16 acc[N] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    if (prefetch && j + kPrefetchAhead < n)
+      prefetch_row(table + rows.at[size_t(j + kPrefetchAhead)], dim);
+    const W* row = table + rows.at[size_t(j)];
+    const float w = rows.weight[size_t(j)];
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) acc[i] += w * detail::load16(row + 16 * i);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) detail::store16(out + 16 * i, acc[i] * scale);
+}
+
+// The last dim % 16 columns (4, 8 or 12: dims are multiples of 4).
+template <typename W>
+void pool_tail(const W* table, int64_t width, const BagRows& rows, int64_t n, float scale,
+               float* out) {
+  float acc[12] = {};
+  for (int64_t j = 0; j < n; ++j)
+    detail::axpy_row(acc, table + rows.at[size_t(j)], rows.weight[size_t(j)], width);
+  for (int64_t c = 0; c < width; ++c) out[c] = acc[c] * scale;
+}
+
+// Sum (weighted, or mean) of one bag's rows into out[0, dim), each element written once; adds
+// the bad indices met to *bad. rows is the calling thread's scratch.
+template <typename W, typename Index>
+void pool_bag(const W* table, int64_t num_rows, int64_t dim, const Index* indices, const float* psw,
+              int64_t begin, int64_t end, EmbeddingBoundsCheck mode, bool mean, BagRows& rows,
+              float* out, int64_t* bad) {
+  if (rows.at.size() < size_t(end - begin)) {
+    rows.at.resize(size_t(end - begin));
+    rows.weight.resize(size_t(end - begin));
+  }
+  int64_t n = 0;
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t index = int64_t(indices[p]);
+    *bad += static_cast<uint64_t>(index) >= static_cast<uint64_t>(num_rows);
+    const int64_t r = resolve_row(index, num_rows, mode);
+    if (r < 0) continue;
+    if (n < kPrefetchAhead) prefetch_row(table + r * dim, dim);
+    rows.at[size_t(n)] = r * dim;
+    rows.weight[size_t(n)] = psw ? psw[p] : 1.0f;
+    ++n;
+  }
+  const float scale = mean && n > 0 ? 1.0f / float(n) : 1.0f;
+  int64_t c0 = 0;
+  for (; c0 + 16 * kTileVectors <= dim; c0 += 16 * kTileVectors)
+    pool_tile<kTileVectors>(table + c0, dim, rows, n, c0 == 0, scale, out + c0);
+  const bool first = c0 == 0;
+  switch ((dim - c0) / 16) {  // the rest of the full vectors, in one pass
+    case 7:
+      pool_tile<7>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    case 6:
+      pool_tile<6>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    case 5:
+      pool_tile<5>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    case 4:
+      pool_tile<4>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    case 3:
+      pool_tile<3>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    case 2:
+      pool_tile<2>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    case 1:
+      pool_tile<1>(table + c0, dim, rows, n, first, scale, out + c0);
+      break;
+    default:
+      break;
+  }
+  c0 += (dim - c0) / 16 * 16;
+  if (c0 < dim) pool_tail(table + c0, dim - c0, rows, n, scale, out + c0);
+}
+
+// kNone: lookup p's row, converted to f32, at its packed place.
+template <typename W, typename Index>
+void copy_bag(const W* table, int64_t rows, int64_t dim, const Index* indices, int64_t begin,
+              int64_t end, EmbeddingBoundsCheck mode, float* out, int64_t* bad) {
+  for (int64_t p = begin; p < end; ++p, out += dim) {
+    const int64_t r = resolve_row(int64_t(indices[p]), rows, mode);
+    if (static_cast<uint64_t>(indices[p]) >= static_cast<uint64_t>(rows)) ++*bad;
+    if (r < 0) {
+      std::memset(out, 0, size_t(dim) * sizeof(float));
+      continue;
+    }
+    const W* row = table + r * dim;
+    for (int64_t c = 0; c < dim; ++c) out[c] = detail::to_f32(row[c]);
+  }
+}
+
+template <typename W, typename Index>
+int64_t forward_impl(const EmbeddingTables& tables, const W* weights,
+                     const EmbeddingBagIndices<Index>& in, float* out,
+                     const EmbeddingBagOptions& opt) {
+  const int64_t nt = tables.num_tables, nb = in.batch_size, bags = nt * nb;
+  const int64_t total_dim = tables.dim_offsets[nt];
+  const bool unpooled = opt.pooling == EmbeddingPooling::kNone;
+  const bool mean = opt.pooling == EmbeddingPooling::kMean;
+  const float* psw = opt.pooling == EmbeddingPooling::kSum ? in.per_sample_weights : nullptr;
+  std::vector<int64_t> packed;
+  if (unpooled) packed = detail::packed_offsets(tables, in);
+  int64_t bad = 0;
+#pragma omp parallel reduction(+ : bad) if (bags > 64)
+  {
+    BagRows scratch;
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t tb = 0; tb < bags; ++tb) {
+      const int64_t t = tb / nb, b = tb % nb;
+      const int64_t dim = tables.dims[t], rows = tables.rows[t];
+      const W* table = weights + tables.weight_offsets[t];
+      const int64_t begin = int64_t(in.offsets[tb]), end = int64_t(in.offsets[tb + 1]);
+      if (unpooled) {
+        const int64_t first = int64_t(in.offsets[t * nb]);
+        float* dst = out + packed[size_t(t)] + (begin - first) * dim;
+        copy_bag(table, rows, dim, in.indices, begin, end, opt.bounds_check, dst, &bad);
+      } else {
+        float* dst = out + b * total_dim + tables.dim_offsets[t];
+        pool_bag(table, rows, dim, in.indices, psw, begin, end, opt.bounds_check, mean, scratch,
+                 dst, &bad);
+      }
+    }
+  }
+  return bad;
+}
+
+int bit_width(uint64_t x) {
+  int bits = 0;
+  while (x >> bits) ++bits;
+  return bits;
+}
+
+EmbeddingBagError make_error(EmbeddingBagErrorKind kind, int64_t table, int64_t bag,
+                             int64_t position, int64_t value, int64_t expected) {
+  EmbeddingBagError e;
+  e.kind = kind;
+  e.table = table;
+  e.bag = bag;
+  e.position = position;
+  e.value = value;
+  e.expected = expected;
+  return e;
+}
+
+}  // namespace
+
+template <typename Index>
+EmbeddingBagError validate_embedding_bag(const EmbeddingTables& tables,
+                                         const EmbeddingBagIndices<Index>& in,
+                                         const EmbeddingBagOptions& opt) {
+  using Kind = EmbeddingBagErrorKind;
+  const int64_t nt = tables.num_tables, nb = in.batch_size;
+  for (int64_t t = 0; t < nt; ++t) {
+    if (tables.dims[t] <= 0 || tables.dims[t] % 4 != 0)
+      return make_error(Kind::kBadTable, t, -1, -1, tables.dims[t], 4);
+    if (tables.rows[t] < 0) return make_error(Kind::kBadTable, t, -1, -1, tables.rows[t], 0);
+  }
+  if (nb < 0 || in.num_offsets != nt * nb + 1)
+    return make_error(Kind::kWrongLength, -1, -1, -1, in.num_offsets, nt * nb + 1);
+  if (in.num_indices < 0) return make_error(Kind::kWrongLength, -1, -1, -1, in.num_indices, 0);
+  if (in.per_sample_weights) {
+    if (in.num_per_sample_weights != in.num_indices)
+      return make_error(Kind::kWrongLength, -1, -1, -1, in.num_per_sample_weights, in.num_indices);
+    if (opt.pooling != EmbeddingPooling::kSum)
+      return make_error(Kind::kWeightsNeedSum, -1, -1, -1, 0, 0);
+  }
+  // The backward sorts (table, row, position) in one 64-bit word.
+  uint64_t total_rows = 0;
+  for (int64_t t = 0; t < nt; ++t) total_rows += uint64_t(tables.rows[t]);
+  if (bit_width(total_rows) + bit_width(uint64_t(std::max<int64_t>(in.num_indices - 1, 0))) > 64)
+    return make_error(Kind::kWrongLength, -1, -1, -1, in.num_indices,
+                      int64_t(1) << (64 - bit_width(total_rows)));
+  const Index* off = in.offsets;
+  if (off[0] != 0) return make_error(Kind::kFirstOffsetNotZero, 0, 0, 0, int64_t(off[0]), 0);
+  const int64_t bags = nt * nb;
+  for (int64_t p = 1; p <= bags; ++p)
+    if (off[p] < off[p - 1])  // bag p-1 would have a negative length
+      return make_error(Kind::kDecreasingOffsets, (p - 1) / nb, (p - 1) % nb, p, int64_t(off[p]),
+                        int64_t(off[p - 1]));
+  if (int64_t(off[bags]) != in.num_indices)
+    return make_error(Kind::kLastOffsetMismatch, nt - 1, nb - 1, bags, int64_t(off[bags]),
+                      in.num_indices);
+  if (opt.bounds_check != EmbeddingBoundsCheck::kError) return {};
+
+  // Every index against its table's rows; the lowest bad position wins whatever the threads.
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t begin = int64_t(off[t * nb]), end = int64_t(off[(t + 1) * nb]);
+    const uint64_t rows = uint64_t(tables.rows[t]);
+    int64_t first = end;
+#pragma omp parallel for schedule(static) reduction(min : first) if (end - begin > (1 << 15))
+    for (int64_t p = begin; p < end; ++p)
+      if (static_cast<uint64_t>(in.indices[p]) >= rows && p < first) first = p;
+    if (first == end) continue;
+    // The bag: the last b with offsets[t*B+b] <= first (empty bags share their offset).
+    const Index* bag_end = std::upper_bound(off + t * nb, off + (t + 1) * nb, Index(first));
+    const int64_t bag = int64_t(bag_end - (off + t * nb)) - 1;
+    const int64_t value = int64_t(in.indices[first]);
+    return make_error(value < 0 ? Kind::kNegativeIndex : Kind::kIndexOutOfRange, t, bag, first,
+                      value, tables.rows[t]);
+  }
+  return {};
+}
+
+template <typename Index>
+int64_t embedding_bag_packed_size(const EmbeddingTables& tables,
+                                  const EmbeddingBagIndices<Index>& in) {
+  return detail::packed_offsets(tables, in)[size_t(tables.num_tables)];
+}
+
+template <typename Index>
+int64_t embedding_bag_forward(const EmbeddingTables& tables, const void* weights,
+                              const EmbeddingBagIndices<Index>& in, float* out,
+                              const EmbeddingBagOptions& opt) {
+  return detail::dispatch_dtype(tables.dtype, [&](auto w) {
+    using W = decltype(w);
+    return forward_impl(tables, static_cast<const W*>(weights), in, out, opt);
+  });
+}
+
+#define LOOM_EMBEDDING_BAG_FORWARD(Index)                                                     \
+  template EmbeddingBagError validate_embedding_bag<Index>(                                   \
+      const EmbeddingTables&, const EmbeddingBagIndices<Index>&, const EmbeddingBagOptions&); \
+  template int64_t embedding_bag_packed_size<Index>(const EmbeddingTables&,                   \
+                                                    const EmbeddingBagIndices<Index>&);       \
+  template int64_t embedding_bag_forward<Index>(const EmbeddingTables&, const void*,          \
+                                                const EmbeddingBagIndices<Index>&, float*,    \
+                                                const EmbeddingBagOptions&);
+LOOM_EMBEDDING_BAG_FORWARD(int32_t)
+LOOM_EMBEDDING_BAG_FORWARD(int64_t)
+#undef LOOM_EMBEDDING_BAG_FORWARD
+
+}  // namespace loom::kernels::cpu
