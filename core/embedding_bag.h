@@ -77,6 +77,10 @@ struct EmbeddingBagOptions {
   std::shared_ptr<EmbeddingFusedOptimizer> fused;
 };
 
+// True when the tables are contiguous views of one storage at the layout's offsets (one flat
+// buffer the kernels read, and a fused optimizer updates, in place).
+bool embedding_tables_packed(const std::vector<Tensor>& tables, const EmbeddingBagLayout& layout);
+
 // The lookup. per_sample_weights (optional, f32 [num indices], sum pooling only) gets a gradient
 // when it requires one. Output f32: [B, total_dim] (sum, mean), or [packed] (kNone). Errors name
 // the table, bag and position of a bad index or offset (kError), or warn once per call with the

@@ -45,12 +45,7 @@ EmbeddingBagCollection::EmbeddingBagCollection(std::vector<EmbeddingTableConfig>
 }
 
 void EmbeddingBagCollection::flatten() {
-  const int64_t base = weights_[0].offset();
-  bool flat = true;
-  for (size_t t = 0; t < weights_.size() && flat; ++t)
-    flat = weights_[t].is_contiguous() && weights_[t].storage() == weights_[0].storage() &&
-           weights_[t].offset() == base + layout_.weight_offset(int64_t(t));
-  if (flat) return;
+  if (embedding_tables_packed(weights_, layout_)) return;
   Tensor buffer =
       Tensor::empty({layout_.total_elements()}, weights_[0].dtype(), weights_[0].device());
   for (size_t t = 0; t < weights_.size(); ++t) {

@@ -80,6 +80,18 @@ EmbeddingFusedOptimizer::EmbeddingFusedOptimizer(const kernels::EmbeddingOptimiz
   }
 }
 
+bool embedding_tables_packed(const std::vector<Tensor>& tables, const EmbeddingBagLayout& layout) {
+  if (tables.empty() || int64_t(tables.size()) != layout.num_tables()) return false;
+  const int64_t base = tables[0].offset() - layout.weight_offset(0);
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const Tensor& w = tables[t];
+    if (!w.is_contiguous() || w.storage() != tables[0].storage() ||
+        w.offset() != base + layout.weight_offset(int64_t(t)))
+      return false;
+  }
+  return true;
+}
+
 namespace {
 
 const char* kOp = "embedding_bag";
@@ -111,13 +123,8 @@ FlatWeights flat_weights(const std::vector<Tensor>& tables, const EmbeddingBagLa
   LOOM_CHECK(tables[0].device().is_cpu(), kOp,
              ": CUDA tables are not supported by the op yet (the CUDA kernels exist in "
              "kernels/cuda/embedding_bag*; their op path has not run on a GPU)");
-  bool in_place = true;
+  const bool in_place = embedding_tables_packed(tables, layout);
   const int64_t base = tables[0].offset() - layout.weight_offset(0);
-  for (int64_t t = 0; t < t_count && in_place; ++t) {
-    const Tensor& w = tables[size_t(t)];
-    in_place = w.is_contiguous() && w.storage() == tables[0].storage() &&
-               w.offset() == base + layout.weight_offset(t);
-  }
   FlatWeights flat;
   flat.in_place = in_place;
   if (in_place) {
