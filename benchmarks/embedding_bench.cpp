@@ -130,33 +130,38 @@ uint64_t next(uint64_t& s) {  // LCG: cheap enough to fill gigabytes of weights
   return s >> 33;
 }
 
-// Mean seconds of fn over iters calls after warmup calls.
 template <typename Fn>
-double time_mean(int64_t warmup, int64_t iters, Fn&& fn) {
-  for (int64_t i = 0; i < warmup; ++i) fn();
+double seconds(Fn&& fn) {
   const auto start = Clock::now();
-  for (int64_t i = 0; i < iters; ++i) fn();
-  return std::chrono::duration<double>(Clock::now() - start).count() / double(iters);
+  fn();
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// GB/s of a parallel memcpy of 512 MiB (read + write counted), best of a few: the machine's
-// streaming bandwidth as the kernels' threads see it.
-double copy_gbps() {
-  const size_t bytes = size_t(512) << 20;
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  const int64_t chunks = 64;
-  double best = 0.0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto start = Clock::now();
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      std::memcpy(dst.data() + size_t(c) * (bytes / chunks),
-                  src.data() + size_t(c) * (bytes / chunks), bytes / chunks);
-    const double s = std::chrono::duration<double>(Clock::now() - start).count();
-    best = std::max(best, 2.0 * double(bytes) / s / 1e9);
-  }
-  return best;
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+// A parallel memcpy of 512 MiB, split over the threads as the kernels are: the machine's
+// streaming bandwidth as the kernels' threads see it.
+class Copy {
+ public:
+  static constexpr size_t kBytes = size_t(512) << 20;
+  Copy() : src_(kBytes, false), dst_(kBytes, false) { std::memset(src_.data(), 1, kBytes); }
+  void operator()() {
+    constexpr int64_t kChunks = 64;
+    char* dst = dst_.data();
+    const char* src = src_.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < kChunks; ++c)
+      std::memcpy(dst + size_t(c) * (kBytes / kChunks), src + size_t(c) * (kBytes / kChunks),
+                  kBytes / kChunks);
+  }
+
+ private:
+  Buffer src_, dst_;
+};
 
 template <typename Index>
 int run(const Flags& f) {
@@ -227,7 +232,7 @@ int run(const Flags& f) {
                                       g_values.data()};
   int64_t unique = 0;
 
-  const double copy = copy_gbps();
+  Copy copy;
   auto forward = [&] { cpu::embedding_bag_forward(tables, weights.data(), in, out.data(), opt); };
   auto backward = [&] {
     if (hyper.kind == k::EmbeddingOptimizer::kNone)
@@ -237,11 +242,21 @@ int run(const Flags& f) {
       cpu::embedding_bag_backward_fused(tables, weights.data(), in, dout.data(), hyper, state,
                                         nullptr, opt);
   };
-  const double fwd_s = time_mean(f.warmup, f.iters, forward);
-  const double fwdbwd_s = time_mean(f.warmup, f.iters, [&] {
-    forward();
-    backward();
-  });
+  // The machine is shared and its bandwidth drifts, so the copy, the forward and the forward +
+  // backward are timed in turn in every iteration, and each reports its median.
+  std::vector<double> copy_t, fwd_t, fwdbwd_t;
+  for (int64_t it = 0; it < f.warmup + f.iters; ++it) {
+    const double c = seconds(copy), a = seconds(forward), b = seconds([&] {
+                                                            forward();
+                                                            backward();
+                                                          });
+    if (it < f.warmup) continue;
+    copy_t.push_back(c);
+    fwd_t.push_back(a);
+    fwdbwd_t.push_back(b);
+  }
+  const double fwd_s = median(fwd_t), fwdbwd_s = median(fwdbwd_t);
+  const double copy_gbps = 2.0 * double(Copy::kBytes) / median(copy_t) / 1e9;
   if (hyper.kind != k::EmbeddingOptimizer::kNone)  // the unique rows, for the true bytes
     unique = cpu::embedding_bag_backward_sparse(tables, weights.data(), in, dout.data(), sparse,
                                                 nullptr, opt);
@@ -249,9 +264,10 @@ int run(const Flags& f) {
   // FBGEMM's count: weight rows read plus outputs written; forward + backward twice that.
   const double out_bytes = double(nb * nt * d) * 4.0;
   const double fbgemm_bytes = double(n) * double(d) * double(esize) + out_bytes;
-  // The true count. Forward: + indices and offsets. Backward: + keys written, the radix sort
-  // (2 passes of read + write of 8-byte words, 2 more to pack and unpack), one dout row per
-  // lookup, each unique row's weights and optimizer state read and written.
+  // The true count. Forward: + indices and offsets. Backward: indices and offsets again, 48 bytes
+  // per lookup for keying and sorting (an 8-byte key and bag written, two radix passes reading
+  // and writing the keys), one dout row per lookup, and each unique row's weights and optimizer
+  // state read and written (or, for --optimizer none, its gradient row written).
   const double index_bytes = double(n + nt * nb + 1) * double(sizeof(Index));
   const double fwd_true = fbgemm_bytes + index_bytes;
   const double state_bytes = adam ? 2.0 * double(d) * 4.0 : adagrad ? 4.0 : 0.0;
@@ -274,12 +290,13 @@ int run(const Flags& f) {
         "\"copy_gbps\": %.3f, \"fwd_vs_copy\": %.3f, \"unique_rows\": %ld}\n",
         long(nb), long(nt), long(f.rows), long(d), long(l), f.dtype.c_str(), f.index.c_str(),
         f.optimizer.c_str(), threads(), long(f.iters), fwd_s * 1e3, fwd_gbps, fwd_true_gbps,
-        fwdbwd_s * 1e3, fwdbwd_gbps, fwdbwd_true_gbps, copy, fwd_gbps / copy, long(unique));
+        fwdbwd_s * 1e3, fwdbwd_gbps, fwdbwd_true_gbps, copy_gbps, fwd_gbps / copy_gbps,
+        long(unique));
     return 0;
   }
   std::printf(
       "loom-bench-embedding: B=%ld T=%ld rows=%ld D=%ld L=%ld %s %s optimizer=%s, "
-      "%d threads, %ld iters after %ld warm-up\n",
+      "%d threads, median of %ld iters after %ld warm-up\n",
       long(nb), long(nt), long(f.rows), long(d), long(l), f.dtype.c_str(), f.index.c_str(),
       f.optimizer.c_str(), threads(), long(f.iters), long(f.warmup));
   std::printf("weights %.2f GB, %ld lookups, %ld unique rows\n",
@@ -288,8 +305,8 @@ int run(const Flags& f) {
   std::printf("%-16s %10.3f %14.2f %14.2f\n", "forward", fwd_s * 1e3, fwd_gbps, fwd_true_gbps);
   std::printf("%-16s %10.3f %14.2f %14.2f\n", "forward+backward", fwdbwd_s * 1e3, fwdbwd_gbps,
               fwdbwd_true_gbps);
-  std::printf("memcpy: %.2f GB/s (read + write); forward reaches %.0f%% of it\n", copy,
-              100.0 * fwd_gbps / copy);
+  std::printf("memcpy: %.2f GB/s (read + write); forward reaches %.0f%% of it\n", copy_gbps,
+              100.0 * fwd_gbps / copy_gbps);
   return 0;
 }
 

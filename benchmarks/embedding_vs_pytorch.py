@@ -15,6 +15,7 @@ Run: /usr/bin/python3 benchmarks/embedding_vs_pytorch.py [--threads 2] [--iters 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -22,13 +23,16 @@ import time
 import torch
 
 
-def mean_ms(fn, warmup, iters):
+def median_ms(fn, warmup, iters):
+    """Median milliseconds of fn over iters calls after warmup calls (as loom's benchmark)."""
     for _ in range(warmup):
         fn()
-    start = time.perf_counter()
+    times = []
     for _ in range(iters):
+        start = time.perf_counter()
         fn()
-    return (time.perf_counter() - start) / iters * 1e3
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 def torch_times(a):
@@ -59,9 +63,9 @@ def torch_times(a):
         sgd.step()
 
     return {
-        "fwd_ms": mean_ms(forward_no_grad, a.warmup, a.iters),
-        "fwdbwd_ms": mean_ms(forward_backward, a.warmup, a.iters),
-        "fwdbwd_sgd_ms": mean_ms(forward_backward_step, a.warmup, a.iters),
+        "fwd_ms": median_ms(forward_no_grad, a.warmup, a.iters),
+        "fwdbwd_ms": median_ms(forward_backward, a.warmup, a.iters),
+        "fwdbwd_sgd_ms": median_ms(forward_backward_step, a.warmup, a.iters),
     }
 
 
@@ -109,7 +113,7 @@ def main():
         print(json.dumps(result))
         return
     print(f"B={a.batch} T={a.tables} rows={a.rows} D={a.dim} L={a.bag_size} f32, "
-          f"{a.threads} threads, mean of {a.iters} after {a.warmup} warm-up; torch {torch.__version__}")
+          f"{a.threads} threads, median of {a.iters} after {a.warmup} warm-up; torch {torch.__version__}")
     print(f"{'':32} {'PyTorch ms':>12} {'loom ms':>10} {'loom speedup':>13}")
     for name, t, l in rows:
         print(f"{name:32} {t:12.2f} {l:10.2f} {t / l:12.2f}x")

@@ -13,11 +13,13 @@ namespace loom::kernels::cpu {
 
 namespace {
 
+using detail::bit_width;
 using detail::F32x16;
 using detail::resolve_row;
 
-constexpr int kTileVectors = 8;        // 128 columns summed per pass over a bag's rows
-static const int64_t kPrefetchAhead = getenv("EBK_PA") ? atoi(getenv("EBK_PA")) : 4;  // lookups ahead whose rows are prefetched
+constexpr int kTileVectors = 8;  // 128 columns summed per pass over a bag's rows
+constexpr int64_t kPrefetchAhead =
+    24;  // lookups ahead whose rows are prefetched (8 was slower here)
 
 template <typename W>
 inline void prefetch_row(const W* row, int64_t dim) {
@@ -32,14 +34,13 @@ struct BagRows {
 };
 
 // out[0, 16*N) = scale * sum_j weight[j] * table[at[j] + 0 .. 16*N), in N vector registers.
-// The first pass over a bag (prefetch) also prefetches the rows kPrefetchAhead lookups ahead.
-template <int N, typename W>
-void pool_tile(const W* table, int64_t dim, const BagRows& rows, int64_t n, bool prefetch,
+// The first pass over a bag calls ahead(j) before row j, to prefetch rows further on.
+template <int N, typename W, typename Ahead>
+void pool_tile(const W* table, const BagRows& rows, int64_t n, bool first_pass, Ahead&& ahead,
                float scale, float* out) {
   F32x16 acc[N] = {};
   for (int64_t j = 0; j < n; ++j) {
-    if (prefetch && j + kPrefetchAhead < n)
-      prefetch_row(table + rows.at[size_t(j + kPrefetchAhead)], dim);
+    if (first_pass) ahead(j);
     const W* row = table + rows.at[size_t(j)];
     const float w = rows.weight[size_t(j)];
 #pragma GCC unroll 8
@@ -47,6 +48,16 @@ void pool_tile(const W* table, int64_t dim, const BagRows& rows, int64_t n, bool
   }
 #pragma GCC unroll 8
   for (int i = 0; i < N; ++i) detail::store16(out + 16 * i, acc[i] * scale);
+}
+
+// pool_tile<vectors> for a run-time vectors in [1, N]: the columns left after the full tiles.
+template <int N, typename W, typename Ahead>
+void pool_vectors(int64_t vectors, const W* table, const BagRows& rows, int64_t n, bool first_pass,
+                  Ahead&& ahead, float scale, float* out) {
+  if constexpr (N > 0) {
+    if (vectors == N) return pool_tile<N>(table, rows, n, first_pass, ahead, scale, out);
+    pool_vectors<N - 1>(vectors, table, rows, n, first_pass, ahead, scale, out);
+  }
 }
 
 // The last dim % 16 columns (4, 8 or 12: dims are multiples of 4).
@@ -60,11 +71,14 @@ void pool_tail(const W* table, int64_t width, const BagRows& rows, int64_t n, fl
 }
 
 // Sum (weighted, or mean) of one bag's rows into out[0, dim), each element written once; adds
-// the bad indices met to *bad. rows is the calling thread's scratch.
+// the bad indices met to *bad. rows is the calling thread's scratch. Rows are prefetched
+// kPrefetchAhead lookups ahead in index order, on into the next bags up to table_end (the next
+// bags of a table usually come next on the same thread), so a bag's first rows are on their way
+// before it starts.
 template <typename W, typename Index>
 void pool_bag(const W* table, int64_t num_rows, int64_t dim, const Index* indices, const float* psw,
-              int64_t begin, int64_t end, EmbeddingBoundsCheck mode, bool mean, BagRows& rows,
-              float* out, int64_t* bad) {
+              int64_t begin, int64_t end, int64_t table_end, EmbeddingBoundsCheck mode, bool mean,
+              BagRows& rows, float* out, int64_t* bad) {
   if (rows.at.size() < size_t(end - begin)) {
     rows.at.resize(size_t(end - begin));
     rows.weight.resize(size_t(end - begin));
@@ -75,42 +89,25 @@ void pool_bag(const W* table, int64_t num_rows, int64_t dim, const Index* indice
     *bad += static_cast<uint64_t>(index) >= static_cast<uint64_t>(num_rows);
     const int64_t r = resolve_row(index, num_rows, mode);
     if (r < 0) continue;
-    if (n < kPrefetchAhead) prefetch_row(table + r * dim, dim);
+    if (n < kPrefetchAhead) prefetch_row(table + r * dim, dim);  // in flight already, mostly
     rows.at[size_t(n)] = r * dim;
     rows.weight[size_t(n)] = psw ? psw[p] : 1.0f;
     ++n;
   }
   const float scale = mean && n > 0 ? 1.0f / float(n) : 1.0f;
+  auto ahead = [&](int64_t j) {
+    const int64_t p = begin + j + kPrefetchAhead;  // j counts valid rows: near enough
+    if (p >= table_end) return;
+    const int64_t r = resolve_row(int64_t(indices[p]), num_rows, mode);
+    if (r >= 0) prefetch_row(table + r * dim, dim);
+  };
+  constexpr int64_t kTile = 16 * kTileVectors;
   int64_t c0 = 0;
-  for (; c0 + 16 * kTileVectors <= dim; c0 += 16 * kTileVectors)
-    pool_tile<kTileVectors>(table + c0, dim, rows, n, c0 == 0, scale, out + c0);
-  const bool first = c0 == 0;
-  switch ((dim - c0) / 16) {  // the rest of the full vectors, in one pass
-    case 7:
-      pool_tile<7>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    case 6:
-      pool_tile<6>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    case 5:
-      pool_tile<5>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    case 4:
-      pool_tile<4>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    case 3:
-      pool_tile<3>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    case 2:
-      pool_tile<2>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    case 1:
-      pool_tile<1>(table + c0, dim, rows, n, first, scale, out + c0);
-      break;
-    default:
-      break;
-  }
-  c0 += (dim - c0) / 16 * 16;
+  for (; c0 + kTile <= dim; c0 += kTile)
+    pool_tile<kTileVectors>(table + c0, rows, n, c0 == 0, ahead, scale, out + c0);
+  const int64_t vectors = (dim - c0) / 16;
+  pool_vectors<kTileVectors - 1>(vectors, table + c0, rows, n, c0 == 0, ahead, scale, out + c0);
+  c0 += 16 * vectors;
   if (c0 < dim) pool_tail(table + c0, dim - c0, rows, n, scale, out + c0);
 }
 
@@ -157,18 +154,13 @@ int64_t forward_impl(const EmbeddingTables& tables, const W* weights,
         copy_bag(table, rows, dim, in.indices, begin, end, opt.bounds_check, dst, &bad);
       } else {
         float* dst = out + b * total_dim + tables.dim_offsets[t];
-        pool_bag(table, rows, dim, in.indices, psw, begin, end, opt.bounds_check, mean, scratch,
-                 dst, &bad);
+        const int64_t table_end = int64_t(in.offsets[(t + 1) * nb]);
+        pool_bag(table, rows, dim, in.indices, psw, begin, end, table_end, opt.bounds_check, mean,
+                 scratch, dst, &bad);
       }
     }
   }
   return bad;
-}
-
-int bit_width(uint64_t x) {
-  int bits = 0;
-  while (x >> bits) ++bits;
-  return bits;
 }
 
 EmbeddingBagError make_error(EmbeddingBagErrorKind kind, int64_t table, int64_t bag,

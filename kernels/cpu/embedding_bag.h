@@ -40,7 +40,8 @@ int64_t embedding_bag_forward(const EmbeddingTables& tables, const void* weights
 // (may be null; then weights may be null for the dense and sparse forms) gets, for lookup p of
 // bag b, dot(dout[b, table's columns], weight row) (=, 0 for skipped lookups). All results are
 // bit-identical whatever the thread count: lookups are sorted by (table, row) with a stable
-// sort and each row's contributions are added in index order.
+// sort and each row's contributions are added in index order. Each calling thread keeps its sort
+// buffers (about 40 bytes per lookup) for its next call (Note [Embedding backward workspace]).
 
 // (a) Dense gradient: grad_weights (f32, the weights' layout) gets every table's
 // [rows[t], dims[t]] block written (=), zero for rows not looked up.

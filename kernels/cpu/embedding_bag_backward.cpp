@@ -1,13 +1,10 @@
 // Table-batched embedding-bag backward on the CPU: dense or sparse gradient, or a fused
-// optimizer update that never materialises the weight gradient.
-//
-// Note [Deterministic embedding backward]
-// Lookups are keyed by (table, row) and sorted with a stable LSD radix sort. A stable sort's
-// output is unique, so it does not depend on how the OpenMP threads split the work; within a
-// row, lookups keep index order. Each unique row (a segment of the sorted list) is then reduced
-// by one thread, adding its lookups' output gradients in that order into a local f32 row, and
-// that row is written out or applied by the optimizer. No two threads touch one row, so there are
-// no atomics, and the bits are the same for every run and every thread count.
+// optimizer update that never materialises the weight gradient. The lookups arrive grouped by
+// (table, row) (embedding_bag_segments.cpp); each unique row (a segment) is reduced by one thread,
+// adding its lookups' output gradients in index order into a local f32 row, and that row is
+// written out or applied by the optimizer. No two threads touch one row, so there are no atomics,
+// and the bits are the same for every run and every thread count
+// (Note [Deterministic embedding backward]).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,12 +12,8 @@
 #include "kernels/cpu/embedding_bag.h"
 #include "kernels/cpu/embedding_bag_impl.h"
 
-#if defined(_OPENMP)
-#include <omp.h>
-#else
-static int omp_get_max_threads() { return 1; }
-static int omp_get_num_threads() { return 1; }
-static int omp_get_thread_num() { return 0; }
+#if defined(__SSE2__)
+#include <immintrin.h>
 #endif
 
 namespace loom::kernels::cpu {
@@ -28,191 +21,57 @@ namespace loom::kernels::cpu {
 namespace {
 
 using detail::resolve_row;
+using detail::Segments;
 
-int bit_width(uint64_t x) {
-  int bits = 0;
-  while (x >> bits) ++bits;
-  return bits;
-}
-
-// Note [Embedding backward workspace]
-// The sort and the segment list need about 40 bytes per lookup. Allocated per call, glibc hands
-// such buffers back to the kernel on free and every call page-faults them in again (a fifth of the
-// backward's time at FBGEMM's benchmark shape), so each calling thread keeps its buffers and only
-// grows them.
-struct Workspace {
-  std::vector<uint64_t> sorted, tmp;  // (key << pos_bits) | position, and the sort's other half
-  std::vector<int64_t> bag_of;        // [num_indices] t*B+b of each lookup
-  std::vector<int64_t> seg_start;     // [num_segments + 1]
-  std::vector<float> bag_scale;       // [T*B] 1 / len (mean pooling)
-  std::vector<int64_t> counts;        // the sort's per-thread histograms
-};
-
-Workspace& workspace() {
-  static thread_local Workspace w;
-  return w;
-}
-
-template <typename T>
-T* grow(std::vector<T>& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-  return v.data();
-}
-
-// Stable LSD radix sort of a[0, n) by bits [lo, hi), digits of at most 11 bits, tmp the other
-// buffer. Threads take contiguous chunks and scatter in chunk order, so the result is the unique
-// stable order whatever the thread count. Returns the buffer that holds the result.
-uint64_t* radix_sort(uint64_t* a, uint64_t* tmp, int64_t n, int lo, int hi,
-                     std::vector<int64_t>& counts) {
-  if (hi <= lo || n < 2) return a;
-  const int passes = (hi - lo + 10) / 11;
-  const int digit_bits = (hi - lo + passes - 1) / passes;
-  const int64_t buckets = int64_t(1) << digit_bits;
-  const uint64_t mask = uint64_t(buckets - 1);
-  const int max_threads = n > (1 << 15) ? omp_get_max_threads() : 1;
-  int64_t* all_counts = grow(counts, max_threads * buckets);
-  for (int pass = 0; pass < passes; ++pass) {
-    const int shift = lo + pass * digit_bits;
-#pragma omp parallel num_threads(max_threads)
-    {
-      const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
-      const int64_t chunk = (n + nth - 1) / nth;
-      const int64_t begin = std::min(n, tid * chunk), end = std::min(n, begin + chunk);
-      int64_t* mine = all_counts + tid * buckets;
-      std::fill(mine, mine + buckets, 0);
-      for (int64_t i = begin; i < end; ++i) ++mine[(a[i] >> shift) & mask];
-#pragma omp barrier
-#pragma omp single
-      {
-        int64_t sum = 0;  // exclusive prefix in (digit, thread) order
-        for (int64_t d = 0; d < buckets; ++d)
-          for (int th = 0; th < nth; ++th) {
-            const int64_t c = all_counts[th * buckets + d];
-            all_counts[th * buckets + d] = sum;
-            sum += c;
-          }
-      }
-      for (int64_t i = begin; i < end; ++i) tmp[mine[(a[i] >> shift) & mask]++] = a[i];
-    }
-    std::swap(a, tmp);
-  }
-  return a;
-}
-
-// Lookups grouped by (table, row): sorted entries [seg_start[k], seg_start[k+1]) are segment k,
-// in index order. See Note [Deterministic embedding backward].
-struct Segments {
-  const uint64_t* sorted = nullptr;  // [num_indices]: (key << pos_bits) | position
-  int pos_bits = 0;
-  const int64_t* seg_start = nullptr;
-  int64_t segments = 0;
-  const int64_t* bag_of = nullptr;
-  const float* bag_scale = nullptr;
-  std::vector<uint64_t> base;  // [T+1] first key of table t: key = base[t] + row
-
-  int64_t position(int64_t i) const { return int64_t(sorted[i] & ((uint64_t(1) << pos_bits) - 1)); }
-  uint64_t key(int64_t i) const { return sorted[i] >> pos_bits; }
-  int64_t table(int64_t k) const {
-    return int64_t(std::upper_bound(base.begin(), base.end(), key(seg_start[k])) - base.begin()) -
-           1;
-  }
-  int64_t row(int64_t k, int64_t t) const { return int64_t(key(seg_start[k]) - base[size_t(t)]); }
-};
-
-// Keys every lookup, sorts, and finds the segments, in w (the calling thread's workspace).
+// Reduces segments: the output gradient rows of a segment's lookups, scaled (per-sample weight,
+// 1/len for mean), added in index order.
 template <typename Index>
-Segments make_segments(const EmbeddingTables& tables, const EmbeddingBagIndices<Index>& in,
-                       const EmbeddingBagOptions& opt, Workspace& w) {
-  const int64_t nt = tables.num_tables, nb = in.batch_size, bags = nt * nb, n = in.num_indices;
-  Segments s;
-  s.base.assign(size_t(nt) + 1, 0);
-  for (int64_t t = 0; t < nt; ++t)
-    s.base[size_t(t) + 1] = s.base[size_t(t)] + uint64_t(tables.rows[t]);
-  const uint64_t skipped = s.base[size_t(nt)];  // sorts after every real row, then dropped
-  s.pos_bits = bit_width(uint64_t(std::max<int64_t>(n - 1, 0)));
-  const int key_bits = bit_width(skipped);
-  // Key and position share one word (2^40 rows with 2^24 lookups still fit); validation rejects
-  // batches where they do not, and such a batch has no rows here rather than wrong ones.
-  if (key_bits + s.pos_bits > 64) {
-    s.seg_start = grow(w.seg_start, 1);
-    w.seg_start[0] = 0;
-    return s;
-  }
-  uint64_t* sorted = grow(w.sorted, n);
-  int64_t* bag_of = grow(w.bag_of, n);
-  const bool mean = opt.pooling == EmbeddingPooling::kMean;
-  float* bag_scale = mean ? grow(w.bag_scale, bags) : nullptr;
-#pragma omp parallel for schedule(dynamic, 64) if (n > (1 << 14))
-  for (int64_t tb = 0; tb < bags; ++tb) {
-    const int64_t t = tb / nb, rows = tables.rows[t];
-    int64_t counted = 0;
-    for (int64_t p = int64_t(in.offsets[tb]); p < int64_t(in.offsets[tb + 1]); ++p) {
-      const int64_t r = resolve_row(int64_t(in.indices[p]), rows, opt.bounds_check);
-      const uint64_t key = r < 0 ? skipped : s.base[size_t(t)] + uint64_t(r);
-      counted += r >= 0;
-      sorted[p] = (key << s.pos_bits) | uint64_t(p);
-      bag_of[p] = tb;
-    }
-    if (mean) bag_scale[tb] = counted > 0 ? 1.0f / float(counted) : 0.0f;
-  }
-  s.sorted = radix_sort(sorted, grow(w.tmp, n), n, s.pos_bits, s.pos_bits + key_bits, w.counts);
-  s.bag_of = bag_of;
-  s.bag_scale = bag_scale;
+struct SegmentReducer {
+  const Segments& s;
+  const EmbeddingTables& tables;
+  const EmbeddingBagIndices<Index>& in;
+  const float* dout;  // the forward output's layout
+  const EmbeddingBagOptions& opt;
+  std::vector<int64_t> packed;  // kNone: where each table's lookups start in dout
 
-  // Segment starts: where the key changes, before the skipped lookups (sorted last). Threads
-  // count the starts in their chunk, then write them at their prefix.
-  const int64_t end = std::lower_bound(s.sorted, s.sorted + n, skipped << s.pos_bits) - s.sorted;
-  int64_t* seg_start = grow(w.seg_start, end + 1);
-  const int max_threads = end > (1 << 15) ? omp_get_max_threads() : 1;
-  int64_t* chunk_counts = grow(w.counts, max_threads + 1);
-#pragma omp parallel num_threads(max_threads)
-  {
-    const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t chunk = (end + nth - 1) / nth;
-    const int64_t begin = std::min(end, tid * chunk), stop = std::min(end, begin + chunk);
-    auto starts = [&](int64_t i) { return i == 0 || s.key(i) != s.key(i - 1); };
-    int64_t count = 0;
-    for (int64_t i = begin; i < stop; ++i) count += starts(i);
-    chunk_counts[tid + 1] = count;
-#pragma omp barrier
-#pragma omp single
-    {
-      chunk_counts[0] = 0;
-      for (int th = 0; th < nth; ++th) chunk_counts[th + 1] += chunk_counts[th];
-    }
-    int64_t at = chunk_counts[tid];
-    for (int64_t i = begin; i < stop; ++i)
-      if (starts(i)) seg_start[at++] = i;
-#pragma omp single
-    s.segments = chunk_counts[nth];
+  SegmentReducer(const Segments& segments, const EmbeddingTables& batch_tables,
+                 const EmbeddingBagIndices<Index>& lookups, const float* grad_out,
+                 const EmbeddingBagOptions& options)
+      : s(segments), tables(batch_tables), in(lookups), dout(grad_out), opt(options) {
+    if (opt.pooling == EmbeddingPooling::kNone) packed = detail::packed_offsets(tables, in);
   }
-  seg_start[s.segments] = end;
-  s.seg_start = seg_start;
-  return s;
-}
 
-// g[0, dim) = the reduced output gradient of segment k of table t (=, in index order).
-template <typename Index>
-void reduce_segment(const Segments& s, int64_t k, int64_t t, const EmbeddingTables& tables,
-                    const EmbeddingBagIndices<Index>& in, const float* dout,
-                    const std::vector<int64_t>& packed, const EmbeddingBagOptions& opt, float* g) {
-  const int64_t dim = tables.dims[t], nb = in.batch_size;
-  const int64_t total_dim = tables.dim_offsets[tables.num_tables];
-  const float* psw = opt.pooling == EmbeddingPooling::kSum ? in.per_sample_weights : nullptr;
-  const bool mean = opt.pooling == EmbeddingPooling::kMean;
-  std::fill(g, g + dim, 0.0f);
-  for (int64_t i = s.seg_start[k]; i < s.seg_start[k + 1]; ++i) {
-    const int64_t p = s.position(i);
-    const int64_t bag = s.bag_of[p];
-    const float* drow;
+  // The output gradient row of lookup p (of table t).
+  const float* dout_row(int64_t p, int64_t t) const {
     if (opt.pooling == EmbeddingPooling::kNone)
-      drow = dout + packed[size_t(t)] + (p - int64_t(in.offsets[t * nb])) * dim;
-    else
-      drow = dout + (bag - t * nb) * total_dim + tables.dim_offsets[t];
-    const float scale = psw ? psw[p] : mean ? s.bag_scale[bag] : 1.0f;
-    detail::axpy_row(g, drow, scale, dim);
+      return dout + packed[size_t(t)] +
+             (p - int64_t(in.offsets[t * in.batch_size])) * tables.dims[t];
+    const int64_t b = s.bag_of[p] - t * in.batch_size;
+    return dout + b * tables.dim_offsets[tables.num_tables] + tables.dim_offsets[t];
   }
-}
+
+  // g[0, dims[t]) = the reduced gradient of segment k (=).
+  void reduce(int64_t k, int64_t t, float* g) const {
+    const float* psw = opt.pooling == EmbeddingPooling::kSum ? in.per_sample_weights : nullptr;
+    const bool mean = opt.pooling == EmbeddingPooling::kMean;
+    const int64_t dim = tables.dims[t];
+    std::fill(g, g + dim, 0.0f);
+    for (int64_t i = s.seg_start[k]; i < s.seg_start[k + 1]; ++i) {
+      const int64_t p = s.position(i);
+      const float scale = psw ? psw[p] : mean ? s.bag_scale[s.bag_of[p]] : 1.0f;
+      detail::axpy_row(g, dout_row(p, t), scale, dim);
+    }
+  }
+
+  // Starts loading the output gradient rows segment k will read (its first few).
+  void prefetch(int64_t k, int64_t t) const {
+    const int64_t end = std::min(s.seg_start[k + 1], s.seg_start[k] + 4);
+    for (int64_t i = s.seg_start[k]; i < end; ++i) {
+      const char* row = reinterpret_cast<const char*>(dout_row(s.position(i), t));
+      for (int64_t b = 0; b < tables.dims[t] * 4; b += 64) __builtin_prefetch(row + b, 0, 3);
+    }
+  }
+};
 
 // grad_psw[p] = dot(dout[bag, table's columns], weight row of p), 0 for skipped lookups.
 template <typename W, typename Index>
@@ -257,14 +116,13 @@ int64_t max_dim(const EmbeddingTables& tables) {
 // Calls emit(k, t, row, g) for every segment k (table t, row) with its reduced gradient row g,
 // segments spread over the threads (each segment on one thread). prefetch(k, t, row) is called
 // kSegmentsAhead segments before emit, for the memory emit will touch.
-static const int64_t kSegmentsAhead = getenv("EBK_SA") ? atoi(getenv("EBK_SA")) : 4;
+constexpr int64_t kSegmentsAhead = 8;
 
 template <typename Index, typename Emit, typename Prefetch>
 void for_each_segment(const Segments& s, const EmbeddingTables& tables,
                       const EmbeddingBagIndices<Index>& in, const float* dout,
                       const EmbeddingBagOptions& opt, Emit&& emit, Prefetch&& prefetch) {
-  std::vector<int64_t> packed;
-  if (opt.pooling == EmbeddingPooling::kNone) packed = detail::packed_offsets(tables, in);
+  const SegmentReducer<Index> reducer(s, tables, in, dout, opt);
   const int64_t segments = s.segments, dim = max_dim(tables);
 #pragma omp parallel if (segments > 256)
   {
@@ -273,13 +131,30 @@ void for_each_segment(const Segments& s, const EmbeddingTables& tables,
     for (int64_t k = 0; k < segments; ++k) {
       if (k + kSegmentsAhead < segments) {
         const int64_t ahead = k + kSegmentsAhead, t = s.table(ahead);
+        reducer.prefetch(ahead, t);
         prefetch(ahead, t, s.row(ahead, t));
       }
       const int64_t t = s.table(k);
-      reduce_segment(s, k, t, tables, in, dout, packed, opt, g.data());
+      reducer.reduce(k, t, g.data());
       emit(k, t, s.row(k, t), g.data());
     }
+#if defined(__SSE2__)
+    _mm_sfence();  // stream_row's stores are visible before the region ends
+#endif
   }
+}
+
+// dst[0, n) = src[0, n) (n a multiple of 4), with non-temporal stores where dst is 16-byte aligned:
+// the sparse gradient is written once and read later by someone else, so fetching its lines into
+// the cache first (as ordinary stores do) would double its memory traffic.
+inline void stream_row(float* dst, const float* src, int64_t n) {
+#if defined(__SSE2__)
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    for (int64_t c = 0; c < n; c += 4) _mm_stream_ps(dst + c, _mm_loadu_ps(src + c));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
 
 template <typename T>
@@ -288,55 +163,80 @@ void prefetch_bytes(const T* p, int64_t bytes) {
     __builtin_prefetch(reinterpret_cast<const char*>(p) + b, 1, 0);
 }
 
-// The fused update of one row w[0, dim) with its gradient g (f32 arithmetic, one rounding to W).
-// See EmbeddingOptimizerHyper for the formulas.
-template <typename W>
-void update_row(W* w, float* g, int64_t dim, const EmbeddingOptimizerHyper& h, float* row_state,
+// Adam on one row, 4 lanes at a time (dims are multiples of 4), in SSE: std::sqrt may set errno,
+// which keeps compilers from vectorising it, and scalar divisions would dominate the row's time.
+void adam_row(float* w, const float* g, int64_t dim, const EmbeddingOptimizerHyper& h, float* m,
+              float* v, float bias1, float bias2) {
+#if defined(__SSE2__)
+  const __m128 b1 = _mm_set1_ps(h.beta1), b2 = _mm_set1_ps(h.beta2);
+  const __m128 one_b1 = _mm_set1_ps(1.0f - h.beta1), one_b2 = _mm_set1_ps(1.0f - h.beta2);
+  const __m128 bc1 = _mm_set1_ps(bias1), bc2 = _mm_set1_ps(bias2), eps = _mm_set1_ps(h.eps);
+  const __m128 lr = _mm_set1_ps(h.lr), wd = _mm_set1_ps(h.weight_decay);
+  for (int64_t c = 0; c < dim; c += 4) {
+    const __m128 wv = _mm_loadu_ps(w + c), gv = _mm_loadu_ps(g + c);
+    const __m128 mv = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(m + c)), _mm_mul_ps(one_b1, gv));
+    const __m128 vv =
+        _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(v + c)), _mm_mul_ps(_mm_mul_ps(one_b2, gv), gv));
+    _mm_storeu_ps(m + c, mv);
+    _mm_storeu_ps(v + c, vv);
+    const __m128 denom = _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(vv, bc2)), eps);
+    const __m128 step = _mm_add_ps(_mm_div_ps(_mm_div_ps(mv, bc1), denom), _mm_mul_ps(wd, wv));
+    _mm_storeu_ps(w + c, _mm_sub_ps(wv, _mm_mul_ps(lr, step)));
+  }
+#else
+  const float b1 = h.beta1, b2 = h.beta2;
+  for (int64_t c = 0; c < dim; ++c) {
+    m[c] = b1 * m[c] + (1.0f - b1) * g[c];
+    v[c] = b2 * v[c] + (1.0f - b2) * g[c] * g[c];
+    const float step = (m[c] / bias1) / (std::sqrt(v[c] / bias2) + h.eps) + h.weight_decay * w[c];
+    w[c] -= h.lr * step;
+  }
+#endif
+}
+
+// The fused update of one f32 row w[0, dim) with its gradient g. See EmbeddingOptimizerHyper for
+// the formulas.
+void update_row(float* w, float* g, int64_t dim, const EmbeddingOptimizerHyper& h, float* row_state,
                 float* m, float* v, float bias1, float bias2) {
   const float lr = h.lr, eps = h.eps, wd = h.weight_decay;
   switch (h.kind) {
     case EmbeddingOptimizer::kNone:
       return;
     case EmbeddingOptimizer::kSgd:
-      for (int64_t c = 0; c < dim; ++c) {
-        const float wf = detail::to_f32(w[c]);
-        detail::from_f32(wf - lr * (g[c] + wd * wf), w + c);
-      }
+      for (int64_t c = 0; c < dim; ++c) w[c] -= lr * (g[c] + wd * w[c]);
       return;
     case EmbeddingOptimizer::kRowwiseAdagrad: {
-      float sum_sq = 0.0f;
-      for (int64_t c = 0; c < dim; ++c) {
-        if (wd != 0.0f) g[c] += wd * detail::to_f32(w[c]);
-        sum_sq += g[c] * g[c];
-      }
-      const float state = *row_state + sum_sq / float(dim);
+      if (wd != 0.0f)
+        for (int64_t c = 0; c < dim; ++c) g[c] += wd * w[c];
+      const float state = *row_state + detail::dot_row(g, g, dim) / float(dim);
       *row_state = state;
       const float multiplier = lr / (std::sqrt(state) + eps);
-      for (int64_t c = 0; c < dim; ++c)
-        detail::from_f32(detail::to_f32(w[c]) - multiplier * g[c], w + c);
+      for (int64_t c = 0; c < dim; ++c) w[c] -= multiplier * g[c];
       return;
     }
-    case EmbeddingOptimizer::kAdam: {
-      const float b1 = h.beta1, b2 = h.beta2;
-      for (int64_t c = 0; c < dim; ++c) {
-        const float wf = detail::to_f32(w[c]);
-        const float mc = b1 * m[c] + (1.0f - b1) * g[c];
-        const float vc = b2 * v[c] + (1.0f - b2) * g[c] * g[c];
-        m[c] = mc;
-        v[c] = vc;
-        const float step = (mc / bias1) / (std::sqrt(vc / bias2) + eps) + wd * wf;
-        detail::from_f32(wf - lr * step, w + c);
-      }
+    case EmbeddingOptimizer::kAdam:
+      adam_row(w, g, dim, h, m, v, bias1, bias2);
       return;
-    }
   }
+}
+
+// bf16 / f16 rows: widened to f32, updated, and rounded back once (vectorised both ways; the
+// per-element conversions would cost more than the update).
+template <typename W>
+void update_row(W* w, float* g, int64_t dim, const EmbeddingOptimizerHyper& h, float* row_state,
+                float* m, float* v, float bias1, float bias2) {
+  static thread_local std::vector<float> row;
+  if (row.size() < size_t(dim)) row.resize(size_t(dim));
+  detail::convert_row(w, row.data(), dim);
+  update_row(row.data(), g, dim, h, row_state, m, v, bias1, bias2);
+  detail::convert_row(row.data(), w, dim);
 }
 
 template <typename W, typename Index>
 void fused_impl(const EmbeddingTables& tables, W* weights, const EmbeddingBagIndices<Index>& in,
                 const float* dout, const EmbeddingOptimizerHyper& h,
                 const EmbeddingOptimizerState& state, const EmbeddingBagOptions& opt) {
-  const Segments s = make_segments(tables, in, opt, workspace());
+  const Segments s = detail::make_segments(tables, in, opt);
   const float bias1 = float(1.0 - std::pow(double(h.beta1), double(h.step)));
   const float bias2 = float(1.0 - std::pow(double(h.beta2), double(h.step)));
   const bool adam = h.kind == EmbeddingOptimizer::kAdam;
@@ -376,7 +276,7 @@ void embedding_bag_backward_dense(const EmbeddingTables& tables, const void* wei
     for (int64_t i = 0; i < size; i += 4096)
       std::memset(block + i, 0, size_t(std::min<int64_t>(4096, size - i)) * sizeof(float));
   }
-  const Segments s = make_segments(tables, in, opt, workspace());
+  const Segments s = detail::make_segments(tables, in, opt);
   for_each_segment(
       s, tables, in, dout, opt,
       [&](int64_t, int64_t t, int64_t r, const float* g) {
@@ -394,7 +294,7 @@ int64_t embedding_bag_backward_sparse(const EmbeddingTables& tables, const void*
                                       float* grad_per_sample_weights,
                                       const EmbeddingBagOptions& opt) {
   maybe_psw_grad(tables, weights, in, dout, opt, grad_per_sample_weights);
-  const Segments s = make_segments(tables, in, opt, workspace());
+  const Segments s = detail::make_segments(tables, in, opt);
   grad.value_offsets[0] = 0;
   for (int64_t k = 0; k < s.segments; ++k) {
     const int64_t t = s.table(k);
@@ -405,7 +305,7 @@ int64_t embedding_bag_backward_sparse(const EmbeddingTables& tables, const void*
   for_each_segment(
       s, tables, in, dout, opt,
       [&](int64_t k, int64_t t, int64_t, const float* g) {
-        std::memcpy(grad.values + grad.value_offsets[k], g, size_t(tables.dims[t]) * sizeof(float));
+        stream_row(grad.values + grad.value_offsets[k], g, tables.dims[t]);
       },
       [](int64_t, int64_t, int64_t) {});
   return s.segments;

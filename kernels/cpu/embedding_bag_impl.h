@@ -1,8 +1,10 @@
-// Internals shared by the CPU embedding-bag forward (embedding_bag.cpp) and backward
-// (embedding_bag_backward.cpp): weight-dtype dispatch, f32 row arithmetic on f32 / bf16 / f16
-// rows, and the bounds-check rule. Not part of the kernel interface.
+// Internals shared by the CPU embedding-bag forward (embedding_bag.cpp), backward
+// (embedding_bag_backward.cpp) and lookup grouping (embedding_bag_segments.cpp): weight-dtype
+// dispatch, f32 row arithmetic on f32 / bf16 / f16 rows, the bounds-check rule, and the sorted
+// segments. Not part of the kernel interface.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -62,6 +64,11 @@ inline void axpy_row(float* acc, const Float16* row, float s, int64_t n) {
 #endif
 }
 
+// Built without AVX-512 (LOOM_NATIVE=OFF), GCC notes that a 64-byte vector return has another
+// ABI there; these helpers are inline within the kernel files, so no call crosses that ABI.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 // 16 floats as one value (GCC / Clang vector extension): a zmm register with AVX-512, a pair of
 // ymm with AVX2. Local tiles of these stay in registers where a float array would not.
 typedef float F32x16 __attribute__((vector_size(64)));
@@ -94,14 +101,58 @@ inline F32x16 load16(const Float16* p) {
 #endif
   return v;
 }
-inline void store16(float* p, F32x16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store16(float* p, const F32x16& v) { std::memcpy(p, &v, sizeof(v)); }
 
-template <typename W>
-inline float dot_row(const float* a, const W* row, int64_t n) {
+// Stores 16 floats at p rounded to nearest even, as float_to_bf16 / float_to_f16 do one by one.
+inline void store16(BFloat16* p, const F32x16& v) {
+  U32x16 u;
+  std::memcpy(&u, &v, sizeof(u));
+  const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U32x16 nan = (u >> 16) | 0x40u;  // quiet NaN, as float_to_bf16
+  const U32x16 bits = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  const U16x16 h = __builtin_convertvector(bits, U16x16);
+  std::memcpy(p, &h, sizeof(h));
+}
+inline void store16(Float16* p, const F32x16& v) {
+#if defined(__F16C__)
+  __m256 half[2];
+  std::memcpy(half, &v, sizeof(v));
+  for (int i = 0; i < 2; ++i)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * i),
+                     _mm256_cvtps_ph(half[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  for (int i = 0; i < 16; ++i) p[i] = float_to_f16(v[i]);
+#endif
+}
+
+// dst[0, n) = src[0, n) converted (n a multiple of 4), 16 at a time.
+template <typename From, typename To>
+inline void convert_row(const From* src, To* dst, int64_t n) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) store16(dst + c, load16(src + c));
+  for (; c < n; ++c) from_f32(to_f32(src[c]), dst + c);
+}
+
+// Adds the lanes of v in a fixed order.
+inline float lane_sum(const F32x16& v) {
   float sum = 0.0f;
-  for (int64_t c = 0; c < n; ++c) sum += a[c] * to_f32(row[c]);
+  for (int i = 0; i < 16; ++i) sum += v[i];
   return sum;
 }
+
+// sum_c a[c] * to_f32(b[c]) over n (a multiple of 4), in 16 lanes then a fixed lane order: the
+// same bits every call, and vector speed (a plain float sum cannot be reordered by the compiler).
+template <typename W>
+inline float dot_row(const float* a, const W* b, int64_t n) {
+  F32x16 acc = {};
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) acc += load16(a + c) * load16(b + c);
+  float sum = lane_sum(acc);
+  for (; c < n; ++c) sum += a[c] * to_f32(b[c]);
+  return sum;
+}
+
+#pragma GCC diagnostic pop
 
 // The row a lookup reads under the bounds-check mode, or -1 for "contributes nothing".
 // See Note [Embedding bounds check]: kError skips too, defensively (the op validated first).
@@ -123,5 +174,38 @@ std::vector<int64_t> packed_offsets(const EmbeddingTables& tables,
   }
   return packed;
 }
+
+inline int bit_width(uint64_t x) {
+  int bits = 0;
+  while (x >> bits) ++bits;
+  return bits;
+}
+
+// A batch's lookups grouped by (table, row) (embedding_bag_segments.cpp): sorted entries
+// [seg_start[k], seg_start[k+1]) are segment k, one unique (table, row), its lookups in index
+// order. Skipped lookups (bounds check) are in no segment. See Note [Deterministic embedding
+// backward]. The arrays live in the calling thread's workspace, valid until its next call.
+struct Segments {
+  const uint64_t* sorted = nullptr;  // [num_indices]: (key << pos_bits) | position
+  int pos_bits = 0;
+  const int64_t* seg_start = nullptr;  // [segments + 1]
+  int64_t segments = 0;
+  const int64_t* bag_of = nullptr;   // [num_indices]: t*B+b of each lookup
+  const float* bag_scale = nullptr;  // [T*B]: 1 / len of each bag (mean pooling only)
+  std::vector<uint64_t> base;        // [T+1] first key of table t: key = base[t] + row
+
+  int64_t position(int64_t i) const { return int64_t(sorted[i] & ((uint64_t(1) << pos_bits) - 1)); }
+  uint64_t key(int64_t i) const { return sorted[i] >> pos_bits; }
+  int64_t table(int64_t k) const {  // the last table whose first key is <= the segment's key
+    const auto after = std::upper_bound(base.begin(), base.end(), key(seg_start[k]));
+    return int64_t(after - base.begin()) - 1;
+  }
+  int64_t row(int64_t k, int64_t t) const { return int64_t(key(seg_start[k]) - base[size_t(t)]); }
+};
+
+// Keys, sorts and segments the lookups of a validated batch (bounds-check mode applied).
+template <typename Index>
+Segments make_segments(const EmbeddingTables& tables, const EmbeddingBagIndices<Index>& in,
+                       const EmbeddingBagOptions& opt);
 
 }  // namespace loom::kernels::cpu::detail

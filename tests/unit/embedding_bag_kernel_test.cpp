@@ -164,20 +164,24 @@ double ref_bag_weight(const Case& c, int64_t t, int64_t b, int64_t p) {
   return 1.0 / double(n);
 }
 
-// Where lookup p's row sits in the unpooled output (see Note [Embedding bag layout]).
-int64_t ref_packed(const Case& c, int64_t t, int64_t p) {
+// Where table t's block of the unpooled output starts (t = T: the output's size).
+int64_t ref_table_start(const Case& c, int64_t t) {
   int64_t at = 0;
   for (int64_t u = 0; u < t; ++u)
     at +=
         (c.offsets[size_t((u + 1) * c.batch)] - c.offsets[size_t(u * c.batch)]) * c.dims[size_t(u)];
-  return at + (p - c.offsets[size_t(t * c.batch)]) * c.dims[size_t(t)];
+  return at;
+}
+
+// Where lookup p's row sits in the unpooled output (see Note [Embedding bag layout]).
+int64_t ref_packed(const Case& c, int64_t t, int64_t p) {
+  return ref_table_start(c, t) + (p - c.offsets[size_t(t * c.batch)]) * c.dims[size_t(t)];
 }
 
 // w: the f32 weights to use (the unrounded ones for bf16 / f16 cases).
 Ref ref_forward(const Case& c, const std::vector<float>& w) {
   const bool none = c.opt.pooling == EmbeddingPooling::kNone;
-  // ref_packed of the first lookup past the last table is the packed size.
-  Ref out(size_t(none ? ref_packed(c, c.num_tables, c.offsets.back()) : c.batch * c.total_dim()));
+  Ref out(size_t(none ? ref_table_start(c, c.num_tables) : c.batch * c.total_dim()));
   for (int64_t t = 0; t < c.num_tables; ++t) {
     const int64_t dim = c.dims[size_t(t)];
     for (int64_t b = 0; b < c.batch; ++b)
@@ -286,7 +290,9 @@ void check_case(Case& c, const std::string& label) {
                                     weighted ? gpsw.data() : nullptr, c.opt);
   // Weight gradients do not depend on the weights' dtype: f32 sums of f32 dout.
   expect_dense_grad(c, grad, ref.weights);
-  if (weighted) EXPECT_EQ(count_mismatches(gpsw.data(), ref.psw, tol, "psw grad"), 0);
+  if (weighted) {
+    EXPECT_EQ(count_mismatches(gpsw.data(), ref.psw, tol, "psw grad"), 0);
+  }
 
   std::vector<int64_t> tables(c.indices.size()), rows(c.indices.size()), voff(c.indices.size() + 1);
   // The documented capacity: the packed lookup size.
@@ -343,7 +349,7 @@ TEST(EmbeddingBagKernel, RandomConfigurationsMatchReference) {
 }
 
 TEST(EmbeddingBagKernel, LargeBatchUsesEveryThreadPath) {
-  // Big enough for the parallel radix sort and segment loop (B*T*L > 2^15).
+  // Big enough for the parallel forward and segment loop (more than 256 unique rows).
   CaseSpec spec;
   spec.max_tables = 3;
   spec.max_batch = 600;
@@ -470,8 +476,9 @@ void check_optimizer(const OptCase& oc, uint64_t seed) {
   EmbeddingOptimizerState state{m1.data(), adam ? m2.data() : nullptr};
   cpu::embedding_bag_backward_fused(c.tables(), c.weight_ptr(), l.view, dout.data(), oc.hyper,
                                     state, spec.weighted ? gpsw.data() : nullptr, c.opt);
-  if (spec.weighted)  // from the weights before the update
+  if (spec.weighted) {  // from the weights before the update
     EXPECT_EQ(count_mismatches(gpsw.data(), ref.psw, tolerance(c.dtype), "psw grad"), 0);
+  }
   const double tol = tolerance(c.dtype);
   for (int64_t t = 0; t < c.num_tables; ++t)
     for (int64_t e = c.weight_offsets[size_t(t)];
@@ -480,9 +487,10 @@ void check_optimizer(const OptCase& oc, uint64_t seed) {
           << "weight " << e << " table " << t;
   for (size_t i = 0; i < m1.size(); ++i)
     ASSERT_NEAR(m1[i], rm1[i], 1e-5 * (1.0 + std::fabs(rm1[i]))) << "state " << i;
-  if (adam)
+  if (adam) {
     for (size_t i = 0; i < m2.size(); ++i)
       ASSERT_NEAR(m2[i], rm2[i], 1e-5 * (1.0 + std::fabs(rm2[i]))) << "v " << i;
+  }
 }
 
 EmbeddingOptimizerHyper hyper(EmbeddingOptimizer kind, float wd) {
@@ -530,25 +538,25 @@ TEST(EmbeddingBagKernel, FusedUpdatesOnHalfPrecisionWeights) {
 
 // ---- determinism ----
 
-// Heavy duplicates: table 0 has 3 rows and 1000 lookups; table 1 has 60000 lookups into 500 rows
-// (enough for the parallel sort and segment loop).
-Case duplicate_case(EmbeddingPooling pooling) {
+// Heavy duplicates: table 0 has 3 rows and 1000 lookups; table 1 has per_bag * 50 lookups into
+// rows1 rows of dim1 (more than 256 rows: the segment loop runs on all threads; more than 2^22
+// lookups: so do the sort and the segment search, see Note [Embedding backward threads]).
+Case duplicate_case(EmbeddingPooling pooling, int64_t per_bag, int64_t rows1, int64_t dim1) {
   Case c;
   c.num_tables = 2;
   c.batch = 50;
-  c.rows = {3, 500};
-  c.dims = {36, 132};
-  c.weight_offsets = {0, 3 * 36, 3 * 36 + 500 * 132};
-  c.row_offsets = {0, 3, 503};
-  c.dim_offsets = {0, 36, 168};
+  c.rows = {3, rows1};
+  c.dims = {36, dim1};
+  c.weight_offsets = {0, 3 * 36, 3 * 36 + rows1 * dim1};
+  c.row_offsets = {0, 3, 3 + rows1};
+  c.dim_offsets = {0, 36, 36 + dim1};
   c.weights = random_floats(size_t(c.weight_offsets.back()), 41);
   c.opt.pooling = pooling;
   std::mt19937_64 gen(42);
   c.offsets.push_back(0);
-  const int64_t per_bag[2] = {1000 / 50, 60000 / 50};
   for (int64_t t = 0; t < 2; ++t)
     for (int64_t b = 0; b < c.batch; ++b) {
-      for (int64_t j = 0; j < per_bag[t]; ++j)
+      for (int64_t j = 0; j < (t == 0 ? 1000 / 50 : per_bag); ++j)
         c.indices.push_back(int64_t(gen() % uint64_t(c.rows[size_t(t)])));
       c.offsets.push_back(int64_t(c.indices.size()));
     }
@@ -586,24 +594,34 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// backward_bits on 2 threads, `runs` times, then on 1 and 3 threads: all the same bits.
+void expect_deterministic(const Case& c, int runs) {
+#if defined(_OPENMP)
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+#endif
+  const std::vector<float> first = backward_bits(c);
+  for (int run = 1; run < runs; ++run) EXPECT_TRUE(same_bits(first, backward_bits(c))) << run;
+#if defined(_OPENMP)
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(same_bits(first, backward_bits(c))) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+#endif
+}
+
 TEST(EmbeddingBagKernel, BackwardIsBitIdenticalOverRunsAndThreadCounts) {
   for (EmbeddingPooling pooling : {EmbeddingPooling::kSum, EmbeddingPooling::kMean}) {
     SCOPED_TRACE(pooling_name(pooling));
-    const Case c = duplicate_case(pooling);
-#if defined(_OPENMP)
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(2);
-#endif
-    const std::vector<float> first = backward_bits(c);
-    for (int run = 1; run < 5; ++run) EXPECT_TRUE(same_bits(first, backward_bits(c))) << run;
-#if defined(_OPENMP)
-    for (int threads : {1, 3}) {
-      omp_set_num_threads(threads);
-      EXPECT_TRUE(same_bits(first, backward_bits(c))) << threads << " threads";
-    }
-    omp_set_num_threads(saved);
-#endif
+    expect_deterministic(duplicate_case(pooling, 60000 / 50, 500, 132), 5);
   }
+}
+
+TEST(EmbeddingBagKernel, LargeBackwardIsBitIdenticalOverThreadCounts) {
+  const Case c = duplicate_case(EmbeddingPooling::kSum, 84000, 5000, 4);
+  ASSERT_GT(c.indices.size(), size_t(1) << 22);  // the parallel sort
+  expect_deterministic(c, 2);
 }
 
 // ---- validation and bounds-check modes ----
@@ -777,7 +795,9 @@ void check_bounds_mode(EmbeddingBoundsCheck mode, EmbeddingPooling pooling) {
     EXPECT_EQ(count_mismatches(gpsw.data(), ref.psw, 1e-5, "psw grad"), 0);
     if (mode == EmbeddingBoundsCheck::kSkip)
       for (size_t p = 0; p < c.indices.size(); ++p)
-        if (c.indices[p] < 0 || c.indices[p] >= 1000) EXPECT_EQ(gpsw[p], 0.0f);
+        if (c.indices[p] < 0 || c.indices[p] >= 1000) {
+          EXPECT_EQ(gpsw[p], 0.0f);
+        }
   }
 }
 
