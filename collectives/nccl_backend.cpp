@@ -34,7 +34,7 @@
 namespace loom::comm {
 
 // Note [NCCL streams]
-// Kernels run on the compute stream (cuda_stream(device); today the legacy default stream). NCCL
+// Kernels run on the compute stream (cuda_stream(device), Note [Compute stream]). NCCL
 // runs on a stream of its communicator's own, created non-blocking so that it neither waits for
 // the legacy stream implicitly nor holds it up: a long transfer overlaps the compute that follows.
 // The order between the two is kept with events, never by synchronising the host:
@@ -43,8 +43,8 @@ namespace loom::comm {
 //    writing (and that Tensor::to's host copies, on the legacy stream, have landed);
 //  - the op's last step records a completion event on the communication stream. test() and
 //    wait() poll it; once it has completed, the compute stream waits on it as well, so kernels
-//    posted after wait() see the result (a no-op on the GPU by then, but it keeps the order should
-//    the compute stream stop being the legacy one).
+//    posted after wait() see the result (a no-op on the GPU by then, as the host saw it complete,
+//    but it states the order rather than relying on the poll).
 // Until wait() or test() has reported completion, inputs and outputs must not be touched, as with
 // every backend; the Work holds them (and the scratch buffers) until then, so their memory is not
 // freed under NCCL.

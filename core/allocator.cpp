@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/caching_allocator.h"
 #include "core/error.h"
 #include "kernels/cuda/runtime.h"
 
@@ -54,14 +55,14 @@ class CpuAllocator final : public Allocator {
   void raw_deallocate(void* ptr, size_t) override { std::free(ptr); }
 };
 
-// Direct cudaMalloc/cudaFree. The caching allocator comes with the CUDA backend issue.
-class CudaAllocator final : public Allocator {
+// Device memory for the caching allocator (Note [Caching allocator]).
+class CudaBlockSource final : public BlockSource {
  public:
-  explicit CudaAllocator(int device) : device_(device) {}
-
- protected:
-  void* raw_allocate(size_t nbytes) override { return cuda_rt::malloc_device(device_, nbytes); }
-  void raw_deallocate(void* ptr, size_t) override { cuda_rt::free_device(device_, ptr); }
+  explicit CudaBlockSource(int device) : device_(device) {}
+  void* allocate(size_t nbytes) override { return cuda_rt::try_malloc_device(device_, nbytes); }
+  void free(void* ptr) override { cuda_rt::free_device(device_, ptr); }
+  size_t free_bytes() override { return cuda_rt::device_free_bytes(device_); }
+  std::string name() const override { return Device::cuda(device_).str(); }
 
  private:
   int device_;
@@ -73,11 +74,13 @@ Allocator& allocator_for(Device device) {
   static CpuAllocator cpu;
   if (device.is_cpu()) return cpu;
   static std::mutex mu;
-  static std::vector<std::unique_ptr<CudaAllocator>> cuda;
+  static std::vector<std::unique_ptr<CachingAllocator>> cuda;
   std::lock_guard<std::mutex> lock(mu);
   LOOM_CHECK(device.index >= 0 && device.index < 1024, "allocator: bad device ", device.str());
   if (cuda.size() <= size_t(device.index)) cuda.resize(device.index + 1);
-  if (!cuda[device.index]) cuda[device.index] = std::make_unique<CudaAllocator>(device.index);
+  if (!cuda[device.index])
+    cuda[device.index] =
+        std::make_unique<CachingAllocator>(std::make_unique<CudaBlockSource>(device.index));
   return *cuda[device.index];
 }
 

@@ -1,8 +1,8 @@
 // How core reaches kernels/cuda: LOOM_IF_CUDA(call) compiles the call only when loom is built
 // with CUDA (a CUDA tensor cannot exist otherwise, so the other branch is unreachable in
 // practice and throws if reached). cuda_stream(device) makes the device current and returns the
-// stream kernels run on: the default stream until the CUDA backend issue adds per-device
-// compute and communication streams.
+// stream kernels run on: the device's compute stream (Note [Compute stream] in
+// kernels/cuda/runtime.cpp).
 #pragma once
 
 #include "core/device.h"
@@ -19,8 +19,7 @@
 namespace loom {
 
 inline kernels::cuda::Stream cuda_stream(Device device) {
-  cuda_rt::set_device(device.index);
-  return nullptr;
+  return cuda_rt::compute_stream(device.index);
 }
 
 }  // namespace loom

@@ -2,6 +2,9 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <vector>
+
 #include "kernels/cuda/check.h"
 
 namespace loom::cuda_rt {
@@ -32,6 +35,27 @@ void* malloc_device(int device, size_t nbytes) {
   void* p = nullptr;
   LOOM_CUDA_CHECK(cudaMalloc(&p, nbytes));
   return p;
+}
+
+void* try_malloc_device(int device, size_t nbytes) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, nbytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear it: the caller frees its cache and retries
+    return nullptr;
+  }
+  LOOM_CUDA_CHECK(err);
+  return p;
+}
+
+size_t device_free_bytes(int device) {
+  size_t free = 0, total = 0;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free;
 }
 
 void free_device(int device, void* ptr) {
@@ -65,6 +89,24 @@ void synchronize(int device) {
 }
 
 void set_device(int device) { LOOM_CUDA_CHECK(cudaSetDevice(device)); }
+
+// Note [Compute stream]
+// Every loom kernel, cuBLAS call and stream-ordered copy of a device goes on one compute stream of
+// that device, so kernels are ordered among themselves and the caching allocator may hand a freed
+// block straight to the next request (Note [Caching allocator]). The stream is created blocking
+// (cudaStreamDefault): work on the legacy default stream (cudaMemcpy in this file, third-party
+// code) waits for it and it for them, so host copies need no extra events. Communication runs on
+// streams of its own, ordered against this one by events (Note [NCCL streams]).
+kernels::cuda::Stream compute_stream(int device) {
+  static std::mutex mutex;
+  static std::vector<cudaStream_t> streams;
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (streams.size() <= size_t(device)) streams.resize(size_t(device) + 1, nullptr);
+  if (streams[size_t(device)] == nullptr)
+    LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[size_t(device)], cudaStreamDefault));
+  return streams[size_t(device)];
+}
 
 int select_device_for_local_rank(int local_rank) {
   const int n = device_count();

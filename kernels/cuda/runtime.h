@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "kernels/cuda/stream.h"
+
 namespace loom::cuda_rt {
 
 bool built_with_cuda();
@@ -13,12 +15,18 @@ int device_count();           // 0 when built without CUDA or when no GPU is usa
 std::string no_gpu_reason();  // why device_count() is 0, for skip messages
 
 void* malloc_device(int device, size_t nbytes);
+// nullptr when the device is out of memory (the error is cleared); other failures throw.
+void* try_malloc_device(int device, size_t nbytes);
+size_t device_free_bytes(int device);  // cudaMemGetInfo's free bytes
 void free_device(int device, void* ptr);
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes);
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes);
 void copy_device_to_device(int device, void* dst, const void* src, size_t nbytes);
 void memset_device(int device, void* dst, int value, size_t nbytes);
 void synchronize(int device);
+// The stream every loom kernel of `device` runs on (Note [Compute stream] in runtime.cpp): created
+// on first use, kept for the process. Makes `device` current.
+kernels::cuda::Stream compute_stream(int device);
 void set_device(int device);
 // One GPU per rank (NCCL refuses two ranks on one GPU): makes GPU `local_rank` current for the
 // rank with that index among the ranks of its node, and returns it. loom::Error when the node has
