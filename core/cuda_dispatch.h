@@ -5,8 +5,11 @@
 // kernels/cuda/runtime.cpp).
 #pragma once
 
+#include <cstddef>
+
 #include "core/device.h"
 #include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
 
@@ -20,6 +23,12 @@ namespace loom {
 
 inline kernels::cuda::Stream cuda_stream(Device device) {
   return cuda_rt::compute_stream(device.index);
+}
+
+// Device scratch for a kernel that asks for a workspace: bytes from the caching allocator, freed
+// when the returned tensor goes (stream order keeps that safe: Note [Caching allocator]).
+inline Tensor cuda_workspace(Device device, size_t bytes) {
+  return Tensor::empty({int64_t(bytes > 0 ? bytes : 1)}, DType::kU8, device);
 }
 
 }  // namespace loom

@@ -318,6 +318,20 @@ void Tensor::to_(DType target) {
   impl_->grad = Tensor();
 }
 
+void Tensor::to_(Device target) {
+  require_defined("to_");
+  LOOM_CHECK(impl_->grad_fn == nullptr, "Tensor::to_: ", str(), " was produced by ",
+             impl_->grad_fn->name(), "; only leaf tensors move in place (use to(Device) for a ",
+             "differentiable copy)");
+  if (target == device()) return;
+  Tensor moved = detach().to(target);
+  impl_->storage = moved.storage();
+  impl_->strides = moved.strides();
+  impl_->offset = moved.offset();
+  impl_->device = target;
+  impl_->grad = Tensor();
+}
+
 Tensor Tensor::detach() const {
   require_defined("detach");
   return make_view(*this, shape(), strides(), offset());

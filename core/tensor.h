@@ -119,6 +119,9 @@ class Tensor {
   // would no longer match its graph). Like set_data, not while a graph that saved this tensor is
   // waiting for backward; views made earlier (detach(), narrow) keep the old memory and dtype.
   void to_(DType dtype);
+  // The same for a device: moves a leaf's values to `device` (a contiguous copy), keeping its
+  // autograd identity; how Module::to(Device) moves parameters. Drops the gradient.
+  void to_(Device device);
 
   // ---- views (differentiable; see core/ops.h) ----
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;

@@ -238,6 +238,14 @@ void Module::to(DType dtype) {
   }
 }
 
+void Module::to(Device device) {
+  for (auto& [name, param] : named_parameters()) {
+    Tensor p = param;
+    p.zero_grad();
+    p.to_(device);
+  }
+}
+
 void ModuleList::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));
 }

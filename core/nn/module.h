@@ -92,6 +92,11 @@ class Module {
   // which keep their own views of the parameters' memory:
   //   nn::GPT model(config); model.init_parameters(seed); model.to(DType::kBF16);
   void to(DType dtype);
+  // Moves every parameter (recursively) to `device` the same way (Tensor::to_(Device)): same
+  // tensors, gradients dropped; call it before building optimizers, DDP or ZeRO. Buffers that
+  // are not parameters (none in loom's built-in modules) are not moved.
+  //   nn::GPT model(config); model.init_parameters(seed); model.to(Device::cuda(0));
+  void to(Device device);
 
   // This module's name from the root of its tree: "" for a root, "blocks.3.attn" for a GPT's
   // fourth attention. Set by register_module; a root may be given one (a pipeline stage's block

@@ -3,10 +3,14 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
 #include "kernels/cpu/dropout.h"
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/dropout.h"
+#endif
 
 namespace loom {
 namespace {
@@ -14,10 +18,23 @@ namespace {
 // y = mask * x / (1 - p) over a contiguous x, with the element indices of See DropoutKey's parts:
 // each element takes the index of its place in the whole tensor, whose dim 0 is batch_parts times
 // x's and whose part_dim is parts times x's.
-void dropout_parts(const float* x, float* y, const Shape& shape, float p, const DropoutKey& key) {
+// The kernel of `device` on n elements whose first takes counter `offset`. The CUDA mask is the
+// CPU's bit for bit (kernels/cuda/dropout.h).
+void dropout_run(Device device, const float* x, float* y, int64_t n, float p, const DropoutKey& key,
+                 uint64_t offset) {
+  if (device.is_cpu()) {
+    kernels::cpu::dropout(x, y, n, p, key.seed, key.stream, offset);
+  } else {
+    LOOM_IF_CUDA(
+        kernels::cuda::dropout(x, y, n, p, key.seed, key.stream, offset, cuda_stream(device)));
+  }
+}
+
+void dropout_parts(Device device, const float* x, float* y, const Shape& shape, float p,
+                   const DropoutKey& key) {
   const int64_t n = shape_numel(shape);
   if (key.parts == 1 && key.batch_parts == 1) {
-    kernels::cpu::dropout(x, y, n, p, key.seed, key.stream, key.offset);
+    dropout_run(device, x, y, n, p, key, key.offset);
     return;
   }
   // Dims past the last split one are whole, so runs of `inner` elements are contiguous in the
@@ -37,8 +54,9 @@ void dropout_parts(const float* x, float* y, const Shape& shape, float p, const 
   for (int64_t o = 0; o < outer; ++o) {
     int64_t place = 0;
     for (size_t d = 0; d <= last; ++d) place = place * whole[d] + first[d] + index[d];
-    kernels::cpu::dropout(x + o * inner, y + o * inner, inner, p, key.seed, key.stream,
-                          key.offset + uint64_t(place * inner));
+    // One launch per run on CUDA: split dropout (tp or batch parts) is not yet a single kernel.
+    dropout_run(device, x + o * inner, y + o * inner, inner, p, key,
+                key.offset + uint64_t(place * inner));
     for (size_t d = last + 1; d-- > 0;) {  // next index
       if (++index[d] < shape[d]) break;
       index[d] = 0;
@@ -55,7 +73,6 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
              "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
   if (lp) return lp.round(dropout(lp.f32(x), p, training, key));  // Note [Low-precision compute]
-  LOOM_CHECK(x.device().is_cpu(), "dropout: CUDA kernel not implemented yet (CPU only for now)");
   LOOM_CHECK(key.parts >= 1 && key.part >= 0 && key.part < key.parts && key.part_dim >= 0 &&
                  (key.parts == 1 || key.part_dim < x.dim()),
              "dropout: part ", key.part, " of ", key.parts, " along dim ", key.part_dim,
@@ -68,11 +85,11 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
   Tensor in = x.detach().contiguous();
   Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
   const float pf = float(p);
-  dropout_parts(in.data<float>(), out.data<float>(), in.shape(), pf, key);
+  dropout_parts(in.device(), in.data<float>(), out.data<float>(), in.shape(), pf, key);
   autograd::record(out, "dropout", {x}, [pf, key](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dx = Tensor::empty(gc.shape(), DType::kF32, gc.device());
-    dropout_parts(gc.data<float>(), dx.data<float>(), gc.shape(), pf, key);
+    dropout_parts(gc.device(), gc.data<float>(), dx.data<float>(), gc.shape(), pf, key);
     return std::vector<Tensor>{dx};
   });
   return out;

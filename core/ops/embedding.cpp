@@ -2,11 +2,15 @@
 // out-of-range index is an error naming it rather than a wild read.
 #include <type_traits>
 
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
 #include "kernels/cpu/embedding.h"
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/embedding.h"
+#endif
 
 namespace loom {
 
@@ -44,25 +48,41 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   detail::check_dim("embedding", "weight", weight, 2);
   detail::check_index("embedding", "indices", indices);
   detail::check_same_device("embedding", "weight", weight, "indices", indices);
-  LOOM_CHECK(weight.device().is_cpu(),
-             "embedding: CUDA kernel not implemented yet (CPU only for now)");
   const int64_t vocab = weight.size(0), cols = weight.size(1), n = indices.numel();
   Tensor w = weight.detach().contiguous(), idx = indices.detach().contiguous();
   Shape out_shape = indices.shape();
   out_shape.push_back(cols);
   Tensor out = Tensor::empty(out_shape, DType::kF32, w.device());
+  const Device device = w.device();
+  // On CUDA the range check reads a host copy of the indices (no device-side check yet).
+  const Tensor host_idx = device.is_cpu() ? idx : idx.to(Device::cpu());
   visit_index_dtype(idx.dtype(), [&](auto tag) {
     using I = decltype(tag);
-    check_indices(idx.data<I>(), idx.shape(), vocab);
-    kernels::cpu::embedding_forward(w.data<float>(), idx.data<I>(), out.data<float>(), n, cols);
+    check_indices(host_idx.data<I>(), idx.shape(), vocab);
+    if (device.is_cpu()) {
+      kernels::cpu::embedding_forward(w.data<float>(), idx.data<I>(), out.data<float>(), n, cols);
+    } else {
+      LOOM_IF_CUDA(kernels::cuda::embedding_forward(
+          w.data<float>(), idx.data<I>(), out.data<float>(), n, cols, cuda_stream(device)));
+    }
   });
   autograd::record(out, "embedding", {weight}, [idx, vocab, cols, n](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, gc.device());
     visit_index_dtype(idx.dtype(), [&](auto tag) {
       using I = decltype(tag);
-      kernels::cpu::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n, vocab,
-                                       cols);
+      if (gc.device().is_cpu()) {
+        kernels::cpu::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n,
+                                         vocab, cols);
+      } else {
+        LOOM_IF_CUDA({
+          const size_t bytes = kernels::cuda::embedding_backward_workspace_bytes(n, vocab);
+          Tensor ws = cuda_workspace(gc.device(), bytes);
+          kernels::cuda::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n,
+                                            vocab, cols, ws.data_ptr(), bytes,
+                                            cuda_stream(gc.device()));
+        });
+      }
     });
     return std::vector<Tensor>{dw};
   });

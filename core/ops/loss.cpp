@@ -2,11 +2,15 @@
 // the logits and one log-sum-exp per row; the backward writes the logits' gradient directly.
 #include <type_traits>
 
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
 #include "kernels/cpu/cross_entropy.h"
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/cross_entropy.h"
+#endif
 
 namespace loom {
 
@@ -20,6 +24,48 @@ void check_targets(const I* targets, int64_t rows, int64_t classes, int64_t igno
                " at row ", r, " is outside [0, ", classes, ") and is not ignore_index (",
                ignore_index, ")");
   }
+}
+
+// The CUDA path: the loss, its row count and the gradient's scale stay in device slots, so the
+// host never waits for the GPU (the targets' range check copies them to the host first, as a
+// device-side check does not exist yet).
+Tensor cross_entropy_cuda(const Tensor& logits, const Tensor& x, const Tensor& tg,
+                          const Tensor& lse, const kernels::cpu::CrossEntropyShape& shape) {
+#if LOOM_WITH_CUDA
+  const Tensor host_targets = tg.to(Device::cpu());
+  const Device device = x.device();
+  Tensor sum = cuda_workspace(device, sizeof(double));
+  Tensor count = Tensor::empty({1}, DType::kI64, device);
+  Tensor out = Tensor::empty(Shape{}, DType::kF32, device);
+  visit_index_dtype(tg.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    check_targets(host_targets.data<I>(), shape.rows, shape.num_classes, shape.ignore_index);
+    kernels::cuda::cross_entropy_forward(x.data<float>(), tg.data<I>(), lse.data<float>(), shape,
+                                         static_cast<double*>(sum.data_ptr()),
+                                         count.data<int64_t>(), cuda_stream(device));
+  });
+  kernels::cuda::cross_entropy_mean(static_cast<const double*>(sum.data_ptr()),
+                                    count.data<int64_t>(), out.data<float>(), cuda_stream(device));
+  autograd::record(out, "cross_entropy", {logits}, [x, tg, lse, shape, count](const Tensor& g) {
+    const Device device = x.device();
+    Tensor gc = g.contiguous();
+    Tensor scale = Tensor::empty({1}, DType::kF32, device);
+    kernels::cuda::cross_entropy_grad_scale(gc.data<float>(), count.data<int64_t>(),
+                                            scale.data<float>(), cuda_stream(device));
+    Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
+    visit_index_dtype(tg.dtype(), [&](auto tag) {
+      using I = decltype(tag);
+      kernels::cuda::cross_entropy_backward(x.data<float>(), tg.data<I>(), lse.data<float>(),
+                                            static_cast<const float*>(scale.data<float>()),
+                                            dx.data<float>(), shape, cuda_stream(device));
+    });
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+#else
+  (void)logits, (void)x, (void)tg, (void)lse, (void)shape;
+  LOOM_FAIL("cross_entropy: loom was built without CUDA");
+#endif
 }
 
 }  // namespace
@@ -43,12 +89,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   const int64_t classes = options.num_classes < 0 ? cols : options.num_classes;
   LOOM_CHECK(classes >= 1 && classes <= cols, "cross_entropy: num_classes ", options.num_classes,
              " must be in [1, ", cols, "] (the logits' last dim), or -1 for all columns");
-  LOOM_CHECK(logits.device().is_cpu(),
-             "cross_entropy: CUDA kernel not implemented yet (CPU only for now)");
 
   Tensor x = logits.detach().contiguous(), tg = targets.detach().contiguous();
   Tensor lse = Tensor::empty({rows}, DType::kF32, x.device());
   const kernels::cpu::CrossEntropyShape shape{rows, cols, classes, options.ignore_index};
+  if (x.device().is_cuda()) return cross_entropy_cuda(logits, x, tg, lse, shape);
   int64_t count = 0;
   double total = 0.0;
   visit_index_dtype(tg.dtype(), [&](auto tag) {

@@ -1,9 +1,13 @@
 // layer_norm over the last dim. The forward keeps per-row mean and rstd (two floats per row) for
 // the backward instead of the normalised activations.
+#include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
 #include "kernels/cpu/layer_norm.h"
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/layer_norm.h"
+#endif
 
 namespace loom {
 
@@ -32,16 +36,21 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   check_param("weight", weight, x, cols);
   check_param("bias", bias, x, cols);
   LOOM_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got ", eps);
-  LOOM_CHECK(x.device().is_cpu(), "layer_norm: CUDA kernel not implemented yet (CPU only for now)");
   Tensor in = x.detach().contiguous();
   Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
   Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
   Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
   Tensor mean = Tensor::empty({rows}, DType::kF32, in.device());
   Tensor rstd = Tensor::empty({rows}, DType::kF32, in.device());
-  kernels::cpu::layer_norm_forward(in.data<float>(), data_or_null(w), data_or_null(b),
-                                   out.data<float>(), mean.data<float>(), rstd.data<float>(), rows,
-                                   cols, float(eps));
+  if (in.device().is_cpu()) {
+    kernels::cpu::layer_norm_forward(in.data<float>(), data_or_null(w), data_or_null(b),
+                                     out.data<float>(), mean.data<float>(), rstd.data<float>(),
+                                     rows, cols, float(eps));
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::layer_norm_forward(
+        in.data<float>(), data_or_null(w), data_or_null(b), out.data<float>(), mean.data<float>(),
+        rstd.data<float>(), rows, cols, float(eps), cuda_stream(in.device())));
+  }
   const bool need_dx = x.requires_grad();
   const bool need_dw = weight.defined() && weight.requires_grad();
   const bool need_db = bias.defined() && bias.requires_grad();
@@ -52,11 +61,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
         Tensor dx = need_dx ? Tensor::empty(in.shape(), DType::kF32, in.device()) : Tensor();
         Tensor dw = need_dw ? Tensor::empty({cols}, DType::kF32, in.device()) : Tensor();
         Tensor db = need_db ? Tensor::empty({cols}, DType::kF32, in.device()) : Tensor();
-        kernels::cpu::layer_norm_backward(in.data<float>(), data_or_null(w), mean.data<float>(),
-                                          rstd.data<float>(), gc.data<float>(),
-                                          dx.defined() ? dx.data<float>() : nullptr,
-                                          dw.defined() ? dw.data<float>() : nullptr,
-                                          db.defined() ? db.data<float>() : nullptr, rows, cols);
+        float* dx_p = dx.defined() ? dx.data<float>() : nullptr;
+        float* dw_p = dw.defined() ? dw.data<float>() : nullptr;
+        float* db_p = db.defined() ? db.data<float>() : nullptr;
+        if (in.device().is_cpu()) {
+          kernels::cpu::layer_norm_backward(in.data<float>(), data_or_null(w), mean.data<float>(),
+                                            rstd.data<float>(), gc.data<float>(), dx_p, dw_p, db_p,
+                                            rows, cols);
+        } else {
+          LOOM_IF_CUDA({
+            const size_t bytes = kernels::cuda::layer_norm_backward_workspace_bytes(rows, cols);
+            Tensor ws = cuda_workspace(in.device(), bytes);
+            kernels::cuda::layer_norm_backward(in.data<float>(), data_or_null(w),
+                                               mean.data<float>(), rstd.data<float>(),
+                                               gc.data<float>(), dx_p, dw_p, db_p, rows, cols,
+                                               ws.data_ptr(), bytes, cuda_stream(in.device()));
+          });
+        }
         return std::vector<Tensor>{dx, dw, db};
       });
   return out;

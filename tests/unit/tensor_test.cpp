@@ -87,6 +87,22 @@ TEST(Tensor, CudaTensorWithoutAGpuIsAClearError) {
   EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
 }
 
+TEST(Tensor, InPlaceDeviceMoveIsForLeavesOnly) {
+  Tensor a = Tensor::from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  a.to_(Device::cpu());  // already there: nothing changes
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 2}));
+  EXPECT_TRUE(a.requires_grad());
+  Tensor b = mul(a, a);
+  try {
+    b.to_(Device::cpu());
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only leaf tensors move in place"), std::string::npos)
+        << e.what();
+  }
+  if (!cuda_available()) EXPECT_THROW(a.to_(Device::cuda(0)), Error);
+}
+
 TEST(Autograd, AddMulChainRule) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
   Tensor b = Tensor::from_vector<float>({4, 5, 6}, {3}).set_requires_grad(true);
