@@ -1,7 +1,13 @@
-// AdamW: checks and per-parameter dispatch to kernels/cpu/optimizer_update.
+// AdamW: checks and dispatch: per parameter to kernels/cpu/optimizer_update, and on CUDA one
+// multi-tensor launch per group of parameters that share a device and a step count.
 #include "optimizer/adamw.h"
 
+#include <map>
+#include <utility>
+
+#include "core/cuda_dispatch.h"
 #include "kernels/cpu/optimizer_update.h"
+#include "kernels/cuda/optimizer_update.h"  // no CUDA header; called only under LOOM_IF_CUDA
 
 namespace loom::optim {
 
@@ -22,21 +28,40 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
 }
 
 void AdamW::step() {
+  std::map<std::pair<int, int64_t>, std::vector<kernels::cuda::AdamWTensor>> cuda_groups;
+  std::vector<Tensor> grads_in_flight;  // contiguous copies stay alive until their launch
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = grad_for_update(i);
     if (!g.defined()) continue;
     Tensor& p = params_[i];
-    require_cpu(p);
-    kernels::cpu::AdamWHyper h;
-    h.lr = lr_;
-    h.beta1 = options_.beta1;
-    h.beta2 = options_.beta2;
-    h.eps = options_.eps;
-    h.weight_decay = options_.weight_decay;
-    h.step = ++steps_[i];
+    require_f32(p);
+    kernels::cpu::AdamWHyper h = hyper(++steps_[i]);
+    if (p.device().is_cuda()) {
+      cuda_groups[{p.device().index, h.step}].push_back({p.data<float>(), g.data<float>(),
+                                                         exp_avg_[i].data<float>(),
+                                                         exp_avg_sq_[i].data<float>(), p.numel()});
+      grads_in_flight.push_back(g);
+      continue;
+    }
     kernels::cpu::adamw_step(p.data<float>(), g.data<float>(), exp_avg_[i].data<float>(),
                              exp_avg_sq_[i].data<float>(), p.numel(), h);
   }
+  for (const auto& [key, tensors] : cuda_groups) {
+    LOOM_IF_CUDA(kernels::cuda::adamw_step_multi(tensors.data(), int64_t(tensors.size()),
+                                                 hyper(key.second),
+                                                 cuda_stream(Device::cuda(key.first))));
+  }
+}
+
+kernels::cpu::AdamWHyper AdamW::hyper(int64_t step) const {
+  kernels::cpu::AdamWHyper h;
+  h.lr = lr_;
+  h.beta1 = options_.beta1;
+  h.beta2 = options_.beta2;
+  h.eps = options_.eps;
+  h.weight_decay = options_.weight_decay;
+  h.step = step;
+  return h;
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

@@ -6,6 +6,7 @@
 // with t the number of updates this parameter has received, counting this one.
 #pragma once
 
+#include "kernels/cpu/optimizer_update.h"
 #include "optimizer/optimizer.h"
 
 namespace loom::optim {
@@ -29,6 +30,8 @@ class AdamW : public Optimizer {
   int64_t step_count(size_t param_index) const { return steps_.at(param_index); }
 
  private:
+  kernels::cpu::AdamWHyper hyper(int64_t step) const;
+
   AdamWOptions options_;
   std::vector<Tensor> exp_avg_;     // m, per parameter, its shape
   std::vector<Tensor> exp_avg_sq_;  // v, per parameter, its shape

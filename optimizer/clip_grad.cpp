@@ -2,15 +2,57 @@
 #include "optimizer/clip_grad.h"
 
 #include <cmath>
+#include <cstring>
 
+#include <map>
+
+#include "core/cuda_dispatch.h"
 #include "core/ops.h"
+#include "kernels/cuda/norm_reduce.h"  // no CUDA header; called only under LOOM_IF_CUDA
 
 namespace loom::optim {
 
+namespace {
+
+// The f64 sum of squares of f32 gradients on one CUDA device: one multi-tensor reduction and one
+// read back, where summing tensor by tensor would wait for the GPU once per parameter.
+double cuda_sum_of_squares(Device device, const std::vector<Tensor>& grads) {
+  std::vector<const float*> ptrs;
+  std::vector<int64_t> sizes;
+  for (const Tensor& g : grads) {
+    ptrs.push_back(g.data<float>());
+    sizes.push_back(g.numel());
+  }
+  double result = 0.0;
+  LOOM_IF_CUDA({
+    const size_t bytes =
+        kernels::cuda::sum_of_squares_multi_workspace_bytes(sizes.data(), int64_t(sizes.size()));
+    Tensor ws = cuda_workspace(device, bytes);
+    Tensor out = cuda_workspace(device, sizeof(double));
+    kernels::cuda::sum_of_squares_multi(ptrs.data(), sizes.data(), int64_t(sizes.size()),
+                                        static_cast<double*>(out.data_ptr()), ws.data_ptr(), bytes,
+                                        cuda_stream(device));
+    const Tensor host = out.to(Device::cpu());
+    std::memcpy(&result, host.data_ptr(), sizeof(double));
+  });
+  return result;
+}
+
+}  // namespace
+
 double grad_sum_of_squares(const std::vector<Tensor>& params) {
   double sum_sq = 0.0;
-  for (const Tensor& p : params)
-    if (p.defined() && p.grad().defined()) sum_sq += sum_of_squares(p.grad());
+  std::map<int, std::vector<Tensor>> cuda_grads;  // f32 gradients by device
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    const Tensor& g = p.grad();
+    if (g.device().is_cuda() && g.dtype() == DType::kF32)
+      cuda_grads[g.device().index].push_back(g.detach().contiguous());
+    else
+      sum_sq += sum_of_squares(g);
+  }
+  for (const auto& [device, grads] : cuda_grads)
+    sum_sq += cuda_sum_of_squares(Device::cuda(device), grads);
   return sum_sq;
 }
 

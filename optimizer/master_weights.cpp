@@ -14,8 +14,6 @@ MasterWeights::MasterWeights(std::vector<Tensor> model) : model_(std::move(model
     const Tensor& m = model_[i];
     LOOM_CHECK(m.defined() && is_low_precision(m.dtype()), "MasterWeights: tensor ", i, " is ",
                m.defined() ? m.str() : "undefined", "; f32 masters are kept for bf16 or f16 ones");
-    LOOM_CHECK(m.device().is_cpu(), "MasterWeights: CUDA not implemented yet (tensor ", i, " on ",
-               m.device().str(), ")");
     masters_.push_back(m.detach().to(DType::kF32).contiguous());
   }
 }
@@ -34,8 +32,14 @@ bool MasterWeights::set_gradients(const std::vector<Tensor>& grads, double inv_s
     Tensor g = grads[i].detach().to(DType::kF32).contiguous();
     if (g.storage() == grads[i].storage()) g = g.clone();  // an f32 gradient: keep the caller's
     if (inv_scale != 1.0) scale_(g, inv_scale);
-    const float* p = g.data<float>();
-    for (int64_t k = 0, n = g.numel(); k < n && finite; ++k) finite = std::isfinite(p[k]);
+    if (g.device().is_cpu()) {
+      const float* p = g.data<float>();
+      for (int64_t k = 0, n = g.numel(); k < n && finite; ++k) finite = std::isfinite(p[k]);
+    } else if (finite) {
+      // Device memory: the f64 sum of squares is finite exactly when every element is (an f32
+      // square is below 2^256, so no finite sum of fewer than 2^700 of them overflows).
+      finite = std::isfinite(sum_of_squares(g));
+    }
     master.set_grad(g.reshape(master.shape()));
   }
   return finite;

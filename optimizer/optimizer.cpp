@@ -129,9 +129,10 @@ Tensor Optimizer::grad_for_update(size_t i) const {
   return g.detach().contiguous();
 }
 
-void Optimizer::require_cpu(const Tensor& param) const {
-  LOOM_CHECK(param.device().is_cpu(), name_, ": CUDA kernel not implemented yet (parameter on ",
-             param.device().str(), ")");
+void Optimizer::require_f32(const Tensor& param) const {
+  LOOM_CHECK(param.dtype() == DType::kF32, name_, ": parameter ", param.str(),
+             " is not f32; the update kernels keep f32 weights (train bf16/f16 models through "
+             "MixedPrecisionOptimizer, which holds f32 master weights)");
 }
 
 }  // namespace loom::optim

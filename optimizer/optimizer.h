@@ -61,8 +61,8 @@ class Optimizer {
   // The gradient of params_[i] as a contiguous tensor on the parameter's device, or undefined
   // when it has none this step. Checks shape, dtype and device against the parameter.
   Tensor grad_for_update(size_t i) const;
-  // Raises "<name>: CUDA kernel not implemented yet" for parameters the CPU kernels cannot take.
-  void require_cpu(const Tensor& param) const;
+  // Raises an error naming the parameter unless it is f32 (the update kernels' only dtype).
+  void require_f32(const Tensor& param) const;
   // state_dict() and load_state_dict() for an optimizer whose state is state() plus `steps`, one
   // update count per parameter.
   std::map<std::string, Tensor> state_dict_with_steps(const std::vector<int64_t>& steps) const;

@@ -3,6 +3,7 @@
 // first time); d = nesterov ? g + momentum * buf : buf; p -= lr * d.
 #pragma once
 
+#include "kernels/cpu/optimizer_update.h"
 #include "optimizer/optimizer.h"
 
 namespace loom::optim {
@@ -25,6 +26,8 @@ class SGD : public Optimizer {
   const SgdOptions& options() const { return options_; }
 
  private:
+  kernels::cpu::SgdHyper hyper(bool first_step) const;
+
   SgdOptions options_;
   std::vector<Tensor> momentum_;  // per parameter, its shape; empty when momentum == 0
   std::vector<int64_t> steps_;    // updates each parameter has received
