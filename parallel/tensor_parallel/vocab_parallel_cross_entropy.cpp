@@ -16,17 +16,23 @@
 // Ranks must agree on V_local, vocab, ignore_index and the targets: a disagreement would give
 // each rank a different, silently wrong loss. The first allreduce (a max) carries, after the N
 // row maxima, v and -v for each of these (the targets as a fingerprint), so every rank learns
-// max and min of each at no extra collective and all raise the same error.
+// max and min of each at no extra collective and all raise the same error. On CUDA tensors the
+// same stages run as device kernels (vocab_parallel_cross_entropy_cuda below).
 #include "parallel/tensor_parallel/vocab_parallel_cross_entropy.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
 #include "kernels/cpu/vocab_parallel_cross_entropy.h"
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/vocab_parallel_cross_entropy.h"
+#endif
 
 namespace loom::parallel {
 
@@ -64,6 +70,114 @@ int64_t targets_fingerprint(const I* targets, int64_t rows) {
   return h;
 }
 
+// What every rank must agree on, carried after the row maxima by the first allreduce (a max): v
+// and -v per field, so every rank learns max and min of each and all raise the same error.
+struct Agreement {
+  int64_t cols, vocab, ignore_index, fingerprint;
+
+  void fill(float* tail) const {
+    const int64_t agreed[kAgreedFields] = {mod_prime(cols), mod_prime(vocab),
+                                           mod_prime(ignore_index), fingerprint};
+    for (int64_t f = 0; f < kAgreedFields; ++f) {
+      tail[2 * f] = float(agreed[f]);
+      tail[2 * f + 1] = -float(agreed[f]);
+    }
+  }
+  void check(const float* tail, const comm::Communicator& tp, int64_t rows) const {
+    const int64_t shown[kAgreedFields] = {cols, vocab, ignore_index, fingerprint};  // in messages
+    for (int64_t f = 0; f < kAgreedFields; ++f)
+      LOOM_CHECK(tail[2 * f] == -tail[2 * f + 1], kOp, ": the ranks of group '", tp.name(),
+                 "' pass different ", kAgreedNames[f],
+                 "; every rank of the tensor-parallel group must call it with the same targets [",
+                 rows, "], vocab, ignore_index and logits [", rows,
+                 ", V_local] (this rank: ", f == kTargets ? "targets fingerprint " : "", shown[f],
+                 ")");
+  }
+};
+
+// The CUDA path: the same stages on the device (kernels/cuda/vocab_parallel_cross_entropy.h),
+// with the allreduces on device tensors (NCCL when the group has it). The loss, its row count and
+// the gradient's scale stay in device slots; the host reads only the targets (range check and
+// fingerprint, no device-side check yet) and the agreement fields after the first allreduce.
+Tensor vocab_parallel_cross_entropy_cuda(const Tensor& logits, const Tensor& x, const Tensor& tg,
+                                         const kernels::cpu::VocabParallelCrossEntropyShape& shape,
+                                         comm::Communicator& tp, int64_t vocab) {
+#if LOOM_WITH_CUDA
+  const Device device = x.device();
+  const kernels::cuda::Stream stream = cuda_stream(device);
+  const int64_t rows = shape.rows;
+  const Tensor host_targets = tg.to(Device::cpu());
+  int64_t fingerprint = 0;
+  Tensor local_max = Tensor::empty({rows}, DType::kF32, device);
+  Tensor local_sum_exp = cuda_workspace(device, size_t(rows) * sizeof(double));
+  Tensor target_logit = Tensor::empty({rows}, DType::kF32, device);
+  visit_index_dtype(tg.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    check_targets(host_targets.data<I>(), rows, vocab, shape.ignore_index);
+    fingerprint = targets_fingerprint(host_targets.data<I>(), rows);
+    kernels::cuda::vocab_parallel_cross_entropy_local_stats(
+        x.data<float>(), tg.data<I>(), local_max.data<float>(),
+        static_cast<double*>(local_sum_exp.data_ptr()), shape, stream);
+    kernels::cuda::vocab_parallel_cross_entropy_target_logit(
+        x.data<float>(), tg.data<I>(), target_logit.data<float>(), shape, stream);
+  });
+
+  // 1. The global row max, the agreement fields behind it (filled on the host, copied over).
+  const Agreement agreement{shape.cols, vocab, shape.ignore_index, fingerprint};
+  Tensor tail = Tensor::empty({2 * kAgreedFields}, DType::kF32);
+  agreement.fill(tail.data<float>());
+  Tensor row_max = Tensor::empty({rows + 2 * kAgreedFields}, DType::kF32, device);
+  row_max.narrow(0, 0, rows).copy_(local_max);
+  row_max.narrow(0, rows, 2 * kAgreedFields).copy_(tail);
+  tp.allreduce(row_max, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
+  const Tensor reduced_tail = row_max.narrow(0, rows, 2 * kAgreedFields).to(Device::cpu());
+  agreement.check(reduced_tail.data<float>(), tp, rows);
+
+  // 2. and 3. as on the CPU.
+  comm::WorkPtr target_work = tp.allreduce(target_logit);
+  Tensor sum_exp = Tensor::empty({rows}, DType::kF32, device);
+  kernels::cuda::vocab_parallel_cross_entropy_rescale_sum_exp(
+      local_max.data<float>(), static_cast<const double*>(local_sum_exp.data_ptr()),
+      row_max.data<float>(), sum_exp.data<float>(), rows, stream);
+  comm::WorkPtr sum_work = tp.allreduce(sum_exp);
+  target_work->wait();
+  sum_work->wait();
+
+  Tensor lse = Tensor::empty({rows}, DType::kF32, device);
+  Tensor sum = cuda_workspace(device, sizeof(double));
+  Tensor count = Tensor::empty({1}, DType::kI64, device);
+  visit_index_dtype(tg.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    kernels::cuda::vocab_parallel_cross_entropy_loss(
+        tg.data<I>(), row_max.data<float>(), sum_exp.data<float>(), target_logit.data<float>(),
+        lse.data<float>(), shape, static_cast<double*>(sum.data_ptr()), count.data<int64_t>(),
+        stream);
+  });
+  Tensor out = Tensor::empty(Shape{}, DType::kF32, device);
+  kernels::cuda::cross_entropy_mean(static_cast<const double*>(sum.data_ptr()),
+                                    count.data<int64_t>(), out.data<float>(), stream);
+  autograd::record(out, kOp, {logits}, [x, tg, lse, shape, count](const Tensor& g) {
+    const Device device = x.device();
+    Tensor gc = g.contiguous();
+    Tensor scale = Tensor::empty({1}, DType::kF32, device);
+    kernels::cuda::cross_entropy_grad_scale(gc.data<float>(), count.data<int64_t>(),
+                                            scale.data<float>(), cuda_stream(device));
+    Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
+    visit_index_dtype(tg.dtype(), [&](auto tag) {
+      using I = decltype(tag);
+      kernels::cuda::vocab_parallel_cross_entropy_backward(
+          x.data<float>(), tg.data<I>(), lse.data<float>(), scale.data<float>(), dx.data<float>(),
+          shape, cuda_stream(device));
+    });
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+#else
+  (void)logits, (void)x, (void)tg, (void)shape, (void)tp, (void)vocab;
+  LOOM_FAIL(kOp, ": loom was built without CUDA");
+#endif
+}
+
 }  // namespace
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
@@ -83,8 +197,6 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
              shape_str(logits.shape()), "), got ", shape_str(targets.shape()),
              "; flatten [B, T, V_local] logits to [B*T, V_local] first");
   detail::check_same_device(kOp, "logits", logits, "targets", targets);
-  LOOM_CHECK(logits.device().is_cpu(), kOp, ": CUDA not implemented yet (CPU only for now); ",
-             "logits are on ", logits.device().str());
   const int64_t rows = logits.size(0), cols = logits.size(1), ranks = tp->size();
   LOOM_CHECK(vocab >= 1, kOp, ": vocab must be at least 1, got ", vocab);
   LOOM_CHECK(vocab <= cols * ranks, kOp, ": vocab ", vocab,
@@ -101,6 +213,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   shape.ignore_index = ignore_index;
 
   Tensor x = logits.detach().contiguous(), tg = targets.detach().contiguous();
+  if (x.device().is_cuda())
+    return vocab_parallel_cross_entropy_cuda(logits, x, tg, shape, *tp, vocab);
   const float* xp = x.data<float>();
   int64_t fingerprint = 0;
   // This rank's row maxima and sums of exp(x - them), in one pass over the logits, and the
@@ -123,21 +237,10 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   Tensor row_max = Tensor::empty({rows + 2 * kAgreedFields}, DType::kF32, x.device());
   float* mp = row_max.data<float>();
   std::copy(local_max.begin(), local_max.end(), mp);
-  const int64_t shown[kAgreedFields] = {cols, vocab, ignore_index, fingerprint};  // in messages
-  const int64_t agreed[kAgreedFields] = {mod_prime(cols), mod_prime(vocab), mod_prime(ignore_index),
-                                         fingerprint};
-  for (int64_t f = 0; f < kAgreedFields; ++f) {
-    mp[rows + 2 * f] = float(agreed[f]);
-    mp[rows + 2 * f + 1] = -float(agreed[f]);
-  }
+  const Agreement agreement{cols, vocab, ignore_index, fingerprint};
+  agreement.fill(mp + rows);
   tp->allreduce(row_max, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
-  for (int64_t f = 0; f < kAgreedFields; ++f)
-    LOOM_CHECK(mp[rows + 2 * f] == -mp[rows + 2 * f + 1], kOp, ": the ranks of group '", tp->name(),
-               "' pass different ", kAgreedNames[f],
-               "; every rank of the tensor-parallel group must call it with the same targets [",
-               rows, "], vocab, ignore_index and logits [", rows,
-               ", V_local] (this rank: ", f == kTargets ? "targets fingerprint " : "", shown[f],
-               ")");
+  agreement.check(mp + rows, *tp, rows);
 
   // 2. The target's logit, summed over ranks (one rank holds it, the others add 0), and 3. the
   // sum of exp(x - max) over every class column of the row: each rank's sum scaled to the global
