@@ -320,6 +320,17 @@ bool launched_by_mpi() {
          std::getenv("PMIX_RANK") != nullptr;
 }
 
+int64_t launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* v = std::getenv(name)) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && r >= 0) return r;
+    }
+  }
+  return -1;
+}
+
 std::shared_ptr<Communicator> world(const std::string& backend) {
   LOOM_CHECK(backend == "auto" || backend == "self" || backend == "mpi" || backend == "nccl",
              "world: unknown backend '", backend, "' (expected auto, self, mpi or nccl)");

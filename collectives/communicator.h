@@ -200,6 +200,11 @@ class Communicator {
 // and "nccl" requires that (collectives/nccl_backend.h). Sets the rank printed in error messages.
 std::shared_ptr<Communicator> world(const std::string& backend = "auto");
 
+// This process's index among the ranks of its node as the launcher says it
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID); -1 when none does. The GPU a
+// rank takes under mpirun (Note [One GPU per rank] in nccl_backend.cpp).
+int64_t launcher_local_rank();
+
 // True when the environment says this process was started by an MPI launcher.
 bool launched_by_mpi();
 

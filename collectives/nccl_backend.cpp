@@ -756,18 +756,6 @@ class NcclCommunicator final : public Communicator {
 
 // ---------------------------------------------------------------- creation
 
-// This rank's index among the ranks of its node as the launcher says it; -1 when none does.
-int64_t launcher_local_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(name)) {
-      char* end = nullptr;
-      const long r = std::strtol(v, &end, 10);
-      if (end != v && *end == '\0' && r >= 0) return r;
-    }
-  }
-  return -1;
-}
-
 // The node this rank runs on: a 64-bit FNV-1a hash of its host name.
 int64_t node_id() {
   char name[256] = {};

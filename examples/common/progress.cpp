@@ -34,12 +34,14 @@ void Progress::step(const StepMetrics& m) {
   const double eta = m.step > 0 ? m.elapsed_s / double(m.step) * double(total_ - m.step) : 0.0;
   char grad[32] = "";
   if (m.grad_norm >= 0) std::snprintf(grad, sizeof grad, " | norm %.3f", m.grad_norm);
-  char line[256];
+  char mfu[32] = "";
+  if (m.mfu >= 0) std::snprintf(mfu, sizeof mfu, " | mfu %.1f%%", m.mfu * 100.0);
+  char line[288];
   std::snprintf(line, sizeof line,
                 "step %" PRId64 "/%" PRId64
-                " | loss %.6f | lr %.3e%s | %.0f tok/s | %.1f ms | "
+                " | loss %.6f | lr %.3e%s | %.0f tok/s%s | %.1f ms | "
                 "elapsed %s | eta %s",
-                m.step, total_, m.loss, m.lr, grad, m.tokens_per_s, m.step_ms,
+                m.step, total_, m.loss, m.lr, grad, m.tokens_per_s, mfu, m.step_ms,
                 format_duration(m.elapsed_s).c_str(), format_duration(eta).c_str());
   if (terminal_) {
     std::printf("\r\033[K%s", line);
@@ -58,6 +60,7 @@ void Progress::step(const StepMetrics& m) {
                         {"step_ms", m.step_ms}};
     if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
     if (m.comm_wait_ms >= 0) j["comm_wait_ms"] = m.comm_wait_ms;
+    if (m.mfu >= 0) j["mfu"] = m.mfu;
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }

@@ -21,6 +21,7 @@ struct StepMetrics {
   double step_ms = 0;
   double grad_norm = -1;     // < 0: not computed
   double comm_wait_ms = -1;  // < 0: no data-parallel reduction; else the time waited for it
+  double mfu = -1;           // < 0: not known (CPU, or a GPU without a peak); else a fraction
 };
 
 class Progress {

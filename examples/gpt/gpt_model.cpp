@@ -23,13 +23,19 @@ nn::Module& GptModel::module() const {
   return *tp_gpt_;
 }
 
+void GptModel::to(Device device) {
+  module().to(device);
+  device_ = device;
+}
+
 Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
-  return gpt_ ? gpt_->loss(idx, targets) : tp_gpt_->loss(idx, targets);
+  const Tensor i = idx.to(device_), t = targets.to(device_);
+  return gpt_ ? gpt_->loss(i, t) : tp_gpt_->loss(i, t);
 }
 
 Tensor GptModel::logits(const Tensor& idx) const {
-  if (gpt_) return (*gpt_)(idx);
-  Tensor whole = parallel::gather_from_tp((*tp_gpt_)(idx), tp_, -1);
+  if (gpt_) return (*gpt_)(idx.to(device_));
+  Tensor whole = parallel::gather_from_tp((*tp_gpt_)(idx.to(device_)), tp_, -1);
   return whole.narrow(-1, 0, config_.padded_vocab);
 }
 

@@ -31,6 +31,11 @@ class GptModel {
     return [this](const Tensor& idx) { return logits(idx); };
   }
 
+  // Moves the parameters to `device` (after load/init and any dtype change, before the trainer is
+  // built); loss() and logits() then move their token inputs there.
+  void to(Device device);
+  Device device() const { return device_; }
+
   // Single-process weights in, each rank taking its slice.
   void load(const io::GptParams& params);
   // The single-process weights (f32, CPU). Collective over tp.
@@ -39,6 +44,7 @@ class GptModel {
  private:
   GptConfig config_;
   std::shared_ptr<comm::Communicator> tp_;
+  Device device_ = Device::cpu();
   std::unique_ptr<nn::GPT> gpt_;
   std::unique_ptr<parallel::TpGPT> tp_gpt_;
 };

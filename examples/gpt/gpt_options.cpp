@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace loom::gpt {
@@ -64,6 +65,9 @@ void declare_gpt_flags(cli::Flags& f) {
                "parameter and activation dtype; bf16 and f16 train with f32 master weights (f16 "
                "with dynamic loss scaling)",
                {"f32", "bf16", "f16"});
+  f.add_string("device", "cpu",
+               "where the model trains: cpu, cuda (under mpirun each rank takes the GPU of its "
+               "local rank) or cuda:N");
   f.add_double("bucket-mb", 25, "gradient bucket size in MiB (DDP and ZeRO)");
   f.add_bool("no-overlap",
              "launch gradient reductions after backward instead of during it (to measure the "
@@ -117,6 +121,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.trace = f.get_string("trace");
   o.sequence_parallel = f.get_bool("sequence-parallel");
   o.dtype = f.get_string("dtype");
+  o.device = f.get_string("device");
   o.grad_accum = f.get_int("grad-accum");
   o.bucket_mb = f.get_double("bucket-mb");
   o.no_overlap = f.get_bool("no-overlap");
@@ -172,6 +177,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
+  const Device device = Device::parse(o.device);  // an unknown spelling is an error naming it
+  LOOM_CHECK(device.is_cpu() || o.pp == 1, "loom-gpt: --device ", o.device,
+             " with --pp is not wired yet (the pipeline stages "
+             "stay on the CPU); use --dp/--tp/--zero on CUDA, or --pp on the CPU");
   return o;
 }
 

@@ -22,7 +22,8 @@ struct GptOptions {
   int64_t batch, steps;
   double lr, min_lr_ratio, weight_decay, momentum, grad_clip;
   std::string optimizer, lr_schedule;
-  std::string dtype;  // f32, bf16 or f16
+  std::string dtype;   // f32, bf16 or f16
+  std::string device;  // cpu, cuda or cuda:N (Device::parse)
   int64_t warmup_steps;
   uint64_t seed;
   // parallelism (under mpirun): dp x tp ranks

@@ -7,6 +7,7 @@
 // `val_loss <float>` over the first --eval-batches batches, read as llm.c reads them.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "collectives/communicator.h"
 #include "common/flags.h"
+#include "common/gpu_peak.h"
 #include "common/progress.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -26,6 +28,7 @@
 #include "gpt/gpt_options.h"
 #include "gpt/gpt_parallel.h"
 #include "gpt/gpt_pipeline.h"
+#include "kernels/cuda/runtime.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
@@ -37,6 +40,18 @@ namespace loom::gpt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The device this rank trains on (--device): under mpirun, "cuda" is the GPU of the rank's local
+// rank, with a clear error when the node has fewer GPUs than ranks.
+Device training_device(const GptOptions& o) {
+  Device device = Device::parse(o.device);
+  if (device.is_cpu()) return device;
+  LOOM_CHECK(cuda_available(), "loom-gpt: --device ", o.device, ": ", cuda_rt::no_gpu_reason());
+  const int64_t local = o.device == "cuda" ? std::max<int64_t>(0, comm::launcher_local_rank())
+                                           : int64_t(device.index);
+  device.index = cuda_rt::select_device_for_local_rank(int(local));
+  return device;
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -179,6 +194,7 @@ int run(int argc, char** argv) {
 
   nn::set_dropout_seed(o.seed);
   const DType dtype = parse_dtype(o.dtype);
+  const Device device = training_device(o);
   auto optimizer_factory = [&o](std::vector<Tensor> params) {
     return make_optimizer(o, std::move(params));
   };
@@ -202,6 +218,7 @@ int run(int argc, char** argv) {
     else
       gpt->module().init_parameters(o.seed);
     if (dtype != DType::kF32) gpt->module().to(dtype);  // initialised in f32, then rounded
+    gpt->to(device);
   }
   init.reset();  // the model holds its own copy
 
@@ -241,6 +258,13 @@ int run(int argc, char** argv) {
   if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1 || dtype != DType::kF32)
     std::printf("parallel: %s over %d rank(s)\n", trainer->str().c_str(), world->size());
   std::printf("memory per rank: %s\n", trainer->memory().str().c_str());
+  // MFU: model FLOPs per token (6N + attention) at the measured tokens/s over every GPU's peak.
+  const cli::GpuPeak peak = device.is_cuda() ? cli::gpu_peak(device.index, dtype) : cli::GpuPeak{};
+  const double flops_per_token = cli::gpt_flops_per_token(
+      double(config.num_parameters()), int(config.layers), int(config.channels), int(o.seq));
+  if (device.is_cuda())
+    std::printf("device: %s (%s); MFU against %.1f TFLOP/s per GPU (%s)\n", device.str().c_str(),
+                peak.gpu.c_str(), peak.flops / 1e12, peak.basis.c_str());
 
   std::unique_ptr<io::AdditionEvalSet> heldout;
   if (data.task)
@@ -284,6 +308,8 @@ int run(int argc, char** argv) {
     m.tokens_per_s = double(o.batch * o.seq) / (m.step_ms / 1e3);
     m.grad_norm = norm;
     m.comm_wait_ms = r.comm_wait_ms;
+    if (peak.flops > 0)
+      m.mfu = flops_per_token * m.tokens_per_s / (peak.flops * double(world->size()));
     progress.step(m);
 
     if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
@@ -299,9 +325,9 @@ int run(int argc, char** argv) {
   progress.flush_line();
   trainer->finish();
   const double elapsed = seconds_since(start);
-  std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (CPU allocator)\n",
+  std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (%s allocator)\n",
               steps_done, cli::format_duration(elapsed).c_str(),
-              double(allocator_for(Device::cpu()).peak_bytes()) / 1e6);
+              double(allocator_for(device).peak_bytes()) / 1e6, device.is_cpu() ? "CPU" : "CUDA");
   if (const optim::LossScaler* scaler = trainer->scaler(); scaler && scaler->skipped_steps() > 0)
     std::printf("skipped %" PRId64 " step(s) with an inf or nan gradient; loss scaling %s\n",
                 scaler->skipped_steps(), scaler->str().c_str());

@@ -13,124 +13,20 @@
 // order. Both orders are fixed by the shape, so the results are bit-identical from run to run
 // (no atomics). This pass re-reads x and dy, which keeps the dx kernel a plain row kernel.
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/layer_norm.h"
+#include "kernels/cuda/row_kernels.cuh"
 
 namespace loom::kernels::cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kBlock = kBlockThreads;
-constexpr int kWarpsPerBlock = kBlock / kWarp;
-constexpr unsigned kFullMask = 0xffffffffu;
-static_assert(kBlock % kWarp == 0, "a block is whole warps");
-// Rows up to this many columns get a warp each; longer rows get a block.
-constexpr int64_t kWarpRowMaxCols = 1024;
+using namespace detail;  // kernels/cuda/row_kernels.cuh: row groups, vectors, reductions
+
 // The parameter-gradient chunks: see the top of the file.
 constexpr int64_t kMinChunkRows = 32;
 constexpr int64_t kMaxChunks = 1024;
-
-// ---------------------------------------------------------------- elements and vectors
-
-// Elements per 16-byte vector: 4 f32 or 8 bf16.
-template <typename T>
-constexpr int kVec = 16 / int(sizeof(T));
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T e[N];
-};
-
-__device__ inline float to_f32(float v) { return v; }
-__device__ inline float to_f32(BFloat16 v) { return bf16_to_float(v); }
-__device__ inline void set(float& d, float v) { d = v; }
-__device__ inline void set(BFloat16& d, float v) { d = float_to_bf16(v); }
-
-// Accesses of V elements are split into accesses of at most 16 bytes; p must be aligned to the
-// access size (min(16, V * sizeof(T)) bytes), which the launchers check before choosing V > 1.
-template <int V, typename T>
-constexpr int access_elems() {
-  return V * int(sizeof(T)) > 16 ? 16 / int(sizeof(T)) : V;
-}
-
-// v[k] = p[k] for k < V, as f32.
-template <int V, typename T>
-__device__ inline void load(const T* p, float (&v)[V]) {
-  constexpr int N = access_elems<V, T>();
-  static_assert(V % N == 0, "whole accesses");
-#pragma unroll
-  for (int k = 0; k < V; k += N) {
-    const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p + k);
-#pragma unroll
-    for (int j = 0; j < N; ++j) v[k + j] = to_f32(pk.e[j]);
-  }
-}
-
-// As load, or `fill` in every element when p is null (an absent weight or bias).
-template <int V>
-__device__ inline void load_or(const float* p, float fill, float (&v)[V]) {
-  if (p) {
-    load<V>(p, v);
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = fill;
-  }
-}
-
-// p[k] = v[k] for k < V, each rounded once to T.
-template <int V, typename T>
-__device__ inline void store(T* p, const float (&v)[V]) {
-  constexpr int N = access_elems<V, T>();
-  static_assert(V % N == 0, "whole accesses");
-#pragma unroll
-  for (int k = 0; k < V; k += N) {
-    Pack<T, N> pk;
-#pragma unroll
-    for (int j = 0; j < N; ++j) set(pk.e[j], v[k + j]);
-    *reinterpret_cast<Pack<T, N>*>(p + k) = pk;
-  }
-}
-
-// ---------------------------------------------------------------- row groups
-
-// The threads that share one row: a warp (kThreads == kWarp, kWarpsPerBlock rows per block) or
-// the whole block (kThreads == kBlock). All threads of a group visit the same rows in the same
-// order, so each reaches every reduction of its group (shuffles for a warp, __syncthreads for a
-// block); a warp's lanes past the row's end take part with neutral values.
-template <int kThreads>
-struct RowGroup {
-  static_assert(kThreads == kWarp || kThreads == kBlock, "a row group is a warp or a block");
-  static constexpr int kRowsPerBlock = kBlock / kThreads;
-  __device__ static int rank() { return int(threadIdx.x) % kThreads; }
-  __device__ static int64_t first_row() {
-    return int64_t(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kThreads;
-  }
-  __device__ static int64_t row_stride() { return int64_t(gridDim.x) * kRowsPerBlock; }
-  static unsigned grid(int64_t rows) { return grid_stride_blocks(rows, kRowsPerBlock); }
-};
-
-// The sum over the calling thread's row group, returned to every thread of it: a butterfly over
-// the warp (each step's partners add the same two numbers, so all lanes agree), then, for a block,
-// the warps' sums added in warp order. scratch: kWarpsPerBlock floats of shared memory.
-template <int kThreads>
-__device__ inline float group_sum(float v, float* scratch) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
-  if constexpr (kThreads == kWarp) {
-    return v;
-  } else {
-    if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
-    __syncthreads();
-    float total = scratch[0];
-#pragma unroll
-    for (int w = 1; w < kWarpsPerBlock; ++w) total += scratch[w];
-    __syncthreads();  // scratch is written again by the group's next reduction
-    return total;
-  }
-}
 
 // ---------------------------------------------------------------- kernels
 
@@ -142,7 +38,7 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* weight, const
                                           float* mean, float* rstd, int64_t rows, int64_t cols,
                                           float eps) {
   using G = RowGroup<kThreads>;
-  __shared__ float scratch[kWarpsPerBlock];
+  __shared__ float scratch[kWarpsPerRowBlock];
   const float inv_cols = 1.0f / float(cols);
   const int64_t step = int64_t(kThreads) * V;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
@@ -154,7 +50,7 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* weight, const
 #pragma unroll
       for (int k = 0; k < V; ++k) acc += v[k];
     }
-    const float m = group_sum<kThreads>(acc, scratch) * inv_cols;
+    const float m = group_reduce<kThreads>(acc, scratch, ReduceSum{}) * inv_cols;
     acc = 0.0f;
     for (int64_t c = int64_t(G::rank()) * V; c < cols; c += step) {
       float v[V];
@@ -162,7 +58,8 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* weight, const
 #pragma unroll
       for (int k = 0; k < V; ++k) acc += (v[k] - m) * (v[k] - m);
     }
-    const float s = 1.0f / sqrtf(group_sum<kThreads>(acc, scratch) * inv_cols + eps);
+    const float s =
+        1.0f / sqrtf(group_reduce<kThreads>(acc, scratch, ReduceSum{}) * inv_cols + eps);
     if (G::rank() == 0) {
       mean[r] = m;
       rstd[r] = s;
@@ -186,7 +83,7 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const float* weight, c
                                               const float* rstd, const T* dy, T* dx, int64_t rows,
                                               int64_t cols) {
   using G = RowGroup<kThreads>;
-  __shared__ float scratch[kWarpsPerBlock];
+  __shared__ float scratch[kWarpsPerRowBlock];
   const float inv_cols = 1.0f / float(cols);
   const int64_t step = int64_t(kThreads) * V;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
@@ -205,8 +102,8 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const float* weight, c
         acc_gx += d[k] * w[k] * (v[k] - m);
       }
     }
-    const float mean_g = group_sum<kThreads>(acc_g, scratch) * inv_cols;
-    const float mean_gx = group_sum<kThreads>(acc_gx, scratch) * s * inv_cols;
+    const float mean_g = group_reduce<kThreads>(acc_g, scratch, ReduceSum{}) * inv_cols;
+    const float mean_gx = group_reduce<kThreads>(acc_gx, scratch, ReduceSum{}) * s * inv_cols;
     T* dxr = dx + r * cols;
     for (int64_t c = int64_t(G::rank()) * V; c < cols; c += step) {
       float v[V], d[V], w[V], out[V];
@@ -233,8 +130,8 @@ __global__ void layer_norm_param_partials_kernel(const T* x, const float* mean, 
   const int64_t r_end = r_begin + chunk_rows < rows ? r_begin + chunk_rows : rows;
   float sum_w = 0.0f, sum_b = 0.0f;
   for (int64_t r = r_begin; r < r_end; ++r) {
-    const float d = to_f32(dy[r * cols + c]);
-    sum_w += d * (to_f32(x[r * cols + c]) - mean[r]) * rstd[r];
+    const float d = to_float(dy[r * cols + c]);
+    sum_w += d * (to_float(x[r * cols + c]) - mean[r]) * rstd[r];
     sum_b += d;
   }
   partial[(2 * chunk) * cols + c] = sum_w;
@@ -258,25 +155,6 @@ __global__ void layer_norm_param_finish_kernel(const float* partial, float* dwei
 
 // ---------------------------------------------------------------- launchers
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Calls f(kThreads, V) as integral constants: the row group for cols, and 16-byte vectors when
-// cols is a whole number of them and `aligned` (every row pointer on a 16-byte boundary).
-template <typename T, typename F>
-void dispatch_rows(int64_t cols, bool aligned, F&& f) {
-  using Warp = std::integral_constant<int, kWarp>;
-  using Block = std::integral_constant<int, kBlock>;
-  using One = std::integral_constant<int, 1>;
-  using Vec = std::integral_constant<int, kVec<T> >;
-  const bool vec = aligned && cols % kVec<T> == 0;
-  if (cols <= kWarpRowMaxCols) {
-    if (vec) return f(Warp{}, Vec{});
-    return f(Warp{}, One{});
-  }
-  if (vec) return f(Block{}, Vec{});
-  return f(Block{}, One{});
-}
-
 struct ParamChunks {
   int64_t chunk_rows = kMinChunkRows, chunks = 0;
 };
@@ -293,15 +171,15 @@ template <int kThreads, int V, typename T>
 void launch_forward(const T* x, const float* weight, const float* bias, T* y, float* mean,
                     float* rstd, int64_t rows, int64_t cols, float eps, Stream stream) {
   auto layer_norm_forward_rows = layer_norm_forward_kernel<kThreads, V, T>;
-  LOOM_LAUNCH(layer_norm_forward_rows, RowGroup<kThreads>::grid(rows), kBlock, 0, stream, x, weight,
-              bias, y, mean, rstd, rows, cols, eps);
+  LOOM_LAUNCH(layer_norm_forward_rows, RowGroup<kThreads>::grid(rows), kRowBlock, 0, stream, x,
+              weight, bias, y, mean, rstd, rows, cols, eps);
 }
 
 template <int kThreads, int V, typename T>
 void launch_backward_dx(const T* x, const float* weight, const float* mean, const float* rstd,
                         const T* dy, T* dx, int64_t rows, int64_t cols, Stream stream) {
   auto layer_norm_backward_dx_rows = layer_norm_backward_dx_kernel<kThreads, V, T>;
-  LOOM_LAUNCH(layer_norm_backward_dx_rows, RowGroup<kThreads>::grid(rows), kBlock, 0, stream, x,
+  LOOM_LAUNCH(layer_norm_backward_dx_rows, RowGroup<kThreads>::grid(rows), kRowBlock, 0, stream, x,
               weight, mean, rstd, dy, dx, rows, cols);
 }
 
@@ -348,13 +226,13 @@ void backward(const T* x, const float* weight, const float* mean, const float* r
   const ParamChunks p = param_chunks(rows);
   float* partial = static_cast<float*>(workspace);
   if (p.chunks > 0) {
-    const dim3 grid(blocks_for(cols, kBlock), unsigned(p.chunks));
+    const dim3 grid(blocks_for(cols, kRowBlock), unsigned(p.chunks));
     auto layer_norm_param_partials = layer_norm_param_partials_kernel<T>;
-    LOOM_LAUNCH(layer_norm_param_partials, grid, kBlock, 0, stream, x, mean, rstd, dy, partial,
+    LOOM_LAUNCH(layer_norm_param_partials, grid, kRowBlock, 0, stream, x, mean, rstd, dy, partial,
                 rows, cols, p.chunk_rows);
   }
-  LOOM_LAUNCH(layer_norm_param_finish_kernel, grid_stride_blocks(cols), kBlock, 0, stream, partial,
-              dweight, dbias, p.chunks, cols);
+  LOOM_LAUNCH(layer_norm_param_finish_kernel, grid_stride_blocks(cols), kRowBlock, 0, stream,
+              partial, dweight, dbias, p.chunks, cols);
 }
 
 }  // namespace

@@ -30,6 +30,12 @@ std::string no_gpu_reason() {
   return n == 0 ? "no CUDA device present" : "";
 }
 
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 void* malloc_device(int device, size_t nbytes) {
   LOOM_CUDA_CHECK(cudaSetDevice(device));
   void* p = nullptr;

@@ -13,6 +13,7 @@ namespace loom::cuda_rt {
 bool built_with_cuda();
 int device_count();           // 0 when built without CUDA or when no GPU is usable; never throws
 std::string no_gpu_reason();  // why device_count() is 0, for skip messages
+std::string device_name(int device);  // "NVIDIA H100 80GB HBM3"; throws without CUDA
 
 void* malloc_device(int device, size_t nbytes);
 // nullptr when the device is out of memory (the error is cleared); other failures throw.

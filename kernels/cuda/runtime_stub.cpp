@@ -13,6 +13,7 @@ namespace {
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
 std::string no_gpu_reason() { return "loom was built without CUDA"; }
+std::string device_name(int) { no_cuda("cuda device_name"); }
 void* malloc_device(int, size_t) { no_cuda("cuda malloc"); }
 void* try_malloc_device(int, size_t) { no_cuda("cuda malloc"); }
 size_t device_free_bytes(int) { return 0; }

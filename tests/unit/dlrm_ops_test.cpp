@@ -350,23 +350,5 @@ TEST(DlrmOps, ResultsDoNotDependOnTheThreadCount) {
 }
 #endif
 
-// ---------------------------------------------------------------- CUDA
-
-TEST(DlrmOpsCuda, CudaTensorsAreAClearNotImplementedError) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (or loom built without CUDA)";
-  Device gpu = Device::cuda(0);
-  Tensor x = Tensor::zeros({2, 3}, DType::kF32, gpu);
-  const std::string cpu_only = "CUDA kernel not implemented yet";
-  expect_error([&] { relu(x); }, {"relu", cpu_only});
-  expect_error([&] { sigmoid(x); }, {"sigmoid", cpu_only});
-  expect_error([&] { binary_cross_entropy_with_logits(x, x); },
-               {"binary_cross_entropy_with_logits", cpu_only});
-  expect_error(
-      [&] {
-        dot_interaction(Tensor::zeros({2, 3, 4}, DType::kF32, gpu));
-      },
-      {"dot_interaction", cpu_only});
-}
-
 }  // namespace
 }  // namespace loom
