@@ -1,6 +1,7 @@
 // The launch checks. The device limits are read once per device (cudaDeviceGetAttribute for the
 // five that are checked; cudaGetDeviceProperties fills the whole struct and was a driver query
 // per launch) and kept for the process, so a launch costs a cudaGetDevice and a table lookup.
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 
@@ -69,9 +70,27 @@ void check_launch_config(const char* kernel, dim3 grid, dim3 block, size_t share
              limits.max_shared_per_block_optin, ")");
 }
 
+// Note [Naming a faulting kernel]
+// A kernel that faults (an illegal address, a trap) reports it asynchronously: the launch itself
+// succeeds, and the error surfaces at some later CUDA call, which then carries the blame. With
+// LOOM_CUDA_SYNC=1 in the environment every launch waits for its kernel, so the fault is reported
+// by the launch that caused it, naming the kernel (the CUDA_LAUNCH_BLOCKING of loom's kernels;
+// slow, for debugging).
+bool sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_CUDA_SYNC");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
+}
+
 void check_after_launch(const char* kernel) {
   cudaError_t err = cudaGetLastError();
   LOOM_CHECK(err == cudaSuccess, "launch of ", kernel, " failed: ", cudaGetErrorString(err));
+  if (!sync_after_launch()) return;
+  err = cudaDeviceSynchronize();
+  LOOM_CHECK(err == cudaSuccess, "kernel ", kernel, " failed while running: ",
+             cudaGetErrorString(err), " (reported at once because LOOM_CUDA_SYNC is set)");
 }
 
 }  // namespace loom::kernels::cuda
