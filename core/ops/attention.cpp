@@ -1,9 +1,13 @@
 // scaled_dot_product_attention on [B, H, T, D]. Saves q, k, v, the output and the per-row
 // log-sum-exp; see kernels/cpu/attention.h for why not the probabilities.
 #include "kernels/cpu/attention.h"
+#include "core/cuda_dispatch.h"
 #include "core/ops.h"
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/attention.h"
+#endif
 
 namespace loom {
 
@@ -23,22 +27,38 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
              ", expected q's shape ", shape_str(q.shape()), " [B, H, T, D]");
   detail::check_same_device(op, "q", q, "k", k);
   detail::check_same_device(op, "q", q, "v", v);
-  LOOM_CHECK(q.device().is_cpu(), op, ": CUDA kernel not implemented yet (CPU only for now)");
   const int64_t bh = q.size(0) * q.size(1), t = q.size(2), d = q.size(3);
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor out = Tensor::empty(q.shape(), DType::kF32, q.device());
   Tensor lse = Tensor::empty({q.size(0), q.size(1), t}, DType::kF32, q.device());
-  kernels::cpu::attention_forward(qc.data<float>(), kc.data<float>(), vc.data<float>(),
-                                  out.data<float>(), lse.data<float>(), bh, t, d, causal);
+  if (q.device().is_cpu()) {
+    kernels::cpu::attention_forward(qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                                    out.data<float>(), lse.data<float>(), bh, t, d, causal);
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::attention_forward(
+        qc.data<float>(), kc.data<float>(), vc.data<float>(), out.data<float>(), lse.data<float>(),
+        bh, t, d, causal, cuda_stream(q.device())));
+  }
   Tensor o = out.detach();
   autograd::record(out, op, {q, k, v}, [qc, kc, vc, o, lse, bh, t, d, causal](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dq = Tensor::empty(qc.shape(), DType::kF32, qc.device());
     Tensor dk = Tensor::empty(qc.shape(), DType::kF32, qc.device());
     Tensor dv = Tensor::empty(qc.shape(), DType::kF32, qc.device());
-    kernels::cpu::attention_backward(
-        qc.data<float>(), kc.data<float>(), vc.data<float>(), o.data<float>(), lse.data<float>(),
-        gc.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(), bh, t, d, causal);
+    if (qc.device().is_cpu()) {
+      kernels::cpu::attention_backward(
+          qc.data<float>(), kc.data<float>(), vc.data<float>(), o.data<float>(), lse.data<float>(),
+          gc.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(), bh, t, d, causal);
+    } else {
+      LOOM_IF_CUDA({
+        const size_t bytes = kernels::cuda::attention_backward_workspace_bytes(bh, t, d);
+        Tensor ws = cuda_workspace(qc.device(), bytes);
+        kernels::cuda::attention_backward(
+            qc.data<float>(), kc.data<float>(), vc.data<float>(), o.data<float>(),
+            lse.data<float>(), gc.data<float>(), dq.data<float>(), dk.data<float>(),
+            dv.data<float>(), bh, t, d, causal, ws.data_ptr(), bytes, cuda_stream(qc.device()));
+      });
+    }
     return std::vector<Tensor>{dq, dk, dv};
   });
   return out;
