@@ -41,6 +41,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/numeric.h"
+#include "testing/device_buffer.h"
 #include "testing/files.h"  // expect_error
 
 #if LOOM_WITH_CUDA
@@ -58,10 +59,6 @@ TEST(CudaGemm, NeedsCuda) {
 
 #else
 
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
-
 using testing::expect_error;
 constexpr cuda::Stream kStream = nullptr;      // the legacy default stream: ordered with the copies
 const double kU = std::ldexp(1.0, -24);        // f32 unit roundoff
@@ -69,35 +66,7 @@ const double kBf16Step = std::ldexp(1.0, -7);  // bf16 spacing relative to the v
 
 // ---------------------------------------------------------------- device memory
 
-class Buffer {
- public:
-  explicit Buffer(size_t bytes) : bytes_(bytes) {
-    ptr_ = cuda_rt::malloc_device(0, bytes > 0 ? bytes : 1);
-  }
-  template <typename T>
-  explicit Buffer(const std::vector<T>& v) : Buffer(v.size() * sizeof(T)) {
-    if (!v.empty()) cuda_rt::copy_host_to_device(0, ptr_, v.data(), bytes_);
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { cuda_rt::free_device(0, ptr_); }
-
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  template <typename T>
-  std::vector<T> read(size_t n) const {
-    std::vector<T> v(n);
-    if (n > 0) cuda_rt::copy_device_to_host(0, v.data(), ptr_, n * sizeof(T));
-    return v;
-  }
-  void poison() { cuda_rt::memset_device(0, ptr_, 0xff, bytes_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using Buffer = ::loom::testing::DeviceBuffer;
 
 // ---------------------------------------------------------------- host data
 

@@ -21,10 +21,7 @@
 #include "kernels/cuda/runtime.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
-
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
+#include "testing/device_buffer.h"
 
 namespace loom {
 namespace {

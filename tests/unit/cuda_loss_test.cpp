@@ -43,6 +43,7 @@
 #include "kernels/cpu/vocab_parallel_cross_entropy.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/numeric.h"
+#include "testing/device_buffer.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/cross_entropy.h"
@@ -61,10 +62,6 @@ TEST(CudaLoss, NeedsCuda) {
 
 #else
 
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
-
 constexpr cuda::Stream kStream = nullptr;  // the legacy default stream: ordered with the copies
 constexpr double kRtol = 1e-5;
 constexpr double kBf16Rtol = 1.0 / 128 + kRtol;  // one bf16 ulp (2^-7 of the value) + f32's
@@ -72,53 +69,7 @@ constexpr double kTiny = 1e-30;                  // absolute floor (exp's denorm
 
 // ---------------------------------------------------------------- device memory
 
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(size_t bytes) : bytes_(bytes) {
-    ptr_ = cuda_rt::malloc_device(0, bytes > 0 ? bytes : 1);
-  }
-  template <typename T>
-  explicit Buffer(const std::vector<T>& v) : Buffer(v.size() * sizeof(T)) {
-    if (!v.empty()) cuda_rt::copy_host_to_device(0, ptr_, v.data(), bytes_);
-  }
-  Buffer(Buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
-  Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (ptr_) cuda_rt::free_device(0, ptr_);
-  }
-
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-  // Every byte 0xff: NaN as f32 / f64, -1 as an integer, so an element a kernel forgot to write
-  // fails every comparison.
-  void poison() {
-    if (bytes_ > 0) cuda_rt::memset_device(0, ptr_, 0xff, bytes_);
-  }
-  template <typename T>
-  std::vector<T> read(size_t n) const {
-    std::vector<T> v(n);
-    if (n > 0) cuda_rt::copy_device_to_host(0, v.data(), ptr_, n * sizeof(T));
-    return v;
-  }
-  template <typename T>
-  T read_one() const {
-    return read<T>(1)[0];
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using Buffer = ::loom::testing::DeviceBuffer;
 
 // ---------------------------------------------------------------- values
 

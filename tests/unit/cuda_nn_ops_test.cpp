@@ -19,11 +19,8 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/cuda/runtime.h"
+#include "testing/device_buffer.h"
 #include "testing/gradcheck.h"
-
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
 
 namespace loom {
 namespace {

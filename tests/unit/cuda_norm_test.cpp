@@ -44,6 +44,7 @@
 #include "kernels/cpu/softmax.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/numeric.h"
+#include "testing/device_buffer.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/dropout.h"
@@ -62,10 +63,6 @@ TEST(CudaNorm, NeedsCuda) {
 }
 
 #else
-
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
 
 constexpr cuda::Stream kStream = nullptr;  // the legacy default stream: ordered with the copies
 constexpr double kRtol = 1e-5;
@@ -118,30 +115,7 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, floa
 
 // ---------------------------------------------------------------- device memory
 
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(size_t bytes) : bytes_(bytes) {
-    ptr_ = cuda_rt::malloc_device(0, bytes > 0 ? bytes : 1);
-  }
-  Buffer(Buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
-  Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (ptr_) cuda_rt::free_device(0, ptr_);
-  }
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using Buffer = ::loom::testing::DeviceBuffer;
 
 // n elements of T in device memory, starting `offset` elements past a 256-byte aligned
 // allocation (offset 1 puts every row off the 16-byte boundary: the kernels' scalar paths).

@@ -38,6 +38,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/optimizer_update.h"
 #include "kernels/cuda/runtime.h"
+#include "testing/device_buffer.h"
 #include "testing/files.h"  // expect_error
 
 #if LOOM_WITH_CUDA
@@ -56,59 +57,13 @@ TEST(CudaOptimizer, NeedsCuda) {
 
 #else
 
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
-
 using testing::expect_error;
 constexpr cuda::Stream kStream = nullptr;  // the legacy default stream: ordered with the copies
 constexpr double kRtol = 1e-6;
 
 // ---------------------------------------------------------------- device memory
 
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(size_t bytes) : bytes_(bytes) {
-    ptr_ = cuda_rt::malloc_device(0, bytes > 0 ? bytes : 1);
-  }
-  template <typename T>
-  explicit Buffer(const std::vector<T>& v) : Buffer(v.size() * sizeof(T)) {
-    write(v);
-  }
-  Buffer(Buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
-  Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (ptr_) cuda_rt::free_device(0, ptr_);
-  }
-
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  template <typename T>
-  void write(const std::vector<T>& v) {
-    if (!v.empty()) cuda_rt::copy_host_to_device(0, ptr_, v.data(), v.size() * sizeof(T));
-  }
-  // Every byte 0xff: NaN as f32 and f64, so a value a kernel forgot to write fails every check.
-  void poison() { cuda_rt::memset_device(0, ptr_, 0xff, bytes_); }
-  template <typename T>
-  std::vector<T> read(size_t n) const {
-    std::vector<T> v(n);
-    if (n > 0) cuda_rt::copy_device_to_host(0, v.data(), ptr_, n * sizeof(T));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using Buffer = ::loom::testing::DeviceBuffer;
 
 // ---------------------------------------------------------------- inputs and comparisons
 

@@ -23,6 +23,7 @@
 #include "kernels/cpu/embedding_bag.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/numeric.h"
+#include "testing/device_buffer.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/embedding_bag.h"
@@ -39,56 +40,13 @@ TEST(EmbeddingBagCuda, NeedsCuda) {
 
 #else
 
-#define LOOM_SKIP_WITHOUT_CUDA() \
-  if (!::loom::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device: " << ::loom::cuda_rt::no_gpu_reason()
-
 using Kind = EmbeddingBagErrorKind;
 constexpr cuda::Stream kStream = nullptr;  // the legacy default stream: ordered with the copies
 constexpr double kRtol = 1e-5;
 
 // ---------------------------------------------------------------- device memory
 
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(size_t bytes) : bytes_(bytes) {
-    ptr_ = cuda_rt::malloc_device(0, bytes > 0 ? bytes : 1);
-  }
-  template <typename T>
-  explicit Buffer(const std::vector<T>& v) : Buffer(v.size() * sizeof(T)) {
-    if (!v.empty()) cuda_rt::copy_host_to_device(0, ptr_, v.data(), bytes_);
-  }
-  Buffer(Buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
-  Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (ptr_) cuda_rt::free_device(0, ptr_);
-  }
-
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-  // Every byte 0xff: NaN as f32, so an element a kernel forgot to write fails every comparison.
-  void poison() { cuda_rt::memset_device(0, ptr_, 0xff, bytes_); }
-  template <typename T>
-  std::vector<T> read(size_t n) const {
-    std::vector<T> v(n);
-    if (n > 0) cuda_rt::copy_device_to_host(0, v.data(), ptr_, n * sizeof(T));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using Buffer = ::loom::testing::DeviceBuffer;
 
 // ---------------------------------------------------------------- batches
 
