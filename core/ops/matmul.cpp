@@ -12,6 +12,15 @@
 // transposed ([B*M, K] x [K, N]); so is b's gradient, summed over the batch ([K, B*M] x [B*M, N]).
 // Where a is transposed that flattening is impossible and the products are batched instead (b's
 // gradient then sums the per-entry products in order, beta = 1).
+//
+// Note [bf16 GEMMs on CUDA]
+// Every other op computes bf16 through f32 copies (Note [Low-precision compute]); matmul and
+// linear on CUDA tensors that are all bf16 instead hand the bf16 data to cuBLAS (tensor cores,
+// f32 accumulation, one rounding of each result to bf16), which is what makes bf16 training fast.
+// The semantics are the same, the f32 result rounded once, up to the order of the f32
+// accumulation inside the GEMM, so a result may differ from the f32 path's by one bf16 step.
+// Gradients are bf16 GEMMs too; linear's bias is added in f32 by cuBLASLt's epilogue and its
+// gradient summed in f32, then rounded to the bias's dtype.
 #include <algorithm>
 
 #include "core/cuda_dispatch.h"
@@ -65,10 +74,27 @@ void gemm(Tensor& out, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const 
     return;
   }
   const int64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+  const Device device = out.device();
+  if (out.dtype() == DType::kBF16) {  // See Note [bf16 GEMMs on CUDA]
+    LOOM_CHECK(device.is_cuda(), "matmul: bf16 GEMMs run on CUDA only");
+    const BFloat16* qa = a.data<BFloat16>();
+    const BFloat16* qb = b.data<BFloat16>();
+    BFloat16* qc = out.data<BFloat16>();
+    if (batch == 1 || stride_c == 0) {
+      for (int64_t i = 0; i < batch; ++i)
+        LOOM_IF_CUDA(kernels::cuda::gemm(ta, tb, m, n, k, 1.0f, qa + i * stride_a, lda,
+                                         qb + i * stride_b, ldb, i == 0 ? beta : 1.0f, qc, ldc,
+                                         cuda_stream(device)));
+    } else {
+      LOOM_IF_CUDA(kernels::cuda::gemm_strided_batched(ta, tb, m, n, k, 1.0f, qa, lda, stride_a, qb,
+                                                       ldb, stride_b, beta, qc, ldc, stride_c,
+                                                       batch, cuda_stream(device)));
+    }
+    return;
+  }
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* pc = out.data<float>();
-  const Device device = out.device();
   if (batch == 1 || stride_c == 0) {
     for (int64_t i = 0; i < batch; ++i) {
       const float bi = i == 0 ? beta : 1.0f;
@@ -97,7 +123,14 @@ struct Product {
   Operand a, b;
   int64_t batch, m, n, k;
   bool shared_b;
+  DType dtype = DType::kF32;  // of the operands and the result: f32, or bf16 on CUDA
 };
+
+// True when matmul/linear take cuBLAS's bf16 path (See Note [bf16 GEMMs on CUDA]).
+bool cuda_bf16(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.device().is_cuda() && a.dtype() == DType::kBF16 &&
+         b.dtype() == DType::kBF16 && b.device() == a.device();
+}
 
 // Writes op(A) op(B) into `out` (contiguous, [batch * M, N] elements), adding to what out holds
 // when beta == 1 (linear's bias, put there first).
@@ -113,13 +146,14 @@ void product_forward(const Product& p, Tensor& out, float beta) {
 // contiguous [batch, M, N]. With C = op(A) op(B):
 //   dA = g op(B)^T, or op(B) g^T when A is transposed;
 //   dB = op(A)^T g, or g^T op(A) when B is transposed (summed over the batch when shared).
-std::pair<Tensor, Tensor> product_backward(const Product& p, const Tensor& g, bool need_a,
+std::pair<Tensor, Tensor> product_backward(const Product& p, const Tensor& grad, bool need_a,
                                            bool need_b) {
+  const Tensor g = grad.dtype() == p.dtype ? grad : grad.to(p.dtype).contiguous();
   const bool ta = p.a.trans, tb = p.b.trans;
   const int64_t sa = p.m * p.k, sb = p.shared_b ? 0 : p.k * p.n, sg = p.m * p.n;
   Tensor da, db;
   if (need_a) {
-    da = Tensor::empty(p.a.shape, DType::kF32, g.device());
+    da = Tensor::empty(p.a.shape, p.dtype, g.device());
     if (!ta && p.shared_b)
       gemm(da, false, !tb, p.batch * p.m, p.k, p.n, g, 0, p.b.data, 0, 0, 1);
     else if (!ta)
@@ -128,7 +162,7 @@ std::pair<Tensor, Tensor> product_backward(const Product& p, const Tensor& g, bo
       gemm(da, tb, true, p.k, p.m, p.n, p.b.data, sb, g, sg, sa, p.batch);
   }
   if (need_b) {
-    db = Tensor::empty(p.b.shape, DType::kF32, g.device());
+    db = Tensor::empty(p.b.shape, p.dtype, g.device());
     const int64_t sdb = p.shared_b ? 0 : p.k * p.n;  // 0: sum the batch into one gradient
     const bool flatten = p.shared_b && !ta;          // contract over all batch rows in one GEMM
     if (!tb) {
@@ -152,9 +186,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   // See Note [Low-precision compute]. A transposed bf16 view upcasts to a contiguous f32 copy,
   // which the f32 path then takes as is.
   const detail::LowPrecision lp("matmul", {{"a", a}, {"b", b}});
-  if (lp) return lp.round(matmul(lp.f32(a), lp.f32(b), transpose_a, transpose_b));
-  detail::check_f32("matmul", "a", a);
-  detail::check_f32("matmul", "b", b);
+  const bool bf16 = cuda_bf16(a, b);  // See Note [bf16 GEMMs on CUDA]
+  if (lp && !bf16) return lp.round(matmul(lp.f32(a), lp.f32(b), transpose_a, transpose_b));
+  if (!bf16) {
+    detail::check_f32("matmul", "a", a);
+    detail::check_f32("matmul", "b", b);
+  }
   detail::check_same_device("matmul", "a", a, "b", b);
   LOOM_CHECK(a.dim() >= 2, "matmul: 'a' must have at least 2 dims ([..., M, K]), got shape ",
              shape_str(a.shape()));
@@ -178,11 +215,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
             m,
             n,
             k,
-            shared_b};
+            shared_b,
+            a.dtype()};
   Shape out_shape = lead;
   out_shape.push_back(m);
   out_shape.push_back(n);
-  Tensor out = Tensor::empty(out_shape, DType::kF32, a.device());
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   product_forward(p, out, 0.0f);
 
   // Each operand is kept only when the other one's gradient needs it.
@@ -200,9 +238,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const detail::LowPrecision lp("linear", {{"x", x}, {"weight", weight}, {"bias", bias}});
-  if (lp) return lp.round(linear(lp.f32(x), lp.f32(weight), lp.f32(bias)));
-  detail::check_f32("linear", "x", x);
-  detail::check_f32("linear", "weight", weight);
+  // See Note [bf16 GEMMs on CUDA]: x and weight bf16 on CUDA, the bias (if any) too.
+  const bool bf16 = cuda_bf16(x, weight) &&
+                    (!bias.defined() || (cuda_bf16(x, bias) && bias.dtype() == DType::kBF16));
+  if (lp && !bf16) return lp.round(linear(lp.f32(x), lp.f32(weight), lp.f32(bias)));
+  if (!bf16) {
+    detail::check_f32("linear", "x", x);
+    detail::check_f32("linear", "weight", weight);
+  }
   detail::check_same_device("linear", "x", x, "weight", weight);
   LOOM_CHECK(weight.dim() == 2, "linear: 'weight' must be 2-D [out, in], got shape ",
              shape_str(weight.shape()));
@@ -212,7 +255,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              " features in its last dim (shape ", shape_str(x.shape()), ") but 'weight' ",
              shape_str(weight.shape()), " expects ", in_features);
   if (bias.defined()) {
-    detail::check_f32("linear", "bias", bias);
+    if (!bf16) detail::check_f32("linear", "bias", bias);
     detail::check_same_device("linear", "x", x, "bias", bias);
     LOOM_CHECK(bias.shape() == Shape{out_features}, "linear: 'bias' must have shape [",
                out_features, "] to match 'weight' ", shape_str(weight.shape()), ", got ",
@@ -233,12 +276,24 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             rows,
             out_features,
             in_features,
-            true};
+            true,
+            x.dtype()};
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_features);
-  Tensor out = Tensor::empty(out_shape, DType::kF32, x.device());
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   const Device device = x.device();
-  if (bias.defined()) {
+  if (bf16 && bias.defined()) {
+    // One cuBLASLt call: the GEMM with the f32 bias added in its epilogue.
+    if (rows > 0 && out_features > 0) {
+      const Tensor bias32 = bias.detach().to(DType::kF32).contiguous();
+      const bool ta = p.a.trans, tb = p.b.trans;
+      LOOM_IF_CUDA(kernels::cuda::gemm_bias(
+          ta, tb, rows, out_features, in_features, p.a.data.data<BFloat16>(),
+          ta ? rows : in_features, p.b.data.data<BFloat16>(), tb ? in_features : out_features,
+          bias32.data<float>(), /*gelu=*/false, nullptr, out.data<BFloat16>(), out_features,
+          cuda_stream(device)));
+    }
+  } else if (bias.defined()) {
     // Every row starts as the bias and the GEMM adds onto it (beta = 1): no extra pass over y.
     Tensor bc = bias.detach().contiguous();
     if (device.is_cpu()) {
@@ -248,7 +303,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                                                 out_features, 1.0f, cuda_stream(device)));
     }
   }
-  product_forward(p, out, bias.defined() ? 1.0f : 0.0f);
+  if (!(bf16 && bias.defined())) product_forward(p, out, bias.defined() ? 1.0f : 0.0f);
 
   Product saved = p;
   if (!weight.requires_grad()) saved.a.data = Tensor();
@@ -261,14 +316,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         Tensor g = grad.contiguous();
         auto [dx, dw] = product_backward(saved, g, need_x, need_w);
         Tensor dbias;
-        if (need_bias) {  // column sums of g viewed as [R, out]
+        if (need_bias) {  // column sums of g viewed as [R, out], in f32
+          const Tensor g32 = g.dtype() == DType::kF32 ? g : g.to(DType::kF32).contiguous();
           dbias = Tensor::empty({saved.n}, DType::kF32, g.device());
           if (g.device().is_cpu()) {
-            kernels::cpu::sum_dim(g.data<float>(), dbias.data<float>(), 1, saved.m, saved.n, 1.0);
+            kernels::cpu::sum_dim(g32.data<float>(), dbias.data<float>(), 1, saved.m, saved.n, 1.0);
           } else {
-            LOOM_IF_CUDA(kernels::cuda::sum_dim(g.data<float>(), dbias.data<float>(), 1, saved.m,
+            LOOM_IF_CUDA(kernels::cuda::sum_dim(g32.data<float>(), dbias.data<float>(), 1, saved.m,
                                                 saved.n, 1.0, cuda_stream(g.device())));
           }
+          if (saved.dtype != DType::kF32) dbias = dbias.to(saved.dtype);
         }
         if (need_x) {
           dx = unflip(dx, saved.a);

@@ -52,7 +52,8 @@ Result run_on(const Fn& f, const std::vector<Tensor>& inputs, Device device, uin
   return r;
 }
 
-void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, const std::string& what) {
+void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, const std::string& what,
+                  double atol_frac = 1e-6) {
   ASSERT_EQ(gpu.defined(), cpu.defined()) << what;
   if (!cpu.defined()) return;
   ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
@@ -61,7 +62,7 @@ void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, const std::
   const std::vector<float> c = cpu.to(DType::kF32).to_vector<float>();
   float scale = 0.0f;
   for (float e : c) scale = std::max(scale, std::fabs(e));
-  const double atol = 1e-6 * double(scale);
+  const double atol = atol_frac * double(scale);
   int failures = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     const double allowed = atol + rtol * std::fabs(double(c[i]));
@@ -72,11 +73,12 @@ void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, const std::
 }
 
 void expect_cuda_matches_cpu(const Fn& f, const std::vector<Tensor>& inputs, double rtol = 1e-5,
-                             uint64_t seed = 7) {
+                             uint64_t seed = 7, double atol_frac = 1e-6) {
   const Result gpu = run_on(f, inputs, kGpu, seed), cpu = run_on(f, inputs, kCpu, seed);
-  expect_close(gpu.out, cpu.out, rtol, "output");
+  expect_close(gpu.out, cpu.out, rtol, "output", atol_frac);
   for (size_t i = 0; i < inputs.size(); ++i)
-    expect_close(gpu.grads[i], cpu.grads[i], rtol, "gradient of input " + std::to_string(i));
+    expect_close(gpu.grads[i], cpu.grads[i], rtol, "gradient of input " + std::to_string(i),
+                 atol_frac);
 }
 
 Tensor rnd(const Shape& s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -181,6 +183,32 @@ TEST(CudaNnOps, Bf16InputsTakeTheLowPrecisionPath) {
   expect_cuda_matches_cpu(
       [](const std::vector<Tensor>& in) { return gelu(softmax(in[0].to(DType::kBF16))); },
       {rnd({6, 96}, 21)}, bf16_step);
+}
+
+// matmul and linear on all-bf16 CUDA tensors run cuBLAS's bf16 GEMM (Note [bf16 GEMMs on CUDA]);
+// the CPU computes bf16 through f32 copies. Both round an f32 accumulation once, in different
+// orders, so a result may land one bf16 step away (2^-7 relative at most), and a sum that cancels
+// may differ by the accumulation error before rounding: 2^-8 of the tensor's largest value.
+TEST(CudaNnOps, Bf16MatmulAndLinearUseTensorCoresWithTheCpuResult) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const double ulp = 1.0 / 128.0, atol_frac = 1.0 / 256.0;
+  auto bf16 = [](const Tensor& t) { return t.to(DType::kBF16); };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      expect_cuda_matches_cpu(
+          [&](const std::vector<Tensor>& in) { return matmul(bf16(in[0]), bf16(in[1]), ta, tb); },
+          {rnd({2, 33, 65}, 24), rnd({65, 33}, 25)}, ulp, 7, atol_frac);
+    }
+  expect_cuda_matches_cpu(
+      [&](const std::vector<Tensor>& in) { return matmul(bf16(in[0]), bf16(in[1])); },
+      {rnd({3, 17, 64}, 26), rnd({3, 64, 31}, 27)}, ulp, 7, atol_frac);
+  expect_cuda_matches_cpu(
+      [&](const std::vector<Tensor>& in) { return linear(bf16(in[0]), bf16(in[1]), bf16(in[2])); },
+      {rnd({4, 7, 96}, 28), rnd({130, 96}, 29), rnd({130}, 30)}, ulp, 7, atol_frac);
+  expect_cuda_matches_cpu(
+      [&](const std::vector<Tensor>& in) { return linear(bf16(in[0]), bf16(in[1])); },
+      {rnd({5, 96}, 31), rnd({33, 96}, 32)}, ulp, 7, atol_frac);
 }
 
 TEST(CudaNnOps, MixedDevicesAreAClearError) {
