@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -23,6 +24,26 @@ namespace loom {
 
 inline kernels::cuda::Stream cuda_stream(Device device) {
   return cuda_rt::compute_stream(device.index);
+}
+
+// Note [bf16 kernels on CUDA]
+// Under Note [Low-precision compute] an op on bf16 tensors computes in f32 on upcast copies and
+// rounds its result once. On CUDA the ops whose kernels have bf16 overloads (gelu, layer_norm,
+// dropout, embedding, cross_entropy, attention; matmul and linear: Note [bf16 GEMMs on CUDA])
+// call those instead: they read bf16, compute in f32 and round once on store, so the results are
+// the same values without the f32 copies in memory. One exception is marked where it is made:
+// attention's backward reads the bf16 output its forward stored (as FlashAttention does), where
+// the f32 path keeps the unrounded output.
+//
+// True when `x` (the op's activation input) is bf16 on CUDA and every other defined tensor is
+// bf16 or f32 on the same device: the op then takes its bf16 kernels.
+inline bool cuda_bf16_path(const Tensor& x, std::initializer_list<const Tensor*> others = {}) {
+  if (!x.defined() || !x.device().is_cuda() || x.dtype() != DType::kBF16) return false;
+  for (const Tensor* t : others)
+    if (t->defined() &&
+        (t->device() != x.device() || (t->dtype() != DType::kBF16 && t->dtype() != DType::kF32)))
+      return false;
+  return true;
 }
 
 // Device scratch for a kernel that asks for a workspace: bytes from the caching allocator, freed

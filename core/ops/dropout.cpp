@@ -1,6 +1,7 @@
 // dropout keyed by (seed, stream, offset). The backward recomputes the mask from the key instead
 // of saving one, so dropout costs no activation memory (See kernels/cpu/dropout.h).
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/cuda_dispatch.h"
@@ -15,22 +16,27 @@
 namespace loom {
 namespace {
 
-// y = mask * x / (1 - p) over a contiguous x, with the element indices of See DropoutKey's parts:
-// each element takes the index of its place in the whole tensor, whose dim 0 is batch_parts times
-// x's and whose part_dim is parts times x's.
 // The kernel of `device` on n elements whose first takes counter `offset`. The CUDA mask is the
-// CPU's bit for bit (kernels/cuda/dropout.h).
-void dropout_run(Device device, const float* x, float* y, int64_t n, float p, const DropoutKey& key,
+// CPU's bit for bit (kernels/cuda/dropout.h). T is float, or BFloat16 on CUDA (Note [bf16 kernels
+// on CUDA]).
+template <typename T>
+void dropout_run(Device device, const T* x, T* y, int64_t n, float p, const DropoutKey& key,
                  uint64_t offset) {
-  if (device.is_cpu()) {
-    kernels::cpu::dropout(x, y, n, p, key.seed, key.stream, offset);
-  } else {
+  if (device.is_cuda()) {
     LOOM_IF_CUDA(
         kernels::cuda::dropout(x, y, n, p, key.seed, key.stream, offset, cuda_stream(device)));
+  } else if constexpr (std::is_same_v<T, float>) {
+    kernels::cpu::dropout(x, y, n, p, key.seed, key.stream, offset);
+  } else {
+    LOOM_FAIL("dropout: bf16 kernels run on CUDA only");
   }
 }
 
-void dropout_parts(Device device, const float* x, float* y, const Shape& shape, float p,
+// y = mask * x / (1 - p) over a contiguous x, with the element indices of See DropoutKey's parts:
+// each element takes the index of its place in the whole tensor, whose dim 0 is batch_parts times
+// x's and whose part_dim is parts times x's.
+template <typename T>
+void dropout_parts(Device device, const T* x, T* y, const Shape& shape, float p,
                    const DropoutKey& key) {
   const int64_t n = shape_numel(shape);
   if (key.parts == 1 && key.batch_parts == 1) {
@@ -72,7 +78,9 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
   LOOM_CHECK(p >= 0.0 && p < 1.0 && float(p) < 1.0f,
              "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
-  if (lp) return lp.round(dropout(lp.f32(x), p, training, key));  // Note [Low-precision compute]
+  const bool bf16 = lp && cuda_bf16_path(x);  // Note [bf16 kernels on CUDA]
+  if (lp && !bf16)
+    return lp.round(dropout(lp.f32(x), p, training, key));  // Note [Low-precision compute]
   LOOM_CHECK(key.parts >= 1 && key.part >= 0 && key.part < key.parts && key.part_dim >= 0 &&
                  (key.parts == 1 || key.part_dim < x.dim()),
              "dropout: part ", key.part, " of ", key.parts, " along dim ", key.part_dim,
@@ -83,13 +91,20 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
              x.str(), key.parts > 1 ? " with its part along dim " : "",
              key.parts > 1 ? std::to_string(key.part_dim) : std::string());
   Tensor in = x.detach().contiguous();
-  Tensor out = Tensor::empty(in.shape(), DType::kF32, in.device());
+  const DType dtype = bf16 ? DType::kBF16 : DType::kF32;
+  Tensor out = Tensor::empty(in.shape(), dtype, in.device());
   const float pf = float(p);
-  dropout_parts(in.device(), in.data<float>(), out.data<float>(), in.shape(), pf, key);
-  autograd::record(out, "dropout", {x}, [pf, key](const Tensor& g) {
-    Tensor gc = g.contiguous();
-    Tensor dx = Tensor::empty(gc.shape(), DType::kF32, gc.device());
-    dropout_parts(gc.device(), gc.data<float>(), dx.data<float>(), gc.shape(), pf, key);
+  auto run = [pf, key](const Tensor& from, Tensor& to) {
+    if (to.dtype() == DType::kBF16)
+      dropout_parts(to.device(), from.data<BFloat16>(), to.data<BFloat16>(), to.shape(), pf, key);
+    else
+      dropout_parts(to.device(), from.data<float>(), to.data<float>(), to.shape(), pf, key);
+  };
+  run(in, out);
+  autograd::record(out, "dropout", {x}, [run, dtype](const Tensor& g) {
+    Tensor gc = g.to(dtype).contiguous();
+    Tensor dx = Tensor::empty(gc.shape(), dtype, gc.device());
+    run(gc, dx);
     return std::vector<Tensor>{dx};
   });
   return out;

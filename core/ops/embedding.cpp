@@ -37,12 +37,50 @@ void check_indices(const I* indices, const Shape& shape, int64_t vocab) {
   }
 }
 
+// embedding with a bf16 CUDA weight through the kernels' bf16 overloads (Note [bf16 kernels on
+// CUDA]): the gather is exact; the gradient is summed in f32 and rounded to bf16 once.
+Tensor embedding_cuda_bf16(const Tensor& weight, const Tensor& indices) {
+  detail::check_dim("embedding", "weight", weight, 2);
+  detail::check_index("embedding", "indices", indices);
+  detail::check_same_device("embedding", "weight", weight, "indices", indices);
+  const int64_t vocab = weight.size(0), cols = weight.size(1), n = indices.numel();
+  Tensor w = weight.detach().contiguous(), idx = indices.detach().contiguous();
+  const Device device = w.device();
+  Shape out_shape = indices.shape();
+  out_shape.push_back(cols);
+  Tensor out = Tensor::empty(out_shape, DType::kBF16, device);
+  const Tensor host_idx = idx.to(Device::cpu());  // the range check (no device-side one yet)
+  visit_index_dtype(idx.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    check_indices(host_idx.data<I>(), idx.shape(), vocab);
+    LOOM_IF_CUDA(kernels::cuda::embedding_forward(
+        w.data<BFloat16>(), idx.data<I>(), out.data<BFloat16>(), n, cols, cuda_stream(device)));
+  });
+  autograd::record(out, "embedding", {weight}, [idx, vocab, cols, n](const Tensor& grad) {
+    Tensor g = grad.to(DType::kBF16).contiguous();
+    Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, g.device());
+    visit_index_dtype(idx.dtype(), [&](auto tag) {
+      using I = decltype(tag);
+      LOOM_IF_CUDA({
+        const size_t bytes = kernels::cuda::embedding_backward_workspace_bytes(n, vocab);
+        Tensor ws = cuda_workspace(g.device(), bytes);
+        kernels::cuda::embedding_backward(g.data<BFloat16>(), idx.data<I>(), dw.data<float>(), n,
+                                          vocab, cols, ws.data_ptr(), bytes,
+                                          cuda_stream(g.device()));
+      });
+    });
+    return std::vector<Tensor>{dw.to(DType::kBF16)};
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   // See Note [Low-precision compute]: the gather is exact in any dtype, but the backward's
   // scatter-add must sum in f32, so a bf16 weight is upcast whole like any other input.
   const detail::LowPrecision lp("embedding", {{"weight", weight}});
+  if (lp && cuda_bf16_path(weight)) return embedding_cuda_bf16(weight, indices);
   if (lp) return lp.round(embedding(lp.f32(weight), indices));
   detail::check_f32("embedding", "weight", weight);
   detail::check_dim("embedding", "weight", weight, 2);

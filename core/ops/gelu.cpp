@@ -23,10 +23,28 @@ Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
   return dx;
 }
 
+// gelu on a bf16 CUDA tensor through the kernels' bf16 overloads (Note [bf16 kernels on CUDA]).
+Tensor gelu_cuda_bf16(const Tensor& x) {
+  Tensor in = x.detach().contiguous();
+  Tensor out = Tensor::empty(in.shape(), DType::kBF16, in.device());
+  LOOM_IF_CUDA(kernels::cuda::gelu_forward(in.data<BFloat16>(), out.data<BFloat16>(), in.numel(),
+                                           cuda_stream(in.device())));
+  autograd::record(out, "gelu", {x}, [in](const Tensor& grad) {
+    Tensor g = grad.to(DType::kBF16).contiguous();
+    Tensor dx = Tensor::empty(in.shape(), DType::kBF16, in.device());
+    LOOM_IF_CUDA(kernels::cuda::gelu_backward(in.data<BFloat16>(), g.data<BFloat16>(),
+                                              dx.data<BFloat16>(), in.numel(),
+                                              cuda_stream(in.device())));
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor gelu(const Tensor& x) {
   const detail::LowPrecision lp("gelu", {{"x", x}});  // See Note [Low-precision compute]
+  if (lp && cuda_bf16_path(x)) return gelu_cuda_bf16(x);
   if (lp) return lp.round(gelu(lp.f32(x)));
   detail::check_f32("gelu", "x", x);
   Tensor in = x.detach().contiguous();

@@ -28,42 +28,56 @@ void check_targets(const I* targets, int64_t rows, int64_t classes, int64_t igno
 
 // The CUDA path: the loss, its row count and the gradient's scale stay in device slots, so the
 // host never waits for the GPU (the targets' range check copies them to the host first, as a
-// device-side check does not exist yet).
+// device-side check does not exist yet). Logits are f32, or bf16 read directly by the kernels
+// (Note [bf16 kernels on CUDA]); the loss is f32 and the logits' gradient takes their dtype.
 Tensor cross_entropy_cuda(const Tensor& logits, const Tensor& x, const Tensor& tg,
-                          const Tensor& lse, const kernels::cpu::CrossEntropyShape& shape) {
+                          const kernels::cpu::CrossEntropyShape& shape) {
 #if LOOM_WITH_CUDA
   const Tensor host_targets = tg.to(Device::cpu());
   const Device device = x.device();
+  Tensor lse = Tensor::empty({shape.rows}, DType::kF32, device);
   Tensor sum = cuda_workspace(device, sizeof(double));
   Tensor count = Tensor::empty({1}, DType::kI64, device);
   Tensor out = Tensor::empty(Shape{}, DType::kF32, device);
-  visit_index_dtype(tg.dtype(), [&](auto tag) {
-    using I = decltype(tag);
+  // Calls f(value tag, index tag) for the logits' and the targets' element types.
+  auto with_types = [](const Tensor& logits, const Tensor& targets, auto&& f) {
+    visit_index_dtype(targets.dtype(), [&](auto index_tag) {
+      if (logits.dtype() == DType::kBF16)
+        f(BFloat16{}, index_tag);
+      else
+        f(float{}, index_tag);
+    });
+  };
+  with_types(x, tg, [&](auto value_tag, auto index_tag) {
+    using T = decltype(value_tag);
+    using I = decltype(index_tag);
     check_targets(host_targets.data<I>(), shape.rows, shape.num_classes, shape.ignore_index);
-    kernels::cuda::cross_entropy_forward(x.data<float>(), tg.data<I>(), lse.data<float>(), shape,
+    kernels::cuda::cross_entropy_forward(x.data<T>(), tg.data<I>(), lse.data<float>(), shape,
                                          static_cast<double*>(sum.data_ptr()),
                                          count.data<int64_t>(), cuda_stream(device));
   });
   kernels::cuda::cross_entropy_mean(static_cast<const double*>(sum.data_ptr()),
                                     count.data<int64_t>(), out.data<float>(), cuda_stream(device));
-  autograd::record(out, "cross_entropy", {logits}, [x, tg, lse, shape, count](const Tensor& g) {
-    const Device device = x.device();
-    Tensor gc = g.contiguous();
-    Tensor scale = Tensor::empty({1}, DType::kF32, device);
-    kernels::cuda::cross_entropy_grad_scale(gc.data<float>(), count.data<int64_t>(),
-                                            scale.data<float>(), cuda_stream(device));
-    Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
-    visit_index_dtype(tg.dtype(), [&](auto tag) {
-      using I = decltype(tag);
-      kernels::cuda::cross_entropy_backward(x.data<float>(), tg.data<I>(), lse.data<float>(),
-                                            static_cast<const float*>(scale.data<float>()),
-                                            dx.data<float>(), shape, cuda_stream(device));
-    });
-    return std::vector<Tensor>{dx};
-  });
+  autograd::record(
+      out, "cross_entropy", {logits}, [x, tg, lse, shape, count, with_types](const Tensor& g) {
+        const Device device = x.device();
+        Tensor gc = g.to(DType::kF32).contiguous();
+        Tensor scale = Tensor::empty({1}, DType::kF32, device);
+        kernels::cuda::cross_entropy_grad_scale(gc.data<float>(), count.data<int64_t>(),
+                                                scale.data<float>(), cuda_stream(device));
+        Tensor dx = Tensor::empty(x.shape(), x.dtype(), device);
+        with_types(x, tg, [&](auto value_tag, auto index_tag) {
+          using T = decltype(value_tag);
+          using I = decltype(index_tag);
+          kernels::cuda::cross_entropy_backward(x.data<T>(), tg.data<I>(), lse.data<float>(),
+                                                scale.data<float>(), dx.data<T>(), shape,
+                                                cuda_stream(device));
+        });
+        return std::vector<Tensor>{dx};
+      });
   return out;
 #else
-  (void)logits, (void)x, (void)tg, (void)lse, (void)shape;
+  (void)logits, (void)x, (void)tg, (void)shape;
   LOOM_FAIL("cross_entropy: loom was built without CUDA");
 #endif
 }
@@ -76,8 +90,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   // PyTorch autocast); the logits' gradient comes back in their dtype through the upcast. See
   // Note [Low-precision compute].
   const detail::LowPrecision lp("cross_entropy", {{"logits", logits}});
-  if (lp) return cross_entropy(lp.f32(logits), targets, options);
-  detail::check_f32("cross_entropy", "logits", logits);
+  const bool bf16 = lp && cuda_bf16_path(logits);  // Note [bf16 kernels on CUDA]
+  if (lp && !bf16) return cross_entropy(lp.f32(logits), targets, options);
+  if (!bf16) detail::check_f32("cross_entropy", "logits", logits);
   detail::check_dim("cross_entropy", "logits", logits, 2);
   detail::check_index("cross_entropy", "targets", targets);
   LOOM_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
@@ -91,9 +106,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
              " must be in [1, ", cols, "] (the logits' last dim), or -1 for all columns");
 
   Tensor x = logits.detach().contiguous(), tg = targets.detach().contiguous();
-  Tensor lse = Tensor::empty({rows}, DType::kF32, x.device());
   const kernels::cpu::CrossEntropyShape shape{rows, cols, classes, options.ignore_index};
-  if (x.device().is_cuda()) return cross_entropy_cuda(logits, x, tg, lse, shape);
+  if (x.device().is_cuda()) return cross_entropy_cuda(logits, x, tg, shape);
+  Tensor lse = Tensor::empty({rows}, DType::kF32, x.device());
   int64_t count = 0;
   double total = 0.0;
   visit_index_dtype(tg.dtype(), [&](auto tag) {

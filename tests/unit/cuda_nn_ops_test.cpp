@@ -211,6 +211,46 @@ TEST(CudaNnOps, Bf16MatmulAndLinearUseTensorCoresWithTheCpuResult) {
       {rnd({5, 96}, 31), rnd({33, 96}, 32)}, ulp, 7, atol_frac);
 }
 
+// The ops that read bf16 directly on CUDA (Note [bf16 kernels on CUDA]) against the CPU's f32
+// path on the same bf16 values: the same f32 results rounded once, up to the order of f32
+// additions, so one bf16 step apart at most (2^-7 relative); attention's backward reads its
+// rounded bf16 output, so its gradients get two steps.
+TEST(CudaNnOps, Bf16KernelsGiveTheLowPrecisionResults) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const double step = 1.0 / 128.0, frac = 1.0 / 256.0;
+  auto bf16 = [](const Tensor& t) { return t.to(DType::kBF16); };
+  expect_cuda_matches_cpu([&](const std::vector<Tensor>& in) { return gelu(bf16(in[0])); },
+                          {rnd({7, 333}, 33, -3, 3)}, step, 7, frac);
+  expect_cuda_matches_cpu(
+      [&](const std::vector<Tensor>& in) {
+        return layer_norm(bf16(in[0]), bf16(in[1]), bf16(in[2]));
+      },
+      {rnd({9, 768}, 34), rnd({768}, 35), rnd({768}, 36)}, step, 7, frac);
+  expect_cuda_matches_cpu(
+      [&](const std::vector<Tensor>& in) { return embedding(bf16(in[0]), in[1]); },
+      {rnd({50, 96}, 37), ids({3, 40}, 50, 38)}, step, 7, frac);
+  CrossEntropyOptions o;
+  o.num_classes = 61;
+  expect_cuda_matches_cpu(
+      [&](const std::vector<Tensor>& in) { return cross_entropy(bf16(in[0]), in[1], o); },
+      {rnd({37, 64}, 39, -3, 3), ids({37}, 61, 40, 5)}, step, 7, frac);
+  for (bool causal : {true, false})
+    expect_cuda_matches_cpu(
+        [&](const std::vector<Tensor>& in) {
+          return scaled_dot_product_attention(bf16(in[0]), bf16(in[1]), bf16(in[2]), causal);
+        },
+        {rnd({2, 3, 33, 64}, 41), rnd({2, 3, 33, 64}, 42), rnd({2, 3, 33, 64}, 43)}, 2 * step, 7,
+        2 * frac);
+  // Dropout's mask and scale are the CPU's, and both round the same f32 product: exact.
+  DropoutKey key;
+  key.seed = 9;
+  auto f = [&](const std::vector<Tensor>& in) { return dropout(bf16(in[0]), 0.1, true, key); };
+  const Result gpu = run_on(f, {rnd({4, 777}, 44)}, kGpu, 3);
+  const Result cpu = run_on(f, {rnd({4, 777}, 44)}, kCpu, 3);
+  EXPECT_EQ(gpu.out.to(DType::kF32).to_vector<float>(), cpu.out.to(DType::kF32).to_vector<float>());
+  EXPECT_EQ(gpu.grads[0].to_vector<float>(), cpu.grads[0].to_vector<float>());
+}
+
 TEST(CudaNnOps, MixedDevicesAreAClearError) {
   LOOM_SKIP_WITHOUT_CUDA();
   Tensor x = rnd({2, 4}, 22).to(kGpu), w = rnd({4}, 23);
