@@ -22,8 +22,9 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-Progress::Progress(int64_t total_steps, const std::string& metrics_file)
-    : total_(total_steps), terminal_(isatty(STDOUT_FILENO) != 0) {
+Progress::Progress(int64_t total_steps, const std::string& metrics_file,
+                   const std::string& rate_unit)
+    : total_(total_steps), rate_unit_(rate_unit), terminal_(isatty(STDOUT_FILENO) != 0) {
   if (!metrics_file.empty()) {
     metrics_.open(metrics_file, std::ios::out | std::ios::trunc);
     LOOM_CHECK(metrics_.good(), "--metrics-file: cannot open '", metrics_file, "' for writing");
@@ -39,10 +40,10 @@ void Progress::step(const StepMetrics& m) {
   char line[288];
   std::snprintf(line, sizeof line,
                 "step %" PRId64 "/%" PRId64
-                " | loss %.6f | lr %.3e%s | %.0f tok/s%s | %.1f ms | "
+                " | loss %.6f | lr %.3e%s | %.0f %s%s | %.1f ms | "
                 "elapsed %s | eta %s",
-                m.step, total_, m.loss, m.lr, grad, m.tokens_per_s, mfu, m.step_ms,
-                format_duration(m.elapsed_s).c_str(), format_duration(eta).c_str());
+                m.step, total_, m.loss, m.lr, grad, m.tokens_per_s, rate_unit_.c_str(), mfu,
+                m.step_ms, format_duration(m.elapsed_s).c_str(), format_duration(eta).c_str());
   if (terminal_) {
     std::printf("\r\033[K%s", line);
     line_open_ = true;

@@ -16,7 +16,7 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based
   double loss = 0;
   double lr = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;  // samples per second: tokens for GPT, examples for DLRM
   double elapsed_s = 0;
   double step_ms = 0;
   double grad_norm = -1;     // < 0: not computed
@@ -26,7 +26,10 @@ struct StepMetrics {
 
 class Progress {
  public:
-  Progress(int64_t total_steps, const std::string& metrics_file);
+  // `rate_unit` names what tokens_per_s counts in the printed line ("tok/s", or "ex/s" for a
+  // model whose samples are not tokens); the metrics file keeps the key tokens_per_s.
+  Progress(int64_t total_steps, const std::string& metrics_file,
+           const std::string& rate_unit = "tok/s");
 
   // Prints the line for a finished step and appends its JSON record.
   void step(const StepMetrics& m);
@@ -38,6 +41,7 @@ class Progress {
 
  private:
   int64_t total_;
+  std::string rate_unit_;
   bool terminal_;
   bool line_open_ = false;
   std::ofstream metrics_;

@@ -160,7 +160,7 @@ int run(int argc, char** argv) {
   optim::AdamW opt(params, adamw);
 
   const int64_t steps = flags.get_int("steps"), eval_every = flags.get_int("eval-every");
-  cli::Progress progress(steps, world->rank() == 0 ? flags.get_string("metrics-file") : "");
+  cli::Progress progress(steps, world->rank() == 0 ? flags.get_string("metrics-file") : "", "ex/s");
   const auto start = std::chrono::steady_clock::now();
   auto report = [&](int64_t step) {
     const Evaluation e = evaluate(lookup, model, data, flags.get_int("eval-batches"), *world);
