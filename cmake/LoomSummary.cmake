@@ -17,5 +17,5 @@ function(loom_print_summary)
   get_property(lines GLOBAL PROPERTY LOOM_SUMMARY_LINES)
   message(STATUS "loom ${PROJECT_VERSION} configuration:\n${lines}"
                  "  build type ... ${CMAKE_BUILD_TYPE}, native ${LOOM_NATIVE}, sanitize '${LOOM_SANITIZE}'\n"
-                 "  tests ${LOOM_BUILD_TESTS}, benchmarks ${LOOM_BUILD_BENCHMARKS}, python ${LOOM_BUILD_PYTHON}")
+                 "  tests ${LOOM_BUILD_TESTS}, benchmarks ${LOOM_BUILD_BENCHMARKS}, python ${LOOM_PYTHON_ENABLED}")
 endfunction()

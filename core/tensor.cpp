@@ -40,11 +40,17 @@ Shape contiguous_strides(const Shape& shape) {
 Storage::Storage(size_t nbytes, Device device)
     : data_(allocator_for(device).allocate(nbytes)), nbytes_(nbytes), device_(device) {}
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner)
+    : data_(data), nbytes_(nbytes), device_(device), external_(true), owner_(std::move(owner)) {}
+
 Storage::~Storage() {
-  if (!released_) allocator_for(device_).deallocate(data_, nbytes_);
+  if (!released_ && !external_) allocator_for(device_).deallocate(data_, nbytes_);
 }
 
 void Storage::release() {
+  LOOM_CHECK(!external_, "Storage::release: the storage wraps external memory (", device_.str(),
+             ", ", nbytes_,
+             " bytes, e.g. from a numpy array), which loom does not own and cannot free");
   if (released_) return;
   allocator_for(device_).deallocate(data_, nbytes_);
   data_ = nullptr;
@@ -52,6 +58,9 @@ void Storage::release() {
 }
 
 void Storage::materialize() {
+  LOOM_CHECK(!external_, "Storage::materialize: the storage wraps external memory (", device_.str(),
+             ", ", nbytes_,
+             " bytes, e.g. from a numpy array), which loom does not own and cannot allocate");
   if (!released_) return;
   data_ = allocator_for(device_).allocate(nbytes_);
   released_ = false;
@@ -106,6 +115,31 @@ Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
     for (int64_t i = 0; i < n; ++i) p[i] = kernels::cpu::convert_scalar<T>(double(i));
   });
   return device.is_cpu() ? t : t.to(device);
+}
+
+Tensor Tensor::from_external(void* data, const Shape& shape, const Shape& strides, DType dtype,
+                             std::shared_ptr<void> owner, Device device) {
+  LOOM_CHECK(strides.size() == shape.size(), "Tensor::from_external: ", strides.size(),
+             " strides for shape ", shape_str(shape), " (needs one per dim)");
+  // The bytes the view can reach: one past its last element (nothing when it has no elements).
+  int64_t span = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    LOOM_CHECK(shape[i] >= 0, "Tensor::from_external: negative size in shape ", shape_str(shape));
+    LOOM_CHECK(strides[i] >= 0, "Tensor::from_external: negative stride ", strides[i], " in ",
+               shape_str(strides), " (reverse the data first)");
+    span += (shape[i] - 1) * strides[i];
+  }
+  if (shape_numel(shape) == 0) span = 0;
+  LOOM_CHECK(data != nullptr || span == 0, "Tensor::from_external: null data for shape ",
+             shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage =
+      std::make_shared<Storage>(data, size_t(span) * dtype_size(dtype), device, std::move(owner));
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
 }
 
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {

@@ -23,9 +23,25 @@ std::string shape_str(const Shape& shape);  // "[2, 3]"
 Shape contiguous_strides(const Shape& shape);
 
 // Bytes on one device, returned to its allocator when the last tensor using them goes away.
+//
+// Or external bytes (See Note [External storage]): memory loom did not allocate (a numpy array's
+// buffer), kept alive by `owner` until the last tensor using it goes away.
+//
+// Note [External storage]
+// An external Storage wraps memory owned by someone else: `data` stays valid while `owner` (any
+// shared_ptr, typically one whose deleter drops a reference on the owning object, e.g. a Python
+// ndarray) is alive, and the Storage holds `owner` until it is destroyed. Its bytes never go
+// through an Allocator, so the allocator's live and peak counters do not count them: they report
+// memory loom allocated, and a tensor made with Tensor::from_external adds nothing to them
+// (copies made from it, contiguous() of a strided one, are loom's and are counted). Such a
+// storage cannot be released or materialized (ZeRO-3's freeing of gathered parameters): those
+// are a loom::Error.
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // External memory: `nbytes` at `data` on `device`, kept alive by `owner`. See Note [External
+  // storage].
+  Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -42,12 +58,15 @@ class Storage {
   // Allocates the bytes again (contents undefined) when released; a no-op otherwise.
   void materialize();
   bool released() const { return released_; }
+  bool external() const { return external_; }
 
  private:
   void* data_;
   size_t nbytes_;
   Device device_;
   bool released_ = false;
+  bool external_ = false;
+  std::shared_ptr<void> owner_;  // external storage only: keeps data_ alive
 };
 
 namespace autograd {
@@ -73,6 +92,12 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
                             Device device = Device::cpu());
+  // A tensor over external memory, no copy (See Note [External storage]): element (i0, i1, ...)
+  // is at data + (i0 * strides[0] + i1 * strides[1] + ...) * dtype_size(dtype). Strides are in
+  // elements, non-negative, and may describe any layout (a transposed or sliced numpy view).
+  // `owner` keeps the memory alive for as long as any tensor uses it.
+  static Tensor from_external(void* data, const Shape& shape, const Shape& strides, DType dtype,
+                              std::shared_ptr<void> owner, Device device = Device::cpu());
 
   // ---- properties ----
   bool defined() const { return impl_ != nullptr; }

@@ -16,12 +16,13 @@ set -euo pipefail
 # Build tools, the libraries loom links (Eigen, GoogleTest/GoogleMock, Google Benchmark,
 # nlohmann-json, Open MPI for the multi-rank runtime and its mpirun tests), and Debian's Python
 # with numpy, PyTorch and pytest: the numerics tests and the
-# PyTorch comparison benchmark run under /usr/bin/python3. OpenMP comes with g++ (libgomp).
+# PyTorch comparison benchmark run under /usr/bin/python3. pybind11 and Python's headers build
+# the Python module (python/). OpenMP comes with g++ (libgomp).
 packages=(
   cmake ninja-build g++ make pkg-config
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev
-  python3 python3-numpy python3-torch python3-pytest
+  python3 python3-numpy python3-torch python3-pytest python3-dev pybind11-dev
   clang-format
 )
 

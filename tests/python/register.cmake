@@ -5,8 +5,10 @@ if(Python3_Interpreter_FOUND AND TARGET loom-gpt)
   execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch, numpy, pytest"
                   RESULT_VARIABLE loom_python_deps OUTPUT_QUIET ERROR_QUIET)
   if(loom_python_deps EQUAL 0)
+    # The Python module's own tests (test_binding_*.py) are the python_binding entry below.
     add_test(NAME python_tests
              COMMAND ${Python3_EXECUTABLE} -m pytest -q ${CMAKE_CURRENT_SOURCE_DIR}/python
+                     --ignore-glob=*/test_binding_*.py
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(python_tests PROPERTIES LABELS python
                          ENVIRONMENT "LOOM_GPT=$<TARGET_FILE:loom-gpt>;OMP_NUM_THREADS=1")
@@ -14,4 +16,41 @@ if(Python3_Interpreter_FOUND AND TARGET loom-gpt)
     message(WARNING "python tests disabled: ${Python3_EXECUTABLE} lacks torch, numpy or pytest "
                     "(run scripts/install-deps.sh)")
   endif()
+endif()
+
+# The Python module's tests (tests/python/test_binding_*.py, label python) run against the package
+# the build lays out in <build>/python. Without the module (LOOM_WITH_PYTHON off or pybind11
+# missing) or without numpy and pytest they are registered anyway and report SKIP (exit code 77),
+# so the summary says what did not run. python_binding_install checks that `cmake --install`
+# puts an importable package in LOOM_PYTHON_INSTALL_DIR.
+set(loom_binding_skip "")
+if(NOT LOOM_PYTHON_ENABLED)
+  set(loom_binding_skip "the Python module is not built (configure summary: Python ... ${LOOM_PYTHON_DETAIL})")
+elseif(NOT Python3_Interpreter_FOUND)
+  set(loom_binding_skip "no Python interpreter found")
+else()
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import numpy, pytest"
+                  RESULT_VARIABLE loom_binding_deps OUTPUT_QUIET ERROR_QUIET)
+  if(NOT loom_binding_deps EQUAL 0)
+    set(loom_binding_skip "${Python3_EXECUTABLE} lacks numpy or pytest (run scripts/install-deps.sh)")
+  endif()
+endif()
+if(loom_binding_skip)
+  foreach(name python_binding python_binding_install)
+    add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${loom_binding_skip}'; exit 77")
+    set_tests_properties(${name} PROPERTIES LABELS python SKIP_RETURN_CODE 77)
+  endforeach()
+else()
+  file(GLOB loom_binding_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_binding_*.py)
+  add_test(NAME python_binding
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${loom_binding_tests}
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/python)
+  set_tests_properties(python_binding PROPERTIES LABELS python TIMEOUT 300
+                       ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;OMP_NUM_THREADS=1")
+  add_test(NAME python_binding_install
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/python/binding_install.sh ${CMAKE_COMMAND}
+                   ${CMAKE_BINARY_DIR} ${CMAKE_BINARY_DIR}/python-install-test
+                   ${LOOM_PYTHON_INSTALL_DIR} ${Python3_EXECUTABLE})
+  set_tests_properties(python_binding_install PROPERTIES LABELS python TIMEOUT 120
+                       SKIP_RETURN_CODE 77)
 endif()

@@ -46,6 +46,58 @@ TEST(Tensor, AllocatorCountsLiveAndPeakBytes) {
   EXPECT_EQ(a.peak_bytes(), before + 4000);
 }
 
+// See Note [External storage]: a tensor over memory loom does not own (a numpy array's buffer).
+TEST(Tensor, FromExternalSharesMemoryKeepsItsOwnerAndIsNotCounted) {
+  auto buffer = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
+  std::weak_ptr<std::vector<float>> alive = buffer;
+  Allocator& a = allocator_for(Device::cpu());
+  size_t before = a.live_bytes();
+  {
+    // The transpose of a row-major [2, 3]: shape [3, 2], strides (1, 3) in elements.
+    Tensor t = Tensor::from_external(buffer->data(), {3, 2}, {1, 3}, DType::kF32, buffer);
+    buffer.reset();  // the tensor alone keeps the memory alive now
+    EXPECT_FALSE(alive.expired());
+    EXPECT_EQ(a.live_bytes(), before);  // external bytes are not loom's
+    EXPECT_FALSE(t.is_contiguous());
+    EXPECT_TRUE(t.storage()->external());
+    EXPECT_EQ(t.storage()->nbytes(), 6 * sizeof(float));
+    EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+    // Writes through either side are seen by the other: no copy was made.
+    alive.lock()->at(1) = 20;
+    EXPECT_EQ(t.narrow(0, 1, 1).to_vector<float>(), (std::vector<float>{20, 5}));
+    Tensor view = t.narrow(1, 1, 1);  // views share the external storage and its owner
+    Tensor c = t.contiguous();        // a copy is loom's memory and is counted
+    EXPECT_EQ(a.live_bytes(), before + 6 * sizeof(float));
+    EXPECT_FALSE(c.storage()->external());
+    t = Tensor();
+    EXPECT_FALSE(alive.expired());  // `view` still uses it
+    EXPECT_EQ(view.to_vector<float>(), (std::vector<float>{4, 5, 6}));
+  }
+  EXPECT_TRUE(alive.expired());  // the last tensor gone, the owner is dropped
+  EXPECT_EQ(a.live_bytes(), before);
+}
+
+TEST(Tensor, FromExternalDifferentiatesAndRejectsBadInput) {
+  std::vector<float> values{1, 2, 3};
+  Tensor x =
+      Tensor::from_external(values.data(), {3}, {1}, DType::kF32, nullptr).set_requires_grad(true);
+  loom::sum(loom::mul(x, x)).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  EXPECT_THROW(Tensor::from_external(values.data(), {3}, {}, DType::kF32, nullptr), Error);
+  EXPECT_THROW(Tensor::from_external(values.data(), {3}, {-1}, DType::kF32, nullptr), Error);
+  EXPECT_THROW(Tensor::from_external(nullptr, {3}, {1}, DType::kF32, nullptr), Error);
+  EXPECT_EQ(Tensor::from_external(nullptr, {0, 4}, {4, 1}, DType::kF32, nullptr).numel(), 0);
+  // ZeRO-3's release/materialize would free or replace memory loom does not own.
+  try {
+    x.storage()->release();
+    FAIL() << "release() of external storage did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("external memory"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(x.storage()->materialize(), Error);
+  EXPECT_FALSE(x.storage()->released());
+}
+
 TEST(Tensor, DtypeConversionRoundsToNearestEven) {
   Tensor t = Tensor::from_vector<float>({1.0f, 1.00390625f, -2.5f, 65504.0f}, {4});
   Tensor b = t.to(DType::kBF16);

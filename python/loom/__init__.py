@@ -1,0 +1,53 @@
+"""loom: tensors with autograd, from C++ (see README.md, "Python").
+
+The compiled core is ``loom._loom``; this package re-exports it under PyTorch's names, so habits
+carry over::
+
+    import numpy as np
+    import loom
+    import loom.nn.functional as F
+
+    x = loom.from_numpy(np.ones((4, 3), dtype=np.float32))   # shares memory with the array
+    w = loom.zeros(2, 3, requires_grad=True)
+    loss = F.gelu(x @ w.transpose(0, 1)).mean()
+    loss.backward()
+    with loom.no_grad():
+        w -= 0.1 * w.grad
+
+Bound so far: Tensor, dtypes, numpy interop, operators and the functional ops, autograd. Not yet:
+nn modules, optim, distributed (later landings of the Python issue).
+"""
+
+from loom._loom import (  # noqa: F401
+    Tensor,
+    arange,
+    bfloat16,
+    cat,
+    cuda_device_count,
+    cuda_is_available,
+    dtype,
+    empty,
+    float16,
+    float32,
+    from_numpy,
+    full,
+    int32,
+    int64,
+    is_grad_enabled,
+    matmul,
+    max_memory_allocated,
+    memory_allocated,
+    ones,
+    tensor,
+    uint8,
+    zeros,
+)
+from loom.autograd import enable_grad, no_grad  # noqa: F401
+from loom import nn  # noqa: F401
+
+__all__ = [
+    "Tensor", "dtype", "float32", "bfloat16", "float16", "int32", "int64", "uint8",
+    "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "matmul", "cat",
+    "no_grad", "enable_grad", "is_grad_enabled", "memory_allocated", "max_memory_allocated",
+    "cuda_is_available", "cuda_device_count", "nn",
+]

@@ -1,0 +1,1 @@
+from loom.nn import functional as functional

@@ -1,0 +1,26 @@
+// Shared declarations of the pybind11 module loom._loom: one init_* per binding file (errors,
+// dtypes and Tensor, operators and functional ops, autograd), called in order by module.cpp, and
+// the argument helpers the files share.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "core/tensor.h"
+
+namespace loom::python {
+
+namespace py = pybind11;
+
+void init_errors(py::module_& m);    // errors.cpp: loom::Error -> ValueError, ...
+void init_tensor(py::module_& m);    // tensor.cpp: dtypes, Tensor, tensor(), from_numpy, numpy
+void init_ops(py::module_& m);       // ops.cpp: operators, reductions, nn.functional
+void init_autograd(py::module_& m);  // autograd.cpp: backward, grad, no-grad guards
+
+// A loom.dtype, or its name ("float32", "bfloat16", ... or loom's "f32", "bf16", ...).
+DType dtype_arg(py::handle obj);
+// The Python object of a dtype: one per dtype, so `t.dtype is loom.float32` holds.
+py::object dtype_object(DType dtype);
+// True for a Python float or int (bool included): an operand that becomes a 0-d tensor.
+bool is_scalar(py::handle obj);
+
+}  // namespace loom::python

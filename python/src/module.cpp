@@ -1,0 +1,11 @@
+// The extension module loom._loom. The package python/loom/ re-exports it under PyTorch's names;
+// users import `loom`, not this module.
+#include "bindings.h"
+
+PYBIND11_MODULE(_loom, m) {
+  m.doc() = "loom's compiled core (import loom instead)";
+  loom::python::init_errors(m);  // first: the translator applies to everything below
+  loom::python::init_tensor(m);
+  loom::python::init_autograd(m);
+  loom::python::init_ops(m);
+}

@@ -1,0 +1,367 @@
+// Operators and methods on loom.Tensor (+ - * / @, sum, mean, in-place updates) and the
+// submodule _loom.functional, re-exported as loom.nn.functional under PyTorch's names. Every op
+// that only touches Tensors runs with the GIL released (arguments are converted before, results
+// after); ops that parse Python arguments release it once parsing is done.
+//
+// A Python scalar operand becomes a 0-d tensor of the other operand's dtype and device (its
+// shape [] broadcasts over any shape, See core/ops.h), so `t * 2` keeps t's dtype.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+
+#include "bindings.h"
+#include "core/autograd.h"
+#include "core/nn/dropout.h"
+#include "core/ops.h"
+#include "core/rng.h"
+
+namespace loom::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+Tensor scalar_like(double value, const Tensor& t) {
+  return Tensor::scalar(value, t.dtype(), t.device());
+}
+
+// `other` as a Tensor operand: a Tensor, or a Python scalar made into a 0-d tensor like `t`.
+// Returns false for anything else, so the operator returns NotImplemented (a TypeError).
+bool operand(const Tensor& t, py::handle other, Tensor* out) {
+  if (py::isinstance<Tensor>(other)) {
+    *out = py::cast<const Tensor&>(other);
+    return true;
+  }
+  if (is_scalar(other)) {
+    *out = scalar_like(other.cast<double>(), t);
+    return true;
+  }
+  return false;
+}
+
+// Binds a binary operator and its reflection: f(a, b) for `a op b`, and with the operands
+// swapped for `b op a` when only the right one is a Tensor.
+template <typename F>
+void def_binary(py::class_<Tensor>& cls, const char* name, const char* rname, F f) {
+  cls.def(name, [f](const Tensor& a, py::handle b) -> py::object {
+    Tensor other;
+    if (!operand(a, b, &other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    Tensor out;
+    {
+      py::gil_scoped_release release;
+      out = f(a, other);
+    }
+    return py::cast(out);
+  });
+  cls.def(rname, [f](const Tensor& b, py::handle a) -> py::object {
+    Tensor other;
+    if (!operand(b, a, &other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    Tensor out;
+    {
+      py::gil_scoped_release release;
+      out = f(other, b);
+    }
+    return py::cast(out);
+  });
+}
+
+// In-place updates are not recorded by autograd, so they are refused on a tensor that requires
+// grad while recording is on, as PyTorch refuses them on such leaves: w -= lr * w.grad belongs
+// under `with loom.no_grad():`. Caveat: loom has no version counters, so an in-place update of a
+// tensor that a pending graph saved for backward is not detected.
+void check_in_place(const char* op, const Tensor& t) {
+  LOOM_CHECK(!(t.requires_grad() && autograd::grad_enabled()), op, ": ", t.str(),
+             " requires grad, and in-place updates are not recorded by autograd; update it "
+             "inside `with loom.no_grad():` (as an optimizer step does)");
+}
+
+// t += alpha * other (tensor of t's shape, or a scalar), t *= s, in place; returns t.
+py::object add_in_place(py::object self, py::handle other, double alpha, const char* op) {
+  Tensor& t = self.cast<Tensor&>();
+  check_in_place(op, t);
+  if (is_scalar(other)) {
+    double v = other.cast<double>() * alpha;
+    py::gil_scoped_release release;
+    add_(t, Tensor::full(t.shape(), v, t.dtype(), t.device()));
+  } else {
+    const Tensor& y = other.cast<const Tensor&>();
+    py::gil_scoped_release release;
+    add_(t, y, alpha);
+  }
+  return self;
+}
+
+py::object mul_in_place(py::object self, py::handle other) {
+  Tensor& t = self.cast<Tensor&>();
+  check_in_place("mul_", t);
+  if (!is_scalar(other))
+    throw py::type_error("mul_: in-place multiply by a Python number only (use t = t * other)");
+  double s = other.cast<double>();
+  py::gil_scoped_release release;
+  scale_(t, s);
+  return self;
+}
+
+// matmul with PyTorch's 1-D rules: a vector on the left is a row [1, K], on the right a column
+// [K, 1], and the added dim is dropped from the result.
+Tensor matmul_py(const Tensor& a, const Tensor& b) {
+  LOOM_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dim, got ",
+             shape_str(a.shape()), " @ ", shape_str(b.shape()));
+  Tensor x = a.dim() == 1 ? a.reshape({1, a.size(0)}) : a;
+  Tensor y = b.dim() == 1 ? b.reshape({b.size(0), 1}) : b;
+  Tensor out = matmul(x, y);
+  Shape shape = out.shape();
+  if (b.dim() == 1) shape.erase(shape.end() - 1);
+  if (a.dim() == 1) shape.erase(shape.end() - (b.dim() == 1 ? 1 : 2));
+  return shape == out.shape() ? out : out.reshape(shape);
+}
+
+// sum / mean over all elements (dim None), one dim, or several (a tuple or list).
+Tensor reduce(const Tensor& t, py::handle dim, bool keepdim, bool mean_not_sum) {
+  std::vector<int64_t> dims;
+  if (py::isinstance<py::int_>(dim)) {
+    dims.push_back(dim.cast<int64_t>());
+  } else if (!dim.is_none()) {
+    dims = dim.cast<std::vector<int64_t>>();
+  }
+  py::gil_scoped_release release;
+  if (dim.is_none()) {
+    Tensor out = mean_not_sum ? mean(t) : sum(t);
+    return keepdim ? out.reshape(Shape(size_t(t.dim()), 1)) : out;
+  }
+  for (int64_t& d : dims) {
+    LOOM_CHECK(d >= -t.dim() && d < t.dim(), mean_not_sum ? "mean" : "sum", ": dim ", d,
+               " out of range for a ", t.dim(), "-D tensor");
+    if (d < 0) d += t.dim();
+  }
+  std::sort(dims.begin(), dims.end());
+  LOOM_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(),
+             mean_not_sum ? "mean" : "sum", ": a dim appears twice");
+  Tensor out = t;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it)  // highest first: lower dims keep places
+    out = mean_not_sum ? mean(out, *it, keepdim) : sum(out, *it, keepdim);
+  return out;
+}
+
+// softmax over any dim: loom's kernel works on the last one, so move `dim` there and back.
+Tensor softmax_dim(const Tensor& x, int64_t dim) {
+  const int64_t n = x.dim();
+  LOOM_CHECK(dim >= -n && dim < n, "softmax: dim ", dim, " out of range for a ", n, "-D tensor");
+  if (dim < 0) dim += n;
+  if (dim == n - 1) return softmax(x);
+  return softmax(x.transpose(dim, n - 1)).transpose(dim, n - 1);
+}
+
+void check_reduction(const char* op, const std::string& reduction) {
+  LOOM_CHECK(reduction == "mean", op, ": reduction='", reduction,
+             "' is not supported (loom's fused loss computes the mean only)");
+}
+
+void init_functional(py::module_& f) {
+  f.doc() = "Functional ops under PyTorch's names (loom.nn.functional)";
+  f.def(
+      "gelu",
+      [](const Tensor& x, const std::string& approximate) {
+        LOOM_CHECK(approximate == "tanh", "gelu: approximate='", approximate,
+                   "' is not supported: loom implements the tanh approximation (GPT-2's), so "
+                   "pass approximate='tanh'");
+        py::gil_scoped_release release;
+        return gelu(x);
+      },
+      py::arg("input"), py::arg("approximate") = "tanh",
+      "GELU, tanh approximation (GPT-2's). Note: PyTorch's default is approximate='none'.");
+  f.def("relu", &relu, py::arg("input"), Release());
+  f.def("sigmoid", &sigmoid, py::arg("input"), Release());
+  f.def("softmax", &softmax_dim, py::arg("input"), py::arg("dim") = -1, Release());
+  f.def(
+      "layer_norm",
+      [](const Tensor& x, py::handle normalized_shape, std::optional<Tensor> weight,
+         std::optional<Tensor> bias, double eps) {
+        Shape ns = py::isinstance<py::int_>(normalized_shape)
+                       ? Shape{normalized_shape.cast<int64_t>()}
+                       : normalized_shape.cast<Shape>();
+        LOOM_CHECK(x.dim() >= 1 && ns == Shape{x.size(-1)}, "layer_norm: normalized_shape ",
+                   shape_str(ns), " must be the last dim of the input (", shape_str(x.shape()),
+                   "): loom normalizes over the last dim only");
+        py::gil_scoped_release release;
+        return layer_norm(x, weight.value_or(Tensor()), bias.value_or(Tensor()), eps);
+      },
+      py::arg("input"), py::arg("normalized_shape"), py::arg("weight") = py::none(),
+      py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
+  f.def(
+      "linear",
+      [](const Tensor& x, const Tensor& weight, std::optional<Tensor> bias) {
+        return linear(x, weight, bias.value_or(Tensor()));
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), Release(),
+      "input [..., in] @ weight[out, in]^T + bias[out]");
+  f.def(
+      "embedding",
+      [](const Tensor& indices, const Tensor& weight) { return embedding(weight, indices); },
+      py::arg("input"), py::arg("weight"), Release(),
+      "embedding(input, weight): rows of weight [V, C] at int32/int64 indices of any shape.");
+  f.def(
+      "dropout",
+      [](const Tensor& x, double p, bool training, std::optional<uint64_t> seed, py::handle stream,
+         std::optional<uint64_t> offset) {
+        DropoutKey key;
+        key.seed = seed.value_or(nn::dropout_seed());
+        key.stream = py::isinstance<py::str>(stream) ? rng::stream_of(stream.cast<std::string>())
+                                                     : stream.cast<uint64_t>();
+        key.offset = offset.value_or(nn::dropout_step() << 32);
+        py::gil_scoped_release release;
+        return dropout(x, p, training, key);
+      },
+      py::arg("input"), py::arg("p") = 0.5, py::arg("training") = true, py::kw_only(),
+      py::arg("seed") = py::none(), py::arg("stream") = 0, py::arg("offset") = py::none(),
+      R"doc(Dropout with loom's counter-based mask (See Note [Dropout keys] in core/nn/dropout.h).
+
+Element i is kept iff Philox(seed, stream, offset + i) >= p; kept elements are scaled by
+1/(1-p). The mask is a pure function of the key: the same call gives the same mask, so give
+each call site its own `stream` (an int, or a name such as "blocks.0.attn_drop"), and advance
+`offset` (default: the process-wide dropout step << 32) between steps. `seed` defaults to the
+process-wide dropout seed.)doc");
+  f.def(
+      "cross_entropy",
+      [](const Tensor& input, const Tensor& target, int64_t ignore_index,
+         const std::string& reduction) {
+        check_reduction("cross_entropy", reduction);
+        py::gil_scoped_release release;
+        CrossEntropyOptions options;
+        options.ignore_index = ignore_index;
+        return cross_entropy(input, target, options);
+      },
+      py::arg("input"), py::arg("target"), py::arg("ignore_index") = -100,
+      py::arg("reduction") = "mean",
+      "Mean over non-ignored rows of -log softmax(input)[target]; input [N, V], target [N].");
+  f.def(
+      "binary_cross_entropy_with_logits",
+      [](const Tensor& input, const Tensor& target, const std::string& reduction) {
+        check_reduction("binary_cross_entropy_with_logits", reduction);
+        py::gil_scoped_release release;
+        return binary_cross_entropy_with_logits(input, target);
+      },
+      py::arg("input"), py::arg("target"), py::arg("reduction") = "mean");
+  f.def(
+      "scaled_dot_product_attention",
+      [](const Tensor& q, const Tensor& k, const Tensor& v, py::handle attn_mask, double dropout_p,
+         bool is_causal) {
+        LOOM_CHECK(attn_mask.is_none(),
+                   "scaled_dot_product_attention: attn_mask is not "
+                   "supported (is_causal=True gives the causal mask)");
+        LOOM_CHECK(dropout_p == 0.0,
+                   "scaled_dot_product_attention: dropout_p must be 0 (no attention dropout)");
+        py::gil_scoped_release release;
+        return scaled_dot_product_attention(q, k, v, is_causal);
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
+      py::arg("dropout_p") = 0.0, py::arg("is_causal") = true,
+      "softmax(q k^T / sqrt(D)) v over q, k, v [B, H, T, D]; causal by default (loom's GPT "
+      "use), unlike PyTorch's is_causal=False.");
+}
+
+}  // namespace
+
+void init_ops(py::module_& m) {
+  auto cls = py::reinterpret_borrow<py::class_<Tensor>>(m.attr("Tensor"));
+
+  def_binary(cls, "__add__", "__radd__",
+             [](const Tensor& a, const Tensor& b) { return add(a, b); });
+  def_binary(cls, "__sub__", "__rsub__",
+             [](const Tensor& a, const Tensor& b) { return sub(a, b); });
+  // t * number is scale(t, number): no 0-d operand to broadcast, nothing saved for backward.
+  for (const char* name : {"__mul__", "__rmul__"}) {
+    cls.def(name, [](const Tensor& a, py::handle b) -> py::object {
+      Tensor out;
+      if (is_scalar(b)) {
+        double s = b.cast<double>();
+        py::gil_scoped_release release;
+        out = scale(a, s);
+      } else if (py::isinstance<Tensor>(b)) {
+        const Tensor& other = py::cast<const Tensor&>(b);
+        py::gil_scoped_release release;
+        out = mul(a, other);  // commutative: no need to tell __rmul__ apart
+      } else {
+        return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+      }
+      return py::cast(out);
+    });
+  }
+  def_binary(cls, "__matmul__", "__rmatmul__", &matmul_py);
+  cls.def(
+      "__truediv__",
+      [](const Tensor& a, py::handle b) -> py::object {
+        if (!is_scalar(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        double s = b.cast<double>();
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = scale(a, 1.0 / s);
+        }
+        return py::cast(out);
+      },
+      "t / number (division by a tensor is not implemented yet)");
+  cls.def(
+      "__neg__", [](const Tensor& a) { return scale(a, -1.0); }, Release());
+  cls.def("__pos__", [](const Tensor& a) { return a; });
+  cls.def("matmul", &matmul_py, py::arg("other"), Release());
+  cls.def(
+      "sum",
+      [](const Tensor& t, py::handle dim, bool keepdim) { return reduce(t, dim, keepdim, false); },
+      py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def(
+      "mean",
+      [](const Tensor& t, py::handle dim, bool keepdim) { return reduce(t, dim, keepdim, true); },
+      py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def("softmax", &softmax_dim, py::arg("dim"), Release());
+  cls.def("relu", &relu, Release());
+  cls.def("sigmoid", &sigmoid, Release());
+
+  // In place (not recorded by autograd; See check_in_place).
+  cls.def("__iadd__", [](py::object s, py::handle o) { return add_in_place(s, o, 1.0, "+="); });
+  cls.def("__isub__", [](py::object s, py::handle o) { return add_in_place(s, o, -1.0, "-="); });
+  cls.def("__imul__", [](py::object s, py::handle o) { return mul_in_place(s, o); });
+  cls.def(
+      "add_",
+      [](py::object s, py::handle o, double alpha) { return add_in_place(s, o, alpha, "add_"); },
+      py::arg("other"), py::kw_only(), py::arg("alpha") = 1.0, "t += alpha * other, in place");
+  cls.def(
+      "sub_",
+      [](py::object s, py::handle o, double alpha) { return add_in_place(s, o, -alpha, "sub_"); },
+      py::arg("other"), py::kw_only(), py::arg("alpha") = 1.0, "t -= alpha * other, in place");
+  cls.def("mul_", &mul_in_place, py::arg("other"));
+  cls.def("zero_", [](py::object self) {
+    Tensor& t = self.cast<Tensor&>();
+    check_in_place("zero_", t);
+    t.zero_();
+    return self;
+  });
+  cls.def(
+      "fill_",
+      [](py::object self, double value) {
+        Tensor& t = self.cast<Tensor&>();
+        check_in_place("fill_", t);
+        t.fill_(value);
+        return self;
+      },
+      py::arg("value"));
+  cls.def(
+      "copy_",
+      [](py::object self, const Tensor& src) {
+        Tensor& t = self.cast<Tensor&>();
+        check_in_place("copy_", t);
+        {
+          py::gil_scoped_release release;
+          t.copy_(src);
+        }
+        return self;
+      },
+      py::arg("src"));
+
+  m.def("matmul", &matmul_py, py::arg("input"), py::arg("other"), Release());
+  m.def("cat", &cat, py::arg("tensors"), py::arg("dim") = 0, Release());
+
+  py::module_ f = m.def_submodule("functional");
+  init_functional(f);
+}
+
+}  // namespace loom::python

@@ -1,0 +1,195 @@
+"""Operators and loom.nn.functional: values against numpy / closed forms, and gradients against
+finite differences of a float64 numpy reference (tolerances in binding_testing.py)."""
+
+import numpy as np
+import pytest
+
+import loom
+import loom.nn.functional as F
+from binding_testing import check_grad, f32
+
+rng = np.random.default_rng(1234)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape)
+
+
+def np_softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def np_gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def np_layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def np_attention(q, k, v, causal):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        t = q.shape[-2]
+        s = np.where(np.tril(np.ones((t, t), dtype=bool)), s, -np.inf)
+    return np_softmax(s) @ v
+
+
+def test_arithmetic_operators_with_tensors_and_scalars():
+    a, b = f32(randn(3, 4)), f32(randn(4))
+    ta, tb = loom.tensor(a), loom.tensor(b)
+    np.testing.assert_allclose((ta + tb).numpy(), a + b, rtol=1e-6)
+    np.testing.assert_allclose((ta - tb).numpy(), a - b, rtol=1e-6)
+    np.testing.assert_allclose((tb - ta).numpy(), b - a, rtol=1e-6)
+    np.testing.assert_allclose((ta * tb).numpy(), a * b, rtol=1e-6)
+    np.testing.assert_allclose((ta + 2).numpy(), a + 2, rtol=1e-6)
+    np.testing.assert_allclose((2 - ta).numpy(), 2 - a, rtol=1e-6)
+    np.testing.assert_allclose((ta * 3.5).numpy(), a * 3.5, rtol=1e-6)
+    np.testing.assert_allclose((0.5 * ta).numpy(), a * 0.5, rtol=1e-6)
+    np.testing.assert_allclose((ta / 4).numpy(), a / 4, rtol=1e-6)
+    np.testing.assert_allclose((-ta).numpy(), -a)
+    with pytest.raises(TypeError):
+        ta + "x"
+
+
+def test_matmul_including_pytorch_vector_rules():
+    a, b, v = f32(randn(2, 3, 4)), f32(randn(4, 5)), f32(randn(4))
+    ta, tb, tv = loom.tensor(a), loom.tensor(b), loom.tensor(v)
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose((ta @ tv).numpy(), a @ v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose((tv @ tb).numpy(), v @ b, rtol=1e-5, atol=1e-6)
+    assert (tv @ tv).shape == () and abs((tv @ tv).item() - v @ v) < 1e-5
+    np.testing.assert_allclose(loom.matmul(ta, tb).numpy(), a @ b, rtol=1e-5, atol=1e-6)
+
+
+def test_reductions_and_shapes():
+    a = f32(randn(2, 3, 4))
+    t = loom.tensor(a)
+    np.testing.assert_allclose(t.sum().item(), a.sum(), rtol=1e-5)
+    np.testing.assert_allclose(t.mean().item(), a.mean(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(t.sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t.mean(-1, keepdim=True).numpy(), a.mean(-1, keepdims=True),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t.sum((0, 2)).numpy(), a.sum((0, 2)), rtol=1e-5, atol=1e-6)
+    assert t.sum(keepdim=True).shape == (1, 1, 1)
+    assert t.reshape(6, 4).shape == (6, 4) and t.reshape((4, -1)).shape == (4, 6)
+    np.testing.assert_array_equal(t.transpose(0, 2).numpy(), a.transpose(2, 1, 0))
+    np.testing.assert_array_equal(t.narrow(1, 1, 2).numpy(), a[:, 1:3])
+    np.testing.assert_array_equal(loom.cat([t, t], 1).numpy(), np.concatenate([a, a], 1))
+
+
+def test_functional_values_against_closed_forms():
+    x = f32(randn(3, 5))
+    t = loom.tensor(x)
+    np.testing.assert_allclose(F.relu(t).numpy(), np.maximum(x, 0))
+    np.testing.assert_allclose(F.sigmoid(t).numpy(), 1 / (1 + np.exp(-x)), rtol=1e-6)
+    np.testing.assert_allclose(F.gelu(t).numpy(), np_gelu(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(F.softmax(t, dim=0).numpy(), np_softmax(x, 0), rtol=1e-5)
+    np.testing.assert_allclose(F.softmax(t).sum(-1).numpy(), np.ones(3), rtol=1e-6)
+    # cross-entropy of uniform logits is log(V), whatever the targets.
+    uniform = loom.zeros(4, 7)
+    loss = F.cross_entropy(uniform, loom.tensor([0, 3, 6, 2]))
+    assert abs(loss.item() - np.log(7)) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "scalar", "matmul", "matvec", "sum_dim",
+                                  "mean", "views"])
+def test_gradients_of_tensor_ops(name):
+    cases = {
+        "add": (lambda a, b: a + b, lambda a, b: a + b, [randn(2, 3), randn(3)]),
+        "sub": (lambda a, b: b - a, lambda a, b: b - a, [randn(2, 3), randn(3)]),
+        "mul": (lambda a, b: a * b, lambda a, b: a * b, [randn(2, 3), randn(3)]),
+        "scalar": (lambda a: 3 - 2.5 * a / 2 + 1, lambda a: 3 - 2.5 * a / 2 + 1, [randn(4)]),
+        "matmul": (lambda a, b: a @ b, lambda a, b: a @ b, [randn(2, 3, 4), randn(4, 5)]),
+        "matvec": (lambda a, b: a @ b, lambda a, b: a @ b, [randn(3, 4), randn(4)]),
+        "sum_dim": (lambda a: a.sum((0, 2), keepdim=True), lambda a: a.sum((0, 2), keepdims=True),
+                    [randn(2, 3, 4)]),
+        "mean": (lambda a: a.mean(1), lambda a: a.mean(1), [randn(3, 4)]),
+        "views": (lambda a: a.transpose(0, 1).reshape(4, 3).narrow(0, 1, 2).contiguous() * 1.0,
+                  lambda a: a.T.reshape(4, 3)[1:3], [randn(3, 4)]),
+    }
+    loom_fn, np_fn, inputs = cases[name]
+    check_grad(loom_fn, np_fn, inputs)
+
+
+@pytest.mark.parametrize("name", ["gelu", "relu", "sigmoid", "softmax_last", "softmax_dim0",
+                                  "layer_norm", "linear"])
+def test_gradients_of_functional_ops(name):
+    x = randn(3, 6)
+    if name == "relu":
+        x = x + np.sign(x) * 0.1  # keep away from the kink at 0
+    cases = {
+        "gelu": (F.gelu, np_gelu, [x]),
+        "relu": (F.relu, lambda a: np.maximum(a, 0), [x]),
+        "sigmoid": (F.sigmoid, lambda a: 1 / (1 + np.exp(-a)), [x]),
+        "softmax_last": (lambda a: F.softmax(a, -1), lambda a: np_softmax(a, -1), [x]),
+        "softmax_dim0": (lambda a: F.softmax(a, dim=0), lambda a: np_softmax(a, 0), [x]),
+        "layer_norm": (lambda a, w, b: F.layer_norm(a, (6,), w, b), np_layer_norm,
+                       [x, 1 + 0.1 * randn(6), randn(6)]),
+        "linear": (F.linear, lambda a, w, b: a @ w.T + b, [x, randn(4, 6), randn(4)]),
+    }
+    loom_fn, np_fn, inputs = cases[name]
+    check_grad(loom_fn, np_fn, inputs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_gradients(causal):
+    q, k, v = randn(1, 2, 4, 3), randn(1, 2, 4, 3), randn(1, 2, 4, 3)
+    check_grad(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+               lambda q, k, v: np_attention(q, k, v, causal), [q, k, v])
+
+
+def test_cross_entropy_value_and_gradient_with_ignore_index():
+    logits = randn(5, 4)
+    targets = np.array([1, 3, -100, 0, 2])
+
+    def np_ce(z):
+        keep = targets != -100
+        lse = np.log(np.exp(z).sum(-1))
+        return np.mean((lse - z[np.arange(5), np.where(keep, targets, 0)])[keep])
+
+    t = loom.tensor(targets)
+    check_grad(lambda z: F.cross_entropy(z, t, ignore_index=-100), np_ce, [logits])
+
+
+def test_binary_cross_entropy_with_logits_gradients_in_both_arguments():
+    def np_bce(x, y):
+        return np.mean(np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))))
+
+    check_grad(F.binary_cross_entropy_with_logits, np_bce, [randn(3, 4), rng.random((3, 4))])
+
+
+def test_embedding_gradient_scatter_adds():
+    idx = loom.tensor(np.array([[0, 2], [2, 3]]))
+    weight = randn(4, 3)
+    check_grad(lambda w: F.embedding(idx, w), lambda w: w[np.array([[0, 2], [2, 3]])], [weight])
+
+
+def test_dropout_is_keyed_and_scales_kept_elements():
+    x = loom.ones(64, 32, requires_grad=True)
+    y = F.dropout(x, 0.25, stream="layer0")
+    mask = y.detach().numpy() != 0
+    np.testing.assert_allclose(y.detach().numpy()[mask], 1 / 0.75, rtol=1e-6)
+    assert 0.65 < mask.mean() < 0.85
+    # The mask is a pure function of the key.
+    again = F.dropout(x, 0.25, stream="layer0").detach().numpy()
+    np.testing.assert_array_equal(again, y.detach().numpy())
+    other = F.dropout(x, 0.25, stream="layer1").detach().numpy()
+    assert (other != y.detach().numpy()).any()
+    assert (F.dropout(x, 0.25, stream="layer0", offset=1 << 32).detach().numpy() != again).any()
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), mask / 0.75, rtol=1e-6)
+    np.testing.assert_array_equal(F.dropout(x, 0.5, training=False).detach().numpy(), 1.0)
+
+
+def test_unsupported_pytorch_options_are_clear_errors():
+    x = loom.zeros(2, 3)
+    with pytest.raises(ValueError, match="approximate='none'"):
+        F.gelu(x, approximate="none")
+    with pytest.raises(ValueError, match="last dim"):
+        F.layer_norm(x, (2, 3))
+    with pytest.raises(ValueError, match="reduction='sum'"):
+        F.cross_entropy(x, loom.tensor([0, 1]), reduction="sum")
