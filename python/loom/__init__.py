@@ -14,8 +14,9 @@ carry over::
     with loom.no_grad():
         w -= 0.1 * w.grad
 
-Bound so far: Tensor, dtypes, numpy interop, operators and the functional ops, autograd. Not yet:
-nn modules, optim, distributed (later landings of the Python issue).
+Bound so far: Tensor, dtypes, numpy interop, operators and the functional ops, autograd, loom.nn
+(Module to subclass, the built-in modules, GPT) and loom.optim (SGD, AdamW). Not yet:
+distributed, weight I/O (later landings of the Python issue).
 """
 
 from loom._loom import (  # noqa: F401
@@ -43,11 +44,11 @@ from loom._loom import (  # noqa: F401
     zeros,
 )
 from loom.autograd import enable_grad, no_grad  # noqa: F401
-from loom import nn  # noqa: F401
+from loom import nn, optim  # noqa: F401
 
 __all__ = [
     "Tensor", "dtype", "float32", "bfloat16", "float16", "int32", "int64", "uint8",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "matmul", "cat",
     "no_grad", "enable_grad", "is_grad_enabled", "memory_allocated", "max_memory_allocated",
-    "cuda_is_available", "cuda_device_count", "nn",
+    "cuda_is_available", "cuda_device_count", "nn", "optim",
 ]

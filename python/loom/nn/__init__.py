@@ -1,6 +1,32 @@
-"""loom.nn: for now only ``loom.nn.functional``. Modules (Linear, LayerNorm, GPT, ...) come with a
-later landing of the Python issue."""
+"""loom.nn: modules (``loom.nn.Module`` to subclass, and the built-in C++ ones), Parameter,
+``loom.nn.functional`` and ``loom.nn.utils``.
 
-from loom.nn import functional  # noqa: F401
+Differences from torch.nn worth knowing: built-in modules are initialised at construction with
+seed 0 under their own names; ``model.init_parameters(seed)`` on the root re-keys them by full
+name (loom's deterministic init). ``named_parameters()`` lists own parameters, then children's.
+"""
 
-__all__ = ["functional"]
+from loom import _loom
+from loom.nn import functional, utils  # noqa: F401
+from loom.nn.module import Module, Parameter  # noqa: F401
+from loom.nn.modules import (  # noqa: F401
+    GPT,
+    Block,
+    CausalSelfAttention,
+    Dropout,
+    Embedding,
+    EmbeddingBagCollection,
+    GPTConfig,
+    LayerNorm,
+    Linear,
+    MLP,
+)
+
+set_dropout_seed = _loom.nn.set_dropout_seed
+set_dropout_step = _loom.nn.set_dropout_step
+
+__all__ = [
+    "functional", "utils", "Module", "Parameter", "Linear", "LayerNorm", "Embedding", "Dropout",
+    "MLP", "CausalSelfAttention", "Block", "GPT", "GPTConfig", "EmbeddingBagCollection",
+    "set_dropout_seed", "set_dropout_step",
+]

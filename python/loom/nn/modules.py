@@ -1,0 +1,252 @@
+"""The built-in modules: loom.nn.Linear, LayerNorm, Embedding, Dropout, MLP,
+CausalSelfAttention, Block, GPT, EmbeddingBagCollection.
+
+Each is a loom.nn.Module whose parameters and forward live in C++ (core/nn, bound in
+python/src/nn.cpp): ``named_parameters()`` and ``state_dict()`` report the C++ names
+(``blocks.0.attn.qkv.weight``), children are reachable as attributes (``gpt.blocks[0].attn``), and
+a built-in module can be a child of a Python module. See Note [Built-in modules from Python].
+
+Initialisation: a built-in module's weights are filled at construction by
+``init_parameters(seed=0)`` under its own names. Call ``init_parameters(seed)`` on the root model
+to re-key every built-in parameter by its full name (as loom's C++ models do), so the values do
+not depend on how the model was assembled.
+"""
+
+from loom import _loom
+from loom.nn.module import Module
+
+_cpp = _loom.nn
+
+
+class _CppModule(Module):
+    """A loom.nn.Module over a C++ module (``self._cpp``)."""
+
+    def __init__(self, cpp, init_seed=0):
+        super().__init__()
+        object.__setattr__(self, "_cpp", cpp)
+        object.__setattr__(self, "_views", {})
+        if init_seed is not None:
+            cpp.init_parameters(init_seed)
+
+    @classmethod
+    def _from_cpp(cls, cpp):
+        """A wrapper of an existing C++ module (a child), without initialising it."""
+        wrapper_type = _WRAPPERS.get(type(cpp), _CppModule)
+        self = wrapper_type.__new__(wrapper_type)
+        _CppModule.__init__(self, cpp, init_seed=None)
+        object.__setattr__(self, "_is_view", True)
+        return self
+
+    # ---- attributes: C++ children and own parameters by name ----
+    def __getattr__(self, name):
+        d = self.__dict__
+        if "_cpp" not in d:
+            raise AttributeError(name)
+        views = d["_views"]
+        if name in views:
+            return views[name]
+        for child_name, child in d["_cpp"].children():
+            if child_name == name:
+                views[name] = _CppModule._from_cpp(child)
+                return views[name]
+        for param_name, p in d["_cpp"].named_parameters():
+            if param_name == name:
+                return p
+        return Module.__getattr__(self, name)
+
+    def __getitem__(self, i):  # a ModuleList's children, "0", "1", ...
+        children = self._cpp.children()
+        return getattr(self, children[i][0])
+
+    def __len__(self):
+        return len(self._cpp.children())
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    # ---- the Module interface, answered by C++ ----
+    def forward(self, x):
+        return self._cpp(x)
+
+    def _own_parameters(self):
+        return [(n, p) for n, p in self._cpp.named_parameters() if "." not in n]
+
+    def named_children(self):
+        return iter([(name, getattr(self, name)) for name, _ in self._cpp.children()])
+
+    def named_parameters(self, prefix=""):
+        for name, p in self._cpp.named_parameters():
+            yield (prefix + "." + name if prefix else name), p
+
+    def num_parameters(self):
+        return self._cpp.num_parameters()
+
+    @property
+    def training(self):
+        return self._cpp.training
+
+    @training.setter
+    def training(self, mode):
+        self._cpp.train(bool(mode))
+
+    def train(self, mode=True):
+        self._cpp.train(bool(mode))
+        return self
+
+    def zero_grad(self, set_to_none=True):
+        if set_to_none:
+            self._cpp.zero_grad()
+        else:
+            Module.zero_grad(self, set_to_none=False)
+
+    def _to(self, dtype, device):
+        # C++ Module::to: the same tensors converted in place, with each module's own follow-up
+        # (EmbeddingBagCollection regroups its tables).
+        if device is not None:
+            self._cpp.to_device(device)
+        if dtype is not None:
+            self._cpp.to_dtype(dtype)
+
+    def init_parameters(self, seed, _prefix=""):
+        """Fills this module's parameters under ``seed``, keyed by their full names (this
+        module's name from the root it was called from, then the C++ names below it). A view of
+        a C++ module's child (gpt.blocks[0]) keeps the name it has in its C++ parent."""
+        if not self.__dict__.get("_is_view", False):
+            self._cpp.full_name = _prefix
+        self._cpp.init_parameters(seed)
+        return self
+
+
+class Linear(_CppModule):
+    """y = x W^T + b, W [out_features, in_features] (torch.nn.Linear's layout).
+
+    Example::
+
+        >>> lin = loom.nn.Linear(4, 3)
+        >>> [name for name, _ in lin.named_parameters()]
+        ['weight', 'bias']
+        >>> lin(loom.ones(2, 4)).shape
+        (2, 3)
+
+    Init (GPT-2's): weight normal(0, init_std), bias 0.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, *, init_std=0.02):
+        super().__init__(_cpp.Linear(in_features, out_features, bias, init_std))
+
+    @property
+    def weight(self):
+        return self._cpp.weight
+
+    @property
+    def bias(self):  # None without a bias
+        return self._cpp.bias
+
+    def extra_repr(self):
+        return (f"in_features={self._cpp.in_features}, out_features={self._cpp.out_features}, "
+                f"bias={self._cpp.bias is not None}")
+
+
+class LayerNorm(_CppModule):
+    """LayerNorm over the last dim with a learned scale (init 1) and shift (init 0)."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__(_cpp.LayerNorm(dim, eps))
+
+
+class Embedding(_CppModule):
+    """A lookup table [num_embeddings, embedding_dim]; init normal(0, init_std)."""
+
+    def __init__(self, num_embeddings, embedding_dim, *, init_std=0.02):
+        super().__init__(_cpp.Embedding(num_embeddings, embedding_dim, init_std))
+
+
+class Dropout(_CppModule):
+    """Dropout with loom's reproducible masks, keyed by (dropout seed, this module's full name,
+    dropout step): see loom.nn.set_dropout_seed / set_dropout_step."""
+
+    def __init__(self, p=0.5):
+        super().__init__(_cpp.Dropout(p))
+
+
+class MLP(_CppModule):
+    """GPT-2's feed-forward block: fc (C -> 4C), GELU (tanh), proj (4C -> C), dropout."""
+
+    def __init__(self, channels, dropout=0.0, *, proj_std=0.02):
+        super().__init__(_cpp.MLP(channels, dropout, proj_std))
+
+
+class CausalSelfAttention(_CppModule):
+    """GPT-2's causal multi-head self-attention: qkv (C -> 3C), heads, attention, proj."""
+
+    def __init__(self, channels, heads, dropout=0.0, *, proj_std=0.02):
+        super().__init__(_cpp.CausalSelfAttention(channels, heads, dropout, proj_std))
+
+
+class Block(_CppModule):
+    """A pre-LayerNorm GPT-2 block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+
+    def __init__(self, channels, heads, dropout=0.0, *, proj_std=0.02):
+        super().__init__(_cpp.Block(channels, heads, dropout, proj_std))
+
+
+GPTConfig = _cpp.GPTConfig
+
+
+class GPT(_CppModule):
+    """GPT-2 (token and position embeddings, pre-LN blocks, final LayerNorm, tied output head).
+
+    Parameter names are loom's (Note [GPT parameter names]): wte.weight, wpe.weight,
+    blocks.{i}.ln1.weight, blocks.{i}.attn.qkv.weight, ..., ln_f.bias. Example::
+
+        >>> config = loom.nn.GPTConfig(max_seq_len=16, vocab=64, layers=2, heads=2, channels=32)
+        >>> model = loom.nn.GPT(config).init_parameters(seed=1337)
+        >>> idx = loom.tensor([[1, 2, 3]], dtype=loom.int64)
+        >>> model(idx).shape                   # logits over the padded vocabulary
+        (1, 3, 64)
+        >>> loss = model.loss(idx, loom.tensor([[2, 3, 4]], dtype=loom.int64))
+        >>> loss.backward()
+    """
+
+    def __init__(self, config, *, dropout=0.0, checkpoint=False, seed=0):
+        super().__init__(_cpp.GPT(config, dropout, checkpoint), init_seed=seed)
+
+    @property
+    def config(self):
+        return self._cpp.config
+
+    def loss(self, idx, targets):
+        """Mean next-token cross-entropy of forward(idx) against targets [B, T] (-100 ignored)."""
+        return self._cpp.loss(idx, targets)
+
+    def set_checkpointing(self, on):
+        self._cpp.set_checkpointing(on)
+
+
+class EmbeddingBagCollection(_CppModule):
+    """Embedding tables looked up together (DLRM's sparse features), pooled per bag.
+
+    ``tables``: (name, rows, dim) per table, dim a multiple of 4. ``forward(indices, offsets,
+    per_sample_weights=None)`` takes CSR indices/offsets, feature-major over the tables, and
+    returns [B, sum of dims] for 'sum' / 'mean' pooling. Parameters: "<name>.weight".
+    """
+
+    def __init__(self, tables, pooling="sum", bounds_check="error"):
+        super().__init__(_cpp.EmbeddingBagCollection(list(tables), pooling, bounds_check))
+
+    def forward(self, indices, offsets, per_sample_weights=None):
+        return self._cpp.lookup(indices, offsets, per_sample_weights)
+
+    lookup = forward
+
+    @property
+    def tables(self):
+        return self._cpp.tables
+
+
+_WRAPPERS = {
+    _cpp.Linear: Linear, _cpp.LayerNorm: LayerNorm, _cpp.Embedding: Embedding,
+    _cpp.Dropout: Dropout, _cpp.MLP: MLP, _cpp.CausalSelfAttention: CausalSelfAttention,
+    _cpp.Block: Block, _cpp.GPT: GPT, _cpp.EmbeddingBagCollection: EmbeddingBagCollection,
+}

@@ -1,0 +1,232 @@
+// The built-in modules (core/nn) as loom._loom.nn.*, and the Tensor calls the Python Module base
+// needs (Parameter's constructor, in-place conversion). python/loom/nn/modules.py wraps each class
+// in a loom.nn.Module subclass, so a built-in module and a Python-defined one answer the same
+// calls (parameters(), state_dict(), train(), ...) and can be nested either way round; this file
+// stays a thin, typed layer over the C++ API. See Note [Built-in modules from Python].
+//
+// Note [Built-in modules from Python]
+// A C++ module is held by std::shared_ptr (its holder here and in core/nn), so a child returned
+// through children() or an attribute (gpt.blocks[0].attn) is the same C++ object as the parent's,
+// and its tensors are the parent's: parameters handed to an optimizer from a child are the ones
+// the parent's forward reads. forward and the other long calls release the GIL: no Python runs
+// inside them (the C++ modules have no Python hooks).
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.h"
+#include "core/nn/nn.h"
+
+namespace loom::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+py::object optional_tensor(const Tensor& t) {
+  if (!t.defined()) return py::none();
+  return py::cast(t);
+}
+
+kernels::EmbeddingPooling pooling_arg(const std::string& name) {
+  if (name == "sum") return kernels::EmbeddingPooling::kSum;
+  if (name == "mean") return kernels::EmbeddingPooling::kMean;
+  if (name == "none") return kernels::EmbeddingPooling::kNone;
+  throw py::value_error("EmbeddingBagCollection: pooling must be 'sum', 'mean' or 'none', got '" +
+                        name + "'");
+}
+
+kernels::EmbeddingBoundsCheck bounds_check_arg(const std::string& name) {
+  if (name == "error") return kernels::EmbeddingBoundsCheck::kError;
+  if (name == "warn") return kernels::EmbeddingBoundsCheck::kWarn;
+  if (name == "skip") return kernels::EmbeddingBoundsCheck::kSkip;
+  throw py::value_error(
+      "EmbeddingBagCollection: bounds_check must be 'error', 'warn' or 'skip', got '" + name + "'");
+}
+
+void init_tensor_extras(py::module_& m) {
+  auto cls = py::reinterpret_borrow<py::class_<Tensor>>(m.attr("Tensor"));
+  // What loom.nn.Parameter(data) calls: a new leaf on data's memory (data.detach()), as
+  // torch.nn.Parameter shares its data's storage.
+  cls.def(py::init([](const Tensor& data, bool requires_grad) {
+            Tensor t = data.detach();
+            t.set_requires_grad(requires_grad);
+            return t;
+          }),
+          py::arg("data"), py::arg("requires_grad") = false,
+          "Tensor(data, requires_grad=False): a new leaf sharing data's memory (data.detach()).");
+  cls.def(
+      "_to_",
+      [](Tensor& t, py::object dtype, py::object device) {
+        std::optional<DType> to_dtype;
+        std::optional<Device> to_device;
+        if (!dtype.is_none()) to_dtype = dtype_arg(dtype);
+        if (!device.is_none()) to_device = Device::parse(py::str(device));
+        py::gil_scoped_release release;
+        if (to_device) t.to_(*to_device);
+        if (to_dtype) t.to_(*to_dtype);
+      },
+      py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+      "Converts this tensor in place (same tensor, same autograd identity; its gradient is "
+      "dropped): what Module.to does to each parameter.");
+  cls.def("_same_as", &Tensor::same_as,
+          "True when both handles are the same tensor (Python objects may differ).");
+}
+
+}  // namespace
+
+void init_nn(py::module_& m) {
+  init_tensor_extras(m);
+  py::module_ nn_m = m.def_submodule("nn", "loom's built-in modules (import loom.nn instead)");
+
+  py::class_<nn::Module, std::shared_ptr<nn::Module>>(nn_m, "Module")
+      .def("forward", &nn::Module::forward, py::arg("input"), Release())
+      .def(
+          "__call__", [](nn::Module& self, const Tensor& x) { return self(x); }, py::arg("input"),
+          Release())
+      .def("named_parameters", &nn::Module::named_parameters)
+      .def("num_parameters", &nn::Module::num_parameters)
+      .def("state_dict", &nn::Module::state_dict)
+      .def(
+          "load_state_dict",
+          [](nn::Module& self, const nn::StateDict& state, bool strict) {
+            nn::LoadResult r;
+            {
+              py::gil_scoped_release release;
+              r = self.load_state_dict(state, strict);
+            }
+            return py::make_tuple(r.missing, r.unexpected);
+          },
+          py::arg("state_dict"), py::arg("strict") = true)
+      .def("children", &nn::Module::children)
+      .def("train", &nn::Module::train, py::arg("mode") = true)
+      .def("eval", &nn::Module::eval)
+      .def_property_readonly("training", &nn::Module::is_training)
+      .def("zero_grad", &nn::Module::zero_grad)
+      .def("init_parameters", &nn::Module::init_parameters, py::arg("seed"), Release())
+      .def(
+          "to_dtype", [](nn::Module& self, py::object dtype) { self.to(dtype_arg(dtype)); },
+          py::arg("dtype"))
+      .def(
+          "to_device",
+          [](nn::Module& self, const std::string& device) {
+            Device d = Device::parse(device);
+            py::gil_scoped_release release;
+            self.to(d);
+          },
+          py::arg("device"))
+      .def_property("full_name", &nn::Module::full_name, &nn::Module::set_full_name);
+
+  py::class_<nn::ModuleList, nn::Module, std::shared_ptr<nn::ModuleList>>(nn_m, "ModuleList")
+      .def("__len__", &nn::ModuleList::size);
+
+  py::class_<nn::Linear, nn::Module, std::shared_ptr<nn::Linear>>(nn_m, "Linear")
+      .def(py::init<int64_t, int64_t, bool, double>(), py::arg("in_features"),
+           py::arg("out_features"), py::arg("bias") = true, py::arg("init_std") = 0.02)
+      .def_property_readonly("in_features", &nn::Linear::in_features)
+      .def_property_readonly("out_features", &nn::Linear::out_features)
+      .def_property_readonly("weight", [](const nn::Linear& l) { return l.weight; })
+      .def_property_readonly("bias", [](const nn::Linear& l) { return optional_tensor(l.bias); });
+
+  py::class_<nn::LayerNorm, nn::Module, std::shared_ptr<nn::LayerNorm>>(nn_m, "LayerNorm")
+      .def(py::init<int64_t, double>(), py::arg("dim"), py::arg("eps") = 1e-5)
+      .def_property_readonly("weight", [](const nn::LayerNorm& l) { return l.weight; })
+      .def_property_readonly("bias", [](const nn::LayerNorm& l) { return l.bias; });
+
+  py::class_<nn::Embedding, nn::Module, std::shared_ptr<nn::Embedding>>(nn_m, "Embedding")
+      .def(py::init([](int64_t n, int64_t dim, double std) {
+             return std::make_shared<nn::Embedding>(n, dim, nn::Init::normal(std));
+           }),
+           py::arg("num_embeddings"), py::arg("embedding_dim"), py::arg("init_std") = 0.02)
+      .def_property_readonly("num_embeddings", &nn::Embedding::num_embeddings)
+      .def_property_readonly("embedding_dim", &nn::Embedding::dim)
+      .def_property_readonly("weight", [](const nn::Embedding& e) { return e.weight; });
+
+  py::class_<nn::Dropout, nn::Module, std::shared_ptr<nn::Dropout>>(nn_m, "Dropout")
+      .def(py::init<double>(), py::arg("p"))
+      .def_property_readonly("p", &nn::Dropout::p);
+  nn_m.def("set_dropout_seed", &nn::set_dropout_seed, py::arg("seed"),
+           "The process-wide dropout seed (See Note [Dropout keys] in core/nn/dropout.h).");
+  nn_m.def("set_dropout_step", &nn::set_dropout_step, py::arg("step"),
+           "The dropout step: set once per forward of a batch so masks change between steps.");
+
+  py::class_<nn::MLP, nn::Module, std::shared_ptr<nn::MLP>>(nn_m, "MLP")
+      .def(py::init<int64_t, double, double>(), py::arg("channels"), py::arg("dropout") = 0.0,
+           py::arg("proj_std") = 0.02);
+  py::class_<nn::CausalSelfAttention, nn::Module, std::shared_ptr<nn::CausalSelfAttention>>(
+      nn_m, "CausalSelfAttention")
+      .def(py::init<int64_t, int64_t, double, double>(), py::arg("channels"), py::arg("heads"),
+           py::arg("dropout") = 0.0, py::arg("proj_std") = 0.02)
+      .def_property_readonly("heads", &nn::CausalSelfAttention::heads);
+  py::class_<nn::Block, nn::Module, std::shared_ptr<nn::Block>>(nn_m, "Block")
+      .def(py::init<int64_t, int64_t, double, double>(), py::arg("channels"), py::arg("heads"),
+           py::arg("dropout") = 0.0, py::arg("proj_std") = 0.02);
+
+  py::class_<GptConfig>(nn_m, "GPTConfig")
+      .def(py::init([](int64_t max_seq_len, int64_t vocab, int64_t padded_vocab, int64_t layers,
+                       int64_t heads, int64_t channels) {
+             GptConfig c;
+             c.max_seq_len = max_seq_len;
+             c.vocab = vocab;
+             c.padded_vocab = padded_vocab < 0 ? vocab : padded_vocab;
+             c.layers = layers;
+             c.heads = heads;
+             c.channels = channels;
+             c.validate();
+             return c;
+           }),
+           py::kw_only(), py::arg("max_seq_len") = 1024, py::arg("vocab") = 50257,
+           py::arg("padded_vocab") = -1, py::arg("layers") = 12, py::arg("heads") = 12,
+           py::arg("channels") = 768)
+      .def_readwrite("max_seq_len", &GptConfig::max_seq_len)
+      .def_readwrite("vocab", &GptConfig::vocab)
+      .def_readwrite("padded_vocab", &GptConfig::padded_vocab)
+      .def_readwrite("layers", &GptConfig::layers)
+      .def_readwrite("heads", &GptConfig::heads)
+      .def_readwrite("channels", &GptConfig::channels)
+      .def("num_parameters", &GptConfig::num_parameters)
+      .def("__repr__", [](const GptConfig& c) { return "GPTConfig(" + c.str() + ")"; });
+
+  py::class_<nn::GPT, nn::Module, std::shared_ptr<nn::GPT>>(nn_m, "GPT")
+      .def(py::init([](const GptConfig& config, double dropout, bool checkpoint) {
+             nn::GptOptions o;
+             o.dropout = dropout;
+             o.checkpoint = checkpoint;
+             return std::make_shared<nn::GPT>(config, o);
+           }),
+           py::arg("config"), py::arg("dropout") = 0.0, py::arg("checkpoint") = false)
+      .def("loss", &nn::GPT::loss, py::arg("idx"), py::arg("targets"), Release())
+      .def_property_readonly("config", &nn::GPT::config)
+      .def("set_checkpointing", &nn::GPT::set_checkpointing, py::arg("on"));
+
+  py::class_<nn::EmbeddingBagCollection, nn::Module, std::shared_ptr<nn::EmbeddingBagCollection>>(
+      nn_m, "EmbeddingBagCollection")
+      .def(py::init([](const std::vector<std::tuple<std::string, int64_t, int64_t>>& tables,
+                       const std::string& pooling, const std::string& bounds_check) {
+             std::vector<nn::EmbeddingTableConfig> configs;
+             for (const auto& [name, rows, dim] : tables) configs.push_back({name, rows, dim});
+             nn::EmbeddingBagCollectionOptions o;
+             o.pooling = pooling_arg(pooling);
+             o.bounds_check = bounds_check_arg(bounds_check);
+             return std::make_shared<nn::EmbeddingBagCollection>(std::move(configs), o);
+           }),
+           py::arg("tables"), py::arg("pooling") = "sum", py::arg("bounds_check") = "error")
+      .def(
+          "lookup",
+          [](nn::EmbeddingBagCollection& self, const Tensor& indices, const Tensor& offsets,
+             std::optional<Tensor> per_sample_weights) {
+            py::gil_scoped_release release;
+            return self.lookup(indices, offsets, per_sample_weights.value_or(Tensor()));
+          },
+          py::arg("indices"), py::arg("offsets"), py::arg("per_sample_weights") = py::none())
+      .def_property_readonly("tables", [](const nn::EmbeddingBagCollection& self) {
+        py::list out;
+        for (const auto& t : self.tables()) out.append(py::make_tuple(t.name, t.rows, t.dim));
+        return out;
+      });
+}
+
+}  // namespace loom::python

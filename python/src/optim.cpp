@@ -1,0 +1,88 @@
+// The optimizers (optimizer/*.h) as loom._loom.optim.*, and gradient clipping. python/loom/optim.py
+// wraps them under PyTorch's names and signatures (param_groups, state_dict's layout); this file
+// only converts arguments. step() and clipping release the GIL: they touch no Python object, and
+// the parameters they update are held by the C++ optimizer (shared tensors), not by Python.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "optimizer/adamw.h"
+#include "optimizer/clip_grad.h"
+#include "optimizer/sgd.h"
+
+namespace loom::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+// Any iterable of tensors (a list, model.parameters()'s generator), as PyTorch accepts.
+std::vector<Tensor> tensor_list(py::iterable params, const char* what) {
+  std::vector<Tensor> out;
+  for (py::handle p : params) {
+    if (!py::isinstance<Tensor>(p))
+      throw py::type_error(std::string(what) + ": expected an iterable of loom.Tensor, got an " +
+                           std::string(py::str(py::type::of(p).attr("__name__"))));
+    out.push_back(p.cast<Tensor>());
+  }
+  return out;
+}
+
+}  // namespace
+
+void init_optim(py::module_& m) {
+  py::module_ o = m.def_submodule("optim", "loom's optimizers (import loom.optim instead)");
+
+  py::class_<optim::Optimizer, std::shared_ptr<optim::Optimizer>>(o, "Optimizer")
+      .def("step", &optim::Optimizer::step, Release())
+      .def("zero_grad", &optim::Optimizer::zero_grad)
+      .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
+      .def_property_readonly("name", [](const optim::Optimizer& self) { return self.name(); })
+      .def_property_readonly("params", &optim::Optimizer::params)
+      .def("state", &optim::Optimizer::state)
+      .def("state_bytes", &optim::Optimizer::state_bytes)
+      .def("state_dict", &optim::Optimizer::state_dict, Release())
+      .def("load_state_dict", &optim::Optimizer::load_state_dict, py::arg("state"), Release());
+
+  py::class_<optim::SGD, optim::Optimizer, std::shared_ptr<optim::SGD>>(o, "SGD").def(
+      py::init([](py::iterable params, double lr, double momentum, double dampening,
+                  double weight_decay, bool nesterov) {
+        optim::SgdOptions opt;
+        opt.lr = lr;
+        opt.momentum = momentum;
+        opt.dampening = dampening;
+        opt.weight_decay = weight_decay;
+        opt.nesterov = nesterov;
+        return std::make_shared<optim::SGD>(tensor_list(params, "SGD"), opt);
+      }),
+      py::arg("params"), py::arg("lr"), py::arg("momentum") = 0.0, py::arg("dampening") = 0.0,
+      py::arg("weight_decay") = 0.0, py::arg("nesterov") = false);
+
+  py::class_<optim::AdamW, optim::Optimizer, std::shared_ptr<optim::AdamW>>(o, "AdamW")
+      .def(py::init([](py::iterable params, double lr, double beta1, double beta2, double eps,
+                       double weight_decay) {
+             optim::AdamWOptions opt;
+             opt.lr = lr;
+             opt.beta1 = beta1;
+             opt.beta2 = beta2;
+             opt.eps = eps;
+             opt.weight_decay = weight_decay;
+             return std::make_shared<optim::AdamW>(tensor_list(params, "AdamW"), opt);
+           }),
+           py::arg("params"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+           py::arg("weight_decay"))
+      .def("step_count", &optim::AdamW::step_count, py::arg("param_index"));
+
+  o.def(
+      "clip_grad_norm",
+      [](py::iterable params, double max_norm) {
+        std::vector<Tensor> ps = tensor_list(params, "clip_grad_norm_");
+        py::gil_scoped_release release;
+        return optim::clip_grad_norm(ps, max_norm);
+      },
+      py::arg("parameters"), py::arg("max_norm"));
+}
+
+}  // namespace loom::python
