@@ -15,8 +15,9 @@ carry over::
         w -= 0.1 * w.grad
 
 Bound so far: Tensor, dtypes, numpy interop, operators and the functional ops, autograd, loom.nn
-(Module to subclass, the built-in modules, GPT) and loom.optim (SGD, AdamW). Not yet:
-distributed, weight I/O (later landings of the Python issue).
+(Module to subclass, the built-in modules, GPT), loom.optim (SGD, AdamW), loom.distributed (the
+communicator's collectives on tensors, under mpirun) and weight I/O (loom.load / loom.save). Not
+yet: DDP, ZeRO, pipelines (later landings of the Python issue).
 """
 
 from loom._loom import (  # noqa: F401
@@ -35,20 +36,22 @@ from loom._loom import (  # noqa: F401
     int32,
     int64,
     is_grad_enabled,
+    load,
     matmul,
     max_memory_allocated,
     memory_allocated,
     ones,
+    save,
     tensor,
     uint8,
     zeros,
 )
 from loom.autograd import enable_grad, no_grad  # noqa: F401
-from loom import nn, optim  # noqa: F401
+from loom import distributed, nn, optim  # noqa: F401
 
 __all__ = [
     "Tensor", "dtype", "float32", "bfloat16", "float16", "int32", "int64", "uint8",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "matmul", "cat",
     "no_grad", "enable_grad", "is_grad_enabled", "memory_allocated", "max_memory_allocated",
-    "cuda_is_available", "cuda_device_count", "nn", "optim",
+    "cuda_is_available", "cuda_device_count", "nn", "optim", "distributed", "load", "save",
 ]

@@ -1,8 +1,9 @@
 # Type stubs for loom (hand-written; the compiled part is loom._loom). See README.md, "Python".
-from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar, Union, overload
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union, overload
 
 import numpy as np
 
+from loom import distributed as distributed
 from loom import nn as nn
 from loom import optim as optim
 
@@ -141,3 +142,8 @@ class enable_grad:
     def __enter__(self) -> enable_grad: ...
     def __exit__(self, *exc: Any) -> bool: ...
     def __call__(self, func: _F) -> _F: ...
+
+# Weight I/O: .safetensors (any names and loom dtypes) or an llm.c GPT-2 model .bin on load;
+# .safetensors on save. Errors (a missing or malformed file) raise ValueError naming the file.
+def load(path: str) -> Dict[str, Tensor]: ...
+def save(tensors: Dict[str, Tensor], path: str, metadata: Dict[str, str] = ...) -> None: ...

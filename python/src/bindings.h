@@ -1,6 +1,7 @@
 // Shared declarations of the pybind11 module loom._loom: one init_* per binding file (errors,
-// dtypes and Tensor, operators and functional ops, autograd, nn modules, optimizers), called in
-// order by module.cpp, and the argument helpers the files share.
+// dtypes and Tensor, operators and functional ops, autograd, nn modules, optimizers, the
+// communicator, weight files), called in order by module.cpp, and the argument helpers the files
+// share.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -11,12 +12,14 @@ namespace loom::python {
 
 namespace py = pybind11;
 
-void init_errors(py::module_& m);    // errors.cpp: loom::Error -> ValueError, ...
-void init_tensor(py::module_& m);    // tensor.cpp: dtypes, Tensor, tensor(), from_numpy, numpy
-void init_ops(py::module_& m);       // ops.cpp: operators, reductions, nn.functional
-void init_autograd(py::module_& m);  // autograd.cpp: backward, grad, no-grad guards
-void init_nn(py::module_& m);        // nn.cpp: built-in modules (loom._loom.nn), Parameter
-void init_optim(py::module_& m);     // optim.cpp: SGD, AdamW, clip_grad_norm (loom._loom.optim)
+void init_errors(py::module_& m);       // errors.cpp: loom::Error -> ValueError, ...
+void init_tensor(py::module_& m);       // tensor.cpp: dtypes, Tensor, tensor(), from_numpy, numpy
+void init_ops(py::module_& m);          // ops.cpp: operators, reductions, nn.functional
+void init_autograd(py::module_& m);     // autograd.cpp: backward, grad, no-grad guards
+void init_nn(py::module_& m);           // nn.cpp: built-in modules (loom._loom.nn), Parameter
+void init_optim(py::module_& m);        // optim.cpp: SGD, AdamW, clip_grad_norm (loom._loom.optim)
+void init_distributed(py::module_& m);  // distributed.cpp: world, Communicator, Work
+void init_io(py::module_& m);           // io.cpp: load, save (weight files)
 
 // A loom.dtype, or its name ("float32", "bfloat16", ... or loom's "f32", "bf16", ...).
 DType dtype_arg(py::handle obj);

@@ -10,4 +10,6 @@ PYBIND11_MODULE(_loom, m) {
   loom::python::init_ops(m);
   loom::python::init_nn(m);
   loom::python::init_optim(m);
+  loom::python::init_distributed(m);
+  loom::python::init_io(m);
 }

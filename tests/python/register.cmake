@@ -22,7 +22,9 @@ endif()
 # the build lays out in <build>/python. Without the module (LOOM_WITH_PYTHON off or pybind11
 # missing) or without numpy and pytest they are registered anyway and report SKIP (exit code 77),
 # so the summary says what did not run. python_binding_install checks that `cmake --install`
-# puts an importable package in LOOM_PYTHON_INSTALL_DIR.
+# puts an importable package in LOOM_PYTHON_INSTALL_DIR. python_binding_mpi (label mpi) runs
+# tests/python/mpi_binding_check.py under `mpirun -np 2` with the MPI tests' launcher flags; it
+# skips the same way, and also when loom is built without MPI.
 set(loom_binding_skip "")
 if(NOT LOOM_PYTHON_ENABLED)
   set(loom_binding_skip "the Python module is not built (configure summary: Python ... ${LOOM_PYTHON_DETAIL})")
@@ -36,10 +38,11 @@ else()
   endif()
 endif()
 if(loom_binding_skip)
-  foreach(name python_binding python_binding_install)
+  foreach(name python_binding python_binding_install python_binding_mpi)
     add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${loom_binding_skip}'; exit 77")
     set_tests_properties(${name} PROPERTIES LABELS python SKIP_RETURN_CODE 77)
   endforeach()
+  set_tests_properties(python_binding_mpi PROPERTIES LABELS "python;mpi")
 else()
   file(GLOB loom_binding_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_binding_*.py)
   add_test(NAME python_binding
@@ -52,5 +55,17 @@ else()
                    ${CMAKE_BINARY_DIR} ${CMAKE_BINARY_DIR}/python-install-test
                    ${LOOM_PYTHON_INSTALL_DIR} ${Python3_EXECUTABLE})
   set_tests_properties(python_binding_install PROPERTIES LABELS python TIMEOUT 120
+                       SKIP_RETURN_CODE 77)
+  if(LOOM_MPI_ENABLED)
+    add_test(NAME python_binding_mpi
+             COMMAND ${MPIEXEC_EXECUTABLE} -np 2 ${LOOM_MPIRUN_FLAGS} ${Python3_EXECUTABLE}
+                     ${CMAKE_CURRENT_SOURCE_DIR}/python/mpi_binding_check.py)
+    set_tests_properties(python_binding_mpi PROPERTIES
+                         ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+  else()
+    add_test(NAME python_binding_mpi
+             COMMAND sh -c "echo 'skipped: loom is built without MPI (LOOM_WITH_MPI)'; exit 77")
+  endif()
+  set_tests_properties(python_binding_mpi PROPERTIES LABELS "python;mpi" TIMEOUT 120
                        SKIP_RETURN_CODE 77)
 endif()

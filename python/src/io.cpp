@@ -1,0 +1,48 @@
+// Weight I/O as loom.load / loom.save: a flat map name -> Tensor, the shape every format in
+// core/io exchanges. save writes safetensors (core/io/safetensors.h, generic: any names, loom's
+// dtypes). load reads safetensors, or an llm.c GPT-2 model file (.bin, core/io/llmc_checkpoint.h)
+// as loom's parameter names; the format comes from the file's first bytes, as loom-gpt's
+// --init-from does. An llm.c file is written only from a GPT's config (loom-gpt --save), so
+// save does not offer .bin. Errors are loom::Error naming the file, hence ValueError.
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
+
+#include "bindings.h"
+#include "core/io/gpt_weights.h"
+#include "core/io/safetensors.h"
+
+namespace loom::python {
+
+void init_io(py::module_& m) {
+  m.def(
+      "load",
+      [](const std::string& path) {
+        py::gil_scoped_release release;
+        if (io::looks_like_safetensors(path)) return io::read_safetensors(path).tensors;
+        return io::load_gpt_weights(path).params;
+      },
+      py::arg("path"), R"(A dict name -> CPU Tensor from a .safetensors file or an llm.c model .bin.
+
+    loom.save({"w": loom.ones(2, 3)}, "w.safetensors")
+    loom.load("w.safetensors")["w"].shape    # [2, 3]
+)");
+  m.def(
+      "save",
+      [](const std::map<std::string, Tensor>& tensors, const std::string& path,
+         const std::map<std::string, std::string>& metadata) {
+        const std::string ext = ".safetensors";
+        LOOM_CHECK(path.size() >= ext.size() &&
+                       path.compare(path.size() - ext.size(), ext.size(), ext) == 0,
+                   "save: '", path, "': loom.save writes .safetensors only (an llm.c .bin needs ",
+                   "a GPT's config: loom-gpt --save)");
+        py::gil_scoped_release release;
+        io::write_safetensors(path, tensors, metadata);
+      },
+      py::arg("tensors"), py::arg("path"),
+      py::arg("metadata") = std::map<std::string, std::string>{},
+      "Writes a dict name -> Tensor (any device or layout) to a .safetensors file.");
+}
+
+}  // namespace loom::python
