@@ -138,6 +138,29 @@ struct EmbeddingBagError {
   bool ok() const { return kind == EmbeddingBagErrorKind::kNone; }
 };
 
+// Bits needed to write x (0 for 0).
+inline int embedding_bit_width(uint64_t x) {
+  int bits = 0;
+  while (bits < 64 && (x >> bits) != 0) ++bits;
+  return bits;
+}
+
+// The backwards sort (table, row, position) as one 64-bit key, so total_rows rows (over all
+// tables) and num_indices lookups must fit in 64 bits together. The error both validations
+// report when they do not (kWrongLength: value = the lookups, expected = the most that fit);
+// kNone when they do.
+inline EmbeddingBagError embedding_bag_sort_key_check(uint64_t total_rows, int64_t num_indices) {
+  EmbeddingBagError e;
+  const int row_bits = embedding_bit_width(total_rows);
+  const uint64_t last_position = uint64_t(num_indices > 1 ? num_indices - 1 : 0);
+  if (row_bits + embedding_bit_width(last_position) > 64) {
+    e.kind = EmbeddingBagErrorKind::kWrongLength;
+    e.value = num_indices;
+    e.expected = int64_t(1) << (64 - row_bits);
+  }
+  return e;
+}
+
 inline const char* embedding_bag_error_name(EmbeddingBagErrorKind kind) {
   switch (kind) {
     case EmbeddingBagErrorKind::kNone:

@@ -2,7 +2,6 @@
 #include "optimizer/clip_grad.h"
 
 #include <cmath>
-#include <cstring>
 
 #include <map>
 
@@ -32,8 +31,7 @@ double cuda_sum_of_squares(Device device, const std::vector<Tensor>& grads) {
     kernels::cuda::sum_of_squares_multi(ptrs.data(), sizes.data(), int64_t(sizes.size()),
                                         static_cast<double*>(out.data_ptr()), ws.data_ptr(), bytes,
                                         cuda_stream(device));
-    const Tensor host = out.to(Device::cpu());
-    std::memcpy(&result, host.data_ptr(), sizeof(double));
+    out.copy_to_host(&result, sizeof(result));
   });
   return result;
 }

@@ -6,6 +6,7 @@
 #include "core/ops/checks.h"
 #include "core/ops/low_precision.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/norm_reduce.h"  // no CUDA header; called only under LOOM_IF_CUDA
 
 namespace loom {
 
@@ -176,11 +177,18 @@ double sum_of_squares(const Tensor& x) {
   detail::check_f32("sum_of_squares", "x", x);
   Tensor in = x.detach().contiguous();
   if (in.device().is_cpu()) return kernels::cpu::sum_of_squares(in.data<float>(), in.numel());
-#if LOOM_WITH_CUDA
-  return kernels::cuda::sum_of_squares(in.data<float>(), in.numel(), cuda_stream(in.device()));
-#else
-  LOOM_FAIL("sum_of_squares: loom was built without CUDA");
-#endif
+  double result = 0.0;
+  LOOM_IF_CUDA({
+    const Device device = in.device();
+    const size_t bytes = kernels::cuda::sum_of_squares_workspace_bytes(in.numel());
+    Tensor ws = cuda_workspace(device, bytes);
+    Tensor out = cuda_workspace(device, sizeof(double));
+    kernels::cuda::sum_of_squares(in.data<float>(), in.numel(),
+                                  static_cast<double*>(out.data_ptr()), ws.data_ptr(), bytes,
+                                  cuda_stream(device));
+    out.copy_to_host(&result, sizeof(result));  // the one read back
+  });
+  return result;
 }
 
 }  // namespace loom

@@ -326,25 +326,12 @@ CudaTables cuda_tables(const EmbeddingBagLayout& layout, DType dtype, Device dev
   return c;
 }
 
-int bit_width(uint64_t v) {
-  int bits = 0;
-  for (; v != 0; v >>= 1) ++bits;
-  return bits;
-}
-
-// The one check of cpu::validate_embedding_bag the CUDA validation leaves out: (table, row,
-// position) must fit the backward's 64-bit sort key. Same report as the CPU's.
+// The one check of cpu::validate_embedding_bag the CUDA validation leaves out (its tables are
+// device arrays; the rows are known here): the backward's 64-bit sort key. Same report.
 kernels::EmbeddingBagError sort_key_error(const EmbeddingBagLayout& layout, int64_t num_indices) {
   uint64_t total_rows = 0;
   for (int64_t t = 0; t < layout.num_tables(); ++t) total_rows += uint64_t(layout.rows(t));
-  kernels::EmbeddingBagError e;
-  const int row_bits = bit_width(total_rows);
-  if (row_bits + bit_width(uint64_t(std::max<int64_t>(num_indices - 1, 0))) > 64) {
-    e.kind = kernels::EmbeddingBagErrorKind::kWrongLength;
-    e.value = num_indices;
-    e.expected = int64_t(1) << (64 - row_bits);
-  }
-  return e;
+  return kernels::embedding_bag_sort_key_check(total_rows, num_indices);
 }
 
 // validate() on the device: the same first bad entry, raised with the same message. Reads the

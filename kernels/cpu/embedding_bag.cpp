@@ -13,7 +13,6 @@ namespace loom::kernels::cpu {
 
 namespace {
 
-using detail::bit_width;
 using detail::F32x16;
 using detail::resolve_row;
 
@@ -197,12 +196,11 @@ EmbeddingBagError validate_embedding_bag(const EmbeddingTables& tables,
     if (opt.pooling != EmbeddingPooling::kSum)
       return make_error(Kind::kWeightsNeedSum, -1, -1, -1, 0, 0);
   }
-  // The backward sorts (table, row, position) in one 64-bit word.
   uint64_t total_rows = 0;
   for (int64_t t = 0; t < nt; ++t) total_rows += uint64_t(tables.rows[t]);
-  if (bit_width(total_rows) + bit_width(uint64_t(std::max<int64_t>(in.num_indices - 1, 0))) > 64)
-    return make_error(Kind::kWrongLength, -1, -1, -1, in.num_indices,
-                      int64_t(1) << (64 - bit_width(total_rows)));
+  if (const EmbeddingBagError key = embedding_bag_sort_key_check(total_rows, in.num_indices);
+      !key.ok())
+    return key;
   const Index* off = in.offsets;
   if (off[0] != 0) return make_error(Kind::kFirstOffsetNotZero, 0, 0, 0, int64_t(off[0]), 0);
   const int64_t bags = nt * nb;

@@ -175,11 +175,7 @@ std::vector<int64_t> packed_offsets(const EmbeddingTables& tables,
   return packed;
 }
 
-inline int bit_width(uint64_t x) {
-  int bits = 0;
-  while (x >> bits) ++bits;
-  return bits;
-}
+using ::loom::kernels::embedding_bit_width;
 
 // A batch's lookups grouped by (table, row) (embedding_bag_segments.cpp): sorted entries
 // [seg_start[k], seg_start[k+1]) are segment k, one unique (table, row), its lookups in index

@@ -109,8 +109,8 @@ Segments make_segments(const EmbeddingTables& tables, const EmbeddingBagIndices<
   for (int64_t t = 0; t < nt; ++t)
     s.base[size_t(t) + 1] = s.base[size_t(t)] + uint64_t(tables.rows[t]);
   const uint64_t skipped = s.base[size_t(nt)];  // sorts after every real row, then dropped
-  s.pos_bits = bit_width(uint64_t(std::max<int64_t>(n - 1, 0)));
-  const int key_bits = bit_width(skipped);
+  s.pos_bits = embedding_bit_width(uint64_t(std::max<int64_t>(n - 1, 0)));
+  const int key_bits = embedding_bit_width(skipped);
   // Key and position share one word (2^40 rows with 2^24 lookups still fit); validation rejects
   // batches where they do not, and such a batch has no rows here rather than wrong ones.
   if (key_bits + s.pos_bits > 64) {

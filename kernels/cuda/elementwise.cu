@@ -1,8 +1,6 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.h"
 
-#include <vector>
-
 namespace loom::kernels::cuda {
 
 namespace {
@@ -32,20 +30,6 @@ __global__ void sum_rows_kernel(const float* x, float* out, int64_t rows, int64_
     for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
     out[c] = acc;
   }
-}
-
-// Per-block partial sums in f64, reduced in shared memory; the host adds the partials in order.
-__global__ void sum_of_squares_kernel(const float* x, int64_t n, double* partial) {
-  __shared__ double buf[kBlock];
-  double acc = 0.0;
-  LOOM_GRID_STRIDE(i, n) acc += double(x[i]) * double(x[i]);
-  buf[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = kBlock / 2; s > 0; s >>= 1) {
-    if (int(threadIdx.x) < s) buf[threadIdx.x] += buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = buf[0];
 }
 
 template <int kOp>
@@ -81,22 +65,6 @@ void axpy(float* x, const float* y, float alpha, int64_t n, Stream stream) {
 void sum_rows(const float* x, float* out, int64_t rows, int64_t cols, Stream stream) {
   if (cols == 0) return;
   LOOM_LAUNCH(sum_rows_kernel, grid_stride_blocks(cols), kBlock, 0, stream, x, out, rows, cols);
-}
-
-double sum_of_squares(const float* x, int64_t n, Stream stream) {
-  if (n == 0) return 0.0;
-  const unsigned blocks = grid_stride_blocks(n) < 1024 ? grid_stride_blocks(n) : 1024;
-  double* partial = nullptr;
-  LOOM_CUDA_CHECK(cudaMallocAsync(&partial, blocks * sizeof(double), stream));
-  LOOM_LAUNCH(sum_of_squares_kernel, blocks, kBlock, 0, stream, x, n, partial);
-  std::vector<double> host(blocks);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial, blocks * sizeof(double),
-                                  cudaMemcpyDeviceToHost, stream));
-  LOOM_CUDA_CHECK(cudaFreeAsync(partial, stream));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  double total = 0.0;
-  for (double p : host) total += p;
-  return total;
 }
 
 }  // namespace loom::kernels::cuda

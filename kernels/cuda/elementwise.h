@@ -14,7 +14,6 @@ void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stre
 void scale(const float* x, float s, float* out, int64_t n, Stream stream);
 void axpy(float* x, const float* y, float alpha, int64_t n, Stream stream);
 void sum_rows(const float* x, float* out, int64_t rows, int64_t cols, Stream stream);
-// Sum of squares accumulated in f64, returned to the host (synchronises the stream).
-double sum_of_squares(const float* x, int64_t n, Stream stream);
+// The sum of squares is in kernels/cuda/norm_reduce.h (device result, caller's workspace).
 
 }  // namespace loom::kernels::cuda

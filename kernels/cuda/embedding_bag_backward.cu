@@ -45,16 +45,10 @@ static_assert(kBlock % 32 == 0, "whole warps per block");
 
 // ---------------------------------------------------------------- workspace
 
-int bit_width(uint64_t x) {
-  int bits = 0;
-  while (bits < 64 && (x >> bits) != 0) ++bits;
-  return bits;
-}
-
 // The radix sort's end bit: keys are <= total_rows (the skipped key).
 int sort_end_bit(const EmbeddingTablesInfo& info) {
   if (info.total_rows < 0) return 64;
-  const int bits = bit_width(uint64_t(info.total_rows));
+  const int bits = embedding_bit_width(uint64_t(info.total_rows));
   return bits < 1 ? 1 : bits;
 }
 

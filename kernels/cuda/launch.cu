@@ -89,8 +89,9 @@ void check_after_launch(const char* kernel) {
   LOOM_CHECK(err == cudaSuccess, "launch of ", kernel, " failed: ", cudaGetErrorString(err));
   if (!sync_after_launch()) return;
   err = cudaDeviceSynchronize();
-  LOOM_CHECK(err == cudaSuccess, "kernel ", kernel, " failed while running: ",
-             cudaGetErrorString(err), " (reported at once because LOOM_CUDA_SYNC is set)");
+  LOOM_CHECK(err == cudaSuccess, "kernel ", kernel,
+             " failed while running: ", cudaGetErrorString(err),
+             " (reported at once because LOOM_CUDA_SYNC is set)");
 }
 
 }  // namespace loom::kernels::cuda
