@@ -20,6 +20,10 @@ void init_nn(py::module_& m);           // nn.cpp: built-in modules (loom._loom.
 void init_optim(py::module_& m);        // optim.cpp: SGD, AdamW, clip_grad_norm (loom._loom.optim)
 void init_distributed(py::module_& m);  // distributed.cpp: world, Communicator, Work
 void init_io(py::module_& m);           // io.cpp: load, save (weight files)
+void init_parallel(py::module_& m);     // parallel.cpp: mesh, DDP, ZeRO, tensor-parallel layers
+void init_pipeline(py::module_& m);     // pipeline.cpp: schedules, validator, executor, stages
+void init_data(py::module_& m);         // data.cpp: built-in datasets, batch loader, lr schedules
+void init_sharded(py::module_& m);      // sharded.cpp: sharded embedding-bag collections
 
 // A loom.dtype, or its name ("float32", "bfloat16", ... or loom's "f32", "bf16", ...).
 DType dtype_arg(py::handle obj);

@@ -12,4 +12,8 @@ PYBIND11_MODULE(_loom, m) {
   loom::python::init_optim(m);
   loom::python::init_distributed(m);
   loom::python::init_io(m);
+  loom::python::init_parallel(m);
+  loom::python::init_pipeline(m);
+  loom::python::init_data(m);
+  loom::python::init_sharded(m);
 }

@@ -1,0 +1,8 @@
+// Placeholder: filled in by the binding of this area.
+#include "bindings.h"
+
+namespace loom::python {
+
+void init_data(py::module_& m) { (void)m; }
+
+}  // namespace loom::python
