@@ -24,8 +24,16 @@ Tensor Module::forward(const Tensor&) {
 }
 
 Tensor Module::operator()(const Tensor& x) {
+  run_forward_pre_hooks();
+  return run_forward_hooks(forward(x));
+}
+
+void Module::run_forward_pre_hooks() {
   for (auto& [handle, hook] : pre_hooks_) hook(*this);
-  Tensor y = forward(x);
+}
+
+Tensor Module::run_forward_hooks(const Tensor& output) {
+  Tensor y = output;
   for (auto& [handle, hook] : post_hooks_) y = hook(*this, y);
   return y;
 }
@@ -81,6 +89,14 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape, c
   Tensor t = register_parameter(name, shape, init);
   params_.back().shard = shard;
   return t;
+}
+
+void Module::adopt_parameter(const std::string& name, const Tensor& tensor) {
+  check_new_name(name);
+  LOOM_CHECK(tensor.defined() && tensor.is_leaf() && tensor.requires_grad(), "Module '", full_name_,
+             "': parameter '", name, "' must be a leaf tensor that requires grad");
+  order_.emplace_back(false, params_.size());
+  params_.push_back(Param{name, tensor, Init::zeros(), std::nullopt, true});
 }
 
 void Module::adopt(const std::string& name, std::shared_ptr<Module> module) {
@@ -214,6 +230,7 @@ void Module::zero_grad() {
 
 void Module::init_parameters(uint64_t seed) {
   for (Param& p : params_) {
+    if (p.adopted) continue;
     if (!p.shard) {
       init_tensor(p.tensor, p.init, seed, qualified(p.name));
       continue;

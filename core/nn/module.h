@@ -46,6 +46,11 @@ class Module {
   // (as in PyTorch, `module(x)`), so a wrapper can act around any module's computation: ZeRO-3
   // gathers a module's parameters before it and frees them after. forward(x) skips the hooks.
   Tensor operator()(const Tensor& x);
+  // The two halves of operator(), for a caller whose forward is not forward(x): a module written
+  // in Python runs its forward(*args) between them.
+  void run_forward_pre_hooks();
+  Tensor run_forward_hooks(const Tensor& output);
+  bool has_forward_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
 
   using ForwardPreHook = std::function<void(Module& module)>;
   using ForwardHook = std::function<Tensor(Module& module, const Tensor& output)>;
@@ -114,6 +119,9 @@ class Module {
   // the single-process initialisation.
   Tensor register_parameter(const std::string& name, const Shape& shape, const Init& init,
                             const ShardSpec& shard);
+  // Adopts an existing tensor (a leaf; e.g. one created from Python) as parameter `name` (no
+  // dots): the module holds that very tensor, and init_parameters leaves its values alone.
+  void adopt_parameter(const std::string& name, const Tensor& tensor);
   // Adopts `module` as child `name` (no dots); it may have no other parent.
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
@@ -129,6 +137,7 @@ class Module {
     Tensor tensor;
     Init init;
     std::optional<ShardSpec> shard;
+    bool adopted = false;  // See adopt_parameter: initialised by its creator, not by init specs
   };
   void adopt(const std::string& name, std::shared_ptr<Module> module);
   void check_new_name(const std::string& name) const;

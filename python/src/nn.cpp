@@ -24,6 +24,44 @@
 namespace loom::python {
 namespace {
 
+// Note [Python modules as C++ modules]
+// DDP, ZeRO and the pipeline take a C++ nn::Module. A module written in Python gets one on demand
+// (loom.nn.Module._cpp_module(), built once when a wrapper first asks for it): a PythonModule
+// node holding the Python module's own parameters (the very tensors: adopt_parameter) and its
+// children's nodes (a built-in child's C++ module itself), in named_parameters() order. The
+// Python module's __call__ runs the node's forward hooks around its Python forward, so ZeRO-3's
+// gather/release hooks act on Python units too, and the node's forward(x) calls back into the
+// Python forward for C++ callers. The node refers to its Python module weakly (the module owns
+// the node): no reference cycle.
+class PythonModule : public nn::Module {
+ public:
+  explicit PythonModule(py::handle owner) : owner_(PyWeakref_NewRef(owner.ptr(), nullptr)) {
+    if (owner_ == nullptr) throw py::error_already_set();
+  }
+  ~PythonModule() override {
+    if (owner_ != nullptr && Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(owner_);
+    }
+  }
+
+  void add_parameter(const std::string& name, const Tensor& t) { adopt_parameter(name, t); }
+  void add_child(const std::string& name, std::shared_ptr<nn::Module> child) {
+    register_module(name, std::move(child));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    py::gil_scoped_acquire gil;
+    py::handle owner = PyWeakref_GetObject(owner_);
+    LOOM_CHECK(owner.ptr() != Py_None, "Module '", full_name(),
+               "': its Python module no longer exists");
+    return py::reinterpret_borrow<py::object>(owner).attr("forward")(x).cast<Tensor>();
+  }
+
+ private:
+  PyObject* owner_;  // a weak reference to the Python loom.nn.Module
+};
+
 using Release = py::call_guard<py::gil_scoped_release>;
 
 py::object optional_tensor(const Tensor& t) {
@@ -118,9 +156,20 @@ void init_nn(py::module_& m) {
             self.to(d);
           },
           py::arg("device"))
-      .def_property("full_name", &nn::Module::full_name, &nn::Module::set_full_name);
+      .def_property("full_name", &nn::Module::full_name, &nn::Module::set_full_name)
+      .def_property_readonly("has_forward_hooks", &nn::Module::has_forward_hooks)
+      .def("_run_forward_pre_hooks", &nn::Module::run_forward_pre_hooks, Release())
+      .def("_run_forward_hooks", &nn::Module::run_forward_hooks, py::arg("output"), Release());
+
+  py::class_<PythonModule, nn::Module, std::shared_ptr<PythonModule>>(
+      nn_m, "PythonModule", "The C++ module of a loom.nn.Module written in Python (internal).")
+      .def(py::init<py::handle>(), py::arg("owner"))
+      .def("_add_parameter", &PythonModule::add_parameter, py::arg("name"), py::arg("tensor"))
+      .def("_add_child", &PythonModule::add_child, py::arg("name"), py::arg("child"));
 
   py::class_<nn::ModuleList, nn::Module, std::shared_ptr<nn::ModuleList>>(nn_m, "ModuleList")
+      .def(py::init<>())
+      .def("_append", &nn::ModuleList::push_back, py::arg("module"))
       .def("__len__", &nn::ModuleList::size);
 
   py::class_<nn::Linear, nn::Module, std::shared_ptr<nn::Linear>>(nn_m, "Linear")

@@ -382,3 +382,64 @@ def test_training_steps_do_not_leak():
     assert growth < 64 * 1024, f"Python memory grew by {growth} bytes over 300 steps"
     assert [sys.getrefcount(p) for p in params] == counts
     assert loom.memory_allocated() == live
+
+
+class _Unit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.gain = nn.Parameter(loom.ones(4))
+
+    def forward(self, x):
+        return F.gelu(self.fc(x)) * self.gain
+
+
+class _Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(loom.full([4], 0.5))
+        self.units = nn.ModuleList([_Unit(), _Unit()])
+
+    def forward(self, x):
+        for unit in self.units:
+            x = unit(x)
+        return x * self.scale
+
+
+def test_python_module_becomes_a_cpp_module_with_the_same_tensors():
+    model = _Stack().init_parameters(seed=5)
+    node = model._cpp_module()
+    assert node is model._cpp_module()  # built once
+    py_params = list(model.named_parameters())
+    cpp_params = node.named_parameters()
+    assert [n for n, _ in cpp_params] == [n for n, _ in py_params] == [
+        "scale", "units.0.gain", "units.0.fc.weight", "units.0.fc.bias", "units.1.gain",
+        "units.1.fc.weight", "units.1.fc.bias"]
+    assert all(a._same_as(b) for (_, a), (_, b) in zip(py_params, cpp_params))
+    # A ModuleList's C++ module is a C++ ModuleList (ZeRO-3 makes its entries units), and a
+    # built-in child is adopted with its full name.
+    assert isinstance(node.children()[0][1], loom._loom.nn.ModuleList)
+    assert model.units[1].fc._cpp.full_name == "units.1.fc"
+    # C++ callers of forward(x) reach the Python forward.
+    x = loom.tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    np.testing.assert_array_equal(np.asarray(node(x).detach()), np.asarray(model(x).detach()))
+    # The structure is fixed once wrapped; values are not.
+    with pytest.raises(RuntimeError, match="'extra'.*fixed once a wrapper"):
+        model.extra = nn.Parameter(loom.ones(1))
+    with pytest.raises(RuntimeError, match="'2'.*fixed once a wrapper"):
+        model.units.append(_Unit())
+    model.load_state_dict({k: v.detach() * 2 for k, v in model.state_dict().items()})
+
+
+def test_module_list_and_sequential():
+    seq = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
+    x = loom.ones(4, 3)
+    expected = seq[1](seq[0](x))
+    np.testing.assert_array_equal(np.asarray(seq(x).detach()), np.asarray(expected.detach()))
+    assert len(seq) == 2 and [n for n, _ in seq.named_parameters()][:2] == ["0.weight", "0.bias"]
+    lst = nn.ModuleList([nn.Linear(2, 2)]).extend([nn.Linear(2, 2)])
+    assert len(lst) == 2 and lst[-1] is lst[1]
+    with pytest.raises(IndexError, match="index 2 out of range for 2 modules"):
+        lst[2]
+    with pytest.raises(NotImplementedError, match="iterate over its modules"):
+        lst(x)

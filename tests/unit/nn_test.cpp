@@ -160,6 +160,47 @@ TEST(Module, TrainEvalZeroGradAndRegistrationChecks) {
   expect_error([&] { other.push_back(shared); }, "already belongs to another module");
 }
 
+TEST(Module, AdoptedParametersAreTheGivenTensorsAndKeepTheirValues) {
+  // What a module written in Python becomes for the C++ wrappers (python/src/nn.cpp).
+  struct Adopting : nn::Module {
+    explicit Adopting(const Tensor& w) {
+      adopt_parameter("w", w);
+      register_parameter("b", {2}, nn::Init::normal(1.0));
+    }
+    void adopt_again(const Tensor& t) { adopt_parameter("w", t); }
+    void adopt_as(const std::string& name, const Tensor& t) { adopt_parameter(name, t); }
+  };
+  Tensor w = Tensor::from_vector(std::vector<float>{1.5f, -2.f}, {2});
+  w.set_requires_grad(true);
+  Adopting m(w);
+  m.init_parameters(7);
+  ASSERT_EQ(m.named_parameters().size(), 2u);
+  EXPECT_TRUE(m.named_parameters()[0].second.same_as(w));
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{1.5f, -2.f}));     // left alone by init
+  EXPECT_NE(m.named_parameters()[1].second.to_vector<float>()[0], 0.f);  // initialised
+  expect_error([&] { m.adopt_again(w); }, "'w' is already a parameter");
+  expect_error([&] { m.adopt_as("x", Tensor::zeros({2})); },
+               "must be a leaf tensor that requires grad");
+}
+
+TEST(Module, HooksRunAroundForwardAlsoWhenCalledInHalves) {
+  nn::Linear lin(2, 2);
+  std::vector<std::string> calls;
+  lin.add_forward_pre_hook([&](nn::Module&) { calls.push_back("pre"); });
+  lin.add_forward_hook([&](nn::Module&, const Tensor& y) {
+    calls.push_back("post");
+    return scale(y, 2.0);
+  });
+  EXPECT_TRUE(lin.has_forward_hooks());
+  const Tensor x = Tensor::ones({1, 2});
+  const Tensor whole = lin(x);
+  lin.run_forward_pre_hooks();
+  const Tensor halves = lin.run_forward_hooks(lin.forward(x));
+  EXPECT_EQ(calls, (std::vector<std::string>{"pre", "post", "pre", "post"}));
+  EXPECT_EQ(whole.to_vector<float>(), halves.to_vector<float>());
+  EXPECT_EQ(whole.to_vector<float>(), scale(lin.forward(x), 2.0).to_vector<float>());
+}
+
 // ---------------------------------------------------------------- init
 
 TEST(Init, SameSeedSameValuesDifferentSeedDifferent) {

@@ -8,7 +8,7 @@ name (loom's deterministic init). ``named_parameters()`` lists own parameters, t
 
 from loom import _loom
 from loom.nn import functional, utils  # noqa: F401
-from loom.nn.module import Module, Parameter  # noqa: F401
+from loom.nn.module import Module, ModuleList, Parameter, Sequential  # noqa: F401
 from loom.nn.modules import (  # noqa: F401
     GPT,
     Block,
@@ -26,7 +26,7 @@ set_dropout_seed = _loom.nn.set_dropout_seed
 set_dropout_step = _loom.nn.set_dropout_step
 
 __all__ = [
-    "functional", "utils", "Module", "Parameter", "Linear", "LayerNorm", "Embedding", "Dropout",
+    "functional", "utils", "Module", "ModuleList", "Sequential", "Parameter", "Linear", "LayerNorm", "Embedding", "Dropout",
     "MLP", "CausalSelfAttention", "Block", "GPT", "GPTConfig", "EmbeddingBagCollection",
     "set_dropout_seed", "set_dropout_step",
 ]

@@ -76,6 +76,8 @@ class Module:
             raise AttributeError(
                 f"cannot assign '{name}' before Module.__init__() (call super().__init__() first)")
         params, modules = self._parameters, self._modules
+        if name in params or name in modules or isinstance(value, Module) or _is_parameter(value):
+            self._check_not_wrapped(name)
         if isinstance(value, Module):
             params.pop(name, None)
             self.__dict__.pop(name, None)
@@ -108,10 +110,18 @@ class Module:
         else:
             object.__delattr__(self, name)
 
+    def _check_not_wrapped(self, name):
+        if "_node" in self.__dict__:
+            raise RuntimeError(
+                f"cannot assign '{name}': {type(self).__name__}'s parameters and children are "
+                f"fixed once a wrapper (DistributedDataParallel, ZeroRedundancyOptimizer, a "
+                f"pipeline) holds it; build the whole model before wrapping it")
+
     def register_parameter(self, name, param):
         """Registers ``param`` (a tensor, or None) as parameter ``name``."""
         if param is not None and not isinstance(param, Tensor):
             raise TypeError(f"register_parameter: '{name}' must be a loom.Tensor or None")
+        self._check_not_wrapped(name)
         self._modules.pop(name, None)
         self._parameters[name] = param
 
@@ -119,6 +129,7 @@ class Module:
         """Registers ``module`` as child ``name``."""
         if not isinstance(module, Module):
             raise TypeError(f"add_module: '{name}' must be a loom.nn.Module")
+        self._check_not_wrapped(name)
         self._modules[name] = module
 
     register_module = add_module
@@ -129,7 +140,36 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        # Once wrapped (See _cpp_module), the C++ module's hooks run around forward: ZeRO-3
+        # gathers this module's parameters before it and releases them after.
+        node = self.__dict__.get("_node")
+        if node is None or not node.has_forward_hooks:
+            return self.forward(*args, **kwargs)
+        node._run_forward_pre_hooks()
+        out = self.forward(*args, **kwargs)
+        if not isinstance(out, Tensor):
+            raise TypeError(f"{type(self).__name__}.forward returned {type(out).__name__}; a "
+                            f"module with forward hooks (a ZeRO-3 unit) must return one loom.Tensor")
+        return node._run_forward_hooks(out)
+
+    def _cpp_module(self):
+        """The C++ module standing for this one, for the C++ wrappers (DDP, ZeRO, pipelines):
+        built on first use from this module's parameters (the same tensors) and its children's
+        C++ modules, after which the module's structure is fixed. See Note [Python modules as C++
+        modules] in python/src/nn.cpp."""
+        node = self.__dict__.get("_node")
+        if node is None:
+            node = self._new_cpp_node()
+            self.__dict__["_node"] = node
+        return node
+
+    def _new_cpp_node(self):
+        node = _loom.nn.PythonModule(self)
+        for name, p in self._own_parameters():
+            node._add_parameter(name, p)
+        for name, child in self.named_children():
+            node._add_child(name, child._cpp_module())
+        return node
 
     # ---------------------------------------------------------------- traversal
 
@@ -284,3 +324,74 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+class ModuleList(Module):
+    """A list of modules registered as children "0", "1", ... (torch.nn.ModuleList). Under ZeRO-3
+    each entry is a unit whose parameters are gathered for its forward and released after::
+
+        self.blocks = loom.nn.ModuleList([Block() for _ in range(layers)])
+        for block in self.blocks:
+            x = block(x)
+    """
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self._modules.values())[i]
+        n = len(self._modules)
+        if not -n <= i < n:
+            raise IndexError(f"ModuleList index {i} out of range for {n} modules")
+        return self._modules[str(i % n)]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleList has no forward(); iterate over its modules")
+
+    def _new_cpp_node(self):
+        # A C++ ModuleList, so ZeRO-3 makes each entry a unit (See parallel/sharded_parameters.h).
+        node = _loom.nn.ModuleList()
+        for _, child in self.named_children():
+            node._append(child._cpp_module())
+        return node
+
+
+class Sequential(Module):
+    """Modules applied in order (torch.nn.Sequential): ``Sequential(Linear(4, 8), ReLU())``."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x

@@ -69,6 +69,12 @@ class _CppModule(Module):
     def forward(self, x):
         return self._cpp(x)
 
+    def __call__(self, *args, **kwargs):  # C++ runs this module's hooks (Module::operator())
+        return self.forward(*args, **kwargs)
+
+    def _cpp_module(self):
+        return self._cpp
+
     def _own_parameters(self):
         return [(n, p) for n, p in self._cpp.named_parameters() if "." not in n]
 
