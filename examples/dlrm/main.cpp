@@ -1,4 +1,4 @@
-// loom-dlrm: trains DLRM on the built-in synthetic click data (examples/dlrm/click_data.h), whose
+// loom-dlrm: trains DLRM on the built-in synthetic click data (core/io/click_data.h), whose
 // Bayes-optimal accuracy and AUC are known, and reports how close the model gets to them.
 //
 //   ./build/bin/loom-dlrm                                   # one process
@@ -20,9 +20,9 @@
 #include "common/progress.h"
 #include "core/embedding_bag.h"
 #include "core/error.h"
+#include "core/io/click_data.h"
 #include "core/nn/embedding_bag_collection.h"
 #include "core/ops.h"
-#include "dlrm/click_data.h"
 #include "dlrm/dlrm_model.h"
 #include "optimizer/adamw.h"
 #include "parallel/ddp.h"
@@ -30,6 +30,13 @@
 
 namespace loom::dlrm {
 namespace {
+
+using io::auc;
+using io::ClickBatch;
+using io::ClickCeiling;
+using io::ClickDataConfig;
+using io::ClickDataset;
+using io::ClickSplit;
 
 struct Evaluation {
   double loss = 0, accuracy = 0, auc = 0;

@@ -36,9 +36,13 @@ GptData load_gpt_data(const GptOptions& o) {
       d.tokens = d.task->train_stream(std::max<int64_t>(needed, 1000));
     }
     d.vocab = io::AdditionTask::kVocab;
-    d.description = detail::str_cat("built-in task: ", o.digits, "-digit addition, reversed sum (",
-                                    d.task->example_len(), " tokens per example, e.g. ",
-                                    io::AdditionTask::decode(d.task->encode_example(123, 45)), ")");
+    int64_t operand_limit = 1;  // 10^digits: the banner's example must fit any --digits
+    for (int64_t k = 0; k < o.digits; ++k) operand_limit *= 10;
+    d.description = detail::str_cat(
+        "built-in task: ", o.digits, "-digit addition, reversed sum (", d.task->example_len(),
+        " tokens per example, e.g. ",
+        io::AdditionTask::decode(d.task->encode_example(123 % operand_limit, 45 % operand_limit)),
+        ")");
     // The decoded example ends with a newline; drop it for a one-line banner.
     d.description.erase(std::remove(d.description.begin(), d.description.end(), '\n'),
                         d.description.end());

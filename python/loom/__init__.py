@@ -47,7 +47,7 @@ from loom._loom import (  # noqa: F401
     zeros,
 )
 from loom.autograd import enable_grad, no_grad  # noqa: F401
-from loom import distributed, nn, optim  # noqa: F401
+from loom import data, distributed, nn, optim  # noqa: F401
 
 __all__ = [
     "Tensor", "dtype", "float32", "bfloat16", "float16", "int32", "int64", "uint8",

@@ -5,11 +5,15 @@ One parameter group per optimizer. ``opt.lr`` reads and sets the learning rate, 
 ``opt.param_groups[0]["lr"] = x`` (the habit of PyTorch schedules). ``state_dict()`` has
 PyTorch's two keys: "state" (loom's flat map "{i}.exp_avg", "{i}.step", ..., copies; See Note
 [Optimizer state dict]) and "param_groups" (the hyper-parameters, lr included).
+
+``LrSchedule`` is loom-gpt's learning-rate schedule (optimizer/lr_schedule.h): warmup, then
+constant or cosine; set ``opt.lr = schedule.lr(step)`` before each step.
 """
 
 from loom import _loom
+from loom._loom.optim import LrSchedule  # noqa: F401  (bound in python/src/data.cpp)
 
-__all__ = ["Optimizer", "SGD", "AdamW"]
+__all__ = ["Optimizer", "SGD", "AdamW", "LrSchedule"]
 
 
 class _ParamGroup(dict):

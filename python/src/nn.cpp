@@ -158,6 +158,12 @@ void init_nn(py::module_& m) {
           py::arg("device"))
       .def_property("full_name", &nn::Module::full_name, &nn::Module::set_full_name)
       .def_property_readonly("has_forward_hooks", &nn::Module::has_forward_hooks)
+      .def(
+          "_parameter_is_shard",
+          [](const nn::Module& self, const std::string& name) {
+            return self.parameter_shard(name) != nullptr;
+          },
+          py::arg("name"), "True for a tensor-parallel shard of a single-process parameter.")
       .def("_run_forward_pre_hooks", &nn::Module::run_forward_pre_hooks, Release())
       .def("_run_forward_hooks", &nn::Module::run_forward_hooks, py::arg("output"), Release());
 
@@ -201,6 +207,18 @@ void init_nn(py::module_& m) {
            "The process-wide dropout seed (See Note [Dropout keys] in core/nn/dropout.h).");
   nn_m.def("set_dropout_step", &nn::set_dropout_step, py::arg("step"),
            "The dropout step: set once per forward of a batch so masks change between steps.");
+  nn_m.def(
+      "set_dropout_batch_part",
+      [](int64_t part, int64_t parts) {
+        if (parts < 1 || part < 0 || part >= parts)
+          throw py::value_error("set_dropout_batch_part: need 0 <= part < parts, got part " +
+                                std::to_string(part) + " of " + std::to_string(parts));
+        nn::set_dropout_batch_part({part, parts});
+      },
+      py::arg("part") = 0, py::arg("parts") = 1,
+      "The next forwards' rows are part `part` of `parts` equal parts of the step's batch (a "
+      "data-parallel rank's or micro-batch's share), so dropout draws the single-process masks. "
+      "(0, 1): the whole batch. See Note [Dropout keys] in core/nn/dropout.h.");
 
   py::class_<nn::MLP, nn::Module, std::shared_ptr<nn::MLP>>(nn_m, "MLP")
       .def(py::init<int64_t, double, double>(), py::arg("channels"), py::arg("dropout") = 0.0,

@@ -171,6 +171,10 @@ void init_functional(py::module_& f) {
       "GELU, tanh approximation (GPT-2's). Note: PyTorch's default is approximate='none'.");
   f.def("relu", &relu, py::arg("input"), Release());
   f.def("sigmoid", &sigmoid, py::arg("input"), Release());
+  f.def("dot_interaction", &dot_interaction, py::arg("features"), Release(),
+        "DLRM's pairwise dot interaction: features [B, F, D] -> [B, F*(F-1)/2], "
+        "out[b, i*(i-1)/2 + j] = <features[b, i], features[b, j]> for i > j (the strictly lower "
+        "triangle of x x^T, row by row: the DLRM reference's order).");
   f.def("softmax", &softmax_dim, py::arg("input"), py::arg("dim") = -1, Release());
   f.def(
       "layer_norm",

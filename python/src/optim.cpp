@@ -83,6 +83,26 @@ void init_optim(py::module_& m) {
         return optim::clip_grad_norm(ps, max_norm);
       },
       py::arg("parameters"), py::arg("max_norm"));
+  o.def(
+      "grad_sum_of_squares",
+      [](py::iterable params) {
+        std::vector<Tensor> ps = tensor_list(params, "grad_sum_of_squares");
+        py::gil_scoped_release release;
+        return optim::grad_sum_of_squares(ps);
+      },
+      py::arg("parameters"),
+      "The sum of the squares of the parameters' gradients (a partial gradient norm: add the "
+      "parts of several ranks, then take the root).");
+  o.def(
+      "scale_grads_to_norm",
+      [](py::iterable params, double norm, double max_norm) {
+        std::vector<Tensor> ps = tensor_list(params, "scale_grads_to_norm");
+        py::gil_scoped_release release;
+        optim::scale_grads_to_norm(ps, norm, max_norm);
+      },
+      py::arg("parameters"), py::arg("norm"), py::arg("max_norm"),
+      "Scales the gradients by max_norm / norm when norm exceeds max_norm (clipping, given the "
+      "global norm computed over every rank).");
 }
 
 }  // namespace loom::python

@@ -38,11 +38,15 @@ else()
   endif()
 endif()
 if(loom_binding_skip)
-  foreach(name python_binding python_binding_install python_binding_mpi)
+  foreach(name python_binding python_binding_install python_binding_mpi
+               python_parallel_mpi_np2 python_parallel_mpi_np4 python_pipeline_mpi_np2
+               python_pipeline_mpi_np4 python_train_gpt python_train_gpt_mpi)
     add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${loom_binding_skip}'; exit 77")
     set_tests_properties(${name} PROPERTIES LABELS python SKIP_RETURN_CODE 77)
   endforeach()
-  set_tests_properties(python_binding_mpi PROPERTIES LABELS "python;mpi")
+  set_tests_properties(python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
+                       python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi
+                       PROPERTIES LABELS "python;mpi")
 else()
   file(GLOB loom_binding_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_binding_*.py)
   add_test(NAME python_binding
@@ -56,15 +60,42 @@ else()
                    ${LOOM_PYTHON_INSTALL_DIR} ${Python3_EXECUTABLE})
   set_tests_properties(python_binding_install PROPERTIES LABELS python TIMEOUT 120
                        SKIP_RETURN_CODE 77)
+  # examples/train_gpt.py against loom-gpt: one process here, every parallel layout below.
+  add_test(NAME python_train_gpt
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/train_gpt_check.py
+                   $<TARGET_FILE:loom-gpt>)
+  set_tests_properties(python_train_gpt PROPERTIES LABELS python TIMEOUT 300
+                       ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;OMP_NUM_THREADS=1")
   if(LOOM_MPI_ENABLED)
+    # Python scripts under mpirun: mesh/DDP/ZeRO/tensor parallelism and pipelines against the
+    # single-process run each rank computes itself.
+    foreach(area parallel pipeline)
+      foreach(np 2 4)
+        add_test(NAME python_${area}_mpi_np${np}
+                 COMMAND ${MPIEXEC_EXECUTABLE} -np ${np} ${LOOM_MPIRUN_FLAGS} ${Python3_EXECUTABLE}
+                         ${CMAKE_CURRENT_SOURCE_DIR}/python/mpi_${area}_check.py)
+        set_tests_properties(python_${area}_mpi_np${np} PROPERTIES LABELS "python;mpi"
+                             TIMEOUT 120 SKIP_RETURN_CODE 77 ENVIRONMENT
+                             "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+      endforeach()
+    endforeach()
+    add_test(NAME python_train_gpt_mpi
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/train_gpt_check.py
+                     $<TARGET_FILE:loom-gpt> ${MPIEXEC_EXECUTABLE} ${LOOM_MPIRUN_FLAGS})
+    set_tests_properties(python_train_gpt_mpi PROPERTIES LABELS "python;mpi" TIMEOUT 600
+                         ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
     add_test(NAME python_binding_mpi
              COMMAND ${MPIEXEC_EXECUTABLE} -np 2 ${LOOM_MPIRUN_FLAGS} ${Python3_EXECUTABLE}
                      ${CMAKE_CURRENT_SOURCE_DIR}/python/mpi_binding_check.py)
     set_tests_properties(python_binding_mpi PROPERTIES
                          ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
   else()
-    add_test(NAME python_binding_mpi
-             COMMAND sh -c "echo 'skipped: loom is built without MPI (LOOM_WITH_MPI)'; exit 77")
+    foreach(name python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
+                 python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi)
+      add_test(NAME ${name}
+               COMMAND sh -c "echo 'skipped: loom is built without MPI (LOOM_WITH_MPI)'; exit 77")
+      set_tests_properties(${name} PROPERTIES LABELS "python;mpi" SKIP_RETURN_CODE 77)
+    endforeach()
   endif()
   set_tests_properties(python_binding_mpi PROPERTIES LABELS "python;mpi" TIMEOUT 120
                        SKIP_RETURN_CODE 77)

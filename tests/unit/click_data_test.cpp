@@ -1,4 +1,4 @@
-// loom-dlrm's synthetic click data (examples/dlrm/click_data.h): determinism from the seed, the
+// loom-dlrm's synthetic click data (core/io/click_data.h): determinism from the seed, the
 // CSR feature-major layout, the label rate, a ceiling well above chance, and the AUC helpers on
 // hand-computed cases.
 #include <gtest/gtest.h>
@@ -8,10 +8,10 @@
 #include <set>
 #include <vector>
 
-#include "dlrm/click_data.h"
+#include "core/io/click_data.h"
 #include "testing/files.h"
 
-namespace loom::dlrm {
+namespace loom::io {
 namespace {
 
 using testing::expect_error;
@@ -260,4 +260,4 @@ TEST(BayesCeiling, HandComputedCases) {
 }
 
 }  // namespace
-}  // namespace loom::dlrm
+}  // namespace loom::io

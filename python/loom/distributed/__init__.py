@@ -101,3 +101,285 @@ def new_group(color, key=None, name="group", group=None):
     """A sub-group by color (loom's split; every rank of `group` must call it)."""
     g = _group(group)
     return g.split(color, g.rank if key is None else key, name)
+
+
+# ---- parallelism over a group: mesh, DDP, ZeRO, tensor-parallel helpers (parallel/) ----
+
+import inspect as _inspect  # noqa: E402
+
+from loom import optim as _optim  # noqa: E402
+from loom._loom import parallel as _parallel  # noqa: E402
+
+DeviceMesh = _parallel.DeviceMesh
+MeshCoords = _parallel.MeshCoords
+TrainingMemory = _parallel.TrainingMemory
+
+__all__ += [
+    "DeviceMesh", "MeshCoords", "TrainingMemory", "DistributedDataParallel",
+    "ZeroRedundancyOptimizer", "tp_clip_grad_norm_", "gather_full_state", "load_full_state",
+]
+
+
+def _as_cpp(module, owner="loom.distributed"):
+    """The C++ module (loom._loom.nn.Module) behind a loom.nn.Module."""
+    f = getattr(module, "_cpp_module", None)
+    if f is not None:
+        return f()
+    if hasattr(module, "_cpp"):  # built-in modules (loom.nn.modules._CppModule)
+        return module._cpp
+    raise TypeError(f"{owner}: module must be a loom.nn.Module, got {type(module).__name__}")
+
+
+def _check_group(group, owner, name="group", required=False):
+    if group is None and not required:
+        return None
+    if not isinstance(group, Communicator):
+        raise TypeError(f"{owner}: {name} must be a loom.distributed.Communicator"
+                        f"{'' if required else ' or None'}, got {type(group).__name__}")
+    return group
+
+
+def _check_int(value, owner, name):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _check_number(value, owner, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+class DistributedDataParallel:
+    """Data parallelism over ``group`` (default: the world): every rank holds the whole module
+    and a different part of the global batch; ``backward(loss)`` launches the gradient
+    reductions bucket by bucket while backward runs, ``finish()`` waits for them, after which
+    every parameter's ``.grad`` is the group average. With each rank's loss the mean over its
+    equal part of the batch, the optimizer then takes the single-process step on the whole batch.
+
+    Example::
+
+        model = loom.nn.GPT(config).init_parameters(seed=1337)
+        ddp = loom.distributed.DistributedDataParallel(model)   # rank 0's values broadcast
+        opt = loom.optim.AdamW(model.parameters(), lr=1e-3)
+        loss = ddp.module.loss(x_local, y_local)
+        ddp.backward(loss)      # not loss.backward(): the reductions start as gradients fill
+        ddp.finish()
+        opt.step(); opt.zero_grad()
+
+    With ``grad_accum=k``, call ``backward`` once per micro-batch (scale each loss by 1/k) and
+    ``finish()`` after the last: only the last micro-batch communicates. Collective over group.
+    """
+
+    def __init__(self, module, group=None, *, bucket_mb=25, grad_accum=1, overlap=True,
+                 check_replicas=False):
+        owner = "DistributedDataParallel"
+        cpp = _as_cpp(module, owner)
+        group = _check_group(group, owner)
+        self._module = module
+        self._impl = _parallel.DistributedDataParallel(
+            cpp, group, _check_number(bucket_mb, owner, "bucket_mb"),
+            _check_int(grad_accum, owner, "grad_accum"), bool(overlap), bool(check_replicas))
+
+    @property
+    def module(self):
+        return self._module
+
+    def __call__(self, *args, **kwargs):
+        return self._module(*args, **kwargs)
+
+    forward = __call__
+
+    def backward(self, loss):
+        """Backward of one micro-batch's loss; its reductions launch as gradients are ready."""
+        self._impl.backward(loss)
+
+    def finish(self):
+        """After the last micro-batch: waits for the reductions (GIL released)."""
+        self._impl.finish()
+
+    def memory(self):
+        """This rank's parameter and gradient bytes (a TrainingMemory)."""
+        return self._impl.memory()
+
+    @property
+    def exposed_wait_seconds(self):
+        """Seconds the last finish() waited: reduction time backward did not hide."""
+        return self._impl.exposed_wait_seconds
+
+    def parameters(self):
+        return self._module.parameters()
+
+    def named_parameters(self, prefix=""):
+        return self._module.named_parameters(prefix)
+
+    def state_dict(self):
+        return self._module.state_dict()
+
+    def __repr__(self):
+        return f"DistributedDataParallel({self._module!r})"
+
+
+def _optimizer_spec(optimizer_class, kwargs, owner):
+    """The C++ optimizer ZeRO builds from a loom.optim class and its keyword arguments, and the
+    hyper-parameters loom.optim.Optimizer reports (param_groups, state_dict)."""
+    if optimizer_class is _optim.AdamW:
+        kind = "adamw"
+    elif optimizer_class is _optim.SGD:
+        kind = "sgd"
+    else:
+        name = getattr(optimizer_class, "__name__", type(optimizer_class).__name__)
+        raise TypeError(f"{owner}: optimizer_class must be loom.optim.AdamW or loom.optim.SGD, "
+                        f"got {name}")
+    try:
+        bound = _inspect.signature(optimizer_class.__init__).bind(None, None, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{owner}: {optimizer_class.__name__}: {e}") from None
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    args.pop("self")
+    args.pop("params")
+    spec = _parallel._OptimizerSpec()
+    spec.kind = kind
+    for key, value in args.items():
+        if key == "betas":
+            spec.beta1, spec.beta2 = (float(b) for b in value)
+        elif key == "nesterov":
+            spec.nesterov = bool(value)
+        else:
+            setattr(spec, key, _check_number(value, owner, key))
+    lr = args.pop("lr")
+    return spec, float(lr), args
+
+
+class ZeroRedundancyOptimizer(_optim.Optimizer):
+    """ZeRO: data parallelism over ``group`` (default: the world) that shards the training
+    state instead of replicating it, around a loom.optim.AdamW or loom.optim.SGD built in
+    C++ over this rank's shard (``optimizer_kwargs`` are that class's: lr, betas, eps,
+    weight_decay, momentum, ...; its defaults apply).
+
+    stage 1: optimizer state sharded; 2: and gradients; 3: and parameters (gathered around
+    each module's forward and backward: call the model, ``model(x)`` or ``model.loss``).
+    ``tp``: the model's tensor-parallel group (dp x tp), so clipping counts tp shards right.
+
+    Example::
+
+        model = loom.nn.GPT(config).init_parameters(seed=1337)
+        opt = loom.distributed.ZeroRedundancyOptimizer(model, stage=2, lr=1e-3)
+        opt.backward(model.loss(x_local, y_local))   # not loss.backward()
+        opt.clip_grad_norm_(1.0)                     # optional, the global norm
+        opt.step()                                   # then parameters are whole again
+        opt.zero_grad()
+
+    Pipelines (stage 1): ``external_backward=True`` takes the gradients the pipeline executor's
+    backwards left in the parameters (finish_gradients() reduces them); ``clip_grad_norm_`` then
+    also sums over ``pp``, counting only the parameter names in ``counted_in_norm`` (one copy of
+    each: not a tied or replicated second copy). See examples/train_gpt.py.
+
+    In stage 3 call ``gather_parameters()`` before reading the parameters outside a forward.
+    ``state_dict()`` is this rank's shard (load it on the same rank of a group of the same
+    size). Collective over group.
+    """
+
+    def __init__(self, module, group=None, *, optimizer_class=_optim.AdamW, stage=1, bucket_mb=25,
+                 grad_accum=1, overlap=True, check_replicas=False, tp=None,
+                 external_backward=False, pp=None, counted_in_norm=None, **optimizer_kwargs):
+        owner = "ZeroRedundancyOptimizer"
+        cpp = _as_cpp(module, owner)
+        group = _check_group(group, owner)
+        tp = _check_group(tp, owner, "tp")
+        pp = _check_group(pp, owner, "pp")
+        spec, _, hyper = _optimizer_spec(optimizer_class, optimizer_kwargs, owner)
+        impl = _parallel.ZeroOptimizer(
+            cpp, group, spec, _check_int(stage, owner, "stage"),
+            _check_number(bucket_mb, owner, "bucket_mb"),
+            _check_int(grad_accum, owner, "grad_accum"), bool(overlap),
+            bool(check_replicas), tp, bool(external_backward), pp,
+            None if counted_in_norm is None else sorted(counted_in_norm))
+        self._module = module
+        self.optimizer_class = optimizer_class
+        super().__init__(impl, hyper)
+
+    @property
+    def module(self):
+        return self._module
+
+    @property
+    def stage(self):
+        return self._impl.stage
+
+    def backward(self, loss):
+        """Backward of one micro-batch (scale its loss by 1/grad_accum yourself)."""
+        self._impl.backward(loss)
+
+    def finish_gradients(self):
+        """Waits for the step's gradient reductions (step() does it otherwise)."""
+        self._impl.finish_gradients()
+
+    def clip_grad_norm_(self, max_norm):
+        """Clips the global gradient norm (every shard counted once); returns the norm
+        before clipping."""
+        return self._impl.clip_grad_norm(_check_number(max_norm, "clip_grad_norm_",
+                                                       "max_norm"))
+
+    def gather_parameters(self):
+        """Stage 3: gathers every parameter whole until the next forward (a no-op in
+        stages 1 and 2). Collective."""
+        self._impl.gather_parameters()
+
+    def memory(self):
+        """This rank's parameter, gradient and optimizer-state bytes (a TrainingMemory)."""
+        return self._impl.memory()
+
+    @property
+    def exposed_wait_seconds(self):
+        return self._impl.exposed_wait_seconds
+
+    def __repr__(self):
+        return (f"ZeroRedundancyOptimizer(stage={self.stage}, "
+                f"{self.optimizer_class.__name__}, lr={self.lr})")
+
+
+
+def tp_clip_grad_norm_(module, max_norm, group):
+    """Clips the global gradient norm of a tensor-parallel module to max_norm, as
+    loom.nn.utils.clip_grad_norm_ does for the single-process module (a sharded parameter's
+    squares add over ``group``, a whole one counts once); returns the norm before clipping.
+    Collective over group (the tp group)."""
+    owner = "tp_clip_grad_norm_"
+    return _parallel.tp_clip_grad_norm(_as_cpp(module, owner),
+                                       _check_number(max_norm, owner, "max_norm"),
+                                       _check_group(group, owner, required=True))
+
+
+def gather_full_state(module, group):
+    """Every parameter of a tensor-parallel module at its single-process shape (dict name ->
+    Tensor, the same on every rank): the shards are all-gathered over ``group`` (the tp group).
+    A TensorParallelGPT's wte drops the rows tp padding added. Collective over group."""
+    owner = "gather_full_state"
+    return _parallel.gather_full_state(_as_cpp(module, owner),
+                                       _check_group(group, owner, required=True))
+
+
+def load_full_state(module, state_dict):
+    """Loads single-process parameters (dict name -> Tensor) into a tensor-parallel module:
+    each rank takes its slice of every sharded one. Missing or unexpected keys and wrong shapes
+    raise ValueError naming the parameter, before anything changes. Local (no communication)."""
+    owner = "load_full_state"
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"{owner}: state_dict must be a dict name -> Tensor, got "
+                        f"{type(state_dict).__name__}")
+    _parallel.load_full_state(_as_cpp(module, owner), state_dict)
+
+from loom.distributed import pipelining  # noqa: E402,F401  (loom.distributed.pipelining)
+from loom.distributed.embedding import (  # noqa: E402,F401
+    EmbeddingPlacement,
+    EmbeddingShard,
+    EmbeddingSharding,
+    ShardedEmbeddingBagCollection,
+    placements_for,
+)
+
+__all__ += ["pipelining", "ShardedEmbeddingBagCollection", "EmbeddingSharding",
+            "EmbeddingPlacement", "EmbeddingShard", "placements_for"]

@@ -22,11 +22,22 @@ from loom.nn.modules import (  # noqa: F401
     MLP,
 )
 
+from loom.nn.tensor_parallel import (  # noqa: F401
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelGPT,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
+
 set_dropout_seed = _loom.nn.set_dropout_seed
 set_dropout_step = _loom.nn.set_dropout_step
+set_dropout_batch_part = _loom.nn.set_dropout_batch_part
 
 __all__ = [
     "functional", "utils", "Module", "ModuleList", "Sequential", "Parameter", "Linear", "LayerNorm", "Embedding", "Dropout",
     "MLP", "CausalSelfAttention", "Block", "GPT", "GPTConfig", "EmbeddingBagCollection",
-    "set_dropout_seed", "set_dropout_step",
+    "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
+    "vocab_parallel_cross_entropy", "set_dropout_seed", "set_dropout_step",
+    "set_dropout_batch_part",
 ]

@@ -127,3 +127,10 @@ class EmbeddingBagCollection(Module):
 
 def set_dropout_seed(seed: int) -> None: ...
 def set_dropout_step(step: int) -> None: ...
+def set_dropout_batch_part(part: int = 0, parts: int = 1) -> None: ...
+
+from loom.nn.tensor_parallel import ColumnParallelLinear as ColumnParallelLinear
+from loom.nn.tensor_parallel import RowParallelLinear as RowParallelLinear
+from loom.nn.tensor_parallel import TensorParallelGPT as TensorParallelGPT
+from loom.nn.tensor_parallel import VocabParallelEmbedding as VocabParallelEmbedding
+from loom.nn.tensor_parallel import vocab_parallel_cross_entropy as vocab_parallel_cross_entropy

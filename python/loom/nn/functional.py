@@ -10,6 +10,7 @@ mean only; ``scaled_dot_product_attention`` is causal by default and takes no ma
 from loom._loom.functional import (  # noqa: F401
     binary_cross_entropy_with_logits,
     cross_entropy,
+    dot_interaction,
     dropout,
     embedding,
     gelu,
@@ -22,6 +23,6 @@ from loom._loom.functional import (  # noqa: F401
 )
 
 __all__ = [
-    "binary_cross_entropy_with_logits", "cross_entropy", "dropout", "embedding", "gelu",
-    "layer_norm", "linear", "relu", "scaled_dot_product_attention", "sigmoid", "softmax",
+    "binary_cross_entropy_with_logits", "cross_entropy", "dot_interaction", "dropout", "embedding",
+    "gelu", "layer_norm", "linear", "relu", "scaled_dot_product_attention", "sigmoid", "softmax",
 ]

@@ -1,4 +1,4 @@
-"""loom.nn.utils: clip_grad_norm_ (over loom::optim::clip_grad_norm)."""
+"""loom.nn.utils: gradient clipping (over loom::optim::clip_grad_norm and its two halves)."""
 
 from loom import _loom
 
@@ -17,3 +17,20 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
         parameters = [parameters]
     norm = _loom.optim.clip_grad_norm(list(parameters), float(max_norm))
     return _loom.tensor(norm)
+
+
+def grad_sum_of_squares(parameters):
+    """The sum of the squares of the parameters' gradients (a float): one rank's part of a
+    global gradient norm when parameters are spread over ranks (pipeline stages, tensor-parallel
+    shards). Add the parts over the ranks, take the root, then ``clip_grads_to_norm_``."""
+    if isinstance(parameters, _loom.Tensor):
+        parameters = [parameters]
+    return _loom.optim.grad_sum_of_squares(list(parameters))
+
+
+def clip_grads_to_norm_(parameters, norm, max_norm):
+    """Scales the gradients in place by max_norm / norm when ``norm`` (the global norm, computed
+    over every rank) exceeds ``max_norm``: clip_grad_norm_'s second half."""
+    if isinstance(parameters, _loom.Tensor):
+        parameters = [parameters]
+    _loom.optim.scale_grads_to_norm(list(parameters), float(norm), float(max_norm))

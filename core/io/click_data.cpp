@@ -1,11 +1,11 @@
-// The click data of Note [Hidden click model] (click_data.h), and the AUC helpers.
+// The click data of Note [Hidden click model] (core/io/click_data.h), and the AUC helpers.
 //
 // Draws: example e of a split takes Philox blocks (e << kBlockBits) + j of the split's stream, one
 // block per draw: j = 0 the label's uniform, then two dense normals per block, then one block per
 // table for the bag length, then one per possible lookup (table t, slot i < max_bag_size) for the
 // row. Every draw has a fixed block whatever the lengths drawn, and no example's draws depend on
 // another's.
-#include "dlrm/click_data.h"
+#include "core/io/click_data.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "kernels/cpu/philox.h"
 
-namespace loom::dlrm {
+namespace loom::io {
 
 namespace {
 
@@ -276,4 +276,4 @@ double bayes_auc(const std::vector<float>& p) {
   return concordant / (positive_total * negatives_below);
 }
 
-}  // namespace loom::dlrm
+}  // namespace loom::io

@@ -1,6 +1,6 @@
-// loom-dlrm's built-in data: synthetic click logs with a learnable signal whose best possible
-// accuracy and AUC are known, so a run can report "AUC X against a ceiling of Y" instead of a
-// number with nothing to compare it to. Nothing to download.
+// Synthetic click logs, loom-dlrm's built-in data (and loom.data's): a learnable signal whose
+// best possible accuracy and AUC are known, so a run can report "AUC X against a ceiling of Y"
+// instead of a number with nothing to compare it to. Nothing to download.
 //
 // Note [Hidden click model]
 // Every example is a pure function of (seed, split, example index), drawn with Philox
@@ -29,7 +29,7 @@
 
 #include "core/tensor.h"
 
-namespace loom::dlrm {
+namespace loom::io {
 
 struct ClickDataConfig {
   uint64_t seed = 1234;
@@ -114,4 +114,4 @@ double auc(const Tensor& scores, const Tensor& labels);
 double bayes_accuracy(const std::vector<float>& p);
 double bayes_auc(const std::vector<float>& p);
 
-}  // namespace loom::dlrm
+}  // namespace loom::io

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The cost of driving training from Python: examples/train_gpt.py against loom-gpt, same flags.
+
+Both train the benchmark GPT configuration (4 layers, dim 256, 4 heads, seq 128, batch 8, byte
+vocabulary 256, f32, AdamW; as benchmarks/gpt_vs_pytorch.py) on the same text for the same
+steps, one process each, alternating runs so that drift on a shared machine hits both alike. Step
+time is each run's median over the steps after --warmup; the overhead is the median over rounds
+of python / C++ - 1. The losses are compared too (they must be equal: same ops, same order).
+
+usage: python3 benchmarks/python_overhead.py [--steps 30] [--rounds 3] [--threads N]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def step_times(metrics, warmup):
+    rows = [json.loads(line) for line in open(metrics) if '"loss"' in line]
+    return [r["step_ms"] for r in rows[warmup:]], [r["loss"] for r in rows]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS (0: leave as is)")
+    p.add_argument("--loom-gpt", default=os.path.join(ROOT, "build", "bin", "loom-gpt"))
+    args = p.parse_args()
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", os.path.join(ROOT, "build", "python"))
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    flags = ["--layers", "4", "--dim", "256", "--heads", "4", "--seq", "128", "--batch", "8",
+             "--steps", str(args.steps), "--optimizer", "adamw", "--lr", "1e-3",
+             "--lr-schedule", "constant", "--warmup-steps", "0", "--grad-clip", "1.0"]
+    programs = {"loom-gpt": [args.loom_gpt],
+                "train_gpt.py": [sys.executable, os.path.join(ROOT, "examples", "train_gpt.py")]}
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "text.txt")
+        with open(text, "w") as f:  # byte-level data: any text; the repository's README
+            f.write(open(os.path.join(ROOT, "README.md")).read() * 4)
+        medians = {name: [] for name in programs}
+        losses = {}
+        for r in range(args.rounds):
+            for name, cmd in programs.items():
+                metrics = os.path.join(tmp, f"{r}.{name}.jsonl")
+                subprocess.run(cmd + flags + ["--data", text, "--metrics-file", metrics], env=env,
+                               check=True, stdout=subprocess.DEVNULL)
+                times, losses[name] = step_times(metrics, args.warmup)
+                medians[name].append(statistics.median(times))
+        ratios = [py / c for py, c in zip(medians["train_gpt.py"], medians["loom-gpt"])]
+    same = losses["loom-gpt"] == losses["train_gpt.py"]
+    print(f"config: layers 4 dim 256 heads 4 seq 128 batch 8 vocab 256, f32, AdamW, "
+          f"{args.steps} steps (median after {args.warmup}), {args.rounds} alternating rounds, "
+          f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}")
+    for name in programs:
+        print(f"{name:>13}: step {statistics.median(medians[name]):.2f} ms "
+              f"(rounds: {', '.join(f'{m:.2f}' for m in medians[name])})")
+    print(f"Python overhead: {100 * (statistics.median(ratios) - 1):+.2f}% "
+          f"(rounds: {', '.join(f'{100 * (x - 1):+.2f}%' for x in ratios)}); losses "
+          f"{'identical' if same else 'DIFFER'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""loom.distributed's DDP and ZeRO and loom.nn.TensorParallelGPT under mpirun (-np 2 or 4),
+against the single-process run every rank also computes itself (same seed, the whole global
+batch): the loss of every step and the parameters after 3 AdamW steps must agree within 1e-5
+(relative to the tensor's largest element, + 1e-7 absolute). Each rank takes an equal slice of the global batch and its mean loss, so the group
+average of the gradients is the gradient of the global mean.
+
+  DDP over the world, grad_accum 1 and 2 (and the averaged gradients of step 0)
+  ZeRO stages 1, 2, 3 over the world (and stage 2 with grad_accum 2), AdamW; stages 1, 3 SGD
+  TensorParallelGPT over a DeviceMesh(dp=size/2, tp=2), with and without sequence parallelism,
+  gradients clipped by tp_clip_grad_norm_ (the norm compared too), DDP over dp when dp > 1;
+  and with dp > 1, ZeRO stage 1 over dp with tp given (clip_grad_norm_ over dp x tp).
+
+Every rank prints what differed; the failure count is summed over ranks and every rank exits 1
+when it is not zero. Exits 77 (skip) without numpy or the module, or when not launched by mpirun.
+"""
+
+import sys
+
+try:
+    import numpy as np
+
+    import loom
+    import loom.distributed as dist
+except ImportError as e:  # the module is not built, or numpy is missing
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+if not dist.launched_by_mpi():
+    print("skipped: not launched by mpirun")
+    sys.exit(77)
+
+CONFIG = dict(max_seq_len=8, vocab=60, padded_vocab=64, layers=2, heads=2, channels=32)
+B, T, STEPS, SEED = 8, 8, 3, 1337
+# Adam's update g / (|g| + eps) is ill-conditioned where |g| is small: a gradient summed in
+# another order (over ranks, then within) moves such an element by up to ~lr / 100. lr 1e-4 keeps
+# that well inside the tolerance while each step still moves parameters by ~1e-4, 200x it. eps
+# 1e-6: the key bias's gradient is zero in exact arithmetic (softmax ignores a shift of every
+# score), rounding noise of ~1e-12 that eps 1e-8 would blow up to updates of lr / 100. Adam cannot
+# see a gradient's scale, so the DDP runs also compare the averaged gradients of step 0, and ZeRO
+# also runs with SGD.
+ADAMW = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
+SGD = dict(lr=0.1, momentum=0.9)
+CLIP = 0.5
+RTOL = 1e-5  # relative to the tensor's largest element
+ATOL = 1e-7  # for tensors near zero (the key bias)
+worst = [0.0, ""]  # the largest error / tolerance seen, printed by rank 0
+
+comm = dist.init_process_group()
+rank, size = comm.rank, comm.size
+failures = []
+
+
+def batch(step):
+    rng = np.random.default_rng(100 + step)
+    idx = rng.integers(0, CONFIG["vocab"], size=(B, T)).astype(np.int64)
+    targets = rng.integers(0, CONFIG["vocab"], size=(B, T)).astype(np.int64)
+    return idx, targets
+
+
+def t64(a):
+    return loom.tensor(np.ascontiguousarray(a), dtype=loom.int64)
+
+
+def arr(t):
+    return np.asarray(t.detach() if isinstance(t, loom.Tensor) else t).astype(np.float64)
+
+
+def gpt():
+    return loom.nn.GPT(loom.nn.GPTConfig(**CONFIG), seed=SEED)
+
+
+def group_mean(value, group):
+    t = loom.tensor([float(value)])
+    group.allreduce(t, op="avg")
+    return float(arr(t)[0])
+
+
+def check_close(what, got, want):
+    got, want = float(got), float(want)
+    if abs(got - want) > RTOL * max(abs(want), 1e-30):
+        failures.append(f"{what}: got {got!r}, want {want!r}")
+
+
+def check_params(what, got, want):
+    if sorted(got) != sorted(want):
+        failures.append(f"{what}: names differ: {sorted(set(got) ^ set(want))}")
+        return
+    for name in want:
+        g, w = arr(got[name]), arr(want[name])
+        if g.shape != w.shape:
+            failures.append(f"{what}: {name}: shape {g.shape}, want {w.shape}")
+            continue
+        diff, scale = float(np.max(np.abs(g - w))), float(np.max(np.abs(w)))
+        tol = RTOL * scale + ATOL
+        if diff / tol > worst[0]:
+            worst[:] = [diff / tol, f"{what}: {name}"]
+        if diff > tol:
+            failures.append(f"{what}: {name}: max abs difference {diff:.3g} > {tol:.3g} "
+                            f"(1e-5 x largest element {scale:.3g}, + {ATOL})")
+
+
+def reference(clip, sgd=False):
+    """The single-process run on the whole global batch: losses, norms, final parameters, and
+    the gradients of step 0."""
+    model = gpt()
+    opt = (loom.optim.SGD(model.parameters(), **SGD) if sgd
+           else loom.optim.AdamW(model.parameters(), **ADAMW))
+    losses, norms = [], []
+    for step in range(STEPS):
+        idx, targets = batch(step)
+        loss = model.loss(t64(idx), t64(targets))
+        loss.backward()
+        if step == 0:
+            grads0 = {n: arr(p.grad).copy() for n, p in model.named_parameters()}
+        if clip:
+            norms.append(loom.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, norms, dict(model.named_parameters()), grads0
+
+
+def slices(rows, part, parts, accum):
+    """This part's equal slice of the global batch rows, cut into accum micro-batches."""
+    n = rows.shape[0] // parts
+    mine = rows[part * n:(part + 1) * n]
+    m = n // accum
+    return [mine[j * m:(j + 1) * m] for j in range(accum)]
+
+
+def run_ddp(accum):
+    model = gpt()
+    ddp = dist.DistributedDataParallel(model, grad_accum=accum, bucket_mb=0.02)
+    opt = loom.optim.AdamW(model.parameters(), **ADAMW)
+    losses = []
+    for step in range(STEPS):
+        idx, targets = batch(step)
+        local = 0.0
+        for x, y in zip(slices(idx, rank, size, accum), slices(targets, rank, size, accum)):
+            loss = ddp.module.loss(t64(x), t64(y))
+            ddp.backward(loss * (1.0 / accum))
+            local += loss.item() / accum
+        ddp.finish()
+        if step == 0:
+            grads0 = {n: arr(p.grad).copy() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        losses.append(group_mean(local, comm))
+    return losses, dict(model.named_parameters()), grads0
+
+
+def run_zero(stage, accum, sgd=False):
+    model = gpt()
+    if sgd:
+        opt = dist.ZeroRedundancyOptimizer(model, optimizer_class=loom.optim.SGD, stage=stage,
+                                           grad_accum=accum, bucket_mb=0.02, **SGD)
+    else:
+        opt = dist.ZeroRedundancyOptimizer(model, stage=stage, grad_accum=accum, bucket_mb=0.02,
+                                           **ADAMW)
+    losses = []
+    for step in range(STEPS):
+        idx, targets = batch(step)
+        local = 0.0
+        for x, y in zip(slices(idx, rank, size, accum), slices(targets, rank, size, accum)):
+            loss = model.loss(t64(x), t64(y))
+            opt.backward(loss * (1.0 / accum))
+            local += loss.item() / accum
+        opt.step()
+        opt.zero_grad()
+        losses.append(group_mean(local, comm))
+    opt.gather_parameters()
+    return losses, dict(model.named_parameters())
+
+
+def run_tp(sequence_parallel, zero):
+    """TensorParallelGPT over tp=2, data parallel over the rest (DDP, or ZeRO stage 1)."""
+    mesh = dist.DeviceMesh(tp=2)
+    tp, dp = mesh.tp_group, mesh.dp_group
+    model = loom.nn.TensorParallelGPT(loom.nn.GPTConfig(**CONFIG), tp, seed=SEED,
+                                      sequence_parallel=sequence_parallel)
+    if zero:
+        opt = dist.ZeroRedundancyOptimizer(model, dp, stage=1, tp=tp, bucket_mb=0.02, **ADAMW)
+        ddp = None
+    else:
+        opt = loom.optim.AdamW(model.parameters(), **ADAMW)
+        ddp = dist.DistributedDataParallel(model, dp) if dp.size > 1 else None
+    losses, norms = [], []
+    for step in range(STEPS):
+        idx, targets = batch(step)
+        (x,), (y,) = slices(idx, dp.rank, dp.size, 1), slices(targets, dp.rank, dp.size, 1)
+        loss = model.loss(t64(x), t64(y))
+        if zero:
+            opt.backward(loss)
+            opt.finish_gradients()
+            norms.append(opt.clip_grad_norm_(CLIP))
+        else:
+            if ddp:
+                ddp.backward(loss)
+                ddp.finish()
+            else:
+                loss.backward()
+            norms.append(dist.tp_clip_grad_norm_(model, CLIP, tp))
+        opt.step()
+        opt.zero_grad()
+        losses.append(group_mean(loss.item(), dp))
+    if zero:
+        opt.gather_parameters()
+    full = dist.gather_full_state(model, tp)
+    # The whole logits on every rank equal the single-process forward (after the steps).
+    idx, _ = batch(0)
+    logits = model.logits(t64(idx[:2]))
+    return losses, norms, full, logits
+
+
+def compare(what, losses, want_losses, got_params, want_params):
+    for step, (g, w) in enumerate(zip(losses, want_losses)):
+        check_close(f"{what}: loss of step {step}", g, w)
+    check_params(f"{what}: parameters after {STEPS} steps", got_params, want_params)
+
+
+want_losses, _, want_params, want_grads0 = reference(clip=False)
+clip_losses, clip_norms, clip_params, _ = reference(clip=True)
+sgd_losses, _, sgd_params, _ = reference(clip=False, sgd=True)
+
+for accum in (1, 2):
+    losses, got, grads0 = run_ddp(accum)
+    compare(f"DDP grad_accum {accum}", losses, want_losses, got, want_params)
+    check_params(f"DDP grad_accum {accum}: gradients of step 0", grads0, want_grads0)
+
+for stage, accum in ((1, 1), (2, 1), (3, 1), (2, 2)):
+    losses, got = run_zero(stage, accum)
+    compare(f"ZeRO stage {stage} grad_accum {accum}", losses, want_losses, got, want_params)
+for stage in (1, 3):
+    losses, got = run_zero(stage, 1, sgd=True)
+    compare(f"ZeRO stage {stage} SGD", losses, sgd_losses, got, sgd_params)
+
+ref_model = gpt()
+ref_model.load_state_dict({k: v.detach() for k, v in clip_params.items()})
+variants = [(False, False), (True, False)] + ([(False, True)] if size >= 4 else [])
+for sequence_parallel, zero in variants:
+    what = (f"TensorParallelGPT dp {size // 2} x tp 2"
+            f"{' sequence-parallel' if sequence_parallel else ''}{' ZeRO-1' if zero else ''}")
+    losses, norms, full, logits = run_tp(sequence_parallel, zero)
+    compare(what, losses, clip_losses, full, clip_params)
+    for step, (g, w) in enumerate(zip(norms, clip_norms)):
+        check_close(f"{what}: gradient norm of step {step}", g, w)
+    idx, _ = batch(0)
+    check_params(f"{what}: logits", {"logits": logits}, {"logits": ref_model(t64(idx[:2]))})
+
+for f in failures:
+    print(f"rank {rank}: {f}", file=sys.stderr)
+count = loom.tensor([float(len(failures))])
+comm.allreduce(count, op="sum")
+total = int(arr(count)[0])
+if rank == 0:
+    print(f"mpi_parallel_check: {size} ranks, {total} mismatches; closest to its tolerance: "
+          f"{worst[1]} at {worst[0]:.3f} of it")
+sys.exit(1 if total else 0)
