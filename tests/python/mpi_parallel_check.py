@@ -6,6 +6,7 @@ average of the gradients is the gradient of the global mean.
 
   DDP over the world, grad_accum 1 and 2 (and the averaged gradients of step 0)
   ZeRO stages 1, 2, 3 over the world (and stage 2 with grad_accum 2), AdamW; stages 1, 3 SGD
+  a GPT written in Python (ModuleList of Python blocks) in DDP (grad_accum 2) and ZeRO 1, 2, 3
   TensorParallelGPT over a DeviceMesh(dp=size/2, tp=2), with and without sequence parallelism,
   gradients clipped by tp_clip_grad_norm_ (the norm compared too), DDP over dp when dp > 1;
   and with dp > 1, ZeRO stage 1 over dp with tp given (clip_grad_norm_ over dp x tp).
@@ -21,6 +22,7 @@ try:
 
     import loom
     import loom.distributed as dist
+    import loom.nn.functional as F
 except ImportError as e:  # the module is not built, or numpy is missing
     print(f"skipped: {e}")
     sys.exit(77)
@@ -69,6 +71,51 @@ def gpt():
     return loom.nn.GPT(loom.nn.GPTConfig(**CONFIG), seed=SEED)
 
 
+class PyBlock(loom.nn.Module):
+    """A pre-LayerNorm block written in Python over built-in children, with a Python parameter."""
+
+    def __init__(self, c, heads):
+        super().__init__()
+        self.ln1 = loom.nn.LayerNorm(c)
+        self.attn = loom.nn.CausalSelfAttention(c, heads)
+        self.ln2 = loom.nn.LayerNorm(c)
+        self.mlp = loom.nn.MLP(c)
+        self.gain = loom.nn.Parameter(loom.full([c], 1.5))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x)) * self.gain
+
+
+class PyGPT(loom.nn.Module):
+    """A GPT defined in Python (tied output head): a ModuleList of Python blocks, so ZeRO-3
+    gathers and releases each block around its Python forward."""
+
+    def __init__(self):
+        super().__init__()
+        c = CONFIG["channels"]
+        self.wte = loom.nn.Embedding(CONFIG["padded_vocab"], c)
+        self.wpe = loom.nn.Embedding(CONFIG["max_seq_len"], c)
+        self.blocks = loom.nn.ModuleList(
+            [PyBlock(c, CONFIG["heads"]) for _ in range(CONFIG["layers"])])
+        self.ln_f = loom.nn.LayerNorm(c)
+
+    def forward(self, idx):
+        pos = loom.arange(idx.shape[1], dtype=loom.int64)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+    def loss(self, idx, targets):
+        logits = self(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def py_gpt():
+    return PyGPT().init_parameters(seed=SEED)
+
+
 def group_mean(value, group):
     t = loom.tensor([float(value)])
     group.allreduce(t, op="avg")
@@ -99,10 +146,10 @@ def check_params(what, got, want):
                             f"(1e-5 x largest element {scale:.3g}, + {ATOL})")
 
 
-def reference(clip, sgd=False):
+def reference(clip, sgd=False, make=None):
     """The single-process run on the whole global batch: losses, norms, final parameters, and
     the gradients of step 0."""
-    model = gpt()
+    model = (make or gpt)()
     opt = (loom.optim.SGD(model.parameters(), **SGD) if sgd
            else loom.optim.AdamW(model.parameters(), **ADAMW))
     losses, norms = [], []
@@ -128,8 +175,8 @@ def slices(rows, part, parts, accum):
     return [mine[j * m:(j + 1) * m] for j in range(accum)]
 
 
-def run_ddp(accum):
-    model = gpt()
+def run_ddp(accum, make=None):
+    model = (make or gpt)()
     ddp = dist.DistributedDataParallel(model, grad_accum=accum, bucket_mb=0.02)
     opt = loom.optim.AdamW(model.parameters(), **ADAMW)
     losses = []
@@ -149,14 +196,17 @@ def run_ddp(accum):
     return losses, dict(model.named_parameters()), grads0
 
 
-def run_zero(stage, accum, sgd=False):
-    model = gpt()
+def run_zero(stage, accum, sgd=False, make=None):
+    model = (make or gpt)()
     if sgd:
         opt = dist.ZeroRedundancyOptimizer(model, optimizer_class=loom.optim.SGD, stage=stage,
                                            grad_accum=accum, bucket_mb=0.02, **SGD)
     else:
         opt = dist.ZeroRedundancyOptimizer(model, stage=stage, grad_accum=accum, bucket_mb=0.02,
                                            **ADAMW)
+    if stage == 3 and isinstance(model, PyGPT) and not all(
+            b._cpp_module().has_forward_hooks for b in model.blocks):
+        failures.append("ZeRO-3 did not hook the Python blocks (its units)")
     losses = []
     for step in range(STEPS):
         idx, targets = batch(step)
@@ -233,6 +283,16 @@ for stage, accum in ((1, 1), (2, 1), (3, 1), (2, 2)):
 for stage in (1, 3):
     losses, got = run_zero(stage, 1, sgd=True)
     compare(f"ZeRO stage {stage} SGD", losses, sgd_losses, got, sgd_params)
+
+# A model written in Python (Python forward, Python parameters, a ModuleList of Python blocks)
+# inside DDP and ZeRO 1-3.
+py_losses, _, py_params, py_grads0 = reference(clip=False, make=py_gpt)
+losses, got, grads0 = run_ddp(2, make=py_gpt)
+compare("Python-defined GPT in DDP grad_accum 2", losses, py_losses, got, py_params)
+check_params("Python-defined GPT in DDP: gradients of step 0", grads0, py_grads0)
+for stage in (1, 2, 3):
+    losses, got = run_zero(stage, 1, make=py_gpt)
+    compare(f"Python-defined GPT in ZeRO stage {stage}", losses, py_losses, got, py_params)
 
 ref_model = gpt()
 ref_model.load_state_dict({k: v.detach() for k, v in clip_params.items()})

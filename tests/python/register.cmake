@@ -8,7 +8,7 @@ if(Python3_Interpreter_FOUND AND TARGET loom-gpt)
     # The Python module's own tests (test_binding_*.py) are the python_binding entry below.
     add_test(NAME python_tests
              COMMAND ${Python3_EXECUTABLE} -m pytest -q ${CMAKE_CURRENT_SOURCE_DIR}/python
-                     --ignore-glob=*/test_binding_*.py
+                     --ignore-glob=*/test_binding_*.py --ignore-glob=*/test_train_*.py
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(python_tests PROPERTIES LABELS python
                          ENVIRONMENT "LOOM_GPT=$<TARGET_FILE:loom-gpt>;OMP_NUM_THREADS=1")
@@ -40,13 +40,14 @@ endif()
 if(loom_binding_skip)
   foreach(name python_binding python_binding_install python_binding_mpi
                python_parallel_mpi_np2 python_parallel_mpi_np4 python_pipeline_mpi_np2
-               python_pipeline_mpi_np4 python_train_gpt python_train_gpt_mpi)
+               python_pipeline_mpi_np4 python_train_gpt python_train_gpt_mpi python_train_dlrm
+               python_train_dlrm_mpi)
     add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${loom_binding_skip}'; exit 77")
     set_tests_properties(${name} PROPERTIES LABELS python SKIP_RETURN_CODE 77)
   endforeach()
   set_tests_properties(python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
                        python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi
-                       PROPERTIES LABELS "python;mpi")
+                       python_train_dlrm_mpi PROPERTIES LABELS "python;mpi")
 else()
   file(GLOB loom_binding_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_binding_*.py)
   add_test(NAME python_binding
@@ -66,7 +67,21 @@ else()
                    $<TARGET_FILE:loom-gpt>)
   set_tests_properties(python_train_gpt PROPERTIES LABELS python TIMEOUT 300
                        ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;OMP_NUM_THREADS=1")
+  # examples/train_dlrm.py against loom-dlrm (one process; under mpirun in the entry below).
+  add_test(NAME python_train_dlrm
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_train_dlrm.py
+                   -k "not under_mpirun")
+  set_tests_properties(python_train_dlrm PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT
+                       "PYTHONPATH=${CMAKE_BINARY_DIR}/python;LOOM_DLRM=$<TARGET_FILE:loom-dlrm>")
   if(LOOM_MPI_ENABLED)
+    string(REPLACE ";" " " loom_mpirun "${MPIEXEC_EXECUTABLE};${LOOM_MPIRUN_FLAGS}")
+    add_test(NAME python_train_dlrm_mpi
+             COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                     ${CMAKE_CURRENT_SOURCE_DIR}/python/test_train_dlrm.py -k under_mpirun)
+    set_tests_properties(python_train_dlrm_mpi PROPERTIES LABELS "python;mpi" TIMEOUT 600
+                         ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python;\
+LOOM_DLRM=$<TARGET_FILE:loom-dlrm>;LOOM_MPIRUN=${loom_mpirun}")
     # Python scripts under mpirun: mesh/DDP/ZeRO/tensor parallelism and pipelines against the
     # single-process run each rank computes itself.
     foreach(area parallel pipeline)
@@ -91,7 +106,8 @@ else()
                          ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
   else()
     foreach(name python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
-                 python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi)
+                 python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi
+                 python_train_dlrm_mpi)
       add_test(NAME ${name}
                COMMAND sh -c "echo 'skipped: loom is built without MPI (LOOM_WITH_MPI)'; exit 77")
       set_tests_properties(${name} PROPERTIES LABELS "python;mpi" SKIP_RETURN_CODE 77)

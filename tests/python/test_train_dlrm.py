@@ -71,3 +71,26 @@ def test_train_dlrm_matches_loom_dlrm(flags, tmp_path):
     # The same banner (the data and its ceiling) and the final figures.
     assert cpp_out.splitlines()[0] == py_out.splitlines()[0]
     assert "final: accuracy" in py_out
+
+
+@pytest.mark.parametrize("sharding", ["table", "row", "column", "data", "auto"])
+def test_train_dlrm_under_mpirun_matches_loom_dlrm(sharding, tmp_path):
+    """Both programs under `mpirun -np 2` ($LOOM_MPIRUN: the launcher and its flags; skipped
+    without it): tables sharded by --sharding, the MLPs in DistributedDataParallel."""
+    launcher = os.environ.get("LOOM_MPIRUN", "").split()
+    if not launcher:
+        pytest.skip("LOOM_MPIRUN is not set (the ctest entry python_train_dlrm_mpi sets it)")
+    binary = _loom_dlrm()
+    env = _python_env()
+    flags = ["--steps", "6", "--batch", "64", "--eval-every", "0", "--eval-batches", "2",
+             "--sharding", sharding]
+    prefix = launcher[:1] + ["-np", "2"] + launcher[1:]
+    cpp_steps, cpp_evals, _ = _metrics(prefix + [binary] + flags, env,
+                                       str(tmp_path / "cpp.jsonl"))
+    py_steps, py_evals, _ = _metrics(prefix + [sys.executable, SCRIPT] + flags, env,
+                                     str(tmp_path / "py.jsonl"))
+    assert len(cpp_steps) == len(py_steps) == 6
+    for step, (c, p) in enumerate(zip(cpp_steps, py_steps), 1):
+        assert abs(c - p) <= 1e-5, f"{sharding}: step {step}: loom-dlrm {c}, train_dlrm.py {p}"
+    assert len(cpp_evals) == len(py_evals) == 1
+    assert abs(cpp_evals[0]["auc"] - py_evals[0]["auc"]) <= 1e-5
