@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "kernels/cpu/aligned_buffer.h"
 #include "kernels/cpu/eigen.h"
 
 namespace loom::kernels::cpu {
@@ -41,7 +42,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   const float scale = d > 0 ? 1.0f / std::sqrt(float(d)) : 1.0f;
 #pragma omp parallel if (bh > 1)
   {
-    std::vector<float> scores(size_t(std::min(kBlockRows, t) * t));
+    AlignedVector<float> scores(size_t(std::min(kBlockRows, t) * t));  // Note [Aligned scratch]
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < bh; ++i) {
       const int64_t base = i * t * d;
@@ -75,7 +76,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
 #pragma omp parallel if (bh > 1)
   {
     const size_t block = size_t(std::min(kBlockRows, t) * t);
-    std::vector<float> probs(block), dprobs(block);
+    AlignedVector<float> probs(block), dprobs(block);  // Note [Aligned scratch]
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < bh; ++i) {
       const int64_t base = i * t * d;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "kernels/cpu/aligned_buffer.h"
 #include "kernels/cpu/eigen.h"
 
 namespace loom::kernels::cpu {
@@ -53,8 +54,9 @@ void layer_norm_backward(const float* x, const float* weight, const float* mean,
   const bool params = dweight || dbias;
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
   // Per chunk: cols partial sums of dy * xhat, then cols of dy.
-  std::vector<float> partial(params ? size_t(chunks * 2 * cols) : 0, 0.0f);
-  std::vector<float> ones(weight ? 0 : size_t(cols), 1.0f);
+  AlignedVector<float> partial(params ? size_t(chunks * 2 * cols) : 0,
+                               0.0f);  // Note [Aligned scratch]
+  AlignedVector<float> ones(weight ? 0 : size_t(cols), 1.0f);
   ConstRow w(weight ? weight : ones.data(), cols);
   const float inv_cols = 1.0f / float(cols);
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
