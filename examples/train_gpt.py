@@ -205,6 +205,10 @@ class DataParallelStep:
                 self.ddp.backward(weighted)
             else:
                 weighted.backward()
+            # The loss holds this micro-batch's autograd graph and its saved activations: drop
+            # it now, not when the next forward rebinds the name (that would keep two steps'
+            # activations alive at once; C++ frees them at the end of the loop body).
+            del loss, weighted
         if self.ddp is not None:
             self.ddp.finish()
         elif self.zero is not None:

@@ -27,7 +27,6 @@
 
 #include "bindings.h"
 #include "collectives/communicator.h"
-#include "core/nn/dropout.h"
 #include "core/nn/gpt_config.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/generators.h"
