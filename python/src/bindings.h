@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 
 #include "core/tensor.h"
+#include "optimizer/adamw.h"
+#include "optimizer/sgd.h"
 
 namespace loom::python {
 
@@ -31,5 +33,12 @@ DType dtype_arg(py::handle obj);
 py::object dtype_object(DType dtype);
 // True for a Python float or int (bool included): an operand that becomes a 0-d tensor.
 bool is_scalar(py::handle obj);
+
+// The options of loom.optim.SGD / AdamW from their Python arguments (optim.cpp), shared with the
+// optimizers ZeroRedundancyOptimizer builds over its shards (parallel.cpp).
+optim::SgdOptions sgd_options(double lr, double momentum, double dampening, double weight_decay,
+                              bool nesterov);
+optim::AdamWOptions adamw_options(double lr, double beta1, double beta2, double eps,
+                                  double weight_decay);
 
 }  // namespace loom::python

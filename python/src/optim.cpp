@@ -32,6 +32,28 @@ std::vector<Tensor> tensor_list(py::iterable params, const char* what) {
 
 }  // namespace
 
+optim::SgdOptions sgd_options(double lr, double momentum, double dampening, double weight_decay,
+                              bool nesterov) {
+  optim::SgdOptions o;
+  o.lr = lr;
+  o.momentum = momentum;
+  o.dampening = dampening;
+  o.weight_decay = weight_decay;
+  o.nesterov = nesterov;
+  return o;
+}
+
+optim::AdamWOptions adamw_options(double lr, double beta1, double beta2, double eps,
+                                  double weight_decay) {
+  optim::AdamWOptions o;
+  o.lr = lr;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  return o;
+}
+
 void init_optim(py::module_& m) {
   py::module_ o = m.def_submodule("optim", "loom's optimizers (import loom.optim instead)");
 
@@ -49,13 +71,9 @@ void init_optim(py::module_& m) {
   py::class_<optim::SGD, optim::Optimizer, std::shared_ptr<optim::SGD>>(o, "SGD").def(
       py::init([](py::iterable params, double lr, double momentum, double dampening,
                   double weight_decay, bool nesterov) {
-        optim::SgdOptions opt;
-        opt.lr = lr;
-        opt.momentum = momentum;
-        opt.dampening = dampening;
-        opt.weight_decay = weight_decay;
-        opt.nesterov = nesterov;
-        return std::make_shared<optim::SGD>(tensor_list(params, "SGD"), opt);
+        return std::make_shared<optim::SGD>(
+            tensor_list(params, "SGD"),
+            sgd_options(lr, momentum, dampening, weight_decay, nesterov));
       }),
       py::arg("params"), py::arg("lr"), py::arg("momentum") = 0.0, py::arg("dampening") = 0.0,
       py::arg("weight_decay") = 0.0, py::arg("nesterov") = false);
@@ -63,13 +81,8 @@ void init_optim(py::module_& m) {
   py::class_<optim::AdamW, optim::Optimizer, std::shared_ptr<optim::AdamW>>(o, "AdamW")
       .def(py::init([](py::iterable params, double lr, double beta1, double beta2, double eps,
                        double weight_decay) {
-             optim::AdamWOptions opt;
-             opt.lr = lr;
-             opt.beta1 = beta1;
-             opt.beta2 = beta2;
-             opt.eps = eps;
-             opt.weight_decay = weight_decay;
-             return std::make_shared<optim::AdamW>(tensor_list(params, "AdamW"), opt);
+             return std::make_shared<optim::AdamW>(
+                 tensor_list(params, "AdamW"), adamw_options(lr, beta1, beta2, eps, weight_decay));
            }),
            py::arg("params"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
            py::arg("weight_decay"))

@@ -75,23 +75,14 @@ struct OptimizerSpec {
 
 optim::OptimizerFactory optimizer_factory(const OptimizerSpec& s) {
   if (s.kind == "sgd") {
-    optim::SgdOptions o;
-    o.lr = s.lr;
-    o.momentum = s.momentum;
-    o.dampening = s.dampening;
-    o.weight_decay = s.weight_decay;
-    o.nesterov = s.nesterov;
+    const optim::SgdOptions o =
+        sgd_options(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov);
     return [o](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
       return std::make_unique<optim::SGD>(std::move(params), o);
     };
   }
   if (s.kind == "adamw") {
-    optim::AdamWOptions o;
-    o.lr = s.lr;
-    o.beta1 = s.beta1;
-    o.beta2 = s.beta2;
-    o.eps = s.eps;
-    o.weight_decay = s.weight_decay;
+    const optim::AdamWOptions o = adamw_options(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay);
     return [o](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
       return std::make_unique<optim::AdamW>(std::move(params), o);
     };
