@@ -16,7 +16,7 @@ namespace {
 using detail::F32x16;
 using detail::resolve_row;
 
-constexpr int kTileVectors = 8;  // 128 columns summed per pass over a bag's rows
+constexpr int kTileVectors = 8;         // 128 columns summed per pass over a bag's rows
 constexpr int64_t kPrefetchAhead = 32;  // lookups ahead whose rows are prefetched
 
 // Note [Embedding prefetch level]
