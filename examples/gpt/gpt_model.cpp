@@ -35,8 +35,7 @@ Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
 
 Tensor GptModel::logits(const Tensor& idx) const {
   if (gpt_) return (*gpt_)(idx.to(device_));
-  Tensor whole = parallel::gather_from_tp((*tp_gpt_)(idx.to(device_)), tp_, -1);
-  return whole.narrow(-1, 0, config_.padded_vocab);
+  return tp_gpt_->full_logits(idx.to(device_));
 }
 
 void GptModel::load(const io::GptParams& params) {

@@ -123,6 +123,23 @@ Tensor TpGPT::forward(const Tensor& idx) {
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, rows/tp]
 }
 
+Tensor TpGPT::full_logits(const Tensor& idx) {
+  LOOM_CHECK(idx.defined() && idx.dim() == 2, "TpGPT: idx must be token ids [B, T], got ",
+             idx.defined() ? shape_str(idx.shape()) : "undefined");
+  const int64_t t = idx.size(1), parts = tp_->size();
+  Tensor in = idx;
+  if (options_.sequence_parallel && t % parts != 0) {
+    const int64_t padded = (t + parts - 1) / parts * parts;
+    LOOM_CHECK(padded <= config_.max_seq_len, "TpGPT (sequence parallel): sequence length ", t,
+               " does not divide over tp ", parts, " and padding it to ", padded,
+               " exceeds max_seq_len ", config_.max_seq_len);
+    in = Tensor::zeros({idx.size(0), padded}, idx.dtype(), idx.device());
+    in.narrow(1, 0, t).copy_(idx);
+  }
+  Tensor whole = gather_from_tp((*this)(in), tp_, -1).narrow(-1, 0, config_.padded_vocab);
+  return in.size(1) == t ? whole : whole.narrow(1, 0, t);
+}
+
 Tensor TpGPT::loss(const Tensor& idx, const Tensor& targets) {
   LOOM_CHECK(targets.defined() && idx.defined() && targets.shape() == idx.shape(),
              "TpGPT::loss: targets ", targets.defined() ? shape_str(targets.shape()) : "undefined",

@@ -92,6 +92,12 @@ class TpGPT : public nn::Module {
 
   // idx [B, T] -> this rank's vocabulary columns of the logits, [B, T, wte_rows / tp].
   Tensor forward(const Tensor& idx) override;
+  // The whole logits [B, T, padded_vocab] on every tp rank (the columns gathered, tp's padding
+  // rows dropped): what the single-process GPT returns, for evaluation. Collective over tp. With
+  // sequence parallelism a T that tp does not divide (an evaluation row shorter than training's)
+  // is padded on the right and cut back: the model is causal, so padding after the last token
+  // leaves every real position's logits as they are.
+  Tensor full_logits(const Tensor& idx);
   // The single-process GPT::loss: mean cross-entropy over the first `vocab` columns, without
   // gathering the logits. The same scalar on every tp rank.
   Tensor loss(const Tensor& idx, const Tensor& targets);

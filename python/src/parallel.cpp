@@ -291,14 +291,6 @@ void init_zero(py::module_& p) {
                              [](const ZeroOptimizer& z) { return std::string(z.inner().name()); });
 }
 
-// TpGPT and its tp group (TpGPT keeps it private; logits() needs it for the gather).
-class PyTpGPT : public parallel::TpGPT {
- public:
-  PyTpGPT(const GptConfig& config, GroupPtr tp, const parallel::TpGptOptions& options)
-      : TpGPT(config, tp, options), group(tp) {}
-  GroupPtr group;
-};
-
 void init_tensor_parallel(py::module_& p) {
   using parallel::ColumnParallelLinear;
   using parallel::RowParallelLinear;
@@ -362,20 +354,14 @@ void init_tensor_parallel(py::module_& p) {
                  parallel::TpGptOptions o;
                  o.dropout = dropout;
                  o.sequence_parallel = sequence_parallel;
-                 return std::shared_ptr<TpGPT>(std::make_shared<PyTpGPT>(
+                 return std::shared_ptr<TpGPT>(std::make_shared<TpGPT>(
                      config, required_group(std::move(tp), "TensorParallelGPT"), o));
                }),
            py::arg("config"), py::arg("group"), py::arg("dropout") = 0.0,
            py::arg("sequence_parallel") = false)
       .def("loss", &TpGPT::loss, py::arg("idx"), py::arg("targets"), Release())
       .def(
-          "logits",
-          [](TpGPT& self, const Tensor& idx) {
-            // As loom-gpt's GptModel::logits: gather the vocabulary columns, drop tp's padding.
-            GroupPtr tp = dynamic_cast<PyTpGPT&>(self).group;
-            Tensor whole = parallel::gather_from_tp(self(idx), tp, -1);
-            return whole.narrow(-1, 0, self.config().padded_vocab);
-          },
+          "logits", [](TpGPT& self, const Tensor& idx) { return self.full_logits(idx); },
           py::arg("idx"), Release())
       .def_property_readonly("config", &TpGPT::config)
       .def_property_readonly("wte_rows", &TpGPT::wte_rows);

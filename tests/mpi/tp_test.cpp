@@ -374,6 +374,34 @@ TEST(TensorParallel, LoadsAndGathersSingleProcessWeights) {
   }
 }
 
+TEST(TensorParallel, FullLogitsAreTheSingleProcessOnesForAnySequenceLength) {
+  // Evaluation rows need not be training's length (the addition task's held-out rows are 11 of
+  // 13): with sequence parallelism full_logits pads a T that tp does not divide and cuts back.
+  auto world = comm::world();
+  if (!world_fits(world->size()))
+    GTEST_SKIP() << "tp " << world->size() << " does not divide 4 heads";
+  nn::GPT single(tp_config());
+  single.init_parameters(kSeed + 2);
+  single.eval();
+  for (bool sequence_parallel : {false, true}) {
+    TpGPT model(tp_config(), world, TpGptOptions{0.0, sequence_parallel});
+    load_full_state(model, single.state_dict());
+    model.eval();
+    for (int64_t t : {1, 3, 7, 8}) {
+      const Tensor idx = global_batch(0, tp_config().vocab).inputs.narrow(1, 0, t).contiguous();
+      NoGradGuard no_grad;
+      const std::vector<float> want = single(idx).to_vector<float>();
+      const std::vector<float> got = model.full_logits(idx).contiguous().to_vector<float>();
+      ASSERT_EQ(got.size(), want.size()) << "T " << t;
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        worst = std::max(worst, double(std::abs(got[i] - want[i])));
+      // Split GEMM reductions: f32 rounding of sums of 32-128 terms of size ~0.1.
+      EXPECT_LE(worst, 1e-5) << "T " << t << (sequence_parallel ? " sequence parallel" : "");
+    }
+  }
+}
+
 TEST(TensorParallel, RefusesShapesThatDoNotDivide) {
   auto world = comm::world();
   if (world->size() == 1) GTEST_SKIP() << "every shape divides by 1";
