@@ -24,6 +24,7 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/numeric.h"
 #include "testing/device_buffer.h"
+#include "testing/embedding_bag_cases.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/embedding_bag.h"
@@ -41,6 +42,7 @@ TEST(EmbeddingBagCuda, NeedsCuda) {
 #else
 
 using Kind = EmbeddingBagErrorKind;
+using namespace ::loom::kernels::testing;  // Case, random_case, ... (shared with the CPU test)
 constexpr cuda::Stream kStream = nullptr;  // the legacy default stream: ordered with the copies
 constexpr double kRtol = 1e-5;
 
@@ -49,118 +51,6 @@ constexpr double kRtol = 1e-5;
 using Buffer = ::loom::testing::DeviceBuffer;
 
 // ---------------------------------------------------------------- batches
-
-// One batch, kept in int64 / f32 on the host; the kernels see the index type and dtype under test.
-struct Case {
-  int64_t num_tables = 0, batch = 0;
-  std::vector<int64_t> rows, dims, weight_offsets, row_offsets, dim_offsets;  // T+1 offsets each
-  EmbeddingDType dtype = EmbeddingDType::kF32;
-  std::vector<float> weights;       // f32 weights (gaps hold values no lookup reads)
-  std::vector<uint16_t> weights16;  // the bf16 / f16 weights when dtype is not f32
-  std::vector<int64_t> indices, offsets;
-  std::vector<float> psw;  // empty: none
-  EmbeddingBagOptions opt;
-
-  EmbeddingTables tables() const {
-    EmbeddingTables t;
-    t.num_tables = num_tables;
-    t.rows = rows.data();
-    t.dims = dims.data();
-    t.weight_offsets = weight_offsets.data();
-    t.row_offsets = row_offsets.data();
-    t.dim_offsets = dim_offsets.data();
-    t.dtype = dtype;
-    return t;
-  }
-  bool half() const { return dtype != EmbeddingDType::kF32; }
-  int64_t total_rows() const { return row_offsets.back(); }
-  int64_t weight_elems() const { return int64_t(weights.size()); }
-  void* weight_ptr() {
-    return half() ? static_cast<void*>(weights16.data()) : static_cast<void*>(weights.data());
-  }
-  std::vector<uint8_t> weight_bytes() const {
-    const uint8_t* p = half() ? reinterpret_cast<const uint8_t*>(weights16.data())
-                              : reinterpret_cast<const uint8_t*>(weights.data());
-    return std::vector<uint8_t>(p, p + weights.size() * (half() ? 2 : 4));
-  }
-  float stored(size_t e) const {  // a weight as the kernels see it
-    if (dtype == EmbeddingDType::kBF16) return bf16_to_float(BFloat16{weights16[e]});
-    if (dtype == EmbeddingDType::kF16) return f16_to_float(Float16{weights16[e]});
-    return weights[e];
-  }
-  void round_weights() {
-    weights16.resize(weights.size());
-    for (size_t e = 0; e < weights.size(); ++e)
-      weights16[e] = dtype == EmbeddingDType::kBF16 ? float_to_bf16(weights[e]).bits
-                                                    : float_to_f16(weights[e]).bits;
-  }
-  // The same batch on |weights| and |per-sample weights|: its sums are the sums of |terms|.
-  Case absolute() const {
-    Case a = *this;
-    for (float& w : a.weights) w = std::fabs(w);
-    for (uint16_t& h : a.weights16) h = uint16_t(h & 0x7fffu);
-    for (float& w : a.psw) w = std::fabs(w);
-    return a;
-  }
-  // [begin, end) element ranges of the table blocks (a dense gradient's defined part).
-  std::vector<std::pair<size_t, size_t> > blocks() const {
-    std::vector<std::pair<size_t, size_t> > b;
-    for (int64_t t = 0; t < num_tables; ++t)
-      b.emplace_back(size_t(weight_offsets[size_t(t)]),
-                     size_t(weight_offsets[size_t(t)] + rows[size_t(t)] * dims[size_t(t)]));
-    return b;
-  }
-};
-
-struct CaseSpec {
-  int64_t min_tables = 1, max_tables = 4, min_batch = 1, max_batch = 9;
-  int64_t max_rows = 40, max_bag = 12;
-  int64_t max_dim4 = 40;  // dims up to 4 * max_dim4
-  double empty_bag = 0.2;
-  EmbeddingDType dtype = EmbeddingDType::kF32;
-  EmbeddingPooling pooling = EmbeddingPooling::kSum;
-  bool weighted = false;
-};
-
-// Tables start at gaps of 0, 2, 4 or 8 elements after the previous one, so rows meet every
-// alignment the kernels handle (Note [Embedding row alignment] in embedding_bag_impl.cuh).
-Case random_case(const CaseSpec& s, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  auto uniform = [&](int64_t lo, int64_t hi) {
-    return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
-  };
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  Case c;
-  c.num_tables = uniform(s.min_tables, s.max_tables);
-  c.batch = uniform(s.min_batch, s.max_batch);
-  c.dtype = s.dtype;
-  c.opt.pooling = s.pooling;
-  c.weight_offsets = {0};
-  c.row_offsets = {0};
-  c.dim_offsets = {0};
-  for (int64_t t = 0; t < c.num_tables; ++t) {
-    const int64_t gaps[] = {0, 2, 4, 8};
-    c.rows.push_back(uniform(1, s.max_rows));
-    c.dims.push_back(4 * uniform(1, s.max_dim4));
-    c.weight_offsets.back() += gaps[uniform(0, 3)];
-    c.weight_offsets.push_back(c.weight_offsets.back() + c.rows.back() * c.dims.back());
-    c.row_offsets.push_back(c.row_offsets.back() + c.rows.back());
-    c.dim_offsets.push_back(c.dim_offsets.back() + c.dims.back());
-  }
-  c.weights.resize(size_t(c.weight_offsets.back()));
-  for (float& w : c.weights) w = value(gen);
-  if (c.half()) c.round_weights();
-  c.offsets = {0};
-  for (int64_t t = 0; t < c.num_tables; ++t)
-    for (int64_t b = 0; b < c.batch; ++b) {
-      const int64_t len = std::bernoulli_distribution(s.empty_bag)(gen) ? 0 : uniform(1, s.max_bag);
-      for (int64_t j = 0; j < len; ++j) c.indices.push_back(uniform(0, c.rows[size_t(t)] - 1));
-      c.offsets.push_back(int64_t(c.indices.size()));
-    }
-  if (s.weighted)
-    for (size_t p = 0; p < c.indices.size(); ++p) c.psw.push_back(value(gen));
-  return c;
-}
 
 // Replaces about a quarter of the indices by negative or too-large ones; returns how many.
 int64_t spoil_indices(Case& c, uint64_t seed) {
@@ -174,34 +64,10 @@ int64_t spoil_indices(Case& c, uint64_t seed) {
   return bad;
 }
 
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = value(gen);
-  return v;
-}
-
 std::vector<float> absolute(std::vector<float> v) {
   for (float& x : v) x = std::fabs(x);
   return v;
 }
-
-template <typename I>
-struct HostLookups {
-  std::vector<I> indices, offsets;
-  EmbeddingBagIndices<I> view;
-  explicit HostLookups(const Case& c)
-      : indices(c.indices.begin(), c.indices.end()), offsets(c.offsets.begin(), c.offsets.end()) {
-    view.batch_size = c.batch;
-    view.indices = indices.data();
-    view.num_indices = int64_t(indices.size());
-    view.offsets = offsets.data();
-    view.num_offsets = int64_t(offsets.size());
-    view.per_sample_weights = c.psw.empty() ? nullptr : c.psw.data();
-    view.num_per_sample_weights = int64_t(c.psw.size());
-  }
-};
 
 // A case's tables and lookups in device memory (tables' arrays included).
 template <typename I>
@@ -263,7 +129,7 @@ struct Results {
 bool pooled_sum(const Case& c) { return c.opt.pooling == EmbeddingPooling::kSum; }
 
 size_t out_size(const Case& c) {
-  HostLookups<int64_t> l(c);
+  Lookups<int64_t> l(c);
   return c.opt.pooling == EmbeddingPooling::kNone
              ? size_t(cpu::embedding_bag_packed_size(c.tables(), l.view))
              : size_t(c.batch * c.dim_offsets.back());
@@ -271,7 +137,7 @@ size_t out_size(const Case& c) {
 
 template <typename I>
 Results run_cpu(Case c, const std::vector<float>& dout) {
-  HostLookups<I> l(c);
+  Lookups<I> l(c);
   Results r;
   r.out.assign(out_size(c), 0.0f);
   r.bad = cpu::embedding_bag_forward(c.tables(), c.weight_ptr(), l.view, r.out.data(), c.opt);
@@ -300,7 +166,7 @@ Results run_gpu(const Case& c, const std::vector<float>& dout,
   if (info_override) d.info = *info_override;
   const size_t n = c.indices.size(), outs = out_size(c);
   {
-    HostLookups<I> l(c);
+    Lookups<I> l(c);
     EXPECT_EQ(cuda::embedding_bag_packed_size(d.tables, d.view, kStream),
               cpu::embedding_bag_packed_size(c.tables(), l.view));
   }
@@ -370,7 +236,7 @@ void expect_matches_cpu(const Case& c, const std::string& label,
                         const cuda::EmbeddingTablesInfo* info_override = nullptr) {
   SCOPED_TRACE(label);
   {
-    HostLookups<I> l(c);
+    Lookups<I> l(c);
     ASSERT_TRUE(cpu::validate_embedding_bag(c.tables(), l.view, c.opt).ok());
   }
   const std::vector<float> dout = random_floats(out_size(c), 99);
@@ -396,13 +262,6 @@ void expect_matches_cpu(const Case& c, const std::string& label,
   EXPECT_EQ(count_mismatches(gpu.sp_values, cpu.sp_values, mag.sp_values, 0,
                              size_t(cpu.sp_offsets[u]), "sparse values"),
             0);
-}
-
-const char* dtype_name(EmbeddingDType d) {
-  return d == EmbeddingDType::kF32 ? "f32" : d == EmbeddingDType::kBF16 ? "bf16" : "f16";
-}
-const char* pooling_name(EmbeddingPooling p) {
-  return p == EmbeddingPooling::kSum ? "sum" : p == EmbeddingPooling::kMean ? "mean" : "none";
 }
 
 // ---------------------------------------------------------------- forward and gradients
@@ -524,21 +383,6 @@ TEST(EmbeddingBagCuda, WarnAndSkipModesMatchCpu) {
 // ---------------------------------------------------------------- validation
 
 // A fixed shape for error positions (the CPU test's): 3 tables, B = 2, bags of 2 lookups.
-Case small_case() {
-  Case c;
-  c.num_tables = 3;
-  c.batch = 2;
-  c.rows = {5, 6, 7};
-  c.dims = {4, 8, 4};
-  c.weight_offsets = {0, 20, 68, 96};
-  c.row_offsets = {0, 5, 11, 18};
-  c.dim_offsets = {0, 4, 12, 16};
-  c.weights = random_floats(96, 5);
-  c.indices = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
-  c.offsets = {0, 2, 4, 6, 8, 10, 12};
-  return c;
-}
-
 std::string describe(const EmbeddingBagError& e) {
   return std::string(embedding_bag_error_name(e.kind)) + " table " + std::to_string(e.table) +
          " bag " + std::to_string(e.bag) + " position " + std::to_string(e.position) + " value " +
@@ -549,7 +393,7 @@ std::string describe(const EmbeddingBagError& e) {
 template <typename I>
 EmbeddingBagError expect_same_error(const Case& c, const std::string& label) {
   SCOPED_TRACE(label);
-  HostLookups<I> l(c);
+  Lookups<I> l(c);
   const EmbeddingBagError want = cpu::validate_embedding_bag(c.tables(), l.view, c.opt);
   DeviceCase<I> d(c);
   Buffer slot(sizeof(EmbeddingBagError));
@@ -672,16 +516,6 @@ TEST(EmbeddingBagCuda, ValidationReportsTheCpusFirstBadEntry) {
 
 // ---------------------------------------------------------------- fused optimizers
 
-EmbeddingOptimizerHyper hyper(EmbeddingOptimizer kind, float wd) {
-  EmbeddingOptimizerHyper h;
-  h.kind = kind;
-  h.lr = 0.05f;
-  h.eps = 1e-6f;
-  h.weight_decay = wd;
-  h.step = 3;
-  return h;
-}
-
 // Weights and state after one fused update.
 struct Updated {
   std::vector<float> weights;  // as stored, in f32
@@ -710,7 +544,7 @@ Updated update_cpu(Case c, const std::vector<float>& dout, const EmbeddingOptimi
                    uint64_t seed) {
   const bool adam = h.kind == EmbeddingOptimizer::kAdam;
   auto [m1, m2] = initial_state(c, adam, seed);
-  HostLookups<I> l(c);
+  Lookups<I> l(c);
   std::vector<float> gpsw(c.indices.size(), 0.0f);
   EmbeddingOptimizerState state{m1.data(), adam ? m2.data() : nullptr};
   cpu::embedding_bag_backward_fused(c.tables(), c.weight_ptr(), l.view, dout.data(), h, state,

@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/embedding_bag.h"
 #include "kernels/numeric.h"
+#include "testing/embedding_bag_cases.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -25,115 +26,7 @@ namespace loom::kernels {
 namespace {
 
 using Kind = EmbeddingBagErrorKind;
-
-// One batch of tables and lookups, kept in int64 / f32; the kernel sees the index type and weight
-// dtype under test.
-struct Case {
-  int64_t num_tables = 0, batch = 0;
-  std::vector<int64_t> rows, dims, weight_offsets, row_offsets, dim_offsets;
-  EmbeddingDType dtype = EmbeddingDType::kF32;
-  std::vector<float> weights;       // f32 values in the flat layout (gaps hold garbage)
-  std::vector<uint16_t> weights16;  // bf16 / f16 copy when dtype is not f32
-  std::vector<int64_t> indices, offsets;
-  std::vector<float> psw;  // per-sample weights, empty for none
-  EmbeddingBagOptions opt;
-
-  EmbeddingTables tables() const {
-    EmbeddingTables t;
-    t.num_tables = num_tables;
-    t.rows = rows.data();
-    t.dims = dims.data();
-    t.weight_offsets = weight_offsets.data();
-    t.row_offsets = row_offsets.data();
-    t.dim_offsets = dim_offsets.data();
-    t.dtype = dtype;
-    return t;
-  }
-  int64_t total_dim() const { return dim_offsets[size_t(num_tables)]; }
-  int64_t weight_elems() const { return int64_t(weights.size()); }
-  int64_t total_rows() const { return row_offsets[size_t(num_tables)]; }
-  void* weight_ptr() {
-    return dtype == EmbeddingDType::kF32 ? static_cast<void*>(weights.data())
-                                         : static_cast<void*>(weights16.data());
-  }
-  float stored(int64_t e) const {  // the weight as the kernel sees it
-    if (dtype == EmbeddingDType::kBF16) return bf16_to_float(BFloat16{weights16[size_t(e)]});
-    if (dtype == EmbeddingDType::kF16) return f16_to_float(Float16{weights16[size_t(e)]});
-    return weights[size_t(e)];
-  }
-  void round_weights() {
-    weights16.resize(weights.size());
-    for (size_t e = 0; e < weights.size(); ++e)
-      weights16[e] = dtype == EmbeddingDType::kBF16 ? float_to_bf16(weights[e]).bits
-                                                    : float_to_f16(weights[e]).bits;
-  }
-};
-
-// The kernel's view of a case's indices in index type I (owning the converted arrays).
-template <typename I>
-struct Lookups {
-  std::vector<I> indices, offsets;
-  EmbeddingBagIndices<I> view;
-  explicit Lookups(const Case& c)
-      : indices(c.indices.begin(), c.indices.end()), offsets(c.offsets.begin(), c.offsets.end()) {
-    view.batch_size = c.batch;
-    view.indices = indices.data();
-    view.num_indices = int64_t(indices.size());
-    view.offsets = offsets.data();
-    view.num_offsets = int64_t(offsets.size());
-    view.per_sample_weights = c.psw.empty() ? nullptr : c.psw.data();
-    view.num_per_sample_weights = int64_t(c.psw.size());
-  }
-};
-
-struct CaseSpec {
-  int64_t min_tables = 1, min_batch = 1;
-  int64_t max_tables = 4, max_batch = 9, max_rows = 40, max_bag = 12;
-  int64_t max_dim4 = 40;  // dims up to 4 * max_dim4 (160: past the kernel's 128-column tile)
-  double empty_bag = 0.2;
-  EmbeddingDType dtype = EmbeddingDType::kF32;
-  EmbeddingPooling pooling = EmbeddingPooling::kSum;
-  bool weighted = false;
-};
-
-Case random_case(const CaseSpec& s, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  auto uniform = [&](int64_t lo, int64_t hi) {
-    return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
-  };
-  Case c;
-  c.num_tables = uniform(s.min_tables, s.max_tables);
-  c.batch = uniform(s.min_batch, s.max_batch);
-  c.dtype = s.dtype;
-  c.opt.pooling = s.pooling;
-  c.weight_offsets.push_back(0);
-  c.row_offsets.push_back(0);
-  c.dim_offsets.push_back(0);
-  for (int64_t t = 0; t < c.num_tables; ++t) {
-    c.rows.push_back(uniform(1, s.max_rows));
-    c.dims.push_back(4 * uniform(1, s.max_dim4));
-    const int64_t gap = uniform(0, 1) * 8;  // tables need not be back to back
-    c.weight_offsets.back() += gap;
-    c.weight_offsets.push_back(c.weight_offsets.back() + c.rows.back() * c.dims.back());
-    c.row_offsets.push_back(c.row_offsets.back() + c.rows.back());
-    c.dim_offsets.push_back(c.dim_offsets.back() + c.dims.back());
-  }
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  c.weights.resize(size_t(c.weight_offsets.back()));
-  for (float& w : c.weights) w = value(gen);
-  if (c.dtype != EmbeddingDType::kF32) c.round_weights();
-  c.offsets.push_back(0);
-  for (int64_t t = 0; t < c.num_tables; ++t)
-    for (int64_t b = 0; b < c.batch; ++b) {
-      const bool empty = std::bernoulli_distribution(s.empty_bag)(gen);
-      const int64_t len = empty ? 0 : uniform(1, s.max_bag);
-      for (int64_t j = 0; j < len; ++j) c.indices.push_back(uniform(0, c.rows[size_t(t)] - 1));
-      c.offsets.push_back(int64_t(c.indices.size()));
-    }
-  if (s.weighted)
-    for (size_t p = 0; p < c.indices.size(); ++p) c.psw.push_back(value(gen));
-  return c;
-}
+using namespace ::loom::kernels::testing;  // Case, random_case, ... (shared with the CUDA test)
 
 // ---- the naive reference ----
 
@@ -243,14 +136,6 @@ int64_t count_mismatches(const float* got, const Ref& ref, double tol, const cha
   return bad;
 }
 
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = value(gen);
-  return v;
-}
-
 size_t out_size(Case& c) {
   Lookups<int64_t> l(c);
   return c.opt.pooling == EmbeddingPooling::kNone
@@ -316,13 +201,6 @@ void check_case(Case& c, const std::string& label) {
       ASSERT_FLOAT_EQ(values[size_t(voff[size_t(k)] + d)], grad[size_t(row + d)]);
     ++k;
   }
-}
-
-const char* dtype_name(EmbeddingDType d) {
-  return d == EmbeddingDType::kF32 ? "f32" : d == EmbeddingDType::kBF16 ? "bf16" : "f16";
-}
-const char* pooling_name(EmbeddingPooling p) {
-  return p == EmbeddingPooling::kSum ? "sum" : p == EmbeddingPooling::kMean ? "mean" : "none";
 }
 
 TEST(EmbeddingBagKernel, RandomConfigurationsMatchReference) {
@@ -493,16 +371,6 @@ void check_optimizer(const OptCase& oc, uint64_t seed) {
   }
 }
 
-EmbeddingOptimizerHyper hyper(EmbeddingOptimizer kind, float wd) {
-  EmbeddingOptimizerHyper h;
-  h.kind = kind;
-  h.lr = 0.05f;
-  h.eps = 1e-6f;
-  h.weight_decay = wd;
-  h.step = 3;
-  return h;
-}
-
 TEST(EmbeddingBagKernel, FusedSgdMatchesFormula) {
   uint64_t seed = 500;
   for (EmbeddingPooling pooling :
@@ -627,21 +495,6 @@ TEST(EmbeddingBagKernel, LargeBackwardIsBitIdenticalOverThreadCounts) {
 // ---- validation and bounds-check modes ----
 
 // A fixed shape for error positions: 3 tables, B = 2, bags of 2 lookups, rows 5 / 6 / 7.
-Case small_case() {
-  Case c;
-  c.num_tables = 3;
-  c.batch = 2;
-  c.rows = {5, 6, 7};
-  c.dims = {4, 8, 4};
-  c.weight_offsets = {0, 20, 68, 96};
-  c.row_offsets = {0, 5, 11, 18};
-  c.dim_offsets = {0, 4, 12, 16};
-  c.weights = random_floats(96, 5);
-  c.indices = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
-  c.offsets = {0, 2, 4, 6, 8, 10, 12};
-  return c;
-}
-
 template <typename I>
 EmbeddingBagError validate(const Case& c) {
   Lookups<I> l(c);
