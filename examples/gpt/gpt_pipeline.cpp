@@ -70,11 +70,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
     chunks.push_back(std::move(chunk));
     stages_.push_back(std::move(stage));
   }
-  const int first = schedule_.holder(0, 0).first,
-            last = schedule_.holder(0, schedule_.stages - 1).first;
-  const bool member = rank == first || rank == last;
-  embedding_ = pp_->split(member ? 0 : 1, rank, member ? "embedding" : "embedding.others");
-  if (!member || first == last) embedding_ = nullptr;
+  embedding_ = parallel::pipeline::embedding_group(schedule_, *pp_);
   if (o.sequence_parallel)
     LOOM_CHECK(o.seq % o.tp == 0, "loom-gpt: --seq ", o.seq, " must divide by --tp ", o.tp,
                " for --sequence-parallel");

@@ -256,4 +256,13 @@ StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
   return chunk;
 }
 
+std::shared_ptr<comm::Communicator> embedding_group(const Schedule& schedule,
+                                                    comm::Communicator& pp) {
+  const int first = schedule.holder(0, 0).first,
+            last = schedule.holder(0, schedule.stages - 1).first;
+  const bool member = pp.rank() == first || pp.rank() == last;
+  auto group = pp.split(member ? 0 : 1, pp.rank(), member ? "embedding" : "embedding.others");
+  return member && first != last ? group : nullptr;
+}
+
 }  // namespace loom::parallel::pipeline

@@ -103,4 +103,10 @@ class StageSet : public nn::Module {
 // and gives every copy the sum. Collective over `group`.
 void sync_tied_embedding(const std::vector<GptStage*>& local, comm::Communicator* group);
 
+// sync_tied_embedding's group: the ranks of `pp` holding pipeline 0's first and last stages (the
+// tied wte's copies); null on the other ranks, and when one rank holds both. Collective over pp
+// (every rank splits it).
+std::shared_ptr<comm::Communicator> embedding_group(const Schedule& schedule,
+                                                    comm::Communicator& pp);
+
 }  // namespace loom::parallel::pipeline

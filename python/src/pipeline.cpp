@@ -327,6 +327,13 @@ void init_gpt_stages(py::module_& p) {
       },
       py::arg("stages"), py::arg("group") = py::none(), Release(),
       "Sums the gradients of every copy of wte.weight in `stages` and over `group`.");
+  p.def(
+      "embedding_group",
+      [](const pp::Schedule& schedule, Communicator& pp_group) {
+        return pp::embedding_group(schedule, pp_group);
+      },
+      py::arg("schedule"), py::arg("pp_group"), Release(),
+      "sync_tied_embedding's group (collective over pp_group); None off it.");
 }
 
 void init_trace(py::module_& p) {

@@ -108,6 +108,7 @@ def new_group(color, key=None, name="group", group=None):
 import inspect as _inspect  # noqa: E402
 
 from loom import optim as _optim  # noqa: E402
+from loom.nn.module import Module as _Module  # noqa: E402
 from loom._loom import parallel as _parallel  # noqa: E402
 
 DeviceMesh = _parallel.DeviceMesh
@@ -122,11 +123,8 @@ __all__ += [
 
 def _as_cpp(module, owner="loom.distributed"):
     """The C++ module (loom._loom.nn.Module) behind a loom.nn.Module."""
-    f = getattr(module, "_cpp_module", None)
-    if f is not None:
-        return f()
-    if hasattr(module, "_cpp"):  # built-in modules (loom.nn.modules._CppModule)
-        return module._cpp
+    if isinstance(module, _Module):  # built-in or written in Python (Note [Python modules as
+        return module._cpp_module()  # C++ modules], python/src/nn.cpp)
     raise TypeError(f"{owner}: module must be a loom.nn.Module, got {type(module).__name__}")
 
 
@@ -249,8 +247,8 @@ def _optimizer_spec(optimizer_class, kwargs, owner):
             spec.nesterov = bool(value)
         else:
             setattr(spec, key, _check_number(value, owner, key))
-    lr = args.pop("lr")
-    return spec, float(lr), args
+    args.pop("lr")  # the optimizer's lr property answers for it
+    return spec, args
 
 
 class ZeroRedundancyOptimizer(_optim.Optimizer):
@@ -290,7 +288,7 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         group = _check_group(group, owner)
         tp = _check_group(tp, owner, "tp")
         pp = _check_group(pp, owner, "pp")
-        spec, _, hyper = _optimizer_spec(optimizer_class, optimizer_kwargs, owner)
+        spec, hyper = _optimizer_spec(optimizer_class, optimizer_kwargs, owner)
         impl = _parallel.ZeroOptimizer(
             cpp, group, spec, _check_int(stage, owner, "stage"),
             _check_number(bucket_mb, owner, "bucket_mb"),

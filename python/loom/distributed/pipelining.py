@@ -22,7 +22,7 @@ runs; ``PipelineExecutor`` runs this rank's list::
 
 A chunk's forward may also be any Python callable (a loom.nn.Module defined in Python)::
 
-    chunk = pipelining.StageChunk(my_module, loss=lambda out, t: F.mse_loss(out, t))
+    chunk = pipelining.StageChunk(my_module, loss=lambda out, t: F.cross_entropy(out, t))
 
 run() releases the GIL; Python callables re-acquire it. A Python exception raised in a callable
 comes out of run() unchanged (the step is abandoned; zero the gradients before retrying). With
@@ -180,9 +180,4 @@ def embedding_group(schedule, pp_group):
     """The group of the ranks holding pipeline 0's first and last stages (the tied wte's
     copies), or None on the other ranks and when one rank holds both. Collective over pp_group
     (every rank must call it), as loom-gpt's PipelineStep builds it."""
-    first = schedule.holder(0, 0)[0]
-    last = schedule.holder(0, schedule.stages - 1)[0]
-    member = pp_group.rank in (first, last)
-    group = pp_group.split(0 if member else 1, pp_group.rank,
-                           "embedding" if member else "embedding.others")
-    return group if member and first != last else None
+    return _pl.embedding_group(schedule, pp_group)
