@@ -65,10 +65,7 @@ struct PipelineRank {
       stages.push_back(std::move(stage));
     }
     // The ranks holding a copy of wte (the first and the last stage) sum its gradients.
-    const int first = s.holder(0, 0).first, last = s.holder(0, s.stages - 1).first;
-    const bool member = rank == first || rank == last;
-    embedding = pp->split(member ? 0 : 1, rank, member ? "embedding" : "embedding.others");
-    if (!member || first == last) embedding = nullptr;
+    embedding = embedding_group(s, *pp);
     const int64_t rows = kRows / dp_size() / s.microbatches;
     executor = std::make_unique<PipelineExecutor>(s, pp, std::move(chunks),
                                                   Shape{rows, 8, pp_config().channels});
