@@ -28,6 +28,24 @@ const char* embedding_sharding_name(EmbeddingSharding kind) {
   return "?";
 }
 
+EmbeddingSharding parse_embedding_sharding(const std::string& name) {
+  for (EmbeddingSharding kind : {EmbeddingSharding::kTable, EmbeddingSharding::kRow,
+                                 EmbeddingSharding::kColumn, EmbeddingSharding::kData})
+    if (name == embedding_sharding_name(kind)) return kind;
+  LOOM_FAIL("embedding sharding must be 'table', 'row', 'column' or 'data', got '", name, "'");
+}
+
+std::vector<EmbeddingPlacement> embedding_placements(const std::string& sharding,
+                                                     const std::vector<int64_t>& rows) {
+  const bool automatic = sharding == "auto";
+  const EmbeddingSharding every =
+      automatic ? EmbeddingSharding::kTable : parse_embedding_sharding(sharding);
+  std::vector<EmbeddingPlacement> out(rows.size());
+  for (size_t t = 0; t < rows.size(); ++t)
+    out[t].kind = automatic && rows[t] < kAutoReplicateBelow ? EmbeddingSharding::kData : every;
+  return out;
+}
+
 namespace detail {
 
 // What every rank derives alike from the configs, the placements and the group size.

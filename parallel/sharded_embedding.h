@@ -56,11 +56,23 @@ namespace loom::parallel {
 
 enum class EmbeddingSharding : uint8_t { kTable, kRow, kColumn, kData };
 const char* embedding_sharding_name(EmbeddingSharding kind);  // "table", "row", ...
+// The kind named "table", "row", "column" or "data"; anything else is an error naming them.
+EmbeddingSharding parse_embedding_sharding(const std::string& name);
 
 struct EmbeddingPlacement {
   EmbeddingSharding kind = EmbeddingSharding::kTable;
   int rank = -1;  // kTable: the owning rank; -1: chosen by the greedy balance
 };
+
+// Tables with fewer rows are replicated under `auto` placement: exchanging their lookups would
+// cost more than their memory.
+constexpr int64_t kAutoReplicateBelow = 100;
+
+// One placement per table of `rows`: `sharding` ("table", "row", "column" or "data") for every
+// table alike, or "auto" (tables under kAutoReplicateBelow rows replicated, the others whole on
+// the least-loaded rank). loom-dlrm's --sharding.
+std::vector<EmbeddingPlacement> embedding_placements(const std::string& sharding,
+                                                     const std::vector<int64_t>& rows);
 
 struct ShardedEmbeddingOptions {
   EmbeddingPooling pooling = EmbeddingPooling::kSum;  // kSum or kMean

@@ -68,25 +68,6 @@ Evaluation evaluate(const Lookup& lookup, DlrmDense& model, const ClickDataset& 
   return {loss / double(batches), double(correct) / double(scores.size()), auc(scores, labels)};
 }
 
-// --sharding: one placement per table. auto: tables under 100 rows are replicated (their
-// exchange would cost more than their memory), the others are placed whole on the least-loaded
-// rank.
-std::vector<parallel::EmbeddingPlacement> placements(const std::string& sharding,
-                                                     const std::vector<int64_t>& rows) {
-  using parallel::EmbeddingSharding;
-  std::vector<parallel::EmbeddingPlacement> out;
-  for (int64_t r : rows) {
-    parallel::EmbeddingPlacement p;
-    if (sharding == "table") p.kind = EmbeddingSharding::kTable;
-    if (sharding == "row") p.kind = EmbeddingSharding::kRow;
-    if (sharding == "column") p.kind = EmbeddingSharding::kColumn;
-    if (sharding == "data") p.kind = EmbeddingSharding::kData;
-    if (sharding == "auto") p.kind = r < 100 ? EmbeddingSharding::kData : EmbeddingSharding::kTable;
-    out.push_back(p);
-  }
-  return out;
-}
-
 int run(int argc, char** argv) {
   cli::Flags flags("loom-dlrm",
                    "Trains DLRM on synthetic click data with a known accuracy/AUC ceiling.");
@@ -152,7 +133,7 @@ int run(int argc, char** argv) {
     lookup = [&](const ClickBatch& b) { return local_tables->lookup(b.indices, b.offsets); };
   } else {
     sharded = std::make_unique<parallel::ShardedEmbeddingBagCollection>(
-        tables, placements(flags.get_string("sharding"), rows), world);
+        tables, parallel::embedding_placements(flags.get_string("sharding"), rows), world);
     sharded->init_parameters(seed);
     params = sharded->parameters();
     lookup = [&](const ClickBatch& b) { return sharded->lookup(b.indices, b.offsets); };

@@ -21,17 +21,6 @@ namespace {
 
 using parallel::EmbeddingSharding;
 
-EmbeddingSharding sharding_arg(const std::string& name) {
-  if (name == "table") return EmbeddingSharding::kTable;
-  if (name == "row") return EmbeddingSharding::kRow;
-  if (name == "column") return EmbeddingSharding::kColumn;
-  if (name == "data") return EmbeddingSharding::kData;
-  throw py::value_error(
-      "ShardedEmbeddingBagCollection: a placement must be 'table', 'row', "
-      "'column' or 'data' (or an EmbeddingPlacement), got '" +
-      name + "'");
-}
-
 // A placement from Python: an EmbeddingPlacement, an EmbeddingSharding, a kind name, or a
 // (kind, rank) pair for a table placed on a given rank.
 parallel::EmbeddingPlacement placement_arg(py::handle obj) {
@@ -41,7 +30,7 @@ parallel::EmbeddingPlacement placement_arg(py::handle obj) {
   if (py::isinstance<EmbeddingSharding>(obj)) {
     p.kind = obj.cast<EmbeddingSharding>();
   } else if (py::isinstance<py::str>(obj)) {
-    p.kind = sharding_arg(obj.cast<std::string>());
+    p.kind = parallel::parse_embedding_sharding(obj.cast<std::string>());
   } else if (py::isinstance<py::tuple>(obj) && py::len(obj) == 2) {
     auto t = obj.cast<py::tuple>();
     p = placement_arg(t[0]);
@@ -66,6 +55,18 @@ EmbeddingPooling pooling_arg(const std::string& name) {
 
 void init_sharded(py::module_& m) {
   py::module_ d = m.def_submodule("distributed");
+  d.attr("AUTO_REPLICATE_BELOW") = parallel::kAutoReplicateBelow;
+  d.def(
+      "placements_for",
+      [](const std::string& sharding, const std::vector<int64_t>& rows) {
+        std::vector<std::string> names;
+        for (const auto& p : parallel::embedding_placements(sharding, rows))
+          names.push_back(parallel::embedding_sharding_name(p.kind));
+        return names;
+      },
+      py::arg("sharding"), py::arg("rows"),
+      "One placement name per table for loom-dlrm's --sharding ('table', 'row', 'column', "
+      "'data', or 'auto': tables under AUTO_REPLICATE_BELOW rows replicated, the others whole).");
 
   py::enum_<EmbeddingSharding>(d, "EmbeddingSharding",
                                "How one table is placed over a group (TorchRec's shardings).")

@@ -357,7 +357,8 @@ def test_sharded_collection_in_a_python_module_and_errors():
 
     assert placements_for("auto", [1000, 50]) == ["table", "data"]
     assert placements_for("row", [1, 2]) == ["row", "row"]
-    with pytest.raises(ValueError, match="sharding must be one of"):
+    with pytest.raises(ValueError,
+                       match="sharding must be 'table', 'row', 'column' or 'data', got 'rows'"):
         placements_for("rows", [1])
     with pytest.raises(ValueError, match="2 placements for 1 tables"):
         ShardedEmbeddingBagCollection([("a", 10, 4)], ["row", "row"])

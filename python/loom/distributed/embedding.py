@@ -36,22 +36,9 @@ __all__ = [
     "placements_for", "AUTO_REPLICATE_BELOW",
 ]
 
-# 'auto': tables with fewer rows are replicated (their exchange would cost more than their
-# memory); the others are placed whole on the least-loaded rank (loom-dlrm's rule).
-AUTO_REPLICATE_BELOW = 100
-
-
-def placements_for(sharding, rows):
-    """One placement per table for loom-dlrm's ``--sharding``: 'table', 'row', 'column', 'data'
-    for every table alike, or 'auto' (tables under AUTO_REPLICATE_BELOW rows replicated, the
-    others whole tables)."""
-    kinds = ("table", "row", "column", "data")
-    if sharding == "auto":
-        return ["data" if r < AUTO_REPLICATE_BELOW else "table" for r in rows]
-    if sharding not in kinds:
-        raise ValueError(f"placements_for: sharding must be one of {kinds + ('auto',)}, got "
-                         f"{sharding!r}")
-    return [sharding for _ in rows]
+# loom-dlrm's --sharding rule (parallel::embedding_placements): one placement name per table.
+placements_for = _d.placements_for
+AUTO_REPLICATE_BELOW = _d.AUTO_REPLICATE_BELOW
 
 
 class ShardedEmbeddingBagCollection(_CppModule):
