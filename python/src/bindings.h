@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include "core/tensor.h"
+#include "kernels/embedding_bag_types.h"
 #include "optimizer/adamw.h"
 #include "optimizer/sgd.h"
 
@@ -33,6 +34,10 @@ DType dtype_arg(py::handle obj);
 py::object dtype_object(DType dtype);
 // True for a Python float or int (bool included): an operand that becomes a 0-d tensor.
 bool is_scalar(py::handle obj);
+
+// An embedding-bag pooling by name ("sum", "mean", "none"); `owner` names the caller in errors
+// (nn.cpp; the sharded collection refuses "none" itself).
+kernels::EmbeddingPooling embedding_pooling_arg(const std::string& name, const char* owner);
 
 // The options of loom.optim.SGD / AdamW from their Python arguments (optim.cpp), shared with the
 // optimizers ZeroRedundancyOptimizer builds over its shards (parallel.cpp).

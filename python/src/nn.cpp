@@ -69,14 +69,6 @@ py::object optional_tensor(const Tensor& t) {
   return py::cast(t);
 }
 
-kernels::EmbeddingPooling pooling_arg(const std::string& name) {
-  if (name == "sum") return kernels::EmbeddingPooling::kSum;
-  if (name == "mean") return kernels::EmbeddingPooling::kMean;
-  if (name == "none") return kernels::EmbeddingPooling::kNone;
-  throw py::value_error("EmbeddingBagCollection: pooling must be 'sum', 'mean' or 'none', got '" +
-                        name + "'");
-}
-
 kernels::EmbeddingBoundsCheck bounds_check_arg(const std::string& name) {
   if (name == "error") return kernels::EmbeddingBoundsCheck::kError;
   if (name == "warn") return kernels::EmbeddingBoundsCheck::kWarn;
@@ -115,6 +107,14 @@ void init_tensor_extras(py::module_& m) {
 }
 
 }  // namespace
+
+kernels::EmbeddingPooling embedding_pooling_arg(const std::string& name, const char* owner) {
+  if (name == "sum") return kernels::EmbeddingPooling::kSum;
+  if (name == "mean") return kernels::EmbeddingPooling::kMean;
+  if (name == "none") return kernels::EmbeddingPooling::kNone;
+  throw py::value_error(std::string(owner) + ": pooling must be 'sum', 'mean' or 'none', got '" +
+                        name + "'");
+}
 
 void init_nn(py::module_& m) {
   init_tensor_extras(m);
@@ -276,7 +276,7 @@ void init_nn(py::module_& m) {
              std::vector<nn::EmbeddingTableConfig> configs;
              for (const auto& [name, rows, dim] : tables) configs.push_back({name, rows, dim});
              nn::EmbeddingBagCollectionOptions o;
-             o.pooling = pooling_arg(pooling);
+             o.pooling = embedding_pooling_arg(pooling, "EmbeddingBagCollection");
              o.bounds_check = bounds_check_arg(bounds_check);
              return std::make_shared<nn::EmbeddingBagCollection>(std::move(configs), o);
            }),

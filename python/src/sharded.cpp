@@ -44,13 +44,6 @@ parallel::EmbeddingPlacement placement_arg(py::handle obj) {
   return p;
 }
 
-EmbeddingPooling pooling_arg(const std::string& name) {
-  if (name == "sum") return EmbeddingPooling::kSum;
-  if (name == "mean") return EmbeddingPooling::kMean;
-  throw py::value_error("ShardedEmbeddingBagCollection: pooling must be 'sum' or 'mean', got '" +
-                        name + "'");
-}
-
 }  // namespace
 
 void init_sharded(py::module_& m) {
@@ -126,7 +119,7 @@ void init_sharded(py::module_& m) {
              std::vector<parallel::EmbeddingPlacement> ps;
              for (py::handle p : placements) ps.push_back(placement_arg(p));
              parallel::ShardedEmbeddingOptions o;
-             o.pooling = pooling_arg(pooling);
+             o.pooling = embedding_pooling_arg(pooling, "ShardedEmbeddingBagCollection");
              return std::make_shared<parallel::ShardedEmbeddingBagCollection>(
                  std::move(configs), std::move(ps), std::move(group), o);
            }),

@@ -364,6 +364,9 @@ def test_sharded_collection_in_a_python_module_and_errors():
         ShardedEmbeddingBagCollection([("a", 10, 4)], ["row", "row"])
     with pytest.raises(ValueError, match="got 'diagonal'"):
         ShardedEmbeddingBagCollection([("a", 10, 4)], ["diagonal"])
-    with pytest.raises(ValueError, match="pooling must be 'sum' or 'mean'"):
+    with pytest.raises(ValueError, match="ShardedEmbeddingBagCollection: pooling must be 'sum', "
+                       "'mean' or 'none', got 'max'"):
         ShardedEmbeddingBagCollection([("a", 10, 4)], ["row"], pooling="max")
+    with pytest.raises(ValueError, match="pooling must be sum or mean"):  # C++: none is unsharded
+        ShardedEmbeddingBagCollection([("a", 10, 4)], ["row"], pooling="none")
     assert EmbeddingPlacement("data").kind == EmbeddingSharding.data
