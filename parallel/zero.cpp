@@ -114,6 +114,14 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   name_ = inner_->name();  // what is being stepped; errors of the sharding itself name the stage
 }
 
+std::vector<ShardPiece> ZeroOptimizer::own_pieces() const {
+  return reducer_.plan().shard_pieces(reducer_.group().rank());
+}
+
+void ZeroOptimizer::parameters_changed() {
+  if (sharded_) sharded_->release_all();
+}
+
 void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
   const Tensor loss =
       scaler_.scale() == 1.0 ? unscaled_loss : scale(unscaled_loss, scaler_.scale());

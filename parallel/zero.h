@@ -114,6 +114,19 @@ class ZeroOptimizer : public optim::Optimizer {
   // changes. Local: no communication, so a refusal cannot hang the other ranks.
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
+  // For checkpoints (parallel/checkpoint/training_state.h): the parameters ZeRO manages (the
+  // module's, by name), this rank's pieces of them in the wrapped optimizer's parameter order, and
+  // the tensor holding piece i's values (in the parameters' dtype; bf16 / f16 pieces step through
+  // masters()).
+  const NamedParams& named_parameters() const { return reducer_.params(); }
+  std::vector<ShardPiece> own_pieces() const;
+  Tensor piece_values(size_t i) const { return pieces_.at(i).master; }
+  const optim::MasterWeights* masters() const { return masters_.get(); }
+  optim::LossScaler& scaler() { return scaler_; }
+  // After the parameter values changed outside the optimizer (a checkpoint loaded): stage 3
+  // drops any gathered copy, which is stale. Local.
+  void parameters_changed();
+
   int stage() const { return options_.stage; }
   const optim::LossScaler& scaler() const { return scaler_; }
   const BucketPlan& buckets() const { return reducer_.plan(); }

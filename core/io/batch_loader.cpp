@@ -49,4 +49,9 @@ void check_token_range(const std::vector<int32_t>& tokens, int64_t vocab,
              bad - tokens.begin(), " is outside the model's vocabulary 0..", vocab - 1);
 }
 
+void BatchLoader::seek(int64_t k) {
+  LOOM_CHECK(k >= 0, "BatchLoader::seek: batch index must be >= 0, got ", k);
+  next_ = k;
+}
+
 }  // namespace loom::io

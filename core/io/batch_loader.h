@@ -35,6 +35,7 @@ class BatchLoader {
   Batch next_batch();                      // batch index(), then advances
   Batch batch_at(int64_t k) const;         // batch k of Note [Batch order]; k >= 0
   void reset() { next_ = 0; }              // back to batch 0
+  void seek(int64_t k);                    // next_batch() returns batch k next; k >= 0
   int64_t index() const { return next_; }  // how many batches next_batch() has returned
   int64_t batches_per_pass() const { return batches_per_pass_; }  // m in Note [Batch order]
 

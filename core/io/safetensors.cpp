@@ -1,6 +1,7 @@
 // See core/io/safetensors.h. The checks follow the reference implementation's
 // (huggingface/safetensors): header at most 100 MB, offsets within the data, no overlaps, each
-// tensor exactly shape x dtype size. Holes between tensors are tolerated.
+// tensor exactly shape x dtype size. Holes between tensors are tolerated. Writers leave none and
+// align each tensor to its dtype by putting wider dtypes first.
 #include "core/io/safetensors.h"
 
 #include <algorithm>
@@ -28,12 +29,6 @@ struct DTypeCode {
 constexpr DTypeCode kCodes[] = {{DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"},
                                 {DType::kI32, "I32"}, {DType::kI64, "I64"},   {DType::kU8, "U8"}};
 
-const char* code_of(DType t) {
-  for (const DTypeCode& c : kCodes)
-    if (c.dtype == t) return c.code;
-  LOOM_ASSERT(false, "no safetensors code for dtype ", dtype_name(t));
-}
-
 struct Entry {
   std::string name;
   DType dtype;
@@ -58,11 +53,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   e.name = name;
   LOOM_CHECK(v["dtype"].is_string(), where, ": dtype must be a string, got ", v["dtype"].dump());
   const std::string code = v["dtype"].get<std::string>();
-  const DTypeCode* found = std::find_if(std::begin(kCodes), std::end(kCodes),
-                                        [&](const DTypeCode& c) { return code == c.code; });
-  LOOM_CHECK(found != std::end(kCodes), where, " has dtype ", code,
-             ", which loom does not support (F32, BF16, F16, I32, I64, U8)");
-  e.dtype = found->dtype;
+  e.dtype = dtype_from_safetensors_code(code, where);
 
   LOOM_CHECK(v["shape"].is_array(), where, ": shape must be an array, got ", v["shape"].dump());
   uint64_t bytes = dtype_size(e.dtype);
@@ -87,6 +78,19 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
 }
 
 }  // namespace
+
+const char* safetensors_dtype_code(DType t) {
+  for (const DTypeCode& c : kCodes)
+    if (c.dtype == t) return c.code;
+  LOOM_ASSERT(false, "no safetensors code for dtype ", dtype_name(t));
+}
+
+DType dtype_from_safetensors_code(const std::string& code, const std::string& where) {
+  for (const DTypeCode& c : kCodes)
+    if (code == c.code) return c.dtype;
+  LOOM_FAIL(where, " has dtype ", code,
+            ", which loom does not support (F32, BF16, F16, I32, I64, U8)");
+}
 
 SafetensorsFile read_safetensors(const std::string& path) {
   detail::InFile in(path, kWhat);
@@ -150,35 +154,67 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return file;
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout safetensors_layout(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<Tensor> data;
+  std::vector<uint64_t> relative;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    LOOM_CHECK(!name.empty() && name != "__metadata__", "cannot write ", kWhat, " ", path, ": '",
-               name, "' is not a valid tensor name");
-    LOOM_CHECK(tensor.defined(), "cannot write ", kWhat, " ", path, ": tensor '", name,
-               "' is undefined");
-    Tensor t = tensor.detach().to(Device::cpu()).contiguous();
+  for (const SafetensorsEntry& e : entries) {
+    LOOM_CHECK(!e.name.empty() && e.name != "__metadata__" && !header.contains(e.name),
+               "cannot write ", kWhat, ": '", e.name, "' is not a valid or unique tensor name");
+    LOOM_ASSERT(offset % dtype_size(e.dtype) == 0, kWhat, " entry '", e.name, "' (",
+                dtype_name(e.dtype), ") would start at unaligned offset ", offset,
+                ": list wider dtypes first");
+    const uint64_t bytes = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
     nlohmann::json shape = nlohmann::json::array();
-    for (int64_t d : t.shape()) shape.push_back(d);
-    header[name] = {{"dtype", code_of(t.dtype())},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-    data.push_back(t);
+    for (int64_t d : e.shape) shape.push_back(d);
+    header[e.name] = {{"dtype", safetensors_dtype_code(e.dtype)},
+                      {"shape", shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    relative.push_back(offset);
+    offset += bytes;
   }
   std::string text = header.dump();
   // The reference writer pads the header with spaces to 8 bytes so the data stays aligned.
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
+  SafetensorsLayout layout;
+  layout.header.assign(reinterpret_cast<const char*>(&n), 8);
+  layout.header += text;
+  for (uint64_t r : relative) layout.data_offset.push_back(layout.header.size() + r);
+  layout.file_bytes = layout.header.size() + offset;
+  return layout;
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  std::vector<Tensor> data;
+  for (const auto& [name, tensor] : tensors) {
+    LOOM_CHECK(tensor.defined(), "cannot write ", kWhat, " ", path, ": tensor '", name,
+               "' is undefined");
+    Tensor t = tensor.detach().to(Device::cpu()).contiguous();
+    entries.push_back({name, t.dtype(), t.shape()});
+    data.push_back(t);
+  }
+  // Wider dtypes first, so every tensor starts aligned to its dtype (with no holes, which the
+  // reference reader refuses); by name within a width.
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(entries[a].dtype) > dtype_size(entries[b].dtype);
+  });
+  std::vector<SafetensorsEntry> sorted;
+  for (size_t i : order) sorted.push_back(entries[i]);
+  for (const SafetensorsEntry& e : sorted)
+    LOOM_CHECK(!e.name.empty() && e.name != "__metadata__", "cannot write ", kWhat, " ", path,
+               ": '", e.name, "' is not a valid tensor name");
+  const SafetensorsLayout layout = safetensors_layout(sorted, metadata);
 
   detail::OutFile out(path, kWhat);
-  out.write(&n, 8);
-  out.write(text.data(), n);
-  for (const Tensor& t : data) out.write(t.data_ptr(), t.nbytes());
+  out.write(layout.header.data(), layout.header.size());
+  for (size_t i : order) out.write(data[i].data_ptr(), data[i].nbytes());
   out.commit();
 }
 

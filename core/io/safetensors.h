@@ -5,8 +5,10 @@
 // (F32, BF16, F16, I32, I64, U8). The GPT-2 naming on top of it is core/io/gpt2_weights.h.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -29,5 +31,27 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
 // Whether the file starts like a safetensors file (a plausible header length, then '{'). Cheap:
 // reads 9 bytes. Throws only when the file cannot be opened.
 bool looks_like_safetensors(const std::string& path);
+
+// The format's dtype code ("F32", "BF16", ...) and back; the latter throws naming `where` for a
+// code loom does not support.
+const char* safetensors_dtype_code(DType dtype);
+DType dtype_from_safetensors_code(const std::string& code, const std::string& where);
+
+// For writers that stream the data themselves (checkpoints compute checksums as they write):
+// the bytes that precede the data of a file holding `entries` in the order given, and where each
+// entry's data starts in the file. The data follows the header with no holes, so each entry
+// must start aligned to its dtype: list wider dtypes first (the header itself is padded to 8).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+struct SafetensorsLayout {
+  std::string header;                 // the 8-byte length and the JSON header
+  std::vector<uint64_t> data_offset;  // per entry, from the start of the file
+  uint64_t file_bytes = 0;
+};
+SafetensorsLayout safetensors_layout(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace loom::io

@@ -23,16 +23,31 @@ std::string format_duration(double seconds) {
 }
 
 Progress::Progress(int64_t total_steps, const std::string& metrics_file,
-                   const std::string& rate_unit)
-    : total_(total_steps), rate_unit_(rate_unit), terminal_(isatty(STDOUT_FILENO) != 0) {
+                   const std::string& rate_unit, int64_t first_step)
+    : total_(total_steps),
+      first_(first_step),
+      rate_unit_(rate_unit),
+      terminal_(isatty(STDOUT_FILENO) != 0) {
   if (!metrics_file.empty()) {
+    std::string kept;  // a resumed run's rows up to its first step
+    if (first_step > 0) {
+      std::ifstream in(metrics_file);
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+            j["step"].get<int64_t>() <= first_step)
+          kept += line + "\n";
+      }
+    }
     metrics_.open(metrics_file, std::ios::out | std::ios::trunc);
+    metrics_ << kept;
     LOOM_CHECK(metrics_.good(), "--metrics-file: cannot open '", metrics_file, "' for writing");
   }
 }
 
 void Progress::step(const StepMetrics& m) {
-  const double eta = m.step > 0 ? m.elapsed_s / double(m.step) * double(total_ - m.step) : 0.0;
+  const double eta =
+      m.step > first_ ? m.elapsed_s / double(m.step - first_) * double(total_ - m.step) : 0.0;
   char grad[32] = "";
   if (m.grad_norm >= 0) std::snprintf(grad, sizeof grad, " | norm %.3f", m.grad_norm);
   char mfu[32] = "";

@@ -28,8 +28,10 @@ class Progress {
  public:
   // `rate_unit` names what tokens_per_s counts in the printed line ("tok/s", or "ex/s" for a
   // model whose samples are not tokens); the metrics file keeps the key tokens_per_s.
+  // `first_step`: the steps already done (a resumed run). The metrics file then keeps its rows
+  // up to that step, drops the later ones (the run that wrote them is being redone) and appends.
   Progress(int64_t total_steps, const std::string& metrics_file,
-           const std::string& rate_unit = "tok/s");
+           const std::string& rate_unit = "tok/s", int64_t first_step = 0);
 
   // Prints the line for a finished step and appends its JSON record.
   void step(const StepMetrics& m);
@@ -41,6 +43,7 @@ class Progress {
 
  private:
   int64_t total_;
+  int64_t first_;
   std::string rate_unit_;
   bool terminal_;
   bool line_open_ = false;

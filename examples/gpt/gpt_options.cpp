@@ -79,7 +79,19 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_double("target", 0.95, "addition task: held-out exact-match accuracy to reach");
   f.add_string("init-from", "", "initial weights: llm.c model file or GPT-2 safetensors");
   f.add_string("save", "", "write the final weights (.bin llm.c, .safetensors Hugging Face)");
-  f.add_string("metrics-file", "", "write one JSON object per step (JSON Lines) to this file");
+  f.add_string("metrics-file", "",
+               "write one JSON object per step (JSON Lines) to this file; on resume, the rows "
+               "after the checkpoint's step are dropped and the run appends");
+  f.add_string("checkpoint-dir", "",
+               "save the whole training state (weights, optimizer, data position) here: "
+               "DIR/step-N/, every --save-every steps and at the end; any layout can resume it");
+  f.add_int("save-every", 0, "with --checkpoint-dir: save every N steps (0: only at the end)");
+  f.add_int("keep-last", 0, "with --checkpoint-dir: keep the newest K checkpoints (0: keep all)");
+  f.add_bool("resume",
+             "continue from the latest committed checkpoint in --checkpoint-dir (saved on any "
+             "layout); start from step 0 when there is none yet");
+  f.add_string("resume-from", "",
+               "continue from this checkpoint (a DIR/step-N directory, saved on any layout)");
   f.add_int("threads", 0, "CPU threads (0: OMP_NUM_THREADS or all cores)");
 }
 
@@ -134,6 +146,11 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.save = f.get_string("save");
   o.metrics_file = f.get_string("metrics-file");
   o.threads = f.get_int("threads");
+  o.checkpoint_dir = f.get_string("checkpoint-dir");
+  o.save_every = f.get_int("save-every");
+  o.keep_last = f.get_int("keep-last");
+  o.resume = f.get_bool("resume");
+  o.resume_from = f.get_string("resume-from");
 
   auto positive = [](const char* flag, int64_t v) {
     LOOM_CHECK(v > 0, "loom-gpt: --", flag, " must be positive, got ", v);
@@ -177,6 +194,18 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
+  LOOM_CHECK(o.save_every >= 0, "loom-gpt: --save-every must be >= 0, got ", o.save_every);
+  LOOM_CHECK(o.keep_last >= 0, "loom-gpt: --keep-last must be >= 0, got ", o.keep_last);
+  for (const char* flag : {"save-every", "keep-last", "resume"})
+    LOOM_CHECK(!f.was_set(flag) || !o.checkpoint_dir.empty(), "loom-gpt: --", flag,
+               " needs --checkpoint-dir");
+  LOOM_CHECK(!(o.resume && !o.resume_from.empty()),
+             "loom-gpt: give --resume (the latest in --checkpoint-dir) or --resume-from PATH, not "
+             "both");
+  LOOM_CHECK((!o.resume && o.resume_from.empty()) || o.init_from.empty(),
+             "loom-gpt: --init-from starts a new run and --resume continues one; give one");
+  LOOM_CHECK((o.checkpoint_dir.empty() && o.resume_from.empty()) || o.pp == 1,
+             "loom-gpt: checkpoints with --pp are not wired yet (dp, tp and ZeRO are)");
   const Device device = Device::parse(o.device);  // an unknown spelling is an error naming it
   LOOM_CHECK(device.is_cpu() || o.pp == 1, "loom-gpt: --device ", o.device,
              " with --pp is not wired yet (the pipeline stages "

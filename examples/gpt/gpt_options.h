@@ -42,6 +42,10 @@ struct GptOptions {
   double target;
   // files and output
   std::string init_from, save, metrics_file;
+  // checkpoints (See gpt_checkpoint.h)
+  std::string checkpoint_dir, resume_from;
+  int64_t save_every, keep_last;
+  bool resume;
   int64_t threads;
 
   bool was_set(const std::string& flag) const { return flags->was_set(flag); }

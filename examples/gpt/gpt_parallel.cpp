@@ -4,6 +4,7 @@
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/mixed_precision.h"
+#include "parallel/checkpoint/training_state.h"
 #include "parallel/tensor_parallel/tp_grad_norm.h"
 
 namespace loom::gpt {
@@ -142,6 +143,30 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
 io::GptParams DataParallelStep::full_params() {
   gather_parameters();  // ZeRO-3
   return model_.full_params();
+}
+
+}  // namespace loom::gpt
+
+namespace loom::gpt {
+
+std::vector<parallel::checkpoint::StatePiece> Trainer::checkpoint_pieces(nlohmann::json&) const {
+  LOOM_FAIL("loom-gpt: checkpoints of this trainer are not wired yet");
+}
+
+void Trainer::load_checkpoint(const std::string&, const io::CheckpointManifest&,
+                              comm::Communicator&) {
+  LOOM_FAIL("loom-gpt: checkpoints of this trainer are not wired yet");
+}
+
+std::vector<parallel::checkpoint::StatePiece> DataParallelStep::checkpoint_pieces(
+    nlohmann::json& state) const {
+  return parallel::checkpoint::TrainingState(model_.module(), *opt_).save_pieces(state);
+}
+
+void DataParallelStep::load_checkpoint(const std::string& path,
+                                       const io::CheckpointManifest& manifest,
+                                       comm::Communicator& world) {
+  parallel::checkpoint::TrainingState(model_.module(), *opt_).load(path, manifest, world);
 }
 
 }  // namespace loom::gpt

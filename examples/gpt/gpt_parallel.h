@@ -23,6 +23,7 @@
 #include "gpt/gpt_options.h"
 #include "optimizer/mixed_precision.h"
 #include "optimizer/optimizer.h"
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/ddp.h"
 #include "parallel/zero.h"
 
@@ -55,6 +56,12 @@ class Trainer {
   virtual io::GptParams full_params() = 0;
   // After the last step (prints what the run measured, writes --trace). Collective.
   virtual void finish() {}
+  // Checkpoints (gpt_checkpoint.h): this rank's training state as pieces (snapshots) with its
+  // part of the manifest's state, and loading a checkpoint saved by any layout. Collective.
+  virtual std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
+      nlohmann::json& state) const;
+  virtual void load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+                               comm::Communicator& world);
 };
 
 class DataParallelStep : public Trainer {
@@ -66,6 +73,10 @@ class DataParallelStep : public Trainer {
   StepResult run(const io::Batch& global, int64_t step, double lr) override;
   const char* optimizer_name() const override { return opt_->name(); }
   io::GptParams full_params() override;
+  std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
+      nlohmann::json& state) const override;
+  void load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+                       comm::Communicator& world) override;
 
   optim::Optimizer& optimizer() const { return *opt_; }
   // Makes the model's parameters whole (ZeRO-3 shards them between steps) until its next

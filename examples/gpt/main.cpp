@@ -12,6 +12,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "collectives/communicator.h"
 #include "common/flags.h"
@@ -23,6 +24,7 @@
 #include "core/io/gpt_weights.h"
 #include "core/nn/dropout.h"
 #include "core/nn/gpt.h"
+#include "gpt/gpt_checkpoint.h"
 #include "gpt/gpt_data.h"
 #include "gpt/gpt_model.h"
 #include "gpt/gpt_options.h"
@@ -33,6 +35,7 @@
 #include "optimizer/clip_grad.h"
 #include "optimizer/lr_schedule.h"
 #include "optimizer/sgd.h"
+#include "parallel/checkpoint/training_state.h"
 #include "parallel/pipeline/generators.h"
 #include "parallel/pipeline/validator.h"
 
@@ -65,9 +68,14 @@ int64_t padded_vocab_for(int64_t vocab) {
 
 // The model shape: from the checkpoint when there is one (explicit flags must agree), else from
 // the flags and the data's vocabulary.
-GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::GptWeights* init) {
+GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::GptWeights* init,
+                         const ResumePoint* resume) {
   GptConfig c;
-  if (init) {
+  if (resume) {
+    c = checkpoint_config(*resume, o);
+    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq,
+               " exceeds the checkpoint's maximum sequence length ", c.max_seq_len);
+  } else if (init) {
     c = init->config;
     auto agree = [&](const char* flag, int64_t given, int64_t in_file) {
       LOOM_CHECK(!o.was_set(flag) || given == in_file, "loom-gpt: --", flag, " ", given,
@@ -187,8 +195,11 @@ int run(int argc, char** argv) {
   if (!o.init_from.empty())
     init = std::make_unique<io::GptWeights>(
         io::load_gpt_weights(o.init_from, o.was_set("heads") ? o.heads : 0));
+  const std::optional<ResumePoint> resume = find_resume_point(o);
+  if (o.resume && !resume)
+    std::printf("checkpoint: none in %s yet; starting at step 0\n", o.checkpoint_dir.c_str());
   GptData data = load_gpt_data(o);
-  const GptConfig config = resolve_config(o, data, init.get());
+  const GptConfig config = resolve_config(o, data, init.get(), resume ? &*resume : nullptr);
   io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
   io::BatchLoader loader(std::move(data.tokens), o.batch, o.seq, o.data);
 
@@ -225,6 +236,11 @@ int run(int argc, char** argv) {
   if (o.eval_only) {
     GptModel& model_ref = *gpt;
     nn::Module& model = model_ref.module();
+    if (resume) {  // the checkpoint's weights (any layout), not its optimizer state
+      namespace ckpt = parallel::checkpoint;
+      ckpt::load(resume->path, resume->manifest,
+                 ckpt::value_pieces(ckpt::parameter_places(model), model.parameters()), *world);
+    }
     model.eval();
     LOOM_CHECK(o.eval_batches <= loader.batches_per_pass(), "loom-gpt: --eval-batches ",
                o.eval_batches, " but the data holds only ", loader.batches_per_pass(),
@@ -270,10 +286,37 @@ int run(int argc, char** argv) {
   if (data.task)
     heldout = std::make_unique<io::AdditionEvalSet>(data.task->heldout_set(o.eval_examples));
 
-  cli::Progress progress(o.steps, world->rank() == 0 ? o.metrics_file : std::string());
+  int64_t first_step = 0;
+  if (resume) {
+    loader.seek(resume_batch_index(*resume, o));
+    trainer->load_checkpoint(resume->path, resume->manifest, *world);
+    first_step = resume->manifest.step;
+    std::printf("checkpoint: resumed from %s at step %" PRId64 " (saved by %s)\n",
+                resume->path.c_str(), first_step,
+                resume->manifest.state.value("layout", nlohmann::json::object()).dump().c_str());
+  }
+  // Saves this rank's state as step `steps_done`; every rank takes part.
+  auto save_checkpoint = [&](int64_t steps_done, cli::Progress& progress) {
+    const auto save_start = Clock::now();
+    nlohmann::json state = run_state(config, o, world->size(), loader.index(), schedule.str());
+    const std::vector<parallel::checkpoint::StatePiece> pieces = trainer->checkpoint_pieces(state);
+    parallel::checkpoint::SaveOptions so;
+    so.keep_last = int(o.keep_last);
+    const parallel::checkpoint::SaveResult r =
+        parallel::checkpoint::save(o.checkpoint_dir, steps_done, pieces, state, *world, so);
+    const double seconds = seconds_since(save_start);
+    progress.flush_line();
+    std::printf("checkpoint: saved step %" PRId64 " to %s (%.1f MB in %.2f s)\n", steps_done,
+                r.path.c_str(), double(r.total_bytes) / 1e6, seconds);
+    progress.event(steps_done, "checkpoint",
+                   {{"save_s", seconds}, {"bytes", double(r.total_bytes)}});
+  };
+
+  cli::Progress progress(o.steps, world->rank() == 0 ? o.metrics_file : std::string(), "tok/s",
+                         first_step);
   const auto start = Clock::now();
   io::ExactMatch best;
-  int64_t best_step = 0, steps_done = 0;
+  int64_t best_step = 0, steps_done = first_step, last_saved = first_step;
   bool reached = false;
   if (gpt) gpt->module().train();
   // Held-out evaluation: on the model itself, or with a pipeline on a gathered copy.
@@ -290,7 +333,7 @@ int run(int argc, char** argv) {
     gathered->eval();
     return evaluate_task([&](const Tensor& x) { return (*gathered)(x); }, *heldout, o.batch);
   };
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = first_step; step < o.steps; ++step) {
     const auto step_start = Clock::now();
     const double lr = schedule.lr(step);
     io::Batch batch = loader.next_batch();
@@ -311,6 +354,10 @@ int run(int argc, char** argv) {
     if (peak.flops > 0)
       m.mfu = flops_per_token * m.tokens_per_s / (peak.flops * double(world->size()));
     progress.step(m);
+    if (!o.checkpoint_dir.empty() && o.save_every > 0 && steps_done % o.save_every == 0) {
+      save_checkpoint(steps_done, progress);
+      last_saved = steps_done;
+    }
 
     if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
       io::ExactMatch em = evaluate_heldout();
@@ -323,6 +370,7 @@ int run(int argc, char** argv) {
     }
   }
   progress.flush_line();
+  if (!o.checkpoint_dir.empty() && last_saved != steps_done) save_checkpoint(steps_done, progress);
   trainer->finish();
   const double elapsed = seconds_since(start);
   std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (%s allocator)\n",

@@ -1,0 +1,112 @@
+#include "gpt/gpt_checkpoint.h"
+
+#include "core/error.h"
+#include "parallel/checkpoint/checkpoint.h"
+
+namespace loom::gpt {
+
+namespace {
+
+const nlohmann::json& section(const ResumePoint& p, const char* key) {
+  const nlohmann::json& s = p.manifest.state;
+  LOOM_CHECK(s.contains(key) && s[key].is_object(), "loom-gpt: checkpoint ", p.path, " has no \"",
+             key, "\" in its state: it was not saved by loom-gpt");
+  return s[key];
+}
+
+int64_t integer(const ResumePoint& p, const nlohmann::json& section, const char* key) {
+  LOOM_CHECK(section.contains(key) && section[key].is_number_integer(), "loom-gpt: checkpoint ",
+             p.path, ": state field \"", key, "\" is missing or not an integer");
+  return section[key].get<int64_t>();
+}
+
+}  // namespace
+
+std::optional<ResumePoint> find_resume_point(const GptOptions& o) {
+  std::string path = o.resume_from;
+  if (o.resume) {
+    path = parallel::checkpoint::latest_checkpoint(o.checkpoint_dir);
+    if (path.empty()) return std::nullopt;
+  }
+  if (path.empty()) return std::nullopt;
+  ResumePoint p{path, parallel::checkpoint::read_manifest(path)};
+  return p;
+}
+
+GptConfig checkpoint_config(const ResumePoint& p, const GptOptions& o) {
+  const nlohmann::json& m = section(p, "model");
+  GptConfig c;
+  c.layers = integer(p, m, "layers");
+  c.heads = integer(p, m, "heads");
+  c.channels = integer(p, m, "channels");
+  c.vocab = integer(p, m, "vocab");
+  c.padded_vocab = integer(p, m, "padded_vocab");
+  c.max_seq_len = integer(p, m, "max_seq_len");
+  c.validate();
+  auto agree = [&](const char* flag, int64_t given, int64_t saved) {
+    LOOM_CHECK(!o.was_set(flag) || given == saved, "loom-gpt: --", flag, " ", given,
+               " conflicts with the checkpoint ", p.path, ", whose model has ", saved);
+  };
+  agree("layers", o.layers, c.layers);
+  agree("heads", o.heads, c.heads);
+  agree("dim", o.dim, c.channels);
+  agree("vocab", o.vocab, c.vocab);
+  return c;
+}
+
+nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size,
+                         int64_t batch_index, const std::string& lr_schedule) {
+  nlohmann::json s;
+  s["model"] = {{"layers", c.layers},
+                {"heads", c.heads},
+                {"channels", c.channels},
+                {"vocab", c.vocab},
+                {"padded_vocab", c.padded_vocab},
+                {"max_seq_len", c.max_seq_len}};
+  s["layout"] = {{"world_size", world_size},
+                 {"dp", o.dp},
+                 {"tp", o.tp},
+                 {"pp", o.pp},
+                 {"zero", o.zero},
+                 {"dtype", o.dtype},
+                 {"sequence_parallel", o.sequence_parallel},
+                 {"grad_accum", o.grad_accum}};
+  s["data"] = {{"batch_index", batch_index},
+               {"source", o.data.empty() ? "addition task" : o.data},
+               {"batch", o.batch},
+               {"seq", o.seq},
+               {"digits", o.digits}};
+  s["training"] = {{"seed", o.seed},
+                   {"optimizer", o.optimizer},
+                   {"lr_schedule", lr_schedule},
+                   {"steps", o.steps}};
+  return s;
+}
+
+int64_t resume_batch_index(const ResumePoint& p, const GptOptions& o) {
+  const nlohmann::json& d = section(p, "data");
+  const std::string source = o.data.empty() ? "addition task" : o.data;
+  LOOM_CHECK(d.contains("source") && d["source"] == source, "loom-gpt: the checkpoint ", p.path,
+             " was trained on ", d.contains("source") ? d["source"].dump() : "unknown data",
+             " but --data gives '", source, "'; a resumed run reads the same data");
+  auto agree = [&](const char* flag, int64_t given, int64_t saved) {
+    LOOM_CHECK(given == saved, "loom-gpt: --", flag, " ", given, " differs from the checkpoint ",
+               p.path, "'s ", saved,
+               ": a resumed run needs the same global batch and sequence length to continue at "
+               "the same sample (the layout may change)");
+  };
+  agree("batch", o.batch, integer(p, d, "batch"));
+  agree("seq", o.seq, integer(p, d, "seq"));
+  if (o.data.empty()) agree("digits", o.digits, integer(p, d, "digits"));
+  const nlohmann::json& t = section(p, "training");
+  LOOM_CHECK(t.contains("seed") && t["seed"].get<uint64_t>() == o.seed, "loom-gpt: --seed ", o.seed,
+             " differs from the checkpoint ", p.path, "'s ", t["seed"].dump(),
+             " (the seed keys the data's examples and the dropout masks)");
+  LOOM_CHECK(t.contains("optimizer") && t["optimizer"] == o.optimizer, "loom-gpt: --optimizer ",
+             o.optimizer, " differs from the checkpoint ", p.path, "'s ", t["optimizer"].dump());
+  const int64_t index = integer(p, d, "batch_index");
+  LOOM_CHECK(index >= 0, "loom-gpt: checkpoint ", p.path, ": negative batch index ", index);
+  return index;
+}
+
+}  // namespace loom::gpt

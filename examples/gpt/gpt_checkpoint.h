@@ -1,0 +1,43 @@
+// loom-gpt's checkpoints (--checkpoint-dir, --save-every, --resume, --resume-from): what the
+// manifest records about the run besides its tensors, and what a resume checks against it.
+//
+// A resumed run continues exactly: the same model (from the checkpoint; explicit flags must
+// agree), the next batch of the same data (the batch index is saved, and --batch, --seq, --data
+// and --seed must agree, since they decide which tokens a batch index means), the learning rate
+// of the next step (a function of the step) and the dropout masks (keyed by seed and step). The
+// layout (--dp, --tp, --zero, ranks) may differ: the tensors reshard on load.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/io/checkpoint_manifest.h"
+#include "core/nn/gpt_config.h"
+#include "gpt/gpt_options.h"
+
+namespace loom::gpt {
+
+struct ResumePoint {
+  std::string path;  // the step directory
+  io::CheckpointManifest manifest;
+};
+
+// The checkpoint --resume-from names, or the latest committed one in --checkpoint-dir with
+// --resume (none: a fresh start, so one command line both starts and continues a run).
+std::optional<ResumePoint> find_resume_point(const GptOptions& o);
+
+// The model the checkpoint holds. Throws naming the flag when an explicit one differs.
+GptConfig checkpoint_config(const ResumePoint& point, const GptOptions& o);
+
+// The run's non-tensor state for the manifest: the model, the layout that saved it, the data
+// position and what decides the data, the schedule and the seed.
+nlohmann::json run_state(const GptConfig& config, const GptOptions& o, int world_size,
+                         int64_t batch_index, const std::string& lr_schedule);
+
+// Checks that the flags read the same data as the saved run; returns the batch index to go on
+// from. Throws naming the flag that differs.
+int64_t resume_batch_index(const ResumePoint& point, const GptOptions& o);
+
+}  // namespace loom::gpt

@@ -1,0 +1,517 @@
+// See parallel/checkpoint/checkpoint.h.
+#include "parallel/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "core/error.h"
+#include "core/io/detail/file.h"
+#include "core/io/safetensors.h"
+#include "parallel/checkpoint/durable.h"
+#include "parallel/checkpoint/region.h"
+
+namespace loom::parallel::checkpoint {
+
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kLatest = "latest";
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08" PRId64, step);
+  return buf;
+}
+
+// The step of a committed-looking directory name ("step-00000100"), or -1.
+int64_t step_of_dir_name(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (INT64_MAX - 9) / 10) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+// Every rank's string, in rank order. Collective.
+std::vector<std::string> allgather_strings(comm::Communicator& group, const std::string& mine) {
+  const int n = group.size();
+  Tensor size = Tensor::full({1}, double(mine.size()), DType::kI64);
+  Tensor sizes = Tensor::empty({n}, DType::kI64);
+  group.allgather(size, sizes)->wait();
+  const std::vector<int64_t> s = sizes.to_vector<int64_t>();
+  const int64_t most = std::max<int64_t>(1, *std::max_element(s.begin(), s.end()));
+  Tensor padded = Tensor::zeros({most}, DType::kU8);
+  std::copy(mine.begin(), mine.end(), static_cast<char*>(padded.data_ptr()));
+  Tensor all = Tensor::empty({n * most}, DType::kU8);
+  group.allgather(padded, all)->wait();
+  std::vector<std::string> out;
+  const char* bytes = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * most, size_t(s[size_t(r)]));
+  return out;
+}
+
+// Every rank says whether its part of `phase` failed; a failure anywhere is raised everywhere,
+// naming each failing rank and its reason. Collective.
+void agree(comm::Communicator& group, const std::string& what, const std::string& error) {
+  const std::vector<std::string> errors = allgather_strings(group, error);
+  std::string message;
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty())
+      message += detail::str_cat(message.empty() ? "" : "; ", "rank ", r, ": ", errors[r]);
+  LOOM_CHECK(message.empty(), what, " failed: ", message);
+}
+
+// Runs fn, returning its error message ("" when it succeeded).
+template <typename Fn>
+std::string capture(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+nlohmann::json region_json(const io::Region& r) {
+  return {{"box_offset", r.offset}, {"box_shape", r.shape}, {"range", {r.begin, r.end}}};
+}
+
+io::Region region_from_json(const nlohmann::json& j) {
+  io::Region r;
+  r.offset = j.at("box_offset").get<Shape>();
+  r.shape = j.at("box_shape").get<Shape>();
+  r.begin = j.at("range")[0].get<int64_t>();
+  r.end = j.at("range")[1].get<int64_t>();
+  return r;
+}
+
+// Merges `from` into `into`, objects key by key. Throws naming the key when leaves differ.
+void merge_state(nlohmann::json& into, const nlohmann::json& from, const std::string& path) {
+  for (const auto& [key, value] : from.items()) {
+    const std::string at = path.empty() ? key : path + "." + key;
+    if (!into.contains(key)) {
+      into[key] = value;
+    } else if (into[key].is_object() && value.is_object()) {
+      merge_state(into[key], value, at);
+    } else {
+      LOOM_CHECK(into[key] == value, "the ranks disagree on state '", at, "': ", into[key].dump(),
+                 " vs ", value.dump());
+    }
+  }
+}
+
+// What one rank writes of a piece: its share of the piece's elements.
+struct Share {
+  const StatePiece* piece;
+  DType dtype;
+  int64_t first;  // of the piece's elements
+  io::Region region;
+};
+
+// The shares this rank writes: pieces several ranks hold identically are split evenly between
+// them in rank order, so each element is written once. Checks that the ranks agree on each
+// tensor's shape and dtype and that, together, they hold every element of it.
+std::vector<Share> plan_shares(const std::vector<StatePiece>& pieces, comm::Communicator& group,
+                               std::map<std::string, io::TensorEntry>& tensors) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (const StatePiece& p : pieces) {
+    LOOM_CHECK(p.data.defined() && p.data.numel() == p.region.numel(), "checkpoint: piece ", p.name,
+               " ", p.region.str(), " has ", p.data.defined() ? p.data.numel() : 0,
+               " elements of data for ", p.region.numel());
+    p.region.check_inside(p.global_shape, "checkpoint: piece " + p.name);
+    if (p.region.numel() == 0) continue;
+    mine.push_back({{"name", p.name},
+                    {"shape", p.global_shape},
+                    {"dtype", io::safetensors_dtype_code(p.data.dtype())},
+                    {"region", region_json(p.region)}});
+  }
+  const std::vector<std::string> all = allgather_strings(group, mine.dump());
+  // key (name + region) -> ranks holding it, in rank order
+  std::map<std::string, std::vector<int>> holders;
+  std::map<std::string, int64_t> held;  // per tensor: elements over distinct keys
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const nlohmann::json& e : nlohmann::json::parse(all[r])) {
+      const std::string name = e["name"];
+      const Shape shape = e["shape"].get<Shape>();
+      const DType dtype = io::dtype_from_safetensors_code(e["dtype"], name);
+      auto [it, fresh] = tensors.try_emplace(name);
+      if (fresh) {
+        it->second.shape = shape;
+        it->second.dtype = dtype;
+      }
+      LOOM_CHECK(it->second.shape == shape && it->second.dtype == dtype, "checkpoint: tensor ",
+                 name, " is ", shape_str(shape), " ", dtype_name(dtype), " on rank ", r, " but ",
+                 shape_str(it->second.shape), " ", dtype_name(it->second.dtype),
+                 " on a lower rank");
+      const std::string key = name + " " + e["region"].dump();
+      std::vector<int>& h = holders[key];
+      if (h.empty()) held[name] += region_from_json(e["region"]).numel();
+      h.push_back(int(r));
+    }
+  }
+  for (const auto& [name, t] : tensors)
+    LOOM_CHECK(held[name] == shape_numel(t.shape), "checkpoint: the ranks' pieces of tensor ", name,
+               " ", shape_str(t.shape), " hold ", held[name], " of its ", shape_numel(t.shape),
+               " elements; a layout must describe every element once (identical pieces may "
+               "repeat)");
+  std::vector<Share> shares;
+  for (const StatePiece& p : pieces) {
+    if (p.region.numel() == 0) continue;
+    const std::vector<int>& h = holders.at(p.name + " " + region_json(p.region).dump());
+    const int64_t k = int64_t(h.size());
+    const int64_t j = std::find(h.begin(), h.end(), group.rank()) - h.begin();
+    // Identical pieces may appear twice on one rank; the first takes the share.
+    const int64_t n = p.region.numel();
+    const int64_t lo = n * j / k, hi = n * (j + 1) / k;
+    if (lo == hi) continue;
+    io::Region r = p.region;
+    r.begin = p.region.begin + lo;
+    r.end = p.region.begin + hi;
+    shares.push_back({&p, p.data.dtype(), lo, r});
+  }
+  return shares;
+}
+
+// Writes this rank's data file; returns its report for the manifest.
+nlohmann::json write_data_file(const std::string& dir, const std::string& file, int64_t step,
+                               int rank, std::vector<Share> shares, uint64_t chunk_bytes) {
+  std::stable_sort(shares.begin(), shares.end(), [](const Share& a, const Share& b) {
+    return dtype_size(a.dtype) > dtype_size(b.dtype);
+  });
+  std::vector<io::SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata{{"format", "loom-checkpoint"},
+                                              {"step", std::to_string(step)},
+                                              {"rank", std::to_string(rank)}};
+  std::map<std::string, int> per_name;
+  std::vector<std::string> keys;
+  for (const Share& s : shares) {
+    const std::string key = s.piece->name + "#" + std::to_string(per_name[s.piece->name]++);
+    entries.push_back({key, s.dtype, {s.region.numel()}});
+    nlohmann::json place = region_json(s.region);
+    place["tensor"] = s.piece->name;
+    place["shape"] = s.piece->global_shape;
+    metadata[key] = place.dump();
+    keys.push_back(key);
+  }
+  const io::SafetensorsLayout layout = io::safetensors_layout(entries, metadata);
+  DurableFile out(join(dir, file));
+  out.write(layout.header.data(), layout.header.size());
+  nlohmann::json pieces = nlohmann::json::array();
+  for (size_t i = 0; i < shares.size(); ++i) {
+    const Share& s = shares[i];
+    const Tensor cpu =
+        s.piece->data.detach().to(Device::cpu()).contiguous().reshape({s.piece->region.numel()});
+    const Tensor part = cpu.narrow(0, s.first, s.region.numel());
+    const char* bytes = static_cast<const char*>(part.data_ptr());
+    const uint64_t nbytes = part.nbytes();
+    LOOM_ASSERT(out.written() == layout.data_offset[i], "data file offset ", out.written(), " for ",
+                keys[i], ", the header says ", layout.data_offset[i]);
+    std::vector<uint32_t> crcs;
+    for (uint64_t at = 0; at < nbytes; at += chunk_bytes) {
+      const uint64_t n = std::min(chunk_bytes, nbytes - at);
+      crcs.push_back(crc32c(bytes + at, n));
+      out.write(bytes + at, n);
+    }
+    nlohmann::json pj = region_json(s.region);
+    pj["tensor"] = s.piece->name;
+    pj["key"] = keys[i];
+    pj["offset"] = layout.data_offset[i];
+    pj["nbytes"] = nbytes;
+    pj["chunk_bytes"] = chunk_bytes;
+    pj["crc32c"] = crcs;
+    pieces.push_back(pj);
+  }
+  out.commit();
+  return {{"file", file}, {"bytes", layout.file_bytes}, {"rank", rank}, {"pieces", pieces}};
+}
+
+// Rank 0's part of the commit: the manifest into the staging directory, the directory to its
+// final name, then `latest`, then old checkpoints. See Note [Durable commit].
+void commit(const std::string& dir, const std::string& staging, const std::string& final_dir,
+            io::CheckpointManifest manifest, const std::vector<std::string>& reports,
+            int keep_last) {
+  for (const std::string& text : reports) {
+    const nlohmann::json report = nlohmann::json::parse(text);
+    merge_state(manifest.state, report["state"], "");
+    const nlohmann::json& file = report["file"];
+    manifest.files.push_back(
+        {file["file"], file["bytes"].get<uint64_t>(), file["rank"].get<int>()});
+    for (const nlohmann::json& pj : file["pieces"]) {
+      io::StoredPiece p;
+      p.region = region_from_json(pj);
+      p.file = file["file"];
+      p.key = pj["key"];
+      p.offset = pj["offset"];
+      p.nbytes = pj["nbytes"];
+      p.chunk_bytes = pj["chunk_bytes"];
+      p.crc32c = pj["crc32c"].get<std::vector<uint32_t>>();
+      manifest.tensors.at(pj["tensor"].get<std::string>()).pieces.push_back(std::move(p));
+    }
+  }
+  // Parse what we are about to write: a manifest that would not load is never committed.
+  const std::string text = manifest.to_json();
+  io::parse_checkpoint_manifest(text, join(staging, kManifest));
+  write_file_durably(join(staging, kManifest), text);
+  if (path_exists(final_dir)) {  // the same step saved before (a run resumed from earlier)
+    const std::string old = final_dir + ".old";
+    remove_tree(old);
+    LOOM_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0, "cannot move the earlier ",
+               final_dir, " aside");
+    remove_tree(old);
+  }
+  LOOM_CHECK(std::rename(staging.c_str(), final_dir.c_str()) == 0, "cannot rename ", staging,
+             " to ", final_dir);
+  fsync_directory(dir);
+  write_file_durably(join(dir, kLatest), step_dir_name(manifest.step) + "\n");
+  if (keep_last > 0) {
+    std::vector<int64_t> steps;
+    for (const std::string& name : list_directory(dir))
+      if (step_of_dir_name(name) >= 0 && path_exists(join(join(dir, name), kManifest)))
+        steps.push_back(step_of_dir_name(name));
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + size_t(keep_last) < steps.size(); ++i)
+      if (steps[i] != manifest.step) remove_tree(join(dir, step_dir_name(steps[i])));
+  }
+}
+
+}  // namespace
+
+SaveResult save(const std::string& dir, int64_t step, const std::vector<StatePiece>& pieces,
+                const nlohmann::json& state, comm::Communicator& group,
+                const SaveOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  LOOM_CHECK(step >= 0, "checkpoint save: step must be >= 0, got ", step);
+  LOOM_CHECK(options.chunk_bytes > 0, "checkpoint save: chunk_bytes must be positive");
+  LOOM_CHECK(state.is_object(), "checkpoint save: the state must be a JSON object");
+  const std::string what = detail::str_cat("checkpoint save of step ", step, " to ", dir);
+  const std::string final_dir = join(dir, step_dir_name(step));
+  const std::string staging = final_dir + ".tmp";
+  const int rank = group.rank();
+
+  std::map<std::string, io::TensorEntry> tensors;
+  std::vector<Share> shares;
+  agree(group, what + " (planning)",
+        capture([&] { shares = plan_shares(pieces, group, tensors); }));
+
+  // Rank 0 clears what an interrupted save left and makes the staging directory.
+  agree(group, what + " (preparing " + staging + ")", capture([&] {
+          if (rank != 0) return;
+          make_directories(dir);
+          for (const std::string& name : list_directory(dir))
+            if (name.size() > 4 && name.compare(0, 5, "step-") == 0 &&
+                (name.rfind(".tmp") == name.size() - 4 || name.rfind(".old") == name.size() - 4))
+              remove_tree(join(dir, name));
+          make_directories(staging);
+        }));
+
+  char file[32];
+  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
+  nlohmann::json report;
+  agree(group, what + " (writing data files)", capture([&] {
+          report["file"] = write_data_file(staging, file, step, rank, shares, options.chunk_bytes);
+          report["state"] = state;
+        }));
+
+  const std::vector<std::string> reports = allgather_strings(group, report.dump());
+  SaveResult result;
+  result.path = final_dir;
+  result.bytes = report["file"]["bytes"];
+  for (const std::string& r : reports)
+    result.total_bytes += nlohmann::json::parse(r)["file"]["bytes"].get<uint64_t>();
+  agree(group, what + " (committing)", capture([&] {
+          if (rank != 0) return;
+          io::CheckpointManifest manifest;
+          manifest.step = step;
+          manifest.tensors = tensors;
+          commit(dir, staging, final_dir, std::move(manifest), reports, options.keep_last);
+        }));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  const std::string pointer = join(dir, kLatest);
+  if (path_exists(pointer)) {
+    std::string name = io::detail::read_all(pointer, "checkpoint pointer");
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    if (step_of_dir_name(name) >= 0 && path_exists(join(join(dir, name), kManifest)))
+      return join(dir, name);
+  }
+  if (!path_exists(dir)) return "";
+  int64_t best = -1;
+  for (const std::string& name : list_directory(dir)) {
+    const int64_t s = step_of_dir_name(name);
+    if (s > best && path_exists(join(join(dir, name), kManifest))) best = s;
+  }
+  return best < 0 ? "" : join(dir, step_dir_name(best));
+}
+
+io::CheckpointManifest read_manifest(const std::string& path) {
+  const std::string manifest = join(path, kManifest);
+  LOOM_CHECK(path_exists(manifest), "no committed checkpoint at ", path, ": it has no ", kManifest,
+             " (a step directory without one is an unfinished save and is never loaded",
+             path_exists(join(path, kLatest)) ? "; this looks like a checkpoint root: use it with "
+                                                "--resume, or name a step directory in it"
+                                              : "",
+             ")");
+  return io::parse_checkpoint_manifest(io::detail::read_all(manifest, "checkpoint manifest"),
+                                       manifest);
+}
+
+namespace {
+
+// Opened data files, checked once against the manifest's sizes.
+class Files {
+ public:
+  Files(const std::string& dir, const io::CheckpointManifest& m) : dir_(dir) {
+    for (const io::CheckpointFile& f : m.files) sizes_[f.name] = f.bytes;
+  }
+  io::detail::InFile& open(const std::string& name) {
+    auto it = open_.find(name);
+    if (it != open_.end()) return *it->second;
+    const std::string path = join(dir_, name);
+    LOOM_CHECK(path_exists(path), "checkpoint ", dir_, ": data file ", name,
+               " is missing (the manifest lists it)");
+    auto f = std::make_unique<io::detail::InFile>(path, "checkpoint data file");
+    LOOM_CHECK(f->size() == sizes_.at(name), "checkpoint ", dir_, ": data file ", name, " is ",
+               f->size(), " bytes but the manifest says ", sizes_.at(name),
+               f->size() < sizes_.at(name) ? " (truncated)" : "");
+    return *open_.emplace(name, std::move(f)).first->second;
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, uint64_t> sizes_;
+  std::map<std::string, std::unique_ptr<io::detail::InFile>> open_;
+};
+
+// Throws unless chunk c of a stored piece (its bytes at `bytes`) matches its checksum.
+void check_chunk(const std::string& dir, const std::string& tensor, const io::StoredPiece& p,
+                 uint64_t c, const char* bytes) {
+  const uint64_t at = c * p.chunk_bytes, n = std::min(p.chunk_bytes, p.nbytes - at);
+  const uint32_t crc = crc32c(bytes, n);
+  LOOM_CHECK(crc == p.crc32c[c], "checkpoint ", dir, ": data file ", p.file, ", tensor ", tensor,
+             " (piece ", p.key, "), bytes [", p.offset + at, ", ", p.offset + at + n,
+             ") fail their checksum (crc32c ", crc, ", the manifest says ", p.crc32c[c],
+             "): the file is damaged");
+}
+
+// Reads chunks [first, last] of a stored piece into buf (the piece's bytes) and checks them.
+void read_chunks(Files& files, const std::string& dir, const std::string& tensor,
+                 const io::StoredPiece& p, uint64_t first, uint64_t last, char* buf) {
+  const uint64_t begin = first * p.chunk_bytes;
+  const uint64_t end = std::min(p.nbytes, (last + 1) * p.chunk_bytes);
+  files.open(p.file).read_at(p.offset + begin, buf + begin, end - begin);
+  for (uint64_t c = first; c <= last; ++c) check_chunk(dir, tensor, p, c, buf + c * p.chunk_bytes);
+}
+
+void load_local(const std::string& path, const io::CheckpointManifest& manifest,
+                const std::vector<StatePiece>& pieces) {
+  struct Copy {
+    size_t dst;
+    int64_t src_index, dst_index, n;
+  };
+  // Destination staging: CPU, the stored dtype; pieces already so are written in place.
+  std::vector<Tensor> staging(pieces.size());
+  std::vector<char> direct(pieces.size(), 0);
+  // Per (tensor, stored piece): the copies out of it.
+  std::map<std::pair<std::string, size_t>, std::vector<Copy>> plan;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const StatePiece& p = pieces[i];
+    auto it = manifest.tensors.find(p.name);
+    LOOM_CHECK(it != manifest.tensors.end(), "checkpoint ", path, " has no tensor ", p.name,
+               " (saved from a different model or optimizer?)");
+    const io::TensorEntry& t = it->second;
+    LOOM_CHECK(t.shape == p.global_shape, "checkpoint ", path, ": tensor ", p.name, " is ",
+               shape_str(t.shape), " but this model's is ", shape_str(p.global_shape),
+               " (a different model?)");
+    LOOM_CHECK(p.data.numel() == p.region.numel(), "checkpoint load: piece ", p.name, " ",
+               p.region.str(), " has ", p.data.numel(), " elements of room for ", p.region.numel());
+    LOOM_CHECK(t.dtype == p.data.dtype() || (is_floating(t.dtype) && is_floating(p.data.dtype())),
+               "checkpoint ", path, ": tensor ", p.name, " is ", dtype_name(t.dtype),
+               " and cannot be loaded into ", dtype_name(p.data.dtype()));
+    direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == t.dtype;
+    staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, t.dtype);
+    int64_t covered = 0;
+    for (size_t s = 0; s < t.pieces.size(); ++s) {
+      for_each_overlap(t.shape, t.pieces[s].region, p.region,
+                       [&](int64_t src_index, int64_t dst_index, int64_t n) {
+                         plan[{p.name, s}].push_back({i, src_index, dst_index, n});
+                         covered += n;
+                       });
+    }
+    LOOM_CHECK(covered == p.region.numel(), "checkpoint ", path, ": tensor ", p.name, " region ",
+               p.region.str(), ": ", p.region.numel() - covered,
+               " of its elements are in no stored piece (a damaged manifest?)");
+  }
+  Files files(path, manifest);
+  for (const auto& [key, copies] : plan) {
+    const io::TensorEntry& t = manifest.tensors.at(key.first);
+    const io::StoredPiece& sp = t.pieces[key.second];
+    const uint64_t es = dtype_size(t.dtype);
+    std::vector<char> needed((sp.nbytes + sp.chunk_bytes - 1) / sp.chunk_bytes, 0);
+    for (const Copy& c : copies)
+      for (uint64_t k = uint64_t(c.src_index) * es / sp.chunk_bytes;
+           k <= (uint64_t(c.src_index + c.n) * es - 1) / sp.chunk_bytes; ++k)
+        needed[k] = 1;
+    std::unique_ptr<char[]> buf(new char[sp.nbytes]);
+    for (uint64_t k = 0; k < needed.size();) {
+      if (!needed[k]) {
+        ++k;
+        continue;
+      }
+      uint64_t last = k;
+      while (last + 1 < needed.size() && needed[last + 1]) ++last;
+      read_chunks(files, path, key.first, sp, k, last, buf.get());
+      k = last + 1;
+    }
+    for (const Copy& c : copies) {
+      char* dst = static_cast<char*>(staging[c.dst].data_ptr());
+      std::memcpy(dst + c.dst_index * es, buf.get() + c.src_index * es, size_t(c.n) * es);
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (!direct[i])
+      Tensor(pieces[i].data)
+          .copy_(staging[i]
+                     .to(pieces[i].data.dtype())
+                     .to(pieces[i].data.device())
+                     .reshape(pieces[i].data.shape()));
+}
+
+}  // namespace
+
+void load(const std::string& path, const io::CheckpointManifest& manifest,
+          const std::vector<StatePiece>& pieces, comm::Communicator& group) {
+  agree(group, "checkpoint load from " + path,
+        capture([&] { load_local(path, manifest, pieces); }));
+}
+
+void verify(const std::string& path, const io::CheckpointManifest& manifest) {
+  Files files(path, manifest);
+  for (const io::CheckpointFile& f : manifest.files) files.open(f.name);
+  std::vector<char> buf;
+  for (const auto& [name, t] : manifest.tensors) {
+    for (const io::StoredPiece& p : t.pieces) {
+      buf.resize(std::min(p.nbytes, p.chunk_bytes));
+      for (uint64_t at = 0; at < p.nbytes; at += p.chunk_bytes) {
+        const uint64_t n = std::min(p.chunk_bytes, p.nbytes - at);
+        files.open(p.file).read_at(p.offset + at, buf.data(), n);
+        check_chunk(path, name, p, at / p.chunk_bytes, buf.data());
+      }
+    }
+  }
+}
+
+}  // namespace loom::parallel::checkpoint

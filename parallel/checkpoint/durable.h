@@ -1,0 +1,58 @@
+// The commit protocol's building blocks: files that reach the disk before they get their final
+// name, checksums computed as the bytes go by, and directory operations that fail loudly.
+//
+// Note [Durable commit]
+// A checkpoint is committed in this order, and a reader trusts nothing that the order has not
+// finished: (1) every rank writes its data file under a temporary name, fsyncs it and renames it;
+// (2) the manifest, naming every file with its size and checksums, is written the same way and
+// the directory fsynced: from here on the checkpoint exists; (3) the `latest` pointer is replaced
+// the same way. A crash before (2) leaves a directory without a manifest, which is never loaded
+// (and is removed by the next save); a crash before (3) leaves `latest` at the previous
+// checkpoint, which is still whole. Older checkpoints are deleted only after (3).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::parallel::checkpoint {
+
+// CRC-32C (Castagnoli), as iSCSI, ext4 and most storage systems use it: crc32c("123456789") is
+// 0xE3069283. Continue a running checksum by passing the previous value. Uses the SSE4.2
+// instruction when the build targets it.
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+// A file written under `path`.tmp.<pid> and renamed to `path` by commit() after an fsync (and an
+// fsync of its directory). Dropping an uncommitted file removes the temporary. Errors name the
+// file and the system's reason (a full disk says so).
+class DurableFile {
+ public:
+  explicit DurableFile(const std::string& path);
+  ~DurableFile();
+  DurableFile(const DurableFile&) = delete;
+  DurableFile& operator=(const DurableFile&) = delete;
+
+  void write(const void* data, size_t n);
+  uint64_t written() const { return written_; }
+  void commit();
+
+ private:
+  std::string path_, tmp_path_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
+
+// `text` into `path` through a DurableFile.
+void write_file_durably(const std::string& path, const std::string& text);
+// Makes a directory entry change (a rename, a new file) durable.
+void fsync_directory(const std::string& dir);
+// Creates `dir` and its parents when missing; throws naming it when that fails.
+void make_directories(const std::string& dir);
+// Removes `path` and everything under it; a missing path is not an error.
+void remove_tree(const std::string& path);
+bool path_exists(const std::string& path);
+// The entries of a directory (names only, sorted); throws naming it when it cannot be read.
+std::vector<std::string> list_directory(const std::string& dir);
+
+}  // namespace loom::parallel::checkpoint

@@ -1,0 +1,188 @@
+// See parallel/checkpoint/training_state.h.
+#include "parallel/checkpoint/training_state.h"
+
+#include "core/error.h"
+
+namespace loom::parallel::checkpoint {
+
+namespace {
+
+// `data` (contiguous, placement.numel() elements) as one piece per part of the placement.
+void add_pieces(std::vector<StatePiece>& out, const std::string& name, const Placement& placement,
+                const Tensor& data) {
+  LOOM_ASSERT(data.numel() == placement.numel(), "checkpoint: ", name, " has ", data.numel(),
+              " elements but its placement ", placement.numel());
+  LOOM_ASSERT(data.is_contiguous(), "checkpoint: ", name, " is not contiguous");
+  const Tensor flat = data.reshape({data.numel()});
+  for (const Placement::Part& part : placement.parts)
+    out.push_back({name, placement.global_shape, part.region,
+                   flat.narrow(0, part.local_offset, part.region.numel())});
+}
+
+// "{i}.{kind}" -> (i, kind); false for any other key.
+bool split_state_key(const std::string& key, size_t& index, std::string& kind) {
+  const size_t dot = key.find('.');
+  if (dot == 0 || dot == std::string::npos) return false;
+  index = 0;
+  for (size_t k = 0; k < dot; ++k) {
+    if (key[k] < '0' || key[k] > '9') return false;
+    index = index * 10 + size_t(key[k] - '0');
+  }
+  kind = key.substr(dot + 1);
+  return true;
+}
+
+// The places of ZeRO's pieces: piece i is elements [param_offset, +numel) of its parameter.
+std::vector<ParamPlace> zero_places(const nn::Module& module, const ZeroOptimizer& zero) {
+  std::vector<ParamPlace> places;
+  const NamedParams& named = zero.named_parameters();
+  for (const ShardPiece& sp : zero.own_pieces()) {
+    const std::string& name = named[sp.param].first;
+    places.push_back({name, parameter_placement(module, name).slice(sp.param_offset, sp.numel)});
+  }
+  return places;
+}
+
+}  // namespace
+
+Placement parameter_placement(const nn::Module& module, const std::string& name) {
+  if (const nn::ShardSpec* shard = module.parameter_shard(name)) return Placement::of_shard(*shard);
+  for (const auto& [n, p] : module.named_parameters())
+    if (n == name) return Placement::whole(p.shape());
+  LOOM_FAIL("checkpoint: the module has no parameter ", name);
+}
+
+std::vector<ParamPlace> parameter_places(const nn::Module& module) {
+  std::vector<ParamPlace> places;
+  for (const auto& [name, p] : module.named_parameters()) {
+    const nn::ShardSpec* shard = module.parameter_shard(name);
+    places.push_back({name, shard ? Placement::of_shard(*shard) : Placement::whole(p.shape())});
+  }
+  return places;
+}
+
+std::vector<StatePiece> value_pieces(const std::vector<ParamPlace>& places,
+                                     const std::vector<Tensor>& values, const std::string& prefix) {
+  LOOM_ASSERT(places.size() == values.size(), places.size(), " places for ", values.size(),
+              " tensors");
+  std::vector<StatePiece> out;
+  for (size_t i = 0; i < places.size(); ++i)
+    add_pieces(out, prefix + places[i].name, places[i].placement, values[i]);
+  return out;
+}
+
+void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
+                         const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places) {
+  LOOM_ASSERT(optimizer.params().size() == places.size(), "checkpoint: ", places.size(),
+              " places for the ", optimizer.params().size(), " parameters of ", optimizer.name());
+  nlohmann::json& steps = state["optimizer_steps"];
+  for (const auto& [key, t] : optimizer.state_dict()) {
+    size_t i;
+    std::string kind;
+    LOOM_CHECK(split_state_key(key, i, kind) && i < places.size(), "checkpoint: ", optimizer.name(),
+               "'s state key '", key,
+               "' is not '{parameter}.{kind}' (an optimizer loom cannot checkpoint yet)");
+    const std::string& name = places[i].name;
+    if (kind == "step") {
+      const int64_t n = t.to_vector<int64_t>().at(0);
+      LOOM_CHECK(!steps.contains(name) || steps[name] == n, "checkpoint: the pieces of ", name,
+                 " have different update counts (", steps.contains(name) ? steps[name].dump() : "",
+                 " and ", n, ")");
+      steps[name] = n;
+    } else {
+      add_pieces(pieces, "optim." + name + "." + kind, places[i].placement, t);
+    }
+  }
+}
+
+OptimizerStateLoad::OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places)
+    : optimizer_(optimizer), places_(std::move(places)), state_(optimizer.state_dict()) {
+  LOOM_ASSERT(optimizer.params().size() == places_.size(), "checkpoint: ", places_.size(),
+              " places for the ", optimizer.params().size(), " parameters of ", optimizer.name());
+  for (const auto& [key, t] : state_) {
+    size_t i;
+    std::string kind;
+    LOOM_CHECK(split_state_key(key, i, kind) && i < places_.size(),
+               "checkpoint: ", optimizer.name(), "'s state key '", key,
+               "' is not '{parameter}.{kind}'");
+    if (kind != "step")
+      add_pieces(pieces_, "optim." + places_[i].name + "." + kind, places_[i].placement, t);
+  }
+}
+
+void OptimizerStateLoad::finish(const nlohmann::json& state) {
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json& steps =
+      state.contains("optimizer_steps") ? state["optimizer_steps"] : empty;
+  for (auto& [key, t] : state_) {
+    size_t i;
+    std::string kind;
+    if (!split_state_key(key, i, kind) || kind != "step") continue;
+    const std::string& name = places_[i].name;
+    LOOM_CHECK(steps.contains(name) && steps[name].is_number_integer(),
+               "checkpoint: the manifest has no update count for ", name,
+               " (state.optimizer_steps): saved by another optimizer?");
+    t = Tensor::from_vector(std::vector<int64_t>{steps[name].get<int64_t>()}, {1});
+  }
+  optimizer_.load_state_dict(state_);
+}
+
+TrainingState::TrainingState(nn::Module& module, optim::Optimizer& optimizer)
+    : module_(module), optimizer_(optimizer), zero_(dynamic_cast<ZeroOptimizer*>(&optimizer)) {}
+
+std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const {
+  std::vector<StatePiece> pieces;
+  if (!zero_) {
+    const std::vector<ParamPlace> places = parameter_places(module_);
+    std::vector<Tensor> values;
+    for (const Tensor& p : module_.parameters()) values.push_back(p.detach().contiguous().clone());
+    pieces = value_pieces(places, values);
+    add_optimizer_state(pieces, state, optimizer_, places);
+    return pieces;
+  }
+  const std::vector<ParamPlace> places = zero_places(module_, *zero_);
+  std::vector<Tensor> values, masters;
+  for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i).clone());
+  pieces = value_pieces(places, values);
+  if (const optim::MasterWeights* m = zero_->masters()) {
+    for (const Tensor& t : m->masters()) masters.push_back(t.clone());
+    std::vector<StatePiece> mp = value_pieces(places, masters, "optim.");
+    for (StatePiece& p : mp) p.name += ".master";
+    pieces.insert(pieces.end(), mp.begin(), mp.end());
+  }
+  add_optimizer_state(pieces, state, zero_->inner(), places);
+  return pieces;
+}
+
+void TrainingState::load(const std::string& path, const io::CheckpointManifest& manifest,
+                         comm::Communicator& group) {
+  std::vector<StatePiece> pieces;
+  std::unique_ptr<OptimizerStateLoad> opt;
+  if (!zero_) {
+    const std::vector<ParamPlace> places = parameter_places(module_);
+    pieces = value_pieces(places, module_.parameters());
+    opt = std::make_unique<OptimizerStateLoad>(optimizer_, places);
+  } else {
+    const std::vector<ParamPlace> places = zero_places(module_, *zero_);
+    // Stages 1 and 2 keep every parameter whole on every rank; stage 3 only its shards.
+    if (zero_->stage() == 3) {
+      std::vector<Tensor> values;
+      for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
+      pieces = value_pieces(places, values);
+    } else {
+      pieces = value_pieces(parameter_places(module_), module_.parameters());
+    }
+    if (const optim::MasterWeights* m = zero_->masters()) {
+      std::vector<StatePiece> mp = value_pieces(places, m->masters(), "optim.");
+      for (StatePiece& p : mp) p.name += ".master";
+      pieces.insert(pieces.end(), mp.begin(), mp.end());
+    }
+    opt = std::make_unique<OptimizerStateLoad>(zero_->inner(), places);
+  }
+  pieces.insert(pieces.end(), opt->pieces().begin(), opt->pieces().end());
+  checkpoint::load(path, manifest, pieces, group);
+  opt->finish(manifest.state);
+  if (zero_) zero_->parameters_changed();
+}
+
+}  // namespace loom::parallel::checkpoint

@@ -1,0 +1,87 @@
+// A rank's training state as checkpoint pieces (parallel/checkpoint/checkpoint.h): the model's
+// parameters, the optimizer's state and ZeRO's shards, each named by the single-process tensor it
+// belongs to and placed in it, so a checkpoint saved by one layout loads into any other.
+//
+//   model.<parameter>                 the parameter (its dtype)
+//   optim.<parameter>.<kind>          optimizer state: exp_avg, exp_avg_sq, momentum_buffer,
+//                                     and master (the f32 master of a bf16 / f16 parameter)
+//   state["optimizer_steps"][<parameter>]   the parameter's update count (Note [Optimizer
+//                                     state dict]), in the manifest
+//
+// Saving takes snapshots (copies); loading is two steps, because an optimizer's state is
+// replaced as a whole: pieces() gives tensors to fill, then finish() installs them.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/nn/module.h"
+#include "optimizer/optimizer.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/region.h"
+#include "parallel/zero.h"
+
+namespace loom::parallel::checkpoint {
+
+// Where each of an optimizer's parameters sits: the global name of the parameter it is (or is a
+// piece of) and its placement there.
+struct ParamPlace {
+  std::string name;  // "wte.weight"
+  Placement placement;
+};
+
+// A module's parameter `name` (relative to it) in its single-process parameter: whole, or the
+// tensor-parallel shard its ShardSpec says.
+Placement parameter_placement(const nn::Module& module, const std::string& name);
+// The places of module.parameters(), in order (an optimizer over them, DDP's).
+std::vector<ParamPlace> parameter_places(const nn::Module& module);
+// "model.<name>" for each parameter of `places`, `values[i]` (contiguous) holding parameter i.
+// The pieces view the tensors: loading writes into them.
+std::vector<StatePiece> value_pieces(const std::vector<ParamPlace>& places,
+                                     const std::vector<Tensor>& values,
+                                     const std::string& prefix = "model.");
+
+// Saving an optimizer over parameters at `places`: its state tensors (copies) and step counts.
+void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
+                         const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places);
+
+// Loading an optimizer's state.
+class OptimizerStateLoad {
+ public:
+  OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places);
+  const std::vector<StatePiece>& pieces() const { return pieces_; }
+  // After checkpoint::load filled pieces(): the step counts from the manifest's state, then the
+  // whole state into the optimizer (which checks it).
+  void finish(const nlohmann::json& state);
+
+ private:
+  optim::Optimizer& optimizer_;
+  std::vector<ParamPlace> places_;
+  std::map<std::string, Tensor> state_;  // a state_dict() being filled
+  std::vector<StatePiece> pieces_;
+};
+
+// A whole training state: the model's parameters and the optimizer's, for the plain optimizer
+// (one process, DDP, tensor parallelism; MixedPrecisionOptimizer included) and for ZeRO
+// (stages 1-3: this rank's shards of the parameters and optimizer state).
+class TrainingState {
+ public:
+  // `optimizer` steps `module`'s parameters: directly, through MixedPrecisionOptimizer, or as a
+  // ZeroOptimizer over `module`.
+  TrainingState(nn::Module& module, optim::Optimizer& optimizer);
+
+  // The pieces and per-rank state to save (snapshots).
+  std::vector<StatePiece> save_pieces(nlohmann::json& state) const;
+  // Loads a checkpoint into the model and the optimizer. Collective over `group`.
+  void load(const std::string& path, const io::CheckpointManifest& manifest,
+            comm::Communicator& group);
+
+ private:
+  nn::Module& module_;
+  optim::Optimizer& optimizer_;
+  ZeroOptimizer* zero_;
+};
+
+}  // namespace loom::parallel::checkpoint
