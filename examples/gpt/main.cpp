@@ -316,7 +316,12 @@ int run(int argc, char** argv) {
                          first_step);
   const auto start = Clock::now();
   io::ExactMatch best;
-  int64_t best_step = 0, steps_done = first_step, last_saved = first_step;
+  // The run ends with a checkpoint of its last step, unless the directory already holds one
+  // (a resumed run that trained no further).
+  int64_t best_step = 0, steps_done = first_step, last_saved = -1;
+  if (!o.checkpoint_dir.empty() &&
+      parallel::checkpoint::has_checkpoint(o.checkpoint_dir, first_step))
+    last_saved = first_step;
   bool reached = false;
   if (gpt) gpt->module().train();
   // Held-out evaluation: on the model itself, or with a pipeline on a gathered copy.

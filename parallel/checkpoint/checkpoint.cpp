@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "core/error.h"
 #include "core/io/detail/file.h"
@@ -157,7 +158,8 @@ std::vector<Share> plan_shares(const std::vector<StatePiece>& pieces, comm::Comm
       const std::string key = name + " " + e["region"].dump();
       std::vector<int>& h = holders[key];
       if (h.empty()) held[name] += region_from_json(e["region"]).numel();
-      h.push_back(int(r));
+      // A rank holding the piece twice is one holder: shares are split between ranks.
+      if (h.empty() || h.back() != int(r)) h.push_back(int(r));
     }
   }
   for (const auto& [name, t] : tensors)
@@ -166,12 +168,15 @@ std::vector<Share> plan_shares(const std::vector<StatePiece>& pieces, comm::Comm
                " elements; a layout must describe every element once (identical pieces may "
                "repeat)");
   std::vector<Share> shares;
+  std::set<std::string> taken;
   for (const StatePiece& p : pieces) {
     if (p.region.numel() == 0) continue;
-    const std::vector<int>& h = holders.at(p.name + " " + region_json(p.region).dump());
+    const std::string key = p.name + " " + region_json(p.region).dump();
+    // Identical pieces may appear twice on one rank; the first takes the share.
+    if (!taken.insert(key).second) continue;
+    const std::vector<int>& h = holders.at(key);
     const int64_t k = int64_t(h.size());
     const int64_t j = std::find(h.begin(), h.end(), group.rank()) - h.begin();
-    // Identical pieces may appear twice on one rank; the first takes the share.
     const int64_t n = p.region.numel();
     const int64_t lo = n * j / k, hi = n * (j + 1) / k;
     if (lo == hi) continue;
@@ -355,6 +360,10 @@ std::string latest_checkpoint(const std::string& dir) {
     if (s > best && path_exists(join(join(dir, name), kManifest))) best = s;
   }
   return best < 0 ? "" : join(dir, step_dir_name(best));
+}
+
+bool has_checkpoint(const std::string& dir, int64_t step) {
+  return path_exists(join(join(dir, step_dir_name(step)), kManifest));
 }
 
 io::CheckpointManifest read_manifest(const std::string& path) {

@@ -65,6 +65,8 @@ SaveResult save(const std::string& dir, int64_t step, const std::vector<StatePie
 // is not committed, the committed step directory with the highest step; "" when `dir` holds
 // none.
 std::string latest_checkpoint(const std::string& dir);
+// Whether `dir` holds a committed checkpoint of step `step`.
+bool has_checkpoint(const std::string& dir, int64_t step);
 // Reads a committed checkpoint's manifest (a step directory, or a checkpoint root whose latest
 // is taken). Throws naming the directory when it has no committed manifest.
 io::CheckpointManifest read_manifest(const std::string& path);

@@ -1,0 +1,107 @@
+#!/bin/bash
+# loom-gpt's checkpoints, end to end (issue 17's proof, for the layouts wired so far):
+# 1. Same layout: a run that saves at step 6 and is resumed from there prints, for steps 7-12,
+#    exactly the losses of the uninterrupted run, and its step-12 checkpoint (parameters,
+#    optimizer moments, step counts, data position) is bit-identical to the uninterrupted one's:
+#    one process, DDP, ZeRO-1, ZeRO-3 with grad-accum, tp 2 with sequence parallelism, and
+#    dp 2 x tp 2 with ZeRO-2; all with dropout.
+# 2. Other layouts: a checkpoint saved by dp 2 x tp 2 with ZeRO-1 loads on dp 4 with ZeRO-3, on
+#    one process, on tp 4, on dp 2 with ZeRO-2 and on dp 2 x tp 2 with ZeRO-3: saved again right
+#    after loading, every tensor is bit-identical to the saved one, and training on gives the
+#    single-process losses within 1e-5 (the tolerance of tests/mpi/gpt_parallel.sh).
+# 3. Mistakes are clear errors: resuming with another --batch, --layers or --seed, from a
+#    directory without a committed checkpoint, or with --resume but no --checkpoint-dir.
+# Tensors are compared by tests/mpi/checkpoint_tensors.py, which reads the format with numpy.
+# usage: gpt_checkpoint.sh LOOM_GPT MPIEXEC [mpirun flags...]
+set -euo pipefail
+gpt=$1; mpiexec=$2; shift 2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+py=/usr/bin/python3
+tensors() { "$py" "$here/checkpoint_tensors.py" "$@"; }
+common=(--steps 12 --batch 16 --layers 2 --dim 32 --heads 4 --eval-every 1000 --threads 1
+        --lr 1e-3 --warmup-steps 2 --dropout 0.1 --seq 26)
+launch() {  # ranks then loom-gpt flags
+  local np=$1; shift
+  if [ "$np" = 1 ]; then
+    "$gpt" "${common[@]}" "$@"
+  else
+    "$mpiexec" -np "$np" "${mpi_flags[@]}" "$gpt" "${common[@]}" "$@"
+  fi
+}
+mpi_flags=("$@")
+# losses NAME A B FIRST TOLERANCE: the losses of steps >= FIRST in A and B agree.
+losses() {
+  "$py" - "$@" <<'PY'
+import json, sys
+name, a, b, first, tol = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+def read(p):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "loss" in j}
+want, got = read(a), read(b)
+steps = [s for s in sorted(want) if s >= first]
+assert steps and all(s in got for s in steps), f"{name}: steps {steps} missing from {sorted(got)}"
+for s in steps:
+    assert abs(got[s] - want[s]) <= tol * abs(want[s]), \
+        f"{name}: step {s} loss {got[s]!r} vs {want[s]!r}"
+print(f"{name}: losses of steps {steps[0]}-{steps[-1]} match" + (" bit for bit" if tol == 0 else f" within {tol}"))
+PY
+}
+
+# 1. Same layout, bit for bit.
+layouts=("1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2"
+         "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2")
+for layout in "${layouts[@]}"; do
+  np=${layout%%:*}; read -r -a flags <<< "${layout#*:}"
+  name="np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
+  launch "$np" "${flags[@]}" --checkpoint-dir "$dir/$name.full" --save-every 6 \
+    --metrics-file "$dir/$name.full.jsonl" > "$dir/$name.full.log"
+  launch "$np" "${flags[@]}" --resume-from "$dir/$name.full/step-00000006" \
+    --checkpoint-dir "$dir/$name.resumed" --metrics-file "$dir/$name.resumed.jsonl" \
+    > "$dir/$name.resumed.log"
+  grep -q "resumed from .*step-00000006 at step 6" "$dir/$name.resumed.log"
+  losses "$name resumed" "$dir/$name.full.jsonl" "$dir/$name.resumed.jsonl" 7 0
+  tensors same "$dir/$name.full/step-00000012" "$dir/$name.resumed/step-00000012"
+done
+
+# 2. Other layouts, from dp 2 x tp 2 with ZeRO-1.
+launch 1 --metrics-file "$dir/single.jsonl" > "$dir/single.log"
+launch 4 --dp 2 --tp 2 --zero 1 --checkpoint-dir "$dir/source" --save-every 6 \
+  --metrics-file "$dir/source.jsonl" > "$dir/source.log"
+losses "dp2 x tp2 ZeRO-1 against one process" "$dir/single.jsonl" "$dir/source.jsonl" 1 1e-5
+targets=("4:--dp 4 --zero 3" "1:" "4:--tp 4" "2:--dp 2 --zero 2 --grad-accum 2"
+         "4:--dp 2 --tp 2 --zero 3")
+for target in "${targets[@]}"; do
+  np=${target%%:*}; read -r -a flags <<< "${target#*:}"
+  name="to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
+  # Loaded and saved again at once (--steps 6: nothing to train).
+  launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" --steps 6 \
+    --checkpoint-dir "$dir/$name.resaved" > "$dir/$name.resaved.log"
+  tensors same "$dir/source/step-00000006" "$dir/$name.resaved/step-00000006" --except-layout
+  launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" \
+    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  losses "$name continued" "$dir/single.jsonl" "$dir/$name.jsonl" 7 1e-5
+done
+
+# 3. Mistakes.
+expect_error() {  # pattern then loom-gpt flags
+  local pattern=$1; shift
+  if "$gpt" "${common[@]}" "$@" > "$dir/err.out" 2> "$dir/err.log"; then
+    echo "expected an error matching '$pattern' from: $*"; exit 1
+  fi
+  grep -Eq -e "$pattern" "$dir/err.log" || { echo "error did not match '$pattern':"; cat "$dir/err.log"; exit 1; }
+  echo "refused as expected: $(head -c 160 "$dir/err.log")"
+}
+src="$dir/source/step-00000006"
+expect_error "--batch 32 differs from the checkpoint" --resume-from "$src" --batch 32
+expect_error "--layers 3 conflicts with the checkpoint" --resume-from "$src" --layers 3
+expect_error "--seed 7 differs from the checkpoint" --resume-from "$src" --seed 7
+expect_error "no committed checkpoint at" --resume-from "$dir"
+mkdir -p "$dir/unfinished/step-00000003"
+expect_error "no committed checkpoint at .*unfinished" --resume-from "$dir/unfinished/step-00000003"
+expect_error "--resume needs --checkpoint-dir" --resume
+expect_error "checkpoints with --pp are not wired yet" --checkpoint-dir "$dir/pp" --pp 2
+# --resume in a directory with no checkpoint yet starts from step 0.
+"$gpt" "${common[@]}" --steps 3 --checkpoint-dir "$dir/fresh" --resume > "$dir/fresh.log"
+grep -q "none in .*fresh yet; starting at step 0" "$dir/fresh.log"
+test -f "$dir/fresh/step-00000003/manifest.json"
+echo "gpt_checkpoint: all checks passed"
