@@ -39,6 +39,18 @@ void LossScaler::update(bool found_nonfinite) {
   }
 }
 
+void LossScaler::restore(const LossScalerState& state) {
+  LOOM_CHECK(std::isfinite(state.scale) && state.scale > 0 && state.good_in_a_row >= 0 &&
+                 state.skipped >= 0,
+             "LossScaler::restore: scale ", state.scale, ", ", state.good_in_a_row,
+             " good steps in a row and ", state.skipped,
+             " skipped are not a scaler's state (a positive scale, counts >= 0)");
+  scale_ = state.scale;
+  good_in_a_row_ = state.good_in_a_row;
+  skipped_ = state.skipped;
+  last_skipped_ = false;
+}
+
 std::string LossScaler::str() const {
   if (!options_.dynamic && scale_ == 1.0) return "none";
   return detail::str_cat(options_.dynamic ? "dynamic" : "static", ", scale ", scale_);

@@ -22,6 +22,14 @@ struct LossScalerOptions {  // torch.cuda.amp.GradScaler's defaults
   bool dynamic = true;  // false: the scale stays init_scale
 };
 
+// What a checkpoint keeps of a scaler so a resumed run scales, skips and grows as the
+// uninterrupted one would.
+struct LossScalerState {
+  double scale = 1.0;
+  int64_t good_in_a_row = 0;
+  int64_t skipped = 0;
+};
+
 class LossScaler {
  public:
   explicit LossScaler(const LossScalerOptions& options = {});
@@ -35,6 +43,9 @@ class LossScaler {
   bool last_step_skipped() const { return last_skipped_; }
   // "dynamic, scale 65536" or "none"
   std::string str() const;
+  LossScalerState state() const { return {scale_, good_in_a_row_, skipped_}; }
+  // Throws, changing nothing, for a scale that is not positive and finite or negative counts.
+  void restore(const LossScalerState& state);
 
  private:
   LossScalerOptions options_;

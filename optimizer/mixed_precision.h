@@ -39,6 +39,7 @@ class MixedPrecisionOptimizer : public Optimizer {
   void step() override;
 
   const LossScaler& scaler() const { return scaler_; }
+  LossScaler& scaler() { return scaler_; }  // a checkpoint restores it
   Optimizer& inner() const { return *inner_; }
   // The wrapped optimizer's state and the f32 masters ("{i}.master"): the optimizer state of
   // ZeRO's accounting (12 bytes per parameter with Adam).

@@ -452,17 +452,24 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
                " and cannot be loaded into ", dtype_name(p.data.dtype()));
     direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == t.dtype;
     staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, t.dtype);
-    int64_t covered = 0;
+    // Each wanted element must come from exactly one stored piece: the manifest's element
+    // count alone would not notice two overlapping pieces hiding a gap.
+    std::vector<char> covered(size_t(p.region.numel()), 0);
     for (size_t s = 0; s < t.pieces.size(); ++s) {
       for_each_overlap(t.shape, t.pieces[s].region, p.region,
                        [&](int64_t src_index, int64_t dst_index, int64_t n) {
                          plan[{p.name, s}].push_back({i, src_index, dst_index, n});
-                         covered += n;
+                         for (int64_t k = dst_index; k < dst_index + n; ++k) {
+                           LOOM_CHECK(!covered[size_t(k)], "checkpoint ", path, ": tensor ", p.name,
+                                      " stores element ", p.region.begin + k, " of box ",
+                                      p.region.str(), " twice (a damaged manifest?)");
+                           covered[size_t(k)] = 1;
+                         }
                        });
     }
-    LOOM_CHECK(covered == p.region.numel(), "checkpoint ", path, ": tensor ", p.name, " region ",
-               p.region.str(), ": ", p.region.numel() - covered,
-               " of its elements are in no stored piece (a damaged manifest?)");
+    const int64_t missing = std::count(covered.begin(), covered.end(), 0);
+    LOOM_CHECK(missing == 0, "checkpoint ", path, ": tensor ", p.name, " region ", p.region.str(),
+               ": ", missing, " of its elements are in no stored piece (a damaged manifest?)");
   }
   Files files(path, manifest);
   for (const auto& [key, copies] : plan) {

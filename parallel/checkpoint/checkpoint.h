@@ -67,15 +67,16 @@ SaveResult save(const std::string& dir, int64_t step, const std::vector<StatePie
 std::string latest_checkpoint(const std::string& dir);
 // Whether `dir` holds a committed checkpoint of step `step`.
 bool has_checkpoint(const std::string& dir, int64_t step);
-// Reads a committed checkpoint's manifest (a step directory, or a checkpoint root whose latest
-// is taken). Throws naming the directory when it has no committed manifest.
+// Reads a committed checkpoint's manifest (a step directory; latest_checkpoint finds one in a
+// root). Throws naming the directory when it has no committed manifest.
 io::CheckpointManifest read_manifest(const std::string& path);
 
 // Fills every piece from the checkpoint: checks each against the manifest (known tensor, same
 // global shape), reads the chunks of the files that hold its elements, verifies their checksums
 // and copies. Errors name the file, the tensor and this rank: a missing or truncated file, a
-// checksum mismatch, an element no stored piece holds. Collective over `group` only in that every
-// rank learns whether all succeeded: a failure on one rank is raised on all, naming it.
+// checksum mismatch, an element that no stored piece holds or that two hold. Collective over
+// `group` only in that every rank learns whether all succeeded: a failure on one rank is raised on
+// all, naming it.
 void load(const std::string& path, const io::CheckpointManifest& manifest,
           const std::vector<StatePiece>& pieces, comm::Communicator& group);
 

@@ -3,12 +3,14 @@
 //
 // Note [Durable commit]
 // A checkpoint is committed in this order, and a reader trusts nothing that the order has not
-// finished: (1) every rank writes its data file under a temporary name, fsyncs it and renames it;
-// (2) the manifest, naming every file with its size and checksums, is written the same way and
-// the directory fsynced: from here on the checkpoint exists; (3) the `latest` pointer is replaced
-// the same way. A crash before (2) leaves a directory without a manifest, which is never loaded
-// (and is removed by the next save); a crash before (3) leaves `latest` at the previous
-// checkpoint, which is still whole. Older checkpoints are deleted only after (3).
+// finished: (1) every rank writes its data file into the staging directory step-N.tmp under a
+// temporary name, fsyncs it and renames it; (2) the manifest, naming every file with its size and
+// checksums, is written the same way, and the staging directory is renamed to step-N and its
+// parent fsynced: from here on the checkpoint exists; (3) the `latest` pointer is replaced the
+// same way. A crash before (2) leaves step-N.tmp, which is never loaded and is removed by the
+// next save; a crash before (3) leaves `latest` at the previous checkpoint, which is still whole
+// (and loaders that find `latest` dangling take the newest committed step). Older checkpoints
+// are deleted only after (3).
 #pragma once
 
 #include <cstddef>

@@ -2,6 +2,7 @@
 #include "parallel/checkpoint/training_state.h"
 
 #include "core/error.h"
+#include "optimizer/mixed_precision.h"
 
 namespace loom::parallel::checkpoint {
 
@@ -41,6 +42,37 @@ std::vector<ParamPlace> zero_places(const nn::Module& module, const ZeroOptimize
     places.push_back({name, parameter_placement(module, name).slice(sp.param_offset, sp.numel)});
   }
   return places;
+}
+
+// The loss scaler of a bf16 / f16 optimizer, or null (f32 has none worth keeping).
+optim::LossScaler* scaler_of(optim::Optimizer& optimizer, ZeroOptimizer* zero) {
+  if (zero) return zero->masters() ? &zero->scaler() : nullptr;
+  if (auto* mixed = dynamic_cast<optim::MixedPrecisionOptimizer*>(&optimizer))
+    return &mixed->scaler();
+  return nullptr;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Note [Masters across dtypes]
+// A bf16 / f16 run's f32 masters are its parameters' exact values, and its bf16 parameters only
+// their rounding. So an f32 layout loads its parameters from the masters when the checkpoint has
+// them, and a bf16 / f16 layout loading an f32 checkpoint takes its masters from the parameters.
+void use_masters_across_dtypes(std::vector<StatePiece>& pieces,
+                               const io::CheckpointManifest& manifest) {
+  const std::string model = "model.", optim = "optim.", master = ".master";
+  for (StatePiece& p : pieces) {
+    if (p.name.rfind(model, 0) == 0 && p.data.dtype() == DType::kF32) {
+      const std::string m = optim + p.name.substr(model.size()) + master;
+      if (manifest.tensors.count(m)) p.name = m;
+    } else if (p.name.rfind(optim, 0) == 0 && ends_with(p.name, master) &&
+               !manifest.tensors.count(p.name)) {
+      p.name = model + p.name.substr(optim.size(), p.name.size() - optim.size() - master.size());
+    }
+  }
 }
 
 }  // namespace
@@ -131,6 +163,11 @@ TrainingState::TrainingState(nn::Module& module, optim::Optimizer& optimizer)
     : module_(module), optimizer_(optimizer), zero_(dynamic_cast<ZeroOptimizer*>(&optimizer)) {}
 
 std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const {
+  if (const optim::LossScaler* scaler = scaler_of(optimizer_, zero_)) {
+    const optim::LossScalerState s = scaler->state();
+    state["loss_scaler"] = {
+        {"scale", s.scale}, {"good_in_a_row", s.good_in_a_row}, {"skipped", s.skipped}};
+  }
   std::vector<StatePiece> pieces;
   if (!zero_) {
     const std::vector<ParamPlace> places = parameter_places(module_);
@@ -180,8 +217,20 @@ void TrainingState::load(const std::string& path, const io::CheckpointManifest& 
     opt = std::make_unique<OptimizerStateLoad>(zero_->inner(), places);
   }
   pieces.insert(pieces.end(), opt->pieces().begin(), opt->pieces().end());
+  use_masters_across_dtypes(pieces, manifest);
   checkpoint::load(path, manifest, pieces, group);
   opt->finish(manifest.state);
+  optim::LossScaler* scaler = scaler_of(optimizer_, zero_);
+  if (scaler && manifest.state.contains("loss_scaler")) {
+    const nlohmann::json& s = manifest.state["loss_scaler"];
+    LOOM_CHECK(s.is_object() && s.value("scale", nlohmann::json()).is_number() &&
+                   s.value("good_in_a_row", nlohmann::json()).is_number_integer() &&
+                   s.value("skipped", nlohmann::json()).is_number_integer(),
+               "checkpoint ", path,
+               ": state.loss_scaler is not {scale, good_in_a_row, skipped}: ", s.dump());
+    scaler->restore(
+        {s["scale"].get<double>(), s["good_in_a_row"].get<int64_t>(), s["skipped"].get<int64_t>()});
+  }
   if (zero_) zero_->parameters_changed();
 }
 

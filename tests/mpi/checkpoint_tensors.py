@@ -4,6 +4,7 @@ of the box, row-major) and each element must be written exactly once.
 
 usage: checkpoint_tensors.py same A B [--except-layout]   tensors and state bit-identical
        (--except-layout: but for the saving run's layout, --steps and lr schedule)
+       checkpoint_tensors.py masters-are-parameters LOW F32  F32's parameters are LOW's masters
        checkpoint_tensors.py show A                         names, shapes, pieces
 A and B are step directories (DIR/step-00000006).
 """
@@ -75,9 +76,28 @@ def same(a, b, except_layout):
           f"({a} vs {b})")
 
 
+def masters_are_parameters(low, f32):
+    """The f32 checkpoint's parameters are the low-precision one's f32 masters, bit for bit, and
+    its optimizer moments the same."""
+    _, lo = consolidate(low)
+    _, hi = consolidate(f32)
+    params = [n for n in hi if n.startswith("model.")]
+    for name in params:
+        master = "optim." + name[len("model."):] + ".master"
+        assert master in lo, f"{low} has no {master}"
+        assert (hi[name].view(np.uint32) == lo[master].view(np.uint32)).all(), \
+            f"{name} differs from {master}"
+    for name in hi:
+        if name.startswith("optim."):
+            assert (hi[name].view(np.uint8) == lo[name].view(np.uint8)).all(), f"{name} differs"
+    print(f"masters-are-parameters: {len(params)} f32 parameters are the masters of {low}")
+
+
 def main():
     if sys.argv[1] == "same":
         same(sys.argv[2], sys.argv[3], "--except-layout" in sys.argv)
+    elif sys.argv[1] == "masters-are-parameters":
+        masters_are_parameters(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "show":
         m, t = consolidate(sys.argv[2])
         for name, v in sorted(t.items()):

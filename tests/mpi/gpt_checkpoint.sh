@@ -49,7 +49,8 @@ PY
 
 # 1. Same layout, bit for bit.
 layouts=("1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2"
-         "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2")
+         "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2" "1:--dtype bf16"
+         "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16")
 for layout in "${layouts[@]}"; do
   np=${layout%%:*}; read -r -a flags <<< "${layout#*:}"
   name="np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
@@ -81,6 +82,20 @@ for target in "${targets[@]}"; do
     --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
   losses "$name continued" "$dir/single.jsonl" "$dir/$name.jsonl" 7 1e-5
 done
+
+# bf16 with f32 masters: a ZeRO-1 checkpoint reloads onto one process (MixedPrecisionOptimizer)
+# and onto ZeRO-3 with its masters kept, bit for bit; an f32 layout takes its parameters from the
+# masters (See Note [Masters across dtypes]).
+src="$dir/np2_dp_2_zero_1_dtype_bf16.full/step-00000006"
+for target in "1:--dtype bf16" "2:--dp 2 --zero 3 --dtype bf16"; do
+  np=${target%%:*}; read -r -a flags <<< "${target#*:}"
+  name="bf16_to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
+  launch "$np" "${flags[@]}" --resume-from "$src" --steps 6 --checkpoint-dir "$dir/$name" \
+    > "$dir/$name.log"
+  tensors same "$src" "$dir/$name/step-00000006" --except-layout
+done
+launch 1 --resume-from "$src" --steps 6 --checkpoint-dir "$dir/bf16_to_f32" > "$dir/bf16_to_f32.log"
+tensors masters-are-parameters "$src" "$dir/bf16_to_f32/step-00000006"
 
 # 3. Mistakes.
 expect_error() {  # pattern then loom-gpt flags
