@@ -204,8 +204,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
              "both");
   LOOM_CHECK((!o.resume && o.resume_from.empty()) || o.init_from.empty(),
              "loom-gpt: --init-from starts a new run and --resume continues one; give one");
-  LOOM_CHECK((o.checkpoint_dir.empty() && o.resume_from.empty()) || o.pp == 1,
-             "loom-gpt: checkpoints with --pp are not wired yet (dp, tp and ZeRO are)");
   const Device device = Device::parse(o.device);  // an unknown spelling is an error naming it
   LOOM_CHECK(device.is_cpu() || o.pp == 1, "loom-gpt: --device ", o.device,
              " with --pp is not wired yet (the pipeline stages "

@@ -7,6 +7,7 @@
 #include "core/nn/dropout.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
+#include "parallel/checkpoint/training_state.h"
 #include "parallel/pipeline/validator.h"
 #include "parallel/tensor_parallel/tp_state.h"
 
@@ -77,13 +78,14 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   executor_ = std::make_unique<parallel::pipeline::PipelineExecutor>(
       schedule_, pp_, std::move(chunks),
       stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq));
+  // The stages in one module (each keeping its own names, so initialisation and dropout are the
+  // single-process ones): what ZeRO-1 and checkpoints see.
+  for (const auto& stage : stages_) stage_set_->add(stage);
   if (o.zero == 0) {
     opt_ = make_optimizer(params);
     return;
   }
-  // ZeRO-1 over dp: the stages in one module (each keeping its own names, so initialisation and
-  // dropout are the single-process ones), gradients taken from the executor's backwards.
-  for (const auto& stage : stages_) stage_set_->add(stage);
+  // ZeRO-1 over dp, gradients taken from the executor's backwards.
   parallel::ZeroOptions z;
   z.stage = 1;
   z.bucket_mb = o.bucket_mb;
@@ -238,6 +240,33 @@ void PipelineStep::finish() {
     std::printf("wrote the pipeline timeline to %s (open it in chrome://tracing or Perfetto)\n",
                 o_.trace.c_str());
   }
+}
+
+}  // namespace loom::gpt
+
+namespace loom::gpt {
+
+namespace {
+
+// The StageSet names chunk k's parameters "chunk{k}.<single-process name>".
+std::string without_chunk_prefix(const std::string& name) {
+  LOOM_ASSERT(name.rfind("chunk", 0) == 0 && name.find('.') != std::string::npos,
+              "a StageSet parameter named ", name);
+  return name.substr(name.find('.') + 1);
+}
+
+}  // namespace
+
+std::vector<parallel::checkpoint::StatePiece> PipelineStep::checkpoint_pieces(
+    nlohmann::json& state) const {
+  return parallel::checkpoint::TrainingState(*stage_set_, *opt_, without_chunk_prefix)
+      .save_pieces(state);
+}
+
+void PipelineStep::load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+                                   comm::Communicator& world) {
+  parallel::checkpoint::TrainingState(*stage_set_, *opt_, without_chunk_prefix)
+      .load(path, manifest, world);
 }
 
 }  // namespace loom::gpt

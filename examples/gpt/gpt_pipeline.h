@@ -11,7 +11,8 @@
 // between micro-batches, which needs the reduction inside each micro-batch's backward), --dtype
 // other than f32, --grad-accum (micro-batches do its
 // work) and activation checkpointing. Evaluation and --save gather the whole model onto every
-// rank (the owner of each parameter broadcasts it over pp).
+// rank (the owner of each parameter broadcasts it over pp). Checkpoints hold each rank's stages
+// under single-process names, so they reshard to and from any layout.
 #pragma once
 
 #include <memory>
@@ -47,6 +48,12 @@ class PipelineStep : public Trainer {
   const char* optimizer_name() const override { return opt_->name(); }
   // Writes --trace and prints the last step's measured bubble beside the validator's.
   void finish() override;
+  // Every chunk's parameters and optimizer state under their single-process names: the tied
+  // wte's copies and Chimera's replicas are the same pieces twice, which a save stores once.
+  std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
+      nlohmann::json& state) const override;
+  void load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+                       comm::Communicator& world) override;
 
  private:
   double clip(double max_norm);

@@ -33,17 +33,6 @@ bool split_state_key(const std::string& key, size_t& index, std::string& kind) {
   return true;
 }
 
-// The places of ZeRO's pieces: piece i is elements [param_offset, +numel) of its parameter.
-std::vector<ParamPlace> zero_places(const nn::Module& module, const ZeroOptimizer& zero) {
-  std::vector<ParamPlace> places;
-  const NamedParams& named = zero.named_parameters();
-  for (const ShardPiece& sp : zero.own_pieces()) {
-    const std::string& name = named[sp.param].first;
-    places.push_back({name, parameter_placement(module, name).slice(sp.param_offset, sp.numel)});
-  }
-  return places;
-}
-
 // The loss scaler of a bf16 / f16 optimizer, or null (f32 has none worth keeping).
 optim::LossScaler* scaler_of(optim::Optimizer& optimizer, ZeroOptimizer* zero) {
   if (zero) return zero->masters() ? &zero->scaler() : nullptr;
@@ -159,8 +148,31 @@ void OptimizerStateLoad::finish(const nlohmann::json& state) {
   optimizer_.load_state_dict(state_);
 }
 
-TrainingState::TrainingState(nn::Module& module, optim::Optimizer& optimizer)
-    : module_(module), optimizer_(optimizer), zero_(dynamic_cast<ZeroOptimizer*>(&optimizer)) {}
+TrainingState::TrainingState(nn::Module& module, optim::Optimizer& optimizer,
+                             GlobalName global_name)
+    : module_(module),
+      optimizer_(optimizer),
+      zero_(dynamic_cast<ZeroOptimizer*>(&optimizer)),
+      global_name_(std::move(global_name)) {}
+
+std::vector<ParamPlace> TrainingState::places() const {
+  std::vector<ParamPlace> places = parameter_places(module_);
+  if (global_name_)
+    for (ParamPlace& p : places) p.name = global_name_(p.name);
+  return places;
+}
+
+// ZeRO's piece i is elements [param_offset, +numel) of its parameter.
+std::vector<ParamPlace> TrainingState::zero_places() const {
+  std::vector<ParamPlace> places;
+  const NamedParams& named = zero_->named_parameters();
+  for (const ShardPiece& sp : zero_->own_pieces()) {
+    const std::string& name = named[sp.param].first;
+    places.push_back({global_name_ ? global_name_(name) : name,
+                      parameter_placement(module_, name).slice(sp.param_offset, sp.numel)});
+  }
+  return places;
+}
 
 std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const {
   if (const optim::LossScaler* scaler = scaler_of(optimizer_, zero_)) {
@@ -170,14 +182,14 @@ std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const 
   }
   std::vector<StatePiece> pieces;
   if (!zero_) {
-    const std::vector<ParamPlace> places = parameter_places(module_);
+    const std::vector<ParamPlace> places = this->places();
     std::vector<Tensor> values;
     for (const Tensor& p : module_.parameters()) values.push_back(p.detach().contiguous().clone());
     pieces = value_pieces(places, values);
     add_optimizer_state(pieces, state, optimizer_, places);
     return pieces;
   }
-  const std::vector<ParamPlace> places = zero_places(module_, *zero_);
+  const std::vector<ParamPlace> places = zero_places();
   std::vector<Tensor> values, masters;
   for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i).clone());
   pieces = value_pieces(places, values);
@@ -196,18 +208,18 @@ void TrainingState::load(const std::string& path, const io::CheckpointManifest& 
   std::vector<StatePiece> pieces;
   std::unique_ptr<OptimizerStateLoad> opt;
   if (!zero_) {
-    const std::vector<ParamPlace> places = parameter_places(module_);
+    const std::vector<ParamPlace> places = this->places();
     pieces = value_pieces(places, module_.parameters());
     opt = std::make_unique<OptimizerStateLoad>(optimizer_, places);
   } else {
-    const std::vector<ParamPlace> places = zero_places(module_, *zero_);
+    const std::vector<ParamPlace> places = zero_places();
     // Stages 1 and 2 keep every parameter whole on every rank; stage 3 only its shards.
     if (zero_->stage() == 3) {
       std::vector<Tensor> values;
       for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
       pieces = value_pieces(places, values);
     } else {
-      pieces = value_pieces(parameter_places(module_), module_.parameters());
+      pieces = value_pieces(this->places(), module_.parameters());
     }
     if (const optim::MasterWeights* m = zero_->masters()) {
       std::vector<StatePiece> mp = value_pieces(places, m->masters(), "optim.");

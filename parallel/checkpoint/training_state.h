@@ -12,6 +12,7 @@
 // replaced as a whole: pieces() gives tensors to fill, then finish() installs them.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -68,9 +69,12 @@ class OptimizerStateLoad {
 // (stages 1-3: this rank's shards of the parameters and optimizer state).
 class TrainingState {
  public:
+  // The single-process name of a parameter of the module (by its name relative to the module).
+  using GlobalName = std::function<std::string(const std::string&)>;
   // `optimizer` steps `module`'s parameters: directly, through MixedPrecisionOptimizer, or as a
-  // ZeroOptimizer over `module`.
-  TrainingState(nn::Module& module, optim::Optimizer& optimizer);
+  // ZeroOptimizer over `module`. `global_name` (default: the same name) maps the module's names
+  // to the single-process ones (a pipeline's StageSet prefixes each stage with "chunk{k}.").
+  TrainingState(nn::Module& module, optim::Optimizer& optimizer, GlobalName global_name = {});
 
   // The pieces and per-rank state to save (snapshots).
   std::vector<StatePiece> save_pieces(nlohmann::json& state) const;
@@ -79,9 +83,13 @@ class TrainingState {
             comm::Communicator& group);
 
  private:
+  std::vector<ParamPlace> places() const;       // of module_.parameters()
+  std::vector<ParamPlace> zero_places() const;  // of the ZeRO pieces
+
   nn::Module& module_;
   optim::Optimizer& optimizer_;
   ZeroOptimizer* zero_;
+  GlobalName global_name_;
 };
 
 }  // namespace loom::parallel::checkpoint

@@ -1,5 +1,6 @@
 #!/bin/bash
-# loom-gpt's checkpoints, end to end (issue 17's proof, for the layouts wired so far):
+# loom-gpt's checkpoints, end to end (issue 17's proof). PART "layouts" runs 1-3 on a 2-block
+# model; PART "pipelines" runs 1 and 2 for pipelines on a 4-block model (4):
 # 1. Same layout: a run that saves at step 6 and is resumed from there prints, for steps 7-12,
 #    exactly the losses of the uninterrupted run, and its step-12 checkpoint (parameters,
 #    optimizer moments, step counts, data position) is bit-identical to the uninterrupted one's:
@@ -11,15 +12,21 @@
 #    single-process losses within 1e-5 (the tolerance of tests/mpi/gpt_parallel.sh).
 # 3. Mistakes are clear errors: resuming with another --batch, --layers or --seed, from a
 #    directory without a committed checkpoint, or with --resume but no --checkpoint-dir.
+# 4. Pipelines: every schedule (GPipe, 1F1B, interleaved, Chimera), dp 2 x pp 2 with ZeRO-1 and
+#    dp 2 x tp 2 x pp 2 resume bit for bit; the issue's dp 2 x tp 2 x pp 2 ZeRO-1 1F1B checkpoint
+#    reloads bit-identically on dp 4 with ZeRO-3, one process, tp 4 x pp 2 interleaved and pp 4
+#    Chimera, and continues with the single-process losses.
 # Tensors are compared by tests/mpi/checkpoint_tensors.py, which reads the format with numpy.
-# usage: gpt_checkpoint.sh LOOM_GPT MPIEXEC [mpirun flags...]
+# usage: gpt_checkpoint.sh layouts|pipelines LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
-gpt=$1; mpiexec=$2; shift 2
+part=$1; gpt=$2; mpiexec=$3; shift 3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 py=/usr/bin/python3
 tensors() { "$py" "$here/checkpoint_tensors.py" "$@"; }
-common=(--steps 12 --batch 16 --layers 2 --dim 32 --heads 4 --eval-every 1000 --threads 1
+layers=2
+[ "$part" = pipelines ] && layers=4
+common=(--steps 12 --batch 16 --layers "$layers" --dim 32 --heads 4 --eval-every 1000 --threads 1
         --lr 1e-3 --warmup-steps 2 --dropout 0.1 --seq 26)
 launch() {  # ranks then loom-gpt flags
   local np=$1; shift
@@ -47,41 +54,64 @@ print(f"{name}: losses of steps {steps[0]}-{steps[-1]} match" + (" bit for bit" 
 PY
 }
 
+# same_layout LAYOUT...: each "ranks:flags" saves at step 6; resumed there, steps 7-12 and the
+# step-12 checkpoint are the uninterrupted run's, bit for bit.
+same_layout() {
+  for layout in "$@"; do
+    np=${layout%%:*}; read -r -a flags <<< "${layout#*:}"
+    name="np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
+    launch "$np" "${flags[@]}" --checkpoint-dir "$dir/$name.full" --save-every 6 \
+      --metrics-file "$dir/$name.full.jsonl" > "$dir/$name.full.log"
+    launch "$np" "${flags[@]}" --resume-from "$dir/$name.full/step-00000006" \
+      --checkpoint-dir "$dir/$name.resumed" --metrics-file "$dir/$name.resumed.jsonl" \
+      > "$dir/$name.resumed.log"
+    grep -q "resumed from .*step-00000006 at step 6" "$dir/$name.resumed.log"
+    losses "$name resumed" "$dir/$name.full.jsonl" "$dir/$name.resumed.jsonl" 7 0
+    tensors same "$dir/$name.full/step-00000012" "$dir/$name.resumed/step-00000012"
+  done
+}
+
+# other_layouts SOURCE TARGET...: SOURCE ("ranks:flags") saves at step 6 and matches one process;
+# each TARGET loads it and saves again at once (every tensor bit-identical), then trains on with
+# the single-process losses (1e-5).
+other_layouts() {
+  local source=$1; shift
+  launch 1 --metrics-file "$dir/single.jsonl" > "$dir/single.log"
+  np=${source%%:*}; read -r -a flags <<< "${source#*:}"
+  launch "$np" "${flags[@]}" --checkpoint-dir "$dir/source" --save-every 6 \
+    --metrics-file "$dir/source.jsonl" > "$dir/source.log"
+  losses "source ${source} against one process" "$dir/single.jsonl" "$dir/source.jsonl" 1 1e-5
+  for target in "$@"; do
+    np=${target%%:*}; read -r -a flags <<< "${target#*:}"
+    name="to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
+    # Loaded and saved again at once (--steps 6: nothing to train).
+    launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" --steps 6 \
+      --checkpoint-dir "$dir/$name.resaved" > "$dir/$name.resaved.log"
+    tensors same "$dir/source/step-00000006" "$dir/$name.resaved/step-00000006" --except-layout
+    launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" \
+      --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+    losses "$name continued" "$dir/single.jsonl" "$dir/$name.jsonl" 7 1e-5
+  done
+}
+
+if [ "$part" = pipelines ]; then
+  same_layout "2:--pp 2 --schedule gpipe" "2:--pp 2 --schedule 1f1b" \
+    "2:--pp 2 --schedule interleaved --virtual-stages 2" "4:--pp 4 --schedule chimera" \
+    "4:--dp 2 --pp 2 --zero 1" "8:--dp 2 --tp 2 --pp 2 --schedule chimera"
+  other_layouts "8:--dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b" "4:--dp 4 --zero 3" "1:" \
+    "8:--tp 4 --pp 2 --schedule interleaved --virtual-stages 2" "4:--pp 4 --schedule chimera"
+  echo "gpt_checkpoint pipelines: all checks passed"
+  exit 0
+fi
+
 # 1. Same layout, bit for bit.
-layouts=("1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2"
-         "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2" "1:--dtype bf16"
-         "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16")
-for layout in "${layouts[@]}"; do
-  np=${layout%%:*}; read -r -a flags <<< "${layout#*:}"
-  name="np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
-  launch "$np" "${flags[@]}" --checkpoint-dir "$dir/$name.full" --save-every 6 \
-    --metrics-file "$dir/$name.full.jsonl" > "$dir/$name.full.log"
-  launch "$np" "${flags[@]}" --resume-from "$dir/$name.full/step-00000006" \
-    --checkpoint-dir "$dir/$name.resumed" --metrics-file "$dir/$name.resumed.jsonl" \
-    > "$dir/$name.resumed.log"
-  grep -q "resumed from .*step-00000006 at step 6" "$dir/$name.resumed.log"
-  losses "$name resumed" "$dir/$name.full.jsonl" "$dir/$name.resumed.jsonl" 7 0
-  tensors same "$dir/$name.full/step-00000012" "$dir/$name.resumed/step-00000012"
-done
+same_layout "1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2" \
+  "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2" "1:--dtype bf16" \
+  "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16"
 
 # 2. Other layouts, from dp 2 x tp 2 with ZeRO-1.
-launch 1 --metrics-file "$dir/single.jsonl" > "$dir/single.log"
-launch 4 --dp 2 --tp 2 --zero 1 --checkpoint-dir "$dir/source" --save-every 6 \
-  --metrics-file "$dir/source.jsonl" > "$dir/source.log"
-losses "dp2 x tp2 ZeRO-1 against one process" "$dir/single.jsonl" "$dir/source.jsonl" 1 1e-5
-targets=("4:--dp 4 --zero 3" "1:" "4:--tp 4" "2:--dp 2 --zero 2 --grad-accum 2"
-         "4:--dp 2 --tp 2 --zero 3")
-for target in "${targets[@]}"; do
-  np=${target%%:*}; read -r -a flags <<< "${target#*:}"
-  name="to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
-  # Loaded and saved again at once (--steps 6: nothing to train).
-  launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" --steps 6 \
-    --checkpoint-dir "$dir/$name.resaved" > "$dir/$name.resaved.log"
-  tensors same "$dir/source/step-00000006" "$dir/$name.resaved/step-00000006" --except-layout
-  launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" \
-    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
-  losses "$name continued" "$dir/single.jsonl" "$dir/$name.jsonl" 7 1e-5
-done
+other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
+  "2:--dp 2 --zero 2 --grad-accum 2" "4:--dp 2 --tp 2 --zero 3"
 
 # bf16 with f32 masters: a ZeRO-1 checkpoint reloads onto one process (MixedPrecisionOptimizer)
 # and onto ZeRO-3 with its masters kept, bit for bit; an f32 layout takes its parameters from the
@@ -114,9 +144,8 @@ expect_error "no committed checkpoint at" --resume-from "$dir"
 mkdir -p "$dir/unfinished/step-00000003"
 expect_error "no committed checkpoint at .*unfinished" --resume-from "$dir/unfinished/step-00000003"
 expect_error "--resume needs --checkpoint-dir" --resume
-expect_error "checkpoints with --pp are not wired yet" --checkpoint-dir "$dir/pp" --pp 2
 # --resume in a directory with no checkpoint yet starts from step 0.
 "$gpt" "${common[@]}" --steps 3 --checkpoint-dir "$dir/fresh" --resume > "$dir/fresh.log"
 grep -q "none in .*fresh yet; starting at step 0" "$dir/fresh.log"
 test -f "$dir/fresh/step-00000003/manifest.json"
-echo "gpt_checkpoint: all checks passed"
+echo "gpt_checkpoint layouts: all checks passed"
