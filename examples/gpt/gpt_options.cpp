@@ -87,6 +87,9 @@ void declare_gpt_flags(cli::Flags& f) {
                "DIR/step-N/, every --save-every steps and at the end; any layout can resume it");
   f.add_int("save-every", 0, "with --checkpoint-dir: save every N steps (0: only at the end)");
   f.add_int("keep-last", 0, "with --checkpoint-dir: keep the newest K checkpoints (0: keep all)");
+  f.add_bool("async-save",
+             "with --checkpoint-dir: snapshot the state into host memory and write it in the "
+             "background while training goes on (one save in flight at a time)");
   f.add_bool("resume",
              "continue from the latest committed checkpoint in --checkpoint-dir (saved on any "
              "layout); start from step 0 when there is none yet");
@@ -150,6 +153,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.save_every = f.get_int("save-every");
   o.keep_last = f.get_int("keep-last");
   o.resume = f.get_bool("resume");
+  o.async_save = f.get_bool("async-save");
   o.resume_from = f.get_string("resume-from");
 
   auto positive = [](const char* flag, int64_t v) {
@@ -196,7 +200,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
   LOOM_CHECK(o.save_every >= 0, "loom-gpt: --save-every must be >= 0, got ", o.save_every);
   LOOM_CHECK(o.keep_last >= 0, "loom-gpt: --keep-last must be >= 0, got ", o.keep_last);
-  for (const char* flag : {"save-every", "keep-last", "resume"})
+  for (const char* flag : {"save-every", "keep-last", "resume", "async-save"})
     LOOM_CHECK(!f.was_set(flag) || !o.checkpoint_dir.empty(), "loom-gpt: --", flag,
                " needs --checkpoint-dir");
   LOOM_CHECK(!(o.resume && !o.resume_from.empty()),

@@ -45,7 +45,7 @@ struct GptOptions {
   // checkpoints (See gpt_checkpoint.h)
   std::string checkpoint_dir, resume_from;
   int64_t save_every, keep_last;
-  bool resume;
+  bool resume, async_save;
   int64_t threads;
 
   bool was_set(const std::string& flag) const { return flags->was_set(flag); }

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "core/io/detail/file.h"
@@ -38,6 +39,16 @@ int64_t step_of_dir_name(const std::string& name) {
     step = step * 10 + (name[i] - '0');
   }
   return step;
+}
+
+// What an interrupted save leaves in a checkpoint root: a staging or set-aside step directory
+// (step-N.tmp, step-N.old), or the temporary of a `latest` being replaced (latest.tmp.<pid>).
+bool is_leftover(const std::string& name) {
+  const auto ends_with = [&](const std::string& end) {
+    return name.size() > end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0;
+  };
+  return (name.compare(0, 5, "step-") == 0 && (ends_with(".tmp") || ends_with(".old"))) ||
+         name.compare(0, 11, "latest.tmp.") == 0;
 }
 
 std::string join(const std::string& dir, const std::string& name) {
@@ -241,6 +252,17 @@ nlohmann::json write_data_file(const std::string& dir, const std::string& file, 
   return {{"file", file}, {"bytes", layout.file_bytes}, {"rank", rank}, {"pieces", pieces}};
 }
 
+// Deletes a committed step directory. It leaves the committed names first (step-N.old is never
+// loaded, and the next save removes it), so a crash halfway through the deletion cannot leave a
+// partial directory that still looks committed.
+void discard_step_dir(const std::string& step_dir) {
+  const std::string old = step_dir + ".old";
+  remove_tree(old);
+  LOOM_CHECK(std::rename(step_dir.c_str(), old.c_str()) == 0, "cannot move ", step_dir,
+             " aside to delete it");
+  remove_tree(old);
+}
+
 // Rank 0's part of the commit: the manifest into the staging directory, the directory to its
 // final name, then `latest`, then old checkpoints. See Note [Durable commit].
 void commit(const std::string& dir, const std::string& staging, const std::string& final_dir,
@@ -268,13 +290,8 @@ void commit(const std::string& dir, const std::string& staging, const std::strin
   const std::string text = manifest.to_json();
   io::parse_checkpoint_manifest(text, join(staging, kManifest));
   write_file_durably(join(staging, kManifest), text);
-  if (path_exists(final_dir)) {  // the same step saved before (a run resumed from earlier)
-    const std::string old = final_dir + ".old";
-    remove_tree(old);
-    LOOM_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0, "cannot move the earlier ",
-               final_dir, " aside");
-    remove_tree(old);
-  }
+  // The same step saved before (a run resumed from earlier).
+  if (path_exists(final_dir)) discard_step_dir(final_dir);
   LOOM_CHECK(std::rename(staging.c_str(), final_dir.c_str()) == 0, "cannot rename ", staging,
              " to ", final_dir);
   fsync_directory(dir);
@@ -286,8 +303,92 @@ void commit(const std::string& dir, const std::string& staging, const std::strin
         steps.push_back(step_of_dir_name(name));
     std::sort(steps.begin(), steps.end());
     for (size_t i = 0; i + size_t(keep_last) < steps.size(); ++i)
-      if (steps[i] != manifest.step) remove_tree(join(dir, step_dir_name(steps[i])));
+      if (steps[i] != manifest.step) discard_step_dir(join(dir, step_dir_name(steps[i])));
   }
+}
+
+}  // namespace
+
+// One save, in the three parts an asynchronous save runs at different times: begin (collective:
+// plan who writes what, prepare the staging directory), write (local: this rank's data file, no
+// communication, so it may run on another thread) and finish (collective: gather the reports,
+// rank 0 commits).
+struct SaveJob {
+  std::string what, dir, final_dir, staging, file;
+  int64_t step = 0;
+  SaveOptions options;
+  nlohmann::json state;
+  std::vector<StatePiece> pieces;  // kept alive: the shares point into them
+  std::map<std::string, io::TensorEntry> tensors;
+  std::vector<Share> shares;
+  int rank = 0;
+  nlohmann::json report;
+  std::string error;  // of write()
+  std::chrono::steady_clock::time_point start;
+
+  void write() {
+    error = capture([&] {
+      report["file"] = write_data_file(staging, file, step, rank, shares, options.chunk_bytes);
+      report["state"] = state;
+    });
+  }
+};
+
+namespace {
+
+std::unique_ptr<SaveJob> begin_save(const std::string& dir, int64_t step,
+                                    std::vector<StatePiece> pieces, const nlohmann::json& state,
+                                    comm::Communicator& group, const SaveOptions& options) {
+  auto job = std::make_unique<SaveJob>();
+  job->start = std::chrono::steady_clock::now();
+  LOOM_CHECK(step >= 0, "checkpoint save: step must be >= 0, got ", step);
+  LOOM_CHECK(options.chunk_bytes > 0, "checkpoint save: chunk_bytes must be positive");
+  LOOM_CHECK(state.is_object(), "checkpoint save: the state must be a JSON object");
+  job->what = detail::str_cat("checkpoint save of step ", step, " to ", dir);
+  job->dir = dir;
+  job->step = step;
+  job->options = options;
+  job->state = state;
+  job->pieces = std::move(pieces);
+  job->final_dir = join(dir, step_dir_name(step));
+  job->staging = job->final_dir + ".tmp";
+  job->rank = group.rank();
+  char file[32];
+  std::snprintf(file, sizeof file, "rank-%05d.safetensors", job->rank);
+  job->file = file;
+
+  SaveJob& j = *job;
+  agree(group, j.what + " (planning)",
+        capture([&] { j.shares = plan_shares(j.pieces, group, j.tensors); }));
+  // Rank 0 clears what an interrupted save left and makes the staging directory.
+  agree(group, j.what + " (preparing " + j.staging + ")", capture([&] {
+          if (j.rank != 0) return;
+          make_directories(dir);
+          for (const std::string& name : list_directory(dir))
+            if (is_leftover(name)) remove_tree(join(dir, name));
+          make_directories(j.staging);
+        }));
+  return job;
+}
+
+SaveResult finish_save(SaveJob& j, comm::Communicator& group) {
+  agree(group, j.what + " (writing data files)", j.error);
+  const std::vector<std::string> reports = allgather_strings(group, j.report.dump());
+  SaveResult result;
+  result.path = j.final_dir;
+  result.bytes = j.report["file"]["bytes"];
+  for (const std::string& r : reports)
+    result.total_bytes += nlohmann::json::parse(r)["file"]["bytes"].get<uint64_t>();
+  agree(group, j.what + " (committing)", capture([&] {
+          if (j.rank != 0) return;
+          io::CheckpointManifest manifest;
+          manifest.step = j.step;
+          manifest.tensors = j.tensors;
+          commit(j.dir, j.staging, j.final_dir, std::move(manifest), reports, j.options.keep_last);
+        }));
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - j.start).count();
+  return result;
 }
 
 }  // namespace
@@ -295,54 +396,58 @@ void commit(const std::string& dir, const std::string& staging, const std::strin
 SaveResult save(const std::string& dir, int64_t step, const std::vector<StatePiece>& pieces,
                 const nlohmann::json& state, comm::Communicator& group,
                 const SaveOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  LOOM_CHECK(step >= 0, "checkpoint save: step must be >= 0, got ", step);
-  LOOM_CHECK(options.chunk_bytes > 0, "checkpoint save: chunk_bytes must be positive");
-  LOOM_CHECK(state.is_object(), "checkpoint save: the state must be a JSON object");
-  const std::string what = detail::str_cat("checkpoint save of step ", step, " to ", dir);
-  const std::string final_dir = join(dir, step_dir_name(step));
-  const std::string staging = final_dir + ".tmp";
-  const int rank = group.rank();
+  std::unique_ptr<SaveJob> job = begin_save(dir, step, pieces, state, group, options);
+  job->write();
+  return finish_save(*job, group);
+}
 
-  std::map<std::string, io::TensorEntry> tensors;
-  std::vector<Share> shares;
-  agree(group, what + " (planning)",
-        capture([&] { shares = plan_shares(pieces, group, tensors); }));
+AsyncCheckpointer::AsyncCheckpointer(std::shared_ptr<comm::Communicator> group)
+    : group_(std::move(group)) {}
 
-  // Rank 0 clears what an interrupted save left and makes the staging directory.
-  agree(group, what + " (preparing " + staging + ")", capture([&] {
-          if (rank != 0) return;
-          make_directories(dir);
-          for (const std::string& name : list_directory(dir))
-            if (name.size() > 4 && name.compare(0, 5, "step-") == 0 &&
-                (name.rfind(".tmp") == name.size() - 4 || name.rfind(".old") == name.size() - 4))
-              remove_tree(join(dir, name));
-          make_directories(staging);
-        }));
+AsyncCheckpointer::~AsyncCheckpointer() {
+  // Not committed: the staging directory stays, is never loaded, and the next save removes it.
+  if (writer_.joinable()) writer_.join();
+}
 
-  char file[32];
-  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
-  nlohmann::json report;
-  agree(group, what + " (writing data files)", capture([&] {
-          report["file"] = write_data_file(staging, file, step, rank, shares, options.chunk_bytes);
-          report["state"] = state;
-        }));
+double AsyncCheckpointer::start(const std::string& dir, int64_t step,
+                                const std::vector<StatePiece>& pieces, const nlohmann::json& state,
+                                const SaveOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (job_) wait();  // at most one save in flight
+  // The snapshot in host memory; pieces already there are the caller's copies and are kept.
+  std::vector<StatePiece> snapshot;
+  snapshot_bytes_ = 0;
+  for (const StatePiece& p : pieces) {
+    StatePiece c = p;
+    c.data = p.data.detach().to(Device::cpu()).contiguous();
+    snapshot_bytes_ += c.data.nbytes();
+    snapshot.push_back(std::move(c));
+  }
+  job_ = begin_save(dir, step, std::move(snapshot), state, *group_, options);
+  done_ = false;
+  writer_ = std::thread([this] {
+    job_->write();
+    done_ = true;
+  });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
-  const std::vector<std::string> reports = allgather_strings(group, report.dump());
-  SaveResult result;
-  result.path = final_dir;
-  result.bytes = report["file"]["bytes"];
-  for (const std::string& r : reports)
-    result.total_bytes += nlohmann::json::parse(r)["file"]["bytes"].get<uint64_t>();
-  agree(group, what + " (committing)", capture([&] {
-          if (rank != 0) return;
-          io::CheckpointManifest manifest;
-          manifest.step = step;
-          manifest.tensors = tensors;
-          commit(dir, staging, final_dir, std::move(manifest), reports, options.keep_last);
-        }));
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return result;
+std::optional<SaveResult> AsyncCheckpointer::poll() {
+  if (!job_) return std::nullopt;
+  Tensor all_done = Tensor::full({1}, done_ ? 1.0 : 0.0, DType::kI64);
+  comm::AllreduceOptions o;
+  o.op = comm::ReduceOp::kMin;
+  group_->allreduce(all_done, o)->wait();
+  if (all_done.to_vector<int64_t>()[0] == 0) return std::nullopt;
+  return wait();
+}
+
+std::optional<SaveResult> AsyncCheckpointer::wait() {
+  if (!job_) return std::nullopt;
+  writer_.join();
+  std::unique_ptr<SaveJob> job = std::move(job_);
+  snapshot_bytes_ = 0;
+  return finish_save(*job, *group_);
 }
 
 std::string latest_checkpoint(const std::string& dir) {

@@ -18,9 +18,13 @@
 //   checkpoint::load(path, m, pieces, *world);          // fills each piece's tensor
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -60,6 +64,53 @@ struct SaveResult {
 SaveResult save(const std::string& dir, int64_t step, const std::vector<StatePiece>& pieces,
                 const nlohmann::json& state, comm::Communicator& group,
                 const SaveOptions& options = {});
+
+struct SaveJob;
+
+// Asynchronous saves: start() snapshots the pieces into host memory (the only copy this class
+// holds: at most one save is in flight, so its memory is bounded by one rank's state, reported by
+// snapshot_bytes()) and writes this rank's file on a background thread while training goes on.
+// Everything collective stays on the calling thread, in start(), poll() and wait(), which every
+// rank of `group` must call at the same points (MPI is initialised for one thread at a time):
+//
+//   AsyncCheckpointer saver(world);
+//   for (step ...) {
+//     train_step();
+//     if (auto r = saver.poll()) report(*r);                 // committed once all ranks wrote
+//     if (step % every == 0) stall = saver.start(dir, step, pieces(), state);
+//   }
+//   saver.wait();                                            // commit the last one
+//
+// A save that fails raises on every rank from the poll() or wait() that finishes it. Dropping
+// the saver with a save in flight leaves it uncommitted (never loaded; the next save removes it).
+class AsyncCheckpointer {
+ public:
+  explicit AsyncCheckpointer(std::shared_ptr<comm::Communicator> group);
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // Waits for a save still in flight (committing it), then plans and starts writing `pieces`.
+  // Their data must be snapshots that nothing else changes (TrainingState::save_pieces gives
+  // copies); device tensors are copied to the host. Returns the seconds the caller was held up
+  // (the stall). Collective.
+  double start(const std::string& dir, int64_t step, const std::vector<StatePiece>& pieces,
+               const nlohmann::json& state, const SaveOptions& options = {});
+  // Commits the save in flight if every rank has written its file (one small allreduce); the
+  // result when it did. Collective.
+  std::optional<SaveResult> poll();
+  // Waits for the save in flight and commits it. Collective.
+  std::optional<SaveResult> wait();
+  bool in_flight() const { return job_ != nullptr; }
+  uint64_t snapshot_bytes() const { return snapshot_bytes_; }
+
+ private:
+  std::shared_ptr<comm::Communicator> group_;
+  std::unique_ptr<SaveJob> job_;
+  std::thread writer_;
+  std::atomic<bool> done_{false};
+  uint64_t snapshot_bytes_ = 0;
+};
 
 // The step directory `latest` names in `dir`, or when it is missing or names a checkpoint that
 // is not committed, the committed step directory with the highest step; "" when `dir` holds

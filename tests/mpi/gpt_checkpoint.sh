@@ -5,7 +5,8 @@
 #    exactly the losses of the uninterrupted run, and its step-12 checkpoint (parameters,
 #    optimizer moments, step counts, data position) is bit-identical to the uninterrupted one's:
 #    one process, DDP, ZeRO-1, ZeRO-3 with grad-accum, tp 2 with sequence parallelism, and
-#    dp 2 x tp 2 with ZeRO-2; all with dropout.
+#    dp 2 x tp 2 with ZeRO-2, bf16 and f16 (masters, loss scaler), and asynchronous saves; all
+#    with dropout.
 # 2. Other layouts: a checkpoint saved by dp 2 x tp 2 with ZeRO-1 loads on dp 4 with ZeRO-3, on
 #    one process, on tp 4, on dp 2 with ZeRO-2 and on dp 2 x tp 2 with ZeRO-3: saved again right
 #    after loading, every tensor is bit-identical to the saved one, and training on gives the
@@ -107,7 +108,8 @@ fi
 # 1. Same layout, bit for bit.
 same_layout "1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2" \
   "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2" "1:--dtype bf16" \
-  "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16"
+  "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16" \
+  "2:--dp 2 --zero 3 --async-save" "1:--async-save"
 
 # 2. Other layouts, from dp 2 x tp 2 with ZeRO-1.
 other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
