@@ -1,6 +1,9 @@
 // See core/io/gpt_weights.h.
 #include "core/io/gpt_weights.h"
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/io/detail/file.h"
 #include "core/io/gpt2_weights.h"
@@ -10,7 +13,58 @@
 
 namespace loom::io {
 
-GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint) {
+namespace {
+
+// The Hugging Face config.json beside a safetensors file: its head count (0 when there is no such
+// file or it has none), and, once the weights are read, its other sizes checked against them.
+struct HfConfig {
+  std::string path;
+  nlohmann::json json;
+
+  static HfConfig beside(const std::string& weights) {
+    const size_t slash = weights.find_last_of('/');
+    HfConfig c;
+    c.path =
+        (slash == std::string::npos ? std::string() : weights.substr(0, slash + 1)) + "config.json";
+    if (!std::filesystem::is_regular_file(c.path)) return HfConfig{};
+    try {
+      c.json = nlohmann::json::parse(detail::read_all(c.path, "Hugging Face config"));
+    } catch (const nlohmann::json::exception& e) {
+      LOOM_FAIL("Hugging Face config ", c.path, " is not valid JSON: ", e.what());
+    }
+    LOOM_CHECK(c.json.is_object(), "Hugging Face config ", c.path, " is not a JSON object");
+    return c;
+  }
+  int64_t field(const char* key) const {
+    if (path.empty() || !json.contains(key)) return 0;
+    LOOM_CHECK(json[key].is_number_integer() && json[key].get<int64_t>() > 0,
+               "Hugging Face config ", path, ": \"", key, "\" must be a positive integer, got ",
+               json[key].dump());
+    return json[key].get<int64_t>();
+  }
+  void check(const GptConfig& c, const std::string& weights) const {
+    const std::pair<const char*, int64_t> sizes[] = {{"n_layer", c.layers},
+                                                     {"n_embd", c.channels},
+                                                     {"vocab_size", c.vocab},
+                                                     {"n_positions", c.max_seq_len}};
+    for (const auto& [key, value] : sizes) {
+      const int64_t said = field(key);
+      LOOM_CHECK(said == 0 || said == value, "Hugging Face config ", path, " says ", key, " ", said,
+                 " but the weights in ", weights, " have ", value);
+    }
+  }
+};
+
+}  // namespace
+
+GptWeights load_gpt_weights(const std::string& given, int64_t heads_hint) {
+  std::string path = given;
+  if (std::filesystem::is_directory(given)) {
+    path = (given.back() == '/' ? given : given + "/") + "model.safetensors";
+    LOOM_CHECK(std::filesystem::is_regular_file(path), given,
+               " is a directory without model.safetensors (a Hugging Face GPT-2 directory holds "
+               "config.json and model.safetensors)");
+  }
   int32_t magic = 0;
   {
     detail::InFile in(path, "weights file");
@@ -27,7 +81,13 @@ GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint) {
   LOOM_CHECK(looks_like_safetensors(path), path,
              " is neither an llm.c model file (magic 20240326) nor a safetensors file "
              "(8-byte header length, then a JSON header)");
-  return load_gpt2_safetensors(path, heads_hint);
+  const HfConfig hf = HfConfig::beside(path);
+  const int64_t hf_heads = hf.field("n_head");
+  LOOM_CHECK(hf_heads == 0 || heads_hint == 0 || hf_heads == heads_hint, "Hugging Face config ",
+             hf.path, " says n_head ", hf_heads, " but ", heads_hint, " heads were asked for");
+  GptWeights w = load_gpt2_safetensors(path, hf_heads ? hf_heads : heads_hint);
+  hf.check(w.config, path);
+  return w;
 }
 
 void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params) {

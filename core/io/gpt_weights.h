@@ -12,8 +12,12 @@
 
 namespace loom::io {
 
+// `path` is a weights file or a Hugging Face model directory (its model.safetensors is read).
+// A safetensors file with a Hugging Face config.json beside it takes its head count from there,
+// and the config's other sizes (n_layer, n_embd, vocab_size, n_positions) must match the weights.
 // `heads_hint`: the --heads the user gave, 0 for none. A file that records its heads (every
-// llm.c file; safetensors saved by loom) must agree with it; otherwise it supplies the heads.
+// llm.c file; safetensors saved by loom; a config.json beside it) must agree with it; otherwise
+// it supplies the heads.
 // Throws loom::Error naming the file when it is neither format (with a hint when it is an llm.c
 // token file).
 GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint = 0);

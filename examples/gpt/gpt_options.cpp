@@ -169,8 +169,12 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("eval-every", o.eval_every);
   positive("eval-examples", o.eval_examples);
   LOOM_CHECK(o.steps >= 0, "loom-gpt: --steps must be >= 0, got ", o.steps);
-  LOOM_CHECK(o.dim % o.heads == 0, "loom-gpt: --heads ", o.heads, " must divide --dim ", o.dim,
-             " (head size would be ", double(o.dim) / double(o.heads), ")");
+  // With --init-from or a resume the model's width comes from the file: the flags given are
+  // checked against it there, not against --dim's default.
+  const bool model_from_file = !o.init_from.empty() || !o.resume_from.empty() || o.resume;
+  LOOM_CHECK(o.dim % o.heads == 0 || (model_from_file && !f.was_set("dim")), "loom-gpt: --heads ",
+             o.heads, " must divide --dim ", o.dim, " (head size would be ",
+             double(o.dim) / double(o.heads), ")");
   LOOM_CHECK(o.vocab >= 0, "loom-gpt: --vocab must be >= 0, got ", o.vocab);
   LOOM_CHECK(o.dropout >= 0 && o.dropout < 1, "loom-gpt: --dropout must be in [0, 1), got ",
              o.dropout);

@@ -3,7 +3,7 @@
 # verify passes, then fails naming the checksum once one byte of a data file is flipped; export
 # writes a Hugging Face GPT-2 directory whose tensors are exactly the checkpoint's (vocab padding
 # dropped, Conv1D matrices transposed), checked with numpy against the stored pieces, and which
-# loom-gpt loads back. Bad usage is covered by the loom_ckpt_error tests (CMakeLists.txt).
+# loom-gpt loads back (also as a Hub directory whose head count is only in config.json). Bad usage is covered by the loom_ckpt_error tests (CMakeLists.txt).
 # usage: ckpt_cli.sh LOOM_CKPT LOOM_GPT
 set -euo pipefail
 ckpt=$1
@@ -117,6 +117,37 @@ EOF
 out=$("$gpt" --init-from "$dir/hf/model.safetensors" --eval-only --batch 8)
 echo "$out"
 grep -qE '^val_loss [0-9.]+' <<< "$out" || fail "loom-gpt cannot evaluate the exported weights"
+want_loss=$(sed -n 's/^val_loss //p' <<< "$out")
+
+# As from the Hub: the head count only in config.json (the file's metadata dropped). The directory
+# loads without --heads, and --heads 2 with --dim left at its default is checked against the file.
+"$py" - "$dir/hf" "$dir/hub" <<'EOF'
+import json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+raw = open(f"{src}/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+header["__metadata__"] = {"format": "pt"}
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(f"{dst}/model.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+open(f"{dst}/config.json", "w").write(open(f"{src}/config.json").read())
+EOF
+for args in "--init-from $dir/hub" "--init-from $dir/hub/model.safetensors --heads 2"; do
+  # shellcheck disable=SC2086  # $args holds flags
+  out=$("$gpt" $args --eval-only --batch 8)
+  grep -qxF "val_loss $want_loss" <<< "$out" || fail "$args: '$out', expected val_loss $want_loss"
+done
+err=$("$gpt" --init-from "$dir/hub" --heads 4 --eval-only --batch 8 2>&1 >/dev/null) &&
+  fail "a --heads that contradicts config.json was accepted"
+grep -q "config.json says n_head 2 but 4 heads were asked for" <<< "$err" || fail "$err"
+echo "a Hugging Face directory loads with its config.json's head count"
+# --heads given with --init-from is checked against the file's width, not --dim's default (128,
+# which 3 does not divide).
+"$gpt" --steps 1 --layers 1 --dim 48 --heads 3 --batch 8 --save "$dir/w48.safetensors" > /dev/null
+"$gpt" --heads 3 --init-from "$dir/w48.safetensors" --eval-only --batch 8 | grep -q '^val_loss' ||
+  fail "--heads 3 --init-from a dim-48 file was refused"
 
 # One flipped byte in the middle of wte's stored bytes (data, never the file's header).
 read -r file at < <("$py" -c 'import json, sys
