@@ -11,11 +11,20 @@ The flags are loom-gpt's (the subset listed by --help), and so are the per-step 
 data (the built-in addition task, or an llm.c token file / a text file with --data), the same
 initialisation (by parameter name), the same loss weighting over ranks and micro-batches (Note
 [Loss weighting] in examples/gpt/gpt_parallel.h), the same dropout masks, clipping and
-optimizer. tests/python/test_train_gpt.py checks it against build/bin/loom-gpt.
+optimizer. tests/python/train_gpt_check.py checks it against build/bin/loom-gpt.
 
 --batch is the global batch: each data-parallel rank takes batch / dp rows (in --grad-accum
 micro-batches, or with --pp in --microbatches pipeline micro-batches). Only rank 0 prints.
 Ctrl-C stops after the current step and exits with status 130.
+
+Checkpoints are loom-gpt's (loom.distributed.checkpoint, the same format and run state):
+--checkpoint-dir DIR saves the whole training state every --save-every steps and at the end;
+--resume continues from the latest one in DIR (starting at step 0 when there is none), with the
+same data position, learning rate and dropout masks, on any dp / tp / ZeRO layout; a checkpoint
+written by loom-gpt resumes here and the other way round::
+
+    mpirun -np 2 python3 examples/train_gpt.py --dp 2 --zero 1 --checkpoint-dir ckpt --save-every 50
+    mpirun -np 4 python3 examples/train_gpt.py --tp 2 --dp 2 --checkpoint-dir ckpt --resume
 """
 
 import argparse
@@ -29,7 +38,7 @@ import numpy as np
 import loom
 import loom.distributed as dist
 import loom.nn as nn
-from loom.distributed import pipelining
+from loom.distributed import checkpoint, pipelining
 
 IGNORE_INDEX = -100
 
@@ -42,11 +51,13 @@ def parse_args(argv=None):
         description="Trains a GPT-2-style model (loom-gpt's loop, from Python). With no flags: "
                     "the built-in addition task until --target.")
     a = p.add_argument
-    a("--layers", type=int, default=2, help="transformer blocks")
-    a("--heads", type=int, default=4, help="attention heads (must divide --dim)")
-    a("--dim", type=int, default=128, help="model width (channels)")
+    # The model's shape: None until given, so a resumed run knows which flags were given (they
+    # must agree with the checkpoint's model); the defaults are filled in below.
+    a("--layers", type=int, default=None, help="transformer blocks (default 2)")
+    a("--heads", type=int, default=None, help="attention heads, must divide --dim (default 4)")
+    a("--dim", type=int, default=None, help="model width, channels (default 128)")
     a("--seq", type=int, default=0, help="sequence length; 0: one addition example (3*digits+4)")
-    a("--vocab", type=int, default=0, help="vocabulary size; 0: from the data")
+    a("--vocab", type=int, default=None, help="vocabulary size; 0 (default): from the data")
     a("--dropout", type=float, default=0.0, help="dropout probability")
     a("--data", default="", help="llm.c token file (.bin) or text file; empty: the addition task")
     a("--digits", type=int, default=3, help="digits per operand of the addition task")
@@ -76,8 +87,28 @@ def parse_args(argv=None):
     a("--eval-every", type=int, default=100, help="addition task: held-out exact match every N")
     a("--eval-examples", type=int, default=1000)
     a("--target", type=float, default=0.95, help="addition task: exact match to stop at")
-    a("--metrics-file", default="", help="one JSON object per step (loom-gpt's format)")
+    a("--metrics-file", default="",
+      help="one JSON object per step (loom-gpt's format); on resume, the rows after the "
+           "checkpoint's step are dropped and the run appends")
+    a("--checkpoint-dir", default="",
+      help="save the whole training state (weights, optimizer, data position) here: DIR/step-N/, "
+           "every --save-every steps and at the end; any layout can resume it")
+    a("--save-every", type=int, default=None,
+      help="with --checkpoint-dir: save every N steps (0: only at the end)")
+    a("--keep-last", type=int, default=None,
+      help="with --checkpoint-dir: keep the newest K checkpoints (0: keep all)")
+    a("--resume", action="store_true",
+      help="continue from the latest committed checkpoint in --checkpoint-dir (saved on any "
+           "layout); start from step 0 when there is none yet")
+    a("--resume-from", default="",
+      help="continue from this checkpoint (a DIR/step-N directory, saved on any layout)")
     o = p.parse_args(argv)
+    o.given = {flag for flag in ("layers", "heads", "dim", "vocab", "save_every", "keep_last")
+               if getattr(o, flag) is not None}
+    for flag, default in (("layers", 2), ("heads", 4), ("dim", 128), ("vocab", 0),
+                          ("save_every", 0), ("keep_last", 0)):
+        if getattr(o, flag) is None:
+            setattr(o, flag, default)
     if o.seq == 0:
         o.seq = 3 * o.digits + 4 if not o.data else 64
     if o.warmup_steps is None:  # the default must not exceed a short run (loom-gpt's rule)
@@ -91,6 +122,16 @@ def parse_args(argv=None):
         p.error(f"--heads {o.heads} must divide --dim {o.dim}")
     if o.pp > 1 and (o.zero > 1 or o.grad_accum > 1):
         p.error("--pp combines with --dp, --tp and --zero 1 only (not --zero 2/3 or --grad-accum)")
+    for flag in ("save_every", "keep_last"):
+        if getattr(o, flag) < 0:
+            p.error(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(o, flag)}")
+    for flag in ("save_every", "keep_last", "resume"):
+        if (flag in o.given or (flag == "resume" and o.resume)) and not o.checkpoint_dir:
+            p.error(f"--{flag.replace('_', '-')} needs --checkpoint-dir")
+    if o.resume and o.resume_from:
+        p.error("give --resume (the latest in --checkpoint-dir) or --resume-from PATH, not both")
+    if (o.checkpoint_dir or o.resume_from) and o.pp > 1:
+        p.error("checkpoints with --pp are not wired yet (dp, tp and ZeRO are)")
     return o
 
 
@@ -137,6 +178,125 @@ def optimizer_kwargs(o):
     if o.optimizer == "sgd":
         return loom.optim.SGD, dict(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
     return loom.optim.AdamW, dict(lr=o.lr, weight_decay=o.weight_decay)
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+# loom-gpt's run state (examples/gpt/gpt_checkpoint.cpp), key for key, so either program resumes
+# the other's checkpoints: the model, the layout that saved it, the data position and what decides
+# the data, the schedule and the seed.
+
+
+def data_source(o):
+    return o.data or "addition task"
+
+
+def run_state(config, o, world_size, batch_index, lr_schedule):
+    return {
+        "model": {"layers": config.layers, "heads": config.heads, "channels": config.channels,
+                  "vocab": config.vocab, "padded_vocab": config.padded_vocab,
+                  "max_seq_len": config.max_seq_len},
+        "layout": {"world_size": world_size, "dp": o.dp, "tp": o.tp, "pp": o.pp, "zero": o.zero,
+                   "dtype": "f32", "sequence_parallel": o.sequence_parallel,
+                   "grad_accum": o.grad_accum},
+        "data": {"batch_index": batch_index, "source": data_source(o), "batch": o.batch,
+                 "seq": o.seq, "digits": o.digits},
+        "training": {"seed": o.seed, "optimizer": o.optimizer, "lr_schedule": lr_schedule,
+                     "steps": o.steps},
+    }
+
+
+def find_resume_point(o):
+    """(step directory, manifest) of --resume-from, or of the latest checkpoint in
+    --checkpoint-dir with --resume; None for a fresh start."""
+    path = o.resume_from or (checkpoint.latest(o.checkpoint_dir) if o.resume else None)
+    if not path:
+        return None
+    return path, checkpoint.read_manifest(path)
+
+
+def _section(point, key):
+    path, manifest = point
+    s = manifest["state"].get(key)
+    if not isinstance(s, dict):
+        raise ValueError(f'checkpoint {path} has no "{key}" in its state: it was not saved by '
+                         "loom-gpt or train_gpt.py")
+    return s
+
+
+def _integer(point, section, key):
+    v = section.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f'checkpoint {point[0]}: state field "{key}" is missing or not an '
+                         "integer")
+    return v
+
+
+def checkpoint_config(point, o):
+    """The checkpoint's model; an explicit --layers, --heads, --dim or --vocab must agree."""
+    m = _section(point, "model")
+    saved = {k: _integer(point, m, k) for k in ("layers", "heads", "channels", "vocab",
+                                                 "padded_vocab", "max_seq_len")}
+    for flag, key in (("layers", "layers"), ("heads", "heads"), ("dim", "channels"),
+                      ("vocab", "vocab")):
+        if flag in o.given and getattr(o, flag) != saved[key]:
+            raise ValueError(f"--{flag} {getattr(o, flag)} conflicts with the checkpoint "
+                             f"{point[0]}, whose model has {saved[key]}")
+    if o.seq > saved["max_seq_len"]:
+        raise ValueError(f"--seq {o.seq} exceeds the checkpoint's maximum sequence length "
+                         f"{saved['max_seq_len']}")
+    return nn.GPTConfig(**saved)
+
+
+def resume_batch_index(point, o):
+    """Checks that the flags read the same data as the saved run; the batch index to go on
+    from."""
+    path = point[0]
+    d = _section(point, "data")
+    if d.get("source") != data_source(o):
+        raise ValueError(f"the checkpoint {path} was trained on "
+                         f"{json.dumps(d['source']) if 'source' in d else 'unknown data'} but "
+                         f"--data gives '{data_source(o)}'; a resumed run reads the same data")
+    agree = [("batch", o.batch), ("seq", o.seq)] + ([("digits", o.digits)] if not o.data else [])
+    for flag, given in agree:
+        saved = _integer(point, d, flag)
+        if given != saved:
+            raise ValueError(f"--{flag} {given} differs from the checkpoint {path}'s {saved}: a "
+                             "resumed run needs the same global batch and sequence length to "
+                             "continue at the same sample (the layout may change)")
+    t = _section(point, "training")
+    if t.get("seed") != o.seed:
+        raise ValueError(f"--seed {o.seed} differs from the checkpoint {path}'s "
+                         f"{json.dumps(t.get('seed'))} (the seed keys the data's examples and "
+                         "the dropout masks)")
+    if t.get("optimizer") != o.optimizer:
+        raise ValueError(f"--optimizer {o.optimizer} differs from the checkpoint {path}'s "
+                         f"{json.dumps(t.get('optimizer'))}")
+    index = _integer(point, d, "batch_index")
+    if index < 0:
+        raise ValueError(f"checkpoint {path}: negative batch index {index}")
+    return index
+
+
+def open_metrics(path, first_step):
+    """The metrics file: a resumed run keeps the rows up to its first step and appends."""
+    kept = []
+    if first_step > 0 and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                step = row.get("step") if isinstance(row, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool) and step <= first_step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+    f = open(path, "w")
+    f.writelines(kept)
+    return f
+
+
+def directory_bytes(path):
+    return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path))
 
 
 # ------------------------------------------------------------------------------------ trainers
@@ -232,6 +392,15 @@ class DataParallelStep:
         if self.zero is not None:
             self.zero.gather_parameters()  # ZeRO-3 shards the parameters between steps
         return self.model.logits(idx) if self.tp is not None else self.model(idx)
+
+    def save_checkpoint(self, path, step, state, keep_last, group):
+        """This rank's model and optimizer state (ZeRO: its shards) as step `step`."""
+        return checkpoint.save(path, model=self.model, optimizer=self.opt, step=step,
+                               group=group, keep_last=keep_last, state=state)
+
+    def load_checkpoint(self, path, group):
+        """A checkpoint saved by any dp / tp / ZeRO layout, resharded on load."""
+        return checkpoint.load(path, model=self.model, optimizer=self.opt, group=group)
 
 
 def _owner_is_counted(place, name):
@@ -373,12 +542,19 @@ def main(argv=None):
                          f"--grad-accum {o.grad_accum}")
     mesh = dist.DeviceMesh(pp=o.pp, dp=o.dp, tp=o.tp)
 
+    resume = find_resume_point(o)
+    if o.resume and resume is None:
+        say(f"checkpoint: none in {o.checkpoint_dir} yet; starting at step 0")
     description, tokens, data_vocab, task = load_data(o)
-    vocab = o.vocab or data_vocab
-    padded = loom.data.AdditionTask.PADDED_VOCAB if task else padded_vocab_for(vocab)
-    config = nn.GPTConfig(max_seq_len=o.seq, vocab=vocab, padded_vocab=max(padded, vocab),
-                          layers=o.layers, heads=o.heads, channels=o.dim)
-    loom.data.check_token_range(tokens, vocab, o.data or "addition task")
+    if resume:  # the checkpoint's model (explicit flags must agree)
+        config = checkpoint_config(resume, o)
+        o.layers, o.heads, o.dim = config.layers, config.heads, config.channels
+    else:
+        vocab = o.vocab or data_vocab
+        padded = loom.data.AdditionTask.PADDED_VOCAB if task else padded_vocab_for(vocab)
+        config = nn.GPTConfig(max_seq_len=o.seq, vocab=vocab, padded_vocab=max(padded, vocab),
+                              layers=o.layers, heads=o.heads, channels=o.dim)
+    loom.data.check_token_range(tokens, config.vocab, o.data or "addition task")
     loader = loom.data.BatchLoader(tokens, o.batch, o.seq, o.data)
     nn.set_dropout_seed(o.seed)
     trainer = PipelineStep(o, config, mesh) if o.pp > 1 else DataParallelStep(o, config, mesh)
@@ -391,11 +567,41 @@ def main(argv=None):
         f"lr {schedule}, grad clip {o.grad_clip}; parallel: {trainer.describe()} over "
         f"{world.size} rank(s)")
     heldout = task.heldout_set(o.eval_examples) if task and o.pp == 1 else None
-    metrics = open(o.metrics_file, "w") if o.metrics_file and world.rank == 0 else None
+
+    first_step = 0
+    if resume:
+        loader.seek(resume_batch_index(resume, o))
+        state = trainer.load_checkpoint(resume[0], world)
+        first_step = state["step"]
+        layout = json.dumps(state.get("layout", {}), sort_keys=True, separators=(",", ":"))
+        say(f"checkpoint: resumed from {resume[0]} at step {first_step} (saved by {layout})")
+    metrics = (open_metrics(o.metrics_file, first_step) if o.metrics_file and world.rank == 0
+               else None)
+
+    def save_checkpoint(steps_done):
+        """Saves every rank's state as step `steps_done` (collective)."""
+        t0 = time.perf_counter()
+        state = run_state(config, o, world.size, loader.index, str(schedule))
+        path = trainer.save_checkpoint(o.checkpoint_dir, steps_done, state, o.keep_last, world)
+        if world.rank != 0:
+            return
+        seconds, size = time.perf_counter() - t0, directory_bytes(path)
+        say(f"checkpoint: saved step {steps_done} to {path} ({size / 1e6:.1f} MB in "
+            f"{seconds:.2f} s)", flush=True)
+        if metrics:
+            metrics.write(json.dumps({"step": steps_done, "event": "checkpoint",
+                                      "bytes": float(size), "save_s": seconds}) + "\n")
+            metrics.flush()
+
+    # The run ends with a checkpoint of its last step, unless the directory already holds one
+    # (a resumed run that trained no further).
+    steps_done = first_step
+    last_saved = (first_step if o.checkpoint_dir and
+                  checkpoint.has_checkpoint(o.checkpoint_dir, first_step) else -1)
     start = time.perf_counter()
-    step = 0
+    step = first_step
     try:
-        for step in range(o.steps):
+        for step in range(first_step, o.steps):
             t0 = time.perf_counter()
             lr = schedule.lr(step)
             batch = loader.next_batch()
@@ -403,6 +609,7 @@ def main(argv=None):
             if task:
                 task.mask_non_answer_targets(targets)
             loss, norm = trainer.run(batch.inputs, targets, step, lr)
+            steps_done = step + 1
             ms = (time.perf_counter() - t0) * 1e3
             say(f"step {step + 1}/{o.steps} | loss {loss:.6f} | lr {lr:.3e} | "
                 f"{o.batch * o.seq / (ms / 1e3):.0f} tok/s | {ms:.1f} ms", flush=True)
@@ -412,6 +619,9 @@ def main(argv=None):
                     record["grad_norm"] = norm
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
+            if o.checkpoint_dir and o.save_every > 0 and steps_done % o.save_every == 0:
+                save_checkpoint(steps_done)
+                last_saved = steps_done
             if heldout is not None and ((step + 1) % o.eval_every == 0 or step + 1 == o.steps):
                 trainer.model.eval()
                 with loom.no_grad():
@@ -421,6 +631,8 @@ def main(argv=None):
                 if em.accuracy >= o.target:
                     say(f"target reached: held-out exact match {em.accuracy:.3f} >= {o.target}")
                     break
+        if o.checkpoint_dir and last_saved != steps_done:
+            save_checkpoint(steps_done)
     except KeyboardInterrupt:
         say(f"\ninterrupted at step {step + 1} of {o.steps} "
             f"({time.perf_counter() - start:.1f} s); exiting", flush=True)
@@ -428,7 +640,7 @@ def main(argv=None):
     finally:
         if metrics:
             metrics.close()
-    say(f"trained {step + 1} steps in {time.perf_counter() - start:.1f} s")
+    say(f"trained {steps_done} steps in {time.perf_counter() - start:.1f} s")
     return 0
 
 

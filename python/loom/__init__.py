@@ -40,8 +40,10 @@ from loom._loom import (  # noqa: F401
     matmul,
     max_memory_allocated,
     memory_allocated,
+    load_gpt,
     ones,
     save,
+    save_gpt,
     tensor,
     uint8,
     zeros,
@@ -54,4 +56,5 @@ __all__ = [
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "matmul", "cat",
     "no_grad", "enable_grad", "is_grad_enabled", "memory_allocated", "max_memory_allocated",
     "cuda_is_available", "cuda_device_count", "nn", "optim", "distributed", "load", "save",
+    "load_gpt", "save_gpt",
 ]

@@ -252,6 +252,8 @@ p_k = (k mod batches_per_pass) * B*T.
       .def("next_batch", &io::BatchLoader::next_batch, Release())
       .def("batch_at", &io::BatchLoader::batch_at, py::arg("k"), Release())
       .def("reset", &io::BatchLoader::reset)
+      .def("seek", &io::BatchLoader::seek, py::arg("k"),
+           "next_batch() returns batch k next (a resumed run's data position; k >= 0).")
       .def_property_readonly("index", &io::BatchLoader::index)
       .def_property_readonly("batches_per_pass", &io::BatchLoader::batches_per_pass)
       .def_property_readonly("batch", &io::BatchLoader::batch)

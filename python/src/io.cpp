@@ -43,6 +43,40 @@ void init_io(py::module_& m) {
       py::arg("tensors"), py::arg("path"),
       py::arg("metadata") = std::map<std::string, std::string>{},
       "Writes a dict name -> Tensor (any device or layout) to a .safetensors file.");
+  m.def(
+      "load_gpt",
+      [](const std::string& path, int64_t heads) {
+        io::GptWeights w;
+        {
+          py::gil_scoped_release release;
+          w = io::load_gpt_weights(path, heads);
+        }
+        return py::make_tuple(w.config, w.params);
+      },
+      py::arg("path"), py::arg("heads") = 0,
+      R"(GPT weights as loom-gpt reads them: (GPTConfig, state dict under loom's names).
+
+`path` is an llm.c model .bin, a Hugging Face GPT-2 .safetensors (with or without its
+config.json beside it), or a Hugging Face directory; `heads` is needed only when nothing in the
+files records the head count.
+
+    config, state = loom.load_gpt("model.safetensors")   # e.g. written by loom-gpt --save
+    model = loom.nn.GPT(config)
+    model.load_state_dict(state)
+)");
+  m.def(
+      "save_gpt",
+      [](const std::string& path, const GptConfig& config,
+         const std::map<std::string, Tensor>& state) {
+        py::gil_scoped_release release;
+        io::save_gpt_weights(path, config, state);
+      },
+      py::arg("path"), py::arg("config"), py::arg("state"),
+      R"(Writes a GPT's weights as loom-gpt --save does: .bin (llm.c) or .safetensors (Hugging
+Face GPT-2 names), by the extension; loom-gpt --init-from reads either.
+
+    loom.save_gpt("model.safetensors", model.config, model.state_dict())
+)");
 }
 
 }  // namespace loom::python

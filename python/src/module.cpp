@@ -16,4 +16,5 @@ PYBIND11_MODULE(_loom, m) {
   loom::python::init_pipeline(m);
   loom::python::init_data(m);
   loom::python::init_sharded(m);
+  loom::python::init_checkpoint(m);
 }

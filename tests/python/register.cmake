@@ -40,14 +40,15 @@ endif()
 if(loom_binding_skip)
   foreach(name python_binding python_binding_install python_binding_mpi
                python_parallel_mpi_np2 python_parallel_mpi_np4 python_pipeline_mpi_np2
-               python_pipeline_mpi_np4 python_train_gpt python_train_gpt_mpi python_train_dlrm
-               python_train_dlrm_mpi)
+               python_pipeline_mpi_np4 python_checkpoint_mpi_np2 python_checkpoint_mpi_np4
+               python_train_gpt python_train_gpt_mpi python_train_dlrm python_train_dlrm_mpi)
     add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${loom_binding_skip}'; exit 77")
     set_tests_properties(${name} PROPERTIES LABELS python SKIP_RETURN_CODE 77)
   endforeach()
   set_tests_properties(python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
-                       python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi
-                       python_train_dlrm_mpi PROPERTIES LABELS "python;mpi")
+                       python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_checkpoint_mpi_np2
+                       python_checkpoint_mpi_np4 python_train_gpt_mpi python_train_dlrm_mpi
+                       PROPERTIES LABELS "python;mpi")
 else()
   file(GLOB loom_binding_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_binding_*.py)
   add_test(NAME python_binding
@@ -83,8 +84,9 @@ else()
                          ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python;\
 LOOM_DLRM=$<TARGET_FILE:loom-dlrm>;LOOM_MPIRUN=${loom_mpirun}")
     # Python scripts under mpirun: mesh/DDP/ZeRO/tensor parallelism and pipelines against the
-    # single-process run each rank computes itself.
-    foreach(area parallel pipeline)
+    # single-process run each rank computes itself; checkpoints saved by one layout and loaded by
+    # another (mpi_checkpoint_check.py).
+    foreach(area parallel pipeline checkpoint)
       foreach(np 2 4)
         add_test(NAME python_${area}_mpi_np${np}
                  COMMAND ${MPIEXEC_EXECUTABLE} -np ${np} ${LOOM_MPIRUN_FLAGS} ${Python3_EXECUTABLE}
@@ -106,8 +108,8 @@ LOOM_DLRM=$<TARGET_FILE:loom-dlrm>;LOOM_MPIRUN=${loom_mpirun}")
                          ENVIRONMENT "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
   else()
     foreach(name python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
-                 python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_train_gpt_mpi
-                 python_train_dlrm_mpi)
+                 python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_checkpoint_mpi_np2
+                 python_checkpoint_mpi_np4 python_train_gpt_mpi python_train_dlrm_mpi)
       add_test(NAME ${name}
                COMMAND sh -c "echo 'skipped: loom is built without MPI (LOOM_WITH_MPI)'; exit 77")
       set_tests_properties(${name} PROPERTIES LABELS "python;mpi" SKIP_RETURN_CODE 77)

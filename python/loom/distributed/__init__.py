@@ -381,3 +381,7 @@ from loom.distributed.embedding import (  # noqa: E402,F401
 
 __all__ += ["pipelining", "ShardedEmbeddingBagCollection", "EmbeddingSharding",
             "EmbeddingPlacement", "EmbeddingShard", "placements_for"]
+
+from loom.distributed import checkpoint  # noqa: E402,F401  (loom.distributed.checkpoint)
+
+__all__ += ["checkpoint"]

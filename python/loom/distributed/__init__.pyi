@@ -159,6 +159,7 @@ def tp_clip_grad_norm_(module: Module, max_norm: float, group: Communicator) -> 
 def gather_full_state(module: Module, group: Communicator) -> Dict[str, Tensor]: ...
 def load_full_state(module: Module, state_dict: Dict[str, Tensor]) -> None: ...
 
+from loom.distributed import checkpoint as checkpoint
 from loom.distributed import pipelining as pipelining
 from loom.distributed.embedding import EmbeddingPlacement as EmbeddingPlacement
 from loom.distributed.embedding import EmbeddingShard as EmbeddingShard
