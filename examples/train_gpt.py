@@ -20,7 +20,7 @@ Ctrl-C stops after the current step and exits with status 130.
 Checkpoints are loom-gpt's (loom.distributed.checkpoint, the same format and run state):
 --checkpoint-dir DIR saves the whole training state every --save-every steps and at the end;
 --resume continues from the latest one in DIR (starting at step 0 when there is none), with the
-same data position, learning rate and dropout masks, on any dp / tp / ZeRO layout; a checkpoint
+same data position, learning rate and dropout masks, on any dp / tp / pp / ZeRO layout; a checkpoint
 written by loom-gpt resumes here and the other way round::
 
     mpirun -np 2 python3 examples/train_gpt.py --dp 2 --zero 1 --checkpoint-dir ckpt --save-every 50
@@ -130,8 +130,6 @@ def parse_args(argv=None):
             p.error(f"--{flag.replace('_', '-')} needs --checkpoint-dir")
     if o.resume and o.resume_from:
         p.error("give --resume (the latest in --checkpoint-dir) or --resume-from PATH, not both")
-    if (o.checkpoint_dir or o.resume_from) and o.pp > 1:
-        p.error("checkpoints with --pp are not wired yet (dp, tp and ZeRO are)")
     return o
 
 
@@ -443,12 +441,15 @@ class PipelineStep:
             self.schedule, self.pp, chunks,
             self.stages[0].activation_shape(per_dp // self.schedule.microbatches, o.seq))
         self.zero = None
+        # The stages under one module: what ZeRO-1 wraps and checkpoints save (each under its
+        # single-process names, so any layout loads them).
+        self.holder = pipelining.StageSet(self.stages)
         if o.zero == 0:
             self.opt = make_optimizer(o, params)
         else:
-            # ZeRO-1 over dp: the stages under one module, gradients from the executor's
-            # backwards (external_backward); the norm counts one copy of each parameter.
-            holder = pipelining.StageSet(self.stages)
+            # ZeRO-1 over dp: gradients from the executor's backwards (external_backward); the
+            # norm counts one copy of each parameter.
+            holder = self.holder
             counted = {f"chunk{k}.{name}" for k, (place, stage) in
                        enumerate(zip(self.places, self.stages))
                        for name, _ in stage.named_parameters()
@@ -459,6 +460,16 @@ class PipelineStep:
                 tp=self.tp, external_backward=True, pp=self.pp,
                 counted_in_norm=counted, **kwargs)
             self.opt = self.zero
+
+    def save_checkpoint(self, path, step, state, keep_last, group):
+        """Every chunk's parameters and optimizer state (ZeRO-1: its shards); the tied wte's
+        copies and Chimera's replicas are stored once."""
+        return checkpoint.save(path, model=self.holder, optimizer=self.opt, step=step,
+                               group=group, keep_last=keep_last, state=state)
+
+    def load_checkpoint(self, path, group):
+        """A checkpoint saved by any layout, pipelined or not, resharded on load."""
+        return checkpoint.load(path, model=self.holder, optimizer=self.opt, group=group)
 
     def describe(self):
         s = f"dp {self.o.dp}" + (f" x tp {self.o.tp}" if self.tp is not None else "")

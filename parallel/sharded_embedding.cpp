@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "core/autograd.h"
+#include "core/ops.h"
 
 namespace loom::parallel {
 
@@ -66,6 +67,11 @@ struct ShardingTopology {
   int64_t num_tables() const { return int64_t(configs.size()); }
   int64_t total_dim() const { return dim_offset.back(); }
   bool is_row(const EmbeddingShard& s) const { return s.kind == EmbeddingSharding::kRow; }
+  bool any_column() const {
+    for (const EmbeddingPlacement& p : placements)
+      if (p.kind == EmbeddingSharding::kColumn) return true;
+    return false;
+  }
   // Elements one rank sends per requester in the forward all_to_all: its table/column blocks.
   int64_t exchange_width(int owner) const {
     int64_t w = 0;
@@ -75,12 +81,60 @@ struct ShardingTopology {
   }
 };
 
+// Tables that one embedding_bag call looks up on this rank, in one buffer laid out as `layout`
+// says (a fused update needs that; See embedding_bag).
+struct LocalTables {
+  std::vector<size_t> members;  // shard groups: indices into by_owner[rank]; data: table indices
+  std::vector<int64_t> tables;  // the table of each member
+  std::vector<Tensor> weights;  // the parameters, [rows, cols] each
+  EmbeddingBagLayout layout;
+  // The fused optimizer's state (null without one). The kernel updates with it, except for the
+  // split-row group, which the output exchange updates (See Note [Sharded fused optimizers]).
+  std::shared_ptr<EmbeddingFusedOptimizer> fused;
+
+  // Makes the weights views of one buffer (again, after something gave them memory of their
+  // own); keeps each parameter's identity.
+  void pack() {
+    if (embedding_tables_packed(weights, layout)) return;
+    Tensor buffer = Tensor::empty({layout.total_elements()}, weights[0].dtype());
+    for (size_t t = 0; t < weights.size(); ++t) {
+      Tensor view = make_view(buffer, weights[t].shape(), {layout.dim(int64_t(t)), 1},
+                              layout.weight_offset(int64_t(t)));
+      view.copy_(weights[t].detach());
+      weights[t].set_data(view);
+    }
+  }
+};
+
 }  // namespace detail
 
 namespace {
 
+using detail::LocalTables;
 using detail::ShardingTopology;
 constexpr const char* kOp = "ShardedEmbeddingBagCollection";
+
+// Every rank's `mine` (any length), in rank order. Collective.
+template <typename T>
+std::vector<std::vector<T>> allgather_varying(comm::Communicator& group,
+                                              const std::vector<T>& mine) {
+  const int W = group.size();
+  Tensor size = Tensor::from_vector(std::vector<int64_t>{int64_t(mine.size())}, {1});
+  Tensor sizes = Tensor::empty({W}, DType::kI64);
+  group.allgather(size, sizes)->wait();
+  const std::vector<int64_t> n = sizes.to_vector<int64_t>();
+  const int64_t most = std::max<int64_t>(1, *std::max_element(n.begin(), n.end()));
+  std::vector<T> padded(mine);
+  padded.resize(size_t(most), T(0));
+  Tensor in = Tensor::from_vector(padded, {most});
+  Tensor all = Tensor::empty({W * most}, in.dtype());
+  group.allgather(in, all)->wait();
+  const std::vector<T> flat = all.to_vector<T>();
+  std::vector<std::vector<T>> out(static_cast<size_t>(W));
+  for (int i = 0; i < W; ++i)
+    out[size_t(i)].assign(flat.begin() + i * most, flat.begin() + i * most + n[size_t(i)]);
+  return out;
+}
 
 // One shard (or replicated table) as a module, so its parameter is called "<table>.weight".
 class ShardModule : public nn::Module {
@@ -203,7 +257,84 @@ struct OutputExchange {
   int64_t B = 0;
   std::vector<int64_t> local_col;  // [my shards]: columns of each in Y
   int64_t local_dim = 0;
+  int64_t kernel_dim =
+      0;  // Y's columns [0, kernel_dim) are the shards group's, the rest split rows'
   std::vector<float> scale;  // [T * B]: 1 / global bag length (mean), empty for sum
+  // See Note [Sharded fused optimizers].
+  bool split_rows = false;             // column shards under row-wise Adagrad exist (on every rank)
+  std::shared_ptr<LocalTables> split;  // this rank's (null: none)
+  Tensor split_indices, split_offsets;     // its lookup's CSR
+  bool data_gathered = false;              // Ydp is [W*B, data dims]: every rank's bags
+  std::shared_ptr<int64_t> fused_updates;  // counted per backward (null: no fused optimizer)
+
+  // The split-row update: each owner's partial sums of g*g per looked-up row, all-gathered and
+  // added in rank order, then the row-wise Adagrad update of its columns (the kernel's formula).
+  void update_split_rows(const std::vector<float>& dy) const {
+    const int W = topo->world;
+    const int64_t n = W * B, width = local_dim - kernel_dim;
+    std::vector<int64_t> ids, value_offsets;
+    std::vector<float> values;
+    if (split) {
+      std::vector<float> d(size_t(n * width));
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(dy.begin() + i * local_dim + kernel_dim, width, d.begin() + i * width);
+      EmbeddingBagOptions o;
+      o.pooling = EmbeddingPooling::kSum;
+      const EmbeddingSparseGradient g =
+          embedding_bag_sparse_grad(split->weights, split->layout, split_indices, split_offsets,
+                                    Tensor::from_vector(d, {n, width}), Tensor(), o);
+      ids = g.ids.contiguous().to_vector<int64_t>();
+      value_offsets = g.value_offsets.to_vector<int64_t>();
+      values = g.values.to_vector<float>();
+    }
+    // Every rank holds a column part of every such table and looks up the same bags, so every
+    // rank has the same rows in the same order.
+    const int64_t U = int64_t(ids.size()) / 2;
+    const kernels::EmbeddingOptimizerHyper h =
+        split ? split->fused->hyper : kernels::EmbeddingOptimizerHyper{};
+    std::vector<float> partial(static_cast<size_t>(U));
+    for (int64_t k = 0; k < U; ++k) {
+      const int64_t t = ids[size_t(2 * k)], row = ids[size_t(2 * k + 1)];
+      const int64_t cols = split->layout.dim(t);
+      const float* w = split->weights[size_t(t)].data<float>() + row * cols;
+      float* g = values.data() + value_offsets[size_t(k)];
+      if (h.weight_decay != 0.0f)
+        for (int64_t c = 0; c < cols; ++c) g[c] += h.weight_decay * w[c];
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) sum += g[c] * g[c];
+      partial[size_t(k)] = sum;
+    }
+    const std::vector<std::vector<float>> all = allgather_varying(*group, partial);
+    for (int i = 0; i < W; ++i)
+      LOOM_ASSERT(int64_t(all[size_t(i)].size()) == U, kOp, ": rank ", i, " updates ",
+                  all[size_t(i)].size(), " split rows, this rank ", U);
+    if (!split) return;
+    float* state = split->fused->momentum1.data<float>();
+    for (int64_t k = 0; k < U; ++k) {
+      const int64_t t = ids[size_t(2 * k)], row = ids[size_t(2 * k + 1)];
+      const int64_t cols = split->layout.dim(t);
+      const int64_t dim = topo->configs[size_t(split->tables[size_t(t)])].dim;
+      float sum = 0.0f;
+      for (int i = 0; i < W; ++i) sum += all[size_t(i)][size_t(k)];
+      float& s = state[split->layout.row_offset(t) + row];
+      s = s + sum / float(dim);
+      const float multiplier = h.lr / (std::sqrt(s) + h.eps);
+      float* w = split->weights[size_t(t)].data<float>() + row * cols;
+      const float* g = values.data() + value_offsets[size_t(k)];
+      for (int64_t c = 0; c < cols; ++c) w[c] -= multiplier * g[c];
+    }
+  }
+
+  // The data tables' output gradient when every rank looked up every rank's bags: each rank's
+  // [B, data dims] (its loss is the mean over its own batch: 1/W, See Note [Sharded embedding
+  // gradient scale]), all-gathered into [W*B, data dims].
+  Tensor gathered_data_grad(std::vector<float> dydp) const {
+    const int W = topo->world;
+    for (float& x : dydp) x *= 1.0f / float(W);
+    Tensor all = Tensor::empty({W * B * topo->data_dim});
+    group->allgather(Tensor::from_vector(dydp, {B * topo->data_dim}), all)->wait();
+    return all.reshape({W * B, topo->data_dim});
+  }
 
   void apply_scale(std::vector<float>& x) const {
     if (scale.empty()) return;
@@ -376,18 +507,37 @@ ShardedEmbeddingBagCollection::ShardedEmbeddingBagCollection(
       kOp, ": pooling must be sum or mean (unpooled lookups are not sharded)");
   topo_ = make_topology(std::move(tables), std::move(placements), group_->size(), group_->rank());
   const ShardingTopology& tp = *topo_;
+  const bool fused = options_.fused.kind != EmbeddingOptimizer::kNone;
+  // See Note [Sharded fused optimizers].
+  const bool split_rows = options_.fused.kind == EmbeddingOptimizer::kRowwiseAdagrad;
+  fused_updates_ = std::make_shared<int64_t>(0);
+  auto shards = std::make_shared<LocalTables>(), split = std::make_shared<LocalTables>(),
+       data = std::make_shared<LocalTables>();
+  std::vector<int64_t> rows[3], dims[3];
+  std::vector<std::string> names[3];
+  auto add = [&](int g, LocalTables& group, size_t member, int64_t table, const std::string& name,
+                 int64_t r, int64_t c, const Tensor& weight) {
+    group.members.push_back(member);
+    group.tables.push_back(table);
+    group.weights.push_back(weight);
+    rows[g].push_back(r);
+    dims[g].push_back(c);
+    names[g].push_back(name);
+  };
+  const std::vector<size_t>& mine = tp.by_owner[size_t(tp.rank)];
   for (int64_t t = 0; t < tp.num_tables(); ++t) {
     const nn::EmbeddingTableConfig& c = tp.configs[size_t(t)];
     // The single-process init (nn::EmbeddingBagCollection's), cut by the shard spec.
     const nn::Init init = nn::Init::normal(std::sqrt(1.0 / (3.0 * double(c.rows))));
     if (tp.placements[size_t(t)].kind == EmbeddingSharding::kData) {
-      data_weights_.push_back(register_module(c.name, std::make_shared<ShardModule>(
-                                                          Shape{c.rows, c.dim}, init, nullptr))
-                                  ->weight);
+      Tensor w = register_module(c.name,
+                                 std::make_shared<ShardModule>(Shape{c.rows, c.dim}, init, nullptr))
+                     ->weight;
+      add(2, *data, size_t(t), t, c.name, c.rows, c.dim, w);
       continue;
     }
-    for (size_t k : tp.by_owner[size_t(tp.rank)]) {
-      const EmbeddingShard& s = tp.shards[k];
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const EmbeddingShard& s = tp.shards[mine[k]];
       if (s.table != t) continue;
       nn::ShardSpec spec;
       const nn::ShardSpec* spec_ptr = nullptr;
@@ -398,10 +548,24 @@ ShardedEmbeddingBagCollection::ShardedEmbeddingBagCollection(
         spec = nn::ShardSpec::along({c.rows, c.dim}, 1, s.col_start, s.cols);
         spec_ptr = &spec;
       }
-      shard_weights_.push_back(register_module(c.name, std::make_shared<ShardModule>(
-                                                           Shape{s.rows, s.cols}, init, spec_ptr))
-                                   ->weight);
+      Tensor w = register_module(
+                     c.name, std::make_shared<ShardModule>(Shape{s.rows, s.cols}, init, spec_ptr))
+                     ->weight;
+      const bool split_row = split_rows && s.kind == EmbeddingSharding::kColumn;
+      add(split_row ? 1 : 0, split_row ? *split : *shards, k, t,
+          c.name + " (" + embedding_sharding_name(s.kind) + " shard)", s.rows, s.cols, w);
     }
+  }
+  std::shared_ptr<LocalTables>* slots[3] = {&shards_, &split_rows_, &data_};
+  std::shared_ptr<LocalTables> groups[3] = {shards, split, data};
+  for (int g = 0; g < 3; ++g) {
+    if (groups[g]->members.empty()) continue;
+    groups[g]->layout = EmbeddingBagLayout(rows[g], dims[g], names[g]);
+    groups[g]->pack();
+    if (fused)
+      groups[g]->fused =
+          std::make_shared<EmbeddingFusedOptimizer>(options_.fused, groups[g]->layout);
+    *slots[g] = groups[g];
   }
   anchor_ = Tensor::zeros({1});
   anchor_.set_requires_grad(true);
@@ -539,39 +703,42 @@ Tensor ShardedEmbeddingBagCollection::lookup(const Tensor& indices, const Tensor
   }
 
   // ---- this rank's shards over every rank's bags: bag (k, i*B + b), feature-major ----
+  const bool fused = options_.fused.kind != EmbeddingOptimizer::kNone;
   OutputExchange ex;
   ex.topo = topo_;
   ex.group = group_;
   ex.B = B;
-  Tensor y;
-  if (n_mine > 0) {
-    std::vector<int64_t> rows, dims;
-    std::vector<std::string> names;
-    for (size_t k : mine) {
-      const EmbeddingShard& s = tp.shards[k];
-      ex.local_col.push_back(ex.local_dim);
-      ex.local_dim += s.cols;
-      rows.push_back(s.rows);
-      dims.push_back(s.cols);
-      names.push_back(tp.configs[size_t(s.table)].name + " (" + embedding_sharding_name(s.kind) +
-                      " shard)");
+  ex.split_rows = options_.fused.kind == EmbeddingOptimizer::kRowwiseAdagrad && tp.any_column();
+  if (fused) ex.fused_updates = fused_updates_;
+  // Y's columns: the shards group's, then the split rows' (See Note [Sharded fused optimizers]).
+  ex.local_col.assign(size_t(n_mine), 0);
+  for (const std::shared_ptr<LocalTables>& g : {shards_, split_rows_}) {
+    if (!g) continue;
+    if (g == split_rows_) ex.kernel_dim = ex.local_dim;
+    for (size_t k : g->members) {
+      ex.local_col[k] = ex.local_dim;
+      ex.local_dim += tp.shards[mine[k]].cols;
     }
-    // Where each source's message starts, and where its indices start within it.
-    std::vector<int64_t> msg_start(static_cast<size_t>(W) + 1, 0),
-        weight_start(static_cast<size_t>(W) + 1, 0);
-    for (int i = 0; i < W; ++i) {
-      msg_start[size_t(i) + 1] = msg_start[size_t(i)] + out_splits[size_t(i)];
-      weight_start[size_t(i) + 1] = weight_start[size_t(i)] + w_out[size_t(i)];
-    }
+  }
+  if (!split_rows_) ex.kernel_dim = ex.local_dim;
+  // Where each source's message starts, and where its indices start within it.
+  std::vector<int64_t> msg_start(static_cast<size_t>(W) + 1, 0),
+      weight_start(static_cast<size_t>(W) + 1, 0);
+  for (int i = 0; i < W; ++i) {
+    msg_start[size_t(i) + 1] = msg_start[size_t(i)] + out_splits[size_t(i)];
+    weight_start[size_t(i) + 1] = weight_start[size_t(i)] + w_out[size_t(i)];
+  }
+  // The bags of every rank for one group's shards, as CSR over the group's tables.
+  auto bags_of = [&](const LocalTables& group, Tensor& indices, Tensor& offsets, Tensor& weights) {
     std::vector<int64_t> local_idx, local_off{0};
     std::vector<float> local_w;
-    for (int64_t k = 0; k < n_mine; ++k)
+    for (size_t k : group.members)
       for (int i = 0; i < W; ++i) {
         const int64_t* lengths = recv.data() + msg_start[size_t(i)];
         int64_t pos = n_mine * B;  // this source's indices of shard k, bag 0
-        for (int64_t q = 0; q < k * B; ++q) pos += lengths[q];
+        for (int64_t q = 0; q < int64_t(k) * B; ++q) pos += lengths[q];
         for (int64_t b = 0; b < B; ++b) {
-          const int64_t n = lengths[k * B + b];
+          const int64_t n = lengths[int64_t(k) * B + b];
           for (int64_t p = 0; p < n; ++p) {
             local_idx.push_back(recv[size_t(msg_start[size_t(i)] + pos + p)]);
             if (weighted)
@@ -581,37 +748,73 @@ Tensor ShardedEmbeddingBagCollection::lookup(const Tensor& indices, const Tensor
           local_off.push_back(int64_t(local_idx.size()));
         }
       }
-    EmbeddingBagOptions o;
-    o.pooling = EmbeddingPooling::kSum;  // mean: divided by the global length at the end
-    y = embedding_bag(shard_weights_, EmbeddingBagLayout(rows, dims, names), i64_tensor(local_idx),
-                      i64_tensor(local_off),
-                      weighted ? Tensor::from_vector(local_w, {int64_t(local_w.size())}) : Tensor(),
-                      o);
+    indices = i64_tensor(local_idx);
+    offsets = i64_tensor(local_off);
+    weights = weighted ? Tensor::from_vector(local_w, {int64_t(local_w.size())}) : Tensor();
+  };
+  EmbeddingBagOptions o;
+  o.pooling = EmbeddingPooling::kSum;  // mean: divided by the global length at the end
+  Tensor y, y_split;
+  if (shards_) {
+    shards_->pack();
+    Tensor indices, offsets, weights;
+    bags_of(*shards_, indices, offsets, weights);
+    EmbeddingBagOptions fo = o;
+    fo.fused = shards_->fused;
+    y = embedding_bag(shards_->weights, shards_->layout, indices, offsets, weights, fo);
+  }
+  if (split_rows_) {
+    split_rows_->pack();
+    Tensor weights;
+    bags_of(*split_rows_, ex.split_indices, ex.split_offsets, weights);
+    autograd::NoGradGuard no_grad;  // the output exchange's backward updates these
+    y_split = embedding_bag(split_rows_->weights, split_rows_->layout, ex.split_indices,
+                            ex.split_offsets, weights, o);
+    ex.split = split_rows_;
   }
 
-  // ---- data-parallel tables: this rank's bags, locally ----
+  // ---- data-parallel tables: this rank's bags, locally (or every rank's: fused, training) ----
   Tensor ydp;
-  if (!tp.data_tables.empty()) {
-    std::vector<int64_t> rows, dims, d_idx, d_off{0};
-    std::vector<std::string> names;
+  if (data_) {
+    data_->pack();
+    std::vector<int64_t> d_idx, d_off{0}, d_len;
     std::vector<float> d_w;
     for (int64_t t : tp.data_tables) {
-      rows.push_back(tp.configs[size_t(t)].rows);
-      dims.push_back(tp.configs[size_t(t)].dim);
-      names.push_back(tp.configs[size_t(t)].name);
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t p = off[size_t(t * B + b)]; p < off[size_t(t * B + b + 1)]; ++p) {
           d_idx.push_back(idx[size_t(p)]);
           if (weighted) d_w.push_back(psw[size_t(p)]);
         }
         d_off.push_back(int64_t(d_idx.size()));
+        d_len.push_back(off[size_t(t * B + b + 1)] - off[size_t(t * B + b)]);
       }
     }
-    EmbeddingBagOptions o;
-    o.pooling = EmbeddingPooling::kSum;
-    ydp = embedding_bag(data_weights_, EmbeddingBagLayout(rows, dims, names), i64_tensor(d_idx),
-                        i64_tensor(d_off),
-                        weighted ? Tensor::from_vector(d_w, {int64_t(d_w.size())}) : Tensor(), o);
+    EmbeddingBagOptions fo = o;
+    if (fused && autograd::grad_enabled() && W > 1) {
+      // Rank i's bag b is bag i*B + b of the global batch, as in the single-process run.
+      const auto lengths = allgather_varying(*group_, d_len);
+      const auto indices = allgather_varying(*group_, d_idx);
+      const auto weights = weighted ? allgather_varying(*group_, d_w)
+                                    : std::vector<std::vector<float>>(static_cast<size_t>(W));
+      d_idx.clear();
+      d_w.clear();
+      d_off.assign(1, 0);
+      std::vector<size_t> at(static_cast<size_t>(W), 0);  // each rank's next index
+      for (size_t j = 0; j < tp.data_tables.size(); ++j)
+        for (int i = 0; i < W; ++i)
+          for (int64_t b = 0; b < B; ++b) {
+            const int64_t n = lengths[size_t(i)][j * size_t(B) + size_t(b)];
+            for (int64_t p = 0; p < n; ++p, ++at[size_t(i)]) {
+              d_idx.push_back(indices[size_t(i)][at[size_t(i)]]);
+              if (weighted) d_w.push_back(weights[size_t(i)][at[size_t(i)]]);
+            }
+            d_off.push_back(int64_t(d_idx.size()));
+          }
+      ex.data_gathered = true;
+    }
+    fo.fused = data_->fused;
+    ydp = embedding_bag(data_->weights, data_->layout, i64_tensor(d_idx), i64_tensor(d_off),
+                        weighted ? Tensor::from_vector(d_w, {int64_t(d_w.size())}) : Tensor(), fo);
   }
 
   if (options_.pooling == EmbeddingPooling::kMean) {
@@ -623,8 +826,24 @@ Tensor ShardedEmbeddingBagCollection::lookup(const Tensor& indices, const Tensor
   }
 
   // ---- pooled outputs back to the requesting ranks ----
-  const std::vector<float> y_host = y.defined() ? y.to_vector<float>() : std::vector<float>();
-  const std::vector<float> ydp_host = ydp.defined() ? ydp.to_vector<float>() : std::vector<float>();
+  std::vector<float> y_host;
+  if (y_split.defined()) {  // Y = [shards' columns | split rows' columns]
+    y_host.assign(size_t(W * B * ex.local_dim), 0.0f);
+    const int64_t width = ex.local_dim - ex.kernel_dim;
+    const std::vector<float> a = y.defined() ? y.to_vector<float>() : std::vector<float>();
+    const std::vector<float> c = y_split.to_vector<float>();
+    for (int64_t i = 0; i < W * B; ++i) {
+      if (!a.empty())
+        std::copy_n(a.begin() + i * ex.kernel_dim, ex.kernel_dim,
+                    y_host.begin() + i * ex.local_dim);
+      std::copy_n(c.begin() + i * width, width, y_host.begin() + i * ex.local_dim + ex.kernel_dim);
+    }
+  } else if (y.defined()) {
+    y_host = y.to_vector<float>();
+  }
+  std::vector<float> ydp_host;
+  if (ydp.defined())
+    ydp_host = (ex.data_gathered ? ydp.narrow(0, r * B, B) : ydp).contiguous().to_vector<float>();
   Tensor out;
   {
     autograd::NoGradGuard no_grad;
@@ -634,37 +853,97 @@ Tensor ShardedEmbeddingBagCollection::lookup(const Tensor& indices, const Tensor
   if (y.defined()) inputs.push_back(y);
   if (ydp.defined()) inputs.push_back(ydp);
   const bool has_y = y.defined(), has_ydp = ydp.defined();
-  const int64_t local_dim = ex.local_dim;
   autograd::record(out, "sharded_embedding_output", inputs,
-                   [ex = std::move(ex), has_y, has_ydp, local_dim, W, B](const Tensor& g) {
+                   [ex = std::move(ex), has_y, has_ydp, W, B](const Tensor& g) {
                      std::vector<float> dy, dydp;
                      ex.backward(g.to_vector<float>(), dy, dydp);
+                     if (ex.split_rows) ex.update_split_rows(dy);
                      std::vector<Tensor> grads{Tensor()};
-                     if (has_y) grads.push_back(Tensor::from_vector(dy, {W * B, local_dim}));
+                     if (has_y) {
+                       Tensor d = Tensor::from_vector(dy, {W * B, ex.local_dim});
+                       if (ex.kernel_dim < ex.local_dim)
+                         d = d.narrow(1, 0, ex.kernel_dim).contiguous();
+                       grads.push_back(d);
+                     }
                      if (has_ydp)
-                       grads.push_back(Tensor::from_vector(dydp, {B, ex.topo->data_dim}));
+                       grads.push_back(ex.data_gathered
+                                           ? ex.gathered_data_grad(std::move(dydp))
+                                           : Tensor::from_vector(dydp, {B, ex.topo->data_dim}));
+                     if (ex.fused_updates) ++*ex.fused_updates;
                      return grads;
                    });
   return out;
 }
 
 void ShardedEmbeddingBagCollection::finish_gradients() {
-  if (data_weights_.empty() || group_->size() == 1) return;
+  // A fused optimizer updated the data tables in backward, from every rank's bags.
+  if (!data_ || data_->fused || group_->size() == 1) return;
+  std::vector<Tensor>& weights = data_->weights;
   int64_t total = 0;
-  for (const Tensor& w : data_weights_) total += w.numel();
+  for (const Tensor& w : weights) total += w.numel();
   Tensor flat = Tensor::zeros({total});
   int64_t at = 0;
-  for (const Tensor& w : data_weights_) {
+  for (const Tensor& w : weights) {
     if (w.grad().defined())
       flat.narrow(0, at, w.numel()).copy_(w.grad().detach().contiguous().reshape({w.numel()}));
     at += w.numel();
   }
   group_->allreduce(flat, {comm::ReduceOp::kAvg})->wait();
   at = 0;
-  for (Tensor& w : data_weights_) {
+  for (Tensor& w : weights) {
     w.set_grad(flat.narrow(0, at, w.numel()).reshape(w.shape()).clone());
     at += w.numel();
   }
+}
+
+std::vector<EmbeddingTablePart> ShardedEmbeddingBagCollection::local_parts() const {
+  const ShardingTopology& tp = *topo_;
+  const std::vector<size_t>& mine = tp.by_owner[size_t(tp.rank)];
+  std::vector<EmbeddingTablePart> parts;
+  for (const std::shared_ptr<LocalTables>& g : {shards_, split_rows_, data_}) {
+    if (!g) continue;
+    g->pack();
+    for (size_t m = 0; m < g->members.size(); ++m) {
+      EmbeddingTablePart p;
+      p.table = g->tables[m];
+      const nn::EmbeddingTableConfig& c = tp.configs[size_t(p.table)];
+      if (g == data_) {
+        p.kind = EmbeddingSharding::kData;
+        p.rows = c.rows;
+        p.cols = c.dim;
+      } else {
+        const EmbeddingShard& s = tp.shards[mine[g->members[m]]];
+        p.kind = s.kind;
+        p.row_start = s.row_start;
+        p.rows = s.rows;
+        p.col_start = s.col_start;
+        p.cols = s.cols;
+      }
+      p.weight = g->weights[m];
+      if (const EmbeddingFusedOptimizer* f = g->fused.get()) {
+        const int64_t t = int64_t(m);
+        if (f->hyper.kind == EmbeddingOptimizer::kRowwiseAdagrad)
+          p.momentum1 = f->momentum1.narrow(0, g->layout.row_offset(t), p.rows);
+        if (f->hyper.kind == EmbeddingOptimizer::kAdam) {
+          const int64_t at = g->layout.weight_offset(t), n = p.rows * p.cols;
+          p.momentum1 = f->momentum1.narrow(0, at, n).reshape({p.rows, p.cols});
+          p.momentum2 = f->momentum2.narrow(0, at, n).reshape({p.rows, p.cols});
+        }
+      }
+      parts.push_back(p);
+    }
+  }
+  std::stable_sort(
+      parts.begin(), parts.end(),
+      [](const EmbeddingTablePart& a, const EmbeddingTablePart& b) { return a.table < b.table; });
+  return parts;
+}
+
+void ShardedEmbeddingBagCollection::set_fused_updates(int64_t n) {
+  LOOM_CHECK(n >= 0, kOp, ": the fused update count must be >= 0, got ", n);
+  *fused_updates_ = n;
+  for (const std::shared_ptr<LocalTables>& g : {shards_, split_rows_, data_})
+    if (g && g->fused) g->fused->hyper.step = n + 1;
 }
 
 }  // namespace loom::parallel

@@ -38,8 +38,28 @@
 // tables get their local gradient in backward and finish_gradients() averages it (like DDP).
 // Then every table's gradient is that of the single-process run on the concatenated batches.
 //
-// Limits: CPU tensors; f32 tables; pooling sum or mean; bounds-check mode error only; no fused
-// optimizer; per-sample weights are distributed but get no gradient.
+// Note [Sharded fused optimizers]
+// With ShardedEmbeddingOptions::fused the tables train as nn::EmbeddingBagCollection's do with
+// one: the backward applies SGD, row-wise Adagrad or Adam to the looked-up rows in place and the
+// tables get no gradient (finish_gradients() then has nothing to do). Each update is the
+// single-process one on the global batch:
+//   table/row/column shards  the owner's embedding_bag backward already sees every rank's bags
+//                            (gradients scaled by 1/W), so the kernel's fused backward updates
+//                            the shard: every row's reduced gradient is the single-process one.
+//   column + row-wise Adagrad  a row's accumulator grows by the mean of g*g over the whole row,
+//                            whose columns lie on every rank: each owner sums g*g over its
+//                            columns of each looked-up row, the sums are all-gathered and added
+//                            in rank order (the same bits on every rank), and each owner applies
+//                            the update to its columns. The accumulator [rows] is replicated.
+//   data-parallel            while gradients are recorded, the ranks all-gather the data tables'
+//                            bags (lengths, indices, weights) and each looks up all W*B of them
+//                            with the fused optimizer; in backward the output gradients are
+//                            all-gathered, so every rank applies the same update of the global
+//                            batch to its replica. (Without gradients, lookups stay local.)
+// Adam's step counts the backwards (fused_updates()).
+//
+// Limits: CPU tensors; f32 tables; pooling sum or mean; bounds-check mode error only;
+// per-sample weights are distributed but get no gradient.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +96,10 @@ std::vector<EmbeddingPlacement> embedding_placements(const std::string& sharding
 
 struct ShardedEmbeddingOptions {
   EmbeddingPooling pooling = EmbeddingPooling::kSum;  // kSum or kMean
+  // kNone: the tables get dense gradients, for any loom optimizer over parameters(). Otherwise
+  // the backward updates them in place with these hyper-parameters (See Note [Sharded fused
+  // optimizers]) and they get no gradient.
+  kernels::EmbeddingOptimizerHyper fused;
 };
 
 // One piece of a table that lives on one rank (kTable, kRow, kColumn; data-parallel tables have
@@ -88,9 +112,24 @@ struct EmbeddingShard {
   int64_t col_start = 0, cols = 0;
 };
 
+// This rank's part of one table as it trains: views of the live tensors (writing them changes the
+// module), for checkpoints and tests. A data-parallel table is one whole part on every rank.
+struct EmbeddingTablePart {
+  int64_t table = 0;
+  EmbeddingSharding kind = EmbeddingSharding::kTable;
+  int64_t row_start = 0, rows = 0;  // the box of the [rows, dim] table this part is
+  int64_t col_start = 0, cols = 0;
+  Tensor weight;  // [rows, cols], the parameter
+  // The fused optimizer's f32 state of this part (undefined without one, or for SGD):
+  Tensor momentum1;  // row-wise Adagrad: [rows], the accumulators of the part's rows (of whole
+                     // rows: column parts hold the same values); Adam: m [rows, cols]
+  Tensor momentum2;  // Adam: v [rows, cols]
+};
+
 namespace detail {
 struct ShardingTopology;
-}
+struct LocalTables;
+}  // namespace detail
 
 class ShardedEmbeddingBagCollection : public nn::Module {
  public:
@@ -110,7 +149,7 @@ class ShardedEmbeddingBagCollection : public nn::Module {
 
   // After backward, before the optimizer step: averages the data-parallel tables' gradients over
   // the group (See Note [Sharded embedding gradient scale]). Collective; does nothing without
-  // data-parallel tables.
+  // data-parallel tables or with a fused optimizer.
   void finish_gradients();
 
   const std::vector<nn::EmbeddingTableConfig>& tables() const;
@@ -120,12 +159,25 @@ class ShardedEmbeddingBagCollection : public nn::Module {
   const std::vector<EmbeddingShard>& shards() const;
   comm::Communicator& group() const { return *group_; }
 
+  // This rank's parts of the tables, in table order (at most one per table).
+  std::vector<EmbeddingTablePart> local_parts() const;
+  // The fused optimizer (kind kNone without one).
+  const kernels::EmbeddingOptimizerHyper& fused_optimizer() const { return options_.fused; }
+  // The fused updates applied so far (one per backward); Adam's bias correction counts them.
+  int64_t fused_updates() const { return *fused_updates_; }
+  // Sets that count (a checkpoint's), so the next update is number n + 1.
+  void set_fused_updates(int64_t n);
+
  private:
   std::shared_ptr<comm::Communicator> group_;
   std::shared_ptr<const detail::ShardingTopology> topo_;
   ShardedEmbeddingOptions options_;
-  std::vector<Tensor> shard_weights_;  // this rank's shards, in table order: [rows, cols] each
-  std::vector<Tensor> data_weights_;   // the data-parallel tables, in table order
+  // This rank's tables as embedding_bag looks them up, each group packed in one buffer: its
+  // shards updated by the kernel (or given dense gradients), its column shards under row-wise
+  // Adagrad (updated by the output exchange, See Note [Sharded fused optimizers]), and the
+  // data-parallel tables. Null when empty.
+  std::shared_ptr<detail::LocalTables> shards_, split_rows_, data_;
+  std::shared_ptr<int64_t> fused_updates_;
   // A leaf that always requires grad and is an input of the output's exchange, so that every
   // rank records it and runs its backward collectives, with or without shards of its own.
   Tensor anchor_;

@@ -55,4 +55,36 @@ Tensor host_f32(const Tensor& t) {
   return t.detach().to(Device::cpu()).to(DType::kF32).contiguous();
 }
 
+nlohmann::json gpt_config_json(const GptConfig& c) {
+  return {{"layers", c.layers},
+          {"heads", c.heads},
+          {"channels", c.channels},
+          {"vocab", c.vocab},
+          {"padded_vocab", c.padded_vocab},
+          {"max_seq_len", c.max_seq_len}};
+}
+
+GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where) {
+  LOOM_CHECK(j.is_object(), where, ": the model config is not a JSON object: ", j.dump());
+  auto field = [&](const char* key) {
+    LOOM_CHECK(j.contains(key) && j[key].is_number_integer(), where, ": model config field \"", key,
+               "\" is ", j.contains(key) ? "not an integer: " + j[key].dump() : "missing",
+               " (expected layers, heads, channels, vocab, padded_vocab, max_seq_len)");
+    return j[key].get<int64_t>();
+  };
+  GptConfig c;
+  c.layers = field("layers");
+  c.heads = field("heads");
+  c.channels = field("channels");
+  c.vocab = field("vocab");
+  c.padded_vocab = field("padded_vocab");
+  c.max_seq_len = field("max_seq_len");
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    LOOM_FAIL(where, ": the model config is not a valid GPT: ", e.what());
+  }
+  return c;
+}
+
 }  // namespace loom::io

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,12 @@ std::vector<GptParamSpec> gpt_param_specs(const GptConfig& config);
 // shape and a floating dtype. Throws loom::Error naming `context` (e.g. "saving model.bin") and
 // the first missing, unexpected or misshapen tensor.
 void check_gpt_params(const GptConfig& config, const GptParams& params, const std::string& context);
+
+// The config as checkpoints record it ({"layers", "heads", "channels", "vocab", "padded_vocab",
+// "max_seq_len"}) and back. Reading throws naming `where` for a missing or non-integer field or an
+// inconsistent config.
+nlohmann::json gpt_config_json(const GptConfig& config);
+GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where);
 
 // A contiguous CPU f32 copy (or the tensor itself when it already is one), without autograd
 // history: what a writer puts in a file.

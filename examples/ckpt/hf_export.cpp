@@ -27,28 +27,7 @@ GptConfig checkpoint_gpt_config(const io::CheckpointManifest& manifest, const st
              " records no model config (state[\"model\"], which loom-gpt writes), so its GPT "
              "shape is unknown; `loom-ckpt inspect ",
              path, " --json` shows the state it has");
-  const nlohmann::json& m = state["model"];
-  auto field = [&](const char* key) {
-    LOOM_CHECK(m.contains(key) && m[key].is_number_integer(), "checkpoint ", path,
-               ": state[\"model\"][\"", key, "\"] is ",
-               m.contains(key) ? "not an integer: " + m[key].dump() : std::string("missing"),
-               " (expected the GptConfig fields layers, heads, channels, vocab, padded_vocab, "
-               "max_seq_len)");
-    return m[key].get<int64_t>();
-  };
-  GptConfig c;
-  c.layers = field("layers");
-  c.heads = field("heads");
-  c.channels = field("channels");
-  c.vocab = field("vocab");
-  c.padded_vocab = field("padded_vocab");
-  c.max_seq_len = field("max_seq_len");
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    LOOM_FAIL("checkpoint ", path, ": its state[\"model\"] is no valid GPT: ", e.what());
-  }
-  return c;
+  return io::gpt_config_from_json(state["model"], "checkpoint " + path);
 }
 
 ConsolidatedGpt consolidate_gpt(const std::string& path, const io::CheckpointManifest& manifest) {

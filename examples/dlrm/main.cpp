@@ -7,15 +7,20 @@
 // One process: the tables are one nn::EmbeddingBagCollection (table-batched lookups). Under
 // mpirun the tables are a parallel::ShardedEmbeddingBagCollection placed by --sharding (model
 // parallel), DlrmDense (bottom MLP, dot interaction, top MLP) is wrapped in DDP (data parallel),
-// and each rank trains on its 1/W of every global batch. AdamW trains both. Only rank 0 prints.
+// and each rank trains on its 1/W of every global batch. AdamW trains both, or the tables train
+// with a fused optimizer in the embedding bags' backward (--embedding-optimizer sgd,
+// rowwise_adagrad, adam). --checkpoint-dir saves the whole state (dlrm/dlrm_checkpoint.h) and
+// --resume continues it on any layout. Only rank 0 prints.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "collectives/communicator.h"
+#include "common/checkpointing.h"
 #include "common/flags.h"
 #include "common/progress.h"
 #include "core/embedding_bag.h"
@@ -23,8 +28,11 @@
 #include "core/io/click_data.h"
 #include "core/nn/embedding_bag_collection.h"
 #include "core/ops.h"
+#include "dlrm/dlrm_checkpoint.h"
 #include "dlrm/dlrm_model.h"
 #include "optimizer/adamw.h"
+#include "parallel/checkpoint/embedding_state.h"
+#include "parallel/checkpoint/training_state.h"
 #include "parallel/ddp.h"
 #include "parallel/sharded_embedding.h"
 
@@ -68,6 +76,19 @@ Evaluation evaluate(const Lookup& lookup, DlrmDense& model, const ClickDataset& 
   return {loss / double(batches), double(correct) / double(scores.size()), auc(scores, labels)};
 }
 
+// --embedding-optimizer as the fused update's kind (kNone: "adamw", dense gradients).
+kernels::EmbeddingOptimizerHyper embedding_optimizer(const cli::Flags& flags) {
+  kernels::EmbeddingOptimizerHyper h;
+  const std::string& name = flags.get_string("embedding-optimizer");
+  h.kind = name == "sgd"               ? EmbeddingOptimizer::kSgd
+           : name == "rowwise_adagrad" ? EmbeddingOptimizer::kRowwiseAdagrad
+           : name == "adam"            ? EmbeddingOptimizer::kAdam
+                                       : EmbeddingOptimizer::kNone;
+  const double lr = flags.get_double("embedding-lr");
+  h.lr = float(lr > 0 ? lr : flags.get_double("lr"));
+  return h;
+}
+
 int run(int argc, char** argv) {
   cli::Flags flags("loom-dlrm",
                    "Trains DLRM on synthetic click data with a known accuracy/AUC ceiling.");
@@ -75,16 +96,33 @@ int run(int argc, char** argv) {
   flags.add_int("batch", 256, "examples per step (global: split over the ranks)");
   flags.add_int("dim", 16, "embedding dim (a multiple of 4)");
   flags.add_int("max-bag", 3, "bag lengths are uniform in [1, max-bag]");
-  flags.add_double("lr", 3e-3, "AdamW learning rate (MLPs and tables)");
+  flags.add_double("lr", 3e-3, "AdamW learning rate (MLPs, and tables without a fused optimizer)");
+  flags.add_string("embedding-optimizer", "adamw",
+                   "how the tables train: adamw (dense gradients, with the MLPs' AdamW), or fused "
+                   "into the embedding bags' backward (no weight gradient): sgd, rowwise_adagrad, "
+                   "adam",
+                   {"adamw", "sgd", "rowwise_adagrad", "adam"});
+  flags.add_double("embedding-lr", 0, "learning rate of the fused embedding optimizer (0: --lr)");
   flags.add_int("seed", 1234, "data and initialisation seed");
   flags.add_int("eval-every", 100, "evaluate every N steps (0: only at the end)");
   flags.add_int("eval-batches", 16, "held-out batches per evaluation");
+  flags.add_int("ceiling-examples", int64_t(1) << 18,
+                "held-out examples the Bayes ceiling (the best accuracy and AUC) is estimated on");
   flags.add_string("sharding", "auto",
                    "under mpirun, how the tables are placed: table (whole tables), row, column, "
                    "data (replicated), auto (small tables replicated, the others whole)",
                    {"table", "row", "column", "data", "auto"});
-  flags.add_string("metrics-file", "", "append one JSON object per step and evaluation");
+  flags.add_string("metrics-file", "",
+                   "append one JSON object per step and evaluation; on resume, the rows after the "
+                   "checkpoint's step are dropped and the run appends");
+  cli::declare_checkpoint_flags(flags);
   if (!flags.parse(argc, argv)) return 0;
+  const cli::CheckpointOptions checkpoints = cli::read_checkpoint_flags(flags, "loom-dlrm");
+  LOOM_CHECK(flags.get_double("embedding-lr") >= 0, "loom-dlrm: --embedding-lr must be >= 0, got ",
+             flags.get_double("embedding-lr"));
+  LOOM_CHECK(flags.get_int("ceiling-examples") > 0,
+             "loom-dlrm: --ceiling-examples must be positive, got ",
+             flags.get_int("ceiling-examples"));
 
   auto world = comm::world();
   if (world->rank() != 0)
@@ -94,13 +132,16 @@ int run(int argc, char** argv) {
   LOOM_CHECK(batch > 0 && batch % ranks == 0, "loom-dlrm: --batch ", batch,
              " must be a positive multiple of the ", ranks, " rank(s) running");
   const int64_t b_local = batch / ranks;
+  const std::optional<cli::ResumePoint> resume = cli::find_resume_point(checkpoints);
 
   ClickDataConfig data_config;
   data_config.seed = uint64_t(flags.get_int("seed"));
   data_config.batch_size = batch;
   data_config.max_bag_size = flags.get_int("max-bag");
   ClickDataset data(data_config);
-  const ClickCeiling ceiling = data.ceiling();
+  // Only rank 0 prints the ceiling (and reports it with each evaluation).
+  const ClickCeiling ceiling =
+      world->rank() == 0 ? data.ceiling(flags.get_int("ceiling-examples")) : ClickCeiling{};
   const auto& rows = data_config.table_rows;
   std::printf(
       "data: %lld tables (%lld..%lld rows), %lld dense features; ceiling (Bayes): "
@@ -111,44 +152,95 @@ int run(int argc, char** argv) {
       static_cast<long long>(data_config.num_dense), ceiling.accuracy, ceiling.auc,
       ceiling.positive_rate);
 
-  DlrmConfig config;
+  DlrmRun run;
+  DlrmConfig& config = run.config;
   config.num_dense = data_config.num_dense;
   config.num_tables = data.num_tables();
-  config.dim = flags.get_int("dim");
+  config.dim = resume ? checkpoint_dim(*resume, flags.get_int("dim"), flags.was_set("dim"))
+                      : flags.get_int("dim");
+  run.table_rows = rows;
+  run.seed = data_config.seed;
+  run.batch = batch;
+  run.max_bag = data_config.max_bag_size;
+  run.steps = flags.get_int("steps");
+  run.lr = flags.get_double("lr");
+  run.embedding_lr = flags.get_double("embedding-lr");
+  run.embedding_optimizer = flags.get_string("embedding-optimizer");
+  run.world_size = int(ranks);
+  run.sharding = flags.get_string("sharding");
   std::vector<nn::EmbeddingTableConfig> tables;
   for (int64_t t = 0; t < data.num_tables(); ++t)
     tables.push_back({"t" + std::to_string(t), rows[size_t(t)], config.dim});
-  const uint64_t seed = uint64_t(flags.get_int("seed"));
+  const uint64_t seed = run.seed;
   DlrmDense model(config);
   model.init_parameters(seed);
-  std::vector<Tensor> params;
+  const kernels::EmbeddingOptimizerHyper fused = embedding_optimizer(flags);
   Lookup lookup;
   std::unique_ptr<nn::EmbeddingBagCollection> local_tables;
   std::unique_ptr<parallel::ShardedEmbeddingBagCollection> sharded;
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  nn::Module* table_module = nullptr;
   if (ranks == 1) {
-    local_tables = std::make_unique<nn::EmbeddingBagCollection>(tables);
+    nn::EmbeddingBagCollectionOptions o;
+    o.fused = fused;
+    local_tables = std::make_unique<nn::EmbeddingBagCollection>(tables, o);
     local_tables->init_parameters(seed);
-    params = local_tables->parameters();
+    table_module = local_tables.get();
     lookup = [&](const ClickBatch& b) { return local_tables->lookup(b.indices, b.offsets); };
   } else {
+    parallel::ShardedEmbeddingOptions o;
+    o.fused = fused;
     sharded = std::make_unique<parallel::ShardedEmbeddingBagCollection>(
-        tables, parallel::embedding_placements(flags.get_string("sharding"), rows), world);
+        tables, parallel::embedding_placements(run.sharding, rows), world, o);
     sharded->init_parameters(seed);
-    params = sharded->parameters();
+    run.placements = sharded->placements();
+    table_module = sharded.get();
     lookup = [&](const ClickBatch& b) { return sharded->lookup(b.indices, b.offsets); };
     ddp = std::make_unique<parallel::DistributedDataParallel>(model, world);
     std::printf("parallel: %lld ranks, tables sharded (--sharding %s), MLPs data-parallel\n",
-                static_cast<long long>(ranks), flags.get_string("sharding").c_str());
+                static_cast<long long>(ranks), run.sharding.c_str());
   }
-  for (const Tensor& p : model.parameters()) params.push_back(p);
+  if (fused.kind != EmbeddingOptimizer::kNone)
+    std::printf("tables: fused %s in the embedding bags' backward, lr %g\n",
+                run.embedding_optimizer.c_str(), double(fused.lr));
+  // AdamW on the MLPs, and on the tables unless their backward updates them (two AdamWs equal
+  // one over both: its update is per parameter).
   optim::AdamWOptions adamw;
-  adamw.lr = flags.get_double("lr");
+  adamw.lr = run.lr;
   adamw.weight_decay = 0.0;
-  optim::AdamW opt(params, adamw);
+  optim::AdamW opt(model.parameters(), adamw);
+  std::unique_ptr<optim::AdamW> table_opt;
+  if (fused.kind == EmbeddingOptimizer::kNone)
+    table_opt = std::make_unique<optim::AdamW>(table_module->parameters(), adamw);
 
-  const int64_t steps = flags.get_int("steps"), eval_every = flags.get_int("eval-every");
-  cli::Progress progress(steps, world->rank() == 0 ? flags.get_string("metrics-file") : "", "ex/s");
+  // The checkpoint: the MLPs and their optimizer (TrainingState: replicated under DDP), the
+  // tables and theirs (EmbeddingState: as placed), and the run state.
+  namespace ckpt = parallel::checkpoint;
+  ckpt::TrainingState mlp_state(model, opt);
+  std::unique_ptr<ckpt::EmbeddingState> table_state =
+      local_tables ? std::make_unique<ckpt::EmbeddingState>(*local_tables, table_opt.get())
+                   : std::make_unique<ckpt::EmbeddingState>(*sharded, table_opt.get());
+  int64_t first_step = 0, next_example = 0;
+  if (resume) {
+    next_example = resume_position(*resume, run);
+    mlp_state.load(resume->path, resume->manifest, *world);
+    table_state->load(resume->path, resume->manifest, *world);
+    first_step = resume->manifest.step;
+    std::printf("checkpoint: resumed from %s at step %lld (saved by %s)\n", resume->path.c_str(),
+                static_cast<long long>(first_step),
+                resume->manifest.state.value("layout", nlohmann::json::object()).dump().c_str());
+  }
+  cli::CheckpointSaver saver(checkpoints, world, first_step, [&](nlohmann::json& state) {
+    state = run_state(run, next_example);
+    std::vector<ckpt::StatePiece> pieces = mlp_state.save_pieces(state);
+    std::vector<ckpt::StatePiece> more = table_state->save_pieces(state);
+    pieces.insert(pieces.end(), more.begin(), more.end());
+    return pieces;
+  });
+
+  const int64_t steps = run.steps, eval_every = flags.get_int("eval-every");
+  cli::Progress progress(steps, world->rank() == 0 ? flags.get_string("metrics-file") : "", "ex/s",
+                         first_step);
   const auto start = std::chrono::steady_clock::now();
   auto report = [&](int64_t step) {
     const Evaluation e = evaluate(lookup, model, data, flags.get_int("eval-batches"), *world);
@@ -159,14 +251,16 @@ int run(int argc, char** argv) {
                     {"ceiling_accuracy", ceiling.accuracy},
                     {"ceiling_auc", ceiling.auc}});
   };
-  for (int64_t step = 0; step < steps; ++step) {
+  int64_t steps_done = first_step;
+  for (int64_t step = first_step; step < steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     ClickBatch b =
-        data.examples(ClickSplit::kTrain, step * batch + world->rank() * b_local, b_local);
+        data.examples(ClickSplit::kTrain, next_example + world->rank() * b_local, b_local);
     // This rank's mean: DDP averages the MLPs' gradients over the ranks and the sharded tables
     // scale theirs to match (Note [Sharded embedding gradient scale]).
     Tensor loss = binary_cross_entropy_with_logits(model.logits(b.dense, lookup(b)), b.labels);
     opt.zero_grad();
+    if (table_opt) table_opt->zero_grad();
     if (ddp) {
       ddp->backward(loss);
       ddp->finish();
@@ -175,6 +269,9 @@ int run(int argc, char** argv) {
       loss.backward();
     }
     opt.step();
+    if (table_opt) table_opt->step();
+    next_example += batch;
+    steps_done = step + 1;
     Tensor mean_loss = Tensor::full({1}, loss.item() / double(ranks));
     world->allreduce(mean_loss)->wait();
     const auto t1 = std::chrono::steady_clock::now();
@@ -186,9 +283,12 @@ int run(int argc, char** argv) {
     m.elapsed_s = std::chrono::duration<double>(t1 - start).count();
     m.tokens_per_s = double(batch) / (m.step_ms / 1e3);  // examples/s
     progress.step(m);
+    saver.after_step(steps_done, progress);
     if (eval_every > 0 && (step + 1) % eval_every == 0 && step + 1 < steps) report(step + 1);
   }
-  report(steps);
+  progress.flush_line();
+  saver.at_end(steps_done, progress);
+  report(steps_done);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 #include "gpt/gpt_checkpoint.h"
 
 #include "core/error.h"
-#include "parallel/checkpoint/checkpoint.h"
+#include "core/io/gpt_params.h"
 
 namespace loom::gpt {
 
@@ -22,27 +22,9 @@ int64_t integer(const ResumePoint& p, const nlohmann::json& section, const char*
 
 }  // namespace
 
-std::optional<ResumePoint> find_resume_point(const GptOptions& o) {
-  std::string path = o.resume_from;
-  if (o.resume) {
-    path = parallel::checkpoint::latest_checkpoint(o.checkpoint_dir);
-    if (path.empty()) return std::nullopt;
-  }
-  if (path.empty()) return std::nullopt;
-  ResumePoint p{path, parallel::checkpoint::read_manifest(path)};
-  return p;
-}
-
 GptConfig checkpoint_config(const ResumePoint& p, const GptOptions& o) {
-  const nlohmann::json& m = section(p, "model");
-  GptConfig c;
-  c.layers = integer(p, m, "layers");
-  c.heads = integer(p, m, "heads");
-  c.channels = integer(p, m, "channels");
-  c.vocab = integer(p, m, "vocab");
-  c.padded_vocab = integer(p, m, "padded_vocab");
-  c.max_seq_len = integer(p, m, "max_seq_len");
-  c.validate();
+  const GptConfig c =
+      io::gpt_config_from_json(section(p, "model"), "loom-gpt: checkpoint " + p.path);
   auto agree = [&](const char* flag, int64_t given, int64_t saved) {
     LOOM_CHECK(!o.was_set(flag) || given == saved, "loom-gpt: --", flag, " ", given,
                " conflicts with the checkpoint ", p.path, ", whose model has ", saved);

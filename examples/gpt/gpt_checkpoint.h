@@ -1,5 +1,5 @@
-// loom-gpt's checkpoints (--checkpoint-dir, --save-every, --resume, --resume-from): what the
-// manifest records about the run besides its tensors, and what a resume checks against it.
+// loom-gpt's checkpoints (the flags of common/checkpointing.h): what the manifest records about
+// the run besides its tensors, and what a resume checks against it.
 //
 // A resumed run continues exactly: the same model (from the checkpoint; explicit flags must
 // agree), the next batch of the same data (the batch index is saved, and --batch, --seq, --data
@@ -13,20 +13,14 @@
 #include <optional>
 #include <string>
 
+#include "common/checkpointing.h"
 #include "core/io/checkpoint_manifest.h"
 #include "core/nn/gpt_config.h"
 #include "gpt/gpt_options.h"
 
 namespace loom::gpt {
 
-struct ResumePoint {
-  std::string path;  // the step directory
-  io::CheckpointManifest manifest;
-};
-
-// The checkpoint --resume-from names, or the latest committed one in --checkpoint-dir with
-// --resume (none: a fresh start, so one command line both starts and continues a run).
-std::optional<ResumePoint> find_resume_point(const GptOptions& o);
+using ResumePoint = cli::ResumePoint;
 
 // The model the checkpoint holds. Throws naming the flag when an explicit one differs.
 GptConfig checkpoint_config(const ResumePoint& point, const GptOptions& o);

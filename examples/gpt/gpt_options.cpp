@@ -82,19 +82,7 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_string("metrics-file", "",
                "write one JSON object per step (JSON Lines) to this file; on resume, the rows "
                "after the checkpoint's step are dropped and the run appends");
-  f.add_string("checkpoint-dir", "",
-               "save the whole training state (weights, optimizer, data position) here: "
-               "DIR/step-N/, every --save-every steps and at the end; any layout can resume it");
-  f.add_int("save-every", 0, "with --checkpoint-dir: save every N steps (0: only at the end)");
-  f.add_int("keep-last", 0, "with --checkpoint-dir: keep the newest K checkpoints (0: keep all)");
-  f.add_bool("async-save",
-             "with --checkpoint-dir: snapshot the state into host memory and write it in the "
-             "background while training goes on (one save in flight at a time)");
-  f.add_bool("resume",
-             "continue from the latest committed checkpoint in --checkpoint-dir (saved on any "
-             "layout); start from step 0 when there is none yet");
-  f.add_string("resume-from", "",
-               "continue from this checkpoint (a DIR/step-N directory, saved on any layout)");
+  cli::declare_checkpoint_flags(f);
   f.add_int("threads", 0, "CPU threads (0: OMP_NUM_THREADS or all cores)");
 }
 
@@ -149,12 +137,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.save = f.get_string("save");
   o.metrics_file = f.get_string("metrics-file");
   o.threads = f.get_int("threads");
-  o.checkpoint_dir = f.get_string("checkpoint-dir");
-  o.save_every = f.get_int("save-every");
-  o.keep_last = f.get_int("keep-last");
-  o.resume = f.get_bool("resume");
-  o.async_save = f.get_bool("async-save");
-  o.resume_from = f.get_string("resume-from");
+  o.checkpoints = cli::read_checkpoint_flags(f, "loom-gpt");
 
   auto positive = [](const char* flag, int64_t v) {
     LOOM_CHECK(v > 0, "loom-gpt: --", flag, " must be positive, got ", v);
@@ -171,7 +154,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.steps >= 0, "loom-gpt: --steps must be >= 0, got ", o.steps);
   // With --init-from or a resume the model's width comes from the file: the flags given are
   // checked against it there, not against --dim's default.
-  const bool model_from_file = !o.init_from.empty() || !o.resume_from.empty() || o.resume;
+  const bool resuming = o.checkpoints.resume || !o.checkpoints.resume_from.empty();
+  const bool model_from_file = !o.init_from.empty() || resuming;
   LOOM_CHECK(o.dim % o.heads == 0 || (model_from_file && !f.was_set("dim")), "loom-gpt: --heads ",
              o.heads, " must divide --dim ", o.dim, " (head size would be ",
              double(o.dim) / double(o.heads), ")");
@@ -202,15 +186,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
-  LOOM_CHECK(o.save_every >= 0, "loom-gpt: --save-every must be >= 0, got ", o.save_every);
-  LOOM_CHECK(o.keep_last >= 0, "loom-gpt: --keep-last must be >= 0, got ", o.keep_last);
-  for (const char* flag : {"save-every", "keep-last", "resume", "async-save"})
-    LOOM_CHECK(!f.was_set(flag) || !o.checkpoint_dir.empty(), "loom-gpt: --", flag,
-               " needs --checkpoint-dir");
-  LOOM_CHECK(!(o.resume && !o.resume_from.empty()),
-             "loom-gpt: give --resume (the latest in --checkpoint-dir) or --resume-from PATH, not "
-             "both");
-  LOOM_CHECK((!o.resume && o.resume_from.empty()) || o.init_from.empty(),
+  LOOM_CHECK(!resuming || o.init_from.empty(),
              "loom-gpt: --init-from starts a new run and --resume continues one; give one");
   const Device device = Device::parse(o.device);  // an unknown spelling is an error naming it
   LOOM_CHECK(device.is_cpu() || o.pp == 1, "loom-gpt: --device ", o.device,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/checkpointing.h"
 #include "common/flags.h"
 
 namespace loom::gpt {
@@ -43,9 +44,7 @@ struct GptOptions {
   // files and output
   std::string init_from, save, metrics_file;
   // checkpoints (See gpt_checkpoint.h)
-  std::string checkpoint_dir, resume_from;
-  int64_t save_every, keep_last;
-  bool resume, async_save;
+  cli::CheckpointOptions checkpoints;
   int64_t threads;
 
   bool was_set(const std::string& flag) const { return flags->was_set(flag); }

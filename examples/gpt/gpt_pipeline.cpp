@@ -246,26 +246,17 @@ void PipelineStep::finish() {
 
 namespace loom::gpt {
 
-namespace {
-
-// The StageSet names chunk k's parameters "chunk{k}.<single-process name>".
-std::string without_chunk_prefix(const std::string& name) {
-  LOOM_ASSERT(name.rfind("chunk", 0) == 0 && name.find('.') != std::string::npos,
-              "a StageSet parameter named ", name);
-  return name.substr(name.find('.') + 1);
-}
-
-}  // namespace
-
 std::vector<parallel::checkpoint::StatePiece> PipelineStep::checkpoint_pieces(
     nlohmann::json& state) const {
-  return parallel::checkpoint::TrainingState(*stage_set_, *opt_, without_chunk_prefix)
+  return parallel::checkpoint::TrainingState(*stage_set_, *opt_,
+                                             parallel::pipeline::StageSet::single_process_name)
       .save_pieces(state);
 }
 
 void PipelineStep::load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
                                    comm::Communicator& world) {
-  parallel::checkpoint::TrainingState(*stage_set_, *opt_, without_chunk_prefix)
+  parallel::checkpoint::TrainingState(*stage_set_, *opt_,
+                                      parallel::pipeline::StageSet::single_process_name)
       .load(path, manifest, world);
 }
 

@@ -195,9 +195,7 @@ int run(int argc, char** argv) {
   if (!o.init_from.empty())
     init = std::make_unique<io::GptWeights>(
         io::load_gpt_weights(o.init_from, o.was_set("heads") ? o.heads : 0));
-  const std::optional<ResumePoint> resume = find_resume_point(o);
-  if (o.resume && !resume)
-    std::printf("checkpoint: none in %s yet; starting at step 0\n", o.checkpoint_dir.c_str());
+  const std::optional<ResumePoint> resume = cli::find_resume_point(o.checkpoints);
   GptData data = load_gpt_data(o);
   const GptConfig config = resolve_config(o, data, init.get(), resume ? &*resume : nullptr);
   io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
@@ -295,57 +293,17 @@ int run(int argc, char** argv) {
                 resume->path.c_str(), first_step,
                 resume->manifest.state.value("layout", nlohmann::json::object()).dump().c_str());
   }
-  // Checkpoints: saved in place, or with --async-save snapshotted and written in the background
-  // (the stall, what training waited, goes into the metrics either way). Every rank takes part.
-  parallel::checkpoint::AsyncCheckpointer async_saver(world);
-  parallel::checkpoint::SaveOptions save_options;
-  save_options.keep_last = int(o.keep_last);
-  auto report_saved = [&](const parallel::checkpoint::SaveResult& r, int64_t step,
-                          cli::Progress& progress, double stall) {
-    progress.flush_line();
-    std::printf("checkpoint: saved step %" PRId64 " to %s (%.1f MB in %.2f s%s)\n", step,
-                r.path.c_str(), double(r.total_bytes) / 1e6, r.seconds,
-                o.async_save ? ", in the background" : "");
-    std::map<std::string, double> values{{"save_s", r.seconds}, {"bytes", double(r.total_bytes)}};
-    if (stall >= 0) values["stall_s"] = stall;
-    progress.event(step, "checkpoint", values);
-  };
-  int64_t saving_step = -1;  // of the asynchronous save in flight
-  auto save_checkpoint = [&](int64_t steps_done, cli::Progress& progress) {
-    const auto save_start = Clock::now();
-    nlohmann::json state = run_state(config, o, world->size(), loader.index(), schedule.str());
-    const std::vector<parallel::checkpoint::StatePiece> pieces = trainer->checkpoint_pieces(state);
-    if (!o.async_save) {
-      const parallel::checkpoint::SaveResult r = parallel::checkpoint::save(
-          o.checkpoint_dir, steps_done, pieces, state, *world, save_options);
-      report_saved(r, steps_done, progress, seconds_since(save_start));
-      return;
-    }
-    const int64_t previous = saving_step;
-    std::optional<parallel::checkpoint::SaveResult> done = async_saver.wait();
-    if (done) report_saved(*done, previous, progress, -1);
-    async_saver.start(o.checkpoint_dir, steps_done, pieces, state, save_options);
-    saving_step = steps_done;
-    progress.event(steps_done, "checkpoint_started",
-                   {{"stall_s", seconds_since(save_start)},
-                    {"snapshot_bytes", double(async_saver.snapshot_bytes())}});
-  };
-  auto finish_async_save = [&](cli::Progress& progress, bool wait) {
-    std::optional<parallel::checkpoint::SaveResult> done =
-        wait ? async_saver.wait() : async_saver.poll();
-    if (done) report_saved(*done, saving_step, progress, -1);
-  };
-
   cli::Progress progress(o.steps, world->rank() == 0 ? o.metrics_file : std::string(), "tok/s",
                          first_step);
   const auto start = Clock::now();
   io::ExactMatch best;
-  // The run ends with a checkpoint of its last step, unless the directory already holds one
-  // (a resumed run that trained no further).
-  int64_t best_step = 0, steps_done = first_step, last_saved = -1;
-  if (!o.checkpoint_dir.empty() &&
-      parallel::checkpoint::has_checkpoint(o.checkpoint_dir, first_step))
-    last_saved = first_step;
+  int64_t best_step = 0, steps_done = first_step;
+  // --checkpoint-dir: every --save-every steps and at the end, in place or (--async-save) in the
+  // background.
+  cli::CheckpointSaver saver(o.checkpoints, world, first_step, [&](nlohmann::json& state) {
+    state = run_state(config, o, world->size(), loader.index(), schedule.str());
+    return trainer->checkpoint_pieces(state);
+  });
   bool reached = false;
   if (gpt) gpt->module().train();
   // Held-out evaluation: on the model itself, or with a pipeline on a gathered copy.
@@ -383,11 +341,7 @@ int run(int argc, char** argv) {
     if (peak.flops > 0)
       m.mfu = flops_per_token * m.tokens_per_s / (peak.flops * double(world->size()));
     progress.step(m);
-    if (async_saver.in_flight()) finish_async_save(progress, /*wait=*/false);
-    if (!o.checkpoint_dir.empty() && o.save_every > 0 && steps_done % o.save_every == 0) {
-      save_checkpoint(steps_done, progress);
-      last_saved = steps_done;
-    }
+    saver.after_step(steps_done, progress);
 
     if (heldout && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
       io::ExactMatch em = evaluate_heldout();
@@ -400,8 +354,7 @@ int run(int argc, char** argv) {
     }
   }
   progress.flush_line();
-  if (!o.checkpoint_dir.empty() && last_saved != steps_done) save_checkpoint(steps_done, progress);
-  finish_async_save(progress, /*wait=*/true);
+  saver.at_end(steps_done, progress);
   trainer->finish();
   const double elapsed = seconds_since(start);
   std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (%s allocator)\n",

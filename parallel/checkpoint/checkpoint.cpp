@@ -76,7 +76,12 @@ std::vector<std::string> allgather_strings(comm::Communicator& group, const std:
 // Every rank says whether its part of `phase` failed; a failure anywhere is raised everywhere,
 // naming each failing rank and its reason. Collective.
 void agree(comm::Communicator& group, const std::string& what, const std::string& error) {
-  const std::vector<std::string> errors = allgather_strings(group, error);
+  std::vector<std::string> errors;
+  try {
+    errors = allgather_strings(group, error);
+  } catch (const std::exception& e) {  // a rank died or hangs: say which save and phase
+    LOOM_FAIL(what, " failed: ", e.what());
+  }
   std::string message;
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty())
@@ -472,6 +477,12 @@ bool has_checkpoint(const std::string& dir, int64_t step) {
 }
 
 io::CheckpointManifest read_manifest(const std::string& path) {
+  std::string name = path;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  name = name.substr(name.find_last_of('/') + 1);
+  LOOM_CHECK(step_of_dir_name(name) >= 0 || name.compare(0, 5, "step-") != 0, "checkpoint ", path,
+             " is a save that was never committed (staging or discarded); load a step-N "
+             "directory");
   const std::string manifest = join(path, kManifest);
   LOOM_CHECK(path_exists(manifest), "no committed checkpoint at ", path, ": it has no ", kManifest,
              " (a step directory without one is an unfinished save and is never loaded",

@@ -1,6 +1,8 @@
 // See parallel/checkpoint/embedding_state.h.
 #include "parallel/checkpoint/embedding_state.h"
 
+#include <memory>
+
 #include "core/error.h"
 
 namespace loom::parallel::checkpoint {
@@ -79,8 +81,15 @@ EmbeddingState::EmbeddingState(ShardedEmbeddingBagCollection& tables, optim::Opt
     std::vector<Part> parts;
     for (const EmbeddingTablePart& lp : ebc->local_parts()) {
       const nn::EmbeddingTableConfig& c = ebc->tables()[size_t(lp.table)];
-      parts.push_back({c.name + ".weight", {c.rows, c.dim}, lp.row_start, lp.rows, lp.col_start,
-                       lp.cols, lp.weight, lp.momentum1, lp.momentum2});
+      parts.push_back({c.name + ".weight",
+                       {c.rows, c.dim},
+                       lp.row_start,
+                       lp.rows,
+                       lp.col_start,
+                       lp.cols,
+                       lp.weight,
+                       lp.momentum1,
+                       lp.momentum2});
     }
     return parts;
   };
@@ -98,8 +107,8 @@ std::vector<ParamPlace> EmbeddingState::places(const std::vector<Part>& parts) c
   std::vector<ParamPlace> out;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Part& p = parts[i];
-    LOOM_CHECK(dense_->params()[i].shape() == Shape({p.rows, p.cols}), "checkpoint: parameter ",
-               i, " of the tables' optimizer is ", shape_str(dense_->params()[i].shape()),
+    LOOM_CHECK(dense_->params()[i].shape() == Shape({p.rows, p.cols}), "checkpoint: parameter ", i,
+               " of the tables' optimizer is ", shape_str(dense_->params()[i].shape()),
                " but table part ", p.name, " is ", shape_str({p.rows, p.cols}));
     Placement placement;
     placement.global_shape = p.shape;

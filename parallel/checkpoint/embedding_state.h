@@ -47,8 +47,7 @@ class EmbeddingState {
   // the module's parameters when the tables have no fused optimizer (null: save and load the
   // tables alone). The module (and optimizer) must outlive this object.
   explicit EmbeddingState(nn::EmbeddingBagCollection& tables, optim::Optimizer* dense = nullptr);
-  explicit EmbeddingState(ShardedEmbeddingBagCollection& tables,
-                          optim::Optimizer* dense = nullptr);
+  explicit EmbeddingState(ShardedEmbeddingBagCollection& tables, optim::Optimizer* dense = nullptr);
 
   // The pieces and per-rank state to save (snapshots). The tables alone (no optimizer) record
   // no state["embedding_optimizer"], and their load checks none.

@@ -209,6 +209,13 @@ void sync_tied_embedding(const std::vector<GptStage*>& local, comm::Communicator
   for (Tensor w : copies) w.set_grad(copies.size() == 1 ? sum : sum.clone());
 }
 
+std::string StageSet::single_process_name(const std::string& name) {
+  const size_t dot = name.find('.');
+  LOOM_ASSERT(name.rfind("chunk", 0) == 0 && dot != std::string::npos,
+              "a StageSet parameter named ", name);
+  return name.substr(dot + 1);
+}
+
 void StageSet::add(std::shared_ptr<GptStage> stage) {
   GptStage* raw = stage.get();
   register_module("chunk" + std::to_string(children().size()), std::move(stage));

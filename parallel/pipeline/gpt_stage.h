@@ -96,6 +96,9 @@ StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
 class StageSet : public nn::Module {
  public:
   void add(std::shared_ptr<GptStage> stage);
+  // The single-process name of the set's parameter "chunk{k}.<name>": <name> (what checkpoints
+  // store it under).
+  static std::string single_process_name(const std::string& name);
 };
 
 // The tied embedding: sums the gradients of every copy of wte.weight among `local` (this rank's

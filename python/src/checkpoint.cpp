@@ -60,14 +60,12 @@ std::string resolve(const std::string& path) {
   return latest.empty() ? path : latest;
 }
 
-// Pipeline stages: not yet from Python (a StageSet's parameters need their single-process names).
-void refuse_pipeline_stages(const nn::Module& module) {
-  const bool stage = dynamic_cast<const parallel::pipeline::GptStage*>(&module) != nullptr ||
-                     dynamic_cast<const parallel::pipeline::StageSet*>(&module) != nullptr;
-  LOOM_CHECK(!stage, kOwner, ": checkpoints of pipeline stages (GPTStage, StageSet",
-             module.full_name().empty() ? "" : ": " + module.full_name(),
-             ") are not supported yet from Python; data, tensor parallelism and ZeRO are");
-  for (const auto& [name, child] : module.children()) refuse_pipeline_stages(*child);
+// The single-process names of a module's parameters: a pipeline's StageSet prefixes each stage's
+// with "chunk{k}."; every other module (a GPTStage too) already uses them.
+ckpt::TrainingState::GlobalName global_names(const nn::Module& module) {
+  if (dynamic_cast<const parallel::pipeline::StageSet*>(&module))
+    return parallel::pipeline::StageSet::single_process_name;
+  return {};
 }
 
 // TrainingState pairs the module's parameters with the optimizer's by position: check that they
@@ -95,7 +93,9 @@ void check_optimizer_of(const nn::Module& module, const optim::Optimizer& optimi
 
 // The module's parameters as "model.*" pieces (views: loading writes into them).
 std::vector<ckpt::StatePiece> parameter_pieces(const nn::Module& module) {
-  const std::vector<ckpt::ParamPlace> places = ckpt::parameter_places(module);
+  std::vector<ckpt::ParamPlace> places = ckpt::parameter_places(module);
+  if (const auto global = global_names(module))
+    for (ckpt::ParamPlace& p : places) p.name = global(p.name);
   const std::vector<Tensor> params = module.parameters();
   for (size_t i = 0; i < places.size(); ++i) {
     // ZeRO-3 releases a parameter's memory between its module's uses.
@@ -120,11 +120,10 @@ py::dict save(const std::string& dir, int64_t step, const ModulePtr& module,
   {
     py::gil_scoped_release release;
     if (!group) group = comm::world();
-    refuse_pipeline_stages(*module);
     std::vector<ckpt::StatePiece> pieces;
     if (optimizer) {
       check_optimizer_of(*module, *optimizer);
-      pieces = ckpt::TrainingState(*module, *optimizer).save_pieces(state);
+      pieces = ckpt::TrainingState(*module, *optimizer, global_names(*module)).save_pieces(state);
     } else {
       pieces = parameter_pieces(*module);  // save snapshots them before it returns
     }
@@ -149,12 +148,12 @@ py::dict load(const std::string& path, const ModulePtr& module, const OptimizerP
   {
     py::gil_scoped_release release;
     if (!group) group = comm::world();
-    refuse_pipeline_stages(*module);
     resolved = resolve(path);
     manifest = ckpt::read_manifest(resolved);
     if (optimizer) {
       check_optimizer_of(*module, *optimizer);
-      ckpt::TrainingState(*module, *optimizer).load(resolved, manifest, *group);
+      ckpt::TrainingState(*module, *optimizer, global_names(*module))
+          .load(resolved, manifest, *group);
     } else {
       ckpt::load(resolved, manifest, parameter_pieces(*module), *group);
     }

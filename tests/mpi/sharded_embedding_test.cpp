@@ -5,7 +5,8 @@
 // gradient equals its slice of the single-process gradient of the global-mean loss; after 3 SGD
 // steps each shard equals its slice of the single-process table. All within 1e-5. The batches
 // have empty bags, and table "b" has 3 rows (fewer than 4 ranks: some row shards are empty).
-// Also: per-sample weights, and clear errors for bad input.
+// Also: the fused optimizers (SGD, row-wise Adagrad, Adam: tables and their state), per-sample
+// weights, and clear errors for bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -180,6 +181,119 @@ TEST_P(ShardedEmbeddingTest, MatchesSingleProcess) {
   for (size_t t = 0; t < initial.size(); ++t)
     EXPECT_GT(max_diff(full.parameters()[t].detach(), initial[t]), 1e-3) << "table " << t;
 }
+
+// Fused optimizers (See Note [Sharded fused optimizers]): after 3 steps whose backwards update the
+// tables in place, every shard and its optimizer state equal their slices of one
+// nn::EmbeddingBagCollection with the same fused optimizer trained on the global batches.
+struct FusedCase {
+  std::string placement;
+  EmbeddingOptimizer kind;
+  EmbeddingPooling pooling;
+  bool weighted;
+};
+
+void PrintTo(const FusedCase& c, std::ostream* os) {
+  *os << c.placement << " optimizer " << int(c.kind)
+      << (c.pooling == EmbeddingPooling::kMean ? " mean" : " sum")
+      << (c.weighted ? " weighted" : "");
+}
+
+class ShardedEmbeddingFusedTest : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(ShardedEmbeddingFusedTest, MatchesSingleProcess) {
+  const FusedCase c = GetParam();
+  auto world = comm::world();
+  const int W = world->size(), r = world->rank();
+  kernels::EmbeddingOptimizerHyper h;
+  h.kind = c.kind;
+  h.lr = c.kind == EmbeddingOptimizer::kSgd ? 0.5f : 0.05f;
+  h.weight_decay = 0.01f;
+  nn::EmbeddingBagCollectionOptions full_options;
+  full_options.pooling = c.pooling;
+  full_options.fused = h;
+  nn::EmbeddingBagCollection full(configs(), full_options);
+  full.init_parameters(kSeed);
+  ShardedEmbeddingOptions sharded_options;
+  sharded_options.pooling = c.pooling;
+  sharded_options.fused = h;
+  ShardedEmbeddingBagCollection sharded(configs(), placements_for(c.placement), world,
+                                        sharded_options);
+  sharded.init_parameters(kSeed);
+  std::vector<Tensor> initial;
+  for (const Tensor& p : full.parameters()) initial.push_back(p.detach().clone());
+  const int64_t total_dim = full.layout().total_dim(), bags = W * kLocalBags;
+  const Tensor R = loss_weights(bags, total_dim);
+  const Tensor R_local = R.narrow(0, r * kLocalBags, kLocalBags).contiguous();
+  for (int step = 0; step < 3; ++step) {
+    const Batch g = global_batch(W, step), l = local_slice(g, W, r);
+    Tensor out =
+        full.lookup(i64(g.indices), i64(g.offsets), c.weighted ? f32(g.weights) : Tensor());
+    scale(sum(mul(out, R)), 1.0 / double(bags)).backward();
+    Tensor local =
+        sharded.lookup(i64(l.indices), i64(l.offsets), c.weighted ? f32(l.weights) : Tensor());
+    EXPECT_LE(max_diff(local.detach(), out.detach().narrow(0, r * kLocalBags, kLocalBags)), kTol)
+        << "forward, step " << step;
+    scale(sum(mul(local, R_local)), 1.0 / double(kLocalBags)).backward();
+    sharded.finish_gradients();  // nothing to do
+    for (const Tensor& p : sharded.parameters()) EXPECT_FALSE(p.grad().defined());
+  }
+  expect_shards_match(sharded, full, false, "after 3 fused steps");
+  EXPECT_EQ(sharded.fused_updates(), 3);
+  const EmbeddingFusedOptimizer& f = *full.fused_optimizer();
+  const EmbeddingBagLayout& L = full.layout();
+  for (const EmbeddingTablePart& part : sharded.local_parts()) {
+    const int64_t t = part.table, rows = L.rows(t), dim = L.dim(t);
+    EXPECT_LE(max_diff(part.weight.detach(), full.weights()[size_t(t)]
+                                                 .detach()
+                                                 .narrow(0, part.row_start, part.rows)
+                                                 .narrow(1, part.col_start, part.cols)),
+              kTol)
+        << "table " << t;
+    if (c.kind == EmbeddingOptimizer::kRowwiseAdagrad) {
+      ASSERT_TRUE(part.momentum1.defined());
+      EXPECT_LE(max_diff(part.momentum1,
+                         f.momentum1.narrow(0, L.row_offset(t) + part.row_start, part.rows)),
+                kTol)
+          << "accumulators of table " << t;
+    }
+    if (c.kind == EmbeddingOptimizer::kAdam) {
+      for (const auto& [mine, theirs] :
+           {std::pair{part.momentum1, f.momentum1}, std::pair{part.momentum2, f.momentum2}}) {
+        ASSERT_TRUE(mine.defined());
+        const Tensor want = theirs.narrow(0, L.weight_offset(t), rows * dim)
+                                .reshape({rows, dim})
+                                .narrow(0, part.row_start, part.rows)
+                                .narrow(1, part.col_start, part.cols);
+        EXPECT_LE(max_diff(mine, want), kTol) << "moments of table " << t;
+      }
+    }
+  }
+  for (size_t t = 0; t < initial.size(); ++t)
+    EXPECT_GT(max_diff(full.parameters()[t].detach(), initial[t]), 1e-3) << "table " << t;
+}
+
+std::string fused_case_name(const ::testing::TestParamInfo<FusedCase>& info) {
+  const char* kind = info.param.kind == EmbeddingOptimizer::kSgd              ? "sgd"
+                     : info.param.kind == EmbeddingOptimizer::kRowwiseAdagrad ? "rowwise_adagrad"
+                                                                              : "adam";
+  return info.param.placement + "_" + kind +
+         (info.param.pooling == EmbeddingPooling::kMean ? "_mean" : "_sum") +
+         (info.param.weighted ? "_weighted" : "");
+}
+
+std::vector<FusedCase> fused_cases() {
+  std::vector<FusedCase> out;
+  for (const char* placement : {"table", "row", "column", "data", "mixed"})
+    for (EmbeddingOptimizer kind :
+         {EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kRowwiseAdagrad, EmbeddingOptimizer::kAdam})
+      out.push_back({placement, kind, EmbeddingPooling::kSum, false});
+  out.push_back({"mixed", EmbeddingOptimizer::kRowwiseAdagrad, EmbeddingPooling::kMean, false});
+  out.push_back({"mixed", EmbeddingOptimizer::kAdam, EmbeddingPooling::kSum, true});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ShardedEmbeddingFusedTest, ::testing::ValuesIn(fused_cases()),
+                         fused_case_name);
 
 // One lookup of the mixed placement (table, row, column, data) communicates as the header says.
 TEST(ShardedEmbedding, MixedPlacementCollectives) {

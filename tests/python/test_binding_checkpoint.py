@@ -3,7 +3,7 @@ momentum) saved and loaded into a fresh one is bit-identical, parameters and opt
 the next training step then equals the original's bit for bit; model-only checkpoints; a ZeRO-3
 checkpoint loads into a plain model and optimizer; latest / keep_last / has_checkpoint; and the
 mistakes: a missing directory, an unfinished save, a damaged or truncated file, state that is not
-JSON, an optimizer over other tensors, pipeline stages. The multi-rank layouts are checked by
+JSON, an optimizer over other tensors; pipeline stages under single-process names. The multi-rank layouts are checked by
 tests/python/train_gpt_check.py (train_gpt.py --resume against the uninterrupted run and
 loom-gpt)."""
 
@@ -272,10 +272,20 @@ def test_argument_mistakes(tmp_path):
     assert checkpoint.latest(tmp_path) is None  # nothing was written
 
 
-def test_pipeline_stages_are_refused(tmp_path):
+def test_pipeline_stages_save_under_single_process_names(tmp_path):
+    """A StageSet's parameters ("chunk0.wte.weight") are stored as the single-process model's
+    ("model.wte.weight"), so a plain GPT loads a pipeline's checkpoint."""
     stage = dist.pipelining.GPTStage(gpt_config(), 0, 1)
-    with pytest.raises(ValueError, match="pipeline stages .* are not supported yet"):
-        checkpoint.save(tmp_path, model=stage, step=1)
+    stage.init_parameters(seed=5)
+    holder = dist.pipelining.StageSet([stage])
+    checkpoint.save(tmp_path, model=holder, step=1)
+    names = set(checkpoint.read_manifest(tmp_path)["tensors"])
+    assert names == {"model." + n for n, _ in stage.named_parameters()}, sorted(names)
+    model = loom.nn.GPT(gpt_config())
+    checkpoint.load(tmp_path, model=model)
+    saved = dict(stage.named_parameters())
+    for name, p in model.named_parameters():
+        assert np.array_equal(np.asarray(p.detach()), np.asarray(saved[name].detach())), name
 
 
 def test_manifest_is_the_documented_json(tmp_path):

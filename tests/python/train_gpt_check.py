@@ -17,8 +17,8 @@ checkpoint resumed by train_gpt.py continues with loom-gpt's losses bit for bit,
 way round. Under the launcher also across layouts: a loom-gpt dp 2 ZeRO-1 checkpoint loaded by
 train_gpt.py on tp 2 and saved again at once is tensor for tensor the same (numpy's reading,
 tests/mpi/checkpoint_tensors.py) and trains on with the uninterrupted losses within 1e-5, and a
-train_gpt.py tp 2 checkpoint continues in loom-gpt on dp 2 with ZeRO-3 likewise. --pp with
---checkpoint-dir is refused.
+train_gpt.py tp 2 checkpoint continues in loom-gpt on dp 2 with ZeRO-3 likewise; a loom-gpt
+pp 2 checkpoint resumes in train_gpt.py pp 2 bit for bit and continues on dp 2 ZeRO-1.
 """
 
 import json
@@ -156,16 +156,24 @@ def checkpoint_checks(loom_gpt, launcher, tmp):
     failures += compare(f"train_gpt.py {tag} checkpoint resumed by loom-gpt", full + ".jsonl",
                         py_to_c + ".jsonl", 4, 0)
     if not launcher:
-        # Pipelines have no checkpoints yet: refused before anything starts.
-        out = subprocess.run([PYTHON, TRAIN_GPT] + CKPT + ["--pp", "2", "--checkpoint-dir",
-                                                           os.path.join(tmp, "pp")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if out.returncode == 0 or "checkpoints with --pp are not wired yet" not in out.stdout:
-            failures += 1
-            print(f"--pp with --checkpoint-dir was not refused: {out.stdout[-800:]}")
-        else:
-            print("--pp with --checkpoint-dir: refused as expected")
         return failures
+    # Pipelines: loom-gpt's pp 2 checkpoint resumed by train_gpt.py pp 2 (and the step-6
+    # checkpoints compared), and continued by train_gpt.py on dp 2 ZeRO-1.
+    pp = ["--pp", "2", "--schedule", "1f1b"]
+    c_pp = train("c_pp", 2, "loom-gpt", pp + ["--checkpoint-dir", os.path.join(tmp, "c_pp"),
+                                              "--save-every", "3"])
+    pp_to_py = train("c_pp_to_py", 2, "python", pp + [
+        "--resume-from", os.path.join(c_pp, "step-00000003"),
+        "--checkpoint-dir", os.path.join(tmp, "c_pp_to_py")])
+    failures += compare("loom-gpt pp 2 checkpoint resumed by train_gpt.py pp 2", c_pp + ".jsonl",
+                        pp_to_py + ".jsonl", 4, 0)
+    failures += same_tensors("pp 2: step-6 checkpoints of loom-gpt and of train_gpt.py resumed",
+                             os.path.join(c_pp, "step-00000006"),
+                             os.path.join(pp_to_py, "step-00000006"))
+    pp_to_dp = train("c_pp_to_py_dp", 2, "python", layout + [
+        "--resume-from", os.path.join(c_pp, "step-00000003")])
+    failures += compare("pp 2 checkpoint continued by train_gpt.py dp 2 ZeRO-1", c_pp + ".jsonl",
+                        pp_to_dp + ".jsonl", 4, 1e-5)
     # Across layouts (the uninterrupted references: the runs above, dp 2 ZeRO-1).
     resaved = train("c_to_py_tp2_resaved", 2, "python", [
         "--tp", "2", "--resume-from", os.path.join(c_full, "step-00000003"), "--steps", "3",

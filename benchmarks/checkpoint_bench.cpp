@@ -1,0 +1,485 @@
+// loom-bench-checkpoint: distributed checkpoints of GPT-2 124M's training state against the disk's
+// own bandwidth, measured in the same run, under mpirun -np N (or alone: one process).
+//
+// The state: GPT-2 124M (GptConfig{}: 12 layers, dim 768, vocab 50304 rows, f32) with AdamW's two
+// moments, filled by one step on a tiny batch. On N > 1 ranks AdamW is wrapped in ZeRO-1 over all
+// ranks, so each rank saves 1/N of the parameters and moments; on one process it is plain AdamW.
+//
+// Bytes: a save's are its files; a load's are what the ranks' tensors receive, summed over ranks
+// (ZeRO-1 keeps every parameter whole on every rank, so each rank loads all the parameters and
+// its shard of the moments: N x params + moments in all); each raw phase counts its own.
+//
+// Each repeat, every rank in step (a barrier before each timed phase; a phase's time is the
+// slowest rank's, so GB/s is the aggregate over ranks):
+//   save        TrainingState::save_pieces + checkpoint::save (crc32c, fsync, two-phase commit)
+//   raw write   every rank write()s the same number of bytes as its checkpoint file, in the same
+//               1 MiB calls, to a file of its own, then fsync()s it: the disk's own speed (the
+//               save and the raw write alternate which goes first)
+//   load        TrainingState::load of that checkpoint, same layout
+//   raw read    every rank read()s its raw file back
+// Loads and reads run twice: warm (the files are in the page cache, having just been written) and
+// cold (the files' cached pages dropped first with posix_fadvise(POSIX_FADV_DONTNEED), which needs
+// no privileges; on a VM the host may still cache the disk). Resharding, N > 1: the same
+// checkpoint loaded into ZeRO-3 over the same N ranks (its buckets are per module, so the shard
+// boundaries differ), and into a whole model with plain AdamW on every rank (DDP's layout: each
+// rank loads all of it), the latter skipped when the host's memory cannot hold N whole states.
+//
+//   mpirun -np 4 build/bin/loom-bench-checkpoint [--repeat 3] [--dir /tmp] [--layers 12]
+//       [--full-load 1] [--json]
+//
+// --dir names the directory under which a fresh one (loom-ckpt-bench-XXXXXX) is made and removed
+// at exit. --layers shrinks the model for a quick check. --json adds one line of JSON (rank 0).
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_gpt.h"
+#include "collectives/communicator.h"
+#include "core/nn/gpt.h"
+#include "optimizer/adamw.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/durable.h"
+#include "parallel/checkpoint/training_state.h"
+#include "parallel/zero.h"
+
+namespace {
+
+using namespace loom;
+namespace ckpt = loom::parallel::checkpoint;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kProgram = "loom-bench-checkpoint";
+constexpr size_t kIoChunk = size_t(1) << 20;     // bytes per write()/read(), as checkpoint::save's
+constexpr size_t kRawBuffer = size_t(64) << 20;  // the raw phases' source/target (past the L3)
+
+struct Args {
+  std::string dir = "/tmp";
+  int64_t repeat = 3;
+  int64_t layers = 12;
+  int64_t full_load = 1;
+  bool json = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--json") {
+      a.json = true;
+      continue;
+    }
+    LOOM_CHECK(i + 1 < argc, kProgram, ": ", flag, " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--dir") {
+      a.dir = value;
+      continue;
+    }
+    int64_t* field = flag == "--repeat"      ? &a.repeat
+                     : flag == "--layers"    ? &a.layers
+                     : flag == "--full-load" ? &a.full_load
+                                             : nullptr;
+    LOOM_CHECK(field, kProgram, ": unknown flag ", flag,
+               " (flags: --dir PATH --repeat N --layers N --full-load 0|1 --json)");
+    const bool binary = flag == "--full-load";
+    char* end = nullptr;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    LOOM_CHECK(end && *end == '\0' && (binary ? v == 0 || v == 1 : v >= 1), kProgram, ": ", flag,
+               " expects ", binary ? "0 or 1" : "a positive integer", ", got '", value, "'");
+    *field = v;
+  }
+  return a;
+}
+
+// Rank 0's string on every rank. Collective.
+std::string broadcast_string(comm::Communicator& world, const std::string& s) {
+  Tensor n = Tensor::full({1}, double(s.size()), DType::kI64);
+  world.broadcast(n)->wait();
+  const size_t size = size_t(n.to_vector<int64_t>()[0]);
+  Tensor bytes = Tensor::zeros({std::max<int64_t>(1, int64_t(size))}, DType::kU8);
+  if (world.rank() == 0) std::memcpy(bytes.data_ptr(), s.data(), s.size());
+  world.broadcast(bytes)->wait();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), size);
+}
+
+double max_over_ranks(comm::Communicator& world, double v) {
+  Tensor t = Tensor::full({1}, v, DType::kF32);
+  world.allreduce_sync(t, comm::ReduceOp::kMax);
+  return t.item();
+}
+
+double sum_over_ranks(comm::Communicator& world, int64_t v) {
+  Tensor t = Tensor::full({1}, double(v), DType::kI64);
+  world.allreduce_sync(t, comm::ReduceOp::kSum);
+  return double(t.to_vector<int64_t>()[0]);
+}
+
+// Seconds from a barrier to the slowest rank's end of fn. Collective.
+template <typename Fn>
+double timed(comm::Communicator& world, Fn&& fn) {
+  world.barrier_sync();
+  const auto start = Clock::now();
+  fn();
+  return max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int open_or_throw(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags, 0644);
+  LOOM_CHECK(fd >= 0, kProgram, ": cannot open ", path, ": ", std::strerror(errno));
+  return fd;
+}
+
+// `bytes` bytes to `path` in kIoChunk write()s cycling through `buf`, then fsync.
+void raw_write(const std::string& path, uint64_t bytes, const std::vector<char>& buf) {
+  const int fd = open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC);
+  for (uint64_t at = 0; at < bytes;) {
+    const size_t n = size_t(std::min<uint64_t>(kIoChunk, bytes - at));
+    const ssize_t w = ::write(fd, buf.data() + at % buf.size(), n);
+    if (w < 0 && errno == EINTR) continue;
+    LOOM_CHECK(w > 0, kProgram, ": cannot write ", path, ": ", std::strerror(errno));
+    at += uint64_t(w);
+  }
+  LOOM_CHECK(::fsync(fd) == 0, kProgram, ": cannot fsync ", path, ": ", std::strerror(errno));
+  ::close(fd);
+}
+
+// Reads `path` whole in kIoChunk read()s cycling through `buf`; returns the bytes read.
+uint64_t raw_read(const std::string& path, std::vector<char>& buf) {
+  const int fd = open_or_throw(path, O_RDONLY);
+  uint64_t at = 0;
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data() + at % buf.size(), kIoChunk);
+    if (r < 0 && errno == EINTR) continue;
+    LOOM_CHECK(r >= 0, kProgram, ": cannot read ", path, ": ", std::strerror(errno));
+    if (r == 0) break;
+    at += uint64_t(r);
+  }
+  ::close(fd);
+  return at;
+}
+
+// Drops the page cache's clean pages of `path` (a file, or every file under a directory).
+void drop_cached(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    for (const std::string& name : ckpt::list_directory(path)) drop_cached(path + "/" + name);
+    return;
+  }
+  const int fd = open_or_throw(path, O_RDONLY);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+int64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// Elements of this rank's ZeRO pieces (its shard of every parameter).
+int64_t own_numel(const parallel::ZeroOptimizer& zero) {
+  int64_t k = 0;
+  for (const parallel::ShardPiece& p : zero.own_pieces()) k += p.numel;
+  return k;
+}
+
+std::unique_ptr<optim::Optimizer> make_adamw(std::vector<Tensor> params) {
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{});
+}
+
+// One row of the table: a phase and its raw twin, per repeat.
+struct Row {
+  std::string what, raw_what;
+  double bytes = 0, raw_bytes = 0;  // moved by each, all ranks together
+  std::vector<double> seconds, raw_seconds;
+};
+
+// Per repeat (phase GB/s) / (raw GB/s), median.
+double median_ratio(const Row& r) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < r.seconds.size(); ++i)
+    ratios.push_back((r.bytes / r.seconds[i]) / (r.raw_bytes / r.raw_seconds[i]));
+  return median(ratios);
+}
+
+void print_table(const std::vector<Row>& rows, int n) {
+  std::printf(
+      "\n| phase | ranks | bytes | time s | GB/s | raw phase | raw GB/s | ratio |\n"
+      "|---|---:|---:|---:|---:|---|---:|---:|\n");
+  for (const Row& r : rows) {
+    const double s = median(r.seconds), raw = median(r.raw_seconds);
+    std::printf("| %s | %d | %.0f | %.3f | %.3f | %s | %.3f | **%.2f** |\n", r.what.c_str(), n,
+                r.bytes, s, r.bytes / s / 1e9, r.raw_what.c_str(), r.raw_bytes / raw / 1e9,
+                median_ratio(r));
+  }
+}
+
+nlohmann::json json_of(const std::vector<Row>& rows, int n, int64_t repeat, int64_t parameters,
+                       double checkpoint_bytes) {
+  nlohmann::json j;
+  j["ranks"] = n;
+  j["repeat"] = repeat;
+  j["parameters"] = parameters;
+  j["checkpoint_bytes"] = checkpoint_bytes;
+  for (const Row& r : rows) {
+    nlohmann::json& row = j["rows"][r.what];
+    row["bytes"] = r.bytes;
+    row["seconds"] = r.seconds;
+    row["median_s"] = median(r.seconds);
+    row["raw"] = r.raw_what;
+    row["raw_bytes"] = r.raw_bytes;
+    row["raw_seconds"] = r.raw_seconds;
+    row["raw_median_s"] = median(r.raw_seconds);
+    row["ratio"] = median_ratio(r);
+  }
+  return j;
+}
+
+int run(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  omp_set_num_threads(1);
+  auto world = comm::world();
+  const int n = world->size(), rank = world->rank();
+  const bool root = rank == 0;
+
+  // A fresh directory under --dir, made by rank 0 and removed at exit.
+  std::string dir;
+  if (root) {
+    ckpt::make_directories(a.dir);
+    std::string tmpl = a.dir + "/loom-ckpt-bench-XXXXXX";
+    LOOM_CHECK(::mkdtemp(tmpl.data()) != nullptr, kProgram, ": cannot make a directory under ",
+               a.dir, ": ", std::strerror(errno));
+    dir = tmpl;
+  }
+  dir = broadcast_string(*world, dir);
+  struct RemoveAtExit {
+    std::string dir;
+    bool root;
+    ~RemoveAtExit() {
+      if (root) ckpt::remove_tree(dir);
+    }
+  } remove_at_exit{dir, root};
+  const std::string ckpt_dir = dir + "/ckpt";
+  auto raw_path_of = [&](int r) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/raw-rank-%05d.bin", r);
+    return dir + name;
+  };
+  const std::string raw_path = raw_path_of(rank);
+
+  GptConfig config;
+  config.layers = a.layers;
+  const int64_t numel = config.num_parameters();
+  if (root)
+    std::printf(
+        "%s: GPT (%s) = %lld parameters, f32, + AdamW exp_avg/exp_avg_sq; %d rank%s (%s); "
+        "%lld repeats (median); one thread per rank; dir %s\n",
+        kProgram, config.str().c_str(), (long long)numel, n, n > 1 ? "s" : "",
+        n > 1 ? "AdamW in ZeRO-1 over all ranks: each saves 1/N" : "plain AdamW",
+        (long long)a.repeat, dir.c_str());
+
+  std::vector<char> raw_buf(kRawBuffer);
+  for (size_t i = 0; i < raw_buf.size(); ++i) raw_buf[i] = char((i * 2654435761u) >> 13);
+
+  Row save{"save (snapshot + write + crc32c + fsync + commit)", "write + fsync"};
+  Row load_warm{"load, same layout, warm", "read, warm"};
+  Row load_cold{"load, same layout, cold", "read, cold"};
+  Row z3_warm{detail::str_cat("load into ZeRO-3 dp ", n, ", warm"), "read, warm"};
+  Row z3_cold{detail::str_cat("load into ZeRO-3 dp ", n, ", cold"), "read, cold"};
+  std::string last_path;
+  double total_bytes = 0;
+  uint64_t my_bytes = 0;  // this rank's data file
+  {
+    // The training state: one step on a tiny batch fills the moments.
+    nn::GPT model(config);
+    model.init_parameters(1);
+    std::unique_ptr<optim::Optimizer> opt;
+    parallel::ZeroOptimizer* zero = nullptr;
+    if (n > 1) {
+      auto z = std::make_unique<parallel::ZeroOptimizer>(model, world, parallel::ZeroOptions{},
+                                                         make_adamw);
+      zero = z.get();
+      opt = std::move(z);
+    } else {
+      opt = make_adamw(model.parameters());
+    }
+    const Tensor x = bench::random_tokens(1, 8, config.vocab, 1 + uint64_t(rank));
+    const Tensor y = bench::random_tokens(1, 8, config.vocab, 2 + uint64_t(rank));
+    if (zero)
+      zero->backward(model.loss(x, y));
+    else
+      model.loss(x, y).backward();
+    opt->step();
+    opt->zero_grad();
+    ckpt::TrainingState state(model, *opt);
+
+    // Resharding target: ZeRO-3 over the same ranks.
+    std::unique_ptr<nn::GPT> model3;
+    std::unique_ptr<parallel::ZeroOptimizer> opt3;
+    std::unique_ptr<ckpt::TrainingState> state3;
+    if (n > 1) {
+      model3 = std::make_unique<nn::GPT>(config);
+      parallel::ZeroOptions o;
+      o.stage = 3;
+      opt3 = std::make_unique<parallel::ZeroOptimizer>(*model3, world, o, make_adamw);
+      state3 = std::make_unique<ckpt::TrainingState>(*model3, *opt3);
+    }
+    // What a load delivers into the ranks' tensors, all ranks together. ZeRO-1 and -2 keep every
+    // parameter whole, so each rank loads all the parameters and its shard of the moments;
+    // ZeRO-3 loads its shard of both.
+    load_warm.bytes = load_cold.bytes =
+        zero ? sum_over_ranks(*world, (numel + 2 * own_numel(*zero)) * 4) : double(numel) * 12;
+    if (opt3) z3_warm.bytes = z3_cold.bytes = sum_over_ranks(*world, 3 * own_numel(*opt3) * 4);
+
+    for (int64_t r = 0; r < a.repeat; ++r) {
+      // The save and the raw write alternate which goes first (the first save sizes the raw
+      // file: every rank's raw file holds as many bytes as its data file, the same total).
+      ckpt::SaveResult saved;
+      auto save_once = [&] {
+        save.seconds.push_back(timed(*world, [&] {
+          nlohmann::json js = nlohmann::json::object();
+          const std::vector<ckpt::StatePiece> pieces = state.save_pieces(js);
+          saved = ckpt::save(ckpt_dir, r, pieces, js, *world);
+        }));
+        if (r == 0) my_bytes = saved.bytes;
+      };
+      auto raw_write_once = [&] {
+        ::unlink(raw_path.c_str());
+        save.raw_seconds.push_back(timed(*world, [&] { raw_write(raw_path, my_bytes, raw_buf); }));
+      };
+      if (r % 2 == 0) {
+        save_once();
+        raw_write_once();
+      } else {
+        raw_write_once();
+        save_once();
+      }
+      total_bytes = double(saved.total_bytes);
+      save.bytes = save.raw_bytes = total_bytes;
+
+      const io::CheckpointManifest manifest = ckpt::read_manifest(saved.path);
+      auto load_pair = [&](Row& row, ckpt::TrainingState& into, bool cold) {
+        // Cold drops only what the next phase reads, so a later warm phase finds its files
+        // cached (the cold load and read bring them back).
+        if (cold && root) drop_cached(ckpt_dir);
+        row.seconds.push_back(timed(*world, [&] { into.load(saved.path, manifest, *world); }));
+        if (cold) drop_cached(raw_path);
+        row.raw_seconds.push_back(timed(*world, [&] { raw_read(raw_path, raw_buf); }));
+        row.raw_bytes = total_bytes;
+      };
+      load_pair(load_warm, state, false);
+      load_pair(load_cold, state, true);
+      if (state3) {
+        load_pair(z3_warm, *state3, false);
+        load_pair(z3_cold, *state3, true);
+      }
+      // Untimed: keep only the last checkpoint (the whole-model loads below read it).
+      world->barrier_sync();
+      if (root && !last_path.empty()) ckpt::remove_tree(last_path);
+      last_path = saved.path;
+    }
+  }
+  std::vector<Row> rows = {save, load_warm, load_cold};
+  if (n > 1) {
+    rows.push_back(z3_warm);
+    rows.push_back(z3_cold);
+  }
+  std::vector<std::string> notes;
+
+  // DDP's layout: a whole model and plain AdamW on every rank, each loading all of the state.
+  // Loading holds the parameters, the moments and a copy of the moments (OptimizerStateLoad fills
+  // a state_dict() before installing it), plus a stored piece's buffer: ~6 bytes per parameter
+  // byte per rank.
+  if (n > 1 && a.full_load) {
+    const double need = double(n) * double(numel) * 4 * 6;
+    Tensor avail = Tensor::full({1}, double(mem_available_bytes()), DType::kI64);
+    world->broadcast(avail)->wait();
+    const double available = double(avail.to_vector<int64_t>()[0]);
+    if (available < need * 1.1) {
+      notes.push_back(detail::str_cat("whole-model load on every rank skipped: it needs ~",
+                                      need / 1e9, " GB on this host, MemAvailable is ",
+                                      available / 1e9, " GB"));
+    } else {
+      Row full_warm{detail::str_cat("load whole model on each of ", n, " ranks (DDP), warm"),
+                    "read all files, warm"};
+      Row full_cold{detail::str_cat("load whole model on each of ", n, " ranks (DDP), cold"),
+                    "read all files, cold"};
+      nn::GPT model(config);
+      optim::AdamW opt(model.parameters(), optim::AdamWOptions{});
+      ckpt::TrainingState state(model, opt);
+      const io::CheckpointManifest manifest = ckpt::read_manifest(last_path);
+      for (int64_t r = 0; r < a.repeat; ++r) {
+        for (Row* row : {&full_warm, &full_cold}) {
+          const bool cold = row == &full_cold;
+          if (cold && root) drop_cached(ckpt_dir);
+          row->seconds.push_back(timed(*world, [&] { state.load(last_path, manifest, *world); }));
+          if (cold && root)
+            for (int k = 0; k < n; ++k) drop_cached(raw_path_of(k));
+          row->raw_seconds.push_back(timed(*world, [&] {
+            for (int k = 0; k < n; ++k) raw_read(raw_path_of(k), raw_buf);
+          }));
+          row->bytes = double(n) * double(numel) * 12;  // each rank loads all of it
+          row->raw_bytes = double(n) * total_bytes;
+        }
+      }
+      rows.push_back(full_warm);
+      rows.push_back(full_cold);
+      notes.push_back(
+          "whole-model rows: each rank loads all of the state; the raw twin reads every rank's "
+          "raw file on every rank (the ranks share one page cache, so a cold page comes from the "
+          "disk once)");
+    }
+  }
+  world->barrier_sync();
+  ::unlink(raw_path.c_str());
+
+  if (root) {
+    std::printf("checkpoint: %.0f bytes (%.1f MB) in %d data file%s; GB = 1e9 bytes\n", total_bytes,
+                total_bytes / 1e6, n, n > 1 ? "s" : "");
+    print_table(rows, n);
+    for (const std::string& note : notes) std::printf("%s\n", note.c_str());
+    std::printf(
+        "bytes: save = the checkpoint's files; load = what the ranks' tensors receive, all ranks "
+        "together (ZeRO-1 keeps every parameter whole on every rank, so each rank loads all the "
+        "parameters and its shard of the moments); raw = its own files. GB/s of each over its "
+        "own bytes.\n"
+        "warm: the files were just written and are in the page cache; cold: the files' cached "
+        "pages dropped first with posix_fadvise(DONTNEED) (the host under a VM may still cache "
+        "them). ratio = median over repeats of (phase GB/s / raw GB/s in the same repeat).\n");
+    if (a.json) std::printf("%s\n", json_of(rows, n, a.repeat, numel, total_bytes).dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", kProgram, e.what());
+    return 1;
+  }
+}
