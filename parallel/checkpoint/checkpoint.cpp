@@ -569,23 +569,30 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
     direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == t.dtype;
     staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, t.dtype);
     // Each wanted element must come from exactly one stored piece: the manifest's element
-    // count alone would not notice two overlapping pieces hiding a gap.
-    std::vector<char> covered(size_t(p.region.numel()), 0);
+    // count alone would not notice two overlapping pieces hiding a gap. The runs, sorted, must
+    // tile [0, numel) with neither gap nor overlap.
+    std::vector<std::pair<int64_t, int64_t>> runs;  // (first dst index, length)
     for (size_t s = 0; s < t.pieces.size(); ++s) {
       for_each_overlap(t.shape, t.pieces[s].region, p.region,
                        [&](int64_t src_index, int64_t dst_index, int64_t n) {
                          plan[{p.name, s}].push_back({i, src_index, dst_index, n});
-                         for (int64_t k = dst_index; k < dst_index + n; ++k) {
-                           LOOM_CHECK(!covered[size_t(k)], "checkpoint ", path, ": tensor ", p.name,
-                                      " stores element ", p.region.begin + k, " of box ",
-                                      p.region.str(), " twice (a damaged manifest?)");
-                           covered[size_t(k)] = 1;
-                         }
+                         runs.emplace_back(dst_index, n);
                        });
     }
-    const int64_t missing = std::count(covered.begin(), covered.end(), 0);
-    LOOM_CHECK(missing == 0, "checkpoint ", path, ": tensor ", p.name, " region ", p.region.str(),
-               ": ", missing, " of its elements are in no stored piece (a damaged manifest?)");
+    std::sort(runs.begin(), runs.end());
+    int64_t next = 0;  // the first element no run has covered yet
+    for (const auto& [first, n] : runs) {
+      LOOM_CHECK(first >= next, "checkpoint ", path, ": tensor ", p.name, " stores element ",
+                 p.region.begin + first, " of box ", p.region.str(),
+                 " twice (a damaged manifest?)");
+      LOOM_CHECK(first == next, "checkpoint ", path, ": tensor ", p.name, " region ",
+                 p.region.str(), ": elements from ", p.region.begin + next,
+                 " are in no stored piece (a damaged manifest?)");
+      next = first + n;
+    }
+    LOOM_CHECK(next == p.region.numel(), "checkpoint ", path, ": tensor ", p.name, " region ",
+               p.region.str(), ": ", p.region.numel() - next,
+               " of its elements are in no stored piece (a damaged manifest?)");
   }
   Files files(path, manifest);
   for (const auto& [key, copies] : plan) {
@@ -597,7 +604,14 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
       for (uint64_t k = uint64_t(c.src_index) * es / sp.chunk_bytes;
            k <= (uint64_t(c.src_index + c.n) * es - 1) / sp.chunk_bytes; ++k)
         needed[k] = 1;
-    std::unique_ptr<char[]> buf(new char[sp.nbytes]);
+    // A stored piece that lands whole in one destination run (the same layout's load) is read
+    // straight into it; otherwise into a buffer, then copied out run by run.
+    const bool whole =
+        copies.size() == 1 && copies[0].src_index == 0 && uint64_t(copies[0].n) * es == sp.nbytes;
+    std::unique_ptr<char[]> own;
+    char* buf =
+        whole ? static_cast<char*>(staging[copies[0].dst].data_ptr()) + copies[0].dst_index * es
+              : (own.reset(new char[sp.nbytes]), own.get());
     for (uint64_t k = 0; k < needed.size();) {
       if (!needed[k]) {
         ++k;
@@ -605,12 +619,13 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
       }
       uint64_t last = k;
       while (last + 1 < needed.size() && needed[last + 1]) ++last;
-      read_chunks(files, path, key.first, sp, k, last, buf.get());
+      read_chunks(files, path, key.first, sp, k, last, buf);
       k = last + 1;
     }
+    if (whole) continue;
     for (const Copy& c : copies) {
       char* dst = static_cast<char*>(staging[c.dst].data_ptr());
-      std::memcpy(dst + c.dst_index * es, buf.get() + c.src_index * es, size_t(c.n) * es);
+      std::memcpy(dst + c.dst_index * es, buf + c.src_index * es, size_t(c.n) * es);
     }
   }
   for (size_t i = 0; i < pieces.size(); ++i)

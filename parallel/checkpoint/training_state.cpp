@@ -117,9 +117,15 @@ void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
 }
 
 OptimizerStateLoad::OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places)
-    : optimizer_(optimizer), places_(std::move(places)), state_(optimizer.state_dict()) {
+    : optimizer_(optimizer), places_(std::move(places)) {
   LOOM_ASSERT(optimizer.params().size() == places_.size(), "checkpoint: ", places_.size(),
               " places for the ", optimizer.params().size(), " parameters of ", optimizer.name());
+  // A state dict's keys are state()'s plus the step counts (Note [Optimizer state dict]): room
+  // for each, uninitialised, since the load overwrites every element (a clone of the live state
+  // would be copied for nothing).
+  for (const auto& [key, live] : optimizer.state())
+    state_.emplace(key, Tensor::empty(live.shape(), live.dtype(), live.device()));
+  for (size_t i = 0; i < places_.size(); ++i) state_.emplace(std::to_string(i) + ".step", Tensor());
   for (const auto& [key, t] : state_) {
     size_t i;
     std::string kind;

@@ -649,6 +649,18 @@ TEST_F(DamageTest, ManifestThatIsNotJson) {
   expect_error([&] { read_manifest(ckpt); }, {ckpt + "/manifest.json", "not valid JSON"});
 }
 
+// Two stored pieces that overlap and so hide a gap hold the right number of elements between
+// them, which the manifest's count accepts; the load still refuses them.
+TEST_F(DamageTest, OverlappingPiecesHidingAGap) {
+  const std::string ckpt = fresh();
+  nlohmann::json j = nlohmann::json::parse(read_bytes(ckpt + "/manifest.json"));
+  nlohmann::json& second = j["tensors"]["model.w"]["pieces"][1];
+  ASSERT_EQ(second["box_offset"], nlohmann::json({0, 3}));
+  second["box_offset"] = {0, 2};  // columns 2-6 instead of 3-7: column 2 twice, 7 never
+  write_bytes(ckpt + "/manifest.json", j.dump());
+  expect_error([&] { load_whole(ckpt); }, {"tensor model.w", "twice", ckpt});
+}
+
 TEST_F(DamageTest, DifferentModel) {
   // A tensor of another shape.
   const std::vector<StatePiece> wider = {
