@@ -145,7 +145,18 @@ expect_error "--seed 7 differs from the checkpoint" --resume-from "$src" --seed 
 expect_error "no committed checkpoint at" --resume-from "$dir"
 mkdir -p "$dir/unfinished/step-00000003"
 expect_error "no committed checkpoint at .*unfinished" --resume-from "$dir/unfinished/step-00000003"
+# A staging directory is never loaded, even when its manifest is complete.
+cp -r "$src" "$dir/unfinished/step-00000006.tmp"
+expect_error "step-00000006.tmp is a save that was never committed" \
+  --resume-from "$dir/unfinished/step-00000006.tmp"
 expect_error "--resume needs --checkpoint-dir" --resume
+# A layout that cannot hold the model is refused before anything is read, naming why.
+if "$mpiexec" -np 3 "${mpi_flags[@]}" "$gpt" "${common[@]}" --tp 3 --resume-from "$src" \
+    > "$dir/tp3.log" 2>&1; then
+  echo "--tp 3 with a 4-head checkpoint was accepted"; exit 1
+fi
+grep -q "heads (4) must divide evenly over tp 3" "$dir/tp3.log"
+echo "refused as expected: --tp 3 for 4 heads"
 # --resume in a directory with no checkpoint yet starts from step 0.
 "$gpt" "${common[@]}" --steps 3 --checkpoint-dir "$dir/fresh" --resume > "$dir/fresh.log"
 grep -q "none in .*fresh yet; starting at step 0" "$dir/fresh.log"
