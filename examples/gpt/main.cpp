@@ -287,10 +287,11 @@ int run(int argc, char** argv) {
   int64_t first_step = 0;
   if (resume) {
     loader.seek(resume_batch_index(*resume, o));
+    const auto load_start = Clock::now();
     trainer->load_checkpoint(resume->path, resume->manifest, *world);
     first_step = resume->manifest.step;
-    std::printf("checkpoint: resumed from %s at step %" PRId64 " (saved by %s)\n",
-                resume->path.c_str(), first_step,
+    std::printf("checkpoint: resumed from %s at step %" PRId64 " in %.2f s (saved by %s)\n",
+                resume->path.c_str(), first_step, seconds_since(load_start),
                 resume->manifest.state.value("layout", nlohmann::json::object()).dump().c_str());
   }
   cli::Progress progress(o.steps, world->rank() == 0 ? o.metrics_file : std::string(), "tok/s",
