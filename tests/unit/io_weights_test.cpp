@@ -3,6 +3,7 @@
 // tensor landing in the wrong place (or not transposed) shows up as a wrong number.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -248,7 +249,9 @@ TEST_F(WeightsTest, SafetensorsRoundTripEveryDtype) {
   }
   EXPECT_EQ(f.tensors.at("view").to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
 
-  // The layout, read independently: header padded to 8 bytes, offsets packed in name order.
+  // The layout, read independently: header padded to 8 bytes; the data packed with no holes
+  // (which the reference reader refuses), wider dtypes first and by name within a width, so every
+  // tensor starts aligned to its dtype.
   std::string bytes = read_bytes(path("all.safetensors"));
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
@@ -257,9 +260,14 @@ TEST_F(WeightsTest, SafetensorsRoundTripEveryDtype) {
   EXPECT_EQ(header["bf16"]["dtype"], "BF16");
   EXPECT_EQ(header["i64"]["shape"], nlohmann::json::parse("[1, 2]"));
   EXPECT_EQ(header["scalar"]["shape"], nlohmann::json::array());
+  std::vector<std::pair<std::string, Tensor>> order(tensors.begin(), tensors.end());
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return dtype_size(a.second.dtype()) > dtype_size(b.second.dtype());
+  });
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, t] : order) {
     EXPECT_EQ(header[name]["data_offsets"], nlohmann::json({offset, offset + t.nbytes()})) << name;
+    EXPECT_EQ(offset % dtype_size(t.dtype()), 0u) << name << " is not aligned to its dtype";
     offset += t.nbytes();
   }
   EXPECT_EQ(bytes.size(), 8 + n + offset);
