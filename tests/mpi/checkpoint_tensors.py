@@ -6,6 +6,8 @@ usage: checkpoint_tensors.py same A B [--except-layout]   tensors and state bit-
        (--except-layout: but for the saving run's layout, --steps and lr schedule)
        checkpoint_tensors.py masters-are-parameters LOW F32  F32's parameters are LOW's masters
        checkpoint_tensors.py show A                         names, shapes, pieces
+       checkpoint_tensors.py losses NAME A B FIRST TOL      the losses of steps >= FIRST in two
+                                                            --metrics-file logs agree within TOL
 A and B are step directories (DIR/step-00000006).
 """
 import json
@@ -93,11 +95,28 @@ def masters_are_parameters(low, f32):
     print(f"masters-are-parameters: {len(params)} f32 parameters are the masters of {low}")
 
 
+def losses(name, a, b, first, tol):
+    """The losses of steps >= first in metrics files a and b agree within tol (relative)."""
+    def read(p):
+        return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "loss" in j}
+    want, got = read(a), read(b)
+    steps = [s for s in sorted(want) if s >= first]
+    assert steps and all(s in got for s in steps), \
+        f"{name}: steps {steps} missing from {sorted(got)}"
+    for s in steps:
+        assert abs(got[s] - want[s]) <= tol * abs(want[s]), \
+            f"{name}: step {s} loss {got[s]!r} vs {want[s]!r}"
+    print(f"{name}: losses of steps {steps[0]}-{steps[-1]} match"
+          + (" bit for bit" if tol == 0 else f" within {tol}"))
+
+
 def main():
     if sys.argv[1] == "same":
         same(sys.argv[2], sys.argv[3], "--except-layout" in sys.argv)
     elif sys.argv[1] == "masters-are-parameters":
         masters_are_parameters(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "losses":
+        losses(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
     elif sys.argv[1] == "show":
         m, t = consolidate(sys.argv[2])
         for name, v in sorted(t.items()):

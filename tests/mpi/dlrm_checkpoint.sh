@@ -34,21 +34,7 @@ launch() {  # ranks then loom-dlrm flags
   fi
 }
 # losses NAME A B FIRST TOLERANCE: the losses of steps >= FIRST in A and B agree.
-losses() {
-  "$py" - "$@" <<'PY'
-import json, sys
-name, a, b, first, tol = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-def read(p):
-    return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "loss" in j}
-want, got = read(a), read(b)
-steps = [s for s in sorted(want) if s >= first]
-assert steps and all(s in got for s in steps), f"{name}: steps {steps} missing from {sorted(got)}"
-for s in steps:
-    assert abs(got[s] - want[s]) <= tol * abs(want[s]), \
-        f"{name}: step {s} loss {got[s]!r} vs {want[s]!r}"
-print(f"{name}: losses of steps {steps[0]}-{steps[-1]} match" + (" bit for bit" if tol == 0 else f" within {tol}"))
-PY
-}
+losses() { "$py" "$here/checkpoint_tensors.py" losses "$@"; }
 
 for opt in adamw sgd rowwise_adagrad adam; do
   o=(--embedding-optimizer "$opt")
