@@ -119,7 +119,10 @@ std::vector<ShardPiece> ZeroOptimizer::own_pieces() const {
 }
 
 void ZeroOptimizer::parameters_changed() {
-  if (sharded_) sharded_->release_all();
+  if (sharded_)
+    sharded_->release_all();
+  else
+    allgather_shards();
 }
 
 void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
@@ -204,7 +207,11 @@ void ZeroOptimizer::step() {
     return;                   // the next forward gathers the updated shards
   }
 
-  // Every rank's updated shards back into every rank's parameters, in place.
+  allgather_shards();
+}
+
+void ZeroOptimizer::allgather_shards() {
+  // Every rank's shards into every rank's parameters, in place.
   const BucketPlan& plan = reducer_.plan();
   const int rank = reducer_.group().rank();
   std::vector<comm::WorkPtr> works;

@@ -123,8 +123,9 @@ class ZeroOptimizer : public optim::Optimizer {
   Tensor piece_values(size_t i) const { return pieces_.at(i).master; }
   const optim::MasterWeights* masters() const { return masters_.get(); }
   optim::LossScaler& scaler() { return scaler_; }
-  // After the parameter values changed outside the optimizer (a checkpoint loaded): stage 3
-  // drops any gathered copy, which is stale. Local.
+  // After this rank's pieces of the parameters changed outside the optimizer (a checkpoint
+  // loaded them): stages 1 and 2 all-gather every rank's shards into every rank's parameters;
+  // stage 3 drops any gathered copy, which is stale. Collective in stages 1 and 2.
   void parameters_changed();
 
   int stage() const { return options_.stage; }
@@ -144,7 +145,8 @@ class ZeroOptimizer : public optim::Optimizer {
   ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                 const ZeroOptions& options, const OptimizerFactory& make_optimizer,
                 Prepared prepared);
-  struct Piece {  // this rank's part of one parameter
+  void allgather_shards();  // stages 1, 2: every rank's shards into the full parameters
+  struct Piece {            // this rank's part of one parameter
     size_t param;
     Tensor master;  // view into flat_params_ (stage 3: into the parameter shard)
     Tensor grad;    // view into the reducer's shard gradient

@@ -219,14 +219,11 @@ void TrainingState::load(const std::string& path, const io::CheckpointManifest& 
     opt = std::make_unique<OptimizerStateLoad>(optimizer_, places);
   } else {
     const std::vector<ParamPlace> places = zero_places();
-    // Stages 1 and 2 keep every parameter whole on every rank; stage 3 only its shards.
-    if (zero_->stage() == 3) {
-      std::vector<Tensor> values;
-      for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
-      pieces = value_pieces(places, values);
-    } else {
-      pieces = value_pieces(this->places(), module_.parameters());
-    }
+    // Each rank reads its own pieces of the parameters (1/N of them); stages 1 and 2, which keep
+    // every parameter whole, all-gather the rest afterwards (parameters_changed).
+    std::vector<Tensor> values;
+    for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
+    pieces = value_pieces(places, values);
     if (const optim::MasterWeights* m = zero_->masters()) {
       std::vector<StatePiece> mp = value_pieces(places, m->masters(), "optim.");
       for (StatePiece& p : mp) p.name += ".master";
