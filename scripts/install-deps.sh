@@ -17,13 +17,14 @@ set -euo pipefail
 # nlohmann-json, Open MPI for the multi-rank runtime and its mpirun tests), and Debian's Python
 # with numpy, PyTorch and pytest: the numerics tests and the
 # PyTorch comparison benchmark run under /usr/bin/python3. pybind11 and Python's headers build
-# the Python module (python/). OpenMP comes with g++ (libgomp).
+# the Python module (python/). OpenMP comes with g++ (libgomp). procps for the fault tests.
 packages=(
   cmake ninja-build g++ make pkg-config
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch python3-pytest python3-dev pybind11-dev
   clang-format
+  procps  # pgrep: tests/mpi/checkpoint_faults.sh finds the ranks it kills
 )
 
 say() { echo "install-deps: $*"; }
