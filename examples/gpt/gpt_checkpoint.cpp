@@ -22,18 +22,8 @@ int64_t integer(const ResumePoint& p, const nlohmann::json& section, const char*
 
 }  // namespace
 
-GptConfig checkpoint_config(const ResumePoint& p, const GptOptions& o) {
-  const GptConfig c =
-      io::gpt_config_from_json(section(p, "model"), "loom-gpt: checkpoint " + p.path);
-  auto agree = [&](const char* flag, int64_t given, int64_t saved) {
-    LOOM_CHECK(!o.was_set(flag) || given == saved, "loom-gpt: --", flag, " ", given,
-               " conflicts with the checkpoint ", p.path, ", whose model has ", saved);
-  };
-  agree("layers", o.layers, c.layers);
-  agree("heads", o.heads, c.heads);
-  agree("dim", o.dim, c.channels);
-  agree("vocab", o.vocab, c.vocab);
-  return c;
+GptConfig checkpoint_config(const ResumePoint& p) {
+  return io::gpt_config_from_json(section(p, "model"), "loom-gpt: checkpoint " + p.path);
 }
 
 nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size,

@@ -22,8 +22,8 @@ namespace loom::gpt {
 
 using ResumePoint = cli::ResumePoint;
 
-// The model the checkpoint holds. Throws naming the flag when an explicit one differs.
-GptConfig checkpoint_config(const ResumePoint& point, const GptOptions& o);
+// The model the checkpoint holds.
+GptConfig checkpoint_config(const ResumePoint& point);
 
 // The run's non-tensor state for the manifest: the model, the layout that saved it, the data
 // position and what decides the data, the schedule and the seed.

@@ -71,24 +71,21 @@ int64_t padded_vocab_for(int64_t vocab) {
 GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::GptWeights* init,
                          const ResumePoint* resume) {
   GptConfig c;
-  if (resume) {
-    c = checkpoint_config(*resume, o);
-    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq,
-               " exceeds the checkpoint's maximum sequence length ", c.max_seq_len);
-  } else if (init) {
-    c = init->config;
+  if (resume || init) {
+    // The model is the file's; sizes given as flags must agree with it.
+    const std::string source =
+        resume ? "the checkpoint " + resume->path : "--init-from " + o.init_from;
+    c = resume ? checkpoint_config(*resume) : init->config;
     auto agree = [&](const char* flag, int64_t given, int64_t in_file) {
       LOOM_CHECK(!o.was_set(flag) || given == in_file, "loom-gpt: --", flag, " ", given,
-                 " conflicts with --init-from ", o.init_from, " which has ", in_file);
+                 " conflicts with ", source, ", whose model has ", in_file);
     };
     agree("layers", o.layers, c.layers);
     agree("heads", o.heads, c.heads);
     agree("dim", o.dim, c.channels);
     agree("vocab", o.vocab, c.vocab);
-    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq,
-               " exceeds the checkpoint's "
-               "maximum sequence length ",
-               c.max_seq_len);
+    LOOM_CHECK(o.seq <= c.max_seq_len, "loom-gpt: --seq ", o.seq, " exceeds ", source,
+               "'s maximum sequence length ", c.max_seq_len);
   } else {
     c.layers = o.layers;
     c.heads = o.heads;

@@ -88,14 +88,8 @@ launch 1 --steps 6 --save-every 2 --keep-last 2 --checkpoint-dir "$dir/keep" > "
 [ "$(ls "$dir/keep" | grep -c '^step-')" = 2 ] && test -d "$dir/keep/step-00000006" \
   && test -d "$dir/keep/step-00000004" || { ls "$dir/keep"; exit 1; }
 echo "--keep-last 2: steps 4 and 6 kept"
-expect_error() {  # pattern then loom-dlrm flags
-  local pattern=$1; shift
-  if "$dlrm" "${common[@]}" "$@" > "$dir/err.out" 2> "$dir/err.log"; then
-    echo "expected an error matching '$pattern' from: $*"; exit 1
-  fi
-  grep -Eq -e "$pattern" "$dir/err.log" || { echo "error did not match '$pattern':"; cat "$dir/err.log"; exit 1; }
-  echo "refused as expected: $(head -c 160 "$dir/err.log")"
-}
+# expect_error PATTERN FLAGS...: the run fails (no crash) with a message matching PATTERN.
+expect_error() { bash "$here/../cli/expect_error.sh" "$1" "$dlrm" "${common[@]}" "${@:2}"; }
 expect_error "--embedding-optimizer sgd differs from the checkpoint" --resume-from "$src" \
   --embedding-optimizer sgd
 expect_error "--seed 7 differs from the checkpoint" --resume-from "$src" "${o[@]}" --seed 7

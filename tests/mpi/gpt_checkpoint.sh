@@ -116,14 +116,8 @@ launch 1 --resume-from "$src" --steps 6 --checkpoint-dir "$dir/bf16_to_f32" > "$
 tensors masters-are-parameters "$src" "$dir/bf16_to_f32/step-00000006"
 
 # 3. Mistakes.
-expect_error() {  # pattern then loom-gpt flags
-  local pattern=$1; shift
-  if "$gpt" "${common[@]}" "$@" > "$dir/err.out" 2> "$dir/err.log"; then
-    echo "expected an error matching '$pattern' from: $*"; exit 1
-  fi
-  grep -Eq -e "$pattern" "$dir/err.log" || { echo "error did not match '$pattern':"; cat "$dir/err.log"; exit 1; }
-  echo "refused as expected: $(head -c 160 "$dir/err.log")"
-}
+# expect_error PATTERN FLAGS...: the run fails (no crash) with a message matching PATTERN.
+expect_error() { bash "$here/../cli/expect_error.sh" "$1" "$gpt" "${common[@]}" "${@:2}"; }
 src="$dir/source/step-00000006"
 expect_error "--batch 32 differs from the checkpoint" --resume-from "$src" --batch 32
 expect_error "--layers 3 conflicts with the checkpoint" --resume-from "$src" --layers 3
