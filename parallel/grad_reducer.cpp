@@ -21,17 +21,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-BucketPlan make_plan(const NamedParams& params, const GradReducerOptions& o,
-                     const comm::Communicator* group) {
+}  // namespace
+
+BucketPlan plan_buckets(const NamedParams& params, const GradReducerOptions& o, int group_size) {
   std::vector<Tensor> tensors;
   for (auto& [name, t] : params) tensors.push_back(t);
   // Sharded modes split every bucket into one equal shard per rank.
-  const int64_t pad_to = o.mode == GradMode::kAllreduce ? 1 : (group ? group->size() : 1);
+  const int64_t pad_to = o.mode == GradMode::kAllreduce ? 1 : group_size;
   if (!o.bucket_groups.empty()) return BucketPlan(tensors, o.bucket_groups, pad_to);
   return BucketPlan(tensors, o.bucket_bytes, pad_to);
 }
-
-}  // namespace
 
 size_t bucket_bytes_from_mb(double mb, const char* owner) {
   LOOM_CHECK(std::isfinite(mb) && mb > 0, owner, ": bucket size must be positive MiB, got ", mb);
@@ -45,7 +44,7 @@ GradReducer::GradReducer(const char* owner, NamedParams params,
       params_(std::move(params)),
       group_(std::move(group)),
       options_(options),
-      plan_(make_plan(params_, options, group_.get())),
+      plan_(plan_buckets(params_, options, group_ ? group_->size() : 1)),
       rank_(group_ ? group_->rank() : 0),
       alive_(std::make_shared<bool>(true)) {
   LOOM_CHECK(group_ != nullptr, owner_, ": the group communicator is null");

@@ -45,6 +45,11 @@ struct GradReducerOptions {
   bool hooks = true;
 };
 
+// The buckets a reducer over `params` in a group of `group_size` ranks uses (sharded modes pad
+// each bucket to one equal shard per rank).
+BucketPlan plan_buckets(const NamedParams& params, const GradReducerOptions& options,
+                        int group_size);
+
 // Bytes of a bucket size given in MiB (checked positive).
 size_t bucket_bytes_from_mb(double mb, const char* owner);
 

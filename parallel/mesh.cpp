@@ -2,7 +2,17 @@
 
 #include <algorithm>
 
+#include "collectives/planning_backend.h"
+
 namespace loom::parallel {
+namespace {
+
+// The groups' names, which errors print: the coordinates the group's ranks share.
+std::string tp_name(const MeshCoords& c) { return detail::str_cat("tp[pp ", c.pp, ", dp ", c.dp, "]"); }
+std::string dp_name(const MeshCoords& c) { return detail::str_cat("dp[pp ", c.pp, ", tp ", c.tp, "]"); }
+std::string pp_name(const MeshCoords& c) { return detail::str_cat("pp[dp ", c.dp, ", tp ", c.tp, "]"); }
+
+}  // namespace
 
 DeviceMesh::DeviceMesh(std::shared_ptr<comm::Communicator> world, int pp, int dp, int tp)
     : world_(std::move(world)), pp_(pp), dp_(dp), tp_(tp) {
@@ -16,12 +26,22 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::Communicator> world, int pp, int dp
   const MeshCoords& c = coords_;
   // Every rank takes part in all three splits, in the same order; within a group, ranks are
   // ordered by their index along that dimension.
-  tp_group_ =
-      world_->split(c.pp * dp_ + c.dp, c.tp, detail::str_cat("tp[pp ", c.pp, ", dp ", c.dp, "]"));
-  dp_group_ =
-      world_->split(c.pp * tp_ + c.tp, c.dp, detail::str_cat("dp[pp ", c.pp, ", tp ", c.tp, "]"));
-  pp_group_ =
-      world_->split(c.dp * tp_ + c.tp, c.pp, detail::str_cat("pp[dp ", c.dp, ", tp ", c.tp, "]"));
+  tp_group_ = world_->split(c.pp * dp_ + c.dp, c.tp, tp_name(c));
+  dp_group_ = world_->split(c.pp * tp_ + c.tp, c.dp, dp_name(c));
+  pp_group_ = world_->split(c.dp * tp_ + c.tp, c.pp, pp_name(c));
+}
+
+DeviceMesh DeviceMesh::plan(int world_rank, int pp, int dp, int tp) {
+  LOOM_CHECK(pp > 0 && dp > 0 && tp > 0, "DeviceMesh::plan: sizes must be positive, got pp ", pp,
+             " dp ", dp, " tp ", tp);
+  DeviceMesh m(pp, dp, tp);
+  m.world_ = comm::make_planning_communicator(world_rank, pp * dp * tp, "world");
+  const MeshCoords c = m.coords_of(world_rank);
+  m.coords_ = c;
+  m.tp_group_ = comm::make_planning_communicator(c.tp, tp, tp_name(c));
+  m.dp_group_ = comm::make_planning_communicator(c.dp, dp, dp_name(c));
+  m.pp_group_ = comm::make_planning_communicator(c.pp, pp, pp_name(c));
+  return m;
 }
 
 int DeviceMesh::rank_of(const MeshCoords& c) const {

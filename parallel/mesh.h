@@ -25,6 +25,10 @@ class DeviceMesh {
   // Collective over `world`: every rank must construct it with the same sizes. Throws
   // loom::Error when pp * dp * tp differs from the world size or a size is not positive.
   DeviceMesh(std::shared_ptr<comm::Communicator> world, int pp, int dp, int tp);
+  // Rank `world_rank`'s view of a mesh that is not running: every group is a planning group
+  // (collectives/planning_backend.h) of the right rank and size, so modules built over it hold
+  // what that rank would, and any communication is an error. new_group is refused.
+  static DeviceMesh plan(int world_rank, int pp, int dp, int tp);
 
   int pp_size() const { return pp_; }
   int dp_size() const { return dp_; }
@@ -50,6 +54,8 @@ class DeviceMesh {
   std::string str() const;  // "mesh pp 2 x dp 2 x tp 2 (rank 5 at pp 1, dp 0, tp 1)"
 
  private:
+  DeviceMesh(int pp, int dp, int tp) : pp_(pp), dp_(dp), tp_(tp) {}
+
   std::shared_ptr<comm::Communicator> world_;
   int pp_, dp_, tp_;
   MeshCoords coords_;

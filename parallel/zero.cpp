@@ -22,6 +22,11 @@ const char* owner_name(int stage) {
   }
 }
 
+void check_stage(int stage) {
+  LOOM_CHECK(stage >= 1 && stage <= 3, "ZeRO: stage must be 1, 2 or 3, got ", stage,
+             " (stage 0 is plain DDP)");
+}
+
 }  // namespace
 
 // What the reducer and the parameter sharding are built from, worked out before either exists.
@@ -33,11 +38,15 @@ struct ZeroOptimizer::Prepared {
 
 ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communicator* group,
                                                const ZeroOptions& o) {
-  LOOM_CHECK(o.stage >= 1 && o.stage <= 3, "ZeRO: stage must be 1, 2 or 3, got ", o.stage,
-             " (stage 0 is plain DDP)");
-  const char* owner = owner_name(o.stage);
+  check_stage(o.stage);
   ZeroOptimizer::Prepared p;
-  p.params = agreed_parameters(module, group, o.check_replicas, owner);
+  p.params = agreed_parameters(module, group, o.check_replicas, owner_name(o.stage));
+  plan_layout(module, o, p);
+  return p;
+}
+
+void ZeroOptimizer::plan_layout(nn::Module& module, const ZeroOptions& o, Prepared& p) {
+  const char* owner = owner_name(o.stage);
   p.reducer.mode = o.stage == 1 ? GradMode::kShardKeep : GradMode::kShardOnly;
   p.reducer.bucket_bytes = bucket_bytes_from_mb(o.bucket_mb, owner);
   p.reducer.grad_accum = o.grad_accum;
@@ -50,7 +59,17 @@ ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communi
     p.layout = zero3_layout(module, p.params);
     p.reducer.bucket_groups = p.layout.parameters;
   }
-  return p;
+}
+
+std::vector<ShardPiece> ZeroOptimizer::planned_pieces(nn::Module& module, const ZeroOptions& o,
+                                                      int rank, int group_size) {
+  check_stage(o.stage);
+  LOOM_CHECK(group_size > 0 && rank >= 0 && rank < group_size, "ZeRO: rank ", rank,
+             " outside a group of ", group_size);
+  Prepared p;
+  p.params = module.named_parameters();
+  plan_layout(module, o, p);
+  return plan_buckets(p.params, p.reducer, group_size).shard_pieces(rank);
 }
 
 ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,

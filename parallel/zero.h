@@ -120,6 +120,11 @@ class ZeroOptimizer : public optim::Optimizer {
   // masters()).
   const NamedParams& named_parameters() const { return reducer_.params(); }
   std::vector<ShardPiece> own_pieces() const;
+  // own_pieces() of rank `rank` of a group of `group_size` over `module`, worked out without a
+  // group and without touching the module: what a layout that is not running would hold
+  // (loom-ckpt check). Its parameters are module.named_parameters().
+  static std::vector<ShardPiece> planned_pieces(nn::Module& module, const ZeroOptions& options,
+                                                int rank, int group_size);
   Tensor piece_values(size_t i) const { return pieces_.at(i).master; }
   const optim::MasterWeights* masters() const { return masters_.get(); }
   optim::LossScaler& scaler() { return scaler_; }
@@ -142,6 +147,8 @@ class ZeroOptimizer : public optim::Optimizer {
   struct Prepared;
   static Prepared prepare(nn::Module& module, comm::Communicator* group,
                           const ZeroOptions& options);
+  // The reducer's options and stage 3's layout (no communication).
+  static void plan_layout(nn::Module& module, const ZeroOptions& options, Prepared& p);
   ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                 const ZeroOptions& options, const OptimizerFactory& make_optimizer,
                 Prepared prepared);

@@ -3,6 +3,7 @@
 //   loom-ckpt inspect ckpt/                      # the latest: step, layout, model, tensors
 //   loom-ckpt inspect ckpt/step-00000100 --json  # that step's run state as JSON
 //   loom-ckpt verify ckpt/                       # every file's size and every checksum
+//   loom-ckpt check ckpt/ --dp 4 --zero 3        # would this layout resume from it?
 //   loom-ckpt export ckpt/ --hf gpt2-out/        # the model as a Hugging Face GPT-2 directory
 //
 // Everything goes through the manifest, so one process handles a checkpoint saved by any layout
@@ -18,9 +19,11 @@
 #include <vector>
 
 #include "ckpt/hf_export.h"
+#include "ckpt/layout_check.h"
 #include "common/flags.h"
 #include "common/progress.h"
 #include "core/error.h"
+#include "gpt/gpt_options.h"
 #include "parallel/checkpoint/checkpoint.h"
 
 namespace loom::ckpt {
@@ -35,6 +38,10 @@ constexpr const char* kUsage =
     "commands:\n"
     "  inspect DIR [--json]   step, saving layout, model config, files and a table of tensors\n"
     "  verify DIR             reads every data file and checks its size and every checksum\n"
+    "  check DIR --dp A --tp B --pp C [loom-gpt flags]\n"
+    "                         plans how each rank of that layout would load the checkpoint:\n"
+    "                         proves every element is found once and loaded, prints the bytes\n"
+    "                         each rank reads\n"
     "  export DIR --hf OUT    the model's weights, consolidated from any layout, as a Hugging\n"
     "                         Face GPT-2 directory OUT/ (config.json, model.safetensors)\n"
     "\n"
@@ -89,9 +96,9 @@ struct CommandArgs {
   }
 };
 
-// `value_flags` are the command's flags that take a value (`--hf OUT`): OUT is not positional.
+// The value of a flag of `flags` that takes one (`--hf OUT`) is not positional.
 CommandArgs split_args(const std::string& program, int argc, char** argv,
-                       const std::set<std::string>& value_flags) {
+                       const cli::Flags& flags) {
   CommandArgs args;
   args.flag_args.push_back(program);
   for (int i = 2; i < argc; ++i) {
@@ -102,7 +109,7 @@ CommandArgs split_args(const std::string& program, int argc, char** argv,
       continue;
     }
     args.flag_args.push_back(a);
-    if (a.find('=') == std::string::npos && value_flags.count(a.substr(2)) && i + 1 < argc)
+    if (a.find('=') == std::string::npos && flags.takes_value(a.substr(2)) && i + 1 < argc)
       args.flag_args.push_back(argv[++i]);
   }
   return args;
@@ -190,7 +197,7 @@ uint64_t total_file_bytes(const io::CheckpointManifest& m) {
 int inspect(int argc, char** argv) {
   cli::Flags flags("loom-ckpt inspect", "");
   flags.add_bool("json", "print the checkpoint's run state (the manifest's \"state\") as JSON");
-  CommandArgs args = split_args("loom-ckpt inspect", argc, argv, {});
+  CommandArgs args = split_args("loom-ckpt inspect", argc, argv, flags);
   const char* summary =
       "Prints a checkpoint's step, format, saving layout, model config, files, and a table of\n"
       "its tensors (name, dtype, global shape, stored pieces, bytes).";
@@ -267,7 +274,7 @@ int inspect(int argc, char** argv) {
 
 int verify(int argc, char** argv) {
   cli::Flags flags("loom-ckpt verify", "");
-  CommandArgs args = split_args("loom-ckpt verify", argc, argv, {});
+  CommandArgs args = split_args("loom-ckpt verify", argc, argv, flags);
   const char* summary =
       "Reads every data file of a checkpoint and checks its size and the crc32c checksum of\n"
       "every chunk against the manifest. Exits 1 naming the first damaged file and tensor.";
@@ -292,7 +299,7 @@ int export_command(int argc, char** argv) {
   flags.add_string("hf", "",
                    "write the model as a Hugging Face GPT-2 directory: OUT/config.json and "
                    "OUT/model.safetensors (created when missing; files in it are replaced)");
-  CommandArgs args = split_args("loom-ckpt export", argc, argv, {"hf"});
+  CommandArgs args = split_args("loom-ckpt export", argc, argv, flags);
   const char* summary =
       "Consolidates a checkpoint's GPT parameters from whatever layout saved them (any dp, tp,\n"
       "pp, ZeRO stage) into one process and writes them for other tools. The config comes from\n"
@@ -322,6 +329,78 @@ int export_command(int argc, char** argv) {
   return 0;
 }
 
+// check's flags are loom-gpt's: a resume's command line can be pasted as it is.
+int check(int argc, char** argv) {
+  cli::Flags flags("loom-ckpt check", "");
+  gpt::declare_gpt_flags(flags);
+  CommandArgs args = split_args("loom-ckpt check", argc, argv, flags);
+  if (args.help) {
+    std::printf(
+        "usage: loom-ckpt check DIR --dp A --tp B --pp C [--zero Z] [loom-gpt flags]\n"
+        "Plans, from the manifest alone, how every rank of a loom-gpt layout would load the\n"
+        "checkpoint on --resume, as that rank's load plans it: proves that each rank finds\n"
+        "every element it needs in exactly one stored piece and that the ranks together load\n"
+        "every element of the training state, and prints the bytes each rank reads. Exits 1\n"
+        "naming the rank and the reason when the layout cannot resume from the checkpoint.\n"
+        "\n"
+        "It takes loom-gpt's flags (a resume's command line can be pasted); those that decide\n"
+        "what a rank holds: --dp, --tp, --pp, --zero, --sequence-parallel, --schedule,\n"
+        "--schedule-file, --microbatches, --virtual-stages, --dtype and --bucket-mb. --dtype\n"
+        "defaults to the checkpoint's, --dp to 1.\n");
+    return 0;
+  }
+  args.parse(flags);
+  const Opened c = open_checkpoint(the_dir("check", args));
+  gpt::GptOptions o = gpt::read_gpt_options(flags);
+  if (o.dp == 0) o.dp = 1;  // loom-gpt's "every rank launched": here nothing is launched
+  if (!flags.was_set("dtype") && c.manifest.state.contains("layout") &&
+      c.manifest.state["layout"].value("dtype", nlohmann::json()).is_string())
+    o.dtype = c.manifest.state["layout"]["dtype"].get<std::string>();
+  const auto start = std::chrono::steady_clock::now();
+  std::string saved = "an unknown layout";
+  if (c.manifest.state.contains("layout"))
+    saved = key_values(c.manifest.state["layout"], {"world_size", "dp", "tp", "pp", "zero", "dtype"});
+  std::printf("checkpoint %s (step %" PRId64 ", saved by %s)\n", c.path.c_str(), c.manifest.step,
+              saved.c_str());
+  std::printf("target     %" PRId64 " ranks: dp %" PRId64 " tp %" PRId64 " pp %" PRId64
+              " zero %" PRId64 " dtype %s%s%s\n",
+              o.dp * o.tp * o.pp, o.dp, o.tp, o.pp, o.zero, o.dtype.c_str(),
+              o.pp > 1 ? (" schedule " + o.schedule).c_str() : "",
+              o.sequence_parallel ? " sequence-parallel" : "");
+  std::fflush(stdout);
+  const LayoutCheck r = check_layout(c.path, c.manifest, o);
+  // Tensors the layout does not load must be explained, or the resume would lose state.
+  size_t replaced = 0;
+  for (const std::string& name : r.unused) {
+    const bool by_master = name.rfind("model.", 0) == 0 &&
+                           c.manifest.tensors.count("optim." + name.substr(6) + ".master");
+    LOOM_CHECK(by_master, "checkpoint ", c.path, ": no rank of the layout loads tensor ", name,
+               " (the resume would lose it: a different optimizer or model?)");
+    ++replaced;
+  }
+  std::printf("\n%5s  %3s %3s %3s  %8s  %7s  %6s  %14s  %s\n", "rank", "pp", "dp", "tp",
+              "tensors", "pieces", "files", "elements", "bytes read");
+  for (const RankRead& x : r.ranks)
+    std::printf("%5d  %3d %3d %3d  %8zu  %7zu  %6zu  %14" PRIu64 "  %s\n", x.rank, x.pp, x.dp, x.tp,
+                x.tensors, x.pieces, x.files, x.elements, format_bytes(x.bytes).c_str());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "\nok: every rank finds each element it loads in exactly one stored piece, and the %zu "
+      "ranks together load every element of %zu tensors (%" PRIu64 " elements, %.2f copies "
+      "each on average: replicas)\n",
+      r.ranks.size(), r.tensors, r.elements,
+      r.elements ? double(r.element_loads) / double(r.elements) : 0.0);
+  if (replaced)
+    std::printf("not loaded: %zu bf16 / f16 parameter tensors, whose f32 masters are loaded in "
+                "their place\n",
+                replaced);
+  std::printf("read: %s in all, at most %s on one rank, of the checkpoint's %s (planned in %.2f s)\n",
+              format_bytes(r.bytes()).c_str(), format_bytes(r.max_bytes()).c_str(),
+              format_bytes(total_file_bytes(c.manifest)).c_str(), s);
+  std::printf("bytes in all: %" PRIu64 ", most on one rank: %" PRIu64 "\n", r.bytes(), r.max_bytes());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "--help" || command == "-h" || command == "help") {
@@ -329,12 +408,13 @@ int run(int argc, char** argv) {
     return 0;
   }
   LOOM_CHECK(!command.empty(),
-             "loom-ckpt: missing command: inspect, verify or export (see loom-ckpt --help)");
+             "loom-ckpt: missing command: inspect, verify, check or export (see loom-ckpt --help)");
   if (command == "inspect") return inspect(argc, argv);
   if (command == "verify") return verify(argc, argv);
   if (command == "export") return export_command(argc, argv);
+  if (command == "check") return check(argc, argv);
   LOOM_FAIL("loom-ckpt: unknown command '", command,
-            "': expected inspect, verify or export (see loom-ckpt --help)");
+            "': expected inspect, verify, check or export (see loom-ckpt --help)");
 }
 
 }  // namespace

@@ -111,6 +111,11 @@ const Flags::Flag& Flags::find(const std::string& name, Kind kind) const {
   return it->second;
 }
 
+bool Flags::takes_value(const std::string& name) const {
+  auto it = flags_.find(name);
+  return it != flags_.end() && it->second.kind != Kind::kBool;
+}
+
 int64_t Flags::get_int(const std::string& name) const {
   return std::strtoll(find(name, Kind::kInt).value.c_str(), nullptr, 10);
 }

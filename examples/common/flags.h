@@ -30,6 +30,9 @@ class Flags {
   bool get_bool(const std::string& name) const;
   // True when the user passed the flag (as opposed to its default applying).
   bool was_set(const std::string& name) const;
+  // Whether `--name` is a declared flag that takes a value (not a boolean): what a caller that
+  // takes positional arguments out of argv first needs to know.
+  bool takes_value(const std::string& name) const;
 
   std::string help() const;
 

@@ -2,6 +2,10 @@
 
 #include "core/error.h"
 #include "core/io/gpt_params.h"
+#include "gpt/gpt_model.h"
+#include "gpt/gpt_parallel.h"
+#include "gpt/gpt_pipeline.h"
+#include "parallel/checkpoint/training_state.h"
 
 namespace loom::gpt {
 
@@ -53,6 +57,43 @@ nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size
                    {"lr_schedule", lr_schedule},
                    {"steps", o.steps}};
   return s;
+}
+
+std::vector<parallel::checkpoint::PieceRequest> planned_load(
+    const GptConfig& config, const GptOptions& o, int world_rank,
+    const io::CheckpointManifest& manifest) {
+  namespace ckpt = parallel::checkpoint;
+  const parallel::DeviceMesh mesh = parallel::DeviceMesh::plan(world_rank, int(o.pp), int(o.dp),
+                                                               int(o.tp));
+  const DType dtype = parse_dtype(o.dtype);
+  std::vector<ckpt::ParamPlace> places;
+  if (o.pp > 1) {  // as PipelineStep builds them
+    check_pipeline_options(o);
+    auto tp = o.tp > 1 || o.sequence_parallel ? mesh.tp_ptr() : nullptr;
+    parallel::pipeline::StageSet set;
+    for (auto& stage : make_stages(config, o, schedule_from(o), mesh.coords().pp, tp))
+      set.add(std::move(stage));
+    const auto global = parallel::pipeline::StageSet::single_process_name;
+    if (o.zero == 0) {
+      places = ckpt::parameter_places(set);
+      for (ckpt::ParamPlace& p : places) p.name = global(p.name);
+    } else {
+      places = ckpt::zero_places(set, set.named_parameters(),
+                                 parallel::ZeroOptimizer::planned_pieces(
+                                     set, pipeline_zero_options(o), mesh.coords().dp, int(o.dp)),
+                                 global);
+    }
+  } else {  // as main and DataParallelStep build them
+    GptModel model(config, o, mesh);
+    nn::Module& module = model.module();
+    if (dtype != DType::kF32) module.to(dtype);
+    places = o.zero == 0 ? ckpt::parameter_places(module)
+                         : ckpt::zero_places(module, module.named_parameters(),
+                                             parallel::ZeroOptimizer::planned_pieces(
+                                                 module, zero_options(o, model.tp()),
+                                                 mesh.coords().dp, int(o.dp)));
+  }
+  return ckpt::planned_requests(places, dtype, manifest);
 }
 
 int64_t resume_batch_index(const ResumePoint& p, const GptOptions& o) {

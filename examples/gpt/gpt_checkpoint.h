@@ -12,11 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/checkpointing.h"
 #include "core/io/checkpoint_manifest.h"
 #include "core/nn/gpt_config.h"
 #include "gpt/gpt_options.h"
+#include "parallel/checkpoint/checkpoint.h"
 
 namespace loom::gpt {
 
@@ -29,6 +31,15 @@ GptConfig checkpoint_config(const ResumePoint& point);
 // position and what decides the data, the schedule and the seed.
 nlohmann::json run_state(const GptConfig& config, const GptOptions& o, int world_size,
                          int64_t batch_index, const std::string& lr_schedule);
+
+// What rank `world_rank` of the layout in `o` (--dp, --tp, --pp, --zero, the schedule, --dtype,
+// --bucket-mb, --sequence-parallel) asks a checkpoint for when it resumes, worked out in this
+// process without running that layout: the modules the rank builds, over planning groups
+// (parallel::DeviceMesh::plan), and ZeRO's pieces of them. Throws naming what the layout cannot
+// hold (heads that --tp does not divide, more stages than blocks, ...).
+std::vector<parallel::checkpoint::PieceRequest> planned_load(
+    const GptConfig& config, const GptOptions& o, int world_rank,
+    const io::CheckpointManifest& manifest);
 
 // Checks that the flags read the same data as the saved run; returns the batch index to go on
 // from. Throws naming the flag that differs.

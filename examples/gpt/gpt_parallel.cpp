@@ -16,19 +16,24 @@ int64_t counted_targets(const Tensor& targets) {
   return n;
 }
 
+parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp) {
+  parallel::ZeroOptions z;
+  z.stage = int(o.zero);
+  z.bucket_mb = o.bucket_mb;
+  z.grad_accum = int(o.grad_accum);
+  z.overlap = !o.no_overlap;
+  z.tp = std::move(tp);
+  return z;
+}
+
 DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
                                    const parallel::DeviceMesh& mesh,
                                    const parallel::OptimizerFactory& make_optimizer)
     : model_(model), o_(o), dp_(mesh.dp_ptr()), dp_rank_(mesh.coords().dp) {
   nn::Module& module = model.module();
   if (o.zero > 0) {
-    parallel::ZeroOptions z;
-    z.stage = int(o.zero);
-    z.bucket_mb = o.bucket_mb;
-    z.grad_accum = int(o.grad_accum);
-    z.overlap = !o.no_overlap;
-    z.tp = model.tp();
-    auto zero = std::make_unique<parallel::ZeroOptimizer>(module, dp_, z, make_optimizer);
+    auto zero = std::make_unique<parallel::ZeroOptimizer>(module, dp_, zero_options(o, model.tp()),
+                                                          make_optimizer);
     zero_ = zero.get();
     opt_ = std::move(zero);
   } else {
@@ -153,7 +158,7 @@ std::vector<parallel::checkpoint::StatePiece> Trainer::checkpoint_pieces(nlohman
   LOOM_FAIL("loom-gpt: checkpoints of this trainer are not wired yet");
 }
 
-void Trainer::load_checkpoint(const std::string&, const io::CheckpointManifest&,
+parallel::checkpoint::LoadStats Trainer::load_checkpoint(const std::string&, const io::CheckpointManifest&,
                               comm::Communicator&) {
   LOOM_FAIL("loom-gpt: checkpoints of this trainer are not wired yet");
 }
@@ -163,10 +168,10 @@ std::vector<parallel::checkpoint::StatePiece> DataParallelStep::checkpoint_piece
   return parallel::checkpoint::TrainingState(model_.module(), *opt_).save_pieces(state);
 }
 
-void DataParallelStep::load_checkpoint(const std::string& path,
+parallel::checkpoint::LoadStats DataParallelStep::load_checkpoint(const std::string& path,
                                        const io::CheckpointManifest& manifest,
                                        comm::Communicator& world) {
-  parallel::checkpoint::TrainingState(model_.module(), *opt_).load(path, manifest, world);
+  return parallel::checkpoint::TrainingState(model_.module(), *opt_).load(path, manifest, world);
 }
 
 }  // namespace loom::gpt

@@ -60,9 +60,13 @@ class Trainer {
   // part of the manifest's state, and loading a checkpoint saved by any layout. Collective.
   virtual std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
       nlohmann::json& state) const;
-  virtual void load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+  virtual parallel::checkpoint::LoadStats load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
                                comm::Communicator& world);
 };
+
+// The ZeRO options of --zero, --bucket-mb, --grad-accum and --no-overlap, over a model whose
+// tensor-parallel group is `tp` (null without).
+parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp);
 
 class DataParallelStep : public Trainer {
  public:
@@ -75,7 +79,7 @@ class DataParallelStep : public Trainer {
   io::GptParams full_params() override;
   std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
       nlohmann::json& state) const override;
-  void load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+  parallel::checkpoint::LoadStats load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
                        comm::Communicator& world) override;
 
   optim::Optimizer& optimizer() const { return *opt_; }

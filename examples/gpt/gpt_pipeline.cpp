@@ -8,6 +8,7 @@
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "parallel/checkpoint/training_state.h"
+#include "parallel/pipeline/generators.h"
 #include "parallel/pipeline/validator.h"
 #include "parallel/tensor_parallel/tp_state.h"
 
@@ -39,6 +40,43 @@ int owner_stage(const std::string& name, const GptConfig& c, int stages) {
 
 }  // namespace
 
+parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
+  parallel::pipeline::Schedule s =
+      o.schedule_file.empty()
+          ? parallel::pipeline::make_schedule(o.schedule, int(o.pp), int(o.microbatches),
+                                              int(o.virtual_stages))
+          : parallel::pipeline::read_schedule_file(o.schedule_file);
+  LOOM_CHECK(s.ranks == o.pp, "loom-gpt: the schedule has ", s.ranks, " ranks but --pp is ", o.pp);
+  LOOM_CHECK(o.layers >= s.stages, "loom-gpt: --layers ", o.layers, " cannot be split into the ",
+             s.stages, " stages of schedule '", s.name, "' (each stage needs a block)");
+  return s;
+}
+
+void check_pipeline_options(const GptOptions& o) {
+  LOOM_CHECK(o.zero <= 1 && o.dtype == "f32" && o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp, --tp and --zero 1 only so far (not with --zero ",
+             "2 or 3, --dtype bf16/f16, --grad-accum or --checkpoint-activations)");
+}
+
+std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
+                                                   const parallel::pipeline::Schedule& schedule,
+                                                   int pp_rank,
+                                                   std::shared_ptr<comm::Communicator> tp) {
+  std::vector<std::shared_ptr<GptStage>> stages;
+  for (const auto& place : schedule.chunks.at(size_t(pp_rank)))
+    stages.push_back(std::make_shared<GptStage>(config, place.stage, schedule.stages, o.dropout, tp,
+                                                o.sequence_parallel));
+  return stages;
+}
+
+parallel::ZeroOptions pipeline_zero_options(const GptOptions& o) {
+  parallel::ZeroOptions z;
+  z.stage = 1;
+  z.bucket_mb = o.bucket_mb;
+  z.external_backward = true;
+  return z;
+}
+
 PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
                            const parallel::DeviceMesh& mesh, parallel::pipeline::Schedule schedule,
                            const parallel::OptimizerFactory& make_optimizer)
@@ -49,9 +87,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       dp_rank_(mesh.coords().dp),
       schedule_(std::move(schedule)),
       writes_output_(mesh.world().rank() == 0) {
-  LOOM_CHECK(o.zero <= 1 && o.dtype == "f32" && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp, --tp and --zero 1 only so far (not with --zero ",
-             "2 or 3, --dtype bf16/f16, --grad-accum or --checkpoint-activations)");
+  check_pipeline_options(o);
   if (o.tp > 1 || o.sequence_parallel) tp_ = mesh.tp_ptr();
   const int64_t per_dp = o.batch / o.dp;
   LOOM_CHECK(per_dp % schedule_.microbatches == 0, "loom-gpt: --batch ", o.batch, " over --dp ",
@@ -61,15 +97,12 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   const auto pairs = parallel::pipeline::replica_pairs(schedule_, *pp_);
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
-  for (const auto& place : schedule_.chunks[size_t(rank)]) {
-    auto stage = std::make_shared<GptStage>(config, place.stage, schedule_.stages, o.dropout, tp_,
-                                            o.sequence_parallel);
+  stages_ = make_stages(config, o, schedule_, rank, tp_);
+  for (const auto& stage : stages_) {
     for (const Tensor& p : stage->parameters()) params.push_back(p);
     // ZeRO reduce-scatters over dp itself.
-    StageChunk chunk = parallel::pipeline::stage_chunk(stage, pairs[size_t(place.stage)],
-                                                       o.zero == 0 ? dp_ : nullptr);
-    chunks.push_back(std::move(chunk));
-    stages_.push_back(std::move(stage));
+    chunks.push_back(parallel::pipeline::stage_chunk(stage, pairs[size_t(stage->stage())],
+                                                     o.zero == 0 ? dp_ : nullptr));
   }
   embedding_ = parallel::pipeline::embedding_group(schedule_, *pp_);
   if (o.sequence_parallel)
@@ -86,10 +119,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
     return;
   }
   // ZeRO-1 over dp, gradients taken from the executor's backwards.
-  parallel::ZeroOptions z;
-  z.stage = 1;
-  z.bucket_mb = o.bucket_mb;
-  z.external_backward = true;
+  parallel::ZeroOptions z = pipeline_zero_options(o);
   z.tp = tp_;
   z.pp = pp_;
   // One copy of each parameter in the norm: pipeline 0's, and wte's on the first stage.
@@ -253,10 +283,10 @@ std::vector<parallel::checkpoint::StatePiece> PipelineStep::checkpoint_pieces(
       .save_pieces(state);
 }
 
-void PipelineStep::load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+parallel::checkpoint::LoadStats PipelineStep::load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
                                    comm::Communicator& world) {
-  parallel::checkpoint::TrainingState(*stage_set_, *opt_,
-                                      parallel::pipeline::StageSet::single_process_name)
+  return parallel::checkpoint::TrainingState(*stage_set_, *opt_,
+                                             parallel::pipeline::StageSet::single_process_name)
       .load(path, manifest, world);
 }
 

@@ -31,6 +31,22 @@
 
 namespace loom::gpt {
 
+// The schedule --schedule / --schedule-file gives, checked against --pp and --layers.
+parallel::pipeline::Schedule schedule_from(const GptOptions& o);
+
+// Refuses what --pp does not combine with yet, naming it.
+void check_pipeline_options(const GptOptions& o);
+
+// The stages pipeline rank `pp_rank` holds (the schedule's chunks of it, in order), tensor-
+// parallel over `tp` when given: what PipelineStep builds, and loom-ckpt check plans.
+std::vector<std::shared_ptr<parallel::pipeline::GptStage>> make_stages(
+    const GptConfig& config, const GptOptions& o, const parallel::pipeline::Schedule& schedule,
+    int pp_rank, std::shared_ptr<comm::Communicator> tp);
+
+// ZeRO-1 over dp as a pipeline runs it (gradients accumulated by the executor's backwards);
+// PipelineStep adds the tp and pp groups and the norm's counting.
+parallel::ZeroOptions pipeline_zero_options(const GptOptions& o);
+
 class PipelineStep : public Trainer {
  public:
   // Collective over the mesh's pp and dp groups.
@@ -52,7 +68,7 @@ class PipelineStep : public Trainer {
   // wte's copies and Chimera's replicas are the same pieces twice, which a save stores once.
   std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
       nlohmann::json& state) const override;
-  void load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
+  parallel::checkpoint::LoadStats load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
                        comm::Communicator& world) override;
 
  private:

@@ -117,18 +117,6 @@ io::ExactMatch evaluate_task(const std::function<Tensor(const Tensor&)>& logits,
 }
 
 // The pipeline schedule the flags describe: --schedule-file, or the --schedule generator.
-parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
-  parallel::pipeline::Schedule s =
-      o.schedule_file.empty()
-          ? parallel::pipeline::make_schedule(o.schedule, int(o.pp), int(o.microbatches),
-                                              int(o.virtual_stages))
-          : parallel::pipeline::read_schedule_file(o.schedule_file);
-  LOOM_CHECK(s.ranks == o.pp, "loom-gpt: the schedule has ", s.ranks, " ranks but --pp is ", o.pp);
-  LOOM_CHECK(o.layers >= s.stages, "loom-gpt: --layers ", o.layers, " cannot be split into the ",
-             s.stages, " stages of schedule '", s.name, "' (each stage needs a block)");
-  return s;
-}
-
 // --print-schedule / --validate-schedule: one process, no training.
 int inspect_schedule(const GptOptions& o) {
   const parallel::pipeline::Schedule s = schedule_from(o);
@@ -285,11 +273,19 @@ int run(int argc, char** argv) {
   if (resume) {
     loader.seek(resume_batch_index(*resume, o));
     const auto load_start = Clock::now();
-    trainer->load_checkpoint(resume->path, resume->manifest, *world);
+    const parallel::checkpoint::LoadStats loaded =
+        trainer->load_checkpoint(resume->path, resume->manifest, *world);
     first_step = resume->manifest.step;
+    // What the ranks read, which `loom-ckpt check` predicts: in all, and the most one rank read.
+    Tensor read = Tensor::full({1}, double(loaded.bytes_read), DType::kI64);
+    Tensor most = read.clone();
+    world->allreduce_sync(read);
+    world->allreduce_sync(most, comm::ReduceOp::kMax);
     std::printf("checkpoint: resumed from %s at step %" PRId64 " in %.2f s (saved by %s)\n",
                 resume->path.c_str(), first_step, seconds_since(load_start),
                 resume->manifest.state.value("layout", nlohmann::json::object()).dump().c_str());
+    std::printf("checkpoint: read %" PRId64 " bytes in all, at most %" PRId64 " on one rank\n",
+                read.to_vector<int64_t>()[0], most.to_vector<int64_t>()[0]);
   }
   cli::Progress progress(o.steps, world->rank() == 0 ? o.metrics_file : std::string(), "tok/s",
                          first_step);

@@ -541,19 +541,82 @@ void read_chunks(Files& files, const std::string& dir, const std::string& tensor
   for (uint64_t c = first; c <= last; ++c) check_chunk(dir, tensor, p, c, buf + c * p.chunk_bytes);
 }
 
-void load_local(const std::string& path, const io::CheckpointManifest& manifest,
-                const std::vector<StatePiece>& pieces) {
-  struct Copy {
-    size_t dst;
-    int64_t src_index, dst_index, n;
-  };
+uint64_t load_local(const std::string& path, const io::CheckpointManifest& manifest,
+                    const std::vector<StatePiece>& pieces) {
+  const ReadPlan plan = plan_load(path, manifest, requests_of(pieces));
   // Destination staging: CPU, the stored dtype; pieces already so are written in place.
   std::vector<Tensor> staging(pieces.size());
   std::vector<char> direct(pieces.size(), 0);
-  // Per (tensor, stored piece): the copies out of it.
-  std::map<std::pair<std::string, size_t>, std::vector<Copy>> plan;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const StatePiece& p = pieces[i];
+    const DType stored = manifest.tensors.at(p.name).dtype;
+    direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == stored;
+    staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, stored);
+  }
+  Files files(path, manifest);
+  for (const ReadPlan::Source& src : plan.sources) {
+    const io::TensorEntry& t = manifest.tensors.at(src.tensor);
+    const io::StoredPiece& sp = t.pieces[src.piece];
+    const uint64_t es = dtype_size(t.dtype);
+    const std::vector<ReadPlan::Copy>& copies = src.copies;
+    // A stored piece that lands whole in one destination run (the same layout's load) is read
+    // straight into it; otherwise into a buffer, then copied out run by run.
+    const bool whole =
+        copies.size() == 1 && copies[0].src_index == 0 && uint64_t(copies[0].n) * es == sp.nbytes;
+    std::unique_ptr<char[]> own;
+    char* buf = whole ? static_cast<char*>(staging[copies[0].request].data_ptr()) +
+                            copies[0].dst_index * es
+                      : (own.reset(new char[sp.nbytes]), own.get());
+    for (const auto& [first, last] : src.chunk_runs)
+      read_chunks(files, path, src.tensor, sp, first, last, buf);
+    if (whole) continue;
+    for (const ReadPlan::Copy& c : copies) {
+      char* dst = static_cast<char*>(staging[c.request].data_ptr());
+      std::memcpy(dst + c.dst_index * es, buf + c.src_index * es, size_t(c.n) * es);
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (!direct[i])
+      Tensor(pieces[i].data)
+          .copy_(staging[i]
+                     .to(pieces[i].data.dtype())
+                     .to(pieces[i].data.device())
+                     .reshape(pieces[i].data.shape()));
+  return plan.bytes();
+}
+
+}  // namespace
+
+std::vector<PieceRequest> requests_of(const std::vector<StatePiece>& pieces) {
+  std::vector<PieceRequest> out;
+  out.reserve(pieces.size());
+  for (const StatePiece& p : pieces) {
+    LOOM_CHECK(p.data.numel() == p.region.numel(), "checkpoint load: piece ", p.name, " ",
+               p.region.str(), " has ", p.data.numel(), " elements of room for ", p.region.numel());
+    out.push_back({p.name, p.global_shape, p.region, p.data.dtype()});
+  }
+  return out;
+}
+
+uint64_t ReadPlan::bytes() const {
+  uint64_t n = 0;
+  for (const Source& s : sources) n += s.bytes;
+  return n;
+}
+
+std::map<std::string, uint64_t> ReadPlan::bytes_per_file(
+    const io::CheckpointManifest& manifest) const {
+  std::map<std::string, uint64_t> out;
+  for (const Source& s : sources) out[manifest.tensors.at(s.tensor).pieces[s.piece].file] += s.bytes;
+  return out;
+}
+
+ReadPlan plan_load(const std::string& path, const io::CheckpointManifest& manifest,
+                   const std::vector<PieceRequest>& requests) {
+  // Per (tensor, stored piece): the copies out of it.
+  std::map<std::pair<std::string, size_t>, std::vector<ReadPlan::Copy>> copies;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const PieceRequest& p = requests[i];
     auto it = manifest.tensors.find(p.name);
     LOOM_CHECK(it != manifest.tensors.end(), "checkpoint ", path, " has no tensor ", p.name,
                " (saved from a different model or optimizer?)");
@@ -561,13 +624,9 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
     LOOM_CHECK(t.shape == p.global_shape, "checkpoint ", path, ": tensor ", p.name, " is ",
                shape_str(t.shape), " but this model's is ", shape_str(p.global_shape),
                " (a different model?)");
-    LOOM_CHECK(p.data.numel() == p.region.numel(), "checkpoint load: piece ", p.name, " ",
-               p.region.str(), " has ", p.data.numel(), " elements of room for ", p.region.numel());
-    LOOM_CHECK(t.dtype == p.data.dtype() || (is_floating(t.dtype) && is_floating(p.data.dtype())),
-               "checkpoint ", path, ": tensor ", p.name, " is ", dtype_name(t.dtype),
-               " and cannot be loaded into ", dtype_name(p.data.dtype()));
-    direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == t.dtype;
-    staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, t.dtype);
+    LOOM_CHECK(t.dtype == p.dtype || (is_floating(t.dtype) && is_floating(p.dtype)), "checkpoint ",
+               path, ": tensor ", p.name, " is ", dtype_name(t.dtype), " and cannot be loaded into ",
+               dtype_name(p.dtype));
     // Each wanted element must come from exactly one stored piece: the manifest's element
     // count alone would not notice two overlapping pieces hiding a gap. The runs, sorted, must
     // tile [0, numel) with neither gap nor overlap.
@@ -575,7 +634,7 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
     for (size_t s = 0; s < t.pieces.size(); ++s) {
       for_each_overlap(t.shape, t.pieces[s].region, p.region,
                        [&](int64_t src_index, int64_t dst_index, int64_t n) {
-                         plan[{p.name, s}].push_back({i, src_index, dst_index, n});
+                         copies[{p.name, s}].push_back({i, src_index, dst_index, n});
                          runs.emplace_back(dst_index, n);
                        });
     }
@@ -594,24 +653,17 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
                p.region.str(), ": ", p.region.numel() - next,
                " of its elements are in no stored piece (a damaged manifest?)");
   }
-  Files files(path, manifest);
-  for (const auto& [key, copies] : plan) {
+  ReadPlan plan;
+  for (auto& [key, cs] : copies) {
     const io::TensorEntry& t = manifest.tensors.at(key.first);
     const io::StoredPiece& sp = t.pieces[key.second];
     const uint64_t es = dtype_size(t.dtype);
     std::vector<char> needed((sp.nbytes + sp.chunk_bytes - 1) / sp.chunk_bytes, 0);
-    for (const Copy& c : copies)
+    for (const ReadPlan::Copy& c : cs)
       for (uint64_t k = uint64_t(c.src_index) * es / sp.chunk_bytes;
            k <= (uint64_t(c.src_index + c.n) * es - 1) / sp.chunk_bytes; ++k)
         needed[k] = 1;
-    // A stored piece that lands whole in one destination run (the same layout's load) is read
-    // straight into it; otherwise into a buffer, then copied out run by run.
-    const bool whole =
-        copies.size() == 1 && copies[0].src_index == 0 && uint64_t(copies[0].n) * es == sp.nbytes;
-    std::unique_ptr<char[]> own;
-    char* buf =
-        whole ? static_cast<char*>(staging[copies[0].dst].data_ptr()) + copies[0].dst_index * es
-              : (own.reset(new char[sp.nbytes]), own.get());
+    ReadPlan::Source src{key.first, key.second, std::move(cs), {}, 0};
     for (uint64_t k = 0; k < needed.size();) {
       if (!needed[k]) {
         ++k;
@@ -619,30 +671,24 @@ void load_local(const std::string& path, const io::CheckpointManifest& manifest,
       }
       uint64_t last = k;
       while (last + 1 < needed.size() && needed[last + 1]) ++last;
-      read_chunks(files, path, key.first, sp, k, last, buf);
+      src.chunk_runs.emplace_back(k, last);
+      src.bytes += std::min(sp.nbytes, (last + 1) * sp.chunk_bytes) - k * sp.chunk_bytes;
       k = last + 1;
     }
-    if (whole) continue;
-    for (const Copy& c : copies) {
-      char* dst = static_cast<char*>(staging[c.dst].data_ptr());
-      std::memcpy(dst + c.dst_index * es, buf + c.src_index * es, size_t(c.n) * es);
-    }
+    plan.sources.push_back(std::move(src));
   }
-  for (size_t i = 0; i < pieces.size(); ++i)
-    if (!direct[i])
-      Tensor(pieces[i].data)
-          .copy_(staging[i]
-                     .to(pieces[i].data.dtype())
-                     .to(pieces[i].data.device())
-                     .reshape(pieces[i].data.shape()));
+  return plan;
 }
 
-}  // namespace
-
-void load(const std::string& path, const io::CheckpointManifest& manifest,
-          const std::vector<StatePiece>& pieces, comm::Communicator& group) {
+LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,
+               const std::vector<StatePiece>& pieces, comm::Communicator& group) {
+  const auto start = std::chrono::steady_clock::now();
+  LoadStats stats;
   agree(group, "checkpoint load from " + path,
-        capture([&] { load_local(path, manifest, pieces); }));
+        capture([&] { stats.bytes_read = load_local(path, manifest, pieces); }));
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
 }
 
 void verify(const std::string& path, const io::CheckpointManifest& manifest) {

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -122,14 +123,55 @@ bool has_checkpoint(const std::string& dir, int64_t step);
 // root). Throws naming the directory when it has no committed manifest.
 io::CheckpointManifest read_manifest(const std::string& path);
 
-// Fills every piece from the checkpoint: checks each against the manifest (known tensor, same
-// global shape), reads the chunks of the files that hold its elements, verifies their checksums
-// and copies. Errors name the file, the tensor and this rank: a missing or truncated file, a
-// checksum mismatch, an element that no stored piece holds or that two hold. Collective over
+// What a rank wants to load, without the memory to put it in: a StatePiece's name, global shape
+// and region, and the dtype it will be held in.
+struct PieceRequest {
+  std::string name;
+  Shape global_shape;
+  io::Region region;
+  DType dtype = DType::kF32;
+};
+std::vector<PieceRequest> requests_of(const std::vector<StatePiece>& pieces);
+
+// How a rank's load reads a checkpoint: the stored pieces it draws on, and for each the runs of
+// checksum chunks to read and the copies out of them into the requests.
+struct ReadPlan {
+  struct Copy {
+    size_t request;  // index into the requests
+    int64_t src_index, dst_index, n;  // elements, from each region's first
+  };
+  struct Source {
+    std::string tensor;
+    size_t piece = 0;  // index into the tensor's stored pieces
+    std::vector<Copy> copies;
+    std::vector<std::pair<uint64_t, uint64_t>> chunk_runs;  // [first, last] chunks to read
+    uint64_t bytes = 0;                                      // those chunks' bytes
+  };
+  std::vector<Source> sources;
+
+  uint64_t bytes() const;  // read in all
+  std::map<std::string, uint64_t> bytes_per_file(const io::CheckpointManifest& manifest) const;
+};
+
+// Plans a load from the manifest alone (reads nothing, communicates nothing): checks every
+// request against it (a known tensor, the same global shape, a dtype it converts to, every
+// element stored exactly once) and finds the chunks that hold it. Throws naming the checkpoint,
+// the tensor and the region for any of those. `loom-ckpt check` plans other layouts' loads so.
+ReadPlan plan_load(const std::string& path, const io::CheckpointManifest& manifest,
+                   const std::vector<PieceRequest>& requests);
+
+struct LoadStats {
+  uint64_t bytes_read = 0;  // on this rank
+  double seconds = 0;
+};
+
+// Fills every piece from the checkpoint: plans (plan_load), reads the chunks of the files that
+// hold its elements, verifies their checksums and copies. Errors name the file, the tensor and
+// this rank: a missing or truncated file, a checksum mismatch, and plan_load's. Collective over
 // `group` only in that every rank learns whether all succeeded: a failure on one rank is raised on
 // all, naming it.
-void load(const std::string& path, const io::CheckpointManifest& manifest,
-          const std::vector<StatePiece>& pieces, comm::Communicator& group);
+LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,
+               const std::vector<StatePiece>& pieces, comm::Communicator& group);
 
 // Reads every chunk of every file of the checkpoint and checks its checksum and the file sizes.
 // Throws naming the first damaged file and tensor. Local.

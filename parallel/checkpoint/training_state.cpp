@@ -50,18 +50,17 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // A bf16 / f16 run's f32 masters are its parameters' exact values, and its bf16 parameters only
 // their rounding. So an f32 layout loads its parameters from the masters when the checkpoint has
 // them, and a bf16 / f16 layout loading an f32 checkpoint takes its masters from the parameters.
-void use_masters_across_dtypes(std::vector<StatePiece>& pieces,
-                               const io::CheckpointManifest& manifest) {
+// The name a piece of `name`, held in `dtype`, loads from.
+std::string across_dtypes(const std::string& name, DType dtype,
+                          const io::CheckpointManifest& manifest) {
   const std::string model = "model.", optim = "optim.", master = ".master";
-  for (StatePiece& p : pieces) {
-    if (p.name.rfind(model, 0) == 0 && p.data.dtype() == DType::kF32) {
-      const std::string m = optim + p.name.substr(model.size()) + master;
-      if (manifest.tensors.count(m)) p.name = m;
-    } else if (p.name.rfind(optim, 0) == 0 && ends_with(p.name, master) &&
-               !manifest.tensors.count(p.name)) {
-      p.name = model + p.name.substr(optim.size(), p.name.size() - optim.size() - master.size());
-    }
+  if (name.rfind(model, 0) == 0 && dtype == DType::kF32) {
+    const std::string m = optim + name.substr(model.size()) + master;
+    if (manifest.tensors.count(m)) return m;
+  } else if (name.rfind(optim, 0) == 0 && ends_with(name, master) && !manifest.tensors.count(name)) {
+    return model + name.substr(optim.size(), name.size() - optim.size() - master.size());
   }
+  return name;
 }
 
 }  // namespace
@@ -89,6 +88,42 @@ std::vector<StatePiece> value_pieces(const std::vector<ParamPlace>& places,
   std::vector<StatePiece> out;
   for (size_t i = 0; i < places.size(); ++i)
     add_pieces(out, prefix + places[i].name, places[i].placement, values[i]);
+  return out;
+}
+
+std::vector<ParamPlace> zero_places(const nn::Module& module, const NamedParams& named,
+                                    const std::vector<ShardPiece>& pieces,
+                                    const GlobalName& global_name) {
+  std::vector<ParamPlace> places;
+  for (const ShardPiece& sp : pieces) {
+    const std::string& name = named[sp.param].first;
+    places.push_back({global_name ? global_name(name) : name,
+                      parameter_placement(module, name).slice(sp.param_offset, sp.numel)});
+  }
+  return places;
+}
+
+std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& places, DType dtype,
+                                           const io::CheckpointManifest& manifest) {
+  std::vector<PieceRequest> out;
+  auto add = [&](const std::string& name, const Placement& placement, DType held) {
+    const std::string from = across_dtypes(name, held, manifest);
+    for (const Placement::Part& part : placement.parts)
+      out.push_back({from, placement.global_shape, part.region, held});
+  };
+  for (const ParamPlace& p : places) {
+    add("model." + p.name, p.placement, dtype);
+    // The optimizer state kinds the checkpoint has for this parameter ("optim.<name>.<kind>",
+    // kind without dots); the master by the layout's dtype, whatever the checkpoint's.
+    const std::string prefix = "optim." + p.name + ".";
+    for (auto it = manifest.tensors.lower_bound(prefix);
+         it != manifest.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      const std::string kind = it->first.substr(prefix.size());
+      if (kind.find('.') == std::string::npos && kind != "master")
+        add(it->first, p.placement, it->second.dtype);
+    }
+    if (dtype != DType::kF32) add(prefix + "master", p.placement, DType::kF32);
+  }
   return out;
 }
 
@@ -170,14 +205,8 @@ std::vector<ParamPlace> TrainingState::places() const {
 
 // ZeRO's piece i is elements [param_offset, +numel) of its parameter.
 std::vector<ParamPlace> TrainingState::zero_places() const {
-  std::vector<ParamPlace> places;
-  const NamedParams& named = zero_->named_parameters();
-  for (const ShardPiece& sp : zero_->own_pieces()) {
-    const std::string& name = named[sp.param].first;
-    places.push_back({global_name_ ? global_name_(name) : name,
-                      parameter_placement(module_, name).slice(sp.param_offset, sp.numel)});
-  }
-  return places;
+  return checkpoint::zero_places(module_, zero_->named_parameters(), zero_->own_pieces(),
+                                 global_name_);
 }
 
 std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const {
@@ -209,7 +238,7 @@ std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const 
   return pieces;
 }
 
-void TrainingState::load(const std::string& path, const io::CheckpointManifest& manifest,
+LoadStats TrainingState::load(const std::string& path, const io::CheckpointManifest& manifest,
                          comm::Communicator& group) {
   std::vector<StatePiece> pieces;
   std::unique_ptr<OptimizerStateLoad> opt;
@@ -232,8 +261,8 @@ void TrainingState::load(const std::string& path, const io::CheckpointManifest& 
     opt = std::make_unique<OptimizerStateLoad>(zero_->inner(), places);
   }
   pieces.insert(pieces.end(), opt->pieces().begin(), opt->pieces().end());
-  use_masters_across_dtypes(pieces, manifest);
-  checkpoint::load(path, manifest, pieces, group);
+  for (StatePiece& p : pieces) p.name = across_dtypes(p.name, p.data.dtype(), manifest);
+  const LoadStats stats = checkpoint::load(path, manifest, pieces, group);
   opt->finish(manifest.state);
   optim::LossScaler* scaler = scaler_of(optimizer_, zero_);
   if (scaler && manifest.state.contains("loss_scaler")) {
@@ -247,6 +276,7 @@ void TrainingState::load(const std::string& path, const io::CheckpointManifest& 
         {s["scale"].get<double>(), s["good_in_a_row"].get<int64_t>(), s["skipped"].get<int64_t>()});
   }
   if (zero_) zero_->parameters_changed();
+  return stats;
 }
 
 }  // namespace loom::parallel::checkpoint

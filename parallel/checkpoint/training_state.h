@@ -44,6 +44,22 @@ std::vector<StatePiece> value_pieces(const std::vector<ParamPlace>& places,
                                      const std::vector<Tensor>& values,
                                      const std::string& prefix = "model.");
 
+// The single-process name of a parameter of a module, by its name relative to the module.
+using GlobalName = std::function<std::string(const std::string&)>;
+
+// Where ZeRO's pieces (ZeroOptimizer::own_pieces or planned_pieces) of `module`'s parameters
+// `named` sit: piece i is elements [param_offset, +numel) of its parameter's placement.
+std::vector<ParamPlace> zero_places(const nn::Module& module, const NamedParams& named,
+                                    const std::vector<ShardPiece>& pieces,
+                                    const GlobalName& global_name = {});
+
+// What TrainingState::load asks `manifest` for when its parameters sit at `places` and are held
+// in `dtype`, worked out without the model or the optimizer (loom-ckpt check): each parameter,
+// the optimizer state the checkpoint has for it (the resumed run's optimizer must be the saving
+// one's), and the f32 masters of a bf16 / f16 layout, with Note [Masters across dtypes].
+std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& places, DType dtype,
+                                           const io::CheckpointManifest& manifest);
+
 // Saving an optimizer over parameters at `places`: its state tensors (copies) and step counts.
 void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
                          const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places);
@@ -69,8 +85,7 @@ class OptimizerStateLoad {
 // (stages 1-3: this rank's shards of the parameters and optimizer state).
 class TrainingState {
  public:
-  // The single-process name of a parameter of the module (by its name relative to the module).
-  using GlobalName = std::function<std::string(const std::string&)>;
+  using GlobalName = checkpoint::GlobalName;
   // `optimizer` steps `module`'s parameters: directly, through MixedPrecisionOptimizer, or as a
   // ZeroOptimizer over `module`. `global_name` (default: the same name) maps the module's names
   // to the single-process ones (a pipeline's StageSet prefixes each stage with "chunk{k}.").
@@ -79,7 +94,7 @@ class TrainingState {
   // The pieces and per-rank state to save (snapshots).
   std::vector<StatePiece> save_pieces(nlohmann::json& state) const;
   // Loads a checkpoint into the model and the optimizer. Collective over `group`.
-  void load(const std::string& path, const io::CheckpointManifest& manifest,
+  LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,
             comm::Communicator& group);
 
  private:

@@ -48,6 +48,7 @@ class GptStage : public nn::Module {
   GptStage(const GptConfig& config, int stage, int stages, double dropout = 0.0,
            std::shared_ptr<comm::Communicator> tp = nullptr, bool sequence_parallel = false);
 
+  int stage() const { return stage_; }  // its index in the pipeline
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == stages_ - 1; }
   // First stage: token ids [B, T] -> hidden [B, T, C]; other stages: hidden -> hidden; the last

@@ -17,10 +17,13 @@
 #    dp 2 x tp 2 x pp 2 resume bit for bit; the issue's dp 2 x tp 2 x pp 2 ZeRO-1 1F1B checkpoint
 #    reloads bit-identically on dp 4 with ZeRO-3, one process, tp 4 x pp 2 interleaved and pp 4
 #    Chimera, and continues with the single-process losses.
+# 5. `loom-ckpt check` plans each target layout's load from the manifest alone: the bytes it
+#    predicts, in all and on the busiest rank, are exactly what the resumed ranks read (2, 4 and
+#    the bf16 targets), and it refuses --tp 3 for 4 heads as the resume does.
 # Tensors are compared by tests/mpi/checkpoint_tensors.py, which reads the format with numpy.
-# usage: gpt_checkpoint.sh layouts|pipelines LOOM_GPT MPIEXEC [mpirun flags...]
+# usage: gpt_checkpoint.sh layouts|pipelines LOOM_GPT LOOM_CKPT MPIEXEC [mpirun flags...]
 set -euo pipefail
-part=$1; gpt=$2; mpiexec=$3; shift 3
+part=$1; gpt=$2; ckpt=$3; mpiexec=$4; shift 4
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 py=/usr/bin/python3
@@ -38,6 +41,20 @@ launch() {  # ranks then loom-gpt flags
   fi
 }
 mpi_flags=("$@")
+# planned_reads CHECKPOINT LOG FLAGS...: `loom-ckpt check CHECKPOINT FLAGS` predicts the bytes
+# the resume that wrote LOG read (in all; most on one rank).
+planned_reads() {
+  local src=$1 log=$2; shift 2
+  local planned actual
+  planned=$("$ckpt" check "$src" "${common[@]}" "$@" |
+            sed -n 's/^bytes in all: \([0-9]*\), most on one rank: \([0-9]*\)$/\1 \2/p')
+  actual=$(sed -n 's/^checkpoint: read \([0-9]*\) bytes in all, at most \([0-9]*\) on one rank$/\1 \2/p' "$log")
+  if [ -z "$planned" ] || [ "$planned" != "$actual" ]; then
+    echo "loom-ckpt check $* planned reads '$planned' but the resume read '$actual'"; exit 1
+  fi
+  echo "loom-ckpt check $*: planned reads $planned = the resume's"
+}
+
 # losses NAME A B FIRST TOLERANCE: the losses of steps >= FIRST in A and B agree.
 losses() { "$py" "$here/checkpoint_tensors.py" losses "$@"; }
 
@@ -75,6 +92,7 @@ other_layouts() {
     launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" --steps 6 \
       --checkpoint-dir "$dir/$name.resaved" > "$dir/$name.resaved.log"
     tensors same "$dir/source/step-00000006" "$dir/$name.resaved/step-00000006" --except-layout
+    planned_reads "$dir/source/step-00000006" "$dir/$name.resaved.log" "${flags[@]}"
     launch "$np" "${flags[@]}" --resume-from "$dir/source/step-00000006" \
       --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
     losses "$name continued" "$dir/single.jsonl" "$dir/$name.jsonl" 7 1e-5
@@ -111,9 +129,11 @@ for target in "1:--dtype bf16" "2:--dp 2 --zero 3 --dtype bf16"; do
   launch "$np" "${flags[@]}" --resume-from "$src" --steps 6 --checkpoint-dir "$dir/$name" \
     > "$dir/$name.log"
   tensors same "$src" "$dir/$name/step-00000006" --except-layout
+  planned_reads "$src" "$dir/$name.log" "${flags[@]}"
 done
 launch 1 --resume-from "$src" --steps 6 --checkpoint-dir "$dir/bf16_to_f32" > "$dir/bf16_to_f32.log"
 tensors masters-are-parameters "$src" "$dir/bf16_to_f32/step-00000006"
+planned_reads "$src" "$dir/bf16_to_f32.log" --dtype f32
 
 # 3. Mistakes.
 # expect_error PATTERN FLAGS...: the run fails (no crash) with a message matching PATTERN.
@@ -136,6 +156,8 @@ if "$mpiexec" -np 3 "${mpi_flags[@]}" "$gpt" "${common[@]}" --tp 3 --resume-from
   echo "--tp 3 with a 4-head checkpoint was accepted"; exit 1
 fi
 grep -q "heads (4) must divide evenly over tp 3" "$dir/tp3.log"
+bash "$here/../cli/expect_error.sh" "rank 0 \(pp 0, dp 0, tp 0\) of the layout cannot load .*heads \(4\) must divide evenly over tp 3" \
+  "$ckpt" check "$src" --tp 3
 echo "refused as expected: --tp 3 for 4 heads"
 # --resume in a directory with no checkpoint yet starts from step 0.
 "$gpt" "${common[@]}" --steps 3 --checkpoint-dir "$dir/fresh" --resume > "$dir/fresh.log"
