@@ -35,13 +35,16 @@ class PlanningCommunicator final : public Communicator {
   WorkPtr batch_p2p_impl(const std::vector<P2POp>&, const OpInfo& info) override { refuse(info); }
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override { refuse(info); }
   std::shared_ptr<Communicator> split_impl(int, int, const std::string& name) override {
-    LOOM_FAIL("group '", this->name(), "' is a planning group (no other rank exists): it cannot "
-              "split into '", name, "'");
+    LOOM_FAIL("group '", this->name(),
+              "' is a planning group (no other rank exists): it cannot "
+              "split into '",
+              name, "'");
   }
 
  private:
   [[noreturn]] void refuse(const OpInfo& info) const {
-    LOOM_FAIL(describe(info), ": a planning group carries no data (it stands for one rank of a "
+    LOOM_FAIL(describe(info),
+              ": a planning group carries no data (it stands for one rank of a "
               "layout that is not running)");
   }
 };

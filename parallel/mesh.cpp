@@ -8,9 +8,15 @@ namespace loom::parallel {
 namespace {
 
 // The groups' names, which errors print: the coordinates the group's ranks share.
-std::string tp_name(const MeshCoords& c) { return detail::str_cat("tp[pp ", c.pp, ", dp ", c.dp, "]"); }
-std::string dp_name(const MeshCoords& c) { return detail::str_cat("dp[pp ", c.pp, ", tp ", c.tp, "]"); }
-std::string pp_name(const MeshCoords& c) { return detail::str_cat("pp[dp ", c.dp, ", tp ", c.tp, "]"); }
+std::string tp_name(const MeshCoords& c) {
+  return detail::str_cat("tp[pp ", c.pp, ", dp ", c.dp, "]");
+}
+std::string dp_name(const MeshCoords& c) {
+  return detail::str_cat("dp[pp ", c.pp, ", tp ", c.tp, "]");
+}
+std::string pp_name(const MeshCoords& c) {
+  return detail::str_cat("pp[dp ", c.dp, ", tp ", c.tp, "]");
+}
 
 }  // namespace
 

@@ -81,8 +81,9 @@ LayoutCheck check_layout(const std::string& path, const io::CheckpointManifest& 
       r.elements += uint64_t(q.region.numel());
       const io::Region whole = io::Region::whole(q.global_shape);
       std::vector<Run>& runs = loaded[q.name];
-      checkpoint::for_each_overlap(q.global_shape, q.region, whole,
-                                   [&](int64_t, int64_t at, int64_t n) { runs.emplace_back(at, n); });
+      checkpoint::for_each_overlap(
+          q.global_shape, q.region, whole,
+          [&](int64_t, int64_t at, int64_t n) { runs.emplace_back(at, n); });
     }
     r.tensors = tensors.size();
     r.pieces = plan.sources.size();

@@ -28,9 +28,9 @@ struct RankRead {
 
 struct LayoutCheck {
   std::vector<RankRead> ranks;
-  size_t tensors = 0;             // of the checkpoint the layout loads, each element at least once
-  uint64_t elements = 0;          // of those tensors
-  uint64_t element_loads = 0;     // over all ranks: elements * replication
+  size_t tensors = 0;          // of the checkpoint the layout loads, each element at least once
+  uint64_t elements = 0;       // of those tensors
+  uint64_t element_loads = 0;  // over all ranks: elements * replication
   std::vector<std::string> unused;  // checkpoint tensors the layout does not load (see why())
   uint64_t bytes() const;
   uint64_t max_bytes() const;

@@ -97,8 +97,7 @@ struct CommandArgs {
 };
 
 // The value of a flag of `flags` that takes one (`--hf OUT`) is not positional.
-CommandArgs split_args(const std::string& program, int argc, char** argv,
-                       const cli::Flags& flags) {
+CommandArgs split_args(const std::string& program, int argc, char** argv, const cli::Flags& flags) {
   CommandArgs args;
   args.flag_args.push_back(program);
   for (int i = 2; i < argc; ++i) {
@@ -359,7 +358,8 @@ int check(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   std::string saved = "an unknown layout";
   if (c.manifest.state.contains("layout"))
-    saved = key_values(c.manifest.state["layout"], {"world_size", "dp", "tp", "pp", "zero", "dtype"});
+    saved =
+        key_values(c.manifest.state["layout"], {"world_size", "dp", "tp", "pp", "zero", "dtype"});
   std::printf("checkpoint %s (step %" PRId64 ", saved by %s)\n", c.path.c_str(), c.manifest.step,
               saved.c_str());
   std::printf("target     %" PRId64 " ranks: dp %" PRId64 " tp %" PRId64 " pp %" PRId64
@@ -378,26 +378,30 @@ int check(int argc, char** argv) {
                " (the resume would lose it: a different optimizer or model?)");
     ++replaced;
   }
-  std::printf("\n%5s  %3s %3s %3s  %8s  %7s  %6s  %14s  %s\n", "rank", "pp", "dp", "tp",
-              "tensors", "pieces", "files", "elements", "bytes read");
+  std::printf("\n%5s  %3s %3s %3s  %8s  %7s  %6s  %14s  %s\n", "rank", "pp", "dp", "tp", "tensors",
+              "pieces", "files", "elements", "bytes read");
   for (const RankRead& x : r.ranks)
     std::printf("%5d  %3d %3d %3d  %8zu  %7zu  %6zu  %14" PRIu64 "  %s\n", x.rank, x.pp, x.dp, x.tp,
                 x.tensors, x.pieces, x.files, x.elements, format_bytes(x.bytes).c_str());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
       "\nok: every rank finds each element it loads in exactly one stored piece, and the %zu "
-      "ranks together load every element of %zu tensors (%" PRIu64 " elements, %.2f copies "
+      "ranks together load every element of %zu tensors (%" PRIu64
+      " elements, %.2f copies "
       "each on average: replicas)\n",
       r.ranks.size(), r.tensors, r.elements,
       r.elements ? double(r.element_loads) / double(r.elements) : 0.0);
   if (replaced)
-    std::printf("not loaded: %zu bf16 / f16 parameter tensors, whose f32 masters are loaded in "
-                "their place\n",
-                replaced);
-  std::printf("read: %s in all, at most %s on one rank, of the checkpoint's %s (planned in %.2f s)\n",
-              format_bytes(r.bytes()).c_str(), format_bytes(r.max_bytes()).c_str(),
-              format_bytes(total_file_bytes(c.manifest)).c_str(), s);
-  std::printf("bytes in all: %" PRIu64 ", most on one rank: %" PRIu64 "\n", r.bytes(), r.max_bytes());
+    std::printf(
+        "not loaded: %zu bf16 / f16 parameter tensors, whose f32 masters are loaded in "
+        "their place\n",
+        replaced);
+  std::printf(
+      "read: %s in all, at most %s on one rank, of the checkpoint's %s (planned in %.2f s)\n",
+      format_bytes(r.bytes()).c_str(), format_bytes(r.max_bytes()).c_str(),
+      format_bytes(total_file_bytes(c.manifest)).c_str(), s);
+  std::printf("bytes in all: %" PRIu64 ", most on one rank: %" PRIu64 "\n", r.bytes(),
+              r.max_bytes());
   return 0;
 }
 

@@ -63,8 +63,8 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
     const GptConfig& config, const GptOptions& o, int world_rank,
     const io::CheckpointManifest& manifest) {
   namespace ckpt = parallel::checkpoint;
-  const parallel::DeviceMesh mesh = parallel::DeviceMesh::plan(world_rank, int(o.pp), int(o.dp),
-                                                               int(o.tp));
+  const parallel::DeviceMesh mesh =
+      parallel::DeviceMesh::plan(world_rank, int(o.pp), int(o.dp), int(o.tp));
   const DType dtype = parse_dtype(o.dtype);
   std::vector<ckpt::ParamPlace> places;
   if (o.pp > 1) {  // as PipelineStep builds them

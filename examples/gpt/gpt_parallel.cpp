@@ -158,8 +158,9 @@ std::vector<parallel::checkpoint::StatePiece> Trainer::checkpoint_pieces(nlohman
   LOOM_FAIL("loom-gpt: checkpoints of this trainer are not wired yet");
 }
 
-parallel::checkpoint::LoadStats Trainer::load_checkpoint(const std::string&, const io::CheckpointManifest&,
-                              comm::Communicator&) {
+parallel::checkpoint::LoadStats Trainer::load_checkpoint(const std::string&,
+                                                         const io::CheckpointManifest&,
+                                                         comm::Communicator&) {
   LOOM_FAIL("loom-gpt: checkpoints of this trainer are not wired yet");
 }
 
@@ -168,9 +169,8 @@ std::vector<parallel::checkpoint::StatePiece> DataParallelStep::checkpoint_piece
   return parallel::checkpoint::TrainingState(model_.module(), *opt_).save_pieces(state);
 }
 
-parallel::checkpoint::LoadStats DataParallelStep::load_checkpoint(const std::string& path,
-                                       const io::CheckpointManifest& manifest,
-                                       comm::Communicator& world) {
+parallel::checkpoint::LoadStats DataParallelStep::load_checkpoint(
+    const std::string& path, const io::CheckpointManifest& manifest, comm::Communicator& world) {
   return parallel::checkpoint::TrainingState(model_.module(), *opt_).load(path, manifest, world);
 }
 

@@ -60,8 +60,9 @@ class Trainer {
   // part of the manifest's state, and loading a checkpoint saved by any layout. Collective.
   virtual std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
       nlohmann::json& state) const;
-  virtual parallel::checkpoint::LoadStats load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
-                               comm::Communicator& world);
+  virtual parallel::checkpoint::LoadStats load_checkpoint(const std::string& path,
+                                                          const io::CheckpointManifest& manifest,
+                                                          comm::Communicator& world);
 };
 
 // The ZeRO options of --zero, --bucket-mb, --grad-accum and --no-overlap, over a model whose
@@ -79,8 +80,9 @@ class DataParallelStep : public Trainer {
   io::GptParams full_params() override;
   std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
       nlohmann::json& state) const override;
-  parallel::checkpoint::LoadStats load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
-                       comm::Communicator& world) override;
+  parallel::checkpoint::LoadStats load_checkpoint(const std::string& path,
+                                                  const io::CheckpointManifest& manifest,
+                                                  comm::Communicator& world) override;
 
   optim::Optimizer& optimizer() const { return *opt_; }
   // Makes the model's parameters whole (ZeRO-3 shards them between steps) until its next

@@ -283,8 +283,8 @@ std::vector<parallel::checkpoint::StatePiece> PipelineStep::checkpoint_pieces(
       .save_pieces(state);
 }
 
-parallel::checkpoint::LoadStats PipelineStep::load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
-                                   comm::Communicator& world) {
+parallel::checkpoint::LoadStats PipelineStep::load_checkpoint(
+    const std::string& path, const io::CheckpointManifest& manifest, comm::Communicator& world) {
   return parallel::checkpoint::TrainingState(*stage_set_, *opt_,
                                              parallel::pipeline::StageSet::single_process_name)
       .load(path, manifest, world);

@@ -68,8 +68,9 @@ class PipelineStep : public Trainer {
   // wte's copies and Chimera's replicas are the same pieces twice, which a save stores once.
   std::vector<parallel::checkpoint::StatePiece> checkpoint_pieces(
       nlohmann::json& state) const override;
-  parallel::checkpoint::LoadStats load_checkpoint(const std::string& path, const io::CheckpointManifest& manifest,
-                       comm::Communicator& world) override;
+  parallel::checkpoint::LoadStats load_checkpoint(const std::string& path,
+                                                  const io::CheckpointManifest& manifest,
+                                                  comm::Communicator& world) override;
 
  private:
   double clip(double max_norm);

@@ -564,9 +564,9 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
     const bool whole =
         copies.size() == 1 && copies[0].src_index == 0 && uint64_t(copies[0].n) * es == sp.nbytes;
     std::unique_ptr<char[]> own;
-    char* buf = whole ? static_cast<char*>(staging[copies[0].request].data_ptr()) +
-                            copies[0].dst_index * es
-                      : (own.reset(new char[sp.nbytes]), own.get());
+    char* buf =
+        whole ? static_cast<char*>(staging[copies[0].request].data_ptr()) + copies[0].dst_index * es
+              : (own.reset(new char[sp.nbytes]), own.get());
     for (const auto& [first, last] : src.chunk_runs)
       read_chunks(files, path, src.tensor, sp, first, last, buf);
     if (whole) continue;
@@ -607,7 +607,8 @@ uint64_t ReadPlan::bytes() const {
 std::map<std::string, uint64_t> ReadPlan::bytes_per_file(
     const io::CheckpointManifest& manifest) const {
   std::map<std::string, uint64_t> out;
-  for (const Source& s : sources) out[manifest.tensors.at(s.tensor).pieces[s.piece].file] += s.bytes;
+  for (const Source& s : sources)
+    out[manifest.tensors.at(s.tensor).pieces[s.piece].file] += s.bytes;
   return out;
 }
 
@@ -625,8 +626,8 @@ ReadPlan plan_load(const std::string& path, const io::CheckpointManifest& manife
                shape_str(t.shape), " but this model's is ", shape_str(p.global_shape),
                " (a different model?)");
     LOOM_CHECK(t.dtype == p.dtype || (is_floating(t.dtype) && is_floating(p.dtype)), "checkpoint ",
-               path, ": tensor ", p.name, " is ", dtype_name(t.dtype), " and cannot be loaded into ",
-               dtype_name(p.dtype));
+               path, ": tensor ", p.name, " is ", dtype_name(t.dtype),
+               " and cannot be loaded into ", dtype_name(p.dtype));
     // Each wanted element must come from exactly one stored piece: the manifest's element
     // count alone would not notice two overlapping pieces hiding a gap. The runs, sorted, must
     // tile [0, numel) with neither gap nor overlap.
@@ -686,8 +687,7 @@ LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,
   LoadStats stats;
   agree(group, "checkpoint load from " + path,
         capture([&] { stats.bytes_read = load_local(path, manifest, pieces); }));
-  stats.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
 

@@ -137,7 +137,7 @@ std::vector<PieceRequest> requests_of(const std::vector<StatePiece>& pieces);
 // checksum chunks to read and the copies out of them into the requests.
 struct ReadPlan {
   struct Copy {
-    size_t request;  // index into the requests
+    size_t request;                   // index into the requests
     int64_t src_index, dst_index, n;  // elements, from each region's first
   };
   struct Source {
@@ -145,7 +145,7 @@ struct ReadPlan {
     size_t piece = 0;  // index into the tensor's stored pieces
     std::vector<Copy> copies;
     std::vector<std::pair<uint64_t, uint64_t>> chunk_runs;  // [first, last] chunks to read
-    uint64_t bytes = 0;                                      // those chunks' bytes
+    uint64_t bytes = 0;                                     // those chunks' bytes
   };
   std::vector<Source> sources;
 

@@ -57,7 +57,8 @@ std::string across_dtypes(const std::string& name, DType dtype,
   if (name.rfind(model, 0) == 0 && dtype == DType::kF32) {
     const std::string m = optim + name.substr(model.size()) + master;
     if (manifest.tensors.count(m)) return m;
-  } else if (name.rfind(optim, 0) == 0 && ends_with(name, master) && !manifest.tensors.count(name)) {
+  } else if (name.rfind(optim, 0) == 0 && ends_with(name, master) &&
+             !manifest.tensors.count(name)) {
     return model + name.substr(optim.size(), name.size() - optim.size() - master.size());
   }
   return name;
@@ -239,7 +240,7 @@ std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const 
 }
 
 LoadStats TrainingState::load(const std::string& path, const io::CheckpointManifest& manifest,
-                         comm::Communicator& group) {
+                              comm::Communicator& group) {
   std::vector<StatePiece> pieces;
   std::unique_ptr<OptimizerStateLoad> opt;
   if (!zero_) {

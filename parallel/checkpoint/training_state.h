@@ -95,7 +95,7 @@ class TrainingState {
   std::vector<StatePiece> save_pieces(nlohmann::json& state) const;
   // Loads a checkpoint into the model and the optimizer. Collective over `group`.
   LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,
-            comm::Communicator& group);
+                 comm::Communicator& group);
 
  private:
   std::vector<ParamPlace> places() const;       // of module_.parameters()

@@ -63,6 +63,36 @@ TEST(DeviceMesh, EveryFactorisationGroupsTheRightRanks) {
   }
 }
 
+// DeviceMesh::plan gives rank r of a mesh that is not running the coordinates and group ranks
+// and sizes the running mesh gives it; its groups refuse to communicate, naming themselves.
+TEST(DeviceMesh, PlannedMeshesAreTheRunningOnesWithoutData) {
+  auto world = comm::world();
+  for (const MeshCoords& shape : factorisations(world->size())) {
+    DeviceMesh mesh(world, shape.pp, shape.dp, shape.tp);
+    const DeviceMesh plan = DeviceMesh::plan(world->rank(), shape.pp, shape.dp, shape.tp);
+    SCOPED_TRACE(mesh.str());
+    EXPECT_EQ(plan.coords().pp, mesh.coords().pp);
+    EXPECT_EQ(plan.coords().dp, mesh.coords().dp);
+    EXPECT_EQ(plan.coords().tp, mesh.coords().tp);
+    for (auto [a, b] :
+         {std::pair{&plan.tp(), &mesh.tp()}, std::pair{&plan.dp(), &mesh.dp()},
+          std::pair{&plan.pp(), &mesh.pp()}, std::pair{&plan.world(), &mesh.world()}}) {
+      EXPECT_EQ(a->rank(), b->rank());
+      EXPECT_EQ(a->size(), b->size());
+      EXPECT_STREQ(a->backend(), "planning");
+    }
+    EXPECT_EQ(plan.tp().name(), mesh.tp().name());
+    Tensor t = Tensor::zeros({2});
+    try {
+      plan.dp().allreduce_sync(t);
+      FAIL() << "a planning group must refuse to communicate";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("carries no data"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(plan.dp().name()), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DeviceMesh, CustomGroupsForTiedEmbeddingsAndReplicaPairs) {
   auto world = comm::world();
   const int n = world->size();

@@ -162,6 +162,37 @@ std::unique_ptr<ZeroOptimizer> make_zero(nn::GPT& model, std::shared_ptr<comm::C
   return std::make_unique<ZeroOptimizer>(model, std::move(g), o, adamw_factory());
 }
 
+// planned_pieces, worked out without a group or moving anything (what loom-ckpt check uses), is
+// exactly own_pieces() of the running optimizer, for every stage and a bucket size that splits
+// parameters across buckets.
+TEST(ZeRO, PlannedPiecesAreTheRunningOnes) {
+  auto world = comm::world();
+  for (int stage : {1, 2, 3}) {
+    for (double bucket_mb : {0.002, 25.0}) {
+      SCOPED_TRACE(detail::str_cat("stage ", stage, ", buckets ", bucket_mb, " MiB"));
+      nn::GPT planned_model(tiny_gpt_config());
+      ZeroOptions o;
+      o.stage = stage;
+      o.bucket_mb = bucket_mb;
+      const std::vector<ShardPiece> planned =
+          ZeroOptimizer::planned_pieces(planned_model, o, world->rank(), world->size());
+      nn::GPT model(tiny_gpt_config());
+      model.init_parameters(kSeed);
+      ZeroOptimizer opt(model, world, o, adamw_factory());
+      const std::vector<ShardPiece> own = opt.own_pieces();
+      ASSERT_EQ(planned.size(), own.size());
+      ASSERT_FALSE(own.empty());
+      for (size_t i = 0; i < own.size(); ++i) {
+        EXPECT_EQ(planned[i].bucket, own[i].bucket) << i;
+        EXPECT_EQ(planned[i].param, own[i].param) << i;
+        EXPECT_EQ(planned[i].param_offset, own[i].param_offset) << i;
+        EXPECT_EQ(planned[i].shard_offset, own[i].shard_offset) << i;
+        EXPECT_EQ(planned[i].numel, own[i].numel) << i;
+      }
+    }
+  }
+}
+
 // A run checkpointed after 2 steps (each rank its own shard of the state; the model's weights
 // whole, except in stage 3, whose parameter shards are in the state) and resumed by a fresh
 // optimizer continues bit for bit as the run that never stopped.

@@ -493,8 +493,53 @@ TEST_F(CheckpointTest, LoadsIntoAnotherLayout) {
   ASSERT_EQ(qkv.parts.size(), 3u);
   add(rooms_of(g, "model.w", qkv));
 
-  load(ckpt, read_manifest(ckpt), rooms, self_comm());
+  const io::CheckpointManifest m = read_manifest(ckpt);
+  const LoadStats stats = load(ckpt, m, rooms, self_comm());
   expect_all_hold(rooms, g);
+
+  // The plan reads exactly the checksum chunks that hold a wanted element, found here by brute
+  // force over every element of every stored piece; the load read what it planned.
+  const ReadPlan plan = plan_load(ckpt, m, requests_of(rooms));
+  std::set<std::pair<std::string, std::pair<size_t, uint64_t>>> chunks;  // (tensor, piece, chunk)
+  uint64_t expected = 0;
+  for (const StatePiece& room : rooms) {
+    const io::TensorEntry& t = m.tensors.at(room.name);
+    const std::vector<int64_t> wanted = global_indices(t.shape, room.region);
+    const std::set<int64_t> want(wanted.begin(), wanted.end());
+    for (size_t s = 0; s < t.pieces.size(); ++s) {
+      const io::StoredPiece& sp = t.pieces[s];
+      const std::vector<int64_t> held = global_indices(t.shape, sp.region);
+      for (size_t k = 0; k < held.size(); ++k) {
+        if (!want.count(held[k])) continue;
+        const uint64_t c = k * dtype_size(t.dtype) / sp.chunk_bytes;
+        if (chunks.insert({room.name, {s, c}}).second)
+          expected += std::min(sp.chunk_bytes, sp.nbytes - c * sp.chunk_bytes);
+      }
+    }
+  }
+  EXPECT_EQ(plan.bytes(), expected);
+  EXPECT_EQ(stats.bytes_read, expected);
+  uint64_t by_file = 0;
+  for (const auto& [file, n] : plan.bytes_per_file(m)) by_file += n;
+  EXPECT_EQ(by_file, expected);
+}
+
+// A request no stored piece covers is refused by the plan, naming the tensor, before any read.
+TEST_F(CheckpointTest, PlanRefusesWhatTheCheckpointDoesNotHold) {
+  const Globals g = make_globals(13);
+  const std::string ckpt = save_globals(path("ckpt"), 1, g).path;
+  const io::CheckpointManifest m = read_manifest(ckpt);
+  auto refused = [&](const PieceRequest& r, const std::string& expected) {
+    try {
+      plan_load(ckpt, m, {r});
+      ADD_FAILURE() << "planned " << r.name << " " << r.region.str();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused({"model.nope", {4}, Region::whole({4}), DType::kF32}, "has no tensor model.nope");
+  refused({"model.b", {11}, Region::whole({11}), DType::kF32}, "tensor model.b is [10]");
+  refused({"optim.step", {1}, Region::whole({1}), DType::kF32}, "cannot be loaded into f32");
 }
 
 // ---------------------------------------------------------------- the commit protocol
