@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -13,9 +14,15 @@
 
 namespace loom {
 
+// Shapes come from users, files and Python: every product of sizes is checked, so no tensor's
+// allocation is ever smaller than its shape (an int64 that wrapped would make it so).
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape)
+    if (s == 0) return 0;  // no elements, however large the other sizes
+  for (int64_t s : shape)
+    LOOM_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape),
+               " has more elements than an int64 counts (2^63 - 1)");
   return n;
 }
 
@@ -32,7 +39,10 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    // Saturates: a stride past 2^63 can only belong to a tensor with no elements (a zero size
+    // further left), which never indexes with it.
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s))
+      s = std::numeric_limits<int64_t>::max();
   }
   return strides;
 }
@@ -78,8 +88,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
                cuda_rt::device_count(), " CUDA device(s) present",
                cuda_rt::device_count() == 0 ? " (" + cuda_rt::no_gpu_reason() + ")" : "");
   }
+  size_t nbytes = 0;
+  LOOM_CHECK(!__builtin_mul_overflow(size_t(shape_numel(shape)), dtype_size(dtype), &nbytes) &&
+                 nbytes <= size_t(std::numeric_limits<int64_t>::max()),
+             "Tensor::empty: shape ", shape_str(shape), " of ", dtype_name(dtype),
+             " needs more bytes than an int64 counts");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(nbytes, device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -127,9 +142,15 @@ Tensor Tensor::from_external(void* data, const Shape& shape, const Shape& stride
     LOOM_CHECK(shape[i] >= 0, "Tensor::from_external: negative size in shape ", shape_str(shape));
     LOOM_CHECK(strides[i] >= 0, "Tensor::from_external: negative stride ", strides[i], " in ",
                shape_str(strides), " (reverse the data first)");
-    span += (shape[i] - 1) * strides[i];
   }
   if (shape_numel(shape) == 0) span = 0;
+  for (size_t i = 0; i < shape.size() && span != 0; ++i) {
+    int64_t reach = 0;
+    LOOM_CHECK(!__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) &&
+                   !__builtin_add_overflow(span, reach, &span),
+               "Tensor::from_external: shape ", shape_str(shape), " with strides ",
+               shape_str(strides), " reaches past what an int64 counts");
+  }
   LOOM_CHECK(data != nullptr || span == 0, "Tensor::from_external: null data for shape ",
              shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
@@ -193,6 +214,7 @@ const std::shared_ptr<Storage>& Tensor::storage() const {
 bool Tensor::is_contiguous() const {
   const Shape& sh = shape();
   const Shape& st = strides();
+  if (shape_numel(sh) == 0) return true;  // no element to be out of place (as in PyTorch)
   int64_t expected = 1;
   for (size_t i = sh.size(); i-- > 0;) {
     if (sh[i] == 1) continue;

@@ -3,6 +3,7 @@
 #include "core/io/checkpoint_manifest.h"
 
 #include "core/error.h"
+#include "core/io/detail/json.h"
 #include "core/io/safetensors.h"
 
 namespace loom::io {
@@ -32,7 +33,8 @@ struct Reader {
   }
   int64_t integer(const nlohmann::json& v, const std::string& where, int64_t min = 0) const {
     if (!v.is_number_integer() || v.get<int64_t>() < min)
-      fail(where + " must be an integer >= " + std::to_string(min) + ", got " + v.dump());
+      fail(where + " must be an integer >= " + std::to_string(min) + ", got " +
+           detail::json_excerpt(v));
     return v.get<int64_t>();
   }
   uint64_t count(const nlohmann::json& v, const std::string& where) const {
@@ -40,17 +42,17 @@ struct Reader {
     return uint64_t(integer(v, where));
   }
   std::string string(const nlohmann::json& v, const std::string& where) const {
-    if (!v.is_string()) fail(where + " must be a string, got " + v.dump());
+    if (!v.is_string()) fail(where + " must be a string, got " + detail::json_excerpt(v));
     return v.get<std::string>();
   }
   Shape shape(const nlohmann::json& v, const std::string& where) const {
-    if (!v.is_array()) fail(where + " must be an array, got " + v.dump());
+    if (!v.is_array()) fail(where + " must be an array, got " + detail::json_excerpt(v));
     Shape s;
     int64_t numel = 1;
     for (const nlohmann::json& d : v) {
       s.push_back(integer(d, where + " entry"));
       if (s.back() > 0 && __builtin_mul_overflow(numel, s.back(), &numel))
-        fail(where + " " + v.dump() + " is too large");
+        fail(where + " " + detail::json_excerpt(v) + " is too large");
     }
     return s;
   }
@@ -91,9 +93,9 @@ void Region::check_inside(const Shape& global_shape, const std::string& what) co
 std::string Region::str() const {
   std::string s = "[";
   for (size_t d = 0; d < shape.size(); ++d)
-    s += detail::str_cat(d ? ", " : "", offset[d], ":", offset[d] + shape[d]);
+    s += loom::detail::str_cat(d ? ", " : "", offset[d], ":", offset[d] + shape[d]);
   s += "]";
-  if (begin != 0 || end != box_numel()) s += detail::str_cat(" elements [", begin, ", ", end, ")");
+  if (begin != 0 || end != box_numel()) s += loom::detail::str_cat(" elements [", begin, ", ", end, ")");
   return s;
 }
 
@@ -130,12 +132,7 @@ std::string CheckpointManifest::to_json() const {
 
 CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& path) {
   const Reader r{path};
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    r.fail(std::string("not valid JSON (a damaged file?): ") + e.what());
-  }
+  const nlohmann::json j = detail::parse_json(text, "checkpoint manifest " + path);
   if (!j.is_object()) r.fail("must be a JSON object, got " + std::string(j.type_name()));
   if (!j.contains("format") || j["format"] != kFormatTag)
     r.fail(std::string("is not a loom checkpoint manifest (no \"format\": \"") + kFormatTag +
@@ -143,7 +140,7 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   CheckpointManifest m;
   m.format_version = int(r.integer(r.field(j, "format_version", "the manifest"), "format_version"));
   if (m.format_version != CheckpointManifest::kFormatVersion)
-    r.fail(detail::str_cat("has format version ", m.format_version, "; this loom reads version ",
+    r.fail(loom::detail::str_cat("has format version ", m.format_version, "; this loom reads version ",
                            CheckpointManifest::kFormatVersion));
   m.step = r.integer(r.field(j, "step", "the manifest"), "step");
   m.state = r.field(j, "state", "the manifest");
@@ -189,11 +186,11 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
       p.region.end = r.integer(range[1], at + " range end");
       p.region.check_inside(t.shape, "checkpoint manifest " + path + ": " + at);
       if (p.nbytes != uint64_t(p.region.numel()) * dtype_size(t.dtype))
-        r.fail(detail::str_cat(at, ": ", p.nbytes, " bytes, but region ", p.region.str(), " of ",
+        r.fail(loom::detail::str_cat(at, ": ", p.nbytes, " bytes, but region ", p.region.str(), " of ",
                                dtype_name(t.dtype), " needs ",
                                uint64_t(p.region.numel()) * dtype_size(t.dtype)));
       if (p.offset > file_bytes[p.file] || p.nbytes > file_bytes[p.file] - p.offset)
-        r.fail(detail::str_cat(at, ": bytes [", p.offset, ", ", p.offset + p.nbytes,
+        r.fail(loom::detail::str_cat(at, ": bytes [", p.offset, ", ", p.offset + p.nbytes,
                                ") lie past the end of the file's ", file_bytes[p.file], " bytes"));
       p.chunk_bytes = r.count(r.field(pj, "chunk_bytes", at), at + " chunk_bytes");
       if (p.chunk_bytes == 0) r.fail(at + ": chunk_bytes must be positive");
@@ -201,17 +198,18 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
       if (!crcs.is_array()) r.fail(at + ": crc32c must be an array");
       for (const nlohmann::json& c : crcs) {
         const uint64_t v = r.count(c, at + " crc32c entry");
-        if (v > 0xffffffffu) r.fail(at + ": crc32c entry " + c.dump() + " is not 32-bit");
+        if (v > 0xffffffffu)
+          r.fail(at + ": crc32c entry " + detail::json_excerpt(c) + " is not 32-bit");
         p.crc32c.push_back(uint32_t(v));
       }
       const uint64_t chunks = (p.nbytes + p.chunk_bytes - 1) / p.chunk_bytes;
       if (p.crc32c.size() != chunks)
-        r.fail(detail::str_cat(at, ": ", p.crc32c.size(), " checksums for ", chunks, " chunks"));
+        r.fail(loom::detail::str_cat(at, ": ", p.crc32c.size(), " checksums for ", chunks, " chunks"));
       covered += p.region.numel();
       t.pieces.push_back(std::move(p));
     }
     if (covered != shape_numel(t.shape))
-      r.fail(detail::str_cat(where, " of shape ", shape_str(t.shape), ": its pieces hold ", covered,
+      r.fail(loom::detail::str_cat(where, " of shape ", shape_str(t.shape), ": its pieces hold ", covered,
                              " of its ", shape_numel(t.shape),
                              " elements (every element must be stored exactly once)"));
     m.tensors.emplace(name, std::move(t));

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/io/detail/json.h"
 
 namespace loom::io {
 
@@ -65,10 +66,12 @@ nlohmann::json gpt_config_json(const GptConfig& c) {
 }
 
 GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where) {
-  LOOM_CHECK(j.is_object(), where, ": the model config is not a JSON object: ", j.dump());
+  LOOM_CHECK(j.is_object(), where,
+             ": the model config is not a JSON object: ", detail::json_excerpt(j));
   auto field = [&](const char* key) {
     LOOM_CHECK(j.contains(key) && j[key].is_number_integer(), where, ": model config field \"", key,
-               "\" is ", j.contains(key) ? "not an integer: " + j[key].dump() : "missing",
+               "\" is ",
+               j.contains(key) ? "not an integer: " + detail::json_excerpt(j[key]) : "missing",
                " (expected layers, heads, channels, vocab, padded_vocab, max_seq_len)");
     return j[key].get<int64_t>();
   };

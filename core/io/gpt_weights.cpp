@@ -1,11 +1,13 @@
 // See core/io/gpt_weights.h.
 #include "core/io/gpt_weights.h"
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/io/detail/file.h"
+#include "core/io/detail/json.h"
 #include "core/io/gpt2_weights.h"
 #include "core/io/llmc_checkpoint.h"
 #include "core/io/safetensors.h"
@@ -27,11 +29,8 @@ struct HfConfig {
     c.path =
         (slash == std::string::npos ? std::string() : weights.substr(0, slash + 1)) + "config.json";
     if (!std::filesystem::is_regular_file(c.path)) return HfConfig{};
-    try {
-      c.json = nlohmann::json::parse(detail::read_all(c.path, "Hugging Face config"));
-    } catch (const nlohmann::json::exception& e) {
-      LOOM_FAIL("Hugging Face config ", c.path, " is not valid JSON: ", e.what());
-    }
+    c.json = detail::parse_json(detail::read_all(c.path, "Hugging Face config"),
+                                "Hugging Face config " + c.path);
     LOOM_CHECK(c.json.is_object(), "Hugging Face config ", c.path, " is not a JSON object");
     return c;
   }
@@ -39,7 +38,7 @@ struct HfConfig {
     if (path.empty() || !json.contains(key)) return 0;
     LOOM_CHECK(json[key].is_number_integer() && json[key].get<int64_t>() > 0,
                "Hugging Face config ", path, ": \"", key, "\" must be a positive integer, got ",
-               json[key].dump());
+               detail::json_excerpt(json[key]));
     return json[key].get<int64_t>();
   }
   void check(const GptConfig& c, const std::string& weights) const {
@@ -57,7 +56,27 @@ struct HfConfig {
 
 }  // namespace
 
-GptWeights load_gpt_weights(const std::string& given, int64_t heads_hint) {
+namespace {
+
+void check_finite(const GptWeights& w, const std::string& path) {
+  for (const auto& [name, t] : w.params) {
+    const Tensor f = t.to(DType::kF32).contiguous();
+    const float* p = f.data<float>();
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < f.numel(); ++i)
+      if (!std::isfinite(p[i])) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    LOOM_CHECK(bad == 0, "weights file ", path, ": tensor ", name, " holds ", bad,
+               " NaN or infinite value(s), the first at element ", first, " (", p[first],
+               "): a damaged file or a diverged run?");
+  }
+}
+
+}  // namespace
+
+GptWeights load_gpt_weights(const std::string& given, int64_t heads_hint, bool allow_nonfinite) {
   std::string path = given;
   if (std::filesystem::is_directory(given)) {
     path = (given.back() == '/' ? given : given + "/") + "model.safetensors";
@@ -74,6 +93,7 @@ GptWeights load_gpt_weights(const std::string& given, int64_t heads_hint) {
     GptWeights w = load_llmc_checkpoint(path);
     LOOM_CHECK(heads_hint == 0 || heads_hint == w.config.heads, "llm.c model file ", path, " has ",
                w.config.heads, " heads but ", heads_hint, " were asked for");
+    if (!allow_nonfinite) check_finite(w, path);
     return w;
   }
   LOOM_CHECK(magic != kTokenFileMagic, path,
@@ -87,6 +107,7 @@ GptWeights load_gpt_weights(const std::string& given, int64_t heads_hint) {
              hf.path, " says n_head ", hf_heads, " but ", heads_hint, " heads were asked for");
   GptWeights w = load_gpt2_safetensors(path, hf_heads ? hf_heads : heads_hint);
   hf.check(w.config, path);
+  if (!allow_nonfinite) check_finite(w, path);
   return w;
 }
 

@@ -20,7 +20,11 @@ namespace loom::io {
 // it supplies the heads.
 // Throws loom::Error naming the file when it is neither format (with a hint when it is an llm.c
 // token file).
-GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint = 0);
+// A weight that is NaN or infinite is refused, naming the tensor, the first such element and how
+// many there are (a damaged or diverged file would otherwise train on silently), unless
+// `allow_nonfinite`.
+GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint = 0,
+                            bool allow_nonfinite = false);
 
 // Throws loom::Error for an extension other than .bin or .safetensors.
 void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params);

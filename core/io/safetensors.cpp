@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/io/detail/file.h"
+#include "core/io/detail/json.h"
 
 namespace loom::io {
 
@@ -40,33 +41,35 @@ struct Entry {
 // A JSON value as a non-negative integer, or an error naming what it is.
 uint64_t as_count(const nlohmann::json& v, const std::string& where) {
   LOOM_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), where,
-             " must be a non-negative integer, got ", v.dump());
+             " must be a non-negative integer, got ", detail::json_excerpt(v));
   return v.get<uint64_t>();
 }
 
 Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v) {
   const std::string where = std::string(kWhat) + " " + path + ": tensor '" + name + "'";
-  LOOM_CHECK(v.is_object(), where, " is not a JSON object: ", v.dump());
+  LOOM_CHECK(v.is_object(), where, " is not a JSON object: ", detail::json_excerpt(v));
   for (const char* key : {"dtype", "shape", "data_offsets"})
     LOOM_CHECK(v.contains(key), where, " has no \"", key, "\"");
   Entry e;
   e.name = name;
-  LOOM_CHECK(v["dtype"].is_string(), where, ": dtype must be a string, got ", v["dtype"].dump());
+  LOOM_CHECK(v["dtype"].is_string(), where, ": dtype must be a string, got ",
+             detail::json_excerpt(v["dtype"]));
   const std::string code = v["dtype"].get<std::string>();
   e.dtype = dtype_from_safetensors_code(code, where);
 
-  LOOM_CHECK(v["shape"].is_array(), where, ": shape must be an array, got ", v["shape"].dump());
+  LOOM_CHECK(v["shape"].is_array(), where, ": shape must be an array, got ",
+             detail::json_excerpt(v["shape"]));
   uint64_t bytes = dtype_size(e.dtype);
   for (const nlohmann::json& d : v["shape"]) {
     uint64_t n = as_count(d, where + " shape entry");
     LOOM_CHECK(n <= uint64_t(INT64_MAX) && !__builtin_mul_overflow(bytes, n, &bytes), where,
-               ": shape ", v["shape"].dump(), " is too large");
+               ": shape ", detail::json_excerpt(v["shape"]), " is too large");
     e.shape.push_back(int64_t(n));
   }
 
   const nlohmann::json& off = v["data_offsets"];
   LOOM_CHECK(off.is_array() && off.size() == 2, where, ": data_offsets must be [begin, end], got ",
-             off.dump());
+             detail::json_excerpt(off));
   e.begin = as_count(off[0], where + " data_offsets begin");
   e.end = as_count(off[1], where + " data_offsets end");
   LOOM_CHECK(e.begin <= e.end, where, ": data_offsets [", e.begin, ", ", e.end,
@@ -105,12 +108,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::string text(n, '\0');
   in.read_at(8, text.data(), n);
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_FAIL(kWhat, " ", path, ": the header is not valid JSON: ", e.what());
-  }
+  const nlohmann::json header =
+      detail::parse_json(text, std::string(kWhat) + " " + path + ": the header");
   LOOM_CHECK(header.is_object(), kWhat, " ", path, ": the header must be a JSON object, got ",
              header.type_name());
 
@@ -119,10 +118,10 @@ SafetensorsFile read_safetensors(const std::string& path) {
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       LOOM_CHECK(value.is_object(), kWhat, " ", path, ": __metadata__ must be an object, got ",
-                 value.dump());
+                 detail::json_excerpt(value));
       for (const auto& [key, v] : value.items()) {
         LOOM_CHECK(v.is_string(), kWhat, " ", path, ": __metadata__ value '", key,
-                   "' must be a string, got ", v.dump());
+                   "' must be a string, got ", detail::json_excerpt(v));
         file.metadata[key] = v.get<std::string>();
       }
       continue;

@@ -1,5 +1,7 @@
 #include "common/flags.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -46,8 +48,12 @@ void Flags::assign(const std::string& name, Flag& flag, const std::string& value
     }
     case Kind::kDouble: {
       char* end = nullptr;
-      std::strtod(value.c_str(), &end);
+      const double v = std::strtod(value.c_str(), &end);
       LOOM_CHECK(!value.empty() && *end == '\0', program_, ": --", name, " expects a number, got '",
+                 value, "'");
+      // No loom flag means anything by inf or nan; taken, they would surface steps later as
+      // nonsense ("got -nan").
+      LOOM_CHECK(std::isfinite(v), program_, ": --", name, " expects a finite number, got '",
                  value, "'");
       break;
     }

@@ -30,6 +30,17 @@ std::vector<Tensor> tensor_list(py::iterable params, const char* what) {
   return out;
 }
 
+// An optimizer's parameters, which must not be empty (as in PyTorch): an empty list is a module
+// without parameters or a generator already used up, and the optimizer would train nothing.
+std::vector<Tensor> optimizer_params(py::iterable params, const char* what) {
+  std::vector<Tensor> out = tensor_list(params, what);
+  if (out.empty())
+    throw py::value_error(std::string(what) +
+                          ": got an empty parameter list (a module without parameters, or a "
+                          "parameters() generator that was already used up?)");
+  return out;
+}
+
 }  // namespace
 
 optim::SgdOptions sgd_options(double lr, double momentum, double dampening, double weight_decay,
@@ -72,7 +83,7 @@ void init_optim(py::module_& m) {
       py::init([](py::iterable params, double lr, double momentum, double dampening,
                   double weight_decay, bool nesterov) {
         return std::make_shared<optim::SGD>(
-            tensor_list(params, "SGD"),
+            optimizer_params(params, "SGD"),
             sgd_options(lr, momentum, dampening, weight_decay, nesterov));
       }),
       py::arg("params"), py::arg("lr"), py::arg("momentum") = 0.0, py::arg("dampening") = 0.0,
@@ -82,7 +93,7 @@ void init_optim(py::module_& m) {
       .def(py::init([](py::iterable params, double lr, double beta1, double beta2, double eps,
                        double weight_decay) {
              return std::make_shared<optim::AdamW>(
-                 tensor_list(params, "AdamW"), adamw_options(lr, beta1, beta2, eps, weight_decay));
+                 optimizer_params(params, "AdamW"), adamw_options(lr, beta1, beta2, eps, weight_decay));
            }),
            py::arg("params"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
            py::arg("weight_decay"))

@@ -38,6 +38,25 @@ def test_bad_arguments_from_python():
         loom.zeros(2) @ "x"
 
 
+def test_shapes_that_overflow_are_errors_not_small_tensors():
+    # 2**62 + 1 rows of 4 elements overflow an int64 element count; the tensor used to be
+    # allocated with 16 bytes under that shape, and a narrow view read and wrote out of bounds.
+    with pytest.raises(ValueError, match="more elements than an int64 counts"):
+        loom.zeros(2**62 + 1, 4)
+    with pytest.raises(ValueError, match="more bytes than an int64 counts"):
+        loom.zeros(2**61)
+    assert loom.zeros(0, 2**62, 2**62).numel() == 0
+
+
+def test_an_optimizer_without_parameters_is_an_error():
+    with pytest.raises(ValueError, match="SGD: got an empty parameter list"):
+        loom.optim.SGD([], lr=0.1)
+    used = loom.nn.Linear(2, 2).parameters()
+    list(used)
+    with pytest.raises(ValueError, match="AdamW: got an empty parameter list"):
+        loom.optim.AdamW(used, lr=0.1)
+
+
 def test_cuda_without_a_gpu_is_a_clear_error():
     if loom.cuda_is_available():
         pytest.skip("a GPU is present")

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -284,6 +285,35 @@ TEST_F(WeightsTest, SafetensorsByHandReads) {
   EXPECT_EQ(f.metadata.at("k"), "v");
 }
 
+// A crafted header nesting 50,000 levels deep (it crashed the loaders with a stack overflow while
+// printing the error) is refused by the parser's depth limit, naming it; 60 levels still read.
+TEST_F(WeightsTest, SafetensorsDeepNestingIsRefusedNotACrash) {
+  const std::string p = path("deep.safetensors");
+  const int depth = 50000;
+  write_bytes(p, safetensors_bytes({{"x", "F32", {1}, f32_bytes({1.0f})}},
+                                   std::string(depth, '[') + std::string(depth, ']')));
+  expect_error([&] { read_safetensors(p); }, {p, "more than 64 levels deep"});
+  write_bytes(p, safetensors_bytes({{"x", "F32", {1}, f32_bytes({1.0f})}},
+                                   "{\"a\":" + std::string(60, '[') + std::string(60, ']') + "}"));
+  expect_error([&] { read_safetensors(p); }, {p, "__metadata__ value 'a' must be a string"});
+  // A huge invalid value is cut in the message, not printed whole.
+  write_bytes(p, safetensors_bytes({{"x", "F32", {1}, f32_bytes({1.0f})}},
+                                   "{\"a\":\"" + std::string(100000, 'z') + "\"}"));
+  (void)read_safetensors(p);  // a long string is a valid metadata value
+}
+
+// Sizes whose product overflows int64 are refused before anything is allocated.
+TEST_F(WeightsTest, SafetensorsShapeThatOverflowsIsRefused) {
+  const std::string p = path("huge.safetensors");
+  write_bytes(p, safetensors_bytes({{"x", "F32", {int64_t(1) << 62, 8}, f32_bytes({1.0f})}}));
+  try {
+    (void)read_safetensors(p);
+    ADD_FAILURE() << "a shape of 2^65 elements was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(WeightsTest, SafetensorsBadInput) {
   const std::string p = path("bad.safetensors");
   auto write_header = [&](const std::string& json, const std::string& data) {
@@ -538,6 +568,24 @@ TEST_F(WeightsTest, HuggingFaceToLlmcAndBackPreservesEveryParameter) {
   EXPECT_EQ(llmc.config.str(), hf.config.str());
   for (const auto& [name, t] : hf.params)
     EXPECT_EQ(llmc.params.at(name).to_vector<float>(), t.to_vector<float>()) << name;
+}
+
+// NaN or infinite weights are refused on load, naming the tensor and the first element, unless
+// asked for; a finite file is unaffected.
+TEST_F(WeightsTest, NonFiniteWeightsAreRefusedUnlessAllowed) {
+  write_bytes(path("tiny.bin"), tiny_llmc_file());
+  GptWeights w = load_gpt_weights(path("tiny.bin"));
+  std::vector<float> v = w.params.at("ln_f.weight").to_vector<float>();
+  v[1] = std::nanf("");
+  v[3] = INFINITY;
+  w.params["ln_f.weight"] = Tensor::from_vector<float>(v, w.params.at("ln_f.weight").shape());
+  for (const char* name : {"nan.bin", "nan.safetensors"}) {
+    save_gpt_weights(path(name), w.config, w.params);
+    expect_error([&] { load_gpt_weights(path(name), kNH); },
+                 {name, "tensor ln_f.weight holds 2 NaN or infinite value(s), the first at element 1"});
+    const GptWeights allowed = load_gpt_weights(path(name), kNH, /*allow_nonfinite=*/true);
+    EXPECT_TRUE(std::isnan(allowed.params.at("ln_f.weight").to_vector<float>()[1]));
+  }
 }
 
 TEST_F(WeightsTest, LoadPicksTheFormatByContentSavePicksByExtension) {

@@ -243,5 +243,29 @@ TEST(Autograd, SecondBackwardThroughFreedGraphIsAnError) {
   EXPECT_THROW(y.backward(Tensor::ones({2})), Error);
 }
 
+// An element count past int64 (the loom.zeros(2**62 + 1, 4)) is an error, never a small
+// allocation under a huge shape; so are byte counts past it, and views reaching past it. A zero
+// size makes any other sizes legal (no elements).
+TEST(Tensor, ShapesThatOverflowAreRefused) {
+  const int64_t big = (int64_t(1) << 62) + 1;
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {big, 4}, {big, 2, 2}, {int64_t(1) << 32, int64_t(1) << 32}}) {
+    try {
+      (void)Tensor::empty(shape);
+      ADD_FAILURE() << shape_str(shape) << " was allocated";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("more elements than an int64 counts"), std::string::npos)
+          << e.what();
+    }
+  }
+  // 2^61 f32 elements count, but their bytes do not.
+  EXPECT_THROW((void)Tensor::empty({int64_t(1) << 61}, DType::kF32), Error);
+  EXPECT_EQ(Tensor::empty({0, big, big}).numel(), 0);
+  float x = 0;
+  EXPECT_THROW((void)Tensor::from_external(&x, {2, 2}, {int64_t(1) << 62, int64_t(1) << 62},
+                                           DType::kF32, nullptr),
+               Error);
+}
+
 }  // namespace
 }  // namespace loom
