@@ -18,12 +18,14 @@ namespace loom::python {
 void init_io(py::module_& m) {
   m.def(
       "load",
-      [](const std::string& path) {
+      [](const std::string& path, bool allow_nonfinite) {
         py::gil_scoped_release release;
         if (io::looks_like_safetensors(path)) return io::read_safetensors(path).tensors;
-        return io::load_gpt_weights(path).params;
+        return io::load_gpt_weights(path, 0, allow_nonfinite).params;
       },
-      py::arg("path"), R"(A dict name -> CPU Tensor from a .safetensors file or an llm.c model .bin.
+      py::arg("path"), py::arg("allow_nonfinite") = false,
+      R"(A dict name -> CPU Tensor from a .safetensors file or an llm.c model .bin.
+An llm.c model with NaN or infinite weights is refused unless `allow_nonfinite`.
 
     loom.save({"w": loom.ones(2, 3)}, "w.safetensors")
     loom.load("w.safetensors")["w"].shape    # [2, 3]
@@ -45,20 +47,21 @@ void init_io(py::module_& m) {
       "Writes a dict name -> Tensor (any device or layout) to a .safetensors file.");
   m.def(
       "load_gpt",
-      [](const std::string& path, int64_t heads) {
+      [](const std::string& path, int64_t heads, bool allow_nonfinite) {
         io::GptWeights w;
         {
           py::gil_scoped_release release;
-          w = io::load_gpt_weights(path, heads);
+          w = io::load_gpt_weights(path, heads, allow_nonfinite);
         }
         return py::make_tuple(w.config, w.params);
       },
-      py::arg("path"), py::arg("heads") = 0,
+      py::arg("path"), py::arg("heads") = 0, py::arg("allow_nonfinite") = false,
       R"(GPT weights as loom-gpt reads them: (GPTConfig, state dict under loom's names).
 
 `path` is an llm.c model .bin, a Hugging Face GPT-2 .safetensors (with or without its
 config.json beside it), or a Hugging Face directory; `heads` is needed only when nothing in the
-files records the head count.
+files records the head count. Weights that are NaN or infinite are refused, naming the tensor,
+unless `allow_nonfinite`.
 
     config, state = loom.load_gpt("model.safetensors")   # e.g. written by loom-gpt --save
     model = loom.nn.GPT(config)
