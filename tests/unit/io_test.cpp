@@ -2,6 +2,8 @@
 // against llm.c's own loader rule, and the built-in addition task. Files are written by hand,
 // byte by byte, so the tests pin the formats, not just our round trips.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -119,6 +121,31 @@ std::vector<int32_t> iota_tokens(int64_t n) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) t[size_t(i)] = int32_t(i);
   return t;
+}
+
+// A writer killed mid-save leaves "<path>.tmp.<host>.<pid>" behind; the next write of the path
+// removes those whose process is gone, and keeps a live writer's and another host's.
+TEST_F(IoTest, StaleTemporaryFilesOfKilledWritersAreRemoved) {
+  char host[256] = {0};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  std::string h = host;
+  for (char& c : h)
+    if (c == '/' || c == '.') c = '_';
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // now a process id nobody holds
+  const std::string target = path("tokens.bin");
+  const std::string dead = target + ".tmp." + h + "." + std::to_string(child);
+  const std::string live = target + ".tmp." + h + "." + std::to_string(::getppid());
+  const std::string other_host = target + ".tmp.elsewhere." + std::to_string(child);
+  namespace fs = std::filesystem;
+  for (const std::string& f : {dead, live, other_host}) write_bytes(f, std::string(100, 'x'));
+  write_token_file(target, {1, 2, 3});
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other_host));
+  EXPECT_EQ(read_token_file(target).size(), 3u);
 }
 
 TEST(BatchLoader, DocumentedBatchesAndWrap) {

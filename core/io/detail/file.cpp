@@ -1,12 +1,15 @@
 // See core/io/detail/file.h.
 #include "core/io/detail/file.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -39,8 +42,46 @@ void InFile::read_at(uint64_t offset, void* dst, uint64_t n) {
              " bytes at offset ", offset, std::ferror(file_) ? " (read error)" : " (end of file)");
 }
 
+namespace {
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "host";
+  for (char* c = buf; *c; ++c)
+    if (*c == '/' || *c == '.') *c = '_';  // one path component, no dots to confuse the parse
+  return buf;
+}
+
+// "<path>.tmp.<host>.": the temporary files of `path` written on this host; a number follows.
+std::string tmp_prefix(const std::string& path) { return path + ".tmp." + host_name() + "."; }
+
+// A process that was killed while writing `path` left its temporary file behind (full size, for
+// a checkpoint). Those of this host whose writer is gone are removed; another host's are left
+// alone, since its process ids mean nothing here.
+void remove_stale_temporaries(const std::string& path) {
+  const std::string prefix = tmp_prefix(path);
+  const size_t slash = prefix.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : prefix.substr(0, slash);
+  const std::string base = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= base.size() || name.compare(0, base.size(), base) != 0) continue;
+    const std::string digits = name.substr(base.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = pid_t(std::stol(digits));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::remove((dir + "/" + name).c_str());
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
 OutFile::OutFile(const std::string& path, const std::string& what) : path_(path), what_(what) {
-  tmp_path_ = path + ".tmp." + std::to_string(::getpid());
+  remove_stale_temporaries(path);
+  tmp_path_ = tmp_prefix(path) + std::to_string(::getpid());
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   LOOM_CHECK(file_ != nullptr, "cannot write ", what, " ", path, ": ", std::strerror(errno));
 }

@@ -31,8 +31,9 @@ class InFile {
   uint64_t size_ = 0;
 };
 
-// A file written through a temporary name, renamed to `path` by commit(). Dropping an
-// uncommitted OutFile removes the temporary file.
+// A file written through a temporary name (`path`.tmp.<host>.<pid>), renamed to `path` by
+// commit(). Dropping an uncommitted OutFile removes the temporary file; opening one removes those
+// of `path` that writers on this host killed before they could.
 class OutFile {
  public:
   OutFile(const std::string& path, const std::string& what);
