@@ -37,7 +37,7 @@ MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THRE
 FORMAT_DIRS := $(wildcard core kernels optimizer collectives parallel examples tests benchmarks \
                           python include)
 
-.PHONY: all deps configure build test demo bench clean format
+.PHONY: all deps configure build test demo bench fuzz clean format
 
 all: build
 
@@ -109,6 +109,11 @@ bench: build
 	  echo "make bench: no benchmarks found ($(BUILD)/bin/loom-bench, benchmarks/gpt_vs_pytorch.py)"; \
 	  exit 1; \
 	fi
+
+# libFuzzer (clang, ASan + UBSan) on every parser of outside bytes, FUZZ_SECONDS (default 60)
+# per target; build-fuzz/ holds the corpora and any findings (tests/fuzz/run.sh).
+fuzz: build
+	bash tests/fuzz/run.sh "$(BUILD)" $(FUZZ_SECONDS)
 
 clean:
 	rm -rf "$(BUILD)"
