@@ -101,8 +101,66 @@ size_t pending_abandoned() {
   return list.size();
 }
 
-void finalize_at_exit() {
+// ---------------------------------------------------------------- leaving the job
+
+// A duplicate of MPI_COMM_WORLD for the exit barrier alone, so it cannot match a collective a
+// rank left pending on another communicator. Made when loom initialises MPI.
+MPI_Comm g_exit_comm = MPI_COMM_NULL;
+
+[[noreturn]] void mpi_abort_job(int status) {
+  if (!mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, status);
+  std::_Exit(status);
+}
+
+// LOOM_COMM_TIMEOUT as the communicators read it (the world itself is gone by now: it lives in a
+// static destroyed before this handler runs); 300 s when unset or unreadable.
+double exit_timeout_seconds() {
+  if (const char* v = std::getenv("LOOM_COMM_TIMEOUT")) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end != v && *end == '\0' && s > 0) return s;
+  }
+  return 300;
+}
+
+// Waits until every rank has reached its exit, up to the collective deadline. False on timeout.
+// See Note [Leaving the job] (termination.cpp).
+bool exit_barrier(double timeout_s) {
+  if (g_exit_comm == MPI_COMM_NULL) return true;
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(g_exit_comm, &request) != MPI_SUCCESS) return true;  // let MPI_Finalize decide
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s);
+  const auto note_at = start + std::chrono::seconds(10);
+  bool noted = false;
+  auto pause = std::chrono::microseconds(50);
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return true;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (!noted && now >= note_at) {
+      noted = true;
+      std::fprintf(stderr,
+                   "[rank %d] loom: finished; waiting for the other ranks to finish too "
+                   "(MPI_Finalize is collective); the job is aborted if they have not within "
+                   "%.0f s (LOOM_COMM_TIMEOUT)\n",
+                   error_rank(), timeout_s);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
+
+// Runs at exit when loom initialised MPI. See Note [Leaving the job] (termination.cpp).
+void finalize_at_exit(int status) {
   if (mpi_finalized()) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1 && status != 0 && !exit_agreed())
+    abort_job(status,
+              detail::str_cat("this rank is exiting with status ", status, " while the other ",
+                              size - 1, " rank(s) may still be waiting for it"));
   if (size_t n = pending_abandoned()) {
     std::fprintf(stderr,
                  "[rank %d] loom: %zu MPI operation(s) never completed (a peer did not join "
@@ -110,8 +168,26 @@ void finalize_at_exit() {
                  error_rank(), n);
     return;
   }
+  if (size > 1) {
+    const double timeout_s = exit_timeout_seconds();
+    if (!exit_barrier(timeout_s))
+      abort_job(status != 0 ? status : 1,
+                detail::str_cat("this rank exited with status ", status, ", but after ", timeout_s,
+                                " s (LOOM_COMM_TIMEOUT) some of the other ranks have neither "
+                                "exited nor failed; they are probably waiting for this rank in "
+                                "a collective it left (an early sys.exit(0) or return on one "
+                                "rank?)"));
+  }
+  if (g_exit_comm != MPI_COMM_NULL) MPI_Comm_free(&g_exit_comm);
+  register_job(1, nullptr);
   MPI_Finalize();
 }
+
+#if defined(__GLIBC__)
+void finalize_on_exit(int status, void*) { finalize_at_exit(status); }
+#else
+void finalize_atexit() { finalize_at_exit(0); }  // the status is not known here
+#endif
 
 // ---------------------------------------------------------------- types and buffers
 
@@ -620,13 +696,20 @@ std::shared_ptr<Communicator> make_mpi_world() {
     int provided = 0;
     LOOM_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
     // MPI initialised by loom is finalised by loom; one the program initialised is its own.
-    std::atexit(finalize_at_exit);
+    // glibc's on_exit hands the handler the exit status: See Note [Leaving the job].
+#if defined(__GLIBC__)
+    on_exit(finalize_on_exit, nullptr);
+#else
+    std::atexit(finalize_atexit);
+#endif
     LOOM_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_exit_comm));
   }
   MPI_Comm comm = MPI_COMM_NULL;
   LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   auto world = std::make_shared<MpiCommunicator>(comm, "world");
   set_error_rank(world->rank());
+  register_job(world->size(), mpi_abort_job);
   install_termination_report();
   return world;
 }

@@ -22,6 +22,7 @@
 #include "collectives/communicator.h"
 #include "common/checkpointing.h"
 #include "common/flags.h"
+#include "common/output_paths.h"
 #include "common/progress.h"
 #include "core/embedding_bag.h"
 #include "core/error.h"
@@ -128,6 +129,9 @@ int run(int argc, char** argv) {
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-dlrm: cannot silence stdout on rank ", world->rank());
+  // Rank 0 writes it; a bad path fails every rank now, not rank 0 alone.
+  cli::check_output_paths("loom-dlrm", *world,
+                          {{"metrics-file", flags.get_string("metrics-file")}});
   const int64_t ranks = world->size(), batch = flags.get_int("batch");
   LOOM_CHECK(batch > 0 && batch % ranks == 0, "loom-dlrm: --batch ", batch,
              " must be a positive multiple of the ", ranks, " rank(s) running");

@@ -17,6 +17,7 @@
 #include "collectives/communicator.h"
 #include "common/flags.h"
 #include "common/gpu_peak.h"
+#include "common/output_paths.h"
 #include "common/progress.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -161,6 +162,9 @@ int run(int argc, char** argv) {
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-gpt: cannot silence stdout on rank ", world->rank());
+  // Rank 0 writes these; a bad path fails every rank now, not rank 0 alone later.
+  cli::check_output_paths("loom-gpt", *world,
+                          {{"metrics-file", o.metrics_file}, {"save", o.save}, {"trace", o.trace}});
   const int64_t model_ranks = o.tp * o.pp;
   if (o.dp == 0) {
     LOOM_CHECK(world->size() % model_ranks == 0, "loom-gpt: --tp ", o.tp, " x --pp ", o.pp,

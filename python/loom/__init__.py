@@ -50,6 +50,9 @@ from loom._loom import (  # noqa: F401
 )
 from loom.autograd import enable_grad, no_grad  # noqa: F401
 from loom import data, distributed, nn, optim  # noqa: F401
+from loom import _job_exit
+
+_job_exit.install()  # under mpirun, an uncaught exception on one rank ends the job at once
 
 __all__ = [
     "Tensor", "dtype", "float32", "bfloat16", "float16", "int32", "int64", "uint8",

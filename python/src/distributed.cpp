@@ -20,6 +20,7 @@
 
 #include "bindings.h"
 #include "collectives/communicator.h"
+#include "collectives/termination.h"
 
 namespace loom::python {
 namespace {
@@ -200,6 +201,14 @@ unfinished Work waits for it.
         "The world communicator: MPI under mpirun (when loom has MPI), else a world of one. "
         "backend: 'auto', 'self', 'mpi' or 'nccl'. Created once; later calls return it.");
   d.def("launched_by_mpi", &comm::launched_by_mpi);
+  // For python/loom/_job_exit.py (See Note [Leaving the job] in collectives/termination.cpp).
+  d.def("_in_multi_rank_job", &comm::in_multi_rank_job,
+        "True while this process is one rank of a multi-rank MPI job.");
+  d.def(
+      "_abort_job", [](int status, const std::string& reason) { comm::abort_job(status, reason); },
+      py::arg("status"), py::arg("reason"),
+      "Ends every rank of the job now (MPI_Abort) with a message naming `reason`; outside a "
+      "multi-rank job, exits with `status`. Does not return.");
 }
 
 }  // namespace loom::python
