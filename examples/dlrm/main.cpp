@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 
@@ -167,6 +168,7 @@ int run(int argc, char** argv) {
   run.batch = batch;
   run.max_bag = data_config.max_bag_size;
   run.steps = flags.get_int("steps");
+  LOOM_CHECK(run.steps >= 0, "loom-dlrm: --steps must be >= 0, got ", run.steps);
   run.lr = flags.get_double("lr");
   run.embedding_lr = flags.get_double("embedding-lr");
   run.embedding_optimizer = flags.get_string("embedding-optimizer");
@@ -303,7 +305,18 @@ int main(int argc, char** argv) {
   try {
     return loom::dlrm::run(argc, argv);
   } catch (const loom::Error& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "loom-dlrm: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "loom-dlrm: error: out of memory (std::bad_alloc): a size on the command line "
+                 "(--batch, --steps, --rows, --max-bag, ...) is too large for this machine\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom-dlrm: error: %s\n", e.what());
     return 1;
   }
 }

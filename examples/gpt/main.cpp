@@ -12,6 +12,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <new>
 #include <optional>
 
 #include "collectives/communicator.h"
@@ -387,6 +388,12 @@ int main(int argc, char** argv) {
   } catch (const loom::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "loom-gpt: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "loom-gpt: error: out of memory (std::bad_alloc): a size on the command line "
+                 "(--batch, --seq, --steps, --dim, --layers, ...) is too large for this machine\n");
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
