@@ -95,7 +95,8 @@ std::string Region::str() const {
   for (size_t d = 0; d < shape.size(); ++d)
     s += loom::detail::str_cat(d ? ", " : "", offset[d], ":", offset[d] + shape[d]);
   s += "]";
-  if (begin != 0 || end != box_numel()) s += loom::detail::str_cat(" elements [", begin, ", ", end, ")");
+  if (begin != 0 || end != box_numel())
+    s += loom::detail::str_cat(" elements [", begin, ", ", end, ")");
   return s;
 }
 
@@ -140,8 +141,8 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   CheckpointManifest m;
   m.format_version = int(r.integer(r.field(j, "format_version", "the manifest"), "format_version"));
   if (m.format_version != CheckpointManifest::kFormatVersion)
-    r.fail(loom::detail::str_cat("has format version ", m.format_version, "; this loom reads version ",
-                           CheckpointManifest::kFormatVersion));
+    r.fail(loom::detail::str_cat("has format version ", m.format_version,
+                                 "; this loom reads version ", CheckpointManifest::kFormatVersion));
   m.step = r.integer(r.field(j, "step", "the manifest"), "step");
   m.state = r.field(j, "state", "the manifest");
   if (!m.state.is_object()) r.fail("\"state\" must be an object");
@@ -186,12 +187,13 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
       p.region.end = r.integer(range[1], at + " range end");
       p.region.check_inside(t.shape, "checkpoint manifest " + path + ": " + at);
       if (p.nbytes != uint64_t(p.region.numel()) * dtype_size(t.dtype))
-        r.fail(loom::detail::str_cat(at, ": ", p.nbytes, " bytes, but region ", p.region.str(), " of ",
-                               dtype_name(t.dtype), " needs ",
-                               uint64_t(p.region.numel()) * dtype_size(t.dtype)));
+        r.fail(loom::detail::str_cat(at, ": ", p.nbytes, " bytes, but region ", p.region.str(),
+                                     " of ", dtype_name(t.dtype), " needs ",
+                                     uint64_t(p.region.numel()) * dtype_size(t.dtype)));
       if (p.offset > file_bytes[p.file] || p.nbytes > file_bytes[p.file] - p.offset)
         r.fail(loom::detail::str_cat(at, ": bytes [", p.offset, ", ", p.offset + p.nbytes,
-                               ") lie past the end of the file's ", file_bytes[p.file], " bytes"));
+                                     ") lie past the end of the file's ", file_bytes[p.file],
+                                     " bytes"));
       p.chunk_bytes = r.count(r.field(pj, "chunk_bytes", at), at + " chunk_bytes");
       if (p.chunk_bytes == 0) r.fail(at + ": chunk_bytes must be positive");
       const nlohmann::json& crcs = r.field(pj, "crc32c", at);
@@ -204,14 +206,15 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
       }
       const uint64_t chunks = (p.nbytes + p.chunk_bytes - 1) / p.chunk_bytes;
       if (p.crc32c.size() != chunks)
-        r.fail(loom::detail::str_cat(at, ": ", p.crc32c.size(), " checksums for ", chunks, " chunks"));
+        r.fail(
+            loom::detail::str_cat(at, ": ", p.crc32c.size(), " checksums for ", chunks, " chunks"));
       covered += p.region.numel();
       t.pieces.push_back(std::move(p));
     }
     if (covered != shape_numel(t.shape))
-      r.fail(loom::detail::str_cat(where, " of shape ", shape_str(t.shape), ": its pieces hold ", covered,
-                             " of its ", shape_numel(t.shape),
-                             " elements (every element must be stored exactly once)"));
+      r.fail(loom::detail::str_cat(where, " of shape ", shape_str(t.shape), ": its pieces hold ",
+                                   covered, " of its ", shape_numel(t.shape),
+                                   " elements (every element must be stored exactly once)"));
     m.tensors.emplace(name, std::move(t));
   }
   return m;

@@ -53,8 +53,8 @@ void Flags::assign(const std::string& name, Flag& flag, const std::string& value
                  value, "'");
       // No loom flag means anything by inf or nan; taken, they would surface steps later as
       // nonsense ("got -nan").
-      LOOM_CHECK(std::isfinite(v), program_, ": --", name, " expects a finite number, got '",
-                 value, "'");
+      LOOM_CHECK(std::isfinite(v), program_, ": --", name, " expects a finite number, got '", value,
+                 "'");
       break;
     }
     case Kind::kString:

@@ -93,7 +93,8 @@ void init_optim(py::module_& m) {
       .def(py::init([](py::iterable params, double lr, double beta1, double beta2, double eps,
                        double weight_decay) {
              return std::make_shared<optim::AdamW>(
-                 optimizer_params(params, "AdamW"), adamw_options(lr, beta1, beta2, eps, weight_decay));
+                 optimizer_params(params, "AdamW"),
+                 adamw_options(lr, beta1, beta2, eps, weight_decay));
            }),
            py::arg("params"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
            py::arg("weight_decay"))

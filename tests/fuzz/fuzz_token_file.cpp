@@ -3,7 +3,6 @@
 #include "fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  return loom::fuzz::only_loom_errors([&] {
-    (void)loom::io::read_token_file(loom::fuzz::as_file(data, size, ".tokens"));
-  });
+  return loom::fuzz::only_loom_errors(
+      [&] { (void)loom::io::read_token_file(loom::fuzz::as_file(data, size, ".tokens")); });
 }

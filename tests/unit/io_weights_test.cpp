@@ -581,8 +581,9 @@ TEST_F(WeightsTest, NonFiniteWeightsAreRefusedUnlessAllowed) {
   w.params["ln_f.weight"] = Tensor::from_vector<float>(v, w.params.at("ln_f.weight").shape());
   for (const char* name : {"nan.bin", "nan.safetensors"}) {
     save_gpt_weights(path(name), w.config, w.params);
-    expect_error([&] { load_gpt_weights(path(name), kNH); },
-                 {name, "tensor ln_f.weight holds 2 NaN or infinite value(s), the first at element 1"});
+    expect_error(
+        [&] { load_gpt_weights(path(name), kNH); },
+        {name, "tensor ln_f.weight holds 2 NaN or infinite value(s), the first at element 1"});
     const GptWeights allowed = load_gpt_weights(path(name), kNH, /*allow_nonfinite=*/true);
     EXPECT_TRUE(std::isnan(allowed.params.at("ln_f.weight").to_vector<float>()[1]));
   }
