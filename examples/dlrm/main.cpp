@@ -16,13 +16,13 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
-#include <new>
 #include <optional>
 #include <string>
 
 #include "collectives/communicator.h"
 #include "common/checkpointing.h"
 #include "common/flags.h"
+#include "common/main_guard.h"
 #include "common/output_paths.h"
 #include "common/progress.h"
 #include "core/embedding_bag.h"
@@ -302,21 +302,6 @@ int run(int argc, char** argv) {
 }  // namespace loom::dlrm
 
 int main(int argc, char** argv) {
-  try {
-    return loom::dlrm::run(argc, argv);
-  } catch (const loom::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "loom-dlrm: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    std::fprintf(stderr,
-                 "loom-dlrm: error: out of memory (std::bad_alloc): a size on the command line "
-                 "(--batch, --steps, --rows, --max-bag, ...) is too large for this machine\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "loom-dlrm: error: %s\n", e.what());
-    return 1;
-  }
+  return loom::cli::guarded_main("loom-dlrm", "--batch, --steps, --rows, --max-bag, ...",
+                                 [&] { return loom::dlrm::run(argc, argv); });
 }

@@ -12,12 +12,12 @@
 #include <cinttypes>
 #include <cstdio>
 #include <map>
-#include <new>
 #include <optional>
 
 #include "collectives/communicator.h"
 #include "common/flags.h"
 #include "common/gpu_peak.h"
+#include "common/main_guard.h"
 #include "common/output_paths.h"
 #include "common/progress.h"
 #include "core/allocator.h"
@@ -383,21 +383,6 @@ int run(int argc, char** argv) {
 }  // namespace loom::gpt
 
 int main(int argc, char** argv) {
-  try {
-    return loom::gpt::run(argc, argv);
-  } catch (const loom::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "loom-gpt: error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    std::fprintf(stderr,
-                 "loom-gpt: error: out of memory (std::bad_alloc): a size on the command line "
-                 "(--batch, --seq, --steps, --dim, --layers, ...) is too large for this machine\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "loom-gpt: error: %s\n", e.what());
-    return 1;
-  }
+  return loom::cli::guarded_main("loom-gpt", "--batch, --seq, --steps, --dim, --layers, ...",
+                                 [&] { return loom::gpt::run(argc, argv); });
 }
