@@ -11,7 +11,8 @@
 //
 // Each repeat, every rank in step (a barrier before each timed phase; a phase's time is the
 // slowest rank's, so GB/s is the aggregate over ranks):
-//   save        TrainingState::save_pieces + checkpoint::save (crc32c, fsync, two-phase commit)
+//   save        TrainingState::save_pieces (views of the live tensors) + checkpoint::save (crc32c,
+//               fsync, two-phase commit)
 //   raw write   every rank write()s the same number of bytes as its checkpoint file, in the same
 //               1 MiB calls, to a file of its own, then fsync()s it: the disk's own speed (the
 //               save and the raw write alternate which goes first)
@@ -303,7 +304,7 @@ int run(int argc, char** argv) {
   std::vector<char> raw_buf(kRawBuffer);
   for (size_t i = 0; i < raw_buf.size(); ++i) raw_buf[i] = char((i * 2654435761u) >> 13);
 
-  Row save{"save (snapshot + write + crc32c + fsync + commit)", "write + fsync"};
+  Row save{"save (save_pieces + write + crc32c + fsync + commit)", "write + fsync"};
   Row load_warm{"load, same layout, warm", "read, warm"};
   Row load_cold{"load, same layout, cold", "read, cold"};
   Row z3_warm{detail::str_cat("load into ZeRO-3 dp ", n, ", warm"), "read, warm"};
@@ -409,11 +410,10 @@ int run(int argc, char** argv) {
   std::vector<std::string> notes;
 
   // DDP's layout: a whole model and plain AdamW on every rank, each loading all of the state.
-  // Loading holds the parameters, the moments and a copy of the moments (OptimizerStateLoad fills
-  // a state_dict() before installing it), plus a stored piece's buffer: ~6 bytes per parameter
-  // byte per rank.
+  // Loading holds the parameters and the moments (the load writes into them in place, through a
+  // few MiB of buffers), plus headroom: ~4 bytes per parameter byte per rank.
   if (n > 1 && a.full_load) {
-    const double need = double(n) * double(numel) * 4 * 6;
+    const double need = double(n) * double(numel) * 4 * 4;
     Tensor avail = Tensor::full({1}, double(mem_available_bytes()), DType::kI64);
     world->broadcast(avail)->wait();
     const double available = double(avail.to_vector<int64_t>()[0]);

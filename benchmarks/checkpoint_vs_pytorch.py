@@ -137,7 +137,7 @@ def loom_round(a, tmp):
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
 
-SAVE = "save (snapshot + write + crc32c + fsync + commit)"
+SAVE = "save (save_pieces + write + crc32c + fsync + commit)"
 LOAD_WARM = "load, same layout, warm"
 LOAD_COLD = "load, same layout, cold"
 

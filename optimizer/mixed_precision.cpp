@@ -80,7 +80,14 @@ void MixedPrecisionOptimizer::load_state_dict(const std::map<std::string, Tensor
   for (const auto& [key, t] : state)
     if (key.size() < 7 || key.compare(key.size() - 7, 7, ".master") != 0) inner.emplace(key, t);
   inner_->load_state_dict(inner);  // checks its own entries before changing anything
-  for (size_t i = 0; i < masters.size(); ++i) Tensor(masters[i]).copy_(state.at(master_key(i)));
+  for (size_t i = 0; i < masters.size(); ++i) {
+    const Tensor& from = state.at(master_key(i));
+    // The live master itself (a checkpoint load fills it in place): nothing to copy.
+    if (from.device() == masters[i].device() && from.data_ptr() == masters[i].data_ptr() &&
+        from.is_contiguous() && masters[i].is_contiguous())
+      continue;
+    Tensor(masters[i]).copy_(from);
+  }
   masters_.copy_to_model();
 }
 

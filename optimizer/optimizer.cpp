@@ -115,7 +115,15 @@ void Optimizer::load_state_dict_with_steps(const std::map<std::string, Tensor>& 
                " but a step count is >= 0");
   }
 
-  for (auto& [key, target] : targets) target.copy_(state.at(key));
+  for (auto& [key, target] : targets) {
+    const Tensor& from = state.at(key);
+    // A state dict may hold the live tensors themselves (a checkpoint load fills them in place):
+    // nothing to copy.
+    if (from.device() == target.device() && from.data_ptr() == target.data_ptr() &&
+        from.is_contiguous() && target.is_contiguous())
+      continue;
+    target.copy_(from);
+  }
   steps = std::move(loaded);
 }
 

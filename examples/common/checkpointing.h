@@ -58,9 +58,9 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& o);
 // event in the metrics (with "stall_s", what training waited). With --async-save the state is
 // snapshotted and written in the background (parallel::checkpoint::AsyncCheckpointer): a
 // "checkpoint_started" event has the stall and the snapshot's size, and the commit is reported
-// at a later step. `collect` gives this rank's pieces (snapshots) and fills its part of the run
-// state. Every call is collective over `group` when checkpoints are on, and does nothing
-// otherwise.
+// at a later step. `collect` gives this rank's pieces (views of the live state suffice) and fills
+// its part of the run state. Every call is collective over `group` when checkpoints are on, and
+// does nothing otherwise.
 class CheckpointSaver {
  public:
   using Collect = std::function<std::vector<parallel::checkpoint::StatePiece>(nlohmann::json&)>;

@@ -1,15 +1,25 @@
 // See parallel/checkpoint/checkpoint.h.
 #include "parallel/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/io/detail/file.h"
@@ -238,10 +248,14 @@ nlohmann::json write_data_file(const std::string& dir, const std::string& file, 
     const uint64_t nbytes = part.nbytes();
     LOOM_ASSERT(out.written() == layout.data_offset[i], "data file offset ", out.written(), " for ",
                 keys[i], ", the header says ", layout.data_offset[i]);
+    // The checksums of a few MiB of chunks, then one write of them, while they are in the cache.
     std::vector<uint32_t> crcs;
-    for (uint64_t at = 0; at < nbytes; at += chunk_bytes) {
-      const uint64_t n = std::min(chunk_bytes, nbytes - at);
-      crcs.push_back(crc32c(bytes + at, n));
+    const uint64_t per_write =
+        std::max<uint64_t>(1, (uint64_t(4) << 20) / chunk_bytes) * chunk_bytes;
+    for (uint64_t at = 0; at < nbytes; at += per_write) {
+      const uint64_t n = std::min(per_write, nbytes - at);
+      for (uint64_t c = 0; c < n; c += chunk_bytes)
+        crcs.push_back(crc32c(bytes + at + c, std::min(chunk_bytes, n - c)));
       out.write(bytes + at, n);
     }
     nlohmann::json pj = region_json(s.region);
@@ -414,20 +428,68 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   if (writer_.joinable()) writer_.join();
 }
 
+namespace {
+
+// Copies n bytes from src to dst with up to `threads` threads (the snapshot of an asynchronous
+// save is memory-bound; one thread does not use all of a socket's bandwidth).
+void parallel_copy(std::vector<std::tuple<char*, const char*, uint64_t>> copies, int threads) {
+  uint64_t total = 0;
+  for (const auto& c : copies) total += std::get<2>(c);
+  constexpr uint64_t kMinPerThread = uint64_t(32) << 20;
+  threads =
+      int(std::max<uint64_t>(1, std::min<uint64_t>(uint64_t(threads), total / kMinPerThread)));
+  // Thread t copies bytes [total * t / threads, total * (t + 1) / threads) of the concatenation.
+  auto part = [&](int t) {
+    const uint64_t lo = total * uint64_t(t) / uint64_t(threads);
+    const uint64_t hi = total * uint64_t(t + 1) / uint64_t(threads);
+    uint64_t at = 0;
+    for (const auto& [dst, src, n] : copies) {
+      const uint64_t a = std::max(lo, at), b = std::min(hi, at + n);
+      if (a < b) std::memcpy(dst + (a - at), src + (a - at), size_t(b - a));
+      at += n;
+      if (at >= hi) break;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(part, t);
+  part(0);
+  for (std::thread& h : helpers) h.join();
+}
+
+}  // namespace
+
 double AsyncCheckpointer::start(const std::string& dir, int64_t step,
                                 const std::vector<StatePiece>& pieces, const nlohmann::json& state,
                                 const SaveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (job_) wait();  // at most one save in flight
-  // The snapshot in host memory; pieces already there are the caller's copies and are kept.
+  if (job_) wait();  // at most one save in flight: the buffers are free again
+  // The snapshot in host memory, in the buffers of the previous save where they fit.
   std::vector<StatePiece> snapshot;
+  std::vector<std::tuple<char*, const char*, uint64_t>> copies;
+  std::vector<Tensor> sources;  // host copies of device (or strided) pieces, alive until copied
   snapshot_bytes_ = 0;
-  for (const StatePiece& p : pieces) {
+  buffers_.resize(std::max(buffers_.size(), pieces.size()));
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const StatePiece& p = pieces[i];
+    Tensor& buf = buffers_[i];
+    const uint64_t nbytes = uint64_t(p.data.numel()) * dtype_size(p.data.dtype());
+    if (!buf.defined() || buf.dtype() != p.data.dtype() || buf.numel() != p.data.numel())
+      buf = Tensor::empty({p.data.numel()}, p.data.dtype());
+    Tensor src = p.data.detach();
+    if (!src.device().is_cpu()) {
+      src.contiguous().copy_to_host(buf.data_ptr(), size_t(nbytes));
+    } else {
+      if (!src.is_contiguous()) sources.push_back(src = src.contiguous());
+      copies.emplace_back(static_cast<char*>(buf.data_ptr()),
+                          static_cast<const char*>(src.data_ptr()), nbytes);
+    }
     StatePiece c = p;
-    c.data = p.data.detach().to(Device::cpu()).contiguous();
-    snapshot_bytes_ += c.data.nbytes();
+    c.data = buf.reshape(p.data.shape());
+    snapshot_bytes_ += nbytes;
     snapshot.push_back(std::move(c));
   }
+  parallel_copy(std::move(copies),
+                int(std::min(4u, std::max(1u, std::thread::hardware_concurrency()))));
   job_ = begin_save(dir, step, std::move(snapshot), state, *group_, options);
   done_ = false;
   writer_ = std::thread([this] {
@@ -496,29 +558,61 @@ io::CheckpointManifest read_manifest(const std::string& path) {
 
 namespace {
 
-// Opened data files, checked once against the manifest's sizes.
+// Opened data files, checked once against the manifest's sizes. Reads are pread()s, so the
+// reader thread of a load and its caller may both use a file.
 class Files {
  public:
   Files(const std::string& dir, const io::CheckpointManifest& m) : dir_(dir) {
     for (const io::CheckpointFile& f : m.files) sizes_[f.name] = f.bytes;
   }
-  io::detail::InFile& open(const std::string& name) {
+  ~Files() {
+    for (const auto& [name, fd] : open_) ::close(fd);
+  }
+  Files(const Files&) = delete;
+  Files& operator=(const Files&) = delete;
+
+  // Opens `name` (once), checking that it exists and has the manifest's size.
+  int open(const std::string& name) {
     auto it = open_.find(name);
-    if (it != open_.end()) return *it->second;
+    if (it != open_.end()) return it->second;
     const std::string path = join(dir_, name);
     LOOM_CHECK(path_exists(path), "checkpoint ", dir_, ": data file ", name,
                " is missing (the manifest lists it)");
-    auto f = std::make_unique<io::detail::InFile>(path, "checkpoint data file");
-    LOOM_CHECK(f->size() == sizes_.at(name), "checkpoint ", dir_, ": data file ", name, " is ",
-               f->size(), " bytes but the manifest says ", sizes_.at(name),
-               f->size() < sizes_.at(name) ? " (truncated)" : "");
-    return *open_.emplace(name, std::move(f)).first->second;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    LOOM_CHECK(fd >= 0, "cannot open checkpoint data file ", path, ": ", std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      LOOM_FAIL("cannot read checkpoint data file ", path, ": not a regular file");
+    }
+    const uint64_t size = uint64_t(st.st_size);
+    if (size != sizes_.at(name)) {
+      ::close(fd);
+      LOOM_FAIL("checkpoint ", dir_, ": data file ", name, " is ", size,
+                " bytes but the manifest says ", sizes_.at(name),
+                size < sizes_.at(name) ? " (truncated)" : "");
+    }
+    return open_.emplace(name, fd).first->second;
+  }
+  // Reads exactly n bytes at `offset` of an opened file.
+  void read_at(const std::string& name, uint64_t offset, char* dst, uint64_t n) const {
+    const int fd = open_.at(name);
+    while (n > 0) {
+      const ssize_t r =
+          ::pread(fd, dst, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)), off_t(offset));
+      if (r < 0 && errno == EINTR) continue;
+      LOOM_CHECK(r > 0, "checkpoint ", dir_, ": cannot read data file ", name, " at offset ",
+                 offset, ": ", r < 0 ? std::strerror(errno) : "it ended early (truncated?)");
+      dst += r;
+      offset += uint64_t(r);
+      n -= uint64_t(r);
+    }
   }
 
  private:
   std::string dir_;
   std::map<std::string, uint64_t> sizes_;
-  std::map<std::string, std::unique_ptr<io::detail::InFile>> open_;
+  std::map<std::string, int> open_;
 };
 
 // Throws unless chunk c of a stored piece (its bytes at `bytes`) matches its checksum.
@@ -532,14 +626,105 @@ void check_chunk(const std::string& dir, const std::string& tensor, const io::St
              "): the file is damaged");
 }
 
-// Reads chunks [first, last] of a stored piece into buf (the piece's bytes) and checks them.
-void read_chunks(Files& files, const std::string& dir, const std::string& tensor,
-                 const io::StoredPiece& p, uint64_t first, uint64_t last, char* buf) {
-  const uint64_t begin = first * p.chunk_bytes;
-  const uint64_t end = std::min(p.nbytes, (last + 1) * p.chunk_bytes);
-  files.open(p.file).read_at(p.offset + begin, buf + begin, end - begin);
-  for (uint64_t c = first; c <= last; ++c) check_chunk(dir, tensor, p, c, buf + c * p.chunk_bytes);
-}
+// Note [Pipelined load]
+// A load reads its plan's chunk runs in blocks of whole chunks (a few MiB) on a reader thread,
+// while the calling thread checks each block's checksums and copies it out: the read (the kernel's
+// copy out of the page cache, or the disk) and the CPU work overlap, and each block is checked
+// while it is still in the cache. A block that lies inside one destination run is read straight
+// into it; any other (the ends of a resharded run, pieces wanted twice) goes through one of a few
+// reusable bounce buffers. The reader stays at most kDepth blocks ahead. An error on either side
+// stops both and is raised on the calling thread; every byte the load uses was read and checked.
+struct Block {
+  size_t source;           // index into the plan's sources
+  uint64_t first, last;    // chunks, of the stored piece
+  uint64_t begin, end;     // bytes, of the stored piece
+  char* direct = nullptr;  // the destination it is read into, or null: a bounce buffer
+  size_t direct_copy = 0;  // which copy of the source `direct` serves
+};
+
+constexpr uint64_t kBlockBytes = uint64_t(4) << 20;
+constexpr size_t kDepth = 3;
+
+class BlockReader {
+ public:
+  BlockReader(const Files& files, const io::CheckpointManifest& manifest, const ReadPlan& plan,
+              const std::vector<Block>& blocks)
+      : files_(files), manifest_(manifest), plan_(plan), blocks_(blocks) {
+    uint64_t most = 0;
+    for (const Block& b : blocks_)
+      if (!b.direct) most = std::max(most, b.end - b.begin);
+    if (most > 0)
+      for (auto& buf : bounce_) buf.reset(new char[most]);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~BlockReader() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  BlockReader(const BlockReader&) = delete;
+  BlockReader& operator=(const BlockReader&) = delete;
+
+  // Waits until block i (the next one the caller has not taken) is read; its bytes. Rethrows the
+  // reader's error when reading it failed.
+  const char* take(size_t i) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return read_ > i || error_; });
+    if (read_ <= i) std::rethrow_exception(error_);
+    return blocks_[i].direct ? blocks_[i].direct : bounce_[i % kDepth].get();
+  }
+  // The caller is done with block i: its bounce buffer may be reused.
+  void release(size_t i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = i + 1;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void run() {
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || i < done_ + kDepth; });
+        if (stop_) return;
+      }
+      const Block& b = blocks_[i];
+      const ReadPlan::Source& src = plan_.sources[b.source];
+      const io::StoredPiece& sp = manifest_.tensors.at(src.tensor).pieces[src.piece];
+      char* dst = b.direct ? b.direct : bounce_[i % kDepth].get();
+      try {
+        files_.read_at(sp.file, sp.offset + b.begin, dst, b.end - b.begin);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::current_exception();
+        cv_.notify_all();
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        read_ = i + 1;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  const Files& files_;
+  const io::CheckpointManifest& manifest_;
+  const ReadPlan& plan_;
+  const std::vector<Block>& blocks_;
+  std::array<std::unique_ptr<char[]>, kDepth> bounce_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t read_ = 0, done_ = 0;  // blocks read; blocks the caller is done with
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
 
 uint64_t load_local(const std::string& path, const io::CheckpointManifest& manifest,
                     const std::vector<StatePiece>& pieces) {
@@ -553,26 +738,60 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
     direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == stored;
     staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, stored);
   }
+  auto dst_of = [&](const ReadPlan::Copy& c, uint64_t es) {
+    return static_cast<char*>(staging[c.request].data_ptr()) + uint64_t(c.dst_index) * es;
+  };
+  // The blocks, in plan order (Note [Pipelined load]); every file is opened (and its size
+  // checked) before the first read.
   Files files(path, manifest);
-  for (const ReadPlan::Source& src : plan.sources) {
+  std::vector<Block> blocks;
+  for (size_t s = 0; s < plan.sources.size(); ++s) {
+    const ReadPlan::Source& src = plan.sources[s];
     const io::TensorEntry& t = manifest.tensors.at(src.tensor);
     const io::StoredPiece& sp = t.pieces[src.piece];
     const uint64_t es = dtype_size(t.dtype);
-    const std::vector<ReadPlan::Copy>& copies = src.copies;
-    // A stored piece that lands whole in one destination run (the same layout's load) is read
-    // straight into it; otherwise into a buffer, then copied out run by run.
-    const bool whole =
-        copies.size() == 1 && copies[0].src_index == 0 && uint64_t(copies[0].n) * es == sp.nbytes;
-    std::unique_ptr<char[]> own;
-    char* buf =
-        whole ? static_cast<char*>(staging[copies[0].request].data_ptr()) + copies[0].dst_index * es
-              : (own.reset(new char[sp.nbytes]), own.get());
-    for (const auto& [first, last] : src.chunk_runs)
-      read_chunks(files, path, src.tensor, sp, first, last, buf);
-    if (whole) continue;
-    for (const ReadPlan::Copy& c : copies) {
-      char* dst = static_cast<char*>(staging[c.request].data_ptr());
-      std::memcpy(dst + c.dst_index * es, buf + c.src_index * es, size_t(c.n) * es);
+    files.open(sp.file);
+    const uint64_t per_block = std::max<uint64_t>(1, kBlockBytes / sp.chunk_bytes);
+    for (const auto& [first, last] : src.chunk_runs) {
+      for (uint64_t k = first; k <= last; k += per_block) {
+        Block b{s, k, std::min(last, k + per_block - 1), 0, 0};
+        b.begin = b.first * sp.chunk_bytes;
+        b.end = std::min(sp.nbytes, (b.last + 1) * sp.chunk_bytes);
+        for (size_t ci = 0; ci < src.copies.size(); ++ci) {
+          const ReadPlan::Copy& c = src.copies[ci];
+          const uint64_t lo = uint64_t(c.src_index) * es, hi = lo + uint64_t(c.n) * es;
+          if (lo <= b.begin && b.end <= hi) {
+            b.direct = dst_of(c, es) + (b.begin - lo);
+            b.direct_copy = ci;
+            break;
+          }
+        }
+        blocks.push_back(b);
+      }
+    }
+  }
+  {
+    BlockReader reader(files, manifest, plan, blocks);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Block& b = blocks[i];
+      const ReadPlan::Source& src = plan.sources[b.source];
+      const io::TensorEntry& t = manifest.tensors.at(src.tensor);
+      const io::StoredPiece& sp = t.pieces[src.piece];
+      const uint64_t es = dtype_size(t.dtype);
+      const char* bytes = reader.take(i);  // the stored piece's bytes [b.begin, b.end)
+      for (uint64_t c = b.first; c <= b.last; ++c)
+        check_chunk(path, src.tensor, sp, c, bytes + (c * sp.chunk_bytes - b.begin));
+      // Out into every other destination run the block overlaps.
+      for (size_t ci = 0; ci < src.copies.size(); ++ci) {
+        if (b.direct && ci == b.direct_copy) continue;
+        const ReadPlan::Copy& c = src.copies[ci];
+        const uint64_t lo = std::max(b.begin, uint64_t(c.src_index) * es);
+        const uint64_t hi = std::min(b.end, uint64_t(c.src_index + c.n) * es);
+        if (lo >= hi) continue;
+        std::memcpy(dst_of(c, es) + (lo - uint64_t(c.src_index) * es), bytes + (lo - b.begin),
+                    size_t(hi - lo));
+      }
+      reader.release(i);
     }
   }
   for (size_t i = 0; i < pieces.size(); ++i)
@@ -700,7 +919,7 @@ void verify(const std::string& path, const io::CheckpointManifest& manifest) {
       buf.resize(std::min(p.nbytes, p.chunk_bytes));
       for (uint64_t at = 0; at < p.nbytes; at += p.chunk_bytes) {
         const uint64_t n = std::min(p.chunk_bytes, p.nbytes - at);
-        files.open(p.file).read_at(p.offset + at, buf.data(), n);
+        files.read_at(p.file, p.offset + at, buf.data(), n);
         check_chunk(path, name, p, at / p.chunk_bytes, buf.data());
       }
     }

@@ -71,6 +71,9 @@ struct SaveJob;
 // Asynchronous saves: start() snapshots the pieces into host memory (the only copy this class
 // holds: at most one save is in flight, so its memory is bounded by one rank's state, reported by
 // snapshot_bytes()) and writes this rank's file on a background thread while training goes on.
+// The snapshot's buffers are kept for the next save (the same pieces fit them again), so a save
+// after the first copies into memory that is already there rather than page-faulting fresh
+// memory; they are freed with the saver.
 // Everything collective stays on the calling thread, in start(), poll() and wait(), which every
 // rank of `group` must call at the same points (MPI is initialised for one thread at a time):
 //
@@ -91,10 +94,10 @@ class AsyncCheckpointer {
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
-  // Waits for a save still in flight (committing it), then plans and starts writing `pieces`.
-  // Their data must be snapshots that nothing else changes (TrainingState::save_pieces gives
-  // copies); device tensors are copied to the host. Returns the seconds the caller was held up
-  // (the stall). Collective.
+  // Waits for a save still in flight (committing it), copies `pieces` into the snapshot (from
+  // any device, with a few threads), then plans and starts writing it. The pieces may be the live
+  // tensors (TrainingState::save_pieces gives views): training may change them once start()
+  // returns. Returns the seconds the caller was held up (the stall). Collective.
   double start(const std::string& dir, int64_t step, const std::vector<StatePiece>& pieces,
                const nlohmann::json& state, const SaveOptions& options = {});
   // Commits the save in flight if every rank has written its file (one small allreduce); the
@@ -111,6 +114,7 @@ class AsyncCheckpointer {
   std::thread writer_;
   std::atomic<bool> done_{false};
   uint64_t snapshot_bytes_ = 0;
+  std::vector<Tensor> buffers_;  // the snapshot's host memory, kept between saves
 };
 
 // The step directory `latest` names in `dir`, or when it is missing or names a checkpoint that

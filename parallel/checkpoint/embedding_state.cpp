@@ -166,7 +166,7 @@ void EmbeddingState::load(const std::string& path, const io::CheckpointManifest&
   std::vector<StatePiece> targets = pieces(/*snapshot=*/false);
   std::unique_ptr<OptimizerStateLoad> opt;
   if (dense_) {
-    opt = std::make_unique<OptimizerStateLoad>(*dense_, places(parts_()));
+    opt = std::make_unique<OptimizerStateLoad>(*dense_, places(parts_()), s);
     targets.insert(targets.end(), opt->pieces().begin(), opt->pieces().end());
   }
   checkpoint::load(path, manifest, targets, group);

@@ -1,7 +1,10 @@
 // See parallel/checkpoint/training_state.h.
 #include "parallel/checkpoint/training_state.h"
 
+#include <optional>
+
 #include "core/error.h"
+#include "optimizer/adamw.h"
 #include "optimizer/mixed_precision.h"
 
 namespace loom::parallel::checkpoint {
@@ -62,6 +65,24 @@ std::string across_dtypes(const std::string& name, DType dtype,
     return model + name.substr(optim.size(), name.size() - optim.size() - master.size());
   }
   return name;
+}
+
+// The update count of each parameter at `places` from a manifest's state (its
+// "optimizer_steps"). Throws naming the first parameter it lacks.
+std::vector<int64_t> update_counts(const std::vector<ParamPlace>& places,
+                                   const nlohmann::json& state) {
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json& steps =
+      state.contains("optimizer_steps") ? state["optimizer_steps"] : empty;
+  std::vector<int64_t> counts;
+  for (const ParamPlace& p : places) {
+    LOOM_CHECK(steps.contains(p.name) && steps[p.name].is_number_integer() &&
+                   steps[p.name].get<int64_t>() >= 0,
+               "checkpoint: the manifest has no update count (an integer >= 0) for ", p.name,
+               " (state.optimizer_steps): saved by another optimizer?");
+    counts.push_back(steps[p.name].get<int64_t>());
+  }
+  return counts;
 }
 
 }  // namespace
@@ -128,12 +149,42 @@ std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& places
   return out;
 }
 
-void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
-                         const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places) {
+namespace {
+
+// The update count of each parameter, for the optimizers that tell it without state_dict() (which
+// copies the whole state only to give them); nullopt for the others.
+std::optional<std::vector<int64_t>> update_counts_of(const optim::Optimizer& optimizer) {
+  const optim::Optimizer* o = &optimizer;
+  if (const auto* mixed = dynamic_cast<const optim::MixedPrecisionOptimizer*>(o))
+    o = &mixed->inner();
+  const auto* adamw = dynamic_cast<const optim::AdamW*>(o);
+  if (!adamw) return std::nullopt;
+  std::vector<int64_t> counts;
+  for (size_t i = 0; i < adamw->params().size(); ++i) counts.push_back(adamw->step_count(i));
+  return counts;
+}
+
+// add_optimizer_state, with the live state tensors when `copy` is false.
+void add_optimizer_pieces(std::vector<StatePiece>& pieces, nlohmann::json& state,
+                          const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places,
+                          bool copy) {
   LOOM_ASSERT(optimizer.params().size() == places.size(), "checkpoint: ", places.size(),
               " places for the ", optimizer.params().size(), " parameters of ", optimizer.name());
+  // state_dict()'s entries (Note [Optimizer state dict]): copies, or the live tensors and the
+  // counts.
+  std::map<std::string, Tensor> entries;
+  const std::optional<std::vector<int64_t>> counts =
+      copy ? std::nullopt : update_counts_of(optimizer);
+  if (counts && counts->size() == places.size()) {
+    for (const auto& [key, t] : optimizer.state()) entries.emplace(key, t.detach().contiguous());
+    for (size_t i = 0; i < counts->size(); ++i)
+      entries.emplace(std::to_string(i) + ".step",
+                      Tensor::from_vector(std::vector<int64_t>{(*counts)[i]}, {1}));
+  } else {
+    entries = optimizer.state_dict();
+  }
   nlohmann::json& steps = state["optimizer_steps"];
-  for (const auto& [key, t] : optimizer.state_dict()) {
+  for (const auto& [key, t] : entries) {
     size_t i;
     std::string kind;
     LOOM_CHECK(split_state_key(key, i, kind) && i < places.size(), "checkpoint: ", optimizer.name(),
@@ -152,15 +203,39 @@ void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
   }
 }
 
-OptimizerStateLoad::OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places)
+}  // namespace
+
+void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
+                         const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places) {
+  add_optimizer_pieces(pieces, state, optimizer, places, /*copy=*/true);
+}
+
+// Note [Optimizer state loaded in place]
+// The optimizer's state is loaded straight into its live tensors: no room the size of the state is
+// allocated (on a machine where every fresh page faults, that was most of a load), and nothing is
+// copied afterwards: load_state_dict finds each entry is its own target and copies nothing, but
+// still installs the step counts (and a MixedPrecisionOptimizer's masters into the model). So that
+// a state load_state_dict would refuse leaves the optimizer as it was, everything it could refuse
+// is checked before the first byte is read: the keys, dtypes and shapes are the optimizer's own,
+// and the constructor checks the manifest's step counts (update_counts). When they would be
+// refused, the state is read into room of its own instead, so that the optimizer stays as it was
+// while the ranks still load (and agree) together, and finish() raises the error.
+
+OptimizerStateLoad::OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places,
+                                       const nlohmann::json& state)
     : optimizer_(optimizer), places_(std::move(places)) {
   LOOM_ASSERT(optimizer.params().size() == places_.size(), "checkpoint: ", places_.size(),
               " places for the ", optimizer.params().size(), " parameters of ", optimizer.name());
-  // A state dict's keys are state()'s plus the step counts (Note [Optimizer state dict]): room
-  // for each, uninitialised, since the load overwrites every element (a clone of the live state
-  // would be copied for nothing).
+  bool refused = false;
+  try {
+    update_counts(places_, state);
+  } catch (const Error&) {
+    refused = true;
+  }
+  // A state dict's keys are state()'s plus the step counts (Note [Optimizer state dict]); the
+  // state entries are the live tensors (Note [Optimizer state loaded in place]).
   for (const auto& [key, live] : optimizer.state())
-    state_.emplace(key, Tensor::empty(live.shape(), live.dtype(), live.device()));
+    state_.emplace(key, refused ? Tensor::empty(live.shape(), live.dtype(), live.device()) : live);
   for (size_t i = 0; i < places_.size(); ++i) state_.emplace(std::to_string(i) + ".step", Tensor());
   for (const auto& [key, t] : state_) {
     size_t i;
@@ -174,18 +249,12 @@ OptimizerStateLoad::OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<
 }
 
 void OptimizerStateLoad::finish(const nlohmann::json& state) {
-  const nlohmann::json empty = nlohmann::json::object();
-  const nlohmann::json& steps =
-      state.contains("optimizer_steps") ? state["optimizer_steps"] : empty;
+  const std::vector<int64_t> counts = update_counts(places_, state);
   for (auto& [key, t] : state_) {
     size_t i;
     std::string kind;
     if (!split_state_key(key, i, kind) || kind != "step") continue;
-    const std::string& name = places_[i].name;
-    LOOM_CHECK(steps.contains(name) && steps[name].is_number_integer(),
-               "checkpoint: the manifest has no update count for ", name,
-               " (state.optimizer_steps): saved by another optimizer?");
-    t = Tensor::from_vector(std::vector<int64_t>{steps[name].get<int64_t>()}, {1});
+    t = Tensor::from_vector(std::vector<int64_t>{counts[i]}, {1});
   }
   optimizer_.load_state_dict(state_);
 }
@@ -210,6 +279,11 @@ std::vector<ParamPlace> TrainingState::zero_places() const {
                                  global_name_);
 }
 
+// Note [Saving the live state]
+// save_pieces gives views of the live tensors, not copies: a synchronous checkpoint::save writes
+// them before it returns, and AsyncCheckpointer::start copies them into snapshot buffers it keeps
+// from one save to the next. A copy here would be a second one (and on fresh memory: page faults
+// the size of the state, the larger part of a save on some machines).
 std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const {
   if (const optim::LossScaler* scaler = scaler_of(optimizer_, zero_)) {
     const optim::LossScalerState s = scaler->state();
@@ -220,22 +294,22 @@ std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const 
   if (!zero_) {
     const std::vector<ParamPlace> places = this->places();
     std::vector<Tensor> values;
-    for (const Tensor& p : module_.parameters()) values.push_back(p.detach().contiguous().clone());
+    for (const Tensor& p : module_.parameters()) values.push_back(p.detach().contiguous());
     pieces = value_pieces(places, values);
-    add_optimizer_state(pieces, state, optimizer_, places);
+    add_optimizer_pieces(pieces, state, optimizer_, places, /*copy=*/false);
     return pieces;
   }
   const std::vector<ParamPlace> places = zero_places();
   std::vector<Tensor> values, masters;
-  for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i).clone());
+  for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
   pieces = value_pieces(places, values);
   if (const optim::MasterWeights* m = zero_->masters()) {
-    for (const Tensor& t : m->masters()) masters.push_back(t.clone());
+    for (const Tensor& t : m->masters()) masters.push_back(t.detach().contiguous());
     std::vector<StatePiece> mp = value_pieces(places, masters, "optim.");
     for (StatePiece& p : mp) p.name += ".master";
     pieces.insert(pieces.end(), mp.begin(), mp.end());
   }
-  add_optimizer_state(pieces, state, zero_->inner(), places);
+  add_optimizer_pieces(pieces, state, zero_->inner(), places, /*copy=*/false);
   return pieces;
 }
 
@@ -243,12 +317,11 @@ LoadStats TrainingState::load(const std::string& path, const io::CheckpointManif
                               comm::Communicator& group) {
   std::vector<StatePiece> pieces;
   std::unique_ptr<OptimizerStateLoad> opt;
+  const std::vector<ParamPlace> places = zero_ ? zero_places() : this->places();
   if (!zero_) {
-    const std::vector<ParamPlace> places = this->places();
     pieces = value_pieces(places, module_.parameters());
-    opt = std::make_unique<OptimizerStateLoad>(optimizer_, places);
+    opt = std::make_unique<OptimizerStateLoad>(optimizer_, places, manifest.state);
   } else {
-    const std::vector<ParamPlace> places = zero_places();
     // Each rank reads its own pieces of the parameters (1/N of them); stages 1 and 2, which keep
     // every parameter whole, all-gather the rest afterwards (parameters_changed).
     std::vector<Tensor> values;
@@ -259,8 +332,9 @@ LoadStats TrainingState::load(const std::string& path, const io::CheckpointManif
       for (StatePiece& p : mp) p.name += ".master";
       pieces.insert(pieces.end(), mp.begin(), mp.end());
     }
-    opt = std::make_unique<OptimizerStateLoad>(zero_->inner(), places);
+    opt = std::make_unique<OptimizerStateLoad>(zero_->inner(), places, manifest.state);
   }
+  // The optimizer's state is read into its live tensors (Note [Optimizer state loaded in place]).
   pieces.insert(pieces.end(), opt->pieces().begin(), opt->pieces().end());
   for (StatePiece& p : pieces) p.name = across_dtypes(p.name, p.data.dtype(), manifest);
   const LoadStats stats = checkpoint::load(path, manifest, pieces, group);

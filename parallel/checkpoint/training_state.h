@@ -8,8 +8,9 @@
 //   state["optimizer_steps"][<parameter>]   the parameter's update count (Note [Optimizer
 //                                     state dict]), in the manifest
 //
-// Saving takes snapshots (copies); loading is two steps, because an optimizer's state is
-// replaced as a whole: pieces() gives tensors to fill, then finish() installs them.
+// Saving gives views of the live state (Note [Saving the live state]); loading is two steps,
+// because an optimizer's state is replaced as a whole: pieces() gives tensors to fill, then
+// finish() installs them.
 #pragma once
 
 #include <functional>
@@ -64,10 +65,12 @@ std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& places
 void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,
                          const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places);
 
-// Loading an optimizer's state.
+// Loading an optimizer's state from a checkpoint whose manifest state is `state`: pieces() are the
+// optimizer's live state tensors (Note [Optimizer state loaded in place]).
 class OptimizerStateLoad {
  public:
-  OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places);
+  OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<ParamPlace> places,
+                     const nlohmann::json& state);
   const std::vector<StatePiece>& pieces() const { return pieces_; }
   // After checkpoint::load filled pieces(): the step counts from the manifest's state, then the
   // whole state into the optimizer (which checks it).
@@ -91,7 +94,8 @@ class TrainingState {
   // to the single-process ones (a pipeline's StageSet prefixes each stage with "chunk{k}.").
   TrainingState(nn::Module& module, optim::Optimizer& optimizer, GlobalName global_name = {});
 
-  // The pieces and per-rank state to save (snapshots).
+  // The pieces and per-rank state to save: views of the live tensors, valid until training
+  // changes them (checkpoint::save and AsyncCheckpointer::start copy or write them first).
   std::vector<StatePiece> save_pieces(nlohmann::json& state) const;
   // Loads a checkpoint into the model and the optimizer. Collective over `group`.
   LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,

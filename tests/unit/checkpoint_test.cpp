@@ -123,6 +123,25 @@ TEST(Crc32cTest, RunningChecksumOverPartsEqualsTheWhole) {
   }
 }
 
+// Lengths around the three-stream blocks (Note [Three-way crc32c]: 3 x 8192 and 3 x 512 bytes)
+// and their combinations, each against the bit-by-bit reference, from a zero and a running start.
+TEST(Crc32cTest, ThreeStreamLengthsEqualTheReference) {
+  std::mt19937 rng(2);
+  std::string data(3 * 3 * 8192 + 3 * 512 + 64, '\0');
+  for (char& c : data) c = char(rng());
+  const uint32_t running = crc32c_bitwise("prefix");
+  for (size_t n :
+       {size_t(1535), size_t(1536), size_t(1537), size_t(1536 + 7), size_t(3071), size_t(24575),
+        size_t(24576), size_t(24576 + 1536 + 5), size_t(2 * 24576), data.size() - 3}) {
+    const std::string part = data.substr(0, n);
+    EXPECT_EQ(crc32c(part.data(), n), crc32c_bitwise(part)) << n << " bytes";
+    EXPECT_EQ(crc32c(part.data(), n, running), crc32c_bitwise("prefix" + part)) << n << " bytes";
+    // An unaligned start, as a chunk inside a file buffer may have.
+    const std::string shifted = data.substr(3, n);
+    EXPECT_EQ(crc32c(data.data() + 3, n), crc32c_bitwise(shifted)) << n << " bytes at offset 3";
+  }
+}
+
 TEST(Crc32cTest, EmptyInput) {
   EXPECT_EQ(crc32c(nullptr, 0), 0u);
   EXPECT_EQ(crc32c_bitwise(""), 0u);
