@@ -26,17 +26,21 @@ thread_local bool grad_mode = true;
 
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, BackwardFn fn) : Node(name), fn_(std::move(fn)) {}
+  FunctionNode(const char* name, BackwardFn fn, std::vector<SavedTensor> saved)
+      : Node(name), fn_(std::move(fn)), saved_(std::move(saved)) {}
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     LOOM_CHECK(fn_ != nullptr, "backward: trying to backward through ", name(),
                " a second time; its saved tensors were freed by the first backward");
+    for (const SavedTensor& s : saved_) s.check(*this);
     std::vector<Tensor> grads = fn_(grad_output);
     fn_ = nullptr;  // release saved tensors now: activations are freed as backward proceeds
+    saved_.clear();
     return grads;
   }
 
  private:
   BackwardFn fn_;
+  std::vector<SavedTensor> saved_;
 };
 
 class AccumulateGrad final : public Node {
@@ -83,6 +87,14 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
 
 bool is_accumulator(const Node* n) { return dynamic_cast<const AccumulateGrad*>(n) != nullptr; }
 
+// Which of the op's tensors `t` is, for SavedTensor's error: an input or the output when it
+// views the same storage, else a tensor the forward computed.
+int saved_role(const Tensor& t, const Tensor& output, const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined() && inputs[i].storage() == t.storage()) return int(i);
+  return output.storage() == t.storage() ? SavedTensor::kOutput : SavedTensor::kComputed;
+}
+
 }  // namespace
 
 Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequence_nr++) {}
@@ -101,10 +113,40 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
+SavedTensor::SavedTensor(const Tensor& tensor, int role)
+    : tensor_(tensor),
+      storage_(tensor.storage()),
+      version_(tensor.storage()->version()),
+      role_(role) {}
+
+void SavedTensor::check(const Node& node) const {
+  // Cheap on the normal path: a pointer and an integer compare (owner_before reads no counts).
+  const std::shared_ptr<Storage>& now = tensor_.storage();
+  const bool same_storage = !storage_.owner_before(now) && !now.owner_before(storage_);
+  if (same_storage && now->version() == version_) return;
+  const std::string role = role_ >= 0         ? "input " + std::to_string(role_)
+                           : role_ == kOutput ? std::string("the output")
+                                              : std::string("a tensor computed by the forward");
+  LOOM_FAIL("backward of ", node.name(), ": ", role, " of ", node.name(), " (", tensor_.str(),
+            "), saved for backward, ",
+            same_storage ? "was modified by an in-place operation after the forward saved it "
+                           "(version " +
+                               std::to_string(version_) + " then, " +
+                               std::to_string(now->version()) + " now)"
+                         : "was given other memory (set_data or to_) after the forward saved it",
+            "; its gradient would use values the forward never saw. Hint: use clone() on the "
+            "tensor before the in-place change, or move the in-place change (an optimizer step, "
+            "copy_, fill_, +=) after backward");
+}
+
 void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
-            BackwardFn backward) {
+            const std::vector<Tensor>& saved, BackwardFn backward) {
   if (!needs_grad(inputs)) return;
-  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  std::vector<SavedTensor> saved_tensors;
+  saved_tensors.reserve(saved.size());
+  for (const Tensor& t : saved)
+    if (t.defined()) saved_tensors.emplace_back(t, saved_role(t, output, inputs));
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward), std::move(saved_tensors));
   node->next.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     if (t.defined())
@@ -209,7 +251,9 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
   }
   out = out.detach();
   std::vector<Tensor> saved = inputs;
-  record(out, "checkpoint", inputs, [fn, saved](const Tensor& g) {
+  // The recomputation reads the inputs, so an in-place change to one would recompute a different
+  // forward: saved (and checked) like any op's.
+  record(out, "checkpoint", inputs, saved, [fn, saved](const Tensor& g) {
     std::vector<Tensor> fresh;
     fresh.reserve(saved.size());
     for (const Tensor& t : saved) {

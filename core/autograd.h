@@ -69,11 +69,35 @@ class EnableGradGuard {
 // True if recording is on and any defined input requires a gradient.
 bool needs_grad(const std::vector<Tensor>& inputs);
 
+// A tensor an op keeps for its backward, with the storage it viewed and that storage's version
+// when it was saved (See Note [Version counter] in core/tensor.h). check() raises a loom::Error
+// naming the op and the tensor when the tensor was written in place (or re-pointed at other
+// memory by set_data/to_) since: its backward would compute with values the forward never saw.
+class SavedTensor {
+ public:
+  // `role`, for the error: which input of the op this is (its index), or kOutput, or kComputed
+  // (a tensor the forward made: a contiguous copy, statistics).
+  static constexpr int kOutput = -1;
+  static constexpr int kComputed = -2;
+  SavedTensor(const Tensor& tensor, int role);
+  void check(const Node& node) const;
+
+ private:
+  Tensor tensor_;
+  std::weak_ptr<Storage> storage_;  // identity only (never locked): set_data swaps storages
+  uint64_t version_;
+  int role_;
+};
+
 // Records `backward` as the grad_fn of `output` when needs_grad(inputs). Call after computing
-// the output. `backward` must not capture `output` itself (that would be a cycle): capture
-// output.detach() where the backward needs the result.
+// the output. `saved` lists every tensor whose values `backward` reads (captured inputs, their
+// contiguous copies, the output, intermediates); each is checked against its version before
+// `backward` runs, so an in-place change between forward and backward raises instead of giving
+// wrong gradients. A tensor `backward` captures only for its shape, device or as a place to
+// write (a fused optimizer's table) is not listed. `backward` must not capture `output` itself
+// (that would be a cycle): capture output.detach() where the backward needs the result.
 void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
-            BackwardFn backward);
+            const std::vector<Tensor>& saved, BackwardFn backward);
 
 // Backpropagates from several outputs at once (a pipeline stage's backward): each output with a
 // grad_fn (or a leaf requiring grad) receives the matching grad_output. Gradients accumulate

@@ -253,6 +253,7 @@ void Tensor::copy_from_host(const void* src, size_t nbytes_in) {
   LOOM_CHECK(nbytes_in == nbytes(), "Tensor::copy_from_host: ", nbytes_in, " bytes for ", str(),
              " (needs ", nbytes(), ")");
   if (nbytes_in == 0) return;
+  impl_->storage->bump_version();  // See Note [Version counter]
   if (device().is_cpu())
     std::memcpy(data_ptr(), src, nbytes_in);
   else
@@ -335,7 +336,7 @@ Tensor Tensor::contiguous() const {
   require_defined("contiguous");
   if (is_contiguous()) return *this;
   Tensor out = contiguous_copy(*this);
-  autograd::record(out, "contiguous", {*this},
+  autograd::record(out, "contiguous", {*this}, {},
                    [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
@@ -343,7 +344,8 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   require_defined("clone");
   Tensor out = contiguous_copy(*this);
-  autograd::record(out, "clone", {*this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  autograd::record(out, "clone", {*this}, {},
+                   [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
 
@@ -400,7 +402,7 @@ Tensor Tensor::to(Device target) const {
   Tensor out = Tensor::empty(shape(), dtype(), target);
   copy_bytes(src, out);
   Device source = device();
-  autograd::record(out, "to_device", {*this},
+  autograd::record(out, "to_device", {*this}, {},
                    [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
   return out;
 }
@@ -411,7 +413,7 @@ Tensor Tensor::to(DType target) const {
   Tensor out = convert_copy(*this, target);
   if (is_floating(dtype()) && is_floating(target)) {
     DType source = dtype();
-    autograd::record(out, "to_dtype", {*this},
+    autograd::record(out, "to_dtype", {*this}, {},
                      [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
   }
   return out;
@@ -425,6 +427,7 @@ void Tensor::copy_(const Tensor& src) {
   LOOM_CHECK(src.dtype() == dtype(), "Tensor::copy_: source dtype ", dtype_name(src.dtype()),
              " does not match destination ", dtype_name(dtype()));
   Tensor s = src.detach().contiguous();
+  impl_->storage->bump_version();  // See Note [Version counter]
   if (is_contiguous()) {
     copy_bytes(s, *this);
     return;
@@ -452,6 +455,7 @@ void Tensor::copy_(const Tensor& src) {
 void Tensor::fill_(double value) {
   require_defined("fill_");
   LOOM_CHECK(is_contiguous(), "Tensor::fill_: tensor ", str(), " is not contiguous");
+  impl_->storage->bump_version();  // See Note [Version counter]
   visit_dtype(dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = kernels::cpu::convert_scalar<T>(value);

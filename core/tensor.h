@@ -3,6 +3,7 @@
 // contiguous() first. A Tensor is a cheap handle (one shared_ptr); copies alias.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,6 +61,15 @@ class Storage {
   bool released() const { return released_; }
   bool external() const { return external_; }
 
+  // See Note [Version counter]. Every write of these bytes through loom (Tensor::copy_, fill_,
+  // add_, an optimizer step, ...) bumps it; autograd compares it at backward against the value
+  // it recorded when an op saved a tensor viewing this storage.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // Sets the version back after a write that rewrote the very values it had then (ZeRO-3's
+  // re-gather of unchanged shards, See Note [ZeRO-3 re-gathers]); no other write may use it.
+  void restore_version(uint64_t version) { version_.store(version, std::memory_order_relaxed); }
+
  private:
   void* data_;
   size_t nbytes_;
@@ -67,7 +77,24 @@ class Storage {
   bool released_ = false;
   bool external_ = false;
   std::shared_ptr<void> owner_;  // external storage only: keeps data_ alive
+  std::atomic<uint64_t> version_{0};
 };
+
+// Note [Version counter]
+// An op that saves a tensor for backward (autograd::record's `saved`) notes the tensor's storage
+// and that storage's version; the backward checks both before it runs and raises naming the op
+// and the tensor when either changed (See autograd::SavedTensor). The counter sits on the Storage,
+// so every view of the same bytes (narrow, reshape, detach, a parameter viewing a DDP/ZeRO flat
+// buffer) shares it: writing one view invalidates what was saved from another.
+// Who bumps: every Tensor method and op that writes existing bytes (copy_, fill_/zero_,
+// copy_from_host, add_, scale_, the Python in-place methods, which call these), and the code that
+// writes a parameter's bytes with a raw kernel: SGD and AdamW steps, the fused embedding
+// optimizers, ZeRO-1/2's all-gather of updated shards. set_data and to_ swap a tensor's storage
+// instead of writing it; the saved tensor notices the different storage. Collectives do not
+// bump: the caller that writes a parameter through one bumps (See Note [ZeRO-3 re-gathers]
+// in parallel/sharded_parameters.h).
+// Writes loom cannot see (a numpy view's writes, a user's kernel on data_ptr()) are not counted;
+// call storage()->bump_version() after them.
 
 namespace autograd {
 class Node;
@@ -135,8 +162,10 @@ class Tensor {
   void zero_() { fill_(0.0); }
   // Makes this tensor use `source`'s memory (same shape, dtype and device; its values become
   // source's), keeping its own autograd identity: gradient, hooks and graph edges. DDP and ZeRO
-  // move parameters into flat buffers this way. Not while a graph that saved this tensor is
-  // waiting for backward: the saved tensor would see the new memory.
+  // move parameters into flat buffers this way. Views made earlier (what most ops save for
+  // backward: detach(), contiguous copies) keep the old memory; a graph that saved this tensor
+  // itself (checkpoint's inputs) would see the new memory, so its backward raises (See Note
+  // [Version counter]).
   void set_data(const Tensor& source);
   // Converts a leaf's values to floating `dtype` in new memory, keeping its autograd identity
   // (this impl, requires_grad, hooks): how Module::to casts parameters. Drops the gradient, which

@@ -35,6 +35,7 @@ void AdamW::step() {
     if (!g.defined()) continue;
     Tensor& p = params_[i];
     require_f32(p);
+    p.storage()->bump_version();  // the kernels below write p: See Note [Version counter]
     kernels::cpu::AdamWHyper h = hyper(++steps_[i]);
     if (p.device().is_cuda()) {
       cuda_groups[{p.device().index, h.step}].push_back({p.data<float>(), g.data<float>(),

@@ -34,6 +34,7 @@ void SGD::step() {
     if (!g.defined()) continue;
     Tensor& p = params_[i];
     require_f32(p);
+    p.storage()->bump_version();  // the kernels below write p: See Note [Version counter]
     const kernels::cpu::SgdHyper h = hyper(steps_[i] == 0);
     float* buf = momentum_.empty() ? nullptr : momentum_[i].data<float>();
     ++steps_[i];

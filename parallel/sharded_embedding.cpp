@@ -309,6 +309,7 @@ struct OutputExchange {
       LOOM_ASSERT(int64_t(all[size_t(i)].size()) == U, kOp, ": rank ", i, " updates ",
                   all[size_t(i)].size(), " split rows, this rank ", U);
     if (!split) return;
+    for (const Tensor& w : split->weights) w.storage()->bump_version();  // Note [Version counter]
     float* state = split->fused->momentum1.data<float>();
     for (int64_t k = 0; k < U; ++k) {
       const int64_t t = ids[size_t(2 * k)], row = ids[size_t(2 * k + 1)];
@@ -853,7 +854,8 @@ Tensor ShardedEmbeddingBagCollection::lookup(const Tensor& indices, const Tensor
   if (y.defined()) inputs.push_back(y);
   if (ydp.defined()) inputs.push_back(ydp);
   const bool has_y = y.defined(), has_ydp = ydp.defined();
-  autograd::record(out, "sharded_embedding_output", inputs,
+  // The backward reads host copies `ex` made in the forward: nothing to save.
+  autograd::record(out, "sharded_embedding_output", inputs, {},
                    [ex = std::move(ex), has_y, has_ydp, W, B](const Tensor& g) {
                      std::vector<float> dy, dydp;
                      ex.backward(g.to_vector<float>(), dy, dydp);

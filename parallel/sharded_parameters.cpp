@@ -85,6 +85,8 @@ ShardedParameters::ShardedParameters(const NamedParams& params, const BucketPlan
     grads_expected_[b] = int(bucket.slots.size());
     shards_.push_back(full.narrow(0, int64_t(rank) * size, size).clone());
     gathered_.push_back(full);
+    gathered_from_.push_back(shards_.back().storage()->version());
+    gathered_version_.push_back(full.storage()->version());
     full.storage()->release();  // See Note [Released parameter memory]
 
     nn::Module* unit = units_[b];
@@ -109,6 +111,13 @@ void ShardedParameters::start_gather(size_t b) {
   if (resident_[b]) return;
   gathered_[b].storage()->materialize();
   resident_[b] = 1;
+  // See Note [ZeRO-3 re-gathers]: only new values invalidate what backward saved.
+  gathered_version_[b] = gathered_[b].storage()->version();
+  const uint64_t shard_version = shards_[b].storage()->version();
+  if (shard_version != gathered_from_[b]) {
+    ++gathered_version_[b];
+    gathered_from_[b] = shard_version;
+  }
   Tensor out = gathered_[b];
   in_flight_[b] = group_->allgather(shards_[b], out);
 }
@@ -118,6 +127,7 @@ void ShardedParameters::gather(size_t b) {
   if (in_flight_[b]) {
     in_flight_[b]->wait();
     in_flight_[b] = nullptr;
+    gathered_[b].storage()->restore_version(gathered_version_[b]);
   }
 }
 
@@ -125,6 +135,7 @@ void ShardedParameters::release(size_t b) {
   if (in_flight_[b]) {  // a prefetch no one used: the collective must still complete
     in_flight_[b]->wait();
     in_flight_[b] = nullptr;
+    gathered_[b].storage()->restore_version(gathered_version_[b]);
   }
   gathered_[b].storage()->release();
   resident_[b] = 0;
@@ -151,7 +162,7 @@ Tensor ShardedParameters::post_forward(size_t b, const Tensor& output) {
   if (autograd::grad_enabled() && output.defined() && output.requires_grad()) {
     out = make_view(output, output.shape(), output.strides(), output.offset());
     std::weak_ptr<bool> alive = alive_;
-    autograd::record(out, "zero3_gather", {output}, [this, alive, b](const Tensor& g) {
+    autograd::record(out, "zero3_gather", {output}, {}, [this, alive, b](const Tensor& g) {
       if (alive.lock()) pre_backward(b);
       return std::vector<Tensor>{g};
     });

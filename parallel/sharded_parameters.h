@@ -20,6 +20,19 @@
 // FSDP does by resizing the storage to zero. A parameter read while released raises a clear error
 // instead of reading freed memory.
 //
+// Note [ZeRO-3 re-gathers]
+// The saved views also carry the gathered buffer's version (See Note [Version counter]), and a
+// unit is gathered into the same buffer before forward and again before backward, so the rule
+// for its all-gathers is: a gather leaves the gathered buffer's version as it found it, unless
+// this rank's shard changed since the buffer was last gathered (its version moved: an optimizer
+// step, a checkpoint load); then it bumps it once. Re-gathering unchanged shards rewrites the very
+// values the forward used, so the gather before backward and activation checkpointing's
+// recomputation raise nothing, while a step between forward and backward makes that backward
+// raise instead of computing with the new values. Whatever the backend's own writes did to the
+// version (the self backend copies with copy_, which bumps), it is set to that value once the
+// gather completes. Ranks step their shards together, so each rank's own shard stands for the
+// group's.
+//
 // All-gathers go over a communicator of their own (a split of the group): their order is the
 // order the modules compute in, which is the same on every rank, while gradient reductions on the
 // group's communicator follow gradient arrival (See Note [Bucket launch order]).
@@ -82,6 +95,9 @@ class ShardedParameters {
   std::vector<nn::Module*> units_;  // per bucket
   std::vector<Tensor> shards_;      // per bucket: this rank's shard
   std::vector<Tensor> gathered_;    // per bucket: the full padded buffer the parameters view
+  // Per bucket, See Note [ZeRO-3 re-gathers]: the shard's version when last gathered, and the
+  // version the gathered buffer shows autograd.
+  std::vector<uint64_t> gathered_from_, gathered_version_;
   std::vector<comm::WorkPtr> in_flight_;
   std::vector<char> resident_;
   std::vector<int> grads_expected_, grads_seen_;

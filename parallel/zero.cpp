@@ -237,6 +237,9 @@ void ZeroOptimizer::allgather_shards() {
   for (size_t b = 0; b < flat_params_.size(); ++b) {
     const int64_t size = plan.shard_numel(b);
     Tensor mine = flat_params_[b].narrow(0, int64_t(rank) * size, size);
+    // Other ranks' updated shards land in the parameters: a write autograd must see, as the
+    // local step's is (collectives do not bump; See Note [Version counter]).
+    flat_params_[b].storage()->bump_version();
     works.push_back(reducer_.group().allgather(mine, flat_params_[b]));
   }
   comm::wait_all(works);

@@ -29,7 +29,7 @@ Tensor attention_cuda_bf16(const Tensor& q, const Tensor& k, const Tensor& v, bo
       lse.data<float>(), bh, t, d, causal, cuda_stream(device)));
   Tensor o = out.detach();
   autograd::record(
-      out, "scaled_dot_product_attention", {q, k, v},
+      out, "scaled_dot_product_attention", {q, k, v}, {qc, kc, vc, o, lse},
       [qc, kc, vc, o, lse, bh, t, d, causal](const Tensor& grad) {
         const Device device = qc.device();
         Tensor g = grad.to(DType::kBF16).contiguous();
@@ -89,27 +89,30 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
         bh, t, d, causal, cuda_stream(q.device())));
   }
   Tensor o = out.detach();
-  autograd::record(out, op, {q, k, v}, [qc, kc, vc, o, lse, bh, t, d, causal](const Tensor& g) {
-    Tensor gc = g.contiguous();
-    Tensor dq = Tensor::empty(qc.shape(), DType::kF32, qc.device());
-    Tensor dk = Tensor::empty(qc.shape(), DType::kF32, qc.device());
-    Tensor dv = Tensor::empty(qc.shape(), DType::kF32, qc.device());
-    if (qc.device().is_cpu()) {
-      kernels::cpu::attention_backward(
-          qc.data<float>(), kc.data<float>(), vc.data<float>(), o.data<float>(), lse.data<float>(),
-          gc.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(), bh, t, d, causal);
-    } else {
-      LOOM_IF_CUDA({
-        const size_t bytes = kernels::cuda::attention_backward_workspace_bytes(bh, t, d);
-        Tensor ws = cuda_workspace(qc.device(), bytes);
-        kernels::cuda::attention_backward(
-            qc.data<float>(), kc.data<float>(), vc.data<float>(), o.data<float>(),
-            lse.data<float>(), gc.data<float>(), dq.data<float>(), dk.data<float>(),
-            dv.data<float>(), bh, t, d, causal, ws.data_ptr(), bytes, cuda_stream(qc.device()));
+  autograd::record(
+      out, op, {q, k, v}, {qc, kc, vc, o, lse},
+      [qc, kc, vc, o, lse, bh, t, d, causal](const Tensor& g) {
+        Tensor gc = g.contiguous();
+        Tensor dq = Tensor::empty(qc.shape(), DType::kF32, qc.device());
+        Tensor dk = Tensor::empty(qc.shape(), DType::kF32, qc.device());
+        Tensor dv = Tensor::empty(qc.shape(), DType::kF32, qc.device());
+        if (qc.device().is_cpu()) {
+          kernels::cpu::attention_backward(qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                                           o.data<float>(), lse.data<float>(), gc.data<float>(),
+                                           dq.data<float>(), dk.data<float>(), dv.data<float>(), bh,
+                                           t, d, causal);
+        } else {
+          LOOM_IF_CUDA({
+            const size_t bytes = kernels::cuda::attention_backward_workspace_bytes(bh, t, d);
+            Tensor ws = cuda_workspace(qc.device(), bytes);
+            kernels::cuda::attention_backward(
+                qc.data<float>(), kc.data<float>(), vc.data<float>(), o.data<float>(),
+                lse.data<float>(), gc.data<float>(), dq.data<float>(), dk.data<float>(),
+                dv.data<float>(), bh, t, d, causal, ws.data_ptr(), bytes, cuda_stream(qc.device()));
+          });
+        }
+        return std::vector<Tensor>{dq, dk, dv};
       });
-    }
-    return std::vector<Tensor>{dq, dk, dv};
-  });
   return out;
 }
 

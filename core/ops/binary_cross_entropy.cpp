@@ -47,19 +47,20 @@ Tensor binary_cross_entropy_cuda(const Tensor& logits, const Tensor& targets, co
   kernels::cuda::binary_cross_entropy_mean(static_cast<const double*>(sum.data_ptr()), n,
                                            out.data<float>(), cuda_stream(device));
   const bool targets_need_grad = targets.requires_grad();
-  autograd::record(out, kOp, {logits, targets}, [x, y, n, targets_need_grad](const Tensor& g) {
-    const Device device = x.device();
-    Tensor gc = g.contiguous();
-    Tensor scale = Tensor::empty({1}, DType::kF32, device);
-    kernels::cuda::binary_cross_entropy_grad_scale(gc.data<float>(), n, scale.data<float>(),
-                                                   cuda_stream(device));
-    Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
-    Tensor dy = targets_need_grad ? Tensor::empty(y.shape(), DType::kF32, device) : Tensor();
-    kernels::cuda::binary_cross_entropy_backward(
-        x.data<float>(), y.data<float>(), static_cast<const float*>(scale.data<float>()),
-        dx.data<float>(), dy.defined() ? dy.data<float>() : nullptr, n, cuda_stream(device));
-    return std::vector<Tensor>{dx, dy};
-  });
+  autograd::record(
+      out, kOp, {logits, targets}, {x, y}, [x, y, n, targets_need_grad](const Tensor& g) {
+        const Device device = x.device();
+        Tensor gc = g.contiguous();
+        Tensor scale = Tensor::empty({1}, DType::kF32, device);
+        kernels::cuda::binary_cross_entropy_grad_scale(gc.data<float>(), n, scale.data<float>(),
+                                                       cuda_stream(device));
+        Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
+        Tensor dy = targets_need_grad ? Tensor::empty(y.shape(), DType::kF32, device) : Tensor();
+        kernels::cuda::binary_cross_entropy_backward(
+            x.data<float>(), y.data<float>(), static_cast<const float*>(scale.data<float>()),
+            dx.data<float>(), dy.defined() ? dy.data<float>() : nullptr, n, cuda_stream(device));
+        return std::vector<Tensor>{dx, dy};
+      });
   return out;
 #else
   (void)logits, (void)targets, (void)x, (void)y;
@@ -90,15 +91,17 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
       kernels::cpu::binary_cross_entropy_forward(x.data<float>(), y.data<float>(), n);
   Tensor out = Tensor::scalar(n > 0 ? total / double(n) : 0.0, DType::kF32, x.device());
   const bool targets_need_grad = targets.requires_grad();
-  autograd::record(out, kOp, {logits, targets}, [x, y, n, targets_need_grad](const Tensor& g) {
-    const float scale = n > 0 ? float(g.item() / double(n)) : 0.0f;
-    Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
-    Tensor dy = targets_need_grad ? Tensor::empty(y.shape(), DType::kF32, y.device()) : Tensor();
-    kernels::cpu::binary_cross_entropy_backward(x.data<float>(), y.data<float>(), scale,
-                                                dx.data<float>(),
-                                                dy.defined() ? dy.data<float>() : nullptr, n);
-    return std::vector<Tensor>{dx, dy};
-  });
+  autograd::record(
+      out, kOp, {logits, targets}, {x, y}, [x, y, n, targets_need_grad](const Tensor& g) {
+        const float scale = n > 0 ? float(g.item() / double(n)) : 0.0f;
+        Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
+        Tensor dy =
+            targets_need_grad ? Tensor::empty(y.shape(), DType::kF32, y.device()) : Tensor();
+        kernels::cpu::binary_cross_entropy_backward(x.data<float>(), y.data<float>(), scale,
+                                                    dx.data<float>(),
+                                                    dy.defined() ? dy.data<float>() : nullptr, n);
+        return std::vector<Tensor>{dx, dy};
+      });
   return out;
 }
 

@@ -27,7 +27,7 @@ Tensor dot_interaction(const Tensor& features) {
     LOOM_IF_CUDA(kernels::cuda::dot_interaction_forward(x.data<float>(), out.data<float>(), batch,
                                                         num, dim, cuda_stream(x.device())));
   }
-  autograd::record(out, "dot_interaction", {features}, [x](const Tensor& grad) {
+  autograd::record(out, "dot_interaction", {features}, {x}, [x](const Tensor& grad) {
     Tensor g = grad.contiguous();                                   // [B, P]
     Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());  // [B, F, D]
     if (x.device().is_cpu()) {

@@ -101,7 +101,7 @@ Tensor dropout(const Tensor& x, double p, bool training, const DropoutKey& key) 
       dropout_parts(to.device(), from.data<float>(), to.data<float>(), to.shape(), pf, key);
   };
   run(in, out);
-  autograd::record(out, "dropout", {x}, [run, dtype](const Tensor& g) {
+  autograd::record(out, "dropout", {x}, {}, [run, dtype](const Tensor& g) {
     Tensor gc = g.to(dtype).contiguous();
     Tensor dx = Tensor::empty(gc.shape(), dtype, gc.device());
     run(gc, dx);

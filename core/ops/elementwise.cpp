@@ -80,7 +80,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   check_binary("add", a, b);
   Tensor out = binary_forward(Binary::kAdd, a, b);
   Shape sa = a.shape(), sb = b.shape();
-  autograd::record(out, "add", {a, b}, [sa, sb](const Tensor& g) {
+  autograd::record(out, "add", {a, b}, {}, [sa, sb](const Tensor& g) {
     return std::vector<Tensor>{detail::sum_to_suffix(g, sa), detail::sum_to_suffix(g, sb)};
   });
   return out;
@@ -92,7 +92,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   check_binary("sub", a, b);
   Tensor out = binary_forward(Binary::kSub, a, b);
   Shape sa = a.shape(), sb = b.shape();
-  autograd::record(out, "sub", {a, b}, [sa, sb](const Tensor& g) {
+  autograd::record(out, "sub", {a, b}, {}, [sa, sb](const Tensor& g) {
     return std::vector<Tensor>{detail::sum_to_suffix(g, sa),
                                detail::sum_to_suffix(scale(g, -1.0), sb)};
   });
@@ -107,7 +107,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor sa = a.requires_grad() ? b.detach() : Tensor();  // saved only where a gradient needs it
   Tensor sb = b.requires_grad() ? a.detach() : Tensor();
   Shape shape_a = a.shape(), shape_b = b.shape();
-  autograd::record(out, "mul", {a, b}, [sa, sb, shape_a, shape_b](const Tensor& g) {
+  autograd::record(out, "mul", {a, b}, {sa, sb}, [sa, sb, shape_a, shape_b](const Tensor& g) {
     Tensor ga = sa.defined() ? detail::sum_to_suffix(mul(g, sa), shape_a) : Tensor();
     Tensor gb = sb.defined() ? detail::sum_to_suffix(mul(g, sb), shape_b) : Tensor();
     return std::vector<Tensor>{ga, gb};
@@ -127,7 +127,7 @@ Tensor scale(const Tensor& x, double s) {
     LOOM_IF_CUDA(kernels::cuda::scale(in.data<float>(), float(s), out.data<float>(), in.numel(),
                                       cuda_stream(in.device())));
   }
-  autograd::record(out, "scale", {x},
+  autograd::record(out, "scale", {x}, {},
                    [s](const Tensor& g) { return std::vector<Tensor>{scale(g, s)}; });
   return out;
 }
@@ -146,6 +146,7 @@ void add_(Tensor& x, const Tensor& y, double alpha) {
     return;
   }
   Tensor in = y.detach().contiguous();
+  x.storage()->bump_version();  // See Note [Version counter]
   if (x.device().is_cpu()) {
     kernels::cpu::axpy(x.data<float>(), in.data<float>(), float(alpha), x.numel());
   } else {
@@ -162,6 +163,7 @@ void scale_(Tensor& x, double s) {
     detail::LowPrecision::update(x, [s](Tensor& x32) { scale_(x32, s); });
     return;
   }
+  x.storage()->bump_version();  // See Note [Version counter]
   if (x.device().is_cpu()) {
     kernels::cpu::scale(x.data<float>(), float(s), x.data<float>(), x.numel());
   } else {

@@ -56,7 +56,7 @@ Tensor embedding_cuda_bf16(const Tensor& weight, const Tensor& indices) {
     LOOM_IF_CUDA(kernels::cuda::embedding_forward(
         w.data<BFloat16>(), idx.data<I>(), out.data<BFloat16>(), n, cols, cuda_stream(device)));
   });
-  autograd::record(out, "embedding", {weight}, [idx, vocab, cols, n](const Tensor& grad) {
+  autograd::record(out, "embedding", {weight}, {idx}, [idx, vocab, cols, n](const Tensor& grad) {
     Tensor g = grad.to(DType::kBF16).contiguous();
     Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, g.device());
     visit_index_dtype(idx.dtype(), [&](auto tag) {
@@ -104,7 +104,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
           w.data<float>(), idx.data<I>(), out.data<float>(), n, cols, cuda_stream(device)));
     }
   });
-  autograd::record(out, "embedding", {weight}, [idx, vocab, cols, n](const Tensor& g) {
+  autograd::record(out, "embedding", {weight}, {idx}, [idx, vocab, cols, n](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, gc.device());
     visit_index_dtype(idx.dtype(), [&](auto tag) {

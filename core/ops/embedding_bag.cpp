@@ -181,6 +181,12 @@ struct Checked {
   int64_t batch = 0;
 };
 
+// What embedding_bag's backward reads: the indices, offsets and per-sample weights, and the
+// tables' values when the per-sample weights' gradient needs them.
+std::vector<Tensor> saved_for_backward(const FlatWeights& flat, const Checked& c, bool want_psw) {
+  return {c.indices, c.offsets, c.per_sample_weights, want_psw ? flat.buffer : Tensor()};
+}
+
 // The arguments must all be where the tables are.
 void check_device(const char* arg, const Tensor& t, Device device) {
   LOOM_CHECK(t.device() == device, kOp, ": '", arg, "' is on ", t.device().str(),
@@ -378,43 +384,51 @@ Tensor embedding_bag_cuda(const std::vector<Tensor>& tables, const FlatWeights& 
   std::vector<Tensor> inputs(tables.begin(), tables.end());
   inputs.push_back(per_sample_weights);
   const bool want_psw = per_sample_weights.defined() && per_sample_weights.requires_grad();
-  autograd::record(out, kOp, inputs, [flat, c, layout, ct, options, want_psw](const Tensor& g) {
-    const EmbeddingBagLayout& l = *layout;
-    const Device device = flat.buffer.device();
-    const kernels::cuda::Stream stream = cuda_stream(device);
-    Tensor dout = g.contiguous();
-    LOOM_CHECK(dout.device() == device, kOp, ": the output's gradient is on ", dout.device().str(),
-               " but the tables are on ", device.str());
-    Tensor psw_grad = want_psw ? Tensor::empty({c.indices.numel()}, DType::kF32, device) : Tensor();
-    float* psw = want_psw ? psw_grad.data<float>() : nullptr;
-    std::vector<Tensor> grads(size_t(l.num_tables()) + 1);
-    visit_index_dtype(c.indices.dtype(), [&](auto tag) {
-      using I = decltype(tag);
-      const kernels::EmbeddingBagIndices<I> in = kernel_indices<I>(c);
-      const size_t bytes = kernels::cuda::embedding_bag_backward_workspace_bytes(ct.k, ct.info, in);
-      Tensor workspace = cuda_workspace(device, bytes);
-      if (options.fused) {
-        EmbeddingFusedOptimizer& f = *options.fused;
-        fused_state_to(f, device);  // in place since the forward, unless moved away since
-        kernels::EmbeddingOptimizerState state;
-        if (f.momentum1.defined()) state.momentum1 = f.momentum1.data<float>();
-        if (f.momentum2.defined()) state.momentum2 = f.momentum2.data<float>();
-        kernels::cuda::embedding_bag_backward_fused(
-            ct.k, ct.info, flat.buffer.data_ptr(), in, dout.data<float>(), f.hyper, state, psw,
-            kernel_options(options), workspace.data_ptr(), bytes, stream);
-        ++f.hyper.step;
-        return;
-      }
-      Tensor dense = Tensor::empty({l.total_elements()}, DType::kF32, device);
-      kernels::cuda::embedding_bag_backward_dense(
-          ct.k, ct.info, flat.buffer.data_ptr(), in, dout.data<float>(), dense.data<float>(), psw,
-          kernel_options(options), workspace.data_ptr(), bytes, stream);
-      const std::vector<Tensor> per_table = table_grads(dense, l, flat.buffer.dtype());
-      std::copy(per_table.begin(), per_table.end(), grads.begin());
-    });
-    grads.back() = psw_grad;
-    return grads;
-  });
+  // Saved: the indices, and the tables when the per-sample weights' gradient reads them. A fused
+  // optimizer writes the tables in the backward: it bumps their version, as an optimizer step
+  // does (See Note [Version counter]).
+  autograd::record(
+      out, kOp, inputs, saved_for_backward(flat, c, want_psw),
+      [flat, c, layout, ct, options, want_psw](const Tensor& g) {
+        const EmbeddingBagLayout& l = *layout;
+        const Device device = flat.buffer.device();
+        const kernels::cuda::Stream stream = cuda_stream(device);
+        Tensor dout = g.contiguous();
+        LOOM_CHECK(dout.device() == device, kOp, ": the output's gradient is on ",
+                   dout.device().str(), " but the tables are on ", device.str());
+        Tensor psw_grad =
+            want_psw ? Tensor::empty({c.indices.numel()}, DType::kF32, device) : Tensor();
+        float* psw = want_psw ? psw_grad.data<float>() : nullptr;
+        std::vector<Tensor> grads(size_t(l.num_tables()) + 1);
+        visit_index_dtype(c.indices.dtype(), [&](auto tag) {
+          using I = decltype(tag);
+          const kernels::EmbeddingBagIndices<I> in = kernel_indices<I>(c);
+          const size_t bytes =
+              kernels::cuda::embedding_bag_backward_workspace_bytes(ct.k, ct.info, in);
+          Tensor workspace = cuda_workspace(device, bytes);
+          if (options.fused) {
+            EmbeddingFusedOptimizer& f = *options.fused;
+            fused_state_to(f, device);  // in place since the forward, unless moved away since
+            kernels::EmbeddingOptimizerState state;
+            if (f.momentum1.defined()) state.momentum1 = f.momentum1.data<float>();
+            if (f.momentum2.defined()) state.momentum2 = f.momentum2.data<float>();
+            flat.buffer.storage()->bump_version();
+            kernels::cuda::embedding_bag_backward_fused(
+                ct.k, ct.info, flat.buffer.data_ptr(), in, dout.data<float>(), f.hyper, state, psw,
+                kernel_options(options), workspace.data_ptr(), bytes, stream);
+            ++f.hyper.step;
+            return;
+          }
+          Tensor dense = Tensor::empty({l.total_elements()}, DType::kF32, device);
+          kernels::cuda::embedding_bag_backward_dense(
+              ct.k, ct.info, flat.buffer.data_ptr(), in, dout.data<float>(), dense.data<float>(),
+              psw, kernel_options(options), workspace.data_ptr(), bytes, stream);
+          const std::vector<Tensor> per_table = table_grads(dense, l, flat.buffer.dtype());
+          std::copy(per_table.begin(), per_table.end(), grads.begin());
+        });
+        grads.back() = psw_grad;
+        return grads;
+      });
   return out;
 }
 
@@ -505,37 +519,42 @@ Tensor embedding_bag(const std::vector<Tensor>& tables, const EmbeddingBagLayout
   std::vector<Tensor> inputs(tables.begin(), tables.end());
   inputs.push_back(per_sample_weights);
   const bool want_psw = per_sample_weights.defined() && per_sample_weights.requires_grad();
-  autograd::record(out, kOp, inputs, [flat, c, layout_copy, options, want_psw](const Tensor& g) {
-    const EmbeddingBagLayout& l = *layout_copy;
-    const kernels::EmbeddingTables kt = l.kernel_tables(flat.buffer.dtype());
-    Tensor dout = g.contiguous();
-    Tensor psw_grad = want_psw ? Tensor::empty({c.indices.numel()}) : Tensor();
-    float* psw = want_psw ? psw_grad.data<float>() : nullptr;
-    std::vector<Tensor> grads(size_t(l.num_tables()) + 1);
-    visit_index_dtype(c.indices.dtype(), [&](auto tag) {
-      using I = decltype(tag);
-      const kernels::EmbeddingBagIndices<I> in = kernel_indices<I>(c);
-      if (options.fused) {
-        EmbeddingFusedOptimizer& f = *options.fused;
-        fused_state_to(f, Device::cpu());  // in place since the forward, unless moved away since
-        kernels::EmbeddingOptimizerState state;
-        if (f.momentum1.defined()) state.momentum1 = f.momentum1.data<float>();
-        if (f.momentum2.defined()) state.momentum2 = f.momentum2.data<float>();
-        kernels::cpu::embedding_bag_backward_fused(kt, flat.buffer.data_ptr(), in,
-                                                   dout.data<float>(), f.hyper, state, psw,
-                                                   kernel_options(options));
-        ++f.hyper.step;
-        return;
-      }
-      Tensor dense = Tensor::empty({l.total_elements()});
-      kernels::cpu::embedding_bag_backward_dense(kt, flat.buffer.data_ptr(), in, dout.data<float>(),
-                                                 dense.data<float>(), psw, kernel_options(options));
-      const std::vector<Tensor> per_table = table_grads(dense, l, flat.buffer.dtype());
-      std::copy(per_table.begin(), per_table.end(), grads.begin());
-    });
-    grads.back() = psw_grad;
-    return grads;
-  });
+  autograd::record(
+      out, kOp, inputs, saved_for_backward(flat, c, want_psw),
+      [flat, c, layout_copy, options, want_psw](const Tensor& g) {
+        const EmbeddingBagLayout& l = *layout_copy;
+        const kernels::EmbeddingTables kt = l.kernel_tables(flat.buffer.dtype());
+        Tensor dout = g.contiguous();
+        Tensor psw_grad = want_psw ? Tensor::empty({c.indices.numel()}) : Tensor();
+        float* psw = want_psw ? psw_grad.data<float>() : nullptr;
+        std::vector<Tensor> grads(size_t(l.num_tables()) + 1);
+        visit_index_dtype(c.indices.dtype(), [&](auto tag) {
+          using I = decltype(tag);
+          const kernels::EmbeddingBagIndices<I> in = kernel_indices<I>(c);
+          if (options.fused) {
+            EmbeddingFusedOptimizer& f = *options.fused;
+            fused_state_to(f,
+                           Device::cpu());  // in place since the forward, unless moved away since
+            kernels::EmbeddingOptimizerState state;
+            if (f.momentum1.defined()) state.momentum1 = f.momentum1.data<float>();
+            if (f.momentum2.defined()) state.momentum2 = f.momentum2.data<float>();
+            flat.buffer.storage()->bump_version();
+            kernels::cpu::embedding_bag_backward_fused(kt, flat.buffer.data_ptr(), in,
+                                                       dout.data<float>(), f.hyper, state, psw,
+                                                       kernel_options(options));
+            ++f.hyper.step;
+            return;
+          }
+          Tensor dense = Tensor::empty({l.total_elements()});
+          kernels::cpu::embedding_bag_backward_dense(kt, flat.buffer.data_ptr(), in,
+                                                     dout.data<float>(), dense.data<float>(), psw,
+                                                     kernel_options(options));
+          const std::vector<Tensor> per_table = table_grads(dense, l, flat.buffer.dtype());
+          std::copy(per_table.begin(), per_table.end(), grads.begin());
+        });
+        grads.back() = psw_grad;
+        return grads;
+      });
   return out;
 }
 

@@ -29,7 +29,7 @@ Tensor gelu_cuda_bf16(const Tensor& x) {
   Tensor out = Tensor::empty(in.shape(), DType::kBF16, in.device());
   LOOM_IF_CUDA(kernels::cuda::gelu_forward(in.data<BFloat16>(), out.data<BFloat16>(), in.numel(),
                                            cuda_stream(in.device())));
-  autograd::record(out, "gelu", {x}, [in](const Tensor& grad) {
+  autograd::record(out, "gelu", {x}, {in}, [in](const Tensor& grad) {
     Tensor g = grad.to(DType::kBF16).contiguous();
     Tensor dx = Tensor::empty(in.shape(), DType::kBF16, in.device());
     LOOM_IF_CUDA(kernels::cuda::gelu_backward(in.data<BFloat16>(), g.data<BFloat16>(),
@@ -55,7 +55,7 @@ Tensor gelu(const Tensor& x) {
     LOOM_IF_CUDA(kernels::cuda::gelu_forward(in.data<float>(), out.data<float>(), in.numel(),
                                              cuda_stream(in.device())));
   }
-  autograd::record(out, "gelu", {x},
+  autograd::record(out, "gelu", {x}, {in},
                    [in](const Tensor& g) { return std::vector<Tensor>{gelu_backward(in, g)}; });
   return out;
 }

@@ -59,7 +59,8 @@ Tensor cross_entropy_cuda(const Tensor& logits, const Tensor& x, const Tensor& t
   kernels::cuda::cross_entropy_mean(static_cast<const double*>(sum.data_ptr()),
                                     count.data<int64_t>(), out.data<float>(), cuda_stream(device));
   autograd::record(
-      out, "cross_entropy", {logits}, [x, tg, lse, shape, count, with_types](const Tensor& g) {
+      out, "cross_entropy", {logits}, {x, tg, lse, count},
+      [x, tg, lse, shape, count, with_types](const Tensor& g) {
         const Device device = x.device();
         Tensor gc = g.to(DType::kF32).contiguous();
         Tensor scale = Tensor::empty({1}, DType::kF32, device);
@@ -120,16 +121,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   // All rows ignored: loss 0 and zero gradients rather than PyTorch's 0/0 = NaN, so a micro-batch
   // that is all padding does not poison the step.
   Tensor out = Tensor::scalar(count > 0 ? total / double(count) : 0.0, DType::kF32, x.device());
-  autograd::record(out, "cross_entropy", {logits}, [x, tg, lse, shape, count](const Tensor& g) {
-    const float scale = count > 0 ? float(g.item() / double(count)) : 0.0f;
-    Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
-    visit_index_dtype(tg.dtype(), [&](auto tag) {
-      using I = decltype(tag);
-      kernels::cpu::cross_entropy_backward(x.data<float>(), tg.data<I>(), lse.data<float>(), scale,
-                                           dx.data<float>(), shape);
-    });
-    return std::vector<Tensor>{dx};
-  });
+  autograd::record(
+      out, "cross_entropy", {logits}, {x, tg, lse}, [x, tg, lse, shape, count](const Tensor& g) {
+        const float scale = count > 0 ? float(g.item() / double(count)) : 0.0f;
+        Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
+        visit_index_dtype(tg.dtype(), [&](auto tag) {
+          using I = decltype(tag);
+          kernels::cpu::cross_entropy_backward(x.data<float>(), tg.data<I>(), lse.data<float>(),
+                                               scale, dx.data<float>(), shape);
+        });
+        return std::vector<Tensor>{dx};
+      });
   return out;
 }
 

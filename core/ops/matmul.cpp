@@ -227,12 +227,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Product saved = p;
   if (!b.requires_grad()) saved.a.data = Tensor();
   if (!a.requires_grad()) saved.b.data = Tensor();
-  autograd::record(out, "matmul", {a, b}, [saved](const Tensor& grad) {
-    const bool need_a = saved.b.data.defined(), need_b = saved.a.data.defined();
-    auto [da, db] = product_backward(saved, grad.contiguous(), need_a, need_b);
-    return std::vector<Tensor>{need_a ? unflip(da, saved.a) : Tensor(),
-                               need_b ? unflip(db, saved.b) : Tensor()};
-  });
+  autograd::record(out, "matmul", {a, b}, {saved.a.data, saved.b.data},
+                   [saved](const Tensor& grad) {
+                     const bool need_a = saved.b.data.defined(), need_b = saved.a.data.defined();
+                     auto [da, db] = product_backward(saved, grad.contiguous(), need_a, need_b);
+                     return std::vector<Tensor>{need_a ? unflip(da, saved.a) : Tensor(),
+                                                need_b ? unflip(db, saved.b) : Tensor()};
+                   });
   return out;
 }
 
@@ -311,7 +312,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const bool need_bias = bias.defined() && bias.requires_grad();
   const Shape x_shape = x.shape();
   autograd::record(
-      out, "linear", {x, weight, bias}, [saved, need_bias, x_shape](const Tensor& grad) {
+      out, "linear", {x, weight, bias}, {saved.a.data, saved.b.data},
+      [saved, need_bias, x_shape](const Tensor& grad) {
         const bool need_x = saved.b.data.defined(), need_w = saved.a.data.defined();
         Tensor g = grad.contiguous();
         auto [dx, dw] = product_backward(saved, g, need_x, need_w);

@@ -52,7 +52,7 @@ Tensor layer_norm_cuda_bf16(const Tensor& x, const Tensor& weight, const Tensor&
   const DType w_dtype = weight.defined() ? weight.dtype() : DType::kF32;
   const DType b_dtype = bias.defined() ? bias.dtype() : DType::kF32;
   autograd::record(
-      out, "layer_norm", {x, weight, bias},
+      out, "layer_norm", {x, weight, bias}, {in, w, mean, rstd},
       [in, w, mean, rstd, rows, cols, need_dx, need_dw, need_db, w_dtype,
        b_dtype](const Tensor& grad) {
         const Device device = in.device();
@@ -109,7 +109,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   const bool need_dw = weight.defined() && weight.requires_grad();
   const bool need_db = bias.defined() && bias.requires_grad();
   autograd::record(
-      out, "layer_norm", {x, weight, bias},
+      out, "layer_norm", {x, weight, bias}, {in, w, mean, rstd},
       [in, w, mean, rstd, rows, cols, need_dx, need_dw, need_db](const Tensor& g) {
         Tensor gc = g.contiguous();
         Tensor dx = need_dx ? Tensor::empty(in.shape(), DType::kF32, in.device()) : Tensor();

@@ -63,7 +63,7 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
   const double scale = mean ? 1.0 / double(r.size) : 1.0;
   Tensor out = run_sum(x, {}, r, scale);
   Shape in_shape = x.shape();
-  autograd::record(out, op, {x}, [in_shape, r, scale](const Tensor& g) {
+  autograd::record(out, op, {x}, {}, [in_shape, r, scale](const Tensor& g) {
     return std::vector<Tensor>{run_broadcast(g, in_shape, r, scale)};
   });
   return out;
@@ -85,7 +85,7 @@ Tensor reduce_dim(const char* op, const Tensor& x, int64_t dim, bool keepdim, bo
   const double scale = mean ? 1.0 / double(r.size) : 1.0;
   Tensor out = run_sum(x, out_shape, r, scale);
   Shape in_shape = x.shape();
-  autograd::record(out, op, {x}, [in_shape, r, scale](const Tensor& g) {
+  autograd::record(out, op, {x}, {}, [in_shape, r, scale](const Tensor& g) {
     return std::vector<Tensor>{run_broadcast(g, in_shape, r, scale)};
   });
   return out;

@@ -23,7 +23,7 @@ Tensor relu(const Tensor& x) {
     LOOM_IF_CUDA(kernels::cuda::relu_forward(in.data<float>(), out.data<float>(), in.numel(),
                                              cuda_stream(in.device())));
   }
-  autograd::record(out, "relu", {x}, [in](const Tensor& grad) {
+  autograd::record(out, "relu", {x}, {in}, [in](const Tensor& grad) {
     Tensor g = grad.contiguous();
     Tensor dx = Tensor::empty(in.shape(), DType::kF32, in.device());
     if (in.device().is_cpu()) {

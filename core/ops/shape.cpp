@@ -66,7 +66,7 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor base = x.contiguous();  // a view when x is contiguous; else one copy (recorded)
   Tensor out = make_view(base, target, contiguous_strides(target), base.offset());
   Shape original = x.shape();
-  autograd::record(out, "reshape", {base}, [original](const Tensor& g) {
+  autograd::record(out, "reshape", {base}, {}, [original](const Tensor& g) {
     return std::vector<Tensor>{reshape(g, original)};
   });
   return out;
@@ -80,7 +80,7 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   std::swap(shape[d0], shape[d1]);
   std::swap(strides[d0], strides[d1]);
   Tensor out = make_view(x, shape, strides, x.offset());
-  autograd::record(out, "transpose", {x},
+  autograd::record(out, "transpose", {x}, {},
                    [d0, d1](const Tensor& g) { return std::vector<Tensor>{transpose(g, d0, d1)}; });
   return out;
 }
@@ -95,7 +95,7 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[dim]);
   Shape full = x.shape();
   DType dtype = x.dtype();
-  autograd::record(out, "narrow", {x}, [full, dim, start, length, dtype](const Tensor& g) {
+  autograd::record(out, "narrow", {x}, {}, [full, dim, start, length, dtype](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor grad = Tensor::zeros(full, dtype, g.device());
     const size_t es = dtype_size(dtype);
@@ -154,7 +154,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     at += t.size(dim);
     sizes.push_back(t.size(dim));
   }
-  autograd::record(out, "cat", xs, [sizes, dim](const Tensor& g) {
+  autograd::record(out, "cat", xs, {}, [sizes, dim](const Tensor& g) {
     std::vector<Tensor> grads;
     int64_t start = 0;
     for (int64_t s : sizes) {

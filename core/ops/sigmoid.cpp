@@ -23,7 +23,7 @@ Tensor sigmoid(const Tensor& x) {
                                                 cuda_stream(in.device())));
   }
   Tensor y = out.detach();  // not `out` itself: that would be a cycle (core/autograd.h)
-  autograd::record(out, "sigmoid", {x}, [y](const Tensor& grad) {
+  autograd::record(out, "sigmoid", {x}, {y}, [y](const Tensor& grad) {
     Tensor g = grad.contiguous();
     Tensor dx = Tensor::empty(y.shape(), DType::kF32, y.device());
     if (y.device().is_cpu()) {

@@ -27,7 +27,7 @@ Tensor softmax(const Tensor& x) {
                                                 cuda_stream(in.device())));
   }
   Tensor y = out.detach();
-  autograd::record(out, "softmax", {x}, [y, rows, cols](const Tensor& g) {
+  autograd::record(out, "softmax", {x}, {y}, [y, rows, cols](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dx = Tensor::empty(y.shape(), DType::kF32, y.device());
     if (y.device().is_cpu()) {

@@ -794,13 +794,16 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
       reader.release(i);
     }
   }
-  for (size_t i = 0; i < pieces.size(); ++i)
+  for (size_t i = 0; i < pieces.size(); ++i) {
     if (!direct[i])
       Tensor(pieces[i].data)
           .copy_(staging[i]
                      .to(pieces[i].data.dtype())
                      .to(pieces[i].data.device())
                      .reshape(pieces[i].data.shape()));
+    else if (pieces[i].data.numel() > 0)
+      pieces[i].data.storage()->bump_version();  // written by read(): See Note [Version counter]
+  }
   return plan.bytes();
 }
 

@@ -75,7 +75,7 @@ Tensor copy_to_tp(const Tensor& x, const GroupPtr& tp) {
   check_group("copy_to_tp", tp, x);
   if (tp->size() == 1) return x;
   Tensor out = make_view(x, x.shape(), x.strides(), x.offset());
-  autograd::record(out, "copy_to_tp", {x}, [tp](const Tensor& g) {
+  autograd::record(out, "copy_to_tp", {x}, {}, [tp](const Tensor& g) {
     Tensor sum = g.detach().contiguous().clone();
     tp->allreduce(sum)->wait();
     return std::vector<Tensor>{sum};
@@ -88,7 +88,7 @@ Tensor reduce_from_tp(const Tensor& x, const GroupPtr& tp) {
   if (tp->size() == 1) return x;
   Tensor out = x.detach().contiguous().clone();
   tp->allreduce(out)->wait();
-  autograd::record(out, "reduce_from_tp", {x},
+  autograd::record(out, "reduce_from_tp", {x}, {},
                    [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
@@ -98,7 +98,7 @@ Tensor gather_from_tp(const Tensor& x, const GroupPtr& tp, int64_t dim) {
   dim = wrap("gather_from_tp", dim, x);
   if (tp->size() == 1) return x;
   Tensor out = all_gather_along(x, *tp, dim);
-  autograd::record(out, "gather_from_tp", {x}, [tp, dim](const Tensor& g) {
+  autograd::record(out, "gather_from_tp", {x}, {}, [tp, dim](const Tensor& g) {
     return std::vector<Tensor>{own_slice("gather_from_tp backward", g, *tp, dim)};
   });
   return out;
@@ -109,7 +109,7 @@ Tensor scatter_to_tp(const Tensor& x, const GroupPtr& tp, int64_t dim) {
   dim = wrap("scatter_to_tp", dim, x);
   if (tp->size() == 1) return x;
   Tensor out = own_slice("scatter_to_tp", x, *tp, dim);
-  autograd::record(out, "scatter_to_tp", {x}, [tp, dim](const Tensor& g) {
+  autograd::record(out, "scatter_to_tp", {x}, {}, [tp, dim](const Tensor& g) {
     return std::vector<Tensor>{all_gather_along(g, *tp, dim)};
   });
   return out;
@@ -120,7 +120,7 @@ Tensor gather_sequence(const Tensor& x, const GroupPtr& tp, int64_t dim) {
   dim = wrap("gather_sequence", dim, x);
   if (tp->size() == 1) return x;
   Tensor out = all_gather_along(x, *tp, dim);
-  autograd::record(out, "gather_sequence", {x}, [tp, dim](const Tensor& g) {
+  autograd::record(out, "gather_sequence", {x}, {}, [tp, dim](const Tensor& g) {
     return std::vector<Tensor>{reduce_scatter_along(g, *tp, dim)};
   });
   return out;
@@ -131,7 +131,7 @@ Tensor reduce_scatter_sequence(const Tensor& x, const GroupPtr& tp, int64_t dim)
   dim = wrap("reduce_scatter_sequence", dim, x);
   if (tp->size() == 1) return x;
   Tensor out = reduce_scatter_along(x, *tp, dim);
-  autograd::record(out, "reduce_scatter_sequence", {x}, [tp, dim](const Tensor& g) {
+  autograd::record(out, "reduce_scatter_sequence", {x}, {}, [tp, dim](const Tensor& g) {
     return std::vector<Tensor>{all_gather_along(g, *tp, dim)};
   });
   return out;

@@ -156,21 +156,22 @@ Tensor vocab_parallel_cross_entropy_cuda(const Tensor& logits, const Tensor& x, 
   Tensor out = Tensor::empty(Shape{}, DType::kF32, device);
   kernels::cuda::cross_entropy_mean(static_cast<const double*>(sum.data_ptr()),
                                     count.data<int64_t>(), out.data<float>(), stream);
-  autograd::record(out, kOp, {logits}, [x, tg, lse, shape, count](const Tensor& g) {
-    const Device device = x.device();
-    Tensor gc = g.contiguous();
-    Tensor scale = Tensor::empty({1}, DType::kF32, device);
-    kernels::cuda::cross_entropy_grad_scale(gc.data<float>(), count.data<int64_t>(),
-                                            scale.data<float>(), cuda_stream(device));
-    Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
-    visit_index_dtype(tg.dtype(), [&](auto tag) {
-      using I = decltype(tag);
-      kernels::cuda::vocab_parallel_cross_entropy_backward(
-          x.data<float>(), tg.data<I>(), lse.data<float>(), scale.data<float>(), dx.data<float>(),
-          shape, cuda_stream(device));
-    });
-    return std::vector<Tensor>{dx};
-  });
+  autograd::record(
+      out, kOp, {logits}, {x, tg, lse, count}, [x, tg, lse, shape, count](const Tensor& g) {
+        const Device device = x.device();
+        Tensor gc = g.contiguous();
+        Tensor scale = Tensor::empty({1}, DType::kF32, device);
+        kernels::cuda::cross_entropy_grad_scale(gc.data<float>(), count.data<int64_t>(),
+                                                scale.data<float>(), cuda_stream(device));
+        Tensor dx = Tensor::empty(x.shape(), DType::kF32, device);
+        visit_index_dtype(tg.dtype(), [&](auto tag) {
+          using I = decltype(tag);
+          kernels::cuda::vocab_parallel_cross_entropy_backward(
+              x.data<float>(), tg.data<I>(), lse.data<float>(), scale.data<float>(),
+              dx.data<float>(), shape, cuda_stream(device));
+        });
+        return std::vector<Tensor>{dx};
+      });
   return out;
 #else
   (void)logits, (void)x, (void)tg, (void)shape, (void)tp, (void)vocab;
@@ -266,7 +267,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   });
   // All rows ignored: loss 0 and zero gradients (core's convention, not PyTorch's NaN).
   Tensor out = Tensor::scalar(count > 0 ? total / double(count) : 0.0, DType::kF32, x.device());
-  autograd::record(out, kOp, {logits}, [x, tg, lse, shape, count](const Tensor& g) {
+  autograd::record(out, kOp, {logits}, {x, tg, lse}, [x, tg, lse, shape, count](const Tensor& g) {
     const float scale = count > 0 ? float(g.item() / double(count)) : 0.0f;
     Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
     visit_index_dtype(tg.dtype(), [&](auto tag) {

@@ -66,8 +66,8 @@ void def_binary(py::class_<Tensor>& cls, const char* name, const char* rname, F 
 
 // In-place updates are not recorded by autograd, so they are refused on a tensor that requires
 // grad while recording is on, as PyTorch refuses them on such leaves: w -= lr * w.grad belongs
-// under `with loom.no_grad():`. Caveat: loom has no version counters, so an in-place update of a
-// tensor that a pending graph saved for backward is not detected.
+// under `with loom.no_grad():`. An in-place update of a tensor that a pending graph saved for
+// backward bumps its version, and that backward raises (See Note [Version counter]).
 void check_in_place(const char* op, const Tensor& t) {
   LOOM_CHECK(!(t.requires_grad() && autograd::grad_enabled()), op, ": ", t.str(),
              " requires grad, and in-place updates are not recorded by autograd; update it "
