@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,21 @@ using WorkPtr = std::shared_ptr<Work>;
 
 // Waits on every work in order.
 void wait_all(const std::vector<WorkPtr>& works);
+
+// While one lives, the collectives this thread posts take (file, line) as their place in the
+// source (Note [Collective signatures]) instead of the C++ caller's: the Python binding sets the
+// script's line this way.
+class ScopedCallSite {
+ public:
+  ScopedCallSite(std::string file, int line);
+  ~ScopedCallSite();
+  ScopedCallSite(const ScopedCallSite&) = delete;
+  ScopedCallSite& operator=(const ScopedCallSite&) = delete;
+
+ private:
+  std::string previous_file_;
+  int previous_line_;
+};
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
@@ -95,26 +111,34 @@ class Communicator {
   virtual const char* backend() const = 0;
 
   // output = op over ranks of input (input and output may be the same tensor).
-  WorkPtr allreduce(const Tensor& input, Tensor& output, const AllreduceOptions& options = {});
-  WorkPtr allreduce(Tensor& tensor, const AllreduceOptions& options = {});
+  // The symmetric collectives (allreduce, reduce_scatter, allgather, all_to_all) take the call's
+  // place in the source as their last argument, for Note [Collective signatures]: leave it to
+  // its default (the caller's file and line).
+  using Site = std::source_location;
+  WorkPtr allreduce(const Tensor& input, Tensor& output, const AllreduceOptions& options = {},
+                    Site site = Site::current());
+  WorkPtr allreduce(Tensor& tensor, const AllreduceOptions& options = {},
+                    Site site = Site::current());
   // input: size() * n elements; output: n elements, rank r gets chunk r of the reduction.
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output,
-                         const ReduceScatterOptions& options = {});
+                         const ReduceScatterOptions& options = {}, Site site = Site::current());
   // input: n elements; output: size() * n elements, chunk r from rank r.
-  WorkPtr allgather(const Tensor& input, Tensor& output, const AllgatherOptions& options = {});
+  WorkPtr allgather(const Tensor& input, Tensor& output, const AllgatherOptions& options = {},
+                    Site site = Site::current());
   WorkPtr broadcast(Tensor& tensor, const BroadcastOptions& options = {});
   // output (significant on the root only; may be undefined elsewhere) = op over ranks of input.
   WorkPtr reduce(const Tensor& input, Tensor& output, const ReduceOptions& options = {});
   // Chunk j of input goes to rank j; chunk i of output comes from rank i (sizes per options).
-  WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {});
+  WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {},
+                     Site site = Site::current());
   WorkPtr send(const Tensor& tensor, int peer, const PointToPointOptions& options = {});
   WorkPtr recv(Tensor& tensor, int peer, const PointToPointOptions& options = {});
   WorkPtr batch_p2p(const std::vector<P2POp>& ops);
   WorkPtr barrier(const BarrierOptions& options = {});
 
   // Blocking conveniences.
-  void allreduce_sync(Tensor& tensor, ReduceOp op = ReduceOp::kSum) {
-    allreduce(tensor, AllreduceOptions{op})->wait();
+  void allreduce_sync(Tensor& tensor, ReduceOp op = ReduceOp::kSum, Site site = Site::current()) {
+    allreduce(tensor, AllreduceOptions{op}, site)->wait();
   }
   void barrier_sync() { barrier()->wait(); }
 
@@ -130,8 +154,10 @@ class Communicator {
   // input, an all-gather's output (what bandwidth formulas such as Megatron's count).
   uint64_t op_bytes(const std::string& op) const;
 
-  // See Note [Debug mode]: LOOM_COMM_DEBUG=1 (or set_debug) checks before each collective that
-  // every rank of the group calls the same op with the same dtype, count, root and reduction.
+  // See Note [Collective signatures]: LOOM_COMM_DEBUG=1 (or set_debug(true)) checks before each
+  // collective that every rank of the group makes the same call (op, dtype, count, root,
+  // reduction and, for the symmetric ones, the place in the source). Posting a collective then
+  // waits until every rank of the group has posted it.
   bool debug() const { return debug_; }
   void set_debug(bool on) { debug_ = on; }
 
@@ -168,17 +194,22 @@ class Communicator {
   std::string describe(const OpInfo& info) const;
 
  private:
-  // What every rank of a collective must agree on (See Note [Debug mode]).
+  // What every rank of a collective must agree on (See Note [Collective signatures]).
   struct Signature {
     const char* op;
     DType dtype = DType::kU8;
     int64_t count = 0;
-    int root = -1;    // -1: the op has no root
-    int reduce = -1;  // ReduceOp, -1: not a reduction
+    int root = -1;               // -1: the op has no root
+    int reduce = -1;             // ReduceOp, -1: not a reduction
+    const char* file = nullptr;  // the call's place (symmetric collectives), else null
+    int line = 0;
   };
   OpInfo begin(const char* op, size_t bytes);
-  OpInfo begin_collective(const Signature& signature, size_t bytes);
-  void verify_same_call(const OpInfo& info, const Signature& signature);
+  // Posts a collective: begin(), the signature check when on, then post(info).
+  WorkPtr collective(const Signature& signature, size_t bytes,
+                     const std::function<WorkPtr(const OpInfo&)>& post);
+  // After a failed signature check: every rank's call, gathered, as an error message.
+  std::string explain_mismatch(const OpInfo& info, const Signature& signature);
 
   int rank_;
   int size_;

@@ -11,12 +11,12 @@ namespace loom::comm {
 
 // Note [Routing]
 // A router is one group to its user, so everything the base class does per call happens once,
-// on the router: the argument checks, the sequence number and op count, the LOOM_COMM_DEBUG check
-// (its small allgather of CPU tensors goes to the host), and the timeout. The inner communicators
-// are reached through their *_impl calls with the router's OpInfo, so they count nothing, and an
-// error they raise reads as the user's group: "group 'dp.0' (rank 1 of 4) allreduce #17" with the
-// router's #17, since both carry the router's name, rank and size. Their timeouts follow the
-// router's (set_timeout_seconds is applied to them before every call).
+// on the router: the argument checks, the sequence number and op count, the signature check
+// (Note [Collective signatures]: its small allreduce of CPU tensors goes to the host), and the
+// timeout. The inner communicators are reached through their *_impl calls with the router's OpInfo,
+// so they count nothing, and an error they raise reads as the user's group: "group 'dp.0' (rank 1
+// of 4) allreduce #17" with the router's #17, since both carry the router's name, rank and size.
+// Their timeouts follow the router's (set_timeout_seconds is applied to them before every call).
 //
 // Every rank of a group must route a call the same way: a collective that gets a CUDA tensor on
 // one rank and a CPU tensor on another runs on two transports that never meet, and each side

@@ -8,6 +8,12 @@ namespace loom::comm {
 
 WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
 
+namespace {
+CensusAnswer g_census_answer = nullptr;
+}
+
+void set_census_answer(CensusAnswer answer) { g_census_answer = answer; }
+
 PollingWork::PollingWork(std::string context, double timeout_seconds)
     : context_(std::move(context)), timeout_s_(timeout_seconds) {}
 
@@ -35,13 +41,14 @@ void PollingWork::wait() {
     // Most small collectives finish within a few polls: spin before giving up the core
     // (yielding after every poll tripled an 8-byte allreduce's latency).
     if (polls < 1000) continue;
+    if (g_census_answer) g_census_answer(context_);
     const auto now = Clock::now();
     if (now > deadline) {
       throw CommError(detail::str_cat("[rank ", error_rank(), "] timed out after ", timeout_s_,
                                       " s waiting for ", context_,
                                       ": a rank of the group did not join it (it may have "
-                                      "skipped the call, be stuck elsewhere, or have died); "
-                                      "LOOM_COMM_TIMEOUT sets the limit"));
+                                      "skipped the call, be stuck elsewhere, or have died)",
+                                      late_ranks(), "; LOOM_COMM_TIMEOUT sets the limit"));
     }
     if (now < patient_until)
       std::this_thread::yield();

@@ -61,11 +61,39 @@ ReduceOp op_arg(py::handle op, const char* call) {
   return op.cast<ReduceOp>();
 }
 
+// The script's place that made this call: the innermost Python frame outside loom.distributed's
+// own module-level wrappers (all_reduce, ...), as (file, line); ("", 0) without one. Every rank
+// of a collective must call it from the same place (Note [Collective signatures]).
+std::pair<std::string, int> python_call_site() {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    std::string file = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(code))
+                           .attr("co_filename")
+                           .cast<std::string>();
+    const std::string wrapper = "loom/distributed/__init__.py";
+    const bool ours = file.size() >= wrapper.size() &&
+                      file.compare(file.size() - wrapper.size(), wrapper.size(), wrapper) == 0;
+    if (!ours) {
+      const int line = PyFrame_GetLineNumber(frame);
+      Py_DECREF(frame);
+      return {file, line};
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  return {"", 0};
+}
+
 // Issues `issue` (GIL released); waits unless async_op. Returns the Work or None.
 template <typename Issue>
 py::object run(Issue issue, std::vector<Tensor> buffers, bool async_op) {
   comm::WorkPtr work;
+  auto [file, line] = python_call_site();
   {
+    comm::ScopedCallSite site(std::move(file), line);
     py::gil_scoped_release release;
     work = issue();
     if (!async_op) work->wait();

@@ -455,9 +455,11 @@ TEST(Collectives, TimeoutNamesGroupOpSequenceAndBytes) {
   comm->set_timeout_seconds(2);
   comm->barrier_sync();  // #1
   Tensor t = Tensor::full({1024}, 1.0);
+  // Every rank posts from this one line, early or late (Note [Collective signatures]).
+  auto post_t = [&] { return comm->allreduce(t); };
   WorkPtr work;
   if (r != 0) {
-    work = comm->allreduce(t);  // #2, 4096 bytes
+    work = post_t();  // #2, 4096 bytes
     const auto start = std::chrono::steady_clock::now();
     try {
       work->wait();
@@ -470,11 +472,16 @@ TEST(Collectives, TimeoutNamesGroupOpSequenceAndBytes) {
       const std::string msg = e.what();
       for (const char* part : {"group 'timeout-test'", "allreduce #2", "4096 bytes", "timed out"})
         EXPECT_NE(msg.find(part), std::string::npos) << "message lacks '" << part << "': " << msg;
+      // See Note [Late ranks]: rank 0 answers from its wait in the world barrier below.
+      for (const std::string& part :
+           {std::string("Ranks that had not arrived: 0 is waiting for group 'world'"),
+            std::string("barrier #"), std::string("Ranks waiting for it: ")})
+        EXPECT_NE(msg.find(part), std::string::npos) << "message lacks '" << part << "': " << msg;
     }
   }
   world->barrier_sync();  // rank 0 waits here until the others have timed out
   if (r == 0) {
-    work = comm->allreduce(t);
+    work = post_t();
     EXPECT_EQ(comm->sequence_number(), 2u);
   }
   work->wait();  // the same operation, completed now that rank 0 joined
@@ -486,16 +493,17 @@ TEST(Collectives, TimeoutNamesGroupOpSequenceAndBytes) {
   // the buffers alive for MPI (the mpi backend's Note [Abandoned operations]). Rank 0 joins late
   // again, so the abandoned operation completes and the process still exits cleanly.
   Tensor u = Tensor::full({1024}, 1.0);
+  auto post_u = [&] { return comm->allreduce(u); };
   if (r != 0) {
     const auto start = std::chrono::steady_clock::now();
-    comm->allreduce(u);  // #3, destroyed at once
+    post_u();  // #3, destroyed at once
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_GE(waited, 2.0);
     EXPECT_LE(waited, 12.0);
   }
   world->barrier_sync();
-  if (r == 0) comm->allreduce(u)->wait();
+  if (r == 0) post_u()->wait();
 }
 
 // Argument mistakes raise loom::Error on the calling rank before anything is posted: nothing

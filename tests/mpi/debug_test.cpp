@@ -1,10 +1,14 @@
-// LOOM_COMM_DEBUG (See Note [Debug mode] in collectives/communicator.cpp): after many good
-// collectives, a call that one rank makes differently (count, dtype, op, root, reduction) raises
-// CommError on every rank of the group, naming the ranks and their calls, before anything hangs;
-// and the group stays usable afterwards.
+// Signature checks (See Note [Collective signatures] in collectives/communicator.cpp): after many
+// good collectives, a call that one rank makes differently (count, dtype, op, root, reduction,
+// or the same-sized call from another line, as when two calls are swapped) raises CommError on
+// every rank of the group, naming the ranks and their calls, before anything hangs or a wrong
+// result is read; the group stays usable afterwards. Off by default; LOOM_COMM_DEBUG=1 (or
+// set_debug(true)) turns it on.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
+#include <string>
 
 #include "collectives/communicator.h"
 
@@ -85,11 +89,64 @@ TEST(CommDebug, GoodCollectivesPassAndMismatchesRaiseOnEveryRank) {
                   },
                   {"max", "sum"});
 
-  // Nothing was started, so the group is still in step.
+  // The group is still in step.
   Tensor x = Tensor::full({3}, 2.0);
   g->allreduce_sync(x);
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(3, 2.0f * float(n)));
   g->barrier_sync();
+}
+
+// Two same-sized allreduces that the ranks make in swapped order raise on every rank naming
+// both lines; the group stays in step.
+TEST(CommDebug, SwappedSameSizeCallsRaiseNamingTheirLines) {
+  auto g = debug_group();
+  const int n = g->size(), r = g->rank();
+  if (n == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  Tensor a = Tensor::full({8}, 1.0), b = Tensor::full({8}, 10.0);
+  const int line_a = __LINE__ + 1;
+  auto reduce_a = [&] { g->allreduce_sync(a); };
+  const int line_b = __LINE__ + 1;
+  auto reduce_b = [&] { g->allreduce_sync(b); };
+  expect_mismatch(
+      *g,
+      [&] {
+        if (r == 0) {
+          reduce_a();
+          reduce_b();
+        } else {
+          reduce_b();
+          reduce_a();
+        }
+      },
+      {"disagree on collective #", detail::str_cat("debug_test.cpp:", line_a),
+       detail::str_cat("debug_test.cpp:", line_b), "rank 0: allreduce f32 count 8 sum"});
+  // Still in step: a good call gives the closed form.
+  Tensor x = Tensor::full({5}, 3.0);
+  g->allreduce_sync(x);
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(5, 3.0f * float(n)));
+}
+
+// Without the check (the default unless LOOM_COMM_DEBUG is set), the same swapped calls are
+// not caught: each rank adds its a to the other's b, the silently wrong result the check exists
+// to prevent (closed form for two ranks: 1 + 10 = 11 everywhere).
+TEST(CommDebug, UncheckedSwappedCallsGoUnnoticed) {
+  auto world = comm::world();
+  auto g = world->split(0, world->rank(), "unchecked");
+  if (const char* v = std::getenv("LOOM_COMM_DEBUG"); !v || std::string(v) == "0" || !*v)
+    EXPECT_FALSE(g->debug()) << "off by default";
+  g->set_debug(false);
+  const int n = g->size(), r = g->rank();
+  if (n != 2) GTEST_SKIP() << "the closed form below is for two ranks";
+  Tensor a = Tensor::full({8}, 1.0), b = Tensor::full({8}, 10.0);
+  if (r == 0) {
+    g->allreduce_sync(a);
+    g->allreduce_sync(b);
+  } else {
+    g->allreduce_sync(b);
+    g->allreduce_sync(a);
+  }
+  EXPECT_EQ(a.to_vector<float>(), std::vector<float>(8, 11.0f));
+  EXPECT_EQ(b.to_vector<float>(), std::vector<float>(8, 11.0f));
 }
 
 }  // namespace

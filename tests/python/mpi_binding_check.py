@@ -89,6 +89,30 @@ if sub.size != len(members) or sub.name != "parity":
     print(f"rank {r}: split: {sub}", file=sys.stderr)
     wrong += 1
 
+# Signature checks (comm.debug, LOOM_COMM_DEBUG=1): two same-sized allreduces made in swapped
+# order raise a CommError on every rank naming both lines of this script; the group stays usable.
+if p > 1:
+    comm.debug = True
+    a, b = loom.ones(4), loom.ones(4)
+    try:
+        if r == 0:
+            comm.allreduce(a)  # line A
+            comm.allreduce(b)  # line B
+        else:
+            comm.allreduce(b)  # line B
+            comm.allreduce(a)  # line A
+        print(f"rank {r}: swapped allreduces raised nothing", file=sys.stderr)
+        wrong += 1
+    except RuntimeError as e:
+        lines = [n for n, text in enumerate(open(__file__).read().splitlines(), 1)
+                 if "comm.allreduce(a)  # line A" in text or "comm.allreduce(b)  # line B" in text]
+        # The first calls: rank 0's line A and the others' line B.
+        want = ["disagree on collective"] + [f"mpi_binding_check.py:{n}" for n in (lines[0], lines[2])]
+        if any(w not in str(e) for w in want):
+            print(f"rank {r}: the error lacks {want}: {e}", file=sys.stderr)
+            wrong += 1
+    comm.debug = False
+
 comm.barrier()
 
 total = loom.tensor([float(wrong)])
