@@ -2,17 +2,21 @@
 # Debian 12 machine (install missing packages, configure, build) and then runs something.
 #
 #   make          packages + configure (first time only) + build
-#   make test     the same, then every ctest entry
+#   make test     the same, then every ctest entry, then `make sanitize` (LOOM_SKIP_SANITIZE=1
+#                 skips that step)
 #   make demo     the same, then build/bin/loom-gpt on the built-in synthetic task (8 ranks:
 #                 dp 2 x tp 2 x pp 2 under mpirun; one process without MPI)
 #   make bench    the same, then the benchmarks that exist
+#   make sanitize the unit tests and a 2-rank MPI test built with ASan + UBSan in a directory of
+#                 their own, build-sanitize (tests/sanitize/run.sh)
 #   make clean    remove the build directory
 #   make format   clang-format -i the C++ sources
 #
 # Variables: BUILD (build directory, default build), LOOM_CMAKE_ARGS (extra cmake flags, e.g.
 # LOOM_CMAKE_ARGS="-DLOOM_WITH_CUDA=OFF"; given on the command line they re-run the configure
 # step so they take effect on an existing build), JOBS (parallel compile jobs, default nproc),
-# LOOM_SKIP_DEPS=1 (skip the package check).
+# LOOM_SKIP_DEPS=1 (skip the package check), SANITIZE_BUILD (the sanitizer build's directory,
+# default $(BUILD)-sanitize), LOOM_SKIP_SANITIZE=1 (make test without the sanitizer step).
 #
 # Every target is phony and the recipes decide for themselves what to skip: ninja already knows
 # when the build is up to date and re-runs cmake when a CMakeLists.txt changes, so make only has
@@ -26,6 +30,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 CTEST_JOBS ?= 2
 LOOM_CMAKE_ARGS ?=
+SANITIZE_BUILD ?= $(BUILD)-sanitize
 CLANG_FORMAT ?= clang-format
 # mpirun as the tests run it (tests/CMakeLists.txt): more ranks than cores, as root, shared
 # memory and loopback only, one OpenMP thread per rank.
@@ -37,7 +42,7 @@ MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THRE
 FORMAT_DIRS := $(wildcard core kernels optimizer collectives parallel examples tests benchmarks \
                           python include)
 
-.PHONY: all deps configure build test demo bench fuzz clean format
+.PHONY: all deps configure build test sanitize demo bench fuzz clean format
 
 all: build
 
@@ -58,8 +63,21 @@ configure: deps
 build: configure
 	cmake --build "$(BUILD)" -j $(JOBS)
 
+# The sanitizer step runs after ctest, not beside it, so that its build and runs do not compete
+# with the multi-rank tests for the cores.
 test: build
 	ctest --test-dir "$(BUILD)" --output-on-failure -j $(CTEST_JOBS)
+	@if [ "$(LOOM_SKIP_SANITIZE)" = 1 ]; then \
+	  echo "make test: LOOM_SKIP_SANITIZE=1, skipping the sanitizer step (make sanitize)"; \
+	else \
+	  JOBS=$(JOBS) bash tests/sanitize/run.sh "$(SANITIZE_BUILD)"; \
+	fi
+
+# The unit tests and collectives_test on 2 ranks under ASan + UBSan (and LSan) in
+# $(SANITIZE_BUILD), which the script configures with its own flags (CPU only); a sanitizer
+# report anywhere fails it.
+sanitize: deps
+	@JOBS=$(JOBS) bash tests/sanitize/run.sh "$(SANITIZE_BUILD)"
 
 # The main job: the built-in task trained with dp 2 x tp 2 x pp 2 (8 ranks, 1F1B) under mpirun,
 # writing the pipeline timeline to $(BUILD)/demo_trace.json. Without MPI: one process.

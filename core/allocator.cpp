@@ -70,18 +70,22 @@ class CudaBlockSource final : public BlockSource {
 
 }  // namespace
 
+// Never destroyed (leaked on purpose, so not function-local statics with destructors): tensors
+// are still freed during exit, e.g. the buffers of abandoned MPI operations in the MPI backend's
+// exit handler, which can run after the destructors of statics constructed later than the
+// handler was registered.
 Allocator& allocator_for(Device device) {
-  static CpuAllocator cpu;
-  if (device.is_cpu()) return cpu;
+  static auto* cpu = new CpuAllocator();
+  if (device.is_cpu()) return *cpu;
   static std::mutex mu;
-  static std::vector<std::unique_ptr<CachingAllocator>> cuda;
+  static auto* cuda = new std::vector<std::unique_ptr<CachingAllocator>>();
   std::lock_guard<std::mutex> lock(mu);
   LOOM_CHECK(device.index >= 0 && device.index < 1024, "allocator: bad device ", device.str());
-  if (cuda.size() <= size_t(device.index)) cuda.resize(device.index + 1);
-  if (!cuda[device.index])
-    cuda[device.index] =
-        std::make_unique<CachingAllocator>(std::make_unique<CudaBlockSource>(device.index));
-  return *cuda[device.index];
+  if (cuda->size() <= size_t(device.index)) cuda->resize(device.index + 1);
+  auto& slot = (*cuda)[device.index];
+  if (!slot)
+    slot = std::make_unique<CachingAllocator>(std::make_unique<CudaBlockSource>(device.index));
+  return *slot;
 }
 
 }  // namespace loom
