@@ -36,9 +36,9 @@ void fill(Tensor& t, const Slice& slice, uint64_t seed, const std::string& name,
     if (d == dim) {
       len = t.size(d);
       full_len = full[size_t(d)];
-      LOOM_CHECK(slice.start >= 0 && slice.start + len <= full_len, "rng::fill: parameter '", name,
-                 "': slice [", slice.start, ", ", slice.start + len, ") outside dim ", d,
-                 " of size ", full_len);
+      LOOM_CHECK(slice.start >= 0 && slice.start <= full_len && len <= full_len - slice.start,
+                 "rng::fill: parameter '", name, "': a slice of ", len, " from ", slice.start,
+                 " is outside dim ", d, " of size ", full_len);
       continue;
     }
     LOOM_CHECK(t.size(d) == full[size_t(d)], "rng::fill: parameter '", name, "': tensor ",

@@ -88,8 +88,10 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   detail::check_defined("narrow", "x", x);
   dim = detail::wrap_dim("narrow", dim, x.dim());
-  LOOM_CHECK(start >= 0 && length >= 0 && start + length <= x.size(dim), "narrow: range [", start,
-             ", ", start + length, ") outside dim ", dim, " of size ", x.size(dim));
+  // Compared without forming start + length, which can overflow int64 (a view out of bounds).
+  LOOM_CHECK(start >= 0 && length >= 0 && start <= x.size(dim) && length <= x.size(dim) - start,
+             "narrow: range of length ", length, " from ", start, " outside dim ", dim, " of size ",
+             x.size(dim));
   Shape shape = x.shape();
   shape[dim] = length;
   Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[dim]);

@@ -48,10 +48,26 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& o) {
   std::string path = o.resume_from;
   if (o.resume) {
     path = parallel::checkpoint::latest_checkpoint(o.dir);
+    // `latest` is written only after the checkpoint it names is committed: naming anything else
+    // means damage (a deleted manifest or directory), never a fresh start.
+    const std::string pointer = parallel::checkpoint::latest_pointer(o.dir);
+    if (path.empty() && !pointer.empty())
+      LOOM_FAIL("--resume: ", o.dir, "/latest names ", pointer,
+                ", which is not a committed checkpoint (no manifest.json in it), and ", o.dir,
+                " holds no other; resuming would silently start over. Restore it, --resume-from "
+                "another checkpoint, or point --checkpoint-dir elsewhere to start a new run");
     if (path.empty()) {
       std::printf("checkpoint: none in %s yet; starting at step 0\n", o.dir.c_str());
       return std::nullopt;
     }
+    const bool names_path =
+        path.size() > pointer.size() &&
+        path.compare(path.size() - pointer.size(), pointer.size(), pointer) == 0;
+    if (!pointer.empty() && !names_path)
+      std::printf(
+          "checkpoint: %s/latest names %s, which is not a committed checkpoint; resuming from "
+          "the newest one that is, %s\n",
+          o.dir.c_str(), pointer.c_str(), path.c_str());
   }
   if (path.empty()) return std::nullopt;
   return ResumePoint{path, parallel::checkpoint::read_manifest(path)};

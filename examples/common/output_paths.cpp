@@ -1,5 +1,6 @@
 #include "common/output_paths.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,37 +13,79 @@
 
 namespace loom::cli {
 
+namespace {
+
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+// Whether `dir` takes a new file: creates a probe file in it and removes it ("" when it does).
+std::string probe_directory(const std::string& dir) {
+  char host[64] = "host";
+  gethostname(host, sizeof host - 1);
+  const std::string probe =
+      detail::str_cat(dir, "/.loom-write-probe.", host, ".", static_cast<long>(getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return detail::str_cat("directory '", dir, "' does not take a new file (", std::strerror(errno),
+                           ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
+}  // namespace
+
 std::string output_path_problem(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return "is a directory";
-    if (access(path.c_str(), W_OK) != 0)
-      return detail::str_cat("exists but is not writable (", std::strerror(errno), ")");
+    if (!S_ISREG(st.st_mode)) return "exists but is not a regular file";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);  // no O_TRUNC: nothing is changed
+    if (fd < 0)
+      return detail::str_cat("exists but does not open for writing (", std::strerror(errno), ")");
+    ::close(fd);
     return "";
   }
   if (errno != ENOENT) return std::strerror(errno);
-  const size_t slash = path.find_last_of('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string dir = parent_of(path);
   if (stat(dir.c_str(), &st) != 0)
     return detail::str_cat("directory '", dir, "' does not exist (", std::strerror(errno),
                            "); create it first");
   if (!S_ISDIR(st.st_mode)) return detail::str_cat("'", dir, "' is not a directory");
-  if (access(dir.c_str(), W_OK | X_OK) != 0)
-    return detail::str_cat("directory '", dir, "' is not writable (", std::strerror(errno), ")");
-  return "";
+  return probe_directory(dir);
+}
+
+std::string output_dir_problem(const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0)
+    return S_ISDIR(st.st_mode) ? probe_directory(dir) : "exists and is not a directory";
+  if (errno != ENOENT) return std::strerror(errno);
+  // Made on the first save: its nearest existing parent must take it.
+  std::string parent = dir;
+  do {
+    while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+    parent = parent_of(parent);
+  } while (stat(parent.c_str(), &st) != 0 && errno == ENOENT && parent != "/" && parent != ".");
+  if (stat(parent.c_str(), &st) != 0)
+    return detail::str_cat("'", parent, "': ", std::strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return detail::str_cat("'", parent, "' is not a directory, so it cannot be made");
+  return probe_directory(parent);
 }
 
 void check_output_paths(const std::string& program, comm::Communicator& world,
-                        const std::vector<std::pair<std::string, std::string>>& flag_paths) {
+                        const std::vector<OutputPath>& outputs) {
   std::string verdict;
   if (world.rank() == 0) {
-    for (const auto& [flag, path] : flag_paths) {
+    for (const auto& [flag, path, directory] : outputs) {
       if (path.empty()) continue;
-      const std::string problem = output_path_problem(path);
+      const std::string problem = directory ? output_dir_problem(path) : output_path_problem(path);
       if (!problem.empty()) {
         verdict = detail::str_cat(program, ": --", flag, " '", path, "': ", problem,
-                                  " (rank 0 writes it; checked before the first step)");
+                                  directory ? " (checked before the first step)"
+                                            : " (rank 0 writes it; checked before the first step)");
         break;
       }
     }

@@ -1,9 +1,14 @@
 #include "common/progress.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -11,13 +16,18 @@
 namespace loom::cli {
 
 std::string format_duration(double seconds) {
-  char buf[32];
+  // An ETA of a run with --steps near 2^63 is astronomically long: say so rather than convert it
+  // to an integer that cannot hold it.
+  if (!(seconds >= 0)) seconds = 0;
+  if (seconds >= 3600.0 * 1e6) return ">1000000h";
+  const int64_t s = int64_t(seconds);
+  char buf[48];
   if (seconds < 60) {
     std::snprintf(buf, sizeof buf, "%.1fs", seconds);
   } else if (seconds < 3600) {
-    std::snprintf(buf, sizeof buf, "%dm%02ds", int(seconds) / 60, int(seconds) % 60);
+    std::snprintf(buf, sizeof buf, "%" PRId64 "m%02" PRId64 "s", s / 60, s % 60);
   } else {
-    std::snprintf(buf, sizeof buf, "%dh%02dm", int(seconds) / 3600, (int(seconds) / 60) % 60);
+    std::snprintf(buf, sizeof buf, "%" PRId64 "h%02" PRId64 "m", s / 3600, (s / 60) % 60);
   }
   return buf;
 }
@@ -39,10 +49,35 @@ Progress::Progress(int64_t total_steps, const std::string& metrics_file,
           kept += line + "\n";
       }
     }
-    metrics_.open(metrics_file, std::ios::out | std::ios::trunc);
-    metrics_ << kept;
-    LOOM_CHECK(metrics_.good(), "--metrics-file: cannot open '", metrics_file, "' for writing");
+    metrics_fd_ = ::open(metrics_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    LOOM_CHECK(metrics_fd_ >= 0, "--metrics-file: cannot open '", metrics_file,
+               "' for writing: ", std::strerror(errno));
+    metrics_path_ = metrics_file;
+    if (!kept.empty()) write_row(kept, first_step);
   }
+}
+
+Progress::~Progress() {
+  if (metrics_fd_ >= 0) ::close(metrics_fd_);
+}
+
+void Progress::write_row(const std::string& row, int64_t step) {
+  size_t done = 0;
+  while (done < row.size()) {
+    const ssize_t n = ::write(metrics_fd_, row.data() + done, row.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      // Keep the file a sequence of whole rows: drop the part of this one that was written.
+      if (::ftruncate(metrics_fd_, off_t(metrics_bytes_)) == 0)
+        ::lseek(metrics_fd_, off_t(metrics_bytes_), SEEK_SET);
+      LOOM_FAIL("--metrics-file '", metrics_path_, "': cannot write the row of step ", step, " (",
+                metrics_rows_, " rows written before it): ", std::strerror(err));
+    }
+    done += size_t(n);
+  }
+  metrics_bytes_ += row.size();
+  metrics_rows_ += int64_t(std::count(row.begin(), row.end(), '\n'));
 }
 
 void Progress::step(const StepMetrics& m) {
@@ -67,7 +102,7 @@ void Progress::step(const StepMetrics& m) {
     std::printf("%s\n", line);
   }
   std::fflush(stdout);
-  if (metrics_.is_open()) {
+  if (metrics_fd_ >= 0) {
     nlohmann::json j = {{"step", m.step},
                         {"loss", m.loss},
                         {"lr", m.lr},
@@ -77,8 +112,7 @@ void Progress::step(const StepMetrics& m) {
     if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
     if (m.comm_wait_ms >= 0) j["comm_wait_ms"] = m.comm_wait_ms;
     if (m.mfu >= 0) j["mfu"] = m.mfu;
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    write_row(j.dump() + "\n", m.step);
   }
 }
 
@@ -89,11 +123,10 @@ void Progress::event(int64_t step, const std::string& kind,
   for (const auto& [k, v] : values) std::printf(" | %s %.6g", k.c_str(), v);
   std::printf("\n");
   std::fflush(stdout);
-  if (metrics_.is_open()) {
+  if (metrics_fd_ >= 0) {
     nlohmann::json j = {{"step", step}, {"event", kind}};
     for (const auto& [k, v] : values) j[k] = v;
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    write_row(j.dump() + "\n", step);
   }
 }
 

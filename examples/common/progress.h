@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <string>
 
@@ -32,6 +31,9 @@ class Progress {
   // up to that step, drops the later ones (the run that wrote them is being redone) and appends.
   Progress(int64_t total_steps, const std::string& metrics_file,
            const std::string& rate_unit = "tok/s", int64_t first_step = 0);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
 
   // Prints the line for a finished step and appends its JSON record.
   void step(const StepMetrics& m);
@@ -47,7 +49,14 @@ class Progress {
   std::string rate_unit_;
   bool terminal_;
   bool line_open_ = false;
-  std::ofstream metrics_;
+  // The metrics file (-1: none). Every row is written whole or not at all: a failed write (a full
+  // disk) truncates the file back to its last complete row and raises naming the file, the row
+  // and the system's reason.
+  int metrics_fd_ = -1;
+  std::string metrics_path_;
+  uint64_t metrics_bytes_ = 0;  // complete rows so far
+  int64_t metrics_rows_ = 0;
+  void write_row(const std::string& row, int64_t step);  // one row, or a resumed run's kept rows
 };
 
 std::string format_duration(double seconds);  // "1m05s", "3.2s"

@@ -122,6 +122,10 @@ int run(int argc, char** argv) {
   const cli::CheckpointOptions checkpoints = cli::read_checkpoint_flags(flags, "loom-dlrm");
   LOOM_CHECK(flags.get_double("embedding-lr") >= 0, "loom-dlrm: --embedding-lr must be >= 0, got ",
              flags.get_double("embedding-lr"));
+  LOOM_CHECK(flags.get_int("eval-every") >= 0, "loom-dlrm: --eval-every must be >= 0 (0: only at ",
+             "the end), got ", flags.get_int("eval-every"));
+  LOOM_CHECK(flags.get_int("eval-batches") >= 1, "loom-dlrm: --eval-batches must be >= 1, got ",
+             flags.get_int("eval-batches"));
   LOOM_CHECK(flags.get_int("ceiling-examples") > 0,
              "loom-dlrm: --ceiling-examples must be positive, got ",
              flags.get_int("ceiling-examples"));
@@ -130,9 +134,10 @@ int run(int argc, char** argv) {
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-dlrm: cannot silence stdout on rank ", world->rank());
-  // Rank 0 writes it; a bad path fails every rank now, not rank 0 alone.
+  // A bad path fails every rank now, not rank 0 alone after training.
   cli::check_output_paths("loom-dlrm", *world,
-                          {{"metrics-file", flags.get_string("metrics-file")}});
+                          {{"metrics-file", flags.get_string("metrics-file")},
+                           {"checkpoint-dir", checkpoints.dir, /*directory=*/true}});
   const int64_t ranks = world->size(), batch = flags.get_int("batch");
   LOOM_CHECK(batch > 0 && batch % ranks == 0, "loom-dlrm: --batch ", batch,
              " must be a positive multiple of the ", ranks, " rank(s) running");
@@ -144,9 +149,28 @@ int run(int argc, char** argv) {
   data_config.batch_size = batch;
   data_config.max_bag_size = flags.get_int("max-bag");
   ClickDataset data(data_config);
-  // Only rank 0 prints the ceiling (and reports it with each evaluation).
-  const ClickCeiling ceiling =
-      world->rank() == 0 ? data.ceiling(flags.get_int("ceiling-examples")) : ClickCeiling{};
+  // Only rank 0 prints the ceiling (and reports it with each evaluation). Its cost is the
+  // examples' lookups: with long bags the default number of examples would take minutes, so
+  // unless --ceiling-examples was given it is cut to a budget of lookups, and said so.
+  int64_t ceiling_examples = flags.get_int("ceiling-examples");
+  const double lookups_per_example =
+      double(data.num_tables()) * (1.0 + double(data_config.max_bag_size)) / 2.0;
+  constexpr double kCeilingLookups = double(int64_t(1) << 26);
+  if (!flags.was_set("ceiling-examples") &&
+      double(ceiling_examples) * lookups_per_example > kCeilingLookups) {
+    ceiling_examples = std::max<int64_t>(2, int64_t(kCeilingLookups / lookups_per_example));
+    std::printf(
+        "data: bags of up to %lld rows: the ceiling is estimated on %lld held-out examples, not "
+        "%lld (--ceiling-examples sets it)\n",
+        static_cast<long long>(data_config.max_bag_size), static_cast<long long>(ceiling_examples),
+        static_cast<long long>(flags.get_int("ceiling-examples")));
+  } else if (double(ceiling_examples) * lookups_per_example > kCeilingLookups) {
+    std::printf("data: estimating the ceiling on %lld held-out examples (%.3g lookups)...\n",
+                static_cast<long long>(ceiling_examples),
+                double(ceiling_examples) * lookups_per_example);
+  }
+  std::fflush(stdout);
+  const ClickCeiling ceiling = world->rank() == 0 ? data.ceiling(ceiling_examples) : ClickCeiling{};
   const auto& rows = data_config.table_rows;
   std::printf(
       "data: %lld tables (%lld..%lld rows), %lld dense features; ceiling (Bayes): "
@@ -156,6 +180,7 @@ int run(int argc, char** argv) {
       static_cast<long long>(*std::max_element(rows.begin(), rows.end())),
       static_cast<long long>(data_config.num_dense), ceiling.accuracy, ceiling.auc,
       ceiling.positive_rate);
+  std::fflush(stdout);  // before a first step that may take long (a huge --batch or bags)
 
   DlrmRun run;
   DlrmConfig& config = run.config;

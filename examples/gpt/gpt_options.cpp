@@ -165,6 +165,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.lr > 0, "loom-gpt: --lr must be positive, got ", o.lr);
   LOOM_CHECK(o.grad_clip >= 0, "loom-gpt: --grad-clip must be >= 0 (0 = off), got ", o.grad_clip);
   LOOM_CHECK(o.warmup_steps >= 0, "loom-gpt: --warmup-steps must be >= 0, got ", o.warmup_steps);
+  LOOM_CHECK(o.lr_schedule != "cosine" || o.steps > o.warmup_steps,
+             "loom-gpt: --lr-schedule cosine needs --steps (", o.steps,
+             ") greater than --warmup-steps (", o.warmup_steps,
+             "); use --lr-schedule constant for a run of no steps");
   LOOM_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1,
              "loom-gpt: --min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
   LOOM_CHECK(o.target > 0 && o.target <= 1, "loom-gpt: --target must be in (0, 1], got ", o.target);

@@ -165,7 +165,10 @@ int run(int argc, char** argv) {
                "loom-gpt: cannot silence stdout on rank ", world->rank());
   // Rank 0 writes these; a bad path fails every rank now, not rank 0 alone later.
   cli::check_output_paths("loom-gpt", *world,
-                          {{"metrics-file", o.metrics_file}, {"save", o.save}, {"trace", o.trace}});
+                          {{"metrics-file", o.metrics_file},
+                           {"save", o.save},
+                           {"trace", o.trace},
+                           {"checkpoint-dir", o.checkpoints.dir, /*directory=*/true}});
   const int64_t model_ranks = o.tp * o.pp;
   if (o.dp == 0) {
     LOOM_CHECK(world->size() % model_ranks == 0, "loom-gpt: --tp ", o.tp, " x --pp ", o.pp,

@@ -517,14 +517,18 @@ std::optional<SaveResult> AsyncCheckpointer::wait() {
   return finish_save(*job, *group_);
 }
 
-std::string latest_checkpoint(const std::string& dir) {
+std::string latest_pointer(const std::string& dir) {
   const std::string pointer = join(dir, kLatest);
-  if (path_exists(pointer)) {
-    std::string name = io::detail::read_all(pointer, "checkpoint pointer");
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (step_of_dir_name(name) >= 0 && path_exists(join(join(dir, name), kManifest)))
-      return join(dir, name);
-  }
+  if (!path_exists(pointer)) return "";
+  std::string name = io::detail::read_all(pointer, "checkpoint pointer");
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  const std::string name = latest_pointer(dir);
+  if (step_of_dir_name(name) >= 0 && path_exists(join(join(dir, name), kManifest)))
+    return join(dir, name);
   if (!path_exists(dir)) return "";
   int64_t best = -1;
   for (const std::string& name : list_directory(dir)) {

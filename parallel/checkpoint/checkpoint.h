@@ -121,6 +121,8 @@ class AsyncCheckpointer {
 // is not committed, the committed step directory with the highest step; "" when `dir` holds
 // none.
 std::string latest_checkpoint(const std::string& dir);
+// The name `latest` in `dir` holds ("step-00000042"), "" when there is no such file.
+std::string latest_pointer(const std::string& dir);
 // Whether `dir` holds a committed checkpoint of step `step`.
 bool has_checkpoint(const std::string& dir, int64_t step);
 // Reads a committed checkpoint's manifest (a step directory; latest_checkpoint finds one in a

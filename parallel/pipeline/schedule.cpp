@@ -11,6 +11,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -23,6 +24,26 @@ namespace {
 // Bounds every count (ranks, stages, pipelines, micro-batches, chunks), so that a corrupt file is
 // an error rather than a huge allocation.
 constexpr int kMaxCount = 1 << 20;
+
+// Text from the file as an error quotes it: at most `max_chars` of it, bytes that are not
+// printable ASCII as \xNN, and how much was left out (a 100,000-character line, or random bytes,
+// must not become the message).
+std::string excerpt(const std::string& text, size_t max_chars) {
+  std::string out;
+  size_t i = 0;
+  for (; i < text.size() && out.size() < max_chars; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += char(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", unsigned(c));
+      out += hex;
+    }
+  }
+  if (i < text.size()) out += "... (" + std::to_string(text.size() - i) + " more bytes)";
+  return out;
+}
 
 constexpr ActionKind kAllKinds[] = {ActionKind::kForward,        ActionKind::kBackward,
                                     ActionKind::kWeightGrad,     ActionKind::kSendActivation,
@@ -262,7 +283,7 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const Line& l, const std::string& what) const {
-    LOOM_FAIL(source_, ":", l.number, ": ", what, ": '", l.text, "'");
+    LOOM_FAIL(source_, ":", l.number, ": ", excerpt(what, 240), ": '", excerpt(l.text, 120), "'");
   }
 
   void fields(const Line& l, size_t n, const char* form) const {

@@ -302,9 +302,32 @@ Tensor make_tensor(py::handle data, py::handle dtype_obj, bool requires_grad, py
 }
 
 Shape shape_args(const py::args& args) {
-  // f(2, 3) or f((2, 3)) / f([2, 3]), as PyTorch's *size arguments.
-  if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return args[0].cast<Shape>();
-  return args.cast<Shape>();
+  // f(2, 3) or f((2, 3)) / f([2, 3]), as PyTorch's *size arguments. Each size is checked here, so
+  // one past int64 or not an integer is a ValueError naming it rather than pybind11's "Unable to
+  // cast".
+  py::sequence sizes = args;
+  if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) {
+    if (!py::isinstance<py::sequence>(args[0]))
+      throw py::type_error("a shape is integers or one sequence of them, got " +
+                           std::string(py::str(py::type::of(args[0]).attr("__name__"))));
+    sizes = args[0].cast<py::sequence>();
+  }
+  Shape shape;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    py::object v = sizes[d];
+    if (!py::isinstance<py::int_>(v) && PyIndex_Check(v.ptr()))  // numpy integers, ...
+      v = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+    if (!v || !py::isinstance<py::int_>(v))
+      throw py::type_error("size " + std::to_string(d) + " of a shape must be an integer, got " +
+                           std::string(py::repr(sizes[d])));
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0)
+      throw py::value_error("size " + std::to_string(d) + " of a shape (" +
+                            std::string(py::repr(v)) + ") does not fit in an int64");
+    shape.push_back(int64_t(n));
+  }
+  return shape;
 }
 
 Tensor finish_creation(Tensor t, bool requires_grad) {

@@ -43,6 +43,15 @@ def test_shapes_that_overflow_are_errors_not_small_tensors():
     # allocated with 16 bytes under that shape, and a narrow view read and wrote out of bounds.
     with pytest.raises(ValueError, match="more elements than an int64 counts"):
         loom.zeros(2**62 + 1, 4)
+    # A size past int64 itself, or not an integer, is named (it was pybind11's "Unable to cast").
+    with pytest.raises(ValueError, match=r"size 0 of a shape \(9223372036854775808\) does not fit"):
+        loom.zeros(2**63)
+    with pytest.raises(ValueError, match=r"size 1 of a shape .* does not fit in an int64"):
+        loom.ones((2, -2**70))
+    with pytest.raises(TypeError, match="size 1 of a shape must be an integer, got 2.5"):
+        loom.zeros(3, 2.5)
+    np = pytest.importorskip("numpy")
+    assert loom.zeros(np.int64(2), np.int32(3)).shape == (2, 3)  # integers of any kind
     with pytest.raises(ValueError, match="more bytes than an int64 counts"):
         loom.zeros(2**61)
     assert loom.zeros(0, 2**62, 2**62).numel() == 0

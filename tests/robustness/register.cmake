@@ -5,6 +5,14 @@
 # is gone within 10 s (sys.exit(0): the 3 s collective deadline + 10 s), with a non-zero exit
 # status and a message naming the cause; `clean` that a normal exit still exits 0. 2-5 s each.
 # Read after tests/python/register.cmake (Python3_EXECUTABLE, LOOM_PYTHON_ENABLED).
+
+# A metrics file on a full disk (a 16 KiB tmpfs): a clear error and whole rows only.
+if(TARGET loom-gpt)
+  add_test(NAME robustness_metrics_disk_full
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/disk_full.sh $<TARGET_FILE:loom-gpt>)
+  set_tests_properties(robustness_metrics_disk_full PROPERTIES LABELS unit TIMEOUT 120
+                       SKIP_RETURN_CODE 77)
+endif()
 if(NOT LOOM_MPI_ENABLED)
   return()
 endif()
@@ -34,3 +42,19 @@ foreach(case ${loom_leave_cases})
   set_tests_properties(robustness_${case} PROPERTIES LABELS mpi TIMEOUT 90 ENVIRONMENT
                        "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
 endforeach()
+
+# The replay of issue 18 (tests/robustness/replay.py): every case a fault-injecting user found and
+# the others tried (bad flags; truncated, garbage, crafted and foreign files; a full 16 KiB tmpfs;
+# unwritable paths; damaged checkpoints; ranks that leave or disagree), each asserted to give a
+# clear error or an exact result, ending with the figures: cases tried, crashes, hangs, silent
+# wrong answers, unclear errors. Cases it cannot run here (no mount permission) print as skipped.
+# About 2-3 minutes on the 2-core VM.
+if(TARGET loom-gpt AND TARGET loom-dlrm AND LOOM_PYTHON_ENABLED AND Python3_Interpreter_FOUND)
+  add_test(NAME robustness_replay
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/replay.py
+                   --bin $<TARGET_FILE_DIR:loom-gpt> --python-path ${CMAKE_BINARY_DIR}/python
+                   --python ${Python3_EXECUTABLE}
+                   --mpirun ${MPIEXEC_EXECUTABLE} ${LOOM_MPIRUN_FLAGS})
+  set_tests_properties(robustness_replay PROPERTIES LABELS mpi TIMEOUT 600 ENVIRONMENT
+                       "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+endif()

@@ -628,5 +628,22 @@ TEST(ReceivePosts, NeverLaterThanTheReceiveNorMoreThanOneComputeEarlier) {
   }
 }
 
+// A huge or binary line is quoted as an excerpt (found by tests/robustness/replay.py: a
+// 100,000-character first line made a 100,191-character error).
+TEST(ScheduleText, ErrorsQuoteAnExcerptOfLongOrBinaryLines) {
+  const std::string longline(100000, 'x');
+  try {
+    parse_schedule(longline + "\n", "long.schedule");
+    ADD_FAILURE() << "a 100,000-character line parsed";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_LT(msg.size(), 600u) << msg.size() << " characters";
+    EXPECT_NE(msg.find("long.schedule:1:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("more bytes)"), std::string::npos) << msg;
+  }
+  expect_error([] { parse_schedule(std::string("sched\x01\xff ule\n"), "bin.schedule"); },
+               {"bin.schedule:1:", "\\x01\\xFF"});
+}
+
 }  // namespace
 }  // namespace loom::parallel::pipeline

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <utility>
+#include <vector>
+
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "testing/gradcheck.h"
@@ -265,6 +269,20 @@ TEST(Tensor, ShapesThatOverflowAreRefused) {
   EXPECT_THROW((void)Tensor::from_external(&x, {2, 2}, {int64_t(1) << 62, int64_t(1) << 62},
                                            DType::kF32, nullptr),
                Error);
+}
+
+// A narrow whose start + length overflows int64 is refused, never a view outside the storage
+// (found by tests/robustness/replay.py: narrow(0, 2^63 - 1, 2) of 5 elements viewed the element
+// before the data, and fill_ on it corrupted the heap).
+TEST(Tensor, NarrowRangesThatOverflowAreRefused) {
+  const Tensor x = Tensor::zeros({5});
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  for (const auto& [start, length] : std::vector<std::pair<int64_t, int64_t>>{
+           {max, 2}, {int64_t(1) << 62, int64_t(1) << 62}, {2, max}, {6, 0}, {5, 1}}) {
+    EXPECT_THROW((void)narrow(x, 0, start, length), Error) << start << ", " << length;
+  }
+  EXPECT_EQ(narrow(x, 0, 5, 0).numel(), 0);  // an empty range at the end is fine
+  EXPECT_EQ(narrow(x, 0, 1, 4).numel(), 4);
 }
 
 }  // namespace
