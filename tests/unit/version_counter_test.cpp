@@ -17,21 +17,12 @@
 #include "core/tensor.h"
 #include "optimizer/sgd.h"
 #include "parallel/zero.h"
+#include "testing/files.h"
 
 namespace loom {
 namespace {
 
-// Runs fn, which must throw loom::Error, and checks the message contains every fragment.
-void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected loom::Error containing '" << *fragments.begin() << "'";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const std::string& f : fragments)
-      EXPECT_NE(what.find(f), std::string::npos) << "'" << f << "' not in: " << what;
-  }
-}
+using testing::expect_error;
 
 Tensor param(const std::vector<float>& values, const Shape& shape) {
   Tensor t = Tensor::from_vector(values, shape);
