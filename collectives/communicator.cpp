@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iterator>
 
 #include "collectives/self_backend.h"
@@ -26,30 +27,41 @@ namespace loom::comm {
 // Note [Collective signatures]
 // A collective that the ranks of a group call differently (another op, dtype, element count,
 // root or reduction) is undefined in MPI and NCCL: it hangs, or worse, returns wrong numbers. So
-// is a pair of same-sized calls that two ranks make in swapped order. With LOOM_COMM_DEBUG=1 (or
-// set_debug(true)) every collective carries a signature: a 64-bit hash of the op, dtype, count,
-// root, reduction and, for the symmetric collectives (allreduce, reduce_scatter, allgather,
-// all_to_all), the place in the source it was called from (file name and line; a Python
-// script's own line through ScopedCallSite), which is what tells two same-sized calls apart.
-// Rooted collectives (broadcast, reduce) and barriers leave the place out: a root and the others
-// often call them from different branches of a program.
+// is a pair of same-sized calls that two ranks make in swapped order. So, unless LOOM_COMM_DEBUG=0
+// (or set_debug(false)), every collective carries a signature: a 64-bit hash of the op, dtype,
+// count, root, reduction, how many collectives the group made before it (not its sequence
+// number, which counts a rank's sends and receives too) and, for the symmetric collectives
+// (allreduce, reduce_scatter, allgather, all_to_all), the place in the source it was called from
+// (file name and line; a Python script's own line through ScopedCallSite), which is what tells
+// two same-sized calls apart. Rooted collectives (broadcast, reduce) and barriers leave the place
+// out: a root and the others often call them from different branches of a program.
 //
-// The check is one allreduce (max) of [hash, ~hash] over the group, internal (it does not count
-// in the sequence numbers), completed before the collective is posted: every rank learns whether
-// the largest and the smallest hash agree, so on a difference every rank knows at once, and all
-// of them then allgather the full calls (also internal) and raise the same CommError listing
-// which ranks made which call. Nothing of the mismatched collective was started, so nothing hangs,
-// no buffer is written, and the group stays usable.
+// The check is one allreduce (max) of [hash, ~hash] over the group, on the group's check channel
+// (a second communicator over the same ranks, so the checks never match the group's own
+// collectives), completed before the collective is posted: every rank learns whether the
+// largest and the smallest hash agree, so on a difference every rank knows, and all of them then
+// allgather the full calls (on the channel too) and raise the same CommError from their wait,
+// listing which ranks made which call. Nothing of the mismatched collective was posted, so
+// nothing hangs and no buffer is written; every rank drops it, and the group stays usable.
 //
-// Why it is not on by default: completing the check makes posting a collective wait until every
-// rank of the group has posted it too, so a program whose ranks post nonblocking collectives on
-// two groups in different orders (legal, since each group's order is what must agree) would wait
-// on itself. Posting the check beside the collective instead keeps posting nonblocking, but a
-// mismatched collective, once posted, may never complete (MPI's schedules wait for messages that
-// never come; an NCCL kernel can hang its stream), which leaves operations only ending the
-// process clears. The way to both is to post the check at once and the collective when its check
-// has agreed, from a per-group queue that every later call on the group advances. The check's
-// cost is measured by loom-bench-collectives (benchmarks/README.md).
+// Note [The check queue]
+// Posting a collective must not wait for the other ranks: a program may post nonblocking
+// collectives on two groups in different orders on different ranks (legal: only each group's
+// own order must agree), and a rank that waited in the first for its peers would never post the
+// second, which they wait for. So a checked collective returns at once, queued behind the
+// group's earlier ones, and is posted when its check has agreed. One check per group is in
+// flight, the oldest's: the next is posted when it completes, so the checks go out on the
+// channel in the group's call order on every rank, whatever the timing. The queue advances
+// (tests the head's check; on agreement posts the collective and the next check) on every later
+// call and every wait or test on the group, and, through progress_checks(), from every wait on
+// any group of the process: a rank blocked receiving from a peer that waits for this rank's
+// queued allreduce must still post it, as MPI's own progress would have completed it had it
+// been posted at once. Without a channel (the nccl backend alone) the check runs on the group
+// itself and completes before the collective is posted.
+//
+// The cost is one exchange of 16 bytes per collective (over MPI: point-to-point rounds, Note
+// [Signature exchange]): about 2 us on two ranks of the development VM, under 3% of a 1 MiB
+// allreduce (loom-bench-collectives, benchmarks/README.md).
 
 namespace {
 
@@ -62,10 +74,10 @@ int64_t op_code(const char* op) {
   LOOM_ASSERT(false, "unknown collective ", op);
 }
 
-// On when LOOM_COMM_DEBUG is set to anything but "0" or "" (See Note [Collective signatures]).
+// On unless LOOM_COMM_DEBUG is "0" (See Note [Collective signatures]).
 bool debug_from_environment() {
   const char* v = std::getenv("LOOM_COMM_DEBUG");
-  return v != nullptr && std::string(v) != "0" && std::string(v) != "";
+  return v == nullptr || std::string(v) != "0";
 }
 
 // The file name without its folders: ranks may run the same script by different paths.
@@ -86,7 +98,7 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 thread_local std::string t_site_file;
 thread_local int t_site_line = 0;
 
-constexpr int64_t kFields = 6;      // op, dtype, count, root, reduce, line
+constexpr int64_t kFields = 7;      // op, dtype, count, root, reduce, line, collectives before
 constexpr int64_t kSiteBytes = 48;  // the file name, truncated, zero-padded
 
 double timeout_from_environment() {
@@ -186,47 +198,253 @@ Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
   return OpInfo{op, ++sequence_, bytes};
 }
 
-WorkPtr Communicator::collective(const Signature& given, size_t bytes,
-                                 const std::function<WorkPtr(const OpInfo&)>& post) {
-  const OpInfo info = begin(given.op, bytes);
-  if (!debug_ || size_ == 1) return post(info);
-  Signature sig = given;
-  if (sig.file && !t_site_file.empty()) {  // a ScopedCallSite's place replaces the C++ caller's
-    sig.file = t_site_file.c_str();
-    sig.line = t_site_line;
+// ---------------------------------------------------------------- signature checks
+
+// A checked collective not yet posted (See Note [The check queue]).
+struct Communicator::Pending {
+  OpInfo info;
+  uint64_t nth = 0;  // the group's collectives before it (sequence numbers count sends too)
+  Signature sig;     // sig.file points into `file`
+  std::string file;  // the call's file name without its folders; empty: none
+  std::function<WorkPtr(const OpInfo&)> post;
+  Tensor check;        // [hash, ~hash], reduced with max over the group
+  WorkPtr check_work;  // null until it is the group's oldest
+  WorkPtr posted;      // the collective, once its check agreed
+  // Why it will never be posted: its check disagreed (`error`, empty while the explanation is
+  // still being gathered), its post raised (`post_error`, raised again as it was: an argument
+  // the backend cannot carry is a loom::Error), or the group went away.
+  bool failed = false;
+  std::string error;
+  std::exception_ptr post_error;
+  bool dropped = false;  // its Work is gone: the group's next call raises its error instead
+  Tensor my_fields, fields, my_file, files;  // the explanation: every rank's call
+  WorkPtr fields_work, files_work;
+};
+
+struct Communicator::CheckQueue {
+  Communicator* owner;                           // null once the group is destroyed
+  std::deque<std::shared_ptr<Pending>> waiting;  // not yet posted, oldest first
+  std::shared_ptr<Pending> undelivered;          // failed, its error not raised yet
+};
+
+namespace {
+
+// Every group with a check queue, for progress_checks(); the collectives queued in all of them.
+std::vector<Communicator*>& checked_groups() {
+  static auto* groups = new std::vector<Communicator*>();  // never freed: used at exit too
+  return *groups;
+}
+size_t g_queued = 0;
+
+}  // namespace
+
+// The Work of a checked collective: waits for its check (posting the group's earlier ones on
+// the way), then for the collective itself.
+class CheckedWork final : public Work {
+ public:
+  CheckedWork(std::shared_ptr<Communicator::CheckQueue> queue,
+              std::shared_ptr<Communicator::Pending> pending)
+      : queue_(std::move(queue)), p_(std::move(pending)) {}
+
+  // Like every Work, one destroyed unfinished is waited for (its collective posted first, as
+  // the other ranks expect), up to the timeouts.
+  ~CheckedWork() override {
+    try {
+      if (!p_->posted && !p_->failed && queue_->owner) queue_->owner->advance(p_.get());
+    } catch (...) {
+    }
+    p_->dropped = true;
   }
-  const int64_t fields[kFields] = {op_code(sig.op), int64_t(sig.dtype), sig.count,
-                                   sig.root,        sig.reduce,         sig.line};
-  uint64_t h = fnv1a(14695981039346656037ull, fields, sizeof fields);
-  if (sig.file) {
-    const char* base = base_name(sig.file);
-    h = fnv1a(h, base, std::strlen(base));
+  CheckedWork(const CheckedWork&) = delete;
+  CheckedWork& operator=(const CheckedWork&) = delete;
+
+  void wait() override {
+    if (!p_->posted && !p_->failed) queue_->owner->advance(p_.get());
+    raise_if_failed();
+    LOOM_ASSERT(p_->posted, "a checked collective waited on from inside its group's queue");
+    p_->posted->wait();
   }
-  Tensor check = Tensor::from_vector<int64_t>({int64_t(h), int64_t(~h)}, {2});
-  const OpInfo check_info{sig.op, info.sequence, info.bytes};  // a timeout names the collective
-  allreduce_impl(check, check, AllreduceOptions{ReduceOp::kMax}, check_info)->wait();
-  const auto* v = static_cast<const int64_t*>(check.data_ptr());
-  if (uint64_t(v[0]) != h || ~uint64_t(v[1]) != h) {
-    if (sig.file) sig.file = base_name(sig.file);
-    throw CommError(explain_mismatch(info, sig));
+  bool test() override {
+    if (!p_->posted && !p_->failed) queue_->owner->advance(nullptr);
+    raise_if_failed();
+    return p_->posted && p_->posted->test();
   }
-  return post(info);
+
+ private:
+  void raise_if_failed() {
+    if (!p_->failed) return;
+    if (queue_->undelivered == p_) queue_->undelivered.reset();
+    if (p_->post_error) std::rethrow_exception(p_->post_error);
+    if (p_->error.empty())
+      p_->error = queue_->owner ? queue_->owner->explanation(*p_)
+                                : std::string(
+                                      "the group was destroyed before this collective's "
+                                      "signature check completed");
+    throw CommError(p_->error);
+  }
+
+  std::shared_ptr<Communicator::CheckQueue> queue_;
+  std::shared_ptr<Communicator::Pending> p_;
+};
+
+void progress_checks() {
+  if (g_queued == 0) return;
+  // By index: a post may make or destroy groups. A group waiting inside its own advance (for a
+  // check) is left to it; the others advance, since the check may wait for them.
+  auto& groups = checked_groups();
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (!groups[i]->advancing_ && !groups[i]->queue_->waiting.empty()) groups[i]->advance(nullptr);
 }
 
-std::string Communicator::explain_mismatch(const OpInfo& info, const Signature& sig) {
-  // Every rank's call in full: its fields, and its file name.
-  Tensor mine = Tensor::from_vector<int64_t>(
-      {op_code(sig.op), int64_t(sig.dtype), sig.count, sig.root, sig.reduce, sig.line}, {kFields});
-  Tensor all = Tensor::empty({size_ * kFields}, DType::kI64);
+Communicator::~Communicator() {
+  if (!queue_) return;
+  // Whatever is still queued will never be posted: its work says why.
+  for (const auto& p : queue_->waiting) {
+    p->failed = true;
+    p->post = nullptr;
+  }
+  g_queued -= queue_->waiting.size();
+  queue_->waiting.clear();
+  queue_->owner = nullptr;
+  auto& groups = checked_groups();
+  groups.erase(std::remove(groups.begin(), groups.end(), this), groups.end());
+}
+
+void Communicator::post_queued() {
+  try {
+    if (queue_ && !queue_->waiting.empty()) advance(queue_->waiting.back().get());
+  } catch (...) {  // a destructor's: what is left is dropped by ~Communicator
+  }
+}
+
+void Communicator::set_debug(bool on) {
+  if (!on && queue_ && !queue_->waiting.empty()) advance(queue_->waiting.back().get());
+  debug_ = on;
+}
+
+WorkPtr Communicator::collective(const Signature& given, size_t bytes,
+                                 std::function<WorkPtr(const OpInfo&)> post) {
+  raise_undelivered();
+  const OpInfo info = begin(given.op, bytes);
+  const uint64_t nth = collectives_++;
+  if (!debug_ || size_ == 1) return post(info);
+  auto p = std::make_shared<Pending>();
+  p->info = info;
+  p->nth = nth;
+  p->sig = given;
+  if (given.file) {  // a ScopedCallSite's place replaces the C++ caller's
+    p->file = base_name(t_site_file.empty() ? given.file : t_site_file.c_str());
+    if (!t_site_file.empty()) p->sig.line = t_site_line;
+    p->sig.file = p->file.c_str();
+  }
+  const Signature& sig = p->sig;
+  const int64_t fields[kFields] = {op_code(sig.op), int64_t(sig.dtype), sig.count,   sig.root,
+                                   sig.reduce,      sig.line,           int64_t(nth)};
+  uint64_t h = fnv1a(14695981039346656037ull, fields, sizeof fields);
+  h = fnv1a(h, p->file.data(), p->file.size());
+  p->check = Tensor::from_vector<int64_t>({int64_t(h), int64_t(~h)}, {2});
+
+  Communicator* channel = check_channel();
+  if (!channel) {  // checked on the group itself, before posting
+    allreduce_impl(p->check, p->check, AllreduceOptions{ReduceOp::kMax},
+                   OpInfo{sig.op, info.sequence, info.bytes})
+        ->wait();
+    const auto* v = static_cast<const int64_t*>(p->check.data_ptr());
+    if (uint64_t(v[0]) != h || ~uint64_t(v[1]) != h) {
+      post_explanation(*p, *this);
+      throw CommError(explanation(*p));
+    }
+    return post(info);
+  }
+  if (!queue_) {
+    queue_ = std::make_shared<CheckQueue>();
+    queue_->owner = this;
+    checked_groups().push_back(this);
+  }
+  p->post = std::move(post);
+  if (queue_->waiting.empty()) post_check(*p, *channel);
+  queue_->waiting.push_back(p);
+  ++g_queued;
+  advance(nullptr);
+  return std::make_shared<CheckedWork>(queue_, std::move(p));
+}
+
+void Communicator::post_check(Pending& p, Communicator& channel) {
+  if (channel.timeout_seconds() != timeout_s_) channel.set_timeout_seconds(timeout_s_);
+  // Named as the collective it checks: a timeout reads "allreduce #17" of this group.
+  p.check_work =
+      channel.check_exchange_impl(p.check, OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
+}
+
+void Communicator::advance(const Pending* until) {
+  if (advancing_) return;  // a wait inside this advance: the outer call goes on
+  struct Advancing {
+    bool& flag;
+    explicit Advancing(bool& f) : flag(f) { flag = true; }
+    ~Advancing() { flag = false; }
+  } advancing(advancing_);
+  Communicator& channel = *check_channel();
+  auto& waiting = queue_->waiting;
+  while (!waiting.empty()) {
+    const std::shared_ptr<Pending> head = waiting.front();
+    // A check that times out stays at the head: waiting again resumes it, as for any Work.
+    if (until)
+      head->check_work->wait();
+    else if (!head->check_work->test())
+      return;
+    waiting.pop_front();
+    --g_queued;
+    const auto* v = static_cast<const int64_t*>(head->check.data_ptr());
+    if (v[0] == ~v[1]) {  // the largest hash and the smallest agree
+      try {
+        head->posted = head->post(head->info);
+      } catch (...) {
+        head->failed = true;
+        head->post_error = std::current_exception();
+        queue_->undelivered = head;
+      }
+    } else {
+      head->failed = true;
+      post_explanation(*head, channel);
+      queue_->undelivered = head;
+    }
+    head->post = nullptr;
+    if (!waiting.empty()) post_check(*waiting.front(), channel);
+    if (head.get() == until) return;
+  }
+}
+
+void Communicator::raise_undelivered() {
+  // Only a failure whose Work is gone: one still held raises from its wait, on every rank alike
+  // (raising it here instead would skip this call on the ranks that found it first).
+  if (!queue_ || !queue_->undelivered || !queue_->undelivered->dropped) return;
+  Pending& p = *queue_->undelivered;
+  queue_->undelivered.reset();
+  if (p.post_error) std::rethrow_exception(p.post_error);
+  if (p.error.empty()) p.error = explanation(p);
+  throw CommError(p.error);
+}
+
+void Communicator::post_explanation(Pending& p, Communicator& channel) {
+  const Signature& sig = p.sig;
+  p.my_fields = Tensor::from_vector<int64_t>({op_code(sig.op), int64_t(sig.dtype), sig.count,
+                                              sig.root, sig.reduce, sig.line, int64_t(p.nth)},
+                                             {kFields});
+  p.fields = Tensor::empty({size_ * kFields}, DType::kI64);
   std::vector<uint8_t> name(kSiteBytes, 0);
-  if (sig.file) std::strncpy(reinterpret_cast<char*>(name.data()), sig.file, kSiteBytes - 1);
-  Tensor my_file = Tensor::from_vector<uint8_t>(name, {kSiteBytes});
-  Tensor files = Tensor::empty({size_ * kSiteBytes}, DType::kU8);
-  const OpInfo explain{"signature exchange", info.sequence, size_t(all.nbytes())};
-  allgather_impl(mine, all, AllgatherOptions{}, explain)->wait();
-  allgather_impl(my_file, files, AllgatherOptions{}, explain)->wait();
-  const std::vector<int64_t> v = all.to_vector<int64_t>();
-  const auto* f_bytes = static_cast<const char*>(files.data_ptr());
+  std::strncpy(reinterpret_cast<char*>(name.data()), p.file.c_str(), kSiteBytes - 1);
+  p.my_file = Tensor::from_vector<uint8_t>(name, {kSiteBytes});
+  p.files = Tensor::empty({size_ * kSiteBytes}, DType::kU8);
+  const OpInfo explain{"signature exchange", p.info.sequence, size_t(p.fields.nbytes())};
+  p.fields_work = channel.allgather_impl(p.my_fields, p.fields, AllgatherOptions{}, explain);
+  p.files_work = channel.allgather_impl(p.my_file, p.files, AllgatherOptions{}, explain);
+}
+
+std::string Communicator::explanation(Pending& p) {
+  p.fields_work->wait();
+  p.files_work->wait();
+  const std::vector<int64_t> v = p.fields.to_vector<int64_t>();
+  const auto* f_bytes = static_cast<const char*>(p.files.data_ptr());
   auto call_of = [&](int r) {
     const int64_t* f = &v[size_t(r * kFields)];
     std::string text =
@@ -235,6 +453,9 @@ std::string Communicator::explain_mismatch(const OpInfo& info, const Signature& 
     if (f[4] >= 0) text += detail::str_cat(" ", reduce_op_name(ReduceOp(f[4])));
     const std::string file(f_bytes + size_t(r) * kSiteBytes);
     if (!file.empty()) text += detail::str_cat(" at ", file, ":", f[5]);
+    if (uint64_t(f[6]) != p.nth)
+      text +=
+          detail::str_cat(" after ", f[6], " collectives on the group (this rank: ", p.nth, ")");
     return text;
   };
   // Group the ranks by the call they made, in order of first appearance.
@@ -254,10 +475,10 @@ std::string Communicator::explain_mismatch(const OpInfo& info, const Signature& 
   const bool same_text = calls.size() == 1;  // the hashes differed, the text cannot show how
   return detail::str_cat(
       "[rank ", error_rank(), "] the ranks of group '", name_, "' disagree on collective #",
-      info.sequence, ": ", list,
+      p.info.sequence, ": ", list,
       same_text ? " (their signatures differ in a way the text does not show)" : "",
       ". Every rank must make the same collective calls in the same order (calls from different "
-      "lines count as different calls); this is LOOM_COMM_DEBUG's check");
+      "lines count as different calls); LOOM_COMM_DEBUG=0 turns this check off");
 }
 
 std::string Communicator::describe(const OpInfo& info) const {
@@ -275,7 +496,7 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
              " elements but output has ", output.numel());
   return collective({"allreduce", input.dtype(), input.numel(), -1, int(options.op),
                      site.file_name(), int(site.line())},
-                    input.nbytes(), [&](const OpInfo& info) {
+                    input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
                       return allreduce_impl(input, output, options, info);
                     });
 }
@@ -295,7 +516,7 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
              output.numel() * size_);
   return collective({"reduce_scatter", input.dtype(), input.numel(), -1, int(options.op),
                      site.file_name(), int(site.line())},
-                    input.nbytes(), [&](const OpInfo& info) {
+                    input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
                       return reduce_scatter_impl(input, output, options, info);
                     });
 }
@@ -310,8 +531,9 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
              input.numel() * size_);
   return collective(
       {"allgather", input.dtype(), input.numel(), -1, -1, site.file_name(), int(site.line())},
-      output.nbytes(),
-      [&](const OpInfo& info) { return allgather_impl(input, output, options, info); });
+      output.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+        return allgather_impl(input, output, options, info);
+      });
 }
 
 WorkPtr Communicator::broadcast(Tensor& tensor, const BroadcastOptions& options) {
@@ -319,8 +541,9 @@ WorkPtr Communicator::broadcast(Tensor& tensor, const BroadcastOptions& options)
   LOOM_CHECK(options.root >= 0 && options.root < size_, "broadcast: root ", options.root,
              " outside group '", name_, "' of size ", size_);
   return collective({"broadcast", tensor.dtype(), tensor.numel(), options.root, -1, nullptr, 0},
-                    tensor.nbytes(),
-                    [&](const OpInfo& info) { return broadcast_impl(tensor, options, info); });
+                    tensor.nbytes(), [=, this, tensor = tensor](const OpInfo& info) mutable {
+                      return broadcast_impl(tensor, options, info);
+                    });
 }
 
 WorkPtr Communicator::reduce(const Tensor& input, Tensor& output, const ReduceOptions& options) {
@@ -336,8 +559,9 @@ WorkPtr Communicator::reduce(const Tensor& input, Tensor& output, const ReduceOp
   }
   return collective(
       {"reduce", input.dtype(), input.numel(), options.root, int(options.op), nullptr, 0},
-      input.nbytes(),
-      [&](const OpInfo& info) { return reduce_impl(input, output, options, info); });
+      input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+        return reduce_impl(input, output, options, info);
+      });
 }
 
 WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
@@ -367,8 +591,9 @@ WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
   resolve(o.output_splits, output, "output");
   // Split sizes may differ per rank; the dtype and the op must not (the count is not compared).
   return collective({"all_to_all", input.dtype(), -1, -1, -1, site.file_name(), int(site.line())},
-                    input.nbytes(),
-                    [&](const OpInfo& info) { return all_to_all_impl(input, output, o, info); });
+                    input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+                      return all_to_all_impl(input, output, o, info);
+                    });
 }
 
 WorkPtr Communicator::send(const Tensor& tensor, int peer, const PointToPointOptions& options) {
@@ -397,12 +622,13 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
   return collective({"barrier"}, 0,
-                    [&](const OpInfo& info) { return barrier_impl(options, info); });
+                    [=, this](const OpInfo& info) { return barrier_impl(options, info); });
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
   LOOM_CHECK(color >= 0, "split: color must be >= 0, got ", color);
-  collective({"split"}, 0, [](const OpInfo&) { return completed_work(); });
+  // Checked and posted in the group's order before split_impl, which runs at once.
+  collective({"split"}, 0, [](const OpInfo&) { return completed_work(); })->wait();
   return split_impl(color, key, name);
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <source_location>
@@ -50,6 +51,10 @@ using WorkPtr = std::shared_ptr<Work>;
 
 // Waits on every work in order.
 void wait_all(const std::vector<WorkPtr>& works);
+
+// Posts every group's queued collectives whose signature checks have agreed (See Note [The
+// check queue] in communicator.cpp). Every wait calls it while it polls; nothing else needs to.
+void progress_checks();
 
 // While one lives, the collectives this thread posts take (file, line) as their place in the
 // source (Note [Collective signatures]) instead of the C++ caller's: the Python binding sets the
@@ -101,7 +106,7 @@ struct P2POp {
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -154,12 +159,14 @@ class Communicator {
   // input, an all-gather's output (what bandwidth formulas such as Megatron's count).
   uint64_t op_bytes(const std::string& op) const;
 
-  // See Note [Collective signatures]: LOOM_COMM_DEBUG=1 (or set_debug(true)) checks before each
-  // collective that every rank of the group makes the same call (op, dtype, count, root,
-  // reduction and, for the symmetric ones, the place in the source). Posting a collective then
-  // waits until every rank of the group has posted it.
+  // See Note [Collective signatures]: on by default (LOOM_COMM_DEBUG=0 or set_debug(false) turns
+  // it off), every collective is checked before it is posted: every rank of the group must make
+  // the same call (op, dtype, count, root, reduction, the number of collectives before it and,
+  // for the symmetric ones, the place in the source), else every rank's wait raises CommError
+  // naming the ranks and their calls. A collective is posted once its check has agreed, so the
+  // call returns at once and a later call or wait posts it (Note [The check queue]).
   bool debug() const { return debug_; }
-  void set_debug(bool on) { debug_ = on; }
+  void set_debug(bool on);
 
   // Seconds each wait may take (LOOM_COMM_TIMEOUT, default 300).
   double timeout_seconds() const { return timeout_s_; }
@@ -190,6 +197,22 @@ class Communicator {
   virtual WorkPtr barrier_impl(const BarrierOptions& o, const OpInfo& info) = 0;
   virtual std::shared_ptr<Communicator> split_impl(int color, int key, const std::string& name) = 0;
 
+  // A communicator over the same ranks whose operations never match this group's own, for the
+  // signature checks (Note [Collective signatures]); nullptr when the backend has none, and then
+  // each check runs on the group itself and is completed before its collective is posted.
+  virtual Communicator* check_channel() { return nullptr; }
+  // The signature check's one exchange: `pair` (two i64) becomes its elementwise max over the
+  // group. An allreduce unless the backend has a cheaper way (Note [Collective signatures]).
+  virtual WorkPtr check_exchange_impl(Tensor& pair, const OpInfo& info) {
+    return allreduce_impl(pair, pair, AllreduceOptions{ReduceOp::kMax}, info);
+  }
+
+  // For the destructor of a backend whose groups queue checked collectives: posts what is still
+  // queued (each once its check agrees, as the other ranks expect; a Work dropped unfinished
+  // may have left it there), waiting up to the timeout for each. What cannot be posted is
+  // dropped; its Work raises.
+  void post_queued();
+
   // "group 'tp' (rank 1 of 2) allreduce #17, 4096 bytes": the context every error names.
   std::string describe(const OpInfo& info) const;
 
@@ -205,16 +228,33 @@ class Communicator {
     int line = 0;
   };
   OpInfo begin(const char* op, size_t bytes);
-  // Posts a collective: begin(), the signature check when on, then post(info).
+  // Posts a collective: begin(), then post(info) at once, or once its signature check agrees.
   WorkPtr collective(const Signature& signature, size_t bytes,
-                     const std::function<WorkPtr(const OpInfo&)>& post);
-  // After a failed signature check: every rank's call, gathered, as an error message.
-  std::string explain_mismatch(const OpInfo& info, const Signature& signature);
+                     std::function<WorkPtr(const OpInfo&)> post);
+
+  // The checked collectives of this group not yet posted, oldest first, and what their works
+  // share with the group (See Note [The check queue] in communicator.cpp).
+  friend class CheckedWork;
+  friend void progress_checks();
+  struct Pending;
+  struct CheckQueue;
+  // Posts the checks and collectives of the queue as far as their checks have agreed: up to and
+  // including `until` (waiting for each check) when given, else as far as they already have.
+  void advance(const Pending* until);
+  // Posts p's check on `channel` (p is the oldest queued collective).
+  void post_check(Pending& p, Communicator& channel);
+  // Raises, once, the error of a check that disagreed or of a post that failed, when the
+  // collective's Work was dropped before raising it.
+  void raise_undelivered();
+  // On a check that disagreed: every rank's call, gathered on `channel`, as an error message.
+  void post_explanation(Pending& p, Communicator& channel);
+  std::string explanation(Pending& p);
 
   int rank_;
   int size_;
   std::string name_;
   uint64_t sequence_ = 0;
+  uint64_t collectives_ = 0;  // the collectives among them: See Note [Collective signatures]
   struct OpTally {
     std::string op;
     uint64_t count = 0, bytes = 0;
@@ -222,6 +262,8 @@ class Communicator {
   std::vector<OpTally> op_counts_;
   double timeout_s_;
   bool debug_;
+  std::shared_ptr<CheckQueue> queue_;
+  bool advancing_ = false;  // inside advance(): See Note [The check queue]
 };
 
 // The world: the MPI world when the process was launched by mpirun and loom has MPI (MPI is

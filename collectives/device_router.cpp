@@ -37,6 +37,7 @@ struct Inner : Communicator {
   using Communicator::barrier_impl;
   using Communicator::batch_p2p_impl;
   using Communicator::broadcast_impl;
+  using Communicator::check_channel;
   using Communicator::OpInfo;
   using Communicator::reduce_impl;
   using Communicator::reduce_scatter_impl;
@@ -78,6 +79,9 @@ class DeviceRouter final : public Communicator {
                 name(), "': host rank ", rank(), " of ", size(), ", device rank ", device_->rank(),
                 " of ", device_->size());
   }
+  ~DeviceRouter() override { post_queued(); }
+  DeviceRouter(const DeviceRouter&) = delete;
+  DeviceRouter& operator=(const DeviceRouter&) = delete;
   const char* backend() const override { return backend_.c_str(); }
 
  protected:
@@ -118,6 +122,8 @@ class DeviceRouter final : public Communicator {
   WorkPtr barrier_impl(const BarrierOptions& o, const OpInfo& info) override {
     return (inner(*host_).*&Inner::barrier_impl)(o, info);
   }
+  // The host's: the checks are small CPU tensors.
+  Communicator* check_channel() override { return (inner(*host_).*&Inner::check_channel)(); }
   // Both split with the same color and key, so they order the sub-group's ranks alike (by key,
   // then by rank here). The host first: the mpi backend's split waits (with the deadline) until
   // every rank has reached it, so the device split then starts on all ranks together.

@@ -23,6 +23,7 @@ void PollingWork::complete() {
 }
 
 bool PollingWork::test() {
+  progress_checks();  // See Note [The check queue]
   if (!done_ && poll()) complete();
   return done_;
 }
@@ -38,6 +39,7 @@ void PollingWork::wait() {
   const auto patient_until = Clock::now() + std::chrono::seconds(1);
   WaitingScope waiting(context_);  // See Note [Termination by the launcher]
   for (int polls = 0; !poll(); ++polls) {
+    progress_checks();  // See Note [The check queue]
     // Most small collectives finish within a few polls: spin before giving up the core
     // (yielding after every poll tripled an 8-byte allreduce's latency).
     if (polls < 1000) continue;

@@ -28,7 +28,7 @@ namespace loom::parallel {
 // targets. Each call makes exactly 3 allreduces on `tp` (max, then sum and target logit). A rank
 // whose V_local, vocab, ignore_index or targets differ from the others' gets the same loom::Error
 // as every other rank (they are checked inside the first allreduce, at no extra collective); a
-// different N makes the allreduces themselves differ, which LOOM_COMM_DEBUG=1 reports.
+// different N makes the allreduces themselves differ, which the collective checks report.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                                     std::shared_ptr<comm::Communicator> tp, int64_t vocab,
                                     int64_t ignore_index = -100);

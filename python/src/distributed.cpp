@@ -215,7 +215,12 @@ unfinished Work waits for it.
       .def_property_readonly("sequence_number", &Communicator::sequence_number)
       .def("op_count", &Communicator::op_count, py::arg("op"))
       .def("op_bytes", &Communicator::op_bytes, py::arg("op"))
-      .def_property("debug", &Communicator::debug, &Communicator::set_debug)
+      .def_property(
+          "debug", &Communicator::debug, &Communicator::set_debug,
+          "Whether each collective is checked, before it is posted, to be the same call "
+          "on every rank (op, dtype, count, root, reduction, collectives before it and the "
+          "script line of allreduce, reduce_scatter, allgather and all_to_all). On "
+          "unless LOOM_COMM_DEBUG=0.")
       .def_property("timeout_seconds", &Communicator::timeout_seconds,
                     &Communicator::set_timeout_seconds)
       .def("__repr__", [](const Communicator& c) {

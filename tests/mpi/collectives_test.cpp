@@ -640,10 +640,13 @@ TEST(MpiBackend, LargeCountsSplitIntoPiecesOrRaise) {
   }
   const uint64_t before = comm->sequence_number();
   Tensor one = Tensor::zeros({n}), all = Tensor::zeros({n * size});
-  expect_argument_error([&] { comm->allgather(one, all); },
+  // Raised by the post, which a checked collective makes once its check agreed: at the latest
+  // from its wait (Note [The check queue]).
+  expect_argument_error([&] { comm->allgather(one, all)->wait(); },
                         {"allgather", "1009 elements", "more than one MPI call carries (100"});
-  expect_argument_error([&] { comm->reduce_scatter(all, one); }, {"reduce_scatter", "1009"});
-  expect_argument_error([&] { comm->all_to_all(all, all); }, {"all_to_all"});
+  expect_argument_error([&] { comm->reduce_scatter(all, one)->wait(); },
+                        {"reduce_scatter", "1009"});
+  expect_argument_error([&] { comm->all_to_all(all, all)->wait(); }, {"all_to_all"});
   // The checks run after the sequence number is taken, but before anything is posted.
   EXPECT_EQ(comm->sequence_number(), before + 3);
   EXPECT_EQ(total_wrong(wrong), 0);

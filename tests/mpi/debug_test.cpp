@@ -2,8 +2,10 @@
 // good collectives, a call that one rank makes differently (count, dtype, op, root, reduction,
 // or the same-sized call from another line, as when two calls are swapped) raises CommError on
 // every rank of the group, naming the ranks and their calls, before anything hangs or a wrong
-// result is read; the group stays usable afterwards. Off by default; LOOM_COMM_DEBUG=1 (or
-// set_debug(true)) turns it on.
+// result is read; the group stays usable afterwards. On by default; LOOM_COMM_DEBUG=0 (or
+// set_debug(false)) turns it off. Checked collectives are posted from a per-group queue (Note
+// [The check queue]), so ranks may post nonblocking collectives on two groups in different
+// orders, and a rank blocked on another group still posts a queued collective its peers wait for.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -126,14 +128,14 @@ TEST(CommDebug, SwappedSameSizeCallsRaiseNamingTheirLines) {
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(5, 3.0f * float(n)));
 }
 
-// Without the check (the default unless LOOM_COMM_DEBUG is set), the same swapped calls are
-// not caught: each rank adds its a to the other's b, the silently wrong result the check exists
-// to prevent (closed form for two ranks: 1 + 10 = 11 everywhere).
+// Without the check (LOOM_COMM_DEBUG=0, or set_debug(false)), the same swapped calls are not
+// caught: each rank adds its a to the other's b, the silently wrong result the check exists to
+// prevent (closed form for two ranks: 1 + 10 = 11 everywhere).
 TEST(CommDebug, UncheckedSwappedCallsGoUnnoticed) {
   auto world = comm::world();
   auto g = world->split(0, world->rank(), "unchecked");
-  if (const char* v = std::getenv("LOOM_COMM_DEBUG"); !v || std::string(v) == "0" || !*v)
-    EXPECT_FALSE(g->debug()) << "off by default";
+  if (const char* v = std::getenv("LOOM_COMM_DEBUG"); !v || std::string(v) != "0")
+    EXPECT_TRUE(g->debug()) << "on by default";
   g->set_debug(false);
   const int n = g->size(), r = g->rank();
   if (n != 2) GTEST_SKIP() << "the closed form below is for two ranks";
@@ -147,6 +149,103 @@ TEST(CommDebug, UncheckedSwappedCallsGoUnnoticed) {
   }
   EXPECT_EQ(a.to_vector<float>(), std::vector<float>(8, 11.0f));
   EXPECT_EQ(b.to_vector<float>(), std::vector<float>(8, 11.0f));
+}
+
+// Two groups over the same ranks; even ranks post group A's allreduce first, odd ranks group B's,
+// both nonblocking, and each waits in its own order. Legal (each group's own order agrees); a
+// check that made posting wait for the peers would hang here until the timeout.
+TEST(CommDebug, NonblockingCallsOnTwoGroupsInDifferentOrdersComplete) {
+  auto world = comm::world();
+  auto a = world->split(0, world->rank(), "a");
+  auto b = world->split(0, world->rank(), "b");
+  a->set_debug(true);
+  b->set_debug(true);
+  a->set_timeout_seconds(30);
+  b->set_timeout_seconds(30);
+  const int n = world->size(), r = world->rank();
+  for (int round = 0; round < 3; ++round) {
+    Tensor x = Tensor::full({64}, 1.0), y = Tensor::full({4}, double(r), DType::kI64);
+    // Each call from one line on every rank (the symmetric collectives' signature has its line).
+    auto post_x = [&] { return a->allreduce(x); };
+    auto post_y = [&] { return b->allreduce(y, {ReduceOp::kMax}); };
+    WorkPtr wx, wy;
+    if (r % 2 == 0) {
+      wx = post_x();
+      wy = post_y();
+      wx->wait();
+      wy->wait();
+    } else {
+      wy = post_y();
+      wx = post_x();
+      wy->wait();
+      wx->wait();
+    }
+    EXPECT_EQ(x.to_vector<float>(), std::vector<float>(64, float(n)));
+    EXPECT_EQ(y.to_vector<int64_t>(), std::vector<int64_t>(4, n - 1));
+  }
+}
+
+// Rank 0 posts an allreduce, does not wait on it, and waits to receive from rank 1 on another
+// group; rank 1 sends only after its allreduce completed. Rank 0's queued allreduce must be
+// posted while it waits for the message (as MPI's progress would have completed a posted one).
+TEST(CommDebug, AQueuedCollectiveIsPostedWhileTheRankWaitsElsewhere) {
+  auto world = comm::world();
+  auto g = world->split(0, world->rank(), "queued");
+  auto p2p = world->split(0, world->rank(), "p2p");
+  g->set_debug(true);
+  g->set_timeout_seconds(30);
+  p2p->set_timeout_seconds(30);
+  const int n = world->size(), r = world->rank();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  Tensor x = Tensor::full({16}, 2.0);
+  Tensor token = Tensor::full({1}, 0.0);
+  WorkPtr w = g->allreduce(x);  // one line for every rank
+  if (r == 0) {
+    p2p->recv(token, 1)->wait();
+    w->wait();
+    EXPECT_EQ(token.to_vector<float>(), std::vector<float>(1, 7.0f));
+  } else {
+    w->wait();
+    if (r == 1) {
+      token = Tensor::full({1}, 7.0);
+      p2p->send(token, 0)->wait();
+    }
+  }
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(16, 2.0f * float(n)));
+}
+
+// A mismatch found while later calls are queued: every rank raises it from that call's wait
+// (not from the next call, which a rank that found it early would then skip), the later calls
+// still run in step, and turning the check off posts whatever is still queued first.
+TEST(CommDebug, MismatchAmongQueuedCallsRaisesAndTheRestRun) {
+  auto g = debug_group();
+  const int n = g->size(), r = g->rank();
+  if (n == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  Tensor bad = Tensor::ones({r == 0 ? 4 : 5});
+  Tensor good = Tensor::full({6}, 3.0);
+  WorkPtr wb = g->allreduce(bad);
+  WorkPtr wg = g->allreduce(good);
+  bool raised = false;
+  try {
+    wb->wait();
+  } catch (const CommError& e) {
+    raised = true;
+    EXPECT_NE(std::string(e.what()).find("count 4"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(raised) << "rank " << r;
+  wg->wait();
+  EXPECT_EQ(good.to_vector<float>(), std::vector<float>(6, 3.0f * float(n)));
+  // Queued calls, then the check turned off: they are posted first, in order.
+  Tensor c = Tensor::full({2}, 1.0), d = Tensor::full({2}, 5.0);
+  WorkPtr wc = g->allreduce(c), wd = g->allreduce(d);
+  g->set_debug(false);
+  Tensor e = Tensor::full({2}, 2.0);
+  g->allreduce_sync(e);
+  wc->wait();
+  wd->wait();
+  EXPECT_EQ(c.to_vector<float>(), std::vector<float>(2, float(n)));
+  EXPECT_EQ(d.to_vector<float>(), std::vector<float>(2, 5.0f * float(n)));
+  EXPECT_EQ(e.to_vector<float>(), std::vector<float>(2, 2.0f * float(n)));
 }
 
 }  // namespace

@@ -374,8 +374,9 @@ TEST(VocabParallelCrossEntropy, RanksThatDisagreeAreAnErrorOnEveryRank) {
       1);
 }
 
-// Ranks that pass different N make the allreduces themselves differ: LOOM_COMM_DEBUG=1 reports it
-// on every rank before anything hangs (without it, MPI's behaviour is undefined).
+// Ranks that pass different N make the allreduces themselves differ: the collective checks (on
+// unless LOOM_COMM_DEBUG=0) report it on every rank before anything hangs (without them, MPI's
+// behaviour is undefined).
 TEST(VocabParallelCrossEntropy, DifferentRowCountsAreCaughtInDebugMode) {
   auto world = comm::world();
   if (world->size() == 1) GTEST_SKIP() << "needs 2 or more ranks";

@@ -89,7 +89,7 @@ if sub.size != len(members) or sub.name != "parity":
     print(f"rank {r}: split: {sub}", file=sys.stderr)
     wrong += 1
 
-# Signature checks (comm.debug, LOOM_COMM_DEBUG=1): two same-sized allreduces made in swapped
+# Signature checks (comm.debug, on unless LOOM_COMM_DEBUG=0): two same-sized allreduces made in swapped
 # order raise a CommError on every rank naming both lines of this script; the group stays usable.
 if p > 1:
     comm.debug = True

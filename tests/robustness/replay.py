@@ -58,12 +58,6 @@ CRASH_WORDS = ("Segmentation fault", "terminate called", "core dumped", "double 
                "AddressSanitizer", "UndefinedBehaviorSanitizer", "Fatal Python error")
 CRASH_RE = re.compile(r"exited on signal (4|6|7|8|11)\b|signal 11 \(Segmentation")
 
-# Fixes that are merged or in review but may not be in the build being tested yet; a case that
-# is not ok says which one it waits for, so a stale build is told apart from a regression.
-PENDING_SIGNATURES = "collective signatures on by default (issue 18 item 5)"
-PENDING_VERSIONS = "autograd version counters (issue 18 item 6)"
-PENDING_CEILING = "loom-dlrm's ceiling budget for long bags (issue 18 item 7)"
-
 Words = Sequence[Union[str, Tuple[str, ...]]]  # every entry must appear; a tuple: any one of it
 
 
@@ -540,8 +534,8 @@ def cases():
                                      ctx.exe("loom-dlrm"), *ctx.mpirun],
                  "exact", check=leave_ok, needs=("mpi",), timeout=90))
 
-    # -- 4. Mismatched collectives on 2 ranks with LOOM_COMM_DEBUG=1 (the check is opt-in: See
-    # Note [Collective signatures] for why it is not on by default yet): every rank raises.
+    # -- 4. Mismatched collectives on 2 ranks, with the checks as they are by default (See Note
+    # [Collective signatures]): every rank raises.
     def outcomes(ctx, how, ranks=(0, 1)):
         """Each rank's line from mismatch.py, or why there is none."""
         lines = []
@@ -572,8 +566,7 @@ def cases():
                  mpi(lambda ctx: ctx.python, os.path.join(CASES_DIR, "mismatch.py"), how,
                      W(f"mismatch_{how}")),
                  "exact", check=every_rank_raised(how), needs=("mpi",),
-                 env={"LOOM_COMM_TIMEOUT": "20", "LOOM_COMM_DEBUG": "1"},
-                 pending=PENDING_SIGNATURES))
+                 env={"LOOM_COMM_TIMEOUT": "20"}))
 
     def late_rank_named(ctx, res):
         lines, why = outcomes(ctx, "late", ranks=(0,))  # rank 1 is ended by rank 0's abort
@@ -594,8 +587,7 @@ def cases():
                      "y = x * w\n"
                      "with loom.no_grad():\n    w.add_(loom.tensor([[10.0]]))\n"
                      "y.sum().backward()\nprint('x.grad', x.grad.numpy().tolist())",
-                     "backward of mul", "modified by an in-place operation",
-                     pending=PENDING_VERSIONS))
+                     "backward of mul", "modified by an in-place operation"))
     add(python_error("py_inplace_optimizer_step",
                      "an SGD step between forward and backward (the issue's x.grad = -9)",
                      "x = loom.tensor([[1.0]], requires_grad=True)\n"
@@ -604,8 +596,7 @@ def cases():
                      "w.grad = loom.tensor([[10.0]])\n"
                      "loom.optim.SGD([w], lr=1.0).step()\n"
                      "loss.backward()\nprint('x.grad', x.grad.numpy().tolist())",
-                     "input 1 of matmul", "modified by an in-place operation",
-                     pending=PENDING_VERSIONS))
+                     "input 1 of matmul", "modified by an in-place operation"))
     add(python_exact("py_unchanged_exact_grad", "no in-place change: x.grad is exactly w",
                      "x = loom.tensor([[1.0, 2.0]], requires_grad=True)\n"
                      "w = loom.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)\n"
@@ -732,7 +723,7 @@ def cases():
              prompt=r"^data: ", timeout=10, memory_limit_gb=8))
     add(Case("dlrm_max_bag_1e5", "loom-dlrm --max-bag 100000: its first line within 10 s",
              dlrm("--max-bag", "100000", "--steps", "1", fast=False), "prompt", ("error",),
-             prompt=r"^data: ", timeout=10, pending=PENDING_CEILING, memory_limit_gb=8))
+             prompt=r"^data: ", timeout=10, memory_limit_gb=8))
 
     def sane_eta(ctx, res):
         m = re.search(r"eta (\S+)", res.prompt_line)

@@ -1,5 +1,5 @@
 """Two ranks make collectives that do not match; every rank must raise, naming the disagreement
-(collective signatures, checked with LOOM_COMM_DEBUG=1, which replay.py sets). Run under
+(collective signatures, checked by default; replay.py leaves LOOM_COMM_DEBUG unset). Run under
 `mpirun -np 2`. Each rank writes `raised: <message>` or `no error: <result>` to OUT.rank<R> (a
 file each: mpirun may interleave the ranks' long lines) and exits 0; tests/robustness/replay.py
 reads them. After the error both ranks meet in a barrier (the group stays usable).
