@@ -1,6 +1,7 @@
 #include "collectives/communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -203,9 +204,11 @@ Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
 // A checked collective not yet posted (See Note [The check queue]).
 struct Communicator::Pending {
   OpInfo info;
-  uint64_t nth = 0;  // the group's collectives before it (sequence numbers count sends too)
   Signature sig;     // sig.file points into `file`
   std::string file;  // the call's file name without its folders; empty: none
+  // What the hash covers besides `file`: op, dtype, count, root, reduce, line, and the group's
+  // collectives before this one (not its sequence number, which counts sends too).
+  std::array<int64_t, kFields> fields;
   std::function<WorkPtr(const OpInfo&)> post;
   Tensor check;        // [hash, ~hash], reduced with max over the group
   WorkPtr check_work;  // null until it is the group's oldest
@@ -217,7 +220,7 @@ struct Communicator::Pending {
   std::string error;
   std::exception_ptr post_error;
   bool dropped = false;  // its Work is gone: the group's next call raises its error instead
-  Tensor my_fields, fields, my_file, files;  // the explanation: every rank's call
+  Tensor my_fields, all_fields, my_file, files;  // the explanation: every rank's call
   WorkPtr fields_work, files_work;
 };
 
@@ -235,6 +238,13 @@ std::vector<Communicator*>& checked_groups() {
   return *groups;
 }
 size_t g_queued = 0;
+
+// Whether a check's [max hash, max ~hash] over the group says every rank had the same hash: the
+// largest equals the smallest (~max ~h).
+bool hashes_agree(const Tensor& check) {
+  const auto* v = static_cast<const int64_t*>(check.data_ptr());
+  return v[0] == ~v[1];
+}
 
 }  // namespace
 
@@ -330,7 +340,6 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
   if (!debug_ || size_ == 1) return post(info);
   auto p = std::make_shared<Pending>();
   p->info = info;
-  p->nth = nth;
   p->sig = given;
   if (given.file) {  // a ScopedCallSite's place replaces the C++ caller's
     p->file = base_name(t_site_file.empty() ? given.file : t_site_file.c_str());
@@ -338,9 +347,9 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     p->sig.file = p->file.c_str();
   }
   const Signature& sig = p->sig;
-  const int64_t fields[kFields] = {op_code(sig.op), int64_t(sig.dtype), sig.count,   sig.root,
-                                   sig.reduce,      sig.line,           int64_t(nth)};
-  uint64_t h = fnv1a(14695981039346656037ull, fields, sizeof fields);
+  p->fields = {op_code(sig.op), int64_t(sig.dtype), sig.count,   sig.root,
+               sig.reduce,      sig.line,           int64_t(nth)};
+  uint64_t h = fnv1a(14695981039346656037ull, p->fields.data(), sizeof p->fields);
   h = fnv1a(h, p->file.data(), p->file.size());
   p->check = Tensor::from_vector<int64_t>({int64_t(h), int64_t(~h)}, {2});
 
@@ -349,8 +358,7 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     allreduce_impl(p->check, p->check, AllreduceOptions{ReduceOp::kMax},
                    OpInfo{sig.op, info.sequence, info.bytes})
         ->wait();
-    const auto* v = static_cast<const int64_t*>(p->check.data_ptr());
-    if (uint64_t(v[0]) != h || ~uint64_t(v[1]) != h) {
+    if (!hashes_agree(p->check)) {
       post_explanation(*p, *this);
       throw CommError(explanation(*p));
     }
@@ -394,8 +402,7 @@ void Communicator::advance(const Pending* until) {
       return;
     waiting.pop_front();
     --g_queued;
-    const auto* v = static_cast<const int64_t*>(head->check.data_ptr());
-    if (v[0] == ~v[1]) {  // the largest hash and the smallest agree
+    if (hashes_agree(head->check)) {
       try {
         head->posted = head->post(head->info);
       } catch (...) {
@@ -426,24 +433,21 @@ void Communicator::raise_undelivered() {
 }
 
 void Communicator::post_explanation(Pending& p, Communicator& channel) {
-  const Signature& sig = p.sig;
-  p.my_fields = Tensor::from_vector<int64_t>({op_code(sig.op), int64_t(sig.dtype), sig.count,
-                                              sig.root, sig.reduce, sig.line, int64_t(p.nth)},
-                                             {kFields});
-  p.fields = Tensor::empty({size_ * kFields}, DType::kI64);
+  p.my_fields = Tensor::from_vector<int64_t>({p.fields.begin(), p.fields.end()}, {kFields});
+  p.all_fields = Tensor::empty({size_ * kFields}, DType::kI64);
   std::vector<uint8_t> name(kSiteBytes, 0);
   std::strncpy(reinterpret_cast<char*>(name.data()), p.file.c_str(), kSiteBytes - 1);
   p.my_file = Tensor::from_vector<uint8_t>(name, {kSiteBytes});
   p.files = Tensor::empty({size_ * kSiteBytes}, DType::kU8);
-  const OpInfo explain{"signature exchange", p.info.sequence, size_t(p.fields.nbytes())};
-  p.fields_work = channel.allgather_impl(p.my_fields, p.fields, AllgatherOptions{}, explain);
+  const OpInfo explain{"signature exchange", p.info.sequence, size_t(p.all_fields.nbytes())};
+  p.fields_work = channel.allgather_impl(p.my_fields, p.all_fields, AllgatherOptions{}, explain);
   p.files_work = channel.allgather_impl(p.my_file, p.files, AllgatherOptions{}, explain);
 }
 
 std::string Communicator::explanation(Pending& p) {
   p.fields_work->wait();
   p.files_work->wait();
-  const std::vector<int64_t> v = p.fields.to_vector<int64_t>();
+  const std::vector<int64_t> v = p.all_fields.to_vector<int64_t>();
   const auto* f_bytes = static_cast<const char*>(p.files.data_ptr());
   auto call_of = [&](int r) {
     const int64_t* f = &v[size_t(r * kFields)];
@@ -453,9 +457,9 @@ std::string Communicator::explanation(Pending& p) {
     if (f[4] >= 0) text += detail::str_cat(" ", reduce_op_name(ReduceOp(f[4])));
     const std::string file(f_bytes + size_t(r) * kSiteBytes);
     if (!file.empty()) text += detail::str_cat(" at ", file, ":", f[5]);
-    if (uint64_t(f[6]) != p.nth)
-      text +=
-          detail::str_cat(" after ", f[6], " collectives on the group (this rank: ", p.nth, ")");
+    if (f[6] != p.fields[6])
+      text += detail::str_cat(" after ", f[6],
+                              " collectives on the group (this rank: ", p.fields[6], ")");
     return text;
   };
   // Group the ranks by the call they made, in order of first appearance.
