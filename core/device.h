@@ -1,6 +1,7 @@
 // Where a tensor lives: the host, or CUDA device n.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace loom {

@@ -44,7 +44,8 @@
 # 8), LOOM_GPU_BUDGET_S (default 540), LOOM_GPU_CMAKE_ARGS (extra cmake flags), LOOM_GPU_STEPS
 # (loom-gpt steps per dtype, default 12), LOOM_GPU_DEPS (default .gpu-deps/root), LOOM_GPU_BUILD_S
 # (the build's own cap, default 480), LOOM_GPU_TARGETS (build only these targets, e.g. loom-gpt
-# for benchmarks/gpt2_cuda_vs_pytorch.py on a fresh machine; default all).
+# for benchmarks/gpt2_cuda_vs_pytorch.py on a fresh machine; default all), LOOM_GPU_PHASES (the test
+# phases to run, in order; default all five: cuda_tests memcheck bench_cuda gpt unit_rest).
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -153,7 +154,7 @@ do_build() {
     grep -E '^(Eigen3|GTest|benchmark|nlohmann_json)_DIR:' "$BUILD/CMakeCache.txt" >>"$log"
     # shellcheck disable=SC2086  # LOOM_GPU_TARGETS is a list of target names
     run_phase build "${LOOM_GPU_BUILD_S:-480}" "$log" cmake --build "$BUILD" -j "$JOBS" \
-      ${LOOM_GPU_TARGETS:+--target $LOOM_GPU_TARGETS}
+      ${LOOM_GPU_TARGETS:+--target $LOOM_GPU_TARGETS} -- -k 0  # keep going: every error in one call
     rc=$PHASE_RC
     secs=$((secs + PHASE_S))
   fi
@@ -338,11 +339,18 @@ do_tests() {
     echo "gpu_check: $BUILD/bin/loom-gpt missing: the build did not finish; the tests run anyway"
   fi
   echo "gpu_check: GPU present: $([[ $have_gpu == 1 ]] && nvidia-smi -L | head -1 || echo no)"
-  phase_cuda_tests
-  phase_memcheck
-  phase_bench
-  phase_gpt
-  phase_unit_rest
+  local phase
+  for phase in ${LOOM_GPU_PHASES:-cuda_tests memcheck bench_cuda gpt unit_rest}; do
+    case "$phase" in
+      cuda_tests) phase_cuda_tests ;;
+      memcheck) phase_memcheck ;;
+      bench_cuda) phase_bench ;;
+      gpt) phase_gpt ;;
+      unit_rest) phase_unit_rest ;;
+      *) echo "gpu_check: unknown phase '$phase' in LOOM_GPU_PHASES" \
+              "(cuda_tests memcheck bench_cuda gpt unit_rest)" >&2 ;;
+    esac
+  done
 }
 
 case "$MODE" in
