@@ -9,7 +9,7 @@
 # Run THERE through the device tool, after `bash scripts/gpu_deps.sh` HERE (it fills .gpu-deps/,
 # which the call must carry):   run(command="bash scripts/gpu_check.sh", carry=[".gpu-deps"])
 # The GPU machine has nvcc, CMake, ninja and PyTorch's python3 but no Debian -dev packages, no
-# network and possibly no MPI, so Eigen, GoogleTest and nlohmann-json come from .gpu-deps/root
+# network, so Eigen, GoogleTest and nlohmann-json come from .gpu-deps/root
 # (CMAKE_PREFIX_PATH for the CMake configs, CPATH for <nlohmann/json.hpp>, which loom includes
 # without find_package). scripts/install-deps.sh is never run (LOOM_SKIP_DEPS=1 semantics).
 #
@@ -31,6 +31,9 @@
 #   gpt         loom-gpt --device cuda on GPT-2 124M's shape (12 layers, dim 768, 12 heads, seq
 #               1024, vocab 50257 padded to 50304, batch 8) on random tokens, f32 then bf16:
 #               tokens/s and MFU (median after warm-up steps)
+#   nccl        ctest -R '^nccl_test' (the NCCL backend under mpirun: 1 rank runs every collective on
+#               the GPU, 2 and 4 skip inside on a one-GPU machine), appended to cuda_tests.log; the
+#               lent machine's image (Ubuntu 24.04) has Open MPI and NCCL 2.28, so CMake finds both
 #   unit_rest   ctest -L unit -E '^(cuda_|embedding_bag_cuda)': nothing else broke with CUDA on
 # set -u, not -e: every phase runs and reports, whatever the one before did. The whole script
 # keeps to LOOM_GPU_BUDGET_S seconds (default 540, inside the device tool's 600 s per call): each
@@ -45,7 +48,7 @@
 # (loom-gpt steps per dtype, default 12), LOOM_GPU_DEPS (default .gpu-deps/root), LOOM_GPU_BUILD_S
 # (the build's own cap, default 480), LOOM_GPU_TARGETS (build only these targets, e.g. loom-gpt
 # for benchmarks/gpt2_cuda_vs_pytorch.py on a fresh machine; default all), LOOM_GPU_PHASES (the test
-# phases to run, in order; default all five: cuda_tests memcheck bench_cuda gpt unit_rest).
+# phases to run, in order; default all six: cuda_tests memcheck bench_cuda gpt nccl unit_rest).
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -321,6 +324,20 @@ EOF
   rm -rf "$work"
 }
 
+phase_nccl() {
+  local log="$OUT/cuda_tests.log"  # appended: $OUT returns at most 8 files
+  echo "== nccl" >>"$log"
+  if ! ctest --test-dir "$BUILD" -N -R '^nccl_test' 2>/dev/null | grep -q 'nccl_test'; then
+    echo "gpu_check: [nccl] skipped: no nccl_test (the build found no MPI or no NCCL)" | tee -a "$log"
+    record nccl "skipped (no MPI/NCCL build)" 0 "$log"
+    return
+  fi
+  # One GPU: np1 runs every NCCL collective for real; np2 and np4 skip inside (a rank per GPU).
+  run_phase nccl 90 "$log" ctest --test-dir "$BUILD" -R '^nccl_test' --output-on-failure --timeout 80
+  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Passed' "$log" | tail -n 5
+  record nccl "$(status_of $PHASE_RC)" "$PHASE_S" "$log"
+}
+
 phase_unit_rest() {
   local log="$OUT/unit_rest.log"
   : >"$log"
@@ -340,15 +357,16 @@ do_tests() {
   fi
   echo "gpu_check: GPU present: $([[ $have_gpu == 1 ]] && nvidia-smi -L | head -1 || echo no)"
   local phase
-  for phase in ${LOOM_GPU_PHASES:-cuda_tests memcheck bench_cuda gpt unit_rest}; do
+  for phase in ${LOOM_GPU_PHASES:-cuda_tests memcheck bench_cuda gpt nccl unit_rest}; do
     case "$phase" in
       cuda_tests) phase_cuda_tests ;;
       memcheck) phase_memcheck ;;
       bench_cuda) phase_bench ;;
       gpt) phase_gpt ;;
+      nccl) phase_nccl ;;
       unit_rest) phase_unit_rest ;;
       *) echo "gpu_check: unknown phase '$phase' in LOOM_GPU_PHASES" \
-              "(cuda_tests memcheck bench_cuda gpt unit_rest)" >&2 ;;
+              "(cuda_tests memcheck bench_cuda gpt nccl unit_rest)" >&2 ;;
     esac
   done
 }

@@ -17,9 +17,10 @@
 #   nlohmann-json3-dev     <nlohmann/json.hpp> (included directly, not via find_package: CPATH)
 #   libbenchmark-dev       optional: loom-bench (CPU microbenchmarks); benchmarkConfig.cmake
 #   libbenchmark1debian    its shared library (runtime of loom-bench; LD_LIBRARY_PATH there)
-# MPI is not fetched: Open MPI unpacked under a foreign prefix needs OPAL_PREFIX and a dozen
-# libraries (libfabric, ucx, pmix, hwloc, ...), and the single-GPU checks do not need it
-# (LOOM_WITH_MPI=AUTO turns the MPI backend off there).
+# MPI and NCCL are not fetched: the lent machine's image (Ubuntu 24.04, seen 2026-11-26) has Open
+# MPI (/usr/bin/mpirun, headers included) and NCCL 2.28, which CMake finds, so nccl_test runs
+# there. (Were they missing, LOOM_WITH_MPI=AUTO would turn the MPI backend off; Open MPI unpacked
+# under a foreign prefix would need OPAL_PREFIX and a dozen libraries: libfabric, ucx, pmix, ...)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

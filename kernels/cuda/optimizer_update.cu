@@ -6,21 +6,20 @@
 // multi-tensor call of one tensor, so both give identical bits.
 //
 // Note [Optimizer FMA contraction]
-// kernels/cpu/optimizer_update.cpp is built by GCC with -O3 -march=native in gnu++ mode, whose
-// default -ffp-contract=fast fuses a product into the addition that consumes it (one rounding
-// instead of two) wherever the target has FMA. Reading the CPU loops and checking them bit for
-// bit on an AVX-512 machine (vector body and scalar tail alike) gives exactly these fusions:
+// kernels/cpu/optimizer_update.cpp spells out which products it fuses (std::fma where the target
+// has FMA; the file is built with -ffp-contract=off, so the compiler fuses nothing else):
 //   SGD:   g = fma(wd, p, g);  b = fma(buf, mom, damp * g);  d = fma(mom, b, g) (nesterov);
 //          p = fma(-lr, d, p)
 //   AdamW: m = fma(m, beta1, (1 - beta1) * g);  v = fma(v, beta2, (1 - beta2) * (g * g));
 //          p = fma(-step_size, m / denom, p * decay);  decay = float(fma(-lr, wd, 1.0)) in f64
-// that is, in `a * b + c * d` the first product is fused, as FP_CONTRACT does within one
-// expression (clang's default gives the same). The kernels below spell out every operation with
-// __fmaf_rn / __fmul_rn / __fadd_rn / __fdiv_rn / __fsqrt_rn, which nvcc neither contracts nor
-// approximates, so they round exactly where the CPU does and the results are bit-identical. A
-// CPU build without FMA (LOOM_NATIVE=OFF, or -ffp-contract=off) rounds those products
-// separately; CPU and CUDA then differ in the last bit of some elements (well inside the 1e-6
-// relative the tests allow). To follow such a change, edit the fma calls here.
+// The kernels below spell out every operation with __fmaf_rn / __fmul_rn / __fadd_rn /
+// __fdiv_rn / __fsqrt_rn, which nvcc neither contracts nor approximates, so they round exactly
+// where the CPU does and the results are bit-identical. (Until 2026-11 the CPU side left the
+// fusing to GCC's default contraction: g++ 12 fused these products, g++ 13 on the GPU machine
+// fused `buf * mom + damp * g` differently in some elements, and the CUDA test caught it.) A CPU
+// built without FMA (LOOM_NATIVE=OFF on x86-64) rounds those products separately; CPU and CUDA
+// then differ in the last bit of some elements (well inside the 1e-6 relative the tests allow).
+// To change the order, edit both files.
 #include <algorithm>
 #include <cmath>
 #include <string>

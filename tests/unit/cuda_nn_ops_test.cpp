@@ -196,9 +196,12 @@ TEST(CudaNnOps, Bf16MatmulAndLinearUseTensorCoresWithTheCpuResult) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      // a is [2, 33, 65]: K is 65, or 33 when a is transposed; b is K x 31 as stored or transposed.
+      const int64_t k = ta ? 33 : 65, n = 31;
+      const Shape b_shape = tb ? Shape{n, k} : Shape{k, n};
       expect_cuda_matches_cpu(
           [&](const std::vector<Tensor>& in) { return matmul(bf16(in[0]), bf16(in[1]), ta, tb); },
-          {rnd({2, 33, 65}, 24), rnd({65, 33}, 25)}, ulp, 7, atol_frac);
+          {rnd({2, 33, 65}, 24), rnd(b_shape, 25)}, ulp, 7, atol_frac);
     }
   expect_cuda_matches_cpu(
       [&](const std::vector<Tensor>& in) { return matmul(bf16(in[0]), bf16(in[1])); },

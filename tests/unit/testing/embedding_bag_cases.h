@@ -188,5 +188,11 @@ inline const char* dtype_name(EmbeddingDType d) {
 inline const char* pooling_name(EmbeddingPooling p) {
   return p == EmbeddingPooling::kSum ? "sum" : p == EmbeddingPooling::kMean ? "mean" : "none";
 }
+inline const char* optimizer_name(EmbeddingOptimizer k) {
+  return k == EmbeddingOptimizer::kSgd              ? "sgd"
+         : k == EmbeddingOptimizer::kAdam           ? "adam"
+         : k == EmbeddingOptimizer::kRowwiseAdagrad ? "rowwise adagrad"
+                                                    : "none";
+}
 
 }  // namespace loom::kernels::testing
