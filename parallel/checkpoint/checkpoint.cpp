@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -14,6 +15,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -630,14 +633,18 @@ void check_chunk(const std::string& dir, const std::string& tensor, const io::St
              "): the file is damaged");
 }
 
-// Note [Pipelined load]
-// A load reads its plan's chunk runs in blocks of whole chunks (a few MiB) on a reader thread,
-// while the calling thread checks each block's checksums and copies it out: the read (the kernel's
-// copy out of the page cache, or the disk) and the CPU work overlap, and each block is checked
-// while it is still in the cache. A block that lies inside one destination run is read straight
-// into it; any other (the ends of a resharded run, pieces wanted twice) goes through one of a few
-// reusable bounce buffers. The reader stays at most kDepth blocks ahead. An error on either side
-// stops both and is raised on the calling thread; every byte the load uses was read and checked.
+// Note [Parallel load]
+// A load reads its plan's chunk runs in blocks of whole chunks (a few MiB) on kLoadWorkers threads
+// (the caller and the others): each worker takes the next block in plan order, pread()s it,
+// checks its chunks' crc32c at once, while the bytes are still in the cache, and copies it out.
+// So the kernel's copy out of the page cache (or the disk) and the checksums of different blocks
+// run side by side, and each block is checked where it is hot; a single reader thread feeding a
+// single checker (the first design) left the checker reading every byte back from memory. A block
+// that lies inside one destination run is read straight into it; any other (the ends of a
+// resharded run, pieces wanted twice) goes through its worker's bounce buffer. Blocks write
+// disjoint destination bytes (each wanted element comes from one stored element), so workers
+// need no lock but the block counter. An error stops the blocks after it, and the load raises the
+// error of the earliest failing block: the same one a sequential load would meet first.
 struct Block {
   size_t source;           // index into the plan's sources
   uint64_t first, last;    // chunks, of the stored piece
@@ -646,88 +653,86 @@ struct Block {
   size_t direct_copy = 0;  // which copy of the source `direct` serves
 };
 
-constexpr uint64_t kBlockBytes = uint64_t(4) << 20;
-constexpr size_t kDepth = 3;
+constexpr uint64_t kBlockBytes = uint64_t(1) << 20;
+// Two: the threads a load used before (a rank per core is the usual launch); enough to overlap
+// the kernel's copy with the checksums on the development VM's two cores.
+constexpr size_t kLoadWorkers = 2;
 
-class BlockReader {
+class BlockWorkers {
  public:
-  BlockReader(const Files& files, const io::CheckpointManifest& manifest, const ReadPlan& plan,
-              const std::vector<Block>& blocks)
-      : files_(files), manifest_(manifest), plan_(plan), blocks_(blocks) {
-    uint64_t most = 0;
-    for (const Block& b : blocks_)
-      if (!b.direct) most = std::max(most, b.end - b.begin);
-    if (most > 0)
-      for (auto& buf : bounce_) buf.reset(new char[most]);
-    thread_ = std::thread([this] { run(); });
-  }
-  ~BlockReader() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  BlockReader(const BlockReader&) = delete;
-  BlockReader& operator=(const BlockReader&) = delete;
+  BlockWorkers(const std::string& path, const Files& files, const io::CheckpointManifest& manifest,
+               const ReadPlan& plan, const std::vector<Block>& blocks,
+               std::function<char*(const ReadPlan::Copy&, uint64_t)> dst_of)
+      : path_(path),
+        files_(files),
+        manifest_(manifest),
+        plan_(plan),
+        blocks_(blocks),
+        dst_of_(std::move(dst_of)) {}
 
-  // Waits until block i (the next one the caller has not taken) is read; its bytes. Rethrows the
-  // reader's error when reading it failed.
-  const char* take(size_t i) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return read_ > i || error_; });
-    if (read_ <= i) std::rethrow_exception(error_);
-    return blocks_[i].direct ? blocks_[i].direct : bounce_[i % kDepth].get();
-  }
-  // The caller is done with block i: its bounce buffer may be reused.
-  void release(size_t i) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = i + 1;
-    }
-    cv_.notify_all();
+  // Reads, checks and copies out every block; throws the earliest failing block's error.
+  void run() {
+    uint64_t bounce = 0;  // the largest block that needs a bounce buffer
+    for (const Block& b : blocks_)
+      if (!b.direct) bounce = std::max(bounce, b.end - b.begin);
+    const size_t workers = std::min(kLoadWorkers, blocks_.size());
+    std::vector<std::thread> threads;
+    for (size_t w = 1; w < workers; ++w) threads.emplace_back([this, bounce] { work(bounce); });
+    work(bounce);
+    for (std::thread& t : threads) t.join();
+    if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  void run() {
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || i < done_ + kDepth; });
-        if (stop_) return;
-      }
-      const Block& b = blocks_[i];
-      const ReadPlan::Source& src = plan_.sources[b.source];
-      const io::StoredPiece& sp = manifest_.tensors.at(src.tensor).pieces[src.piece];
-      char* dst = b.direct ? b.direct : bounce_[i % kDepth].get();
+  void work(uint64_t bounce_bytes) {
+    std::unique_ptr<char[]> bounce(bounce_bytes > 0 ? new char[bounce_bytes] : nullptr);
+    for (;;) {
+      const size_t i = next_.fetch_add(1);
+      if (i >= blocks_.size() || i > first_error_.load()) return;
       try {
-        files_.read_at(sp.file, sp.offset + b.begin, dst, b.end - b.begin);
+        one_block(blocks_[i], bounce.get());
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
-        error_ = std::current_exception();
-        cv_.notify_all();
+        if (i < first_error_.load()) {
+          first_error_ = i;
+          error_ = std::current_exception();
+        }
         return;
       }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        read_ = i + 1;
-      }
-      cv_.notify_all();
     }
   }
 
+  void one_block(const Block& b, char* bounce) {
+    const ReadPlan::Source& src = plan_.sources[b.source];
+    const io::TensorEntry& t = manifest_.tensors.at(src.tensor);
+    const io::StoredPiece& sp = t.pieces[src.piece];
+    const uint64_t es = dtype_size(t.dtype);
+    char* bytes = b.direct ? b.direct : bounce;  // the stored piece's bytes [b.begin, b.end)
+    files_.read_at(sp.file, sp.offset + b.begin, bytes, b.end - b.begin);
+    for (uint64_t c = b.first; c <= b.last; ++c)
+      check_chunk(path_, src.tensor, sp, c, bytes + (c * sp.chunk_bytes - b.begin));
+    // Out into every other destination run the block overlaps.
+    for (size_t ci = 0; ci < src.copies.size(); ++ci) {
+      if (b.direct && ci == b.direct_copy) continue;
+      const ReadPlan::Copy& c = src.copies[ci];
+      const uint64_t lo = std::max(b.begin, uint64_t(c.src_index) * es);
+      const uint64_t hi = std::min(b.end, uint64_t(c.src_index + c.n) * es);
+      if (lo >= hi) continue;
+      std::memcpy(dst_of_(c, es) + (lo - uint64_t(c.src_index) * es), bytes + (lo - b.begin),
+                  size_t(hi - lo));
+    }
+  }
+
+  const std::string& path_;
   const Files& files_;
   const io::CheckpointManifest& manifest_;
   const ReadPlan& plan_;
   const std::vector<Block>& blocks_;
-  std::array<std::unique_ptr<char[]>, kDepth> bounce_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  size_t read_ = 0, done_ = 0;  // blocks read; blocks the caller is done with
-  bool stop_ = false;
+  const std::function<char*(const ReadPlan::Copy&, uint64_t)> dst_of_;
+  std::atomic<size_t> next_{0};
+  std::atomic<size_t> first_error_{std::numeric_limits<size_t>::max()};
+  std::mutex mu_;  // guards error_ (and first_error_'s decrease)
   std::exception_ptr error_;
-  std::thread thread_;
 };
 
 uint64_t load_local(const std::string& path, const io::CheckpointManifest& manifest,
@@ -745,7 +750,7 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
   auto dst_of = [&](const ReadPlan::Copy& c, uint64_t es) {
     return static_cast<char*>(staging[c.request].data_ptr()) + uint64_t(c.dst_index) * es;
   };
-  // The blocks, in plan order (Note [Pipelined load]); every file is opened (and its size
+  // The blocks, in plan order (Note [Parallel load]); every file is opened (and its size
   // checked) before the first read.
   Files files(path, manifest);
   std::vector<Block> blocks;
@@ -774,30 +779,7 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
       }
     }
   }
-  {
-    BlockReader reader(files, manifest, plan, blocks);
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const Block& b = blocks[i];
-      const ReadPlan::Source& src = plan.sources[b.source];
-      const io::TensorEntry& t = manifest.tensors.at(src.tensor);
-      const io::StoredPiece& sp = t.pieces[src.piece];
-      const uint64_t es = dtype_size(t.dtype);
-      const char* bytes = reader.take(i);  // the stored piece's bytes [b.begin, b.end)
-      for (uint64_t c = b.first; c <= b.last; ++c)
-        check_chunk(path, src.tensor, sp, c, bytes + (c * sp.chunk_bytes - b.begin));
-      // Out into every other destination run the block overlaps.
-      for (size_t ci = 0; ci < src.copies.size(); ++ci) {
-        if (b.direct && ci == b.direct_copy) continue;
-        const ReadPlan::Copy& c = src.copies[ci];
-        const uint64_t lo = std::max(b.begin, uint64_t(c.src_index) * es);
-        const uint64_t hi = std::min(b.end, uint64_t(c.src_index + c.n) * es);
-        if (lo >= hi) continue;
-        std::memcpy(dst_of(c, es) + (lo - uint64_t(c.src_index) * es), bytes + (lo - b.begin),
-                    size_t(hi - lo));
-      }
-      reader.release(i);
-    }
-  }
+  BlockWorkers(path, files, manifest, plan, blocks, dst_of).run();
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (!direct[i])
       Tensor(pieces[i].data)

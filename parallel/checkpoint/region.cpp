@@ -105,6 +105,18 @@ void for_each_overlap(const Shape& global_shape, const io::Region& src, const io
     if (src.offset[k] >= dst.offset[k] + dst.shape[k] ||
         dst.offset[k] >= src.offset[k] + src.shape[k])
       return;
+  // Rows are found one at a time, but a run that continues the previous one in both regions
+  // extends it: a whole tensor, or whole rows of it, is one run and loads as one copy (per-row
+  // runs of 3 KB had sent a GPT-2 load through bounce buffers; Note [Parallel load]).
+  int64_t run_src = 0, run_dst = 0, run_n = 0;
+  auto emit = [&](int64_t s, int64_t d, int64_t n) {
+    if (run_n > 0 && s == run_src + run_n && d == run_dst + run_n) {
+      run_n += n;
+      return;
+    }
+    if (run_n > 0) fn(run_src, run_dst, run_n);
+    run_src = s, run_dst = d, run_n = n;
+  };
   const int64_t dst_row_len = dst.shape[nd - 1], src_row_len = src.shape[nd - 1];
   const int64_t first_row = dst.begin / dst_row_len, last_row = (dst.end - 1) / dst_row_len;
   std::vector<int64_t> coord(nd, 0);  // global coordinates of the row's first element
@@ -140,8 +152,9 @@ void for_each_overlap(const Shape& global_shape, const io::Region& src, const io
     if (f0 >= f1) continue;
     g0 += f0 - src_flat0;
     const int64_t dst_flat = row_start + (g0 - dst.offset[nd - 1]);
-    fn(f0 - src.begin, dst_flat - dst.begin, f1 - f0);
+    emit(f0 - src.begin, dst_flat - dst.begin, f1 - f0);
   }
+  if (run_n > 0) fn(run_src, run_dst, run_n);
 }
 
 }  // namespace loom::parallel::checkpoint

@@ -36,7 +36,8 @@ struct Placement {
 
 // Calls fn(src_index, dst_index, n) for every run of elements that regions `src` and `dst` of the
 // same global tensor share, n elements consecutive in both; indices count from each region's
-// first element. Runs come in dst order.
+// first element. Runs come in dst order and are maximal: no run continues the one before it in
+// both regions (a region shared whole is one run).
 void for_each_overlap(const Shape& global_shape, const io::Region& src, const io::Region& dst,
                       const std::function<void(int64_t, int64_t, int64_t)>& fn);
 

@@ -189,13 +189,15 @@ TEST(ForEachOverlapTest, MatchesBruteForceOnRandomRegions) {
     const std::set<int64_t> in_src(src_global.begin(), src_global.end());
 
     std::vector<int> seen(size_t(dst.numel()), 0);
-    int64_t dst_done = 0;
+    int64_t dst_done = 0, src_done = -1;
     for_each_overlap(shape, src, dst, [&](int64_t s, int64_t d, int64_t n) {
       ASSERT_GE(n, 1);
       ASSERT_TRUE(s >= 0 && s + n <= src.numel()) << "src run " << s << " + " << n;
       ASSERT_TRUE(d >= 0 && d + n <= dst.numel()) << "dst run " << d << " + " << n;
       EXPECT_GE(d, dst_done) << "runs come in dst order";
+      EXPECT_FALSE(d == dst_done && s == src_done) << "a run continues the one before: merge them";
       dst_done = d + n;
+      src_done = s + n;
       for (int64_t k = 0; k < n; ++k) {
         EXPECT_EQ(src_global[size_t(s + k)], dst_global[size_t(d + k)]) << "run element " << k;
         ++seen[size_t(d + k)];
@@ -212,6 +214,26 @@ TEST(ForEachOverlapTest, MatchesBruteForceOnRandomRegions) {
   }
   // The random regions must meet often enough for the comparison to mean something.
   EXPECT_GT(meeting, 300);
+}
+
+TEST(ForEachOverlapTest, WholeRowsAreOneRun) {
+  std::vector<std::array<int64_t, 3>> runs;
+  auto record = [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d, n}); };
+  const Shape shape{50, 7, 3};
+  for_each_overlap(shape, Region::whole(shape), Region::whole(shape), record);
+  EXPECT_EQ(runs, (std::vector<std::array<int64_t, 3>>{{0, 0, 1050}}));
+  // Rows 10..19 of the whole tensor (a row-wise shard): one run, 10 rows from element 210 on.
+  Region rows = Region::whole(shape);
+  rows.offset[0] = 10, rows.shape[0] = 10, rows.end = rows.box_numel();
+  runs.clear();
+  for_each_overlap(shape, Region::whole(shape), rows, record);
+  EXPECT_EQ(runs, (std::vector<std::array<int64_t, 3>>{{210, 0, 210}}));
+  // Columns 1..2 of the last dimension: one run per row, since the rows are not adjacent.
+  Region cols = Region::whole(shape);
+  cols.offset[2] = 1, cols.shape[2] = 2, cols.end = cols.box_numel();
+  runs.clear();
+  for_each_overlap(shape, Region::whole(shape), cols, record);
+  EXPECT_EQ(runs.size(), 350u);
 }
 
 TEST(ForEachOverlapTest, Scalar) {
@@ -689,6 +711,39 @@ TEST_F(DamageTest, FlippedByteFailsItsChecksum) {
   std::vector<StatePiece> b = {room(g_, "model.b", Region::whole({10}), DType::kF32)};
   load(ckpt, m, b, self_comm());
   expect_all_hold(b, g_);
+}
+
+// A piece of several read blocks (1 MiB each) damaged in two of them: however the load's workers
+// share the blocks (Note [Parallel load]), the error names the earlier damage, as a sequential
+// read would; and an undamaged load of the same size reads every block back whole.
+TEST_F(DamageTest, DamageInTwoBlocksReportsTheFirst) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(size_t(3) << 18);  // 3 MiB of f32
+  for (float& x : v) x = u(rng);
+  const Tensor big = Tensor::from_vector(v, {int64_t(v.size())});
+  const Globals g = {{"model.big", big}};
+  const Region whole = Region::whole(big.shape());
+  const std::string ckpt = save(path("big"), 1, {{"model.big", big.shape(), whole, big}},
+                                nlohmann::json::object(), self_comm(), {.chunk_bytes = 4096})
+                               .path;
+  const io::CheckpointManifest m = read_manifest(ckpt);
+  std::vector<StatePiece> rooms = {room(g, "model.big", whole, DType::kF32)};
+  load(ckpt, m, rooms, self_comm());
+  expect_all_hold(rooms, g);
+
+  const io::StoredPiece& p = m.tensors.at("model.big").pieces.at(0);
+  const std::string file = ckpt + "/" + p.file;
+  std::string bytes = read_bytes(file);
+  const uint64_t early = (uint64_t(1) << 20) + 5, late = p.nbytes - 7;  // blocks 1 and 2
+  bytes[p.offset + early] ^= 0x01;
+  bytes[p.offset + late] ^= 0x01;
+  write_bytes(file, bytes);
+  const uint64_t chunk = early / p.chunk_bytes * p.chunk_bytes;
+  const std::string range = "bytes [" + std::to_string(p.offset + chunk) + ", " +
+                            std::to_string(p.offset + chunk + p.chunk_bytes) + ")";
+  for (int trial = 0; trial < 20; ++trial)
+    expect_error([&] { load(ckpt, m, rooms, self_comm()); }, {"checksum", range});
 }
 
 TEST_F(DamageTest, TruncatedDataFile) {
