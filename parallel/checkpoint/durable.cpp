@@ -17,6 +17,10 @@
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>
 #endif
+#if defined(__SSE4_2__) && defined(__AVX512F__) && defined(__VPCLMULQDQ__)
+#define LOOM_CRC32C_FOLD 1
+#include <immintrin.h>
+#endif
 
 namespace loom::parallel::checkpoint {
 
@@ -110,6 +114,73 @@ inline uint32_t crc_three_way(uint32_t c, const unsigned char*& p, size_t& n, si
   return c;
 }
 
+#if LOOM_CRC32C_FOLD
+// Note [Folded crc32c]
+// Where the CPU has VPCLMULQDQ (AVX-512 carry-less multiplies, 64 bytes a time), the bulk of a
+// buffer is folded instead: four 64-byte accumulators, each 128-bit lane holding the polynomial of
+// 16 message bytes. Moving a lane 256 bytes on multiplies it by x^2048, and modulo the CRC
+// polynomial P that is two carry-less products of its 64-bit halves with x^(2048+64) mod P and
+// x^2048 mod P (each under 32 bits), XORed into the data 256 bytes later. Only the residue mod P
+// matters to a CRC, so after the last fold the 256 accumulator bytes stand for everything before
+// them, and the crc32 instruction finishes from a zero register (a running register is XORed into
+// the first four bytes, which is what the instruction does with it). The bytes are reflected (bit
+// 0 of byte 0 is the highest power), which makes a product come out one power short: hence the
+// constants' exponents are one less, x^(2048+63) and x^2047. They are computed here from P
+// (kFoldHigh, kFoldLow) rather than copied.
+
+// x^k mod P, P = the CRC-32C polynomial, as a 32-bit polynomial (bit d: the coefficient of x^d).
+uint32_t x_pow_mod(int k) {
+  constexpr uint64_t kP = 0x11EDC6F41ull;  // x^32 + ... + 1, unreflected
+  uint64_t r = 1;
+  for (int i = 0; i < k; ++i) {
+    r <<= 1;
+    if (r >> 32 & 1) r ^= kP;
+  }
+  return uint32_t(r);
+}
+
+// A polynomial of degree < 64 in the reflected lane layout: the coefficient of x^d at bit 63 - d.
+uint64_t reflected64(uint32_t poly) {
+  uint64_t out = 0;
+  for (int d = 0; d < 32; ++d)
+    if (poly >> d & 1) out |= uint64_t(1) << (63 - d);
+  return out;
+}
+
+// Folds the buffer while at least 512 bytes remain and returns the register after everything it
+// consumed; p and n advance past it.
+uint32_t crc_fold(uint32_t c, const unsigned char*& p, size_t& n) {
+  if (n < 512) return c;
+  static const __m512i k = [] {
+    const uint64_t high = reflected64(x_pow_mod(2048 + 63)), low = reflected64(x_pow_mod(2047));
+    return _mm512_set_epi64(int64_t(low), int64_t(high), int64_t(low), int64_t(high),
+                            int64_t(low), int64_t(high), int64_t(low), int64_t(high));
+  }();
+  __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
+  __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
+  x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(int(c))));
+  p += 256;
+  n -= 256;
+  auto fold = [&](__m512i x, const unsigned char* next) {
+    const __m512i hi = _mm512_clmulepi64_epi128(x, k, 0x00);  // low qword: x^127..x^64
+    const __m512i lo = _mm512_clmulepi64_epi128(x, k, 0x11);  // high qword: x^63..x^0
+    return _mm512_ternarylogic_epi64(hi, lo, _mm512_loadu_si512(next), 0x96);  // a ^ b ^ c
+  };
+  for (; n >= 256; n -= 256, p += 256) {
+    x0 = fold(x0, p);
+    x1 = fold(x1, p + 64);
+    x2 = fold(x2, p + 128);
+    x3 = fold(x3, p + 192);
+  }
+  alignas(64) unsigned char rest[256];
+  _mm512_store_si512(rest, x0);
+  _mm512_store_si512(rest + 64, x1);
+  _mm512_store_si512(rest + 128, x2);
+  _mm512_store_si512(rest + 192, x3);
+  return uint32_t(crc_words(0, rest, sizeof rest));
+}
+#endif
+
 }  // namespace
 #endif
 
@@ -120,6 +191,9 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   // See Note [Three-way crc32c]: long blocks for the bulk, short ones for what remains.
   constexpr size_t kLong = 8192, kShort = 512;
   static const Shift long_shift(kLong), short_shift(kShort);
+#if LOOM_CRC32C_FOLD
+  c = crc_fold(c, p, n);  // Note [Folded crc32c]
+#endif
   c = crc_three_way(c, p, n, kLong, long_shift);
   c = crc_three_way(c, p, n, kShort, short_shift);
   c = uint32_t(crc_words(c, p, n & ~size_t(7)));
