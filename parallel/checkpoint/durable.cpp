@@ -153,8 +153,8 @@ uint32_t crc_fold(uint32_t c, const unsigned char*& p, size_t& n) {
   if (n < 512) return c;
   static const __m512i k = [] {
     const uint64_t high = reflected64(x_pow_mod(2048 + 63)), low = reflected64(x_pow_mod(2047));
-    return _mm512_set_epi64(int64_t(low), int64_t(high), int64_t(low), int64_t(high),
-                            int64_t(low), int64_t(high), int64_t(low), int64_t(high));
+    return _mm512_set_epi64(int64_t(low), int64_t(high), int64_t(low), int64_t(high), int64_t(low),
+                            int64_t(high), int64_t(low), int64_t(high));
   }();
   __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
   __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
