@@ -220,6 +220,11 @@ struct Communicator::Pending {
   std::string error;
   std::exception_ptr post_error;
   bool dropped = false;  // its Work is gone: the group's next call raises its error instead
+  // A wait for its check raised (a timeout: a rank did not join). Its Work's destructor then does
+  // not wait again: the late rank's check, arriving during that wait, would post the collective
+  // on both ranks after this one had already raised (both ranks must see the same outcome; the
+  // late rank's own check times out instead, naming this one).
+  bool wait_raised = false;
   Tensor my_fields, all_fields, my_file, files;  // the explanation: every rank's call
   WorkPtr fields_work, files_work;
 };
@@ -257,10 +262,12 @@ class CheckedWork final : public Work {
       : queue_(std::move(queue)), p_(std::move(pending)) {}
 
   // Like every Work, one destroyed unfinished is waited for (its collective posted first, as
-  // the other ranks expect), up to the timeouts.
+  // the other ranks expect), up to the timeouts; unless a wait for its check already raised
+  // (Pending::wait_raised).
   ~CheckedWork() override {
     try {
-      if (!p_->posted && !p_->failed && queue_->owner) queue_->owner->advance(p_.get());
+      if (!p_->posted && !p_->failed && !p_->wait_raised && queue_->owner)
+        queue_->owner->advance(p_.get());
     } catch (...) {
     }
     p_->dropped = true;
@@ -269,7 +276,14 @@ class CheckedWork final : public Work {
   CheckedWork& operator=(const CheckedWork&) = delete;
 
   void wait() override {
-    if (!p_->posted && !p_->failed) queue_->owner->advance(p_.get());
+    if (!p_->posted && !p_->failed) {
+      try {
+        queue_->owner->advance(p_.get());
+      } catch (...) {
+        p_->wait_raised = true;
+        throw;
+      }
+    }
     raise_if_failed();
     LOOM_ASSERT(p_->posted, "a checked collective waited on from inside its group's queue");
     p_->posted->wait();
@@ -322,7 +336,9 @@ Communicator::~Communicator() {
 
 void Communicator::post_queued() {
   try {
-    if (queue_ && !queue_->waiting.empty()) advance(queue_->waiting.back().get());
+    // Not past a check that already timed out (Pending::wait_raised): the group is broken.
+    if (queue_ && !queue_->waiting.empty() && !queue_->waiting.front()->wait_raised)
+      advance(queue_->waiting.back().get());
   } catch (...) {  // a destructor's: what is left is dropped by ~Communicator
   }
 }
