@@ -195,6 +195,20 @@ py::array numpy_copy(const Tensor& t) {
   return py::array(py::cast(host)).attr("copy")();
 }
 
+// Python's scalar conversions (float(t), int(t)) take one-element tensors only, as PyTorch's do.
+void require_one_element(const Tensor& t, const char* what) {
+  if (t.numel() != 1)
+    throw py::value_error(std::string(what) + ": only a one-element tensor converts to a Python " +
+                          "number; this one has shape " + shape_str(t.shape()) + " (" +
+                          std::to_string(t.numel()) + " elements)");
+}
+
+// The value of a one-element tensor, as Tensor::item gives it, without the GIL.
+double float_of(const Tensor& t) {
+  py::gil_scoped_release release;
+  return t.item();
+}
+
 // ---------------------------------------------------------------- numpy -> loom
 
 // Drops the reference `owner` holds on a Python object, taking the GIL: the last tensor may die
@@ -500,6 +514,36 @@ void init_tensor(py::module_& m) {
             return numpy_copy(t).attr("item")();  // exact for int64 beyond 2^53
           },
           "The value of a one-element tensor as a Python float (int for integer dtypes).")
+      // float(t), int(t), bool(t) and operator.index(t) as PyTorch has them: one-element tensors
+      // only. Without them Python took the buffer protocol's bytes for a number's text.
+      .def("__float__",
+           [](const Tensor& t) {
+             require_one_element(t, "float()");
+             return float_of(t);
+           })
+      .def("__int__",
+           [](const Tensor& t) -> py::object {
+             require_one_element(t, "int()");
+             if (is_floating(t.dtype())) return py::int_(py::float_(float_of(t)));  // truncates
+             return numpy_copy(t).attr("item")();
+           })
+      .def("__bool__",
+           [](const Tensor& t) {
+             if (t.numel() != 1)
+               throw py::value_error("the truth value of a tensor of shape " +
+                                     shape_str(t.shape()) + " (" + std::to_string(t.numel()) +
+                                     " elements) is ambiguous: only a one-element tensor has one "
+                                     "(as in PyTorch)");
+             return float_of(t) != 0.0;
+           })
+      .def("__index__",
+           [](const Tensor& t) -> py::object {
+             if (is_floating(t.dtype()) || t.numel() != 1)
+               throw py::type_error("only an integer tensor of one element converts to an index; "
+                                    "this one is " + std::string(dtype_name(t.dtype())) + " " +
+                                    shape_str(t.shape()));
+             return numpy_copy(t).attr("item")();
+           })
       .def(
           "tolist", [](const Tensor& t) { return numpy_copy(t).attr("tolist")(); },
           "The values as nested Python lists (a number for a 0-d tensor); bfloat16 as floats.")

@@ -148,3 +148,23 @@ def test_properties_and_repr():
     assert loom.full((2,), 3.5).tolist() == [3.5, 3.5]
     assert t.to(loom.float16).dtype is loom.float16 and t.to("cpu") is not None
     assert t.to(device="cpu", dtype=loom.bfloat16).dtype is loom.bfloat16
+
+
+def test_python_scalar_conversions_follow_pytorch():
+    # float/int/bool/index of a one-element tensor, of any shape holding one element.
+    assert float(loom.tensor([1.5])) == 1.5 and isinstance(float(loom.tensor(2)), float)
+    assert int(loom.tensor([[-2.7]])) == -2 and int(loom.tensor(7)) == 7  # truncates, as int()
+    big = 2**53 + 1
+    assert int(loom.tensor([big], dtype=loom.int64)) == big  # exact beyond a double's 53 bits
+    assert bool(loom.tensor([0.0])) is False and bool(loom.tensor(3)) is True
+    assert [10, 20, 30][loom.tensor(1)] == 20 and list(range(loom.tensor([3]))) == [0, 1, 2]
+    # Anything else is a clear error naming the shape (before: float() parsed the buffer's bytes).
+    for convert in (float, int):
+        with pytest.raises(ValueError, match=r"one-element tensor.*shape \[2\] \(2 elements\)"):
+            convert(loom.ones(2))
+    with pytest.raises(ValueError, match=r"truth value of a tensor of shape \[0\]"):
+        bool(loom.ones(0))
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(loom.ones(2, 2))
+    with pytest.raises(TypeError, match="integer tensor of one element"):
+        [1, 2][loom.tensor(1.0)]
