@@ -539,9 +539,10 @@ void init_tensor(py::module_& m) {
       .def("__index__",
            [](const Tensor& t) -> py::object {
              if (is_floating(t.dtype()) || t.numel() != 1)
-               throw py::type_error("only an integer tensor of one element converts to an index; "
-                                    "this one is " + std::string(dtype_name(t.dtype())) + " " +
-                                    shape_str(t.shape()));
+               throw py::type_error(
+                   "only an integer tensor of one element converts to an index; "
+                   "this one is " +
+                   std::string(dtype_name(t.dtype())) + " " + shape_str(t.shape()));
              return numpy_copy(t).attr("item")();
            })
       .def(
