@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -634,7 +635,7 @@ void check_chunk(const std::string& dir, const std::string& tensor, const io::St
 }
 
 // Note [Parallel load]
-// A load reads its plan's chunk runs in blocks of whole chunks (a few MiB) on kLoadWorkers threads
+// A load reads its plan's chunk runs in blocks of whole chunks (1 MiB) on kLoadWorkers threads
 // (the caller and the others): each worker takes the next block in plan order, pread()s it,
 // checks its chunks' crc32c at once, while the bytes are still in the cache, and copies it out.
 // So the kernel's copy out of the page cache (or the disk) and the checksums of different blocks
@@ -677,7 +678,10 @@ class BlockWorkers {
       if (!b.direct) bounce = std::max(bounce, b.end - b.begin);
     const size_t workers = std::min(kLoadWorkers, blocks_.size());
     std::vector<std::thread> threads;
-    for (size_t w = 1; w < workers; ++w) threads.emplace_back([this, bounce] { work(bounce); });
+    try {
+      for (size_t w = 1; w < workers; ++w) threads.emplace_back([this, bounce] { work(bounce); });
+    } catch (const std::system_error&) {  // no thread to be had: fewer workers do the blocks
+    }
     work(bounce);
     for (std::thread& t : threads) t.join();
     if (error_) std::rethrow_exception(error_);
@@ -685,11 +689,12 @@ class BlockWorkers {
 
  private:
   void work(uint64_t bounce_bytes) {
-    std::unique_ptr<char[]> bounce(bounce_bytes > 0 ? new char[bounce_bytes] : nullptr);
+    std::unique_ptr<char[]> bounce;  // made at the first block that needs it
     for (;;) {
       const size_t i = next_.fetch_add(1);
       if (i >= blocks_.size() || i > first_error_.load()) return;
-      try {
+      try {  // everything that can throw on a worker thread is raised on the caller's
+        if (!blocks_[i].direct && !bounce) bounce.reset(new char[bounce_bytes]);
         one_block(blocks_[i], bounce.get());
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
