@@ -52,6 +52,7 @@
 
 #if __has_include("kernels/cuda/attention.h")
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_gemm.h"
 #define LOOM_BENCH_ATTENTION 1
 #else
 #define LOOM_BENCH_ATTENTION 0
@@ -692,6 +693,29 @@ class Bench {
                                ws.as<void>(), ws_bytes, stream_);
       });
       row("attention_backward", ms, 2.5 * fwd_flop, "flop = 5 BH T^2 D");
+    }
+    // GEMM attention (Note [GEMM attention]) with the workspace for all heads in one pass, as
+    // the op layer gives it at this shape; the same flop count, so the ratios compare directly.
+    constexpr bool bf16 = sizeof(T) == 2;
+    const size_t gemm_bytes = kc::attention_gemm_workspace_bytes(bh, t, d, bf16, true);
+    DeviceBuffer gemm_ws(device_, gemm_bytes);
+    auto gemm_forward = [&] {
+      kc::attention_gemm_forward(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<float>(), bh,
+                                 t, d, true, gemm_ws.as<void>(), gemm_bytes, stream_);
+    };
+    const std::string gemm_note =
+        "GEMM attention, workspace " + std::to_string(gemm_bytes >> 20) + " MiB; ";
+    if (fwd)
+      row("attention_gemm_forward", timer_.median_ms(gemm_forward), fwd_flop,
+          gemm_note + "flop = 2 BH T^2 D");
+    if (bwd) {
+      gemm_forward();
+      const double ms = timer_.median_ms([&] {
+        kc::attention_gemm_backward(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<float>(),
+                                    dout.as<T>(), dq.as<T>(), dk.as<T>(), dv.as<T>(), bh, t, d,
+                                    true, gemm_ws.as<void>(), gemm_bytes, stream_);
+      });
+      row("attention_gemm_backward", ms, 2.5 * fwd_flop, gemm_note + "flop = 5 BH T^2 D");
     }
   }
 #endif

@@ -23,10 +23,11 @@
 #
 # Phases (test mode), each under `timeout` (which kills the whole process group), in this order:
 #   cuda_tests  ctest -L unit -R '^(cuda_|embedding_bag_cuda)' --output-on-failure -V
-#   memcheck    compute-sanitizer --tool memcheck on a few small cases of cuda_norm_test and
-#               cuda_loss_test (when compute-sanitizer exists). The kernel tests allocate with
-#               cudaMalloc directly; tensors come from loom's caching allocator, whose blocks are
-#               rounded up and reused, so memcheck sees a tensor's overrun only past its block.
+#   memcheck    compute-sanitizer --tool memcheck on a few small cases of cuda_norm_test,
+#               cuda_loss_test and cuda_attention_test's GEMM attention (when compute-sanitizer
+#               exists). The kernel tests allocate with cudaMalloc directly; tensors come from
+#               loom's caching allocator, whose blocks are rounded up and reused, so memcheck
+#               sees a tensor's overrun only past its block.
 #   bench_cuda  build-gpu/bin/loom-bench-cuda --json > $OUT/bench_cuda.json, rendered as a table
 #   gpt         loom-gpt --device cuda on GPT-2 124M's shape (12 layers, dim 768, 12 heads, seq
 #               1024, vocab 50257 padded to 50304, batch 8) on random tokens, f32 then bf16:
@@ -207,7 +208,13 @@ phase_memcheck() {
     "$BUILD/bin/cuda_loss_test" --gtest_filter="$loss_filter"
   ((rc_all == 0)) && rc_all=$PHASE_RC
   secs=$((secs + PHASE_S))
-  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$log" | tail -n 8
+  # GEMM attention's row blocks, passes and workspace regions (kernels/cuda/attention_gemm.cu).
+  local attention_filter="${LOOM_GPU_MEMCHECK_ATTENTION:-AttentionCuda.GemmHeadDimZero*:AttentionCuda.GemmPassesBlocksAndLargeHeadDims}"
+  run_phase memcheck 90 "$log" "$sanitizer" --tool memcheck --error-exitcode 99 --print-limit 20 \
+    "$BUILD/bin/cuda_attention_test" --gtest_filter="$attention_filter"
+  ((rc_all == 0)) && rc_all=$PHASE_RC
+  secs=$((secs + PHASE_S))
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$log" | tail -n 12
   local status
   status="$(status_of $rc_all)"
   ((rc_all == 99)) && status="FAIL (memcheck errors)"

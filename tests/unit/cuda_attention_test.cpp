@@ -40,6 +40,7 @@
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_gemm.h"
 #endif
 
 namespace loom::kernels {
@@ -75,6 +76,18 @@ struct Shape {
 };
 
 enum class DType { kF32, kBF16 };
+
+// Which CUDA implementation runs: the flash kernels (attention.h) or GEMM attention
+// (attention_gemm.h), with a workspace for heads_per_pass heads (0: all heads in one pass).
+struct Path {
+  bool gemm = false;
+  int64_t heads_per_pass = 0;
+  std::string str() const {
+    return gemm ? "gemm, " + std::to_string(heads_per_pass) + " heads per pass" : "flash";
+  }
+};
+const Path kFlash{};
+const Path kGemm{true, 0};
 const char* dtype_name(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
 
 float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
@@ -168,21 +181,35 @@ std::vector<float> from_storage(const std::vector<T>& v) {
 // The CUDA kernels on the same inputs; the backward gets the CPU's out and lse.
 template <typename T>
 Results run_gpu(const Inputs& in, const Shape& s, const std::vector<float>& cpu_out,
-                const std::vector<float>& cpu_lse) {
+                const std::vector<float>& cpu_lse, const Path& path = kFlash) {
   const size_t n = s.elems(), rows = s.rows();
   Buffer q(to_storage<T>(in.q)), k(to_storage<T>(in.k)), v(to_storage<T>(in.v));
   Buffer dout(to_storage<T>(in.dout)), saved_out(to_storage<T>(cpu_out)), saved_lse(cpu_lse);
   Buffer out(n * sizeof(T)), lse(rows * sizeof(float));
   Buffer dq(n * sizeof(T)), dk(n * sizeof(T)), dv(n * sizeof(T));
-  Buffer workspace(cuda::attention_backward_workspace_bytes(s.bh, s.t, s.d));
+  constexpr bool bf16 = std::is_same_v<T, BFloat16>;
+  // The backward's workspace for the path's heads per pass (the forward fits in it too).
+  const int64_t heads = path.heads_per_pass > 0 ? path.heads_per_pass : s.bh;
+  Buffer workspace(path.gemm ? cuda::attention_gemm_workspace_bytes(heads, s.t, s.d, bf16, true)
+                             : cuda::attention_backward_workspace_bytes(s.bh, s.t, s.d));
   for (Buffer* b : {&out, &lse, &dq, &dk, &dv, &workspace}) b->poison();
 
-  cuda::attention_forward(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<float>(), s.bh, s.t,
-                          s.d, s.causal, kStream);
-  cuda::attention_backward(q.as<T>(), k.as<T>(), v.as<T>(), saved_out.as<T>(),
-                           saved_lse.as<float>(), dout.as<T>(), dq.as<T>(), dk.as<T>(), dv.as<T>(),
-                           s.bh, s.t, s.d, s.causal, workspace.as<void>(), workspace.bytes(),
-                           kStream);
+  if (path.gemm) {
+    cuda::attention_gemm_forward(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<float>(),
+                                 s.bh, s.t, s.d, s.causal, workspace.as<void>(), workspace.bytes(),
+                                 kStream);
+    cuda::attention_gemm_backward(q.as<T>(), k.as<T>(), v.as<T>(), saved_out.as<T>(),
+                                  saved_lse.as<float>(), dout.as<T>(), dq.as<T>(), dk.as<T>(),
+                                  dv.as<T>(), s.bh, s.t, s.d, s.causal, workspace.as<void>(),
+                                  workspace.bytes(), kStream);
+  } else {
+    cuda::attention_forward(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<float>(), s.bh,
+                            s.t, s.d, s.causal, kStream);
+    cuda::attention_backward(q.as<T>(), k.as<T>(), v.as<T>(), saved_out.as<T>(),
+                             saved_lse.as<float>(), dout.as<T>(), dq.as<T>(), dk.as<T>(),
+                             dv.as<T>(), s.bh, s.t, s.d, s.causal, workspace.as<void>(),
+                             workspace.bytes(), kStream);
+  }
   cuda_rt::synchronize(0);
   Results r;
   r.out = from_storage(out.read<T>(n));
@@ -280,14 +307,14 @@ int64_t count_mismatches(const std::vector<float>& got, const std::vector<float>
   return bad;
 }
 
-void expect_matches_cpu(const Shape& s, DType dtype, uint64_t seed) {
-  const std::string label = std::string(dtype_name(dtype)) + " " + s.str();
+void expect_matches_cpu(const Shape& s, DType dtype, uint64_t seed, const Path& path = kFlash) {
+  const std::string label = std::string(dtype_name(dtype)) + " " + s.str() + " " + path.str();
   SCOPED_TRACE(label);
   const Inputs in = random_inputs(s, dtype, seed);
   std::vector<float> saved_out;
   const Results cpu = run_cpu(in, s, dtype, &saved_out);
-  const Results gpu = dtype == DType::kF32 ? run_gpu<float>(in, s, saved_out, cpu.lse)
-                                           : run_gpu<BFloat16>(in, s, saved_out, cpu.lse);
+  const Results gpu = dtype == DType::kF32 ? run_gpu<float>(in, s, saved_out, cpu.lse, path)
+                                           : run_gpu<BFloat16>(in, s, saved_out, cpu.lse, path);
   const Results mag = magnitudes(in, saved_out, s);
   const double step = dtype == DType::kBF16 ? kBf16Step : 0.0;
   EXPECT_EQ(count_mismatches(gpu.out, cpu.out, mag.out, step, s, s.d, "out"), 0);
@@ -301,13 +328,13 @@ void expect_matches_cpu(const Shape& s, DType dtype, uint64_t seed) {
 const int64_t kLengths[] = {1, 5, 63, 64, 65, 200};
 const int64_t kHeadDims[] = {1, 3, 33, 64, 100, 128};
 
-void sweep(DType dtype) {
+void sweep(DType dtype, const Path& path = kFlash) {
   uint64_t seed = dtype == DType::kF32 ? 100 : 200;
   for (int64_t t : kLengths)
     for (int64_t d : kHeadDims)
       for (bool causal : {false, true}) {
         ++seed;
-        expect_matches_cpu(Shape{int64_t(1 + seed % 3), t, d, causal}, dtype, seed * 10);
+        expect_matches_cpu(Shape{int64_t(1 + seed % 3), t, d, causal}, dtype, seed * 10, path);
       }
 }
 
@@ -333,28 +360,56 @@ TEST(AttentionCuda, ManyHeadsAndTiles) {
   expect_matches_cpu(Shape{5, 513, 17, true}, DType::kF32, 7200);
 }
 
+// GEMM attention (kernels/cuda/attention_gemm.h) through the same sweep and tolerances.
+TEST(AttentionCuda, GemmF32MatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  sweep(DType::kF32, kGemm);
+}
+
+TEST(AttentionCuda, GemmBf16MatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  sweep(DType::kBF16, kGemm);
+}
+
+TEST(AttentionCuda, GemmPassesBlocksAndLargeHeadDims) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  // 24 heads in passes of 5 (the last one short); T 1000 causal: 7 row blocks of 142-143 rows;
+  // T 300 causal: 2 blocks; d 200: past the flash kernels' 128, which GEMM attention has no
+  // limit on.
+  for (bool causal : {false, true}) {
+    expect_matches_cpu(Shape{24, 300, 64, causal}, DType::kF32, 7300 + causal, Path{true, 5});
+    expect_matches_cpu(Shape{24, 300, 64, causal}, DType::kBF16, 7400 + causal, Path{true, 5});
+  }
+  expect_matches_cpu(Shape{3, 1000, 64, true}, DType::kF32, 7500, Path{true, 2});
+  expect_matches_cpu(Shape{3, 1000, 64, true}, DType::kBF16, 7501, kGemm);
+  expect_matches_cpu(Shape{2, 300, 200, true}, DType::kF32, 7502, Path{true, 1});
+  expect_matches_cpu(Shape{2, 300, 200, false}, DType::kBF16, 7503, kGemm);
+}
+
 TEST(AttentionCuda, BitIdenticalOverTwoRuns) {
   LOOM_SKIP_WITHOUT_CUDA();
-  for (const Shape& s : {Shape{3, 200, 64, true}, Shape{2, 65, 100, false}, Shape{4, 97, 33, true}})
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + s.str());
-      const Inputs in = random_inputs(s, dtype, 9000);
-      std::vector<float> saved_out;
-      const Results cpu = run_cpu(in, s, dtype, &saved_out);
-      auto run = [&] {
-        return dtype == DType::kF32 ? run_gpu<float>(in, s, saved_out, cpu.lse)
-                                    : run_gpu<BFloat16>(in, s, saved_out, cpu.lse);
-      };
-      const Results a = run(), b = run();
-      auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
-        return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-      };
-      EXPECT_TRUE(same_bits(a.out, b.out)) << "out";
-      EXPECT_TRUE(same_bits(a.lse, b.lse)) << "lse";
-      EXPECT_TRUE(same_bits(a.dq, b.dq)) << "dq";
-      EXPECT_TRUE(same_bits(a.dk, b.dk)) << "dk";
-      EXPECT_TRUE(same_bits(a.dv, b.dv)) << "dv";
-    }
+  for (const Shape& s : {Shape{3, 200, 64, true}, Shape{2, 65, 100, false}, Shape{4, 97, 33, true},
+                         Shape{3, 600, 64, true}})
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (const Path& path : {kFlash, kGemm, Path{true, 2}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + s.str() + " " + path.str());
+        const Inputs in = random_inputs(s, dtype, 9000);
+        std::vector<float> saved_out;
+        const Results cpu = run_cpu(in, s, dtype, &saved_out);
+        auto run = [&] {
+          return dtype == DType::kF32 ? run_gpu<float>(in, s, saved_out, cpu.lse, path)
+                                      : run_gpu<BFloat16>(in, s, saved_out, cpu.lse, path);
+        };
+        const Results a = run(), b = run();
+        auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+          return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+        };
+        EXPECT_TRUE(same_bits(a.out, b.out)) << "out";
+        EXPECT_TRUE(same_bits(a.lse, b.lse)) << "lse";
+        EXPECT_TRUE(same_bits(a.dq, b.dq)) << "dq";
+        EXPECT_TRUE(same_bits(a.dk, b.dk)) << "dk";
+        EXPECT_TRUE(same_bits(a.dv, b.dv)) << "dv";
+      }
 }
 
 TEST(AttentionCuda, Bf16OutputsRoundToNearestEven) {
@@ -403,6 +458,25 @@ TEST(AttentionCuda, HeadDimZeroGivesLogOfVisibleKeys) {
     lse.poison();
     cuda::attention_forward(dummy.as<float>(), dummy.as<float>(), dummy.as<float>(),
                             dummy.as<float>(), lse.as<float>(), s.bh, s.t, 0, causal, kStream);
+    const std::vector<float> got = lse.read<float>(s.rows());
+    EXPECT_EQ(count_mismatches(got, want, want, 0.0, s, 1, "lse, d = 0"), 0);
+  }
+}
+
+TEST(AttentionCuda, GemmHeadDimZeroGivesLogOfVisibleKeys) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  for (bool causal : {false, true}) {
+    const Shape s{2, 300, 0, causal};  // causal: 2 row blocks
+    std::vector<float> want(s.rows());
+    for (size_t r = 0; r < s.rows(); ++r)
+      want[r] = std::log(float(causal ? int64_t(r) % s.t + 1 : s.t));
+    Buffer lse(s.rows() * sizeof(float)), dummy(16);
+    Buffer workspace(cuda::attention_gemm_workspace_bytes(s.bh, s.t, 0, false, false));
+    lse.poison();
+    workspace.poison();
+    cuda::attention_gemm_forward(dummy.as<float>(), dummy.as<float>(), dummy.as<float>(),
+                                 dummy.as<float>(), lse.as<float>(), s.bh, s.t, 0, causal,
+                                 workspace.as<void>(), workspace.bytes(), kStream);
     const std::vector<float> got = lse.read<float>(s.rows());
     EXPECT_EQ(count_mismatches(got, want, want, 0.0, s, 1, "lse, d = 0"), 0);
   }
@@ -469,6 +543,57 @@ TEST(AttentionCuda, RejectsTooSmallWorkspace) {
       {"workspace", std::to_string(need)});
 }
 
+TEST(AttentionCuda, GemmWorkspaceArithmetic) {
+  // Per head: T^2 floats of scores (twice in the backward) and, for bf16, 4 (8) f32 copies of
+  // [T, D]; each region rounded up to 256 bytes.
+  const int64_t t = 70, d = 33;
+  EXPECT_EQ(cuda::attention_gemm_workspace_bytes(1, t, d, false, false), 19712u);  // 19600 -> 256s
+  EXPECT_EQ(cuda::attention_gemm_workspace_bytes(3, t, d, false, true), 2 * 58880u);
+  EXPECT_EQ(cuda::attention_gemm_workspace_bytes(3, t, d, true, true),
+            2 * 58880u + 8 * 27904u);  // 3 * 70 * 33 * 4 = 27720 -> 27904
+  for (bool bf16 : {false, true})
+    for (bool backward : {false, true}) {
+      const size_t three = cuda::attention_gemm_workspace_bytes(3, t, d, bf16, backward);
+      EXPECT_EQ(cuda::attention_gemm_heads_per_pass(10, t, d, bf16, backward, three), 3);
+      EXPECT_EQ(cuda::attention_gemm_heads_per_pass(10, t, d, bf16, backward, three - 1), 2);
+      EXPECT_EQ(cuda::attention_gemm_heads_per_pass(2, t, d, bf16, backward, three), 2);
+      const size_t one = cuda::attention_gemm_workspace_bytes(1, t, d, bf16, backward);
+      EXPECT_EQ(cuda::attention_gemm_heads_per_pass(10, t, d, bf16, backward, one - 1), 0);
+    }
+  // A sequence whose scores could not fit any memory: 0 heads, no overflow.
+  EXPECT_EQ(
+      cuda::attention_gemm_heads_per_pass(8, int64_t(1) << 40, 64, true, true, size_t(1) << 40), 0);
+  expect_error([] { cuda::attention_gemm_workspace_bytes(1, int64_t(1) << 40, 64, true, true); },
+               {"overflows"});
+}
+
+TEST(AttentionCuda, GemmRejectsTooSmallWorkspace) {
+  const int64_t bh = 3, t = 70, d = 64;
+  const float* f = nullptr;
+  const BFloat16* h = nullptr;
+  alignas(16) static char scratch[16];
+  const size_t fwd = cuda::attention_gemm_workspace_bytes(1, t, d, false, false);
+  expect_error(
+      [&] {
+        cuda::attention_gemm_forward(f, f, f, nullptr, nullptr, bh, t, d, true, scratch, fwd - 1,
+                                     kStream);
+      },
+      {"attention_gemm_forward", "workspace", std::to_string(fwd - 1), std::to_string(fwd)});
+  const size_t bwd = cuda::attention_gemm_workspace_bytes(1, t, d, true, true);
+  expect_error(
+      [&] {
+        cuda::attention_gemm_backward(h, h, h, h, nullptr, h, nullptr, nullptr, nullptr, bh, t, d,
+                                      false, scratch, bwd - 1, kStream);
+      },
+      {"attention_gemm_backward", "workspace", std::to_string(bwd - 1), std::to_string(bwd)});
+  expect_error(
+      [&] {
+        cuda::attention_gemm_backward(f, f, f, f, nullptr, f, nullptr, nullptr, nullptr, bh, t, d,
+                                      false, nullptr, bwd, kStream);
+      },
+      {"attention_gemm_backward", "workspace is null"});
+}
+
 TEST(AttentionCuda, EmptyInputsDoNothing) {
   // Nothing to compute: returns before touching the device (no GPU needed), pointers unused.
   const float* f = nullptr;
@@ -477,6 +602,11 @@ TEST(AttentionCuda, EmptyInputsDoNothing) {
     cuda::attention_forward(f, f, f, nullptr, nullptr, s.bh, s.t, s.d, true, kStream);
     cuda::attention_backward(f, f, f, f, nullptr, f, nullptr, nullptr, nullptr, s.bh, s.t, s.d,
                              true, nullptr, 0, kStream);
+    EXPECT_EQ(cuda::attention_gemm_heads_per_pass(s.bh, s.t, s.d, false, true, size_t(1) << 30), 0);
+    cuda::attention_gemm_forward(f, f, f, nullptr, nullptr, s.bh, s.t, s.d, true, nullptr, 0,
+                                 kStream);
+    cuda::attention_gemm_backward(f, f, f, f, nullptr, f, nullptr, nullptr, nullptr, s.bh, s.t, s.d,
+                                  true, nullptr, 0, kStream);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -133,6 +134,46 @@ TEST(CudaNnOps, AttentionCausalAndFull) {
           },
           {rnd(s, 7), rnd(s, 8), rnd(s, 9)}, 1e-4);
     }
+}
+
+// Note [CUDA attention kernels]: LOOM_CUDA_ATTENTION picks the implementation; both match the
+// CPU, in f32 and bf16, at a length with several causal row blocks and a head dim past the flash
+// kernels' 128 (auto and gemm only); a bad value is a clear error. cuda_attention_test holds
+// every element to its own rounding bound; this checks the wiring, so f32 gets an absolute floor
+// of 1e-5 of the largest value (T 300 sums cancel in dq and dk) beside the 1e-4 relative.
+TEST(CudaNnOps, AttentionEveryImplementation) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  struct Restore {
+    ~Restore() { unsetenv("LOOM_CUDA_ATTENTION"); }
+  } restore;
+  const double step = 1.0 / 128.0, frac = 1.0 / 256.0;
+  auto bf16 = [](const Tensor& t) { return t.to(DType::kBF16); };
+  for (const char* choice : {"auto", "gemm", "flash"}) {
+    setenv("LOOM_CUDA_ATTENTION", choice, 1);
+    const bool wide = std::string(choice) != "flash";
+    for (const Shape& s : {Shape{2, 2, 300, 64}, Shape{1, 2, 40, wide ? 160 : 128}}) {
+      SCOPED_TRACE(::testing::Message() << choice << " " << shape_str(s));
+      expect_cuda_matches_cpu(
+          [](const std::vector<Tensor>& in) {
+            return scaled_dot_product_attention(in[0], in[1], in[2], true);
+          },
+          {rnd(s, 51), rnd(s, 52), rnd(s, 53)}, 1e-4, 7, 1e-5);
+      expect_cuda_matches_cpu(
+          [&](const std::vector<Tensor>& in) {
+            return scaled_dot_product_attention(bf16(in[0]), bf16(in[1]), bf16(in[2]), true);
+          },
+          {rnd(s, 54), rnd(s, 55), rnd(s, 56)}, 2 * step, 7, 2 * frac);
+    }
+  }
+  setenv("LOOM_CUDA_ATTENTION", "fast", 1);
+  const Tensor q = rnd({1, 1, 4, 8}, 57).to(kGpu);
+  try {
+    scaled_dot_product_attention(q, q, q, true);
+    ADD_FAILURE() << "LOOM_CUDA_ATTENTION=fast was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_CUDA_ATTENTION='fast'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(CudaNnOps, CrossEntropyPaddedVocabularyAndIgnoredRows) {

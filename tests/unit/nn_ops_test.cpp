@@ -650,24 +650,5 @@ TEST(NnOpsDeterminism, ResultsDoNotDependOnTheThreadCount) {
 }
 #endif
 
-// ---------------------------------------------------------------- CUDA
-
-TEST(NnOpsCuda, CudaTensorsAreAClearNotImplementedError) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (or loom built without CUDA)";
-  Device gpu = Device::cuda(0);
-  Tensor x = Tensor::zeros({2, 3}, DType::kF32, gpu);
-  const std::string cpu_only = "CUDA kernel not implemented yet";
-  expect_error([&] { softmax(x); }, {"softmax", cpu_only});
-  expect_error([&] { layer_norm(x, Tensor(), Tensor()); }, {"layer_norm", cpu_only});
-  Tensor q = Tensor::zeros({1, 1, 2, 3}, DType::kF32, gpu);
-  expect_error([&] { scaled_dot_product_attention(q, q, q); },
-               {"scaled_dot_product_attention", cpu_only});
-  expect_error([&] { cross_entropy(x, Tensor::zeros({2}, DType::kI64, gpu)); },
-               {"cross_entropy", cpu_only});
-  expect_error([&] { embedding(x, Tensor::zeros({2}, DType::kI64, gpu)); },
-               {"embedding", cpu_only});
-  expect_error([&] { dropout(x, 0.5, true, {}); }, {"dropout", cpu_only});
-}
-
 }  // namespace
 }  // namespace loom
