@@ -280,18 +280,8 @@ phase_gpt() {
     record gpt "FAIL (not built)" 0 "$log"
     return
   fi
-  # Random GPT-2 tokens in llm.c's token-file format (header of 256 int32: magic 20240520,
-  # version 1, count; then uint16 tokens): 16 batches of 8 x 1024, so the loader never wraps.
-  python3 - "$work/tokens.bin" <<'EOF'
-import array, random, sys
-n = 16 * 8 * 1024 + 1
-rng = random.Random(0)
-header = array.array("i", [20240520, 1, n] + [0] * 253)
-tokens = array.array("H", (rng.randrange(50257) for _ in range(n)))
-with open(sys.argv[1], "wb") as f:
-    header.tofile(f)
-    tokens.tofile(f)
-EOF
+  # Random GPT-2 tokens: 16 batches of 8 x 1024, so the loader never wraps.
+  python3 "$REPO/scripts/random_gpt2_tokens.py" "$work/tokens.bin"
   local dtype rc_all=0 secs=0
   for dtype in f32 bf16; do
     echo "== loom-gpt --dtype $dtype" >>"$log"

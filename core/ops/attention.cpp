@@ -23,7 +23,7 @@ namespace {
 // (kernels/cuda/attention_gemm.h: the scores of a group of heads in a workspace, every product a
 // cuBLAS GEMM; 3-4x faster at GPT-2's shape on an H100, see benchmarks/README.md). GEMM attention
 // is taken when one pass of at least one head fits in kGemmAttentionMaxBytes of workspace (a
-// backward pass of GPT-2 124M's 96 heads of T 1024 in bf16 takes 960 MiB, so it runs in one);
+// backward pass of GPT-2 124M's 96 heads of T 1024 in bf16 takes 936 MiB, so it runs in one);
 // longer sequences use the flash kernels. The workspace comes from the caching allocator for the
 // duration of the call only. LOOM_CUDA_ATTENTION=flash (or gemm) forces one implementation, for
 // a GPU short of memory or a comparison; a forced gemm still keeps to the cap, down to one head

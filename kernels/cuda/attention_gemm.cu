@@ -9,9 +9,13 @@
 //              dV = P^T dO;  dK = scale dS^T Q;  dQ = scale dS K
 //
 // the same formulas as kernels/cpu/attention.cpp, with the probabilities recomputed from lse in
-// the backward as there (nothing [T, T] is kept between the passes). The GEMMs are f32 (compute
-// 32F, never TF32); bf16 storage is converted to f32 copies first and the results rounded once,
-// so both overloads match the CPU to f32 rounding, like the flash kernels.
+// the backward as there (nothing [T, T] is kept between the passes). Every GEMM accumulates in f32
+// (compute 32F, never TF32). With bf16 storage, S = q k^T and dP = dout v^T read the bf16 arrays
+// as they are, on tensor cores: a product of two bf16 values is exact in f32, so only the f32
+// sums round, as they would on f32 copies. The products with P and dS, f32 values, take f32
+// copies of their other operand (rounding P or dS to bf16, as FlashAttention does, would break
+// the contract), and the results are rounded to bf16 once. So both overloads match the CPU to f32
+// rounding, like the flash kernels.
 //
 // Causal mask: the rows go in up to kMaxCausalBlocks blocks, and block [r0, r1) only needs keys
 // [0, r1), so every GEMM is cut to the blocks it needs (with 4 blocks, 10/16 of the square; 8:
@@ -19,11 +23,11 @@
 // read; entries past a row's block are never computed nor read. dV and dK, sums over query rows,
 // are cut the other way: key block [j0, j1) takes rows [j0, T).
 //
-// Workspace per head: S (T^2 floats) in the forward, S and dP/dS in the backward, plus f32 copies
-// of q, k, v, out (and dout, dq, dk, dv) for bf16. Heads go through in passes of as many as the
-// given workspace holds (the batch of every GEMM). One pass per call is fastest; GPT-2 124M's 96
-// heads of T 1024 need 400 MB (forward) or 800 MB (backward) for that, and the op layer decides
-// how much to give (core/ops/attention.cpp).
+// Workspace per head: S (T^2 floats) in the forward, S and dP/dS in the backward, plus for bf16
+// f32 copies of v and out (forward) or q, k, out, dout, dq, dk, dv (backward). Heads go through in
+// passes of as many as the given workspace holds (the batch of every GEMM). One pass per call is
+// fastest; GPT-2 124M's 96 heads of T 1024 need 400 MB (forward) or 800 MB (backward) for that, and
+// the op layer decides how much to give (core/ops/attention.cpp).
 //
 // Row kernels: one warp per row of S, lanes striding over the keys; warp reductions (xor
 // butterflies, so every lane holds the same bits). Every output element is written by one GEMM
@@ -50,8 +54,9 @@ constexpr int64_t kMaxCausalBlocks = 8;
 constexpr int64_t kCausalBlockRows = 128;  // the smallest row block worth a GEMM of its own
 constexpr int kF32 = 0, kBf16 = 1;         // convert()'s type codes
 
-// f32 arrays of [heads, T, D] the bf16 overloads copy to: q k v out (+ dout dq dk dv).
-int64_t f32_copies(bool bf16, bool backward) { return bf16 ? (backward ? 8 : 4) : 0; }
+// f32 arrays of [heads, T, D] the bf16 overloads need: forward v and out; backward q k out dout
+// dq dk dv (the score products S = q k^T and dP = dout v^T read the bf16 arrays themselves).
+int64_t f32_copies(bool bf16, bool backward) { return bf16 ? (backward ? 7 : 2) : 0; }
 int64_t score_buffers(bool backward) { return backward ? 2 : 1; }
 
 size_t round_up(size_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
@@ -148,25 +153,30 @@ struct Pass {
   size_t score_bytes() const { return size_t(heads) * size_t(tt()) * sizeof(float); }
 };
 
-// s[r0:r1, 0:kend] = scale q[r0:r1] k[0:kend]^T for each row block (d = 0: all zeros).
-void scores(const float* q, const float* k, float* s, const Pass& p) {
+// s[r0:r1, 0:kend] = alpha a[r0:r1] b[0:kend]^T for each row block (d = 0: all zeros): the
+// scores (a = q, b = k, alpha = scale) or dP (a = dout, b = v, alpha = 1). E = float, or BFloat16
+// (exact products, f32 sums and result).
+template <typename E>
+void row_block_products(const E* a, const E* b, float alpha, float* s, const Pass& p) {
   if (p.d == 0) {
     LOOM_CUDA_CHECK(cudaMemsetAsync(s, 0, p.score_bytes(), p.stream));
     return;
   }
   const int64_t t = p.t, d = p.d, n = p.blocks();
-  for (int64_t b = 0; b < n; ++b) {
-    const int64_t r0 = block_start(b, t, n), r1 = block_start(b + 1, t, n);
+  for (int64_t blk = 0; blk < n; ++blk) {
+    const int64_t r0 = block_start(blk, t, n), r1 = block_start(blk + 1, t, n);
     const int64_t kend = p.causal ? r1 : t;
-    gemm_strided_batched(false, true, r1 - r0, kend, d, p.scale(), q + r0 * d, d, p.td(), k, d,
-                         p.td(), 0.0f, s + r0 * t, t, p.tt(), p.heads, p.stream);
+    gemm_strided_batched(false, true, r1 - r0, kend, d, alpha, a + r0 * d, d, p.td(), b, d, p.td(),
+                         0.0f, s + r0 * t, t, p.tt(), p.heads, p.stream);
   }
 }
 
-void forward_pass(const float* q, const float* k, const float* v, float* out, float* lse, float* s,
+// q, k: the storage type E (the scores' GEMM reads them as they are); v, out: f32.
+template <typename E>
+void forward_pass(const E* q, const E* k, const float* v, float* out, float* lse, float* s,
                   const Pass& p) {
   const int64_t t = p.t, d = p.d, n = p.blocks();
-  scores(q, k, s, p);
+  row_block_products(q, k, p.scale(), s, p);
   LOOM_LAUNCH(softmax_rows_kernel, blocks_for(p.rows(), kRowWarps), kRowThreads, 0, p.stream, s,
               lse, p.rows(), t, n, p.causal);
   for (int64_t b = 0; b < n; ++b) {  // out[r0:r1] = P[r0:r1, 0:kend] v[0:kend]
@@ -177,19 +187,21 @@ void forward_pass(const float* q, const float* k, const float* v, float* out, fl
   }
 }
 
-void backward_pass(const float* q, const float* k, const float* v, const float* out,
-                   const float* lse, const float* dout, float* dq, float* dk, float* dv, float* s,
-                   float* ds, const Pass& p) {
+// The storage-type arrays (E) feed the S and dP products; the f32 ones everything else.
+template <typename E>
+struct BackwardInputs {
+  const E *q, *k, *v, *dout;            // storage type: S = q k^T, dP = dout v^T
+  const float *qf, *kf, *outf, *doutf;  // f32: dK, dQ, delta, dV
+};
+
+template <typename E>
+void backward_pass(const BackwardInputs<E>& in, const float* lse, float* dq, float* dk, float* dv,
+                   float* s, float* ds, const Pass& p) {
   const int64_t t = p.t, d = p.d, n = p.blocks();
   const float scale = p.scale();
-  scores(q, k, s, p);
-  if (d == 0) LOOM_CUDA_CHECK(cudaMemsetAsync(ds, 0, p.score_bytes(), p.stream));
-  for (int64_t b = 0; b < n && d > 0; ++b) {  // dP[r0:r1, 0:kend] = dout[r0:r1] v[0:kend]^T
-    const int64_t r0 = block_start(b, t, n), r1 = block_start(b + 1, t, n);
-    const int64_t kend = p.causal ? r1 : t;
-    gemm_strided_batched(false, true, r1 - r0, kend, d, 1.0f, dout + r0 * d, d, p.td(), v, d,
-                         p.td(), 0.0f, ds + r0 * t, t, p.tt(), p.heads, p.stream);
-  }
+  const float *q = in.qf, *k = in.kf, *out = in.outf, *dout = in.doutf;
+  row_block_products(in.q, in.k, scale, s, p);
+  row_block_products(in.dout, in.v, 1.0f, ds, p);
   LOOM_LAUNCH(dscores_rows_kernel, blocks_for(p.rows(), kRowWarps), kRowThreads, 0, p.stream, s, ds,
               lse, out, dout, p.rows(), t, d, n, p.causal);
   for (int64_t b = 0; b < n; ++b) {
@@ -294,11 +306,9 @@ void attention_gemm_forward(const BFloat16* q, const BFloat16* k, const BFloat16
     Regions ws(workspace);
     float* s = ws.take(p.score_bytes());
     const size_t array = size_t(n) * sizeof(float);
-    float *qf = ws.take(array), *kf = ws.take(array), *vf = ws.take(array), *of = ws.take(array);
-    convert_to_f32(q + at, qf, n, stream);
-    convert_to_f32(k + at, kf, n, stream);
+    float *vf = ws.take(array), *of = ws.take(array);
     convert_to_f32(v + at, vf, n, stream);
-    forward_pass(qf, kf, vf, of, lse + h0 * t, s, p);
+    forward_pass(q + at, k + at, vf, of, lse + h0 * t, s, p);
     convert_to_bf16(of, out + at, n, stream);
   }
 }
@@ -316,8 +326,9 @@ void attention_gemm_backward(const float* q, const float* k, const float* v, con
     Regions ws(workspace);
     float* s = ws.take(p.score_bytes());
     float* ds = ws.take(p.score_bytes());
-    backward_pass(q + at, k + at, v + at, out + at, lse + h0 * t, dout + at, dq + at, dk + at,
-                  dv + at, s, ds, p);
+    const BackwardInputs<float> in{q + at, k + at, v + at,   dout + at,
+                                   q + at, k + at, out + at, dout + at};
+    backward_pass(in, lse + h0 * t, dq + at, dk + at, dv + at, s, ds, p);
   }
 }
 
@@ -336,15 +347,15 @@ void attention_gemm_backward(const BFloat16* q, const BFloat16* k, const BFloat1
     float* s = ws.take(p.score_bytes());
     float* ds = ws.take(p.score_bytes());
     const size_t array = size_t(n) * sizeof(float);
-    float *qf = ws.take(array), *kf = ws.take(array), *vf = ws.take(array), *of = ws.take(array);
+    float *qf = ws.take(array), *kf = ws.take(array), *of = ws.take(array);
     float *dof = ws.take(array), *dqf = ws.take(array), *dkf = ws.take(array),
           *dvf = ws.take(array);
     convert_to_f32(q + at, qf, n, stream);
     convert_to_f32(k + at, kf, n, stream);
-    convert_to_f32(v + at, vf, n, stream);
     convert_to_f32(out + at, of, n, stream);
     convert_to_f32(dout + at, dof, n, stream);
-    backward_pass(qf, kf, vf, of, lse + h0 * t, dof, dqf, dkf, dvf, s, ds, p);
+    const BackwardInputs<BFloat16> in{q + at, k + at, v + at, dout + at, qf, kf, of, dof};
+    backward_pass(in, lse + h0 * t, dqf, dkf, dvf, s, ds, p);
     convert_to_bf16(dqf, dq + at, n, stream);
     convert_to_bf16(dkf, dk + at, n, stream);
     convert_to_bf16(dvf, dv + at, n, stream);

@@ -7,14 +7,15 @@
 // Note [GEMM attention] in attention_gemm.cu.
 //
 // The price is workspace: T^2 floats per head in the forward, 2 T^2 in the backward, plus f32
-// copies of the head's [T, D] arrays for bf16. Heads go through in passes of as many as the
+// copies of some of the head's [T, D] arrays for bf16. Heads go through in passes of as many as the
 // workspace holds; attention_gemm_heads_per_pass says how many, and 0 means the caller should use
 // the flash kernels of attention.h (O(T) memory) instead.
 //
 // Results equal the CPU kernel's (kernels/cpu/attention.h) to f32 rounding, as attention.h's do;
 // every buffer is written by exactly one GEMM or kernel thread, so runs are bit-identical on one
-// GPU. The BFloat16 overloads convert q, k, v (and out, dout) to f32, compute in f32 and round
-// the results to bf16 once, as attention.h's bf16 overloads do. Any head dim works (no maximum).
+// GPU. The BFloat16 overloads compute in f32 and round the results to bf16 once, as attention.h's
+// bf16 overloads do: products of two bf16 arrays read them directly (exact products, f32 sums),
+// products with the f32 probabilities use f32 copies. Any head dim works (no maximum).
 #pragma once
 
 #include <cstddef>

@@ -32,6 +32,13 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
                           int64_t ldb, int64_t stride_b, float beta, BFloat16* c, int64_t ldc,
                           int64_t stride_c, int64_t batch, Stream stream);
 
+// bf16 A and B, f32 C: the products of bf16 values accumulated and stored in f32, never rounded
+// to bf16 (GEMM attention's scores: kernels/cuda/attention_gemm.cu).
+void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const BFloat16* a, int64_t lda, int64_t stride_a, const BFloat16* b,
+                          int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                          int64_t stride_c, int64_t batch, Stream stream);
+
 // C = op(A) op(B) + bias, where bias [n] (f32, device memory, never null) is added to every row;
 // then, when gelu, C = gelu(C) with GPT-2's tanh form (kernels/cpu/gelu.h). When gelu and
 // pre_gelu is not null, pre_gelu receives op(A) op(B) + bias (the input the backward needs),

@@ -285,6 +285,55 @@ TEST(CudaGemm, Bf16StridedBatchedMatchesCpu) {
   }
 }
 
+// bf16 operands, f32 C (GEMM attention's scores): the CPU's f32 result on the same bf16 values,
+// to accumulation rounding only, with no bf16 step (C is never rounded to bf16).
+TEST(CudaGemm, Bf16InF32OutStridedBatchedMatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  for (bool trans_b : {false, true}) {
+    GemmCase g;
+    g.m = 37;
+    g.n = 70;
+    g.k = 64;
+    g.tb = trans_b;
+    g.pad = 3;
+    g.alpha = 0.125f;
+    g.beta = trans_b ? 0.0f : -0.5f;
+    const int64_t batch = 4;
+    const int64_t stride_a = int64_t(g.a_size()) + 2, stride_b = int64_t(g.b_size()) + 9;
+    const int64_t stride_c = int64_t(g.c_size()) + 5;
+    const size_t a_total = size_t(stride_a * (batch - 1)) + g.a_size();
+    const size_t b_total = size_t(stride_b * (batch - 1)) + g.b_size();
+    const size_t c_total = size_t(stride_c * (batch - 1)) + g.c_size();
+    std::vector<float> a = random_floats(a_total, 61), b = random_floats(b_total, 62),
+                       c = random_floats(c_total, 63);
+    for (auto* v : {&a, &b})
+      for (float& x : *v) x = round_bf16(x);
+    std::vector<float> want = c, scale = absolute(c);
+    cpu::gemm_strided_batched(g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), g.lda(), stride_a,
+                              b.data(), g.ldb(), stride_b, g.beta, want.data(), g.ldc(), stride_c,
+                              batch);
+    const std::vector<float> aa = absolute(a), ab = absolute(b);
+    cpu::gemm_strided_batched(g.ta, g.tb, g.m, g.n, g.k, std::fabs(g.alpha), aa.data(), g.lda(),
+                              stride_a, ab.data(), g.ldb(), stride_b, std::fabs(g.beta),
+                              scale.data(), g.ldc(), stride_c, batch);
+    Buffer da(to_bf16(a)), db(to_bf16(b)), dc(c);
+    cuda::gemm_strided_batched(g.ta, g.tb, g.m, g.n, g.k, g.alpha, da.as<BFloat16>(), g.lda(),
+                               stride_a, db.as<BFloat16>(), g.ldb(), stride_b, g.beta,
+                               dc.as<float>(), g.ldc(), stride_c, batch, kStream);
+    const std::vector<float> got = dc.read<float>(c_total);
+    for (int64_t p = 0; p < batch; ++p) {
+      const size_t o = size_t(p * stride_c);
+      const auto slice = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + o, v.begin() + o + g.c_size());
+      };
+      const std::vector<float> s = slice(scale);
+      expect_close("bf16-in f32-out gemm_strided_batched product " + std::to_string(p), g,
+                   slice(got), slice(want), slice(c),
+                   [&](size_t e, int64_t, int64_t) { return accumulation(g.k, s[e]); });
+    }
+  }
+}
+
 // ---------------------------------------------------------------- bias and GELU
 
 std::vector<GemmCase> bias_cases() {
