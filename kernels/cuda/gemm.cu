@@ -133,30 +133,24 @@ __device__ inline void store_f32(BFloat16* p, float v) { *p = float_to_bf16(v); 
 // ---------------------------------------------------------------- fallback epilogue
 
 // c[i, j] = gelu?(c[i, j] + bias[j]), pre_gelu[i, j] = c[i, j] + bias[j]; row-major, leading
-// dim ldc for both. GELU as kernels/cuda/gelu.cu computes it. Rows stride over the grid's y,
-// columns over its x, so no element pays a 64-bit division for its (row, column).
+// dim ldc for both. GELU as kernels/cuda/gelu.cu computes it. A flat grid-stride loop over m n:
+// a 2-D grid (rows over y, columns over x, no division per element) measured slower on an H100
+// (0.21 against 0.17 ms for gemm_bias at 8192 x 3072 bf16, 2026-11-26).
 template <typename T>
 __global__ void bias_gelu_kernel(T* c, int64_t ldc, T* pre_gelu, const float* bias, int64_t m,
                                  int64_t n, bool gelu) {
-  for (int64_t i = blockIdx.y; i < m; i += gridDim.y)
-    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
-         j += int64_t(gridDim.x) * blockDim.x) {
-      const int64_t at = i * ldc + j;
-      const float z = load_f32(c + at) + bias[j];
-      if (!gelu) {
-        store_f32(c + at, z);
-        continue;
-      }
-      if (pre_gelu != nullptr) store_f32(pre_gelu + at, z);
-      store_f32(c + at, z * (1.0f / (1.0f + expf(gelu_minus_2u(z)))));
+  const int64_t total = m * n;
+  LOOM_GRID_STRIDE(e, total) {
+    const int64_t i = e / n, j = e % n;
+    const int64_t at = i * ldc + j;
+    const float z = load_f32(c + at) + bias[j];
+    if (!gelu) {
+      store_f32(c + at, z);
+      continue;
     }
-}
-
-// The grid of bias_gelu_kernel: enough blocks to cover a row (at most kMaxGridBlocks), and one
-// block row per matrix row up to 65535 (the grid's y limit; the loop covers the rest).
-dim3 bias_gelu_grid(int64_t m, int64_t n) {
-  const int64_t rows = m < 65535 ? m : 65535;
-  return dim3(grid_stride_blocks(n), unsigned(rows < 1 ? 1 : rows));
+    if (pre_gelu != nullptr) store_f32(pre_gelu + at, z);
+    store_f32(c + at, z * (1.0f / (1.0f + expf(gelu_minus_2u(z)))));
+  }
 }
 
 // ---------------------------------------------------------------- cuBLASLt
@@ -282,7 +276,7 @@ void gemm_bias_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
         cudaMemset2DAsync(c, size_t(ldc) * sizeof(T), 0, size_t(n) * sizeof(T), size_t(m), stream));
   else
     gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, stream);
-  LOOM_LAUNCH(bias_gelu_kernel<T>, bias_gelu_grid(m, n), kBlockThreads, 0, stream, c, ldc,
+  LOOM_LAUNCH(bias_gelu_kernel<T>, grid_stride_blocks(m * n), kBlockThreads, 0, stream, c, ldc,
               gelu ? pre_gelu : nullptr, bias, m, n, gelu);
 }
 
