@@ -13,12 +13,14 @@
 // slowest rank's, so GB/s is the aggregate over ranks):
 //   save        TrainingState::save_pieces (views of the live tensors) + checkpoint::save (crc32c,
 //               fsync, two-phase commit)
-//   raw write   every rank write()s the same number of bytes as its checkpoint file, in the same
-//               1 MiB calls, to a file of its own, then fsync()s it: the disk's own speed (the
-//               save and the raw write alternate which goes first)
+//   raw write   every rank writes the same number of bytes as its checkpoint file to a file of its
+//               own the way the save writes (O_DIRECT in 8 MiB pwrite()s where the file system
+//               allows it, Note [Direct data writes]), then fsync()s it: the disk's own speed
+//               (the save and the raw write alternate which goes first)
 //   load        TrainingState::load of that checkpoint, same layout
 //   raw read    every rank read()s its raw file back
-// Loads and reads run twice: warm (the files are in the page cache, having just been written) and
+// Loads and reads run twice: warm (the files are in the page cache: the save and the raw write go
+// around it, so every file is read once, untimed, first) and
 // cold (the files' cached pages dropped first with posix_fadvise(POSIX_FADV_DONTNEED), which needs
 // no privileges; on a VM the host may still cache the disk). Resharding, N > 1: the same
 // checkpoint loaded into ZeRO-3 over the same N ranks (its buckets are per module, so the shard
@@ -63,8 +65,11 @@ namespace ckpt = loom::parallel::checkpoint;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kProgram = "loom-bench-checkpoint";
-constexpr size_t kIoChunk = size_t(1) << 20;     // bytes per write()/read(), as checkpoint::save's
+constexpr size_t kIoChunk = size_t(1) << 20;     // bytes per read() of the raw read
 constexpr size_t kRawBuffer = size_t(64) << 20;  // the raw phases' source/target (past the L3)
+// A checkpoint data file's writes (Note [Direct data writes] in parallel/checkpoint/durable.cpp).
+constexpr size_t kDirectAlign = 4096;
+constexpr size_t kDirectBlock = size_t(8) << 20;
 
 struct Args {
   std::string dir = "/tmp";
@@ -148,26 +153,49 @@ int open_or_throw(const std::string& path, int flags) {
   return fd;
 }
 
-// `bytes` bytes to `path` in kIoChunk write()s cycling through `buf`, then fsync.
-void raw_write(const std::string& path, uint64_t bytes, const std::vector<char>& buf) {
-  const int fd = open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC);
+// The raw phases' source and target: kRawBuffer bytes aligned for O_DIRECT.
+struct RawBuffer {
+  RawBuffer() : data(static_cast<char*>(std::aligned_alloc(kDirectAlign, kRawBuffer))) {
+    LOOM_CHECK(data != nullptr, kProgram, ": cannot allocate the raw phases' buffer");
+    for (size_t i = 0; i < kRawBuffer; ++i) data[i] = char((i * 2654435761u) >> 13);
+  }
+  ~RawBuffer() { std::free(data); }
+  RawBuffer(const RawBuffer&) = delete;
+  RawBuffer& operator=(const RawBuffer&) = delete;
+  char* data;
+  size_t size() const { return kRawBuffer; }
+};
+
+// `bytes` bytes to `path`, then fsync: as a checkpoint's data file is written (Note [Direct data
+// writes]), with O_DIRECT in kDirectBlock pwrite()s cycling through `buf`, the last one padded to
+// the alignment and the file truncated back; buffered write()s where the file system refuses
+// O_DIRECT. Returns whether it was direct.
+bool raw_write(const std::string& path, uint64_t bytes, const RawBuffer& buf) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  const bool direct = fd >= 0;
+  if (!direct) fd = open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC);
   for (uint64_t at = 0; at < bytes;) {
-    const size_t n = size_t(std::min<uint64_t>(kIoChunk, bytes - at));
-    const ssize_t w = ::write(fd, buf.data() + at % buf.size(), n);
+    size_t n = size_t(std::min<uint64_t>(kDirectBlock, bytes - at));
+    if (direct) n = (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    const ssize_t w = ::pwrite(fd, buf.data + at % buf.size(), n, off_t(at));
     if (w < 0 && errno == EINTR) continue;
     LOOM_CHECK(w > 0, kProgram, ": cannot write ", path, ": ", std::strerror(errno));
     at += uint64_t(w);
   }
+  if (direct)
+    LOOM_CHECK(::ftruncate(fd, off_t(bytes)) == 0, kProgram, ": cannot truncate ", path, ": ",
+               std::strerror(errno));
   LOOM_CHECK(::fsync(fd) == 0, kProgram, ": cannot fsync ", path, ": ", std::strerror(errno));
   ::close(fd);
+  return direct;
 }
 
 // Reads `path` whole in kIoChunk read()s cycling through `buf`; returns the bytes read.
-uint64_t raw_read(const std::string& path, std::vector<char>& buf) {
+uint64_t raw_read(const std::string& path, RawBuffer& buf) {
   const int fd = open_or_throw(path, O_RDONLY);
   uint64_t at = 0;
   for (;;) {
-    const ssize_t r = ::read(fd, buf.data() + at % buf.size(), kIoChunk);
+    const ssize_t r = ::read(fd, buf.data + at % buf.size(), kIoChunk);
     if (r < 0 && errno == EINTR) continue;
     LOOM_CHECK(r >= 0, kProgram, ": cannot read ", path, ": ", std::strerror(errno));
     if (r == 0) break;
@@ -175,6 +203,19 @@ uint64_t raw_read(const std::string& path, std::vector<char>& buf) {
   }
   ::close(fd);
   return at;
+}
+
+// Reads every file under `path` (a file or a directory) once, untimed: a save and the raw write
+// go around the page cache, so the warm phases bring their files in first.
+void bring_into_cache(const std::string& path, RawBuffer& buf) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    for (const std::string& name : ckpt::list_directory(path))
+      bring_into_cache(path + "/" + name, buf);
+    return;
+  }
+  raw_read(path, buf);
 }
 
 // Drops the page cache's clean pages of `path` (a file, or every file under a directory).
@@ -301,8 +342,8 @@ int run(int argc, char** argv) {
         n > 1 ? "AdamW in ZeRO-1 over all ranks: each saves 1/N" : "plain AdamW",
         (long long)a.repeat, dir.c_str());
 
-  std::vector<char> raw_buf(kRawBuffer);
-  for (size_t i = 0; i < raw_buf.size(); ++i) raw_buf[i] = char((i * 2654435761u) >> 13);
+  RawBuffer raw_buf;
+  bool raw_direct = true;
 
   Row save{"save (save_pieces + write + crc32c + fsync + commit)", "write + fsync"};
   Row load_warm{"load, same layout, warm", "read, warm"};
@@ -368,7 +409,8 @@ int run(int argc, char** argv) {
       };
       auto raw_write_once = [&] {
         ::unlink(raw_path.c_str());
-        save.raw_seconds.push_back(timed(*world, [&] { raw_write(raw_path, my_bytes, raw_buf); }));
+        save.raw_seconds.push_back(
+            timed(*world, [&] { raw_direct = raw_write(raw_path, my_bytes, raw_buf); }));
       };
       if (r % 2 == 0) {
         save_once();
@@ -381,6 +423,10 @@ int run(int argc, char** argv) {
       save.bytes = save.raw_bytes = total_bytes;
 
       const io::CheckpointManifest manifest = ckpt::read_manifest(saved.path);
+      // Warm means in the page cache, which the save and the raw write went around.
+      world->barrier_sync();
+      if (root) bring_into_cache(saved.path, raw_buf);
+      bring_into_cache(raw_path, raw_buf);
       auto load_pair = [&](Row& row, ckpt::TrainingState& into, bool cold) {
         // Cold drops only what the next phase reads, so a later warm phase finds its files
         // cached (the cold load and read bring them back).
@@ -465,9 +511,12 @@ int run(int argc, char** argv) {
         "together (ZeRO-1 keeps every parameter whole on every rank, so each rank loads all the "
         "parameters and its shard of the moments); raw = its own files. GB/s of each over its "
         "own bytes.\n"
-        "warm: the files were just written and are in the page cache; cold: the files' cached "
-        "pages dropped first with posix_fadvise(DONTNEED) (the host under a VM may still cache "
-        "them). ratio = median over repeats of (phase GB/s / raw GB/s in the same repeat).\n");
+        "warm: the files are in the page cache (read once, untimed, after the save); cold: the "
+        "files' cached pages dropped first with posix_fadvise(DONTNEED) (the host under a VM may "
+        "still cache them). ratio = median over repeats of (phase GB/s / raw GB/s in the same "
+        "repeat).\nraw write: %s, then fsync\n",
+        raw_direct ? "O_DIRECT in 8 MiB pwrite()s, as the save writes its data files"
+                   : "buffered pwrite()s (this file system refuses O_DIRECT; so does the save)");
     if (a.json) std::printf("%s\n", json_of(rows, n, a.repeat, numel, total_bytes).dump().c_str());
   }
   return 0;

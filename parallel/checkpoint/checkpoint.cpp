@@ -240,7 +240,7 @@ nlohmann::json write_data_file(const std::string& dir, const std::string& file, 
     keys.push_back(key);
   }
   const io::SafetensorsLayout layout = io::safetensors_layout(entries, metadata);
-  DurableFile out(join(dir, file));
+  DurableFile out(join(dir, file), WriteMode::kDirect);  // Note [Direct data writes]
   out.write(layout.header.data(), layout.header.size());
   nlohmann::json pieces = nlohmann::json::array();
   for (size_t i = 0; i < shares.size(); ++i) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -207,28 +208,103 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
-DurableFile::DurableFile(const std::string& path)
+// Note [Direct data writes]
+// A checkpoint's data files are written with O_DIRECT: from an aligned staging buffer straight to
+// the device, around the page cache. Through the page cache, a save first copies every byte into
+// freshly allocated cache pages, then fsync waits for their writeback. On the development VM
+// (virtio disk) GPT-2 124M's 1.5 GB training state took 3.2-5.0 s that way and 1.2-1.4 s with
+// O_DIRECT, fsync included, against 1.7-4.1 s for torch.save + fsync of the same state
+// (benchmarks/README.md). It also leaves the page cache to the training job instead of filling it
+// with a file that is read back only after a restart.
+// The rules O_DIRECT imposes: the buffer, the file offset and the length of every write aligned
+// to the device's logical block. kDirectAlign = 4096 covers 512-byte and 4 KiB sectors; the bytes
+// gather in a kDirectBlock staging buffer, written whenever it is full; commit() writes the last,
+// partial block padded with zeros to the alignment and truncates the file back to its length.
+// Fallbacks, each silent because the file comes out the same: a file system that refuses O_DIRECT
+// at open (tmpfs: EINVAL) gets a buffered file; one that refuses an aligned write (a larger
+// sector size) gets O_DIRECT turned off on the open file (fcntl) and the write retried buffered.
+constexpr size_t kDirectAlign = 4096;
+constexpr size_t kDirectBlock = size_t(8) << 20;
+
+DurableFile::DurableFile(const std::string& path, WriteMode mode)
     : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())) {
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  if (mode == WriteMode::kDirect) {
+    fd_ = ::open(tmp_path_.c_str(), flags | O_DIRECT, 0644);
+    direct_ = fd_ >= 0;
+    if (direct_) {
+      staging_ = static_cast<char*>(std::aligned_alloc(kDirectAlign, kDirectBlock));
+      if (staging_ == nullptr) {
+        ::close(fd_);
+        ::unlink(tmp_path_.c_str());
+        LOOM_FAIL("cannot allocate the ", kDirectBlock, "-byte staging buffer of ", path_);
+      }
+    }
+  }
+  if (fd_ < 0) fd_ = ::open(tmp_path_.c_str(), flags, 0644);
   LOOM_CHECK(fd_ >= 0, "cannot create ", tmp_path_, ": ", std::strerror(errno));
 }
 
 DurableFile::~DurableFile() {
+  std::free(staging_);
   if (fd_ >= 0) {
     ::close(fd_);
     ::unlink(tmp_path_.c_str());
   }
 }
 
+void DurableFile::fail_write(int err, const char* what) const {
+  LOOM_FAIL("cannot write ", path_, " (", written_, " bytes written so far): ", what,
+            err == ENOSPC ? " (the disk is full)" : "");
+}
+
+void DurableFile::pwrite_all(const char* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, n, off_t(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINVAL && direct_) {
+      // An alignment this file system does not take: the rest goes through the page cache.
+      const int fl = ::fcntl(fd_, F_GETFL);
+      if (fl < 0 || ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) != 0) fail_write(errno, "fcntl");
+      direct_ = false;
+      continue;
+    }
+    if (w <= 0) fail_write(errno, w < 0 ? std::strerror(errno) : "the write made no progress");
+    p += w;
+    n -= size_t(w);
+    offset += uint64_t(w);
+  }
+}
+
+void DurableFile::write_staged(size_t n) {
+  pwrite_all(staging_, n, flushed_);
+  flushed_ += n;
+  staged_ = 0;
+}
+
+void DurableFile::stage(const char* p, size_t n) {
+  while (n > 0) {
+    const size_t take = std::min(n, kDirectBlock - staged_);
+    std::memcpy(staging_ + staged_, p, take);
+    staged_ += take;
+    p += take;
+    n -= take;
+    if (staged_ == kDirectBlock) write_staged(kDirectBlock);
+  }
+}
+
 void DurableFile::write(const void* data, size_t n) {
   LOOM_ASSERT(fd_ >= 0, "write after commit to ", path_);
   const auto* p = static_cast<const char*>(data);
+  if (staging_ != nullptr) {
+    stage(p, n);
+    written_ += n;
+    return;
+  }
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t(1) << 30));
     if (w < 0 && errno == EINTR) continue;
-    LOOM_CHECK(w > 0, "cannot write ", path_, " (", written_, " bytes written so far): ",
-               w < 0 ? std::strerror(errno) : "the write made no progress",
-               errno == ENOSPC ? " (the disk is full)" : "");
+    if (w <= 0) fail_write(errno, w < 0 ? std::strerror(errno) : "the write made no progress");
     p += w;
     n -= size_t(w);
     written_ += uint64_t(w);
@@ -237,6 +313,13 @@ void DurableFile::write(const void* data, size_t n) {
 
 void DurableFile::commit() {
   LOOM_ASSERT(fd_ >= 0, "commit twice to ", path_);
+  if (staging_ != nullptr && staged_ > 0) {
+    // The last block, padded to the alignment with zeros, then the file cut back to its length.
+    const size_t padded = (staged_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(staging_ + staged_, 0, padded - staged_);
+    write_staged(padded);
+    if (::ftruncate(fd_, off_t(written_)) != 0) fail_write(errno, std::strerror(errno));
+  }
   const int fd = fd_;
   fd_ = -1;
   int err = ::fsync(fd) == 0 ? 0 : errno;

@@ -25,12 +25,18 @@ namespace loom::parallel::checkpoint {
 // instruction, three streams at once, when the build targets it.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
+// How a DurableFile's bytes reach the disk: through the page cache (small files: manifests,
+// pointers) or around it (checkpoint data files; Note [Direct data writes] in durable.cpp).
+enum class WriteMode { kBuffered, kDirect };
+
 // A file written under `path`.tmp.<pid> and renamed to `path` by commit() after an fsync (and an
 // fsync of its directory). Dropping an uncommitted file removes the temporary. Errors name the
-// file and the system's reason (a full disk says so).
+// file and the system's reason (a full disk says so). In kDirect mode the bytes go through an
+// aligned staging buffer with O_DIRECT where the file system allows it, and through the page
+// cache where it does not (tmpfs refuses O_DIRECT): the file's contents are the same either way.
 class DurableFile {
  public:
-  explicit DurableFile(const std::string& path);
+  explicit DurableFile(const std::string& path, WriteMode mode = WriteMode::kBuffered);
   ~DurableFile();
   DurableFile(const DurableFile&) = delete;
   DurableFile& operator=(const DurableFile&) = delete;
@@ -38,11 +44,25 @@ class DurableFile {
   void write(const void* data, size_t n);
   uint64_t written() const { return written_; }
   void commit();
+  // Whether the writes so far went around the page cache (false in kBuffered mode, and after a
+  // fallback).
+  bool direct() const { return direct_; }
 
  private:
+  void stage(const char* p, size_t n);
+  void write_staged(size_t n);  // n bytes of the staging buffer at offset flushed_
+  void pwrite_all(const char* p, size_t n, uint64_t offset);
+  [[noreturn]] void fail_write(int err, const char* what) const;
+
   std::string path_, tmp_path_;
   int fd_ = -1;
   uint64_t written_ = 0;
+  // kDirect: bytes wait in staging_ (kDirectBlock, aligned) until it is full; flushed_ bytes are
+  // in the file.
+  bool direct_ = false;
+  char* staging_ = nullptr;
+  size_t staged_ = 0;
+  uint64_t flushed_ = 0;
 };
 
 // `text` into `path` through a DurableFile.
