@@ -6,11 +6,15 @@ One parameter group per optimizer. ``opt.lr`` reads and sets the learning rate, 
 PyTorch's two keys: "state" (loom's flat map "{i}.exp_avg", "{i}.step", ..., copies; See Note
 [Optimizer state dict]) and "param_groups" (the hyper-parameters, lr included).
 
+``step()`` also advances the dropout step, so the next step draws new dropout masks
+(loom/nn/_dropout.py).
+
 ``LrSchedule`` is loom-gpt's learning-rate schedule (optimizer/lr_schedule.h): warmup, then
 constant or cosine; set ``opt.lr = schedule.lr(step)`` before each step.
 """
 
 from loom import _loom
+from loom.nn import _dropout
 from loom._loom.optim import LrSchedule  # noqa: F401  (bound in python/src/data.cpp)
 
 __all__ = ["Optimizer", "SGD", "AdamW", "LrSchedule"]
@@ -60,6 +64,7 @@ class Optimizer:
             with enable_grad():
                 loss = closure()
         self._impl.step()
+        _dropout._advance_step()  # the next step draws new dropout masks (loom/nn/_dropout.py)
         return loss
 
     def zero_grad(self, set_to_none=True):

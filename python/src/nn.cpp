@@ -206,7 +206,16 @@ void init_nn(py::module_& m) {
   nn_m.def("set_dropout_seed", &nn::set_dropout_seed, py::arg("seed"),
            "The process-wide dropout seed (See Note [Dropout keys] in core/nn/dropout.h).");
   nn_m.def("set_dropout_step", &nn::set_dropout_step, py::arg("step"),
-           "The dropout step: set once per forward of a batch so masks change between steps.");
+           "The dropout step (the masks' Philox offset is step << 32); loom.optim's step() "
+           "advances it. See python/loom/nn/_dropout.py.");
+  nn_m.def("dropout_step", &nn::dropout_step, "The process-wide dropout step.");
+  nn_m.def(
+      "dropout_batch_part",
+      [] {
+        const nn::DropoutBatchPart b = nn::dropout_batch_part();
+        return py::make_tuple(b.part, b.parts);
+      },
+      "(part, parts): the batch part the next forwards' rows are.");
   nn_m.def(
       "set_dropout_batch_part",
       [](int64_t part, int64_t parts) {

@@ -18,6 +18,22 @@
 namespace loom::python {
 namespace {
 
+// F.dropout without a stream: the n-th call since the dropout step or the batch part last changed
+// (a new step, micro-batch or rank share) gets stream "F.dropout#n", so calls in one forward draw
+// different masks and every micro-batch's n-th call draws its part of the same whole mask. Called
+// with the GIL held (the state is the interpreter's).
+uint64_t functional_dropout_stream() {
+  static uint64_t step = ~uint64_t(0), calls = 0;
+  static nn::DropoutBatchPart part{-1, 0};
+  const nn::DropoutBatchPart now = nn::dropout_batch_part();
+  if (nn::dropout_step() != step || now.part != part.part || now.parts != part.parts) {
+    step = nn::dropout_step();
+    part = now;
+    calls = 0;
+  }
+  return rng::stream_of("F.dropout#" + std::to_string(calls++));
+}
+
 using Release = py::call_guard<py::gil_scoped_release>;
 
 Tensor scalar_like(double value, const Tensor& t) {
@@ -209,21 +225,31 @@ void init_functional(py::module_& f) {
          std::optional<uint64_t> offset) {
         DropoutKey key;
         key.seed = seed.value_or(nn::dropout_seed());
-        key.stream = py::isinstance<py::str>(stream) ? rng::stream_of(stream.cast<std::string>())
-                                                     : stream.cast<uint64_t>();
+        if (stream.is_none())
+          key.stream = functional_dropout_stream();
+        else
+          key.stream = py::isinstance<py::str>(stream) ? rng::stream_of(stream.cast<std::string>())
+                                                       : stream.cast<uint64_t>();
         key.offset = offset.value_or(nn::dropout_step() << 32);
+        const nn::DropoutBatchPart rows = nn::dropout_batch_part();
+        key.batch_part = rows.part;
+        key.batch_parts = rows.parts;
         py::gil_scoped_release release;
         return dropout(x, p, training, key);
       },
       py::arg("input"), py::arg("p") = 0.5, py::arg("training") = true, py::kw_only(),
-      py::arg("seed") = py::none(), py::arg("stream") = 0, py::arg("offset") = py::none(),
+      py::arg("seed") = py::none(), py::arg("stream") = py::none(), py::arg("offset") = py::none(),
       R"doc(Dropout with loom's counter-based mask (See Note [Dropout keys] in core/nn/dropout.h).
 
-Element i is kept iff Philox(seed, stream, offset + i) >= p; kept elements are scaled by
-1/(1-p). The mask is a pure function of the key: the same call gives the same mask, so give
-each call site its own `stream` (an int, or a name such as "blocks.0.attn_drop"), and advance
-`offset` (default: the process-wide dropout step << 32) between steps. `seed` defaults to the
-process-wide dropout seed.)doc");
+Element i is kept iff Philox(seed, stream, offset + i) >= p, at i's place in the step's whole
+batch (the process-wide batch part: see loom.nn.set_dropout_batch_part); kept elements are
+scaled by 1/(1-p). By default every call draws a new mask, as in PyTorch: `offset` is the
+process-wide dropout step << 32 (loom.optim's step() advances it), and `stream` numbers the calls
+since the step or the batch part last changed, so the n-th call of every micro-batch and every
+rank draws its part of the same whole mask. Pass `stream` (an int, or a name such as
+"blocks.0.attn_drop") to key a call site yourself (the same key, the same mask: what activation
+recomputation needs), `offset` to choose the step, `seed` instead of the process-wide dropout
+seed.)doc");
   f.def(
       "cross_entropy",
       [](const Tensor& input, const Tensor& target, int64_t ignore_index,

@@ -5,6 +5,8 @@ batch): the loss of every step and the parameters after 3 AdamW steps must agree
 average of the gradients is the gradient of the global mean.
 
   DDP over the world, grad_accum 1 and 2 (and the averaged gradients of step 0)
+  a GPT with dropout 0.1 and no dropout call in the script, in DDP (grad_accum 1, 2) and ZeRO
+  stage 2 (grad_accum 2): the masks advance and split by themselves
   ZeRO stages 1, 2, 3 over the world (and stage 2 with grad_accum 2), AdamW; stages 1, 3 SGD
   a GPT written in Python (ModuleList of Python blocks) in DDP (grad_accum 2) and ZeRO 1, 2, 3
   TensorParallelGPT over a DeviceMesh(dp=size/2, tp=2), with and without sequence parallelism,
@@ -268,6 +270,15 @@ def compare(what, losses, want_losses, got_params, want_params):
     check_params(f"{what}: parameters after {STEPS} steps", got_params, want_params)
 
 
+def gpt_dropout():
+    return loom.nn.GPT(loom.nn.GPTConfig(**CONFIG), seed=SEED, dropout=0.1)
+
+
+# Dropout with no dropout call in the script (python/loom/nn/_dropout.py): the optimizers advance
+# the dropout step, DDP and ZeRO set each rank's and micro-batch's batch part. The reference runs
+# before any DDP or ZeRO exists, on the whole batch (batch part 0 of 1).
+loom.nn.set_dropout_step(0)
+drop_losses, _, drop_params, _ = reference(clip=False, make=gpt_dropout)
 want_losses, _, want_params, want_grads0 = reference(clip=False)
 clip_losses, clip_norms, clip_params, _ = reference(clip=True)
 sgd_losses, _, sgd_params, _ = reference(clip=False, sgd=True)
@@ -276,6 +287,17 @@ for accum in (1, 2):
     losses, got, grads0 = run_ddp(accum)
     compare(f"DDP grad_accum {accum}", losses, want_losses, got, want_params)
     check_params(f"DDP grad_accum {accum}: gradients of step 0", grads0, want_grads0)
+
+if abs(drop_losses[0] - want_losses[0]) < 1e-6:
+    failures.append(f"dropout 0.1 left the first loss as it was ({drop_losses[0]})")
+for accum in (1, 2):
+    loom.nn.set_dropout_step(0)
+    losses, got, _ = run_ddp(accum, make=gpt_dropout)
+    compare(f"GPT with dropout 0.1 in DDP grad_accum {accum}", losses, drop_losses, got,
+            drop_params)
+loom.nn.set_dropout_step(0)
+losses, got = run_zero(2, 2, make=gpt_dropout)
+compare("GPT with dropout 0.1 in ZeRO stage 2 grad_accum 2", losses, drop_losses, got, drop_params)
 
 for stage, accum in ((1, 1), (2, 1), (3, 1), (2, 2)):
     losses, got = run_zero(stage, accum)

@@ -443,3 +443,39 @@ def test_module_list_and_sequential():
         lst[2]
     with pytest.raises(NotImplementedError, match="iterate over its modules"):
         lst(x)
+
+
+def test_dropout_masks_advance_with_no_call_from_the_script():
+    # python/loom/nn/_dropout.py: loom.optim's step() advances the dropout step; F.dropout numbers
+    # its calls within a step. Masks are still pure functions of the key: going back to a step
+    # draws that step's masks again.
+    x = loom.ones(16, 32)
+    drop = nn.Dropout(0.5)
+    lin = nn.Linear(32, 4)
+    opt = loom.optim.SGD(lin.parameters(), lr=0.1)
+    nn.set_dropout_step(5)
+
+    def draw():
+        first, second = F.dropout(x, 0.5).numpy(), F.dropout(x, 0.5).numpy()
+        return drop(x).numpy(), first, second
+
+    module0, f0a, f0b = draw()
+    assert not np.array_equal(f0a, f0b), "two F.dropout calls in one step drew one mask"
+    assert np.array_equal(drop(x).numpy(), module0), "a module's mask changed within a step"
+    lin(x).sum().backward()
+    opt.step()
+    assert nn.dropout_step() == 6
+    module1, f1a, _ = draw()
+    assert not np.array_equal(module0, module1), "nn.Dropout drew the same mask after opt.step()"
+    assert not np.array_equal(f0a, f1a), "F.dropout drew the same mask after opt.step()"
+    nn.set_dropout_step(5)
+    again = draw()
+    for got, want in zip(again, (module0, f0a, f0b)):
+        assert np.array_equal(got, want), "step 5's masks were not drawn again"
+    # An explicit stream keys the call site: the same mask every call.
+    assert np.array_equal(F.dropout(x, 0.5, stream="site").numpy(),
+                          F.dropout(x, 0.5, stream="site").numpy())
+    # Every mask drops about half (scale 2 on the kept ones).
+    for m in (module0, f0a, f1a):
+        kept = float((m != 0).mean())
+        assert 0.35 < kept < 0.65 and set(np.unique(m)) <= {0.0, 2.0}

@@ -109,6 +109,7 @@ import inspect as _inspect  # noqa: E402
 
 from loom import optim as _optim  # noqa: E402
 from loom.nn.module import Module as _Module  # noqa: E402
+from loom.nn import _dropout  # noqa: E402
 from loom._loom import parallel as _parallel  # noqa: E402
 
 DeviceMesh = _parallel.DeviceMesh
@@ -179,6 +180,8 @@ class DistributedDataParallel:
         self._impl = _parallel.DistributedDataParallel(
             cpp, group, _check_number(bucket_mb, owner, "bucket_mb"),
             _check_int(grad_accum, owner, "grad_accum"), bool(overlap), bool(check_replicas))
+        self._dropout_parts = _dropout._BatchParts(get_rank(group), get_world_size(group),
+                                                   grad_accum)
 
     @property
     def module(self):
@@ -190,12 +193,15 @@ class DistributedDataParallel:
     forward = __call__
 
     def backward(self, loss):
-        """Backward of one micro-batch's loss; its reductions launch as gradients are ready."""
+        """Backward of one micro-batch's loss; its reductions launch as gradients are ready.
+        The next forward's dropout masks are the next micro-batch's (loom/nn/_dropout.py)."""
         self._impl.backward(loss)
+        self._dropout_parts.after_backward()
 
     def finish(self):
         """After the last micro-batch: waits for the reductions (GIL released)."""
         self._impl.finish()
+        self._dropout_parts.restart()
 
     def memory(self):
         """This rank's parameter and gradient bytes (a TrainingMemory)."""
@@ -298,6 +304,9 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         self._module = module
         self.optimizer_class = optimizer_class
         super().__init__(impl, hyper)
+        if not external_backward:  # a pipeline's executor sets the micro-batches' parts itself
+            self._dropout_parts = _dropout._BatchParts(get_rank(group), get_world_size(group),
+                                                       grad_accum)
 
     @property
     def module(self):
@@ -308,8 +317,11 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         return self._impl.stage
 
     def backward(self, loss):
-        """Backward of one micro-batch (scale its loss by 1/grad_accum yourself)."""
+        """Backward of one micro-batch (scale its loss by 1/grad_accum yourself). The next
+        forward's dropout masks are the next micro-batch's (loom/nn/_dropout.py)."""
         self._impl.backward(loss)
+        if hasattr(self, "_dropout_parts"):
+            self._dropout_parts.after_backward()
 
     def finish_gradients(self):
         """Waits for the step's gradient reductions (step() does it otherwise)."""

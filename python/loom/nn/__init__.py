@@ -31,13 +31,12 @@ from loom.nn.tensor_parallel import (  # noqa: F401
 )
 
 set_dropout_seed = _loom.nn.set_dropout_seed
-set_dropout_step = _loom.nn.set_dropout_step
-set_dropout_batch_part = _loom.nn.set_dropout_batch_part
+from loom.nn._dropout import dropout_step, set_dropout_batch_part, set_dropout_step  # noqa: E402
 
 __all__ = [
     "functional", "utils", "Module", "ModuleList", "Sequential", "Parameter", "Linear", "LayerNorm", "Embedding", "Dropout",
     "MLP", "CausalSelfAttention", "Block", "GPT", "GPTConfig", "EmbeddingBagCollection",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
-    "vocab_parallel_cross_entropy", "set_dropout_seed", "set_dropout_step",
+    "vocab_parallel_cross_entropy", "set_dropout_seed", "set_dropout_step", "dropout_step",
     "set_dropout_batch_part",
 ]

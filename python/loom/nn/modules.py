@@ -170,7 +170,10 @@ class Embedding(_CppModule):
 
 class Dropout(_CppModule):
     """Dropout with loom's reproducible masks, keyed by (dropout seed, this module's full name,
-    dropout step): see loom.nn.set_dropout_seed / set_dropout_step."""
+    dropout step, batch part). Right with no call from the script: loom.optim's step() advances
+    the dropout step, and DistributedDataParallel / ZeroRedundancyOptimizer set each rank's batch
+    part, so masks change every step and dp ranks draw the single-process masks
+    (loom/nn/_dropout.py). A module called twice in one step draws the same mask twice."""
 
     def __init__(self, p=0.5):
         super().__init__(_cpp.Dropout(p))
