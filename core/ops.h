@@ -37,6 +37,13 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, double s);  // x * s
 Tensor gelu(const Tensor& x);             // tanh approximation, as GPT-2
 
+// Elementwise comparisons, PyTorch's eq ne lt le gt ge: 1 where `a op b` holds, 0 elsewhere, as
+// a u8 tensor (loom has no bool dtype), with add's broadcasting (one shape the trailing dims of
+// the other). Operands of one dtype: f32, i32 or i64 compared as they are, bf16/f16 by value
+// (exact, through f32). NaN compares unequal to everything. Not differentiable: no autograd.
+enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
+Tensor compare(const Tensor& a, const Tensor& b, Compare op);
+
 // ---------------- reductions ----------------
 Tensor sum(const Tensor& x);   // all elements -> shape []
 Tensor mean(const Tensor& x);  // all elements -> shape []

@@ -8,13 +8,13 @@ namespace {
 
 // The broadcast operand repeats every nb elements, so walk a in rows of nb: the inner loop is a
 // plain vectorisable loop over two contiguous arrays.
-template <typename Op>
-void binary(const float* a, const float* b, float* out, int64_t n, int64_t nb, Op op) {
+template <typename T, typename U, typename Op>
+void binary(const T* a, const T* b, U* out, int64_t n, int64_t nb, Op op) {
   const int64_t rows = nb > 0 ? n / nb : 0;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
-    const float* ar = a + r * nb;
-    float* o = out + r * nb;
+    const T* ar = a + r * nb;
+    U* o = out + r * nb;
     for (int64_t j = 0; j < nb; ++j) o[j] = op(ar[j], b[j]);
   }
 }
@@ -29,6 +29,25 @@ void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
 }
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
   binary(a, b, out, n, nb, [](float x, float y) { return x * y; });
+}
+
+namespace {
+template <typename T>
+void compare_impl(const T* a, const T* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op) {
+  binary(a, b, out, n, nb, [op](T x, T y) { return compare_values(x, y, op); });
+}
+}  // namespace
+
+void compare(const float* a, const float* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op) {
+  compare_impl(a, b, out, n, nb, op);
+}
+void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_t nb,
+             CompareOp op) {
+  compare_impl(a, b, out, n, nb, op);
+}
+void compare(const int64_t* a, const int64_t* b, uint8_t* out, int64_t n, int64_t nb,
+             CompareOp op) {
+  compare_impl(a, b, out, n, nb, op);
 }
 
 void scale(const float* x, float s, float* out, int64_t n) {

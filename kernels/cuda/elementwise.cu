@@ -15,6 +15,21 @@ __global__ void binary_kernel(const float* a, const float* b, float* out, int64_
   }
 }
 
+template <typename T>
+__global__ void compare_kernel(const T* a, const T* b, uint8_t* out, int64_t n, int64_t nb,
+                               CompareOp op) {
+  LOOM_GRID_STRIDE(i, n) out[i] = compare_values(a[i], b[i % nb], op);
+}
+
+template <typename T>
+void compare_impl(const T* a, const T* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
+                  Stream stream) {
+  if (n == 0) return;
+  LOOM_CHECK(nb > 0 && n % nb == 0, "cuda compare: broadcast size ", nb, " does not divide ", n);
+  auto kernel = compare_kernel<T>;
+  LOOM_LAUNCH(kernel, grid_stride_blocks(n), kBlock, 0, stream, a, b, out, n, nb, op);
+}
+
 __global__ void scale_kernel(const float* x, float s, float* out, int64_t n) {
   LOOM_GRID_STRIDE(i, n) out[i] = x[i] * s;
 }
@@ -50,6 +65,19 @@ void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stre
 }
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream) {
   binary<2>(a, b, out, n, nb, stream);
+}
+
+void compare(const float* a, const float* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
+             Stream stream) {
+  compare_impl(a, b, out, n, nb, op, stream);
+}
+void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
+             Stream stream) {
+  compare_impl(a, b, out, n, nb, op, stream);
+}
+void compare(const int64_t* a, const int64_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
+             Stream stream) {
+  compare_impl(a, b, out, n, nb, op, stream);
 }
 
 void scale(const float* x, float s, float* out, int64_t n, Stream stream) {

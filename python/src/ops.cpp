@@ -8,6 +8,9 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
 
 #include "bindings.h"
 #include "core/autograd.h"
@@ -52,6 +55,20 @@ bool operand(const Tensor& t, py::handle other, Tensor* out) {
     return true;
   }
   return false;
+}
+
+// `other` as the right operand of a comparison with `t`: a Tensor, or a Python number made into a
+// 0-d tensor of t's dtype. A non-integral number against an integer tensor would be rounded, so it
+// is a ValueError instead. Returns false for anything else (Python then compares identities).
+bool comparison_operand(const Tensor& t, py::handle other, Tensor* out) {
+  if (py::isinstance<py::float_>(other) && !is_floating(t.dtype())) {
+    const double v = other.cast<double>();
+    if (v != double(int64_t(v)))
+      throw py::value_error("cannot compare a " + std::string(dtype_name(t.dtype())) +
+                            " tensor with the non-integral " + std::to_string(v) +
+                            ": convert the tensor first, e.g. t.to(loom.float32)");
+  }
+  return operand(t, other, out);
 }
 
 // Binds a binary operator and its reflection: f(a, b) for `a op b`, and with the operands
@@ -334,6 +351,46 @@ void init_ops(py::module_& m) {
       "__neg__", [](const Tensor& a) { return scale(a, -1.0); }, Release());
   cls.def("__pos__", [](const Tensor& a) { return a; });
   cls.def("matmul", &matmul_py, py::arg("other"), Release());
+  // Comparisons (core/ops.h compare): elementwise, a uint8 tensor of 1 and 0 (loom has no bool
+  // dtype). A tensor is then no longer hashable by Python's default; it stays hashable by
+  // identity, as PyTorch's tensors are.
+  const std::pair<const char*, Compare> comparisons[] = {
+      {"__eq__", Compare::kEq}, {"__ne__", Compare::kNe}, {"__lt__", Compare::kLt},
+      {"__le__", Compare::kLe}, {"__gt__", Compare::kGt}, {"__ge__", Compare::kGe}};
+  for (const auto& [name, op] : comparisons) {
+    const Compare c = op;
+    cls.def(name, [c](const Tensor& a, py::handle b) -> py::object {
+      Tensor other;
+      if (!comparison_operand(a, b, &other))
+        return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+      Tensor out;
+      {
+        py::gil_scoped_release release;
+        out = compare(a, other, c);
+      }
+      return py::cast(out);
+    });
+  }
+  cls.def("__hash__", [](py::handle self) { return reinterpret_cast<intptr_t>(self.ptr()); });
+  // torch.eq(a, b) / a.eq(b) and the rest: the same, with a Tensor or a number as b.
+  const std::pair<const char*, Compare> named[] = {{"eq", Compare::kEq}, {"ne", Compare::kNe},
+                                                   {"lt", Compare::kLt}, {"le", Compare::kLe},
+                                                   {"gt", Compare::kGt}, {"ge", Compare::kGe}};
+  for (const auto& [name, op] : named) {
+    const Compare c = op;
+    auto f = [c, name = std::string(name)](const Tensor& a, py::handle b) {
+      Tensor other;
+      if (!comparison_operand(a, b, &other))
+        throw py::type_error(name + ": other must be a Tensor or a number, got " +
+                             std::string(py::str(py::type::of(b).attr("__name__"))));
+      py::gil_scoped_release release;
+      return compare(a, other, c);
+    };
+    cls.def(name, f, py::arg("other"));
+    m.def(name, f, py::arg("input"), py::arg("other"),
+          "Elementwise comparison as PyTorch's, into a uint8 tensor of 1 and 0 (loom has no bool "
+          "dtype); add's broadcasting.");
+  }
   cls.def(
       "sum",
       [](const Tensor& t, py::handle dim, bool keepdim) { return reduce(t, dim, keepdim, false); },

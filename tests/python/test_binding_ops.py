@@ -193,3 +193,37 @@ def test_unsupported_pytorch_options_are_clear_errors():
         F.layer_norm(x, (2, 3))
     with pytest.raises(ValueError, match="reduction='sum'"):
         F.cross_entropy(x, loom.tensor([0, 1]), reduction="sum")
+
+
+def test_comparisons_are_elementwise_as_numpy():
+    # core/ops.h compare(): uint8 1/0 (loom has no bool dtype), add's broadcasting either way
+    # round, numbers on either side, NaN unequal to everything.
+    rng = np.random.default_rng(3)
+    a = rng.integers(-3, 4, size=(4, 5)).astype(np.float32)
+    a[1, 2] = np.nan
+    b = rng.integers(-3, 4, size=(5,)).astype(np.float32)
+    ta, tb = loom.tensor(a), loom.tensor(b)
+    with np.errstate(invalid="ignore"):
+        cases = [
+            (ta == tb, a == b), (ta != tb, a != b), (ta < tb, a < b), (ta <= tb, a <= b),
+            (ta > tb, a > b), (ta >= tb, a >= b), (tb < ta, b < a), (tb >= ta, b >= a),
+            (ta > 0, a > 0), (0 > ta, 0 > a), (2.5 <= ta, 2.5 <= a), (ta == 1, a == 1),
+            (loom.eq(ta, tb), a == b), (ta.lt(tb), a < b), (loom.ge(ta, 1.0), a >= 1),
+        ]
+    for got, want in cases:
+        assert got.dtype == loom.uint8
+        np.testing.assert_array_equal(got.numpy(), want.astype(np.uint8))
+    i = loom.tensor(np.array([[1, 5], [7, 5]], dtype=np.int64))
+    np.testing.assert_array_equal((i == 5).numpy(), [[0, 1], [0, 1]])
+    np.testing.assert_array_equal((i != loom.tensor(np.array([1, 5], dtype=np.int64))).numpy(),
+                                  [[0, 0], [1, 0]])
+    with pytest.raises(ValueError, match="non-integral"):
+        i > 0.5
+    with pytest.raises(ValueError, match="one dtype"):
+        ta == loom.tensor(np.array([1, 2, 3, 4, 5], dtype=np.int64))
+    with pytest.raises(TypeError, match="eq: other must be a Tensor or a number"):
+        loom.eq(ta, "x")
+    # Tensors stay hashable by identity: dicts and sets find the same object (a list's `in`
+    # compares element-wise first, ambiguous for several elements, as in PyTorch).
+    assert ta in {tb, ta} and {ta: 1}[ta] == 1 and hash(ta) != hash(tb)
+    assert (ta == None) is False and (ta != "x") is True  # noqa: E711

@@ -1,0 +1,101 @@
+// compare(): elementwise comparisons into a u8 tensor (see core/ops.h). The kernels broadcast
+// their second operand, so a shorter `a` is swapped in as the second and the comparison mirrored
+// (a < b is b > a).
+#include "core/cuda_dispatch.h"
+#include "core/ops.h"
+#include "core/ops/checks.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace loom {
+
+namespace {
+
+kernels::CompareOp kernel_op(Compare op) {
+  switch (op) {
+    case Compare::kEq:
+      return kernels::CompareOp::kEq;
+    case Compare::kNe:
+      return kernels::CompareOp::kNe;
+    case Compare::kLt:
+      return kernels::CompareOp::kLt;
+    case Compare::kLe:
+      return kernels::CompareOp::kLe;
+    case Compare::kGt:
+      return kernels::CompareOp::kGt;
+    case Compare::kGe:
+      return kernels::CompareOp::kGe;
+  }
+  LOOM_FAIL("compare: unknown comparison ", int(op));
+}
+
+// b op a for a op b.
+Compare mirrored(Compare op) {
+  switch (op) {
+    case Compare::kLt:
+      return Compare::kGt;
+    case Compare::kLe:
+      return Compare::kGe;
+    case Compare::kGt:
+      return Compare::kLt;
+    case Compare::kGe:
+      return Compare::kLe;
+    default:
+      return op;  // eq and ne are symmetric
+  }
+}
+
+template <typename T>
+void run(const Tensor& big, const Tensor& small, Tensor& out, Compare op) {
+  const T* x = big.data<T>();
+  const T* y = small.data<T>();
+  uint8_t* o = out.data<uint8_t>();
+  const int64_t n = big.numel(), nb = small.numel();
+  if (big.device().is_cpu()) {
+    kernels::cpu::compare(x, y, o, n, nb, kernel_op(op));
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::compare(x, y, o, n, nb, kernel_op(op), cuda_stream(big.device())));
+  }
+}
+
+}  // namespace
+
+Tensor compare(const Tensor& a, const Tensor& b, Compare op) {
+  constexpr const char* name = "compare";
+  detail::check_defined(name, "a", a);
+  detail::check_defined(name, "b", b);
+  detail::check_same_device(name, "a", a, "b", b);
+  LOOM_CHECK(a.dtype() == b.dtype(), name, ": a is ", dtype_name(a.dtype()), ", b is ",
+             dtype_name(b.dtype()), " (compare tensors of one dtype)");
+  LOOM_CHECK(a.shape() == b.shape() || detail::is_suffix(b.shape(), a.shape()) ||
+                 detail::is_suffix(a.shape(), b.shape()),
+             name, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+             " do not broadcast (one must equal the trailing dims of the other)");
+  if (a.dtype() == DType::kBF16 || a.dtype() == DType::kF16)  // every value exact in f32
+    return compare(a.detach().to(DType::kF32), b.detach().to(DType::kF32), op);
+  LOOM_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kI32 || a.dtype() == DType::kI64, name,
+             ": ", dtype_name(a.dtype()),
+             " tensors cannot be compared (f32, bf16, f16, i32, "
+             "i64)");
+  Tensor big = a.detach().contiguous(), small = b.detach().contiguous();
+  if (a.shape() != b.shape() && detail::is_suffix(a.shape(), b.shape())) {
+    std::swap(big, small);
+    op = mirrored(op);
+  }
+  Tensor out = Tensor::empty(big.shape(), DType::kU8, big.device());
+  if (out.numel() == 0) return out;
+  switch (big.dtype()) {
+    case DType::kF32:
+      run<float>(big, small, out, op);
+      break;
+    case DType::kI32:
+      run<int32_t>(big, small, out, op);
+      break;
+    default:
+      run<int64_t>(big, small, out, op);
+      break;
+  }
+  return out;
+}
+
+}  // namespace loom
