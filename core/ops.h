@@ -34,8 +34,9 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);  // equ
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
-Tensor scale(const Tensor& x, double s);  // x * s
-Tensor gelu(const Tensor& x);             // tanh approximation, as GPT-2
+Tensor div(const Tensor& a, const Tensor& b);  // IEEE a / b, the same broadcasting
+Tensor scale(const Tensor& x, double s);       // x * s
+Tensor gelu(const Tensor& x);                  // tanh approximation, as GPT-2
 
 // Elementwise comparisons, PyTorch's eq ne lt le gt ge: 1 where `a op b` holds, 0 elsewhere, as
 // a u8 tensor (loom has no bool dtype), with add's broadcasting (one shape the trailing dims of

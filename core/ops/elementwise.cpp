@@ -1,5 +1,5 @@
-// add / sub / mul / scale with broadcasting over leading dims (see core/ops.h), and the in-place
-// helpers optimizers use. bf16/f16: See Note [Low-precision compute].
+// add / sub / mul / div / scale with broadcasting over leading dims (see core/ops.h), and the
+// in-place helpers optimizers use. bf16/f16: See Note [Low-precision compute].
 #include "kernels/cpu/elementwise.h"
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
@@ -12,7 +12,7 @@ namespace loom {
 
 namespace {
 
-enum class Binary { kAdd, kSub, kMul };
+enum class Binary { kAdd, kSub, kMul, kDiv };
 
 Tensor binary_forward(Binary kind, const Tensor& a, const Tensor& b) {
   Tensor big = a.contiguous(), small = b.contiguous();
@@ -41,6 +41,10 @@ Tensor binary_forward(Binary kind, const Tensor& a, const Tensor& b) {
         kernels::cpu::sub(x, y, o, n, nb);
         if (swapped) kernels::cpu::scale(o, -1.0f, o, n);
         break;
+      case Binary::kDiv:
+        LOOM_ASSERT(!swapped, "div: the dividend is never the broadcast operand here");
+        kernels::cpu::div(x, y, o, n, nb);
+        break;
     }
   } else {
     LOOM_IF_CUDA({
@@ -55,6 +59,10 @@ Tensor binary_forward(Binary kind, const Tensor& a, const Tensor& b) {
         case Binary::kSub:
           kernels::cuda::sub(x, y, o, n, nb, stream);
           if (swapped) kernels::cuda::scale(o, -1.0f, o, n, stream);
+          break;
+        case Binary::kDiv:
+          LOOM_ASSERT(!swapped, "div: the dividend is never the broadcast operand here");
+          kernels::cuda::div(x, y, o, n, nb, stream);
           break;
       }
     });
@@ -112,6 +120,30 @@ Tensor mul(const Tensor& a, const Tensor& b) {
     Tensor gb = sb.defined() ? detail::sum_to_suffix(mul(g, sb), shape_b) : Tensor();
     return std::vector<Tensor>{ga, gb};
   });
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  const detail::LowPrecision lp("div", {{"a", a}, {"b", b}});
+  if (lp) return lp.round(div(lp.f32(a), lp.f32(b)));
+  check_binary("div", a, b);
+  // The kernels broadcast their second operand; a shorter dividend is first spread to b's shape
+  // (times ones: exact, -0 and NaN kept), so the quotient is still one IEEE division.
+  if (a.shape() != b.shape() && detail::is_suffix(a.shape(), b.shape()))
+    return div(mul(Tensor::ones(b.shape(), DType::kF32, b.device()), a), b);
+  Tensor out = binary_forward(Binary::kDiv, a, b);
+  Tensor saved_b = b.detach(), saved_out = b.requires_grad() ? out.detach() : Tensor();
+  Shape shape_a = a.shape(), shape_b = b.shape();
+  autograd::record(out, "div", {a, b}, {saved_b, saved_out},
+                   [saved_b, saved_out, shape_a, shape_b](const Tensor& g) {
+                     // d(a/b)/da = 1/b; d(a/b)/db = -(a/b)/b.
+                     Tensor ga = detail::sum_to_suffix(div(g, saved_b), shape_a);
+                     Tensor gb = saved_out.defined()
+                                     ? detail::sum_to_suffix(
+                                           scale(div(mul(g, saved_out), saved_b), -1.0), shape_b)
+                                     : Tensor();
+                     return std::vector<Tensor>{ga, gb};
+                   });
   return out;
 }
 

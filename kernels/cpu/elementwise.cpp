@@ -30,6 +30,9 @@ void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
   binary(a, b, out, n, nb, [](float x, float y) { return x * y; });
 }
+void div(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
+  binary(a, b, out, n, nb, [](float x, float y) { return x / y; });
+}
 
 namespace {
 template <typename T>

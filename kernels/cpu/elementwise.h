@@ -11,6 +11,7 @@ namespace loom::kernels::cpu {
 void add(const float* a, const float* b, float* out, int64_t n, int64_t nb);
 void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb);
+void div(const float* a, const float* b, float* out, int64_t n, int64_t nb);
 // out[i] = a[i] op b[i % nb] as 1 / 0 (kernels/compare.h), the same broadcasting.
 void compare(const float* a, const float* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op);
 void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op);

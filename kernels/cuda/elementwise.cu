@@ -11,7 +11,7 @@ template <int kOp>
 __global__ void binary_kernel(const float* a, const float* b, float* out, int64_t n, int64_t nb) {
   LOOM_GRID_STRIDE(i, n) {
     float x = a[i], y = b[i % nb];
-    out[i] = kOp == 0 ? x + y : (kOp == 1 ? x - y : x * y);
+    out[i] = kOp == 0 ? x + y : (kOp == 1 ? x - y : (kOp == 2 ? x * y : x / y));
   }
 }
 
@@ -65,6 +65,9 @@ void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stre
 }
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream) {
   binary<2>(a, b, out, n, nb, stream);
+}
+void div(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream) {
+  binary<3>(a, b, out, n, nb, stream);  // IEEE division (nvcc's default -prec-div=true)
 }
 
 void compare(const float* a, const float* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,

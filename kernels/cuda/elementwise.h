@@ -12,6 +12,7 @@ namespace loom::kernels::cuda {
 void add(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
 void sub(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
+void div(const float* a, const float* b, float* out, int64_t n, int64_t nb, Stream stream);
 void compare(const float* a, const float* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
              Stream stream);
 void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,

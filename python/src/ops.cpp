@@ -337,16 +337,38 @@ void init_ops(py::module_& m) {
   cls.def(
       "__truediv__",
       [](const Tensor& a, py::handle b) -> py::object {
-        if (!is_scalar(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-        double s = b.cast<double>();
         Tensor out;
-        {
+        if (is_scalar(b)) {
+          const double s = b.cast<double>();
           py::gil_scoped_release release;
           out = scale(a, 1.0 / s);
+        } else if (py::isinstance<Tensor>(b)) {
+          const Tensor& other = py::cast<const Tensor&>(b);
+          py::gil_scoped_release release;
+          out = div(a, other);
+        } else {
+          return py::reinterpret_borrow<py::object>(Py_NotImplemented);
         }
         return py::cast(out);
       },
-      "t / number (division by a tensor is not implemented yet)");
+      "t / u: elementwise IEEE division with add's broadcasting; t / number multiplies by "
+      "1 / number (one rounding more than a division, as loom-gpt scales its losses)");
+  cls.def(
+      "__rtruediv__",
+      [](const Tensor& b, py::handle a) -> py::object {
+        if (!is_scalar(a)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        const Tensor numerator = scalar_like(a.cast<double>(), b);
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = div(numerator, b);
+        }
+        return py::cast(out);
+      },
+      "number / t: elementwise IEEE division");
+  cls.def(
+      "div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, py::arg("other"),
+      Release(), "Elementwise IEEE division a / other, with add's broadcasting.");
   cls.def(
       "__neg__", [](const Tensor& a) { return scale(a, -1.0); }, Release());
   cls.def("__pos__", [](const Tensor& a) { return a; });

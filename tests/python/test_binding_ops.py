@@ -227,3 +227,25 @@ def test_comparisons_are_elementwise_as_numpy():
     # compares element-wise first, ambiguous for several elements, as in PyTorch).
     assert ta in {tb, ta} and {ta: 1}[ta] == 1 and hash(ta) != hash(tb)
     assert (ta == None) is False and (ta != "x") is True  # noqa: E711
+
+
+def test_division_by_tensors_and_numbers():
+    # t / u is IEEE division with add's broadcasting either way round; number / t too; gradients
+    # against numpy's closed forms (d(a/b)/da = 1/b, d(a/b)/db = -a/b^2, summed over broadcasts).
+    rng = np.random.default_rng(11)
+    a = rng.uniform(-1, 1, size=(4, 5)).astype(np.float32)
+    b = rng.uniform(1, 2, size=(5,)).astype(np.float32)
+    ta, tb = loom.tensor(a), loom.tensor(b)
+    ta.requires_grad = True
+    tb.requires_grad = True
+    q = ta / tb
+    np.testing.assert_array_equal(q.detach().numpy(), a / b)
+    q.sum().backward()
+    np.testing.assert_allclose(ta.grad.numpy(), np.broadcast_to(1 / b, a.shape), rtol=1e-6)
+    np.testing.assert_allclose(tb.grad.numpy(), (-a / b**2).sum(0), rtol=1e-5)
+    np.testing.assert_array_equal((tb / loom.tensor(np.abs(a) + 1)).detach().numpy(),
+                                  b / (np.abs(a) + 1))
+    np.testing.assert_array_equal((3.0 / tb).detach().numpy(), np.float32(3.0) / b)
+    np.testing.assert_array_equal(ta.div(tb).detach().numpy(), a / b)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        ta / loom.tensor(np.ones(4, np.float32))

@@ -241,6 +241,9 @@ TEST(CudaElementwise, BinaryOpsWithBroadcasting) {
     expect_cuda_matches_cpu([](const std::vector<Tensor>& v) { return sub(v[0], v[1]); }, in,
                             add_f);  // |a - b| terms are |a| and |b|
     expect_cuda_matches_cpu([](const std::vector<Tensor>& v) { return mul(v[0], v[1]); }, in);
+    // div: divisors in [1, 2] (both sides divide in IEEE f32, so the quotients are the same).
+    std::vector<Tensor> away = {rnd(c.a, 20, 1.0f, 2.0f), rnd(c.b, 21, 1.0f, 2.0f)};
+    expect_cuda_matches_cpu([](const std::vector<Tensor>& v) { return div(v[0], v[1]); }, away);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -376,6 +377,31 @@ TEST(ReduceGrad, AllElementsAndEachDim) {
       testing::expect_gradients_match(
           [dim, keepdim](const std::vector<Tensor>& in) { return mean(in[0], dim, keepdim); }, {x});
     }
+}
+
+// div: IEEE quotients (the same bits as a / b in C++), broadcasting either way round (a shorter
+// dividend is spread to the divisor's shape first), and gradients against finite differences.
+TEST(Div, QuotientsAndBroadcasting) {
+  const std::vector<float> a = {1, -2, 3, 0, 7, -0.0f};
+  const std::vector<float> b = {3, 7, -11};
+  const Tensor q = div(t(a, {2, 3}), t(b, {3}));
+  std::vector<float> want(6);
+  for (size_t i = 0; i < 6; ++i) want[i] = a[i] / b[i % 3];
+  EXPECT_EQ(values(q), want);
+  const Tensor r = div(t(b, {3}), t(a, {2, 3}));  // the dividend is the short one
+  for (size_t i = 0; i < 6; ++i) want[i] = b[i % 3] / a[i];
+  const std::vector<float> got = values(r);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << i;  // +-inf
+  EXPECT_EQ(r.shape(), (Shape{2, 3}));
+}
+
+TEST(DivGrad, MatchesFiniteDifferencesEitherWayRound) {
+  // Divisors kept away from 0 (in [1, 2]): finite differences need a smooth quotient.
+  Tensor x = param({3, 4}, 23), y = param({4}, 24, 1.0f, 2.0f), z = param({3, 4}, 25, 1.0f, 2.0f);
+  auto f = [](const std::vector<Tensor>& in) { return div(in[0], in[1]); };
+  testing::expect_gradients_match(f, {x, y});
+  testing::expect_gradients_match(f, {y, z});
+  testing::expect_gradients_match(f, {x, z});
 }
 
 TEST(GeluGrad, MatchesFiniteDifferences) {
