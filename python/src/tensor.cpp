@@ -16,8 +16,12 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "core/autograd.h"
@@ -315,6 +319,47 @@ Tensor make_tensor(py::handle data, py::handle dtype_obj, bool requires_grad, py
   return out;
 }
 
+// `dim` of a tensor with `ndim` dims (negative counts from the end) as PyTorch takes it: an
+// IndexError naming the op and the range otherwise. `extra`: one more place is valid (unsqueeze).
+int64_t view_dim(const char* op, int64_t dim, int64_t ndim, int64_t extra = 0) {
+  const int64_t n = ndim + extra;
+  if (dim < -std::max<int64_t>(n, 1) || dim >= std::max<int64_t>(n, 1))
+    throw py::index_error(std::string(op) + ": dim " + std::to_string(dim) +
+                          " is out of range for " + std::to_string(n - extra) +
+                          " dims (expected [" + std::to_string(-std::max<int64_t>(n, 1)) + ", " +
+                          std::to_string(std::max<int64_t>(n, 1) - 1) + "])");
+  return dim < 0 ? dim + n : dim;
+}
+
+// t with its dims in the order `dims` (a permutation), as a view: a chain of transposes, each a
+// view, so the result shares t's memory and autograd goes back through them.
+Tensor permute_dims(const Tensor& t, const std::vector<int64_t>& dims) {
+  const int64_t n = t.dim();
+  if (int64_t(dims.size()) != n)
+    throw py::value_error("permute: " + std::to_string(dims.size()) + " dims given for a " +
+                          std::to_string(n) + "-dim tensor");
+  std::vector<int64_t> want(dims.size());
+  std::vector<bool> seen(size_t(n), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    want[i] = view_dim("permute", dims[i], n);
+    if (seen[size_t(want[i])])
+      throw py::value_error("permute: dim " + std::to_string(want[i]) + " appears twice");
+    seen[size_t(want[i])] = true;
+  }
+  // cur[i]: which of t's dims sits at place i; bring want[i] to place i by one transpose.
+  std::vector<int64_t> cur(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) cur[size_t(i)] = i;
+  Tensor out = t;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = int64_t(std::find(cur.begin(), cur.end(), want[size_t(i)]) - cur.begin());
+    if (j != i) {
+      out = out.transpose(i, j);
+      std::swap(cur[size_t(i)], cur[size_t(j)]);
+    }
+  }
+  return out;
+}
+
 Shape shape_args(const py::args& args) {
   // f(2, 3) or f((2, 3)) / f([2, 3]), as PyTorch's *size arguments. Each size is checked here, so
   // one past int64 or not an integer is a ValueError naming it rather than pybind11's "Unable to
@@ -342,6 +387,12 @@ Shape shape_args(const py::args& args) {
     shape.push_back(int64_t(n));
   }
   return shape;
+}
+
+std::vector<int64_t> dims_args(const py::args& args) {
+  std::vector<int64_t> dims;
+  for (int64_t d : shape_args(args)) dims.push_back(d);
+  return dims;
 }
 
 Tensor finish_creation(Tensor t, bool requires_grad) {
@@ -601,7 +652,76 @@ void init_tensor(py::module_& m) {
           "reshape", [](const Tensor& t, py::args shape) { return t.reshape(shape_args(shape)); },
           "reshape(*shape): a view when the tensor is contiguous, else a copy; one -1 allowed.")
       .def("transpose", &Tensor::transpose, py::arg("dim0"), py::arg("dim1"))
-      .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"));
+      .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
+      // PyTorch's view ops, built on reshape and transpose (views, with autograd).
+      .def(
+          "view",
+          [](const Tensor& t, py::args shape) {
+            if (!t.is_contiguous())
+              throw py::value_error("view: the tensor " + shape_str(t.shape()) +
+                                    " is not contiguous, so no view has that shape; use "
+                                    "reshape (which copies) or .contiguous() first");
+            return t.reshape(shape_args(shape));
+          },
+          "view(*shape): reshape that never copies (an error on a non-contiguous tensor).")
+      .def(
+          "flatten",
+          [](const Tensor& t, int64_t start_dim, int64_t end_dim) {
+            if (t.dim() == 0) return t.reshape({1});
+            const int64_t s = view_dim("flatten", start_dim, t.dim());
+            const int64_t e = view_dim("flatten", end_dim, t.dim());
+            if (s > e)
+              throw py::value_error("flatten: start_dim " + std::to_string(s) +
+                                    " comes after end_dim " + std::to_string(e));
+            Shape shape(t.shape().begin(), t.shape().begin() + s);
+            int64_t merged = 1;
+            for (int64_t d = s; d <= e; ++d) merged *= t.size(d);
+            shape.push_back(merged);
+            shape.insert(shape.end(), t.shape().begin() + e + 1, t.shape().end());
+            return t.reshape(shape);
+          },
+          py::arg("start_dim") = 0, py::arg("end_dim") = -1,
+          "flatten(start_dim=0, end_dim=-1): dims start_dim..end_dim merged into one.")
+      .def(
+          "unsqueeze",
+          [](const Tensor& t, int64_t dim) {
+            Shape shape = t.shape();
+            shape.insert(shape.begin() + view_dim("unsqueeze", dim, t.dim(), 1), 1);
+            return t.reshape(shape);
+          },
+          py::arg("dim"), "unsqueeze(dim): a new dim of size 1 at dim (-1: last).")
+      .def(
+          "squeeze",
+          [](const Tensor& t, std::optional<int64_t> dim) {
+            Shape shape;
+            const int64_t only = dim ? view_dim("squeeze", *dim, t.dim()) : -1;
+            for (int64_t d = 0; d < t.dim(); ++d)
+              if (t.size(d) != 1 || (dim && d != only)) shape.push_back(t.size(d));
+            return t.reshape(shape);
+          },
+          py::arg("dim") = py::none(),
+          "squeeze(dim=None): size-1 dims removed (all, or only dim when it has size 1).")
+      .def(
+          "permute",
+          [](const Tensor& t, py::args dims) { return permute_dims(t, dims_args(dims)); },
+          "permute(*dims): the dims in that order, as a view.")
+      .def_property_readonly(
+          "T",
+          [](const Tensor& t) {
+            std::vector<int64_t> dims;
+            for (int64_t d = t.dim() - 1; d >= 0; --d) dims.push_back(d);
+            return permute_dims(t, dims);
+          },
+          "Every dim reversed (a 2-D tensor's transpose), as a view.")
+      .def_property_readonly(
+          "mT",
+          [](const Tensor& t) {
+            if (t.dim() < 2)
+              throw py::value_error("mT: needs at least 2 dims, the tensor has " +
+                                    std::to_string(t.dim()));
+            return t.transpose(t.dim() - 2, t.dim() - 1);
+          },
+          "The last two dims swapped (matrix transpose of a batch), as a view.");
 
   // ---- creation ----
   m.def("tensor", &make_tensor, py::arg("data"), py::arg("dtype") = py::none(),

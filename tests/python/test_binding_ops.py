@@ -249,3 +249,35 @@ def test_division_by_tensors_and_numbers():
     np.testing.assert_array_equal(ta.div(tb).detach().numpy(), a / b)
     with pytest.raises(ValueError, match="do not broadcast"):
         ta / loom.tensor(np.ones(4, np.float32))
+
+
+def test_view_ops_as_numpy_with_gradients():
+    # view, flatten, unsqueeze, squeeze, permute, .T, .mT: the shapes and values numpy gives, as
+    # views (reshape / transpose underneath), and gradients flowing back through them.
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = loom.tensor(a)
+    cases = [
+        (t.view(6, 4), a.reshape(6, 4)), (t.view(-1), a.reshape(-1)),
+        (t.flatten(), a.reshape(-1)), (t.flatten(1), a.reshape(2, 12)),
+        (t.flatten(0, 1), a.reshape(6, 4)), (t.unsqueeze(0), a[None]),
+        (t.unsqueeze(-1), a[..., None]), (t.unsqueeze(1), a[:, None]),
+        (t.unsqueeze(1).squeeze(), a), (t.unsqueeze(1).squeeze(1), a),
+        (t.squeeze(0), a), (t.permute(2, 0, 1), a.transpose(2, 0, 1)),
+        (t.permute(-1, 1, 0), a.transpose(2, 1, 0)), (t.T, a.T), (t.mT, np.swapaxes(a, 1, 2)),
+        (t.permute(1, 2, 0).flatten(), a.transpose(1, 2, 0).reshape(-1)),
+    ]
+    for got, want in cases:
+        assert tuple(got.shape) == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+    w = loom.tensor(a, requires_grad=True)
+    weights = np.arange(24, dtype=np.float32).reshape(4, 2, 3) * 0.5
+    (w.permute(2, 0, 1) * loom.tensor(weights)).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), weights.transpose(1, 2, 0))
+    with pytest.raises(ValueError, match="not contiguous"):
+        t.permute(2, 0, 1).view(24)
+    with pytest.raises(IndexError, match=r"unsqueeze: dim 4 is out of range"):
+        t.unsqueeze(4)
+    with pytest.raises(ValueError, match="appears twice"):
+        t.permute(0, 0, 1)
+    with pytest.raises(ValueError, match="2 dims given for a 3-dim tensor"):
+        t.permute(0, 1)
