@@ -55,6 +55,31 @@ from loom._loom import (  # noqa: F401
     zeros,
 )
 from loom.autograd import enable_grad, no_grad  # noqa: F401
+
+
+def _like(make, t, dtype, device, requires_grad, *args):
+    return make(tuple(t.shape), *args, dtype=t.dtype if dtype is None else dtype,
+                device=t.device if device is None else device, requires_grad=requires_grad)
+
+
+def zeros_like(input, *, dtype=None, device=None, requires_grad=False):
+    """Zeros of input's shape, dtype and device (as torch.zeros_like)."""
+    return _like(zeros, input, dtype, device, requires_grad)
+
+
+def ones_like(input, *, dtype=None, device=None, requires_grad=False):
+    """Ones of input's shape, dtype and device (as torch.ones_like)."""
+    return _like(ones, input, dtype, device, requires_grad)
+
+
+def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False):
+    """fill_value everywhere, in input's shape, dtype and device (as torch.full_like)."""
+    return _like(full, input, dtype, device, requires_grad, fill_value)
+
+
+def empty_like(input, *, dtype=None, device=None, requires_grad=False):
+    """Uninitialised memory of input's shape, dtype and device (as torch.empty_like)."""
+    return _like(empty, input, dtype, device, requires_grad)
 from loom import data, distributed, nn, optim  # noqa: F401
 from loom import _job_exit
 
@@ -65,5 +90,6 @@ __all__ = [
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "matmul", "cat",
     "no_grad", "enable_grad", "is_grad_enabled", "memory_allocated", "max_memory_allocated",
     "cuda_is_available", "cuda_device_count", "nn", "optim", "distributed", "load", "save",
-    "load_gpt", "save_gpt", "eq", "ne", "lt", "le", "gt", "ge",
+    "load_gpt", "save_gpt", "eq", "ne", "lt", "le", "gt", "ge", "zeros_like", "ones_like",
+    "full_like", "empty_like",
 ]

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -754,14 +755,52 @@ void init_tensor(py::module_& m) {
       "full(size, fill_value, dtype=None, device=None, requires_grad=False)");
   m.def(
       "arange",
-      [](int64_t n, py::object dtype, py::object device, bool rg) {
-        DType dt = dtype.is_none() ? DType::kI64 : dtype_arg(dtype);
+      [](py::object first, py::object end, py::object step, py::object dtype, py::object device,
+         bool rg) {
         Device dev = device.is_none() ? Device::cpu() : Device::parse(py::str(device));
-        return finish_creation(Tensor::arange(n, dt, dev), rg);
+        if (end.is_none() && step.is_none() && py::isinstance<py::int_>(first)) {
+          DType dt = dtype.is_none() ? DType::kI64 : dtype_arg(dtype);
+          return finish_creation(Tensor::arange(first.cast<int64_t>(), dt, dev), rg);
+        }
+        // arange(start, end[, step]) or a float end: PyTorch's count ceil((end - start) / step),
+        // int64 when every bound is an int, else float32; element i is start + i * step
+        // (computed in f64, then converted once).
+        const py::object start_obj = end.is_none() ? py::object(py::int_(0)) : first;
+        const py::object end_obj = end.is_none() ? first : end;
+        const py::object step_obj = step.is_none() ? py::object(py::int_(1)) : step;
+        for (const py::object& v : {start_obj, end_obj, step_obj})
+          if (!is_scalar(v))
+            throw py::type_error("arange: start, end and step must be numbers, got " +
+                                 std::string(py::str(py::type::of(v).attr("__name__"))));
+        const bool ints = py::isinstance<py::int_>(start_obj) &&
+                          py::isinstance<py::int_>(end_obj) && py::isinstance<py::int_>(step_obj);
+        const double a = start_obj.cast<double>(), b = end_obj.cast<double>(),
+                     s = step_obj.cast<double>();
+        if (s == 0 || !std::isfinite(a) || !std::isfinite(b) || !std::isfinite(s))
+          throw py::value_error("arange: step must be non-zero and the bounds finite, got start " +
+                                std::to_string(a) + ", end " + std::to_string(b) + ", step " +
+                                std::to_string(s));
+        const double count = std::max(0.0, std::ceil((b - a) / s));
+        if (count > double(int64_t(1) << 40))
+          throw py::value_error("arange: " + std::to_string(count) + " elements is too many");
+        std::vector<double> values(static_cast<size_t>(count));
+        for (size_t i = 0; i < values.size(); ++i) values[i] = a + double(i) * s;
+        const DType dt = !dtype.is_none() ? dtype_arg(dtype) : ints ? DType::kI64 : DType::kF32;
+        Tensor out;
+        if (ints) {
+          std::vector<int64_t> v(values.begin(), values.end());
+          out = Tensor::from_vector(v, {int64_t(v.size())});
+        } else {
+          std::vector<float> v(values.begin(), values.end());
+          out = Tensor::from_vector(v, {int64_t(v.size())});
+        }
+        return finish_creation(out.to(dt).to(dev), rg);
       },
-      py::arg("end"), py::kw_only(), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+      py::arg("start"), py::arg("end") = py::none(), py::arg("step") = py::none(), py::kw_only(),
+      py::arg("dtype") = py::none(), py::arg("device") = py::none(),
       py::arg("requires_grad") = false,
-      "arange(end, dtype=None, ...): 0, 1, ..., end-1 (int64 by default, as PyTorch)");
+      "arange(end) or arange(start, end, step=1): start, start + step, ... short of end, as "
+      "PyTorch (int64 when every bound is an int, else float32).");
   m.def(
       "memory_allocated",
       [](py::object device) { return allocator_for(Device::parse(py::str(device))).live_bytes(); },

@@ -281,3 +281,27 @@ def test_view_ops_as_numpy_with_gradients():
         t.permute(0, 0, 1)
     with pytest.raises(ValueError, match="2 dims given for a 3-dim tensor"):
         t.permute(0, 1)
+
+
+def test_arange_forms_and_like_constructors():
+    # arange as PyTorch: int64 when every bound is an int, float32 otherwise; numpy's values.
+    for args in [(5,), (2, 9, 3), (5, 0, -2), (-3, 3), (4, 4)]:
+        got = loom.arange(*args)
+        assert got.dtype == loom.int64
+        np.testing.assert_array_equal(got.numpy(), np.arange(*args))
+    for args in [(3.0,), (0, 1, 0.1), (1.5, -1, -0.5), (0, 2.5)]:
+        got = loom.arange(*args)
+        assert got.dtype == loom.float32
+        np.testing.assert_allclose(got.numpy(), np.arange(*args, dtype=np.float64), rtol=1e-6)
+    assert loom.arange(0, 3, dtype=loom.float32).dtype == loom.float32
+    with pytest.raises(ValueError, match="step must be non-zero"):
+        loom.arange(0, 3, 0)
+    with pytest.raises(TypeError, match="must be numbers"):
+        loom.arange(0, "3")
+    t = loom.full((2, 3), 2.5)
+    assert loom.zeros_like(t).numpy().tolist() == [[0.0] * 3] * 2
+    assert loom.ones_like(t).numpy().tolist() == [[1.0] * 3] * 2
+    assert loom.full_like(t, 7).numpy().tolist() == [[7.0] * 3] * 2
+    assert loom.ones_like(t, dtype=loom.int64).dtype == loom.int64
+    assert tuple(loom.empty_like(t).shape) == (2, 3)
+    assert loom.zeros_like(t, requires_grad=True).requires_grad
