@@ -11,23 +11,15 @@ namespace loom {
 
 namespace {
 
-kernels::CompareOp kernel_op(Compare op) {
-  switch (op) {
-    case Compare::kEq:
-      return kernels::CompareOp::kEq;
-    case Compare::kNe:
-      return kernels::CompareOp::kNe;
-    case Compare::kLt:
-      return kernels::CompareOp::kLt;
-    case Compare::kLe:
-      return kernels::CompareOp::kLe;
-    case Compare::kGt:
-      return kernels::CompareOp::kGt;
-    case Compare::kGe:
-      return kernels::CompareOp::kGe;
-  }
-  LOOM_FAIL("compare: unknown comparison ", int(op));
-}
+// The two enums list the comparisons in one order (checked here), so the cast is exact.
+static_assert(int(Compare::kEq) == int(kernels::CompareOp::kEq) &&
+                  int(Compare::kNe) == int(kernels::CompareOp::kNe) &&
+                  int(Compare::kLt) == int(kernels::CompareOp::kLt) &&
+                  int(Compare::kLe) == int(kernels::CompareOp::kLe) &&
+                  int(Compare::kGt) == int(kernels::CompareOp::kGt) &&
+                  int(Compare::kGe) == int(kernels::CompareOp::kGe),
+              "core's Compare and kernels' CompareOp list the comparisons in one order");
+kernels::CompareOp kernel_op(Compare op) { return kernels::CompareOp(int(op)); }
 
 // b op a for a op b.
 Compare mirrored(Compare op) {

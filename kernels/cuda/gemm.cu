@@ -280,6 +280,24 @@ void gemm_bias_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
               gelu ? pre_gelu : nullptr, bias, m, n, gelu);
 }
 
+// bf16 A and B, C of type C (bf16 or f32), accumulated in f32: one cublasGemmStridedBatchedEx.
+template <typename C>
+void bf16_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const BFloat16* a, int64_t lda, int64_t stride_a, const BFloat16* b,
+                          int64_t ldb, int64_t stride_b, float beta, C* c, int64_t ldc,
+                          int64_t stride_c, int64_t batch, Stream stream) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  LOOM_CHECK(batch == 1 || stride_c != 0, "cuda gemm_strided_batched: stride_c is 0 for ", batch,
+             " products");
+  cublasHandle_t handle = handle_for_current_device(stream);
+  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, op(trans_b), op(trans_a), to_int("n", n), to_int("m", m), to_int("k", k), &alpha, b,
+      CUDA_R_16BF, to_int("ldb", at_least_one(ldb)), (long long)stride_b, a, CUDA_R_16BF,
+      to_int("lda", at_least_one(lda)), (long long)stride_a, &beta, c, ElementType<C>::kCuda,
+      to_int("ldc", ldc), (long long)stride_c, to_int("batch", batch), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 int64_t gemm_bias_fallback_count() { return gemm_bias_fallbacks.load(std::memory_order_relaxed); }
@@ -325,32 +343,16 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
                           const BFloat16* a, int64_t lda, int64_t stride_a, const BFloat16* b,
                           int64_t ldb, int64_t stride_b, float beta, BFloat16* c, int64_t ldc,
                           int64_t stride_c, int64_t batch, Stream stream) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  LOOM_CHECK(batch == 1 || stride_c != 0, "cuda gemm_strided_batched: stride_c is 0 for ", batch,
-             " products");
-  cublasHandle_t handle = handle_for_current_device(stream);
-  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle, op(trans_b), op(trans_a), to_int("n", n), to_int("m", m), to_int("k", k), &alpha, b,
-      CUDA_R_16BF, to_int("ldb", at_least_one(ldb)), (long long)stride_b, a, CUDA_R_16BF,
-      to_int("lda", at_least_one(lda)), (long long)stride_a, &beta, c, CUDA_R_16BF,
-      to_int("ldc", ldc), (long long)stride_c, to_int("batch", batch), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+  bf16_strided_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
+                       c, ldc, stride_c, batch, stream);
 }
 
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const BFloat16* a, int64_t lda, int64_t stride_a, const BFloat16* b,
                           int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
                           int64_t stride_c, int64_t batch, Stream stream) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  LOOM_CHECK(batch == 1 || stride_c != 0, "cuda gemm_strided_batched: stride_c is 0 for ", batch,
-             " products");
-  cublasHandle_t handle = handle_for_current_device(stream);
-  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle, op(trans_b), op(trans_a), to_int("n", n), to_int("m", m), to_int("k", k), &alpha, b,
-      CUDA_R_16BF, to_int("ldb", at_least_one(ldb)), (long long)stride_b, a, CUDA_R_16BF,
-      to_int("lda", at_least_one(lda)), (long long)stride_a, &beta, c, CUDA_R_32F,
-      to_int("ldc", ldc), (long long)stride_c, to_int("batch", batch), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+  bf16_strided_batched(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
+                       c, ldc, stride_c, batch, stream);
 }
 
 void gemm_bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,

@@ -12,6 +12,7 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/cuda/runtime.h"
+#include "testing/files.h"  // expect_error
 
 namespace loom {
 namespace {
@@ -111,29 +112,20 @@ TEST(Compare, EmptyAndNoAutograd) {
   EXPECT_EQ(bits(c), (std::vector<uint8_t>{1, 1, 1, 1}));
 }
 
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(what.find(needle), std::string::npos) << "'" << needle << "' not in: " << what;
-  }
-}
-
 TEST(Compare, BadInputIsAClearError) {
-  expect_error([] { compare(Tensor::zeros({2}), Tensor::zeros({2}, DType::kI64), Compare::kEq); },
-               {"compare", "f32", "i64", "one dtype"});
-  expect_error(
+  testing::expect_error(
+      [] { compare(Tensor::zeros({2}), Tensor::zeros({2}, DType::kI64), Compare::kEq); },
+      {"compare", "f32", "i64", "one dtype"});
+  testing::expect_error(
       [] {
         compare(Tensor::zeros({2, 3}), Tensor::zeros({2}), Compare::kLt);
       },
       {"compare", "[2, 3]", "[2]", "do not broadcast"});
-  expect_error(
+  testing::expect_error(
       [] { compare(Tensor::zeros({2}, DType::kU8), Tensor::zeros({2}, DType::kU8), Compare::kEq); },
       {"compare", "u8", "cannot be compared"});
-  expect_error([] { compare(Tensor(), Tensor::zeros({2}), Compare::kEq); }, {"compare", "'a'"});
+  testing::expect_error([] { compare(Tensor(), Tensor::zeros({2}), Compare::kEq); },
+                        {"compare", "'a'"});
 }
 
 TEST(Compare, CudaMatchesCpu) {
