@@ -6,9 +6,11 @@
 // matmul.cpp, gelu.cpp, softmax.cpp, dropout.cpp, norm.cpp, attention.cpp, loss.cpp,
 // embedding.cpp.
 //
-// Broadcasting ("over leading dims"): for binary elementwise ops the two shapes must be equal,
-// or one must be a suffix of the other (b of shape [C] against a of shape [B, T, C]); the result
-// has the longer shape and the gradient of the shorter operand is summed over the leading dims.
+// Broadcasting, numpy's rule: shapes are aligned at their last dims and each pair of sizes must be
+// equal or one of them 1; the result takes the larger size of each pair. An operand whose shape
+// is a suffix of the result's (b of shape [C] against a of shape [B, T, C]) is read in place,
+// repeating; any other broadcast operand (x - x.mean(1, keepdim=True)) is first expanded into a
+// contiguous copy. Gradients are summed back to each operand's shape.
 //
 // Dtypes: f32, and bf16 / f16 computed in f32 and rounded (See Note [Low-precision compute] in
 // core/ops/low_precision.h); cross_entropy's loss is f32 whatever the logits' dtype.
@@ -29,6 +31,9 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);  // 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);  // equal sizes
+// x broadcast to `shape` (numpy's rule: x's dims aligned at the end, each 1 or equal), as a
+// contiguous copy; the gradient is summed back to x's shape.
+Tensor expand(const Tensor& x, const Shape& shape);
 
 // ---------------- elementwise ----------------
 Tensor add(const Tensor& a, const Tensor& b);
@@ -38,10 +43,24 @@ Tensor div(const Tensor& a, const Tensor& b);  // IEEE a / b, the same broadcast
 Tensor scale(const Tensor& x, double s);       // x * s
 Tensor gelu(const Tensor& x);                  // tanh approximation, as GPT-2
 
+// Elementwise math, PyTorch's exp log sqrt rsqrt abs neg tanh sin cos, differentiable. abs's
+// gradient is 0 at 0 (as PyTorch's sign). Domain errors give NaN / inf as in C (log(-1) = NaN).
+enum class Unary { kExp, kLog, kSqrt, kRsqrt, kAbs, kNeg, kTanh, kSin, kCos };
+Tensor unary(const Tensor& x, Unary op);
+Tensor pow(const Tensor& x, double exponent);  // x ** exponent; gradient e * x^(e-1)
+// min(max(x, lo), hi) with either bound optional (NaN for "none"); the gradient passes where
+// lo <= x <= hi, as PyTorch's. lo > hi gives hi everywhere, as PyTorch.
+Tensor clamp(const Tensor& x, double lo, double hi);
+// condition ? a : b elementwise; condition u8 (nonzero = true); the three broadcast together.
+// Differentiable in a and b.
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+// x with `value` where mask (u8, broadcast to x's shape) is nonzero; differentiable in x.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
 // Elementwise comparisons, PyTorch's eq ne lt le gt ge: 1 where `a op b` holds, 0 elsewhere, as
-// a u8 tensor (loom has no bool dtype), with add's broadcasting (one shape the trailing dims of
-// the other). Operands of one dtype: f32, i32 or i64 compared as they are, bf16/f16 by value
-// (exact, through f32). NaN compares unequal to everything. Not differentiable: no autograd.
+// a u8 tensor (loom has no bool dtype), with add's broadcasting. Operands of one dtype: f32,
+// i32, i64 or u8 (masks: `mask == 0`) compared as they are, bf16/f16 by value (exact, through
+// f32). NaN compares unequal to everything. Not differentiable: no autograd.
 enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
 Tensor compare(const Tensor& a, const Tensor& b, Compare op);
 
@@ -50,6 +69,15 @@ Tensor sum(const Tensor& x);   // all elements -> shape []
 Tensor mean(const Tensor& x);  // all elements -> shape []
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
+// The largest (smallest) element along `dim` and its index, as torch.max(x, dim) / torch.min:
+// the first index among equal extremes; a NaN counts as the extreme (it propagates). The values
+// are differentiable: the gradient goes to the chosen index. indices are i64. The names avoid
+// std::max / std::min at unqualified call sites.
+struct ValuesIndices {
+  Tensor values, indices;
+};
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim = false);
 
 // ---------------- linear algebra ----------------
 // a: [..., M, K] ([..., K, M] with transpose_a); b: [K, N] ([N, K] with transpose_b) shared by

@@ -1,6 +1,9 @@
 #include "core/ops/checks.h"
 
+#include <algorithm>
+
 #include "core/cuda_dispatch.h"
+#include "core/ops.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/elementwise.h"
 
@@ -59,6 +62,28 @@ Tensor sum_to_suffix(const Tensor& grad, const Shape& to) {
                                          cuda_stream(g.device())));
   }
   return out;
+}
+
+Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {  // i counts from the last dim
+    const int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1;
+    const int64_t y = i < b.size() ? b[b.size() - 1 - i] : 1;
+    LOOM_CHECK(x == y || x == 1 || y == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+               " do not broadcast (dim ", int64_t(n - 1 - i), " of the result: ", x, " vs ", y,
+               "; sizes must be equal or 1, aligned at the last dim)");
+    out[n - 1 - i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+std::pair<Tensor, Tensor> broadcast_for_kernels(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() == b.shape() || is_suffix(a.shape(), b.shape()) || is_suffix(b.shape(), a.shape()))
+    return {a, b};
+  const Shape to = broadcast_shape(op, a.shape(), b.shape());
+  auto ready = [&](const Tensor& t) { return is_suffix(t.shape(), to) ? t : expand(t, to); };
+  return {ready(a), ready(b)};
 }
 
 }  // namespace loom::detail

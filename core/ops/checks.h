@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -23,5 +24,12 @@ int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim);
 bool is_suffix(const Shape& small, const Shape& big);
 // Sums a gradient of shape `from` down to the suffix shape `to` (identity when equal).
 Tensor sum_to_suffix(const Tensor& grad, const Shape& to);
+// numpy's broadcast shape of a and b; an error naming op and both shapes when they do not
+// broadcast.
+Shape broadcast_shape(const char* op, const Shape& a, const Shape& b);
+// a and b made ready for the ops' kernels, which broadcast only a suffix operand: an operand
+// whose shape is neither the broadcast shape nor a suffix of it is expand()ed (differentiable).
+// Errors name op and both shapes when they do not broadcast.
+std::pair<Tensor, Tensor> broadcast_for_kernels(const char* op, const Tensor& a, const Tensor& b);
 
 }  // namespace loom::detail

@@ -59,16 +59,17 @@ Tensor compare(const Tensor& a, const Tensor& b, Compare op) {
   detail::check_same_device(name, "a", a, "b", b);
   LOOM_CHECK(a.dtype() == b.dtype(), name, ": a is ", dtype_name(a.dtype()), ", b is ",
              dtype_name(b.dtype()), " (compare tensors of one dtype)");
-  LOOM_CHECK(a.shape() == b.shape() || detail::is_suffix(b.shape(), a.shape()) ||
-                 detail::is_suffix(a.shape(), b.shape()),
-             name, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-             " do not broadcast (one must equal the trailing dims of the other)");
+  if (a.shape() != b.shape() && !detail::is_suffix(b.shape(), a.shape()) &&
+      !detail::is_suffix(a.shape(), b.shape())) {  // expanded first: the kernels repeat a suffix
+    const auto [x, y] = detail::broadcast_for_kernels(name, a.detach(), b.detach());
+    return compare(x, y, op);
+  }
   if (a.dtype() == DType::kBF16 || a.dtype() == DType::kF16)  // every value exact in f32
     return compare(a.detach().to(DType::kF32), b.detach().to(DType::kF32), op);
-  LOOM_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kI32 || a.dtype() == DType::kI64, name,
-             ": ", dtype_name(a.dtype()),
-             " tensors cannot be compared (f32, bf16, f16, i32, "
-             "i64)");
+  LOOM_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kI32 || a.dtype() == DType::kI64 ||
+                 a.dtype() == DType::kU8,
+             name, ": ", dtype_name(a.dtype()),
+             " tensors cannot be compared (f32, bf16, f16, i32, i64, u8)");
   Tensor big = a.detach().contiguous(), small = b.detach().contiguous();
   if (a.shape() != b.shape() && detail::is_suffix(a.shape(), b.shape())) {
     std::swap(big, small);
@@ -82,6 +83,9 @@ Tensor compare(const Tensor& a, const Tensor& b, Compare op) {
       break;
     case DType::kI32:
       run<int32_t>(big, small, out, op);
+      break;
+    case DType::kU8:
+      run<uint8_t>(big, small, out, op);
       break;
     default:
       run<int64_t>(big, small, out, op);

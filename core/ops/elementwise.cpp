@@ -1,4 +1,4 @@
-// add / sub / mul / div / scale with broadcasting over leading dims (see core/ops.h), and the
+// add / sub / mul / div / scale with numpy's broadcasting (see core/ops.h), and the
 // in-place helpers optimizers use. bf16/f16: See Note [Low-precision compute].
 #include "kernels/cpu/elementwise.h"
 #include "core/cuda_dispatch.h"
@@ -74,10 +74,13 @@ void check_binary(const char* op, const Tensor& a, const Tensor& b) {
   detail::check_f32(op, "a", a);
   detail::check_f32(op, "b", b);
   detail::check_same_device(op, "a", a, "b", b);
-  LOOM_CHECK(a.shape() == b.shape() || detail::is_suffix(b.shape(), a.shape()) ||
-                 detail::is_suffix(a.shape(), b.shape()),
-             op, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-             " do not broadcast (one must equal the trailing dims of the other)");
+}
+
+// True when the kernels can broadcast a and b as they are (equal, or one a suffix of the other);
+// otherwise the op expands them first (detail::broadcast_for_kernels) and calls itself.
+bool kernels_broadcast(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() || detail::is_suffix(b.shape(), a.shape()) ||
+         detail::is_suffix(a.shape(), b.shape());
 }
 
 }  // namespace
@@ -86,6 +89,10 @@ Tensor add(const Tensor& a, const Tensor& b) {
   const detail::LowPrecision lp("add", {{"a", a}, {"b", b}});
   if (lp) return lp.round(add(lp.f32(a), lp.f32(b)));
   check_binary("add", a, b);
+  if (!kernels_broadcast(a, b)) {
+    const auto [x, y] = detail::broadcast_for_kernels("add", a, b);
+    return add(x, y);
+  }
   Tensor out = binary_forward(Binary::kAdd, a, b);
   Shape sa = a.shape(), sb = b.shape();
   autograd::record(out, "add", {a, b}, {}, [sa, sb](const Tensor& g) {
@@ -98,6 +105,10 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   const detail::LowPrecision lp("sub", {{"a", a}, {"b", b}});
   if (lp) return lp.round(sub(lp.f32(a), lp.f32(b)));
   check_binary("sub", a, b);
+  if (!kernels_broadcast(a, b)) {
+    const auto [x, y] = detail::broadcast_for_kernels("sub", a, b);
+    return sub(x, y);
+  }
   Tensor out = binary_forward(Binary::kSub, a, b);
   Shape sa = a.shape(), sb = b.shape();
   autograd::record(out, "sub", {a, b}, {}, [sa, sb](const Tensor& g) {
@@ -111,6 +122,10 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   const detail::LowPrecision lp("mul", {{"a", a}, {"b", b}});
   if (lp) return lp.round(mul(lp.f32(a), lp.f32(b)));
   check_binary("mul", a, b);
+  if (!kernels_broadcast(a, b)) {
+    const auto [x, y] = detail::broadcast_for_kernels("mul", a, b);
+    return mul(x, y);
+  }
   Tensor out = binary_forward(Binary::kMul, a, b);
   Tensor sa = a.requires_grad() ? b.detach() : Tensor();  // saved only where a gradient needs it
   Tensor sb = b.requires_grad() ? a.detach() : Tensor();
@@ -127,6 +142,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
   const detail::LowPrecision lp("div", {{"a", a}, {"b", b}});
   if (lp) return lp.round(div(lp.f32(a), lp.f32(b)));
   check_binary("div", a, b);
+  if (!kernels_broadcast(a, b)) {
+    const auto [x, y] = detail::broadcast_for_kernels("div", a, b);
+    return div(x, y);
+  }
   // The kernels broadcast their second operand; a shorter dividend is first spread to b's shape
   // (times ones: exact, -0 and NaN kept), so the quotient is still one IEEE division.
   if (a.shape() != b.shape() && detail::is_suffix(a.shape(), b.shape()))

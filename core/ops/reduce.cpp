@@ -102,4 +102,61 @@ Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
   return reduce_dim("mean", x, dim, keepdim, true);
 }
 
+namespace {
+
+ValuesIndices extreme(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool largest) {
+  const detail::LowPrecision lp(op, {{"x", x}});
+  if (lp) {  // every bf16/f16 value is exact in f32, so the choice is the same
+    ValuesIndices r = extreme(op, lp.f32(x), dim, keepdim, largest);
+    return {lp.round(r.values), r.indices};
+  }
+  detail::check_f32(op, "x", x);
+  LOOM_CHECK(x.dim() >= 1, op, ": a 0-d tensor has no dim to reduce (use its value)");
+  dim = detail::wrap_dim(op, dim, x.dim());
+  LOOM_CHECK(x.size(dim) > 0, op, ": dim ", dim, " of ", shape_str(x.shape()),
+             " is empty, and an empty dim has no ", largest ? "largest" : "smallest", " element");
+  const ReduceShape r = reduce_shape(x.shape(), dim);
+  Shape out_shape = x.shape();
+  if (keepdim)
+    out_shape[size_t(dim)] = 1;
+  else
+    out_shape.erase(out_shape.begin() + dim);
+  Tensor in = x.detach().contiguous();
+  Tensor values = Tensor::empty(out_shape, DType::kF32, in.device());
+  Tensor indices = Tensor::empty(out_shape, DType::kI64, in.device());
+  if (in.device().is_cpu()) {
+    kernels::cpu::extreme_dim(in.data<float>(), values.data<float>(), indices.data<int64_t>(),
+                              r.outer, r.size, r.inner, largest);
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::extreme_dim(in.data<float>(), values.data<float>(),
+                                            indices.data<int64_t>(), r.outer, r.size, r.inner,
+                                            largest, cuda_stream(in.device())));
+  }
+  const Shape in_shape = x.shape();
+  const Tensor chosen = indices;  // never written after this
+  autograd::record(values, op, {x}, {}, [in_shape, r, chosen](const Tensor& grad) {
+    Tensor g = grad.contiguous();
+    Tensor dx = Tensor::empty(in_shape, DType::kF32, g.device());
+    if (g.device().is_cpu()) {
+      kernels::cpu::scatter_dim(g.data<float>(), chosen.data<int64_t>(), dx.data<float>(), r.outer,
+                                r.size, r.inner);
+    } else {
+      LOOM_IF_CUDA(kernels::cuda::scatter_dim(g.data<float>(), chosen.data<int64_t>(),
+                                              dx.data<float>(), r.outer, r.size, r.inner,
+                                              cuda_stream(g.device())));
+    }
+    return std::vector<Tensor>{dx};
+  });
+  return {values, indices};
+}
+
+}  // namespace
+
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme("max", x, dim, keepdim, true);
+}
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme("min", x, dim, keepdim, false);
+}
+
 }  // namespace loom

@@ -110,6 +110,35 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   return out;
 }
 
+Tensor expand(const Tensor& x, const Shape& shape) {
+  detail::check_defined("expand", "x", x);
+  LOOM_CHECK(shape.size() >= x.shape().size(), "expand: cannot expand ", shape_str(x.shape()),
+             " to ", shape_str(shape), " (fewer dims)");
+  // A view whose broadcast dims have stride 0, copied out (contiguous() walks any strides).
+  const size_t lead = shape.size() - x.shape().size();
+  Shape strides(shape.size(), 0);
+  for (size_t i = 0; i < x.shape().size(); ++i) {
+    const int64_t have = x.shape()[i], want = shape[lead + i];
+    LOOM_CHECK(have == want || have == 1, "expand: cannot expand ", shape_str(x.shape()), " to ",
+               shape_str(shape), " (dim ", int64_t(lead + i), ": ", have,
+               " must equal the target or be 1)");
+    strides[lead + i] = have == 1 ? 0 : x.strides()[i];
+  }
+  for (int64_t d : shape) LOOM_CHECK(d >= 0, "expand: negative size in ", shape_str(shape));
+  if (x.shape() == shape) return x.contiguous();
+  Tensor out = make_view(x.detach(), shape, strides, x.offset()).contiguous();
+  const Shape from = x.shape();
+  autograd::record(out, "expand", {x}, {}, [from, lead](const Tensor& g) {
+    // Summed over the added leading dims, then over each dim that was 1.
+    Tensor grad = g;
+    for (size_t i = 0; i < lead; ++i) grad = sum(grad, 0);
+    for (size_t i = 0; i < from.size(); ++i)
+      if (from[i] == 1 && grad.size(int64_t(i)) != 1) grad = sum(grad, int64_t(i), true);
+    return std::vector<Tensor>{grad};
+  });
+  return out;
+}
+
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   LOOM_CHECK(!xs.empty(), "cat: no tensors given");
   detail::check_defined("cat", "xs[0]", xs[0]);

@@ -48,6 +48,10 @@ void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_
              CompareOp op) {
   compare_impl(a, b, out, n, nb, op);
 }
+void compare(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n, int64_t nb,
+             CompareOp op) {
+  compare_impl(a, b, out, n, nb, op);
+}
 void compare(const int64_t* a, const int64_t* b, uint8_t* out, int64_t n, int64_t nb,
              CompareOp op) {
   compare_impl(a, b, out, n, nb, op);

@@ -16,6 +16,7 @@ void div(const float* a, const float* b, float* out, int64_t n, int64_t nb);
 void compare(const float* a, const float* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op);
 void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op);
 void compare(const int64_t* a, const int64_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op);
+void compare(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op);
 void scale(const float* x, float s, float* out, int64_t n);
 void axpy(float* x, const float* y, float alpha, int64_t n);  // x += alpha * y
 // out[c] = sum over r of x[r * cols + c]: the gradient of a broadcast operand.

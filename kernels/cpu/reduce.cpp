@@ -3,6 +3,10 @@
 // same memory-bound pass. The order of additions is fixed (no thread count dependence).
 #include "kernels/cpu/reduce.h"
 
+#include <cstring>
+
+#include "kernels/extreme.h"
+
 #include <cstddef>
 #include <vector>
 
@@ -52,6 +56,36 @@ void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int6
       for (int64_t i = 0; i < inner; ++i) row[i] = go[i] * scale;
     }
   }
+}
+
+void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+                 int64_t inner, bool largest) {
+#pragma omp parallel for schedule(static) if (outer * size * inner > (1 << 16) && outer > 1)
+  for (int64_t o = 0; o < outer; ++o) {
+    const float* xo = x + o * size * inner;
+    float* vo = values + o * inner;
+    int64_t* io = indices + o * inner;
+    for (int64_t i = 0; i < inner; ++i) {
+      vo[i] = xo[i];
+      io[i] = 0;
+    }
+    for (int64_t r = 1; r < size; ++r) {
+      const float* row = xo + r * inner;
+      for (int64_t i = 0; i < inner; ++i)
+        if (replaces(row[i], vo[i], largest)) {
+          vo[i] = row[i];
+          io[i] = r;
+        }
+    }
+  }
+}
+
+void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
+                 int64_t inner) {
+  std::memset(out, 0, size_t(outer * size * inner) * sizeof(float));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i)
+      out[(o * size + indices[o * inner + i]) * inner + i] = g[o * inner + i];
 }
 
 }  // namespace loom::kernels::cpu

@@ -14,4 +14,15 @@ void sum_dim(const float* x, float* out, int64_t outer, int64_t size, int64_t in
 void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int64_t inner,
                    float scale);
 
+// values[o * inner + i] = the largest (largest = true) or smallest x[(o * size + r) * inner + i]
+// over r, indices[...] = its r: the first among equals; a NaN wins (the first NaN), as PyTorch.
+// size >= 1.
+void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+                 int64_t inner, bool largest);
+
+// out (outer * size * inner, zeroed here) gets g[o * inner + i] at r = indices[o * inner + i]:
+// the gradient of extreme_dim's values.
+void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
+                 int64_t inner);
+
 }  // namespace loom::kernels::cpu

@@ -82,6 +82,10 @@ void compare(const int64_t* a, const int64_t* b, uint8_t* out, int64_t n, int64_
              Stream stream) {
   compare_impl(a, b, out, n, nb, op, stream);
 }
+void compare(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
+             Stream stream) {
+  compare_impl(a, b, out, n, nb, op, stream);
+}
 
 void scale(const float* x, float s, float* out, int64_t n, Stream stream) {
   if (n == 0) return;

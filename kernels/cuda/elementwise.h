@@ -19,6 +19,8 @@ void compare(const int32_t* a, const int32_t* b, uint8_t* out, int64_t n, int64_
              Stream stream);
 void compare(const int64_t* a, const int64_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
              Stream stream);
+void compare(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n, int64_t nb, CompareOp op,
+             Stream stream);
 void scale(const float* x, float s, float* out, int64_t n, Stream stream);
 void axpy(float* x, const float* y, float alpha, int64_t n, Stream stream);
 void sum_rows(const float* x, float* out, int64_t rows, int64_t cols, Stream stream);

@@ -7,6 +7,7 @@
 // Every path adds in an order fixed by the shape and launch sizes, so results are deterministic.
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/reduce.h"
+#include "kernels/extreme.h"
 
 namespace loom::kernels::cuda {
 
@@ -115,6 +116,55 @@ void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int6
   if (n == 0) return;
   LOOM_LAUNCH(broadcast_kernel, grid_stride_blocks(n), kBlock, 0, stream, g, out, outer, size,
               inner, scale);
+}
+
+namespace {
+
+// One thread per output, walking its `size` candidates in order (the rule: kernels/extreme.h).
+__global__ void extreme_kernel(const float* x, float* values, int64_t* indices, int64_t outer,
+                               int64_t size, int64_t inner, bool largest) {
+  LOOM_GRID_STRIDE(j, outer * inner) {
+    const int64_t o = j / inner, i = j % inner;
+    const float* xo = x + o * size * inner + i;
+    float best = xo[0];
+    int64_t at = 0;
+    for (int64_t r = 1; r < size; ++r) {
+      const float v = xo[r * inner];
+      if (replaces(v, best, largest)) {
+        best = v;
+        at = r;
+      }
+    }
+    values[j] = best;
+    indices[j] = at;
+  }
+}
+
+__global__ void scatter_kernel(const float* g, const int64_t* indices, float* out, int64_t outer,
+                               int64_t size, int64_t inner) {
+  LOOM_GRID_STRIDE(j, outer * inner) {
+    const int64_t o = j / inner, i = j % inner;
+    out[(o * size + indices[j]) * inner + i] = g[j];
+  }
+}
+
+}  // namespace
+
+void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+                 int64_t inner, bool largest, Stream stream) {
+  const int64_t outputs = outer * inner;
+  if (outputs == 0) return;
+  LOOM_LAUNCH(extreme_kernel, grid_stride_blocks(outputs), kBlock, 0, stream, x, values, indices,
+              outer, size, inner, largest);
+}
+
+void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
+                 int64_t inner, Stream stream) {
+  const int64_t n = outer * size * inner;
+  if (n == 0) return;
+  LOOM_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(n) * sizeof(float), stream));
+  LOOM_LAUNCH(scatter_kernel, grid_stride_blocks(outer * inner), kBlock, 0, stream, g, indices, out,
+              outer, size, inner);
 }
 
 }  // namespace loom::kernels::cuda

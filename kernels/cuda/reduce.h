@@ -17,4 +17,10 @@ void sum_dim(const float* x, float* out, int64_t outer, int64_t size, int64_t in
 void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int64_t inner,
                    float scale, Stream stream);
 
+// The twins of kernels/cpu/reduce.h's extreme_dim and scatter_dim (the same tie and NaN rules).
+void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+                 int64_t inner, bool largest, Stream stream);
+void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
+                 int64_t inner, Stream stream);
+
 }  // namespace loom::kernels::cuda

@@ -18,6 +18,8 @@ namespace py = pybind11;
 void init_errors(py::module_& m);       // errors.cpp: loom::Error -> ValueError, ...
 void init_tensor(py::module_& m);       // tensor.cpp: dtypes, Tensor, tensor(), from_numpy, numpy
 void init_ops(py::module_& m);          // ops.cpp: operators, reductions, nn.functional
+void init_math(py::module_& m);         // math_ops.cpp: exp log ... pow clamp where expand
+void init_creation(py::module_& m);     // creation_ops.cpp: random, stack, linspace, eye, tril
 void init_autograd(py::module_& m);     // autograd.cpp: backward, grad, no-grad guards
 void init_nn(py::module_& m);           // nn.cpp: built-in modules (loom._loom.nn), Parameter
 void init_optim(py::module_& m);        // optim.cpp: SGD, AdamW, clip_grad_norm (loom._loom.optim)
@@ -35,6 +37,9 @@ DType dtype_arg(py::handle obj);
 py::object dtype_object(DType dtype);
 // True for a Python float or int (bool included): an operand that becomes a 0-d tensor.
 bool is_scalar(py::handle obj);
+// A shape from PyTorch's *size arguments: f(2, 3) or f((2, 3)) / f([2, 3]) (tensor.cpp); each
+// size checked (an integer that fits in int64), else a TypeError / ValueError naming it.
+Shape shape_args(const py::args& args);
 
 // An embedding-bag pooling by name ("sum", "mean", "none"); `owner` names the caller in errors
 // (nn.cpp; the sharded collection refuses "none" itself).

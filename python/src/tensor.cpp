@@ -361,6 +361,8 @@ Tensor permute_dims(const Tensor& t, const std::vector<int64_t>& dims) {
   return out;
 }
 
+}  // namespace
+
 Shape shape_args(const py::args& args) {
   // f(2, 3) or f((2, 3)) / f([2, 3]), as PyTorch's *size arguments. Each size is checked here, so
   // one past int64 or not an integer is a ValueError naming it rather than pybind11's "Unable to
@@ -389,6 +391,8 @@ Shape shape_args(const py::args& args) {
   }
   return shape;
 }
+
+namespace {
 
 std::vector<int64_t> dims_args(const py::args& args) {
   std::vector<int64_t> dims;

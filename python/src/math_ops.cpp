@@ -1,0 +1,242 @@
+// Elementwise math, selection and broadcasting under PyTorch's names, as loom functions and
+// Tensor methods: exp log sqrt rsqrt abs neg tanh sin cos, pow (and t ** number), clamp, where,
+// masked_fill, expand, and the max / min / argmax / argmin reductions. Each is differentiable
+// (core/ops.h) and runs with the GIL released.
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "bindings.h"
+#include "core/ops.h"
+
+namespace loom::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+// `value` as an operand beside `like`: a Tensor as it is, a Python number as a 0-d tensor of
+// like's dtype and device (it broadcasts to any shape).
+Tensor tensor_or_scalar(py::handle value, const Tensor& like, const char* op, const char* arg) {
+  if (py::isinstance<Tensor>(value)) return py::cast<Tensor>(value);
+  if (is_scalar(value)) return Tensor::scalar(value.cast<double>(), like.dtype(), like.device());
+  throw py::type_error(std::string(op) + ": " + arg + " must be a Tensor or a number, got " +
+                       std::string(py::str(py::type::of(value).attr("__name__"))));
+}
+
+Tensor clamp_py(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  constexpr double none = std::numeric_limits<double>::quiet_NaN();
+  LOOM_CHECK(min || max, "clamp: give at least one of min and max");
+  LOOM_CHECK(!(min && std::isnan(*min)) && !(max && std::isnan(*max)),
+             "clamp: min and max must not be NaN");
+  py::gil_scoped_release release;
+  return clamp(x, min.value_or(none), max.value_or(none));
+}
+
+Tensor where_py(const Tensor& condition, py::handle input, py::handle other) {
+  // A number takes the dtype of the tensor beside it (the other operand, else f32).
+  const Tensor* like = py::isinstance<Tensor>(input)   ? &py::cast<const Tensor&>(input)
+                       : py::isinstance<Tensor>(other) ? &py::cast<const Tensor&>(other)
+                                                       : nullptr;
+  const Tensor f32 = Tensor::scalar(0.0, DType::kF32, condition.device());
+  const Tensor& base = like ? *like : f32;
+  const Tensor a = tensor_or_scalar(input, base, "where", "input");
+  const Tensor b = tensor_or_scalar(other, base, "where", "other");
+  py::gil_scoped_release release;
+  return where(condition, a, b);
+}
+
+// PyTorch's expand(*sizes): -1 keeps a dim's size; new dims go in front.
+Tensor expand_py(const Tensor& x, py::args sizes) {
+  Shape shape;
+  if (sizes.size() == 1 && !py::isinstance<py::int_>(sizes[0]))
+    shape = sizes[0].cast<Shape>();
+  else
+    for (py::handle s : sizes) shape.push_back(s.cast<int64_t>());
+  LOOM_CHECK(shape.size() >= size_t(x.dim()), "expand: ", shape.size(),
+             " sizes given for a tensor of ", x.dim(), " dims: ", shape_str(x.shape()));
+  const size_t lead = shape.size() - size_t(x.dim());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != -1) continue;
+    LOOM_CHECK(i >= lead, "expand: -1 is not allowed for a new leading dim (dim ", i, ")");
+    shape[i] = x.size(int64_t(i - lead));
+  }
+  py::gil_scoped_release release;
+  return expand(x, shape);
+}
+
+// The extreme `v` of all of x with PyTorch's gradient for that form: shared equally by every
+// element equal to v (the dim form gives it all to one index). The value stays v exactly: the
+// differentiable part is (s - s) / count with s the sum of the tied elements, which is 0 forward
+// and mask / count backward.
+Tensor split_among_ties(const Tensor& x, const Tensor& v) {
+  if (!x.requires_grad()) return v;
+  const Tensor mask = compare(x.detach(), v, Compare::kEq);
+  const Tensor zero = Tensor::scalar(0.0, DType::kF32, x.device());
+  const Tensor tied = sum(where(mask, x.to(DType::kF32), zero));
+  const Tensor count = sum(mask.to(DType::kF32));
+  return add(v, div(sub(tied, tied.detach()), count).to(v.dtype()));
+}
+
+// max / min / argmax / argmin as PyTorch's: no dim gives the extreme of all elements (a 0-d
+// tensor); a dim gives (values, indices), a named tuple as torch.return_types.max.
+py::object extreme_py(const Tensor& x, py::handle dim, bool keepdim, bool largest,
+                      bool index_only) {
+  const char* op = index_only ? (largest ? "argmax" : "argmin") : (largest ? "max" : "min");
+  if (py::isinstance<Tensor>(dim))
+    throw py::type_error(std::string(op) +
+                         ": the elementwise form (two tensors) is not supported; use "
+                         "loom.where(a > b, a, b)");
+  ValuesIndices r;
+  {
+    py::gil_scoped_release release;
+    if (dim.is_none()) {
+      LOOM_CHECK(x.numel() > 0, op, ": the tensor is empty (", shape_str(x.shape()),
+                 "), and an empty tensor has no ", largest ? "largest" : "smallest", " element");
+      r = largest ? max_dim(x.reshape({-1}), 0) : min_dim(x.reshape({-1}), 0);
+      if (!index_only) r.values = split_among_ties(x, r.values.detach());
+      if (keepdim) {
+        const Shape ones(size_t(x.dim()), 1);
+        r.values = r.values.reshape(ones);
+        r.indices = r.indices.reshape(ones);
+      }
+    }
+  }
+  if (dim.is_none()) return index_only ? py::cast(r.indices) : py::cast(r.values);
+  const int64_t d = dim.cast<int64_t>();
+  {
+    py::gil_scoped_release release;
+    r = largest ? max_dim(x, d, keepdim) : min_dim(x, d, keepdim);
+  }
+  if (index_only) return py::cast(r.indices);
+  static py::object type =
+      py::module_::import("collections")
+          .attr("namedtuple")("return_types", py::make_tuple("values", "indices"));
+  return type(py::cast(r.values), py::cast(r.indices));
+}
+
+}  // namespace
+
+void init_math(py::module_& m) {
+  auto cls = py::reinterpret_borrow<py::class_<Tensor>>(m.attr("Tensor"));
+  const std::pair<const char*, Unary> unaries[] = {
+      {"exp", Unary::kExp},     {"log", Unary::kLog}, {"sqrt", Unary::kSqrt},
+      {"rsqrt", Unary::kRsqrt}, {"abs", Unary::kAbs}, {"neg", Unary::kNeg},
+      {"tanh", Unary::kTanh},   {"sin", Unary::kSin}, {"cos", Unary::kCos}};
+  for (const auto& [name, op] : unaries) {
+    const Unary u = op;
+    auto f = [u](const Tensor& x) { return unary(x, u); };
+    m.def(
+        name, f, py::arg("input"), Release(),
+        (std::string("Elementwise ") + name + ", as torch." + name + "; differentiable.").c_str());
+    cls.def(name, f, Release());
+  }
+  m.attr("negative") = m.attr("neg");
+  cls.def(
+      "__abs__", [](const Tensor& x) { return unary(x, Unary::kAbs); }, Release());
+
+  auto pow_f = [](const Tensor& x, py::handle exponent) {
+    LOOM_CHECK(is_scalar(exponent),
+               "pow: the exponent must be a number (loom has no tensor ** tensor; use "
+               "loom.exp(e * loom.log(x)) for positive x)");
+    const double e = exponent.cast<double>();
+    py::gil_scoped_release release;
+    return pow(x, e);
+  };
+  m.def("pow", pow_f, py::arg("input"), py::arg("exponent"),
+        "input ** exponent for a number exponent; gradient exponent * input^(exponent-1).");
+  cls.def("pow", pow_f, py::arg("exponent"));
+  cls.def("__pow__", [](const Tensor& x, py::handle e) -> py::object {
+    if (!is_scalar(e)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    const double v = e.cast<double>();
+    py::gil_scoped_release release;
+    Tensor out = pow(x, v);
+    py::gil_scoped_acquire acquire;
+    return py::cast(out);
+  });
+  cls.def(
+      "__rpow__",
+      [](const Tensor& x, py::handle base) -> py::object {
+        if (!is_scalar(base)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        const double b = base.cast<double>();
+        LOOM_CHECK(b > 0.0,
+                   "number ** tensor: the base must be positive (computed as "
+                   "exp(t * log(base))), got ",
+                   b);
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = unary(scale(x, std::log(b)), Unary::kExp);
+        }
+        return py::cast(out);
+      },
+      "base ** t for a positive number base, as exp(t * log(base)).");
+
+  const char* clamp_doc =
+      "min(max(input, min), max) with either bound optional, as torch.clamp (NaN stays NaN; "
+      "min > max gives max); the gradient passes where min <= input <= max.";
+  m.def("clamp", &clamp_py, py::arg("input"), py::arg("min") = py::none(),
+        py::arg("max") = py::none(), clamp_doc);
+  cls.def("clamp", &clamp_py, py::arg("min") = py::none(), py::arg("max") = py::none(), clamp_doc);
+  m.attr("clip") = m.attr("clamp");
+  cls.def(
+      "clamp_min", [](const Tensor& x, double v) { return clamp_py(x, v, std::nullopt); },
+      py::arg("min"));
+  cls.def(
+      "clamp_max", [](const Tensor& x, double v) { return clamp_py(x, std::nullopt, v); },
+      py::arg("max"));
+
+  m.def("where", &where_py, py::arg("condition"), py::arg("input"), py::arg("other"),
+        "input where condition (a uint8 tensor, nonzero = true) else other; the three broadcast "
+        "together; input and other may be numbers. Differentiable in input and other.");
+  cls.def(
+      "where",
+      [](const Tensor& self, const Tensor& condition, py::handle other) {
+        return where_py(condition, py::cast(self), other);
+      },
+      py::arg("condition"), py::arg("other"), "self where condition else other (as torch's).");
+  auto masked_fill_f = [](const Tensor& x, const Tensor& mask, double value) {
+    return masked_fill(x, mask, value);
+  };
+  m.def("masked_fill", masked_fill_f, py::arg("input"), py::arg("mask"), py::arg("value"),
+        Release(), "input with value where mask (uint8, broadcast to input) is nonzero.");
+  cls.def("masked_fill", masked_fill_f, py::arg("mask"), py::arg("value"), Release(),
+          "self with value where mask (uint8, broadcast to self) is nonzero.");
+  cls.def("expand", &expand_py,
+          "self broadcast to sizes (-1 keeps a dim), as torch's expand; loom returns a "
+          "contiguous copy (not a view), and its gradient sums back to self's shape.");
+  for (const bool largest : {true, false}) {
+    const char* name = largest ? "max" : "min";
+    const std::string doc =
+        std::string("The ") + (largest ? "largest" : "smallest") +
+        " element (dim None: of all, a 0-d tensor) or, along dim, (values, indices) as "
+        "torch." +
+        name +
+        ": the first index among equals; NaN propagates. Values are "
+        "differentiable.";
+    auto f = [largest](const Tensor& x, py::handle dim, bool keepdim) {
+      return extreme_py(x, dim, keepdim, largest, false);
+    };
+    m.def(name, f, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false,
+          doc.c_str());
+    cls.def(name, f, py::arg("dim") = py::none(), py::arg("keepdim") = false, doc.c_str());
+    const char* arg_name = largest ? "argmax" : "argmin";
+    auto g = [largest](const Tensor& x, py::handle dim, bool keepdim) {
+      return extreme_py(x, dim, keepdim, largest, true);
+    };
+    const std::string arg_doc =
+        std::string("The index (int64) of the ") + (largest ? "largest" : "smallest") +
+        " element along dim (None: in the flattened tensor), as torch." + arg_name + ".";
+    m.def(arg_name, g, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false,
+          arg_doc.c_str());
+    cls.def(arg_name, g, py::arg("dim") = py::none(), py::arg("keepdim") = false, arg_doc.c_str());
+  }
+  m.def(
+      "broadcast_to", [](const Tensor& x, const Shape& shape) { return expand(x, shape); },
+      py::arg("input"), py::arg("size"), Release(), "input expanded to size (a copy).");
+}
+
+}  // namespace loom::python
