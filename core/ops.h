@@ -43,9 +43,10 @@ Tensor div(const Tensor& a, const Tensor& b);  // IEEE a / b, the same broadcast
 Tensor scale(const Tensor& x, double s);       // x * s
 Tensor gelu(const Tensor& x);                  // tanh approximation, as GPT-2
 
-// Elementwise math, PyTorch's exp log sqrt rsqrt abs neg tanh sin cos, differentiable. abs's
+// Elementwise math, PyTorch's exp log sqrt rsqrt abs neg tanh sin cos erf log1p expm1,
+// differentiable. abs's
 // gradient is 0 at 0 (as PyTorch's sign). Domain errors give NaN / inf as in C (log(-1) = NaN).
-enum class Unary { kExp, kLog, kSqrt, kRsqrt, kAbs, kNeg, kTanh, kSin, kCos };
+enum class Unary { kExp, kLog, kSqrt, kRsqrt, kAbs, kNeg, kTanh, kSin, kCos, kErf, kLog1p, kExpm1 };
 Tensor unary(const Tensor& x, Unary op);
 Tensor pow(const Tensor& x, double exponent);  // x ** exponent; gradient e * x^(e-1)
 // min(max(x, lo), hi) with either bound optional (NaN for "none"); the gradient passes where
@@ -78,6 +79,10 @@ struct ValuesIndices {
 };
 ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim = false);
 ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim = false);
+// The k largest (or smallest) elements along dim and their indices, sorted: PyTorch's topk with
+// sorted=True. Ties go to the lower index first; NaN counts as larger than every number
+// (kernels/extreme.h ranks_before). Differentiable in the values.
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
 
 // ---------------- linear algebra ----------------
 // a: [..., M, K] ([..., K, M] with transpose_a); b: [K, N] ([N, K] with transpose_b) shared by

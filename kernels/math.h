@@ -16,7 +16,20 @@
 
 namespace loom::kernels {
 
-enum class UnaryOp : int { kExp, kLog, kSqrt, kRsqrt, kAbs, kNeg, kTanh, kSin, kCos };
+enum class UnaryOp : int {
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kAbs,
+  kNeg,
+  kTanh,
+  kSin,
+  kCos,
+  kErf,
+  kLog1p,
+  kExpm1
+};
 
 LOOM_HOST_DEVICE inline float unary_value(float x, UnaryOp op) {
   switch (op) {
@@ -38,6 +51,12 @@ LOOM_HOST_DEVICE inline float unary_value(float x, UnaryOp op) {
       return sinf(x);
     case UnaryOp::kCos:
       return cosf(x);
+    case UnaryOp::kErf:
+      return erff(x);
+    case UnaryOp::kLog1p:
+      return log1pf(x);
+    case UnaryOp::kExpm1:
+      return expm1f(x);
   }
   return 0.0f;
 }
@@ -64,6 +83,12 @@ LOOM_HOST_DEVICE inline float unary_grad(float x, float y, float g, UnaryOp op) 
       return g * cosf(x);
     case UnaryOp::kCos:
       return -g * sinf(x);
+    case UnaryOp::kErf:  // 2 / sqrt(pi) * exp(-x^2)
+      return g * 1.12837916709551257f * expf(-x * x);
+    case UnaryOp::kLog1p:
+      return g / (1.0f + x);
+    case UnaryOp::kExpm1:
+      return g * (y + 1.0f);
   }
   return 0.0f;
 }

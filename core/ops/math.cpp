@@ -1,6 +1,7 @@
-// Elementwise math (exp log sqrt rsqrt abs neg tanh sin cos, pow, clamp) and selection (where,
-// masked_fill); see core/ops.h. The formulas, forward and backward, are kernels/math.h's, shared
-// by the CPU loops and the CUDA kernels. bf16/f16: See Note [Low-precision compute].
+// Elementwise math (exp log sqrt rsqrt abs neg tanh sin cos erf log1p expm1, pow, clamp) and
+// selection (where, masked_fill); see core/ops.h. The formulas, forward and backward, are
+// kernels/math.h's, shared by the CPU loops and the CUDA kernels. bf16/f16: See Note [Low-precision
+// compute].
 #include <cmath>
 
 #include "core/cuda_dispatch.h"
@@ -22,12 +23,15 @@ static_assert(int(Unary::kExp) == int(kernels::UnaryOp::kExp) &&
                   int(Unary::kNeg) == int(kernels::UnaryOp::kNeg) &&
                   int(Unary::kTanh) == int(kernels::UnaryOp::kTanh) &&
                   int(Unary::kSin) == int(kernels::UnaryOp::kSin) &&
-                  int(Unary::kCos) == int(kernels::UnaryOp::kCos),
+                  int(Unary::kCos) == int(kernels::UnaryOp::kCos) &&
+                  int(Unary::kErf) == int(kernels::UnaryOp::kErf) &&
+                  int(Unary::kLog1p) == int(kernels::UnaryOp::kLog1p) &&
+                  int(Unary::kExpm1) == int(kernels::UnaryOp::kExpm1),
               "core's Unary and kernels' UnaryOp list the functions in one order");
 
 const char* unary_name(Unary op) {
-  static const char* const names[] = {"exp", "log",  "sqrt", "rsqrt", "abs",
-                                      "neg", "tanh", "sin",  "cos"};
+  static const char* const names[] = {"exp",  "log", "sqrt", "rsqrt", "abs",   "neg",
+                                      "tanh", "sin", "cos",  "erf",   "log1p", "expm1"};
   return names[int(op)];
 }
 

@@ -104,6 +104,26 @@ Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
 
 namespace {
 
+// The backward of a selection along a dim: dx is zero but at the chosen places, which get the
+// gradient of the values there. values / chosen: [outer, k, inner] of r's view of x.
+void record_scatter_backward(const char* op, const Tensor& x, Tensor& values, const Tensor& chosen,
+                             const ReduceShape& r, int64_t k) {
+  const Shape in_shape = x.shape();
+  autograd::record(values, op, {x}, {}, [in_shape, r, chosen, k](const Tensor& grad) {
+    Tensor g = grad.contiguous();
+    Tensor dx = Tensor::empty(in_shape, DType::kF32, g.device());
+    if (g.device().is_cpu()) {
+      kernels::cpu::scatter_dim(g.data<float>(), chosen.data<int64_t>(), dx.data<float>(), r.outer,
+                                r.size, r.inner, k);
+    } else {
+      LOOM_IF_CUDA(kernels::cuda::scatter_dim(g.data<float>(), chosen.data<int64_t>(),
+                                              dx.data<float>(), r.outer, r.size, r.inner, k,
+                                              cuda_stream(g.device())));
+    }
+    return std::vector<Tensor>{dx};
+  });
+}
+
 ValuesIndices extreme(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool largest) {
   const detail::LowPrecision lp(op, {{"x", x}});
   if (lp) {  // every bf16/f16 value is exact in f32, so the choice is the same
@@ -132,21 +152,43 @@ ValuesIndices extreme(const char* op, const Tensor& x, int64_t dim, bool keepdim
                                             indices.data<int64_t>(), r.outer, r.size, r.inner,
                                             largest, cuda_stream(in.device())));
   }
-  const Shape in_shape = x.shape();
-  const Tensor chosen = indices;  // never written after this
-  autograd::record(values, op, {x}, {}, [in_shape, r, chosen](const Tensor& grad) {
-    Tensor g = grad.contiguous();
-    Tensor dx = Tensor::empty(in_shape, DType::kF32, g.device());
-    if (g.device().is_cpu()) {
-      kernels::cpu::scatter_dim(g.data<float>(), chosen.data<int64_t>(), dx.data<float>(), r.outer,
-                                r.size, r.inner);
+  record_scatter_backward(op, x, values, indices, r, 1);
+  return {values, indices};
+}
+
+ValuesIndices top_k(const Tensor& x, int64_t k, int64_t dim, bool largest) {
+  const char* op = "topk";
+  const detail::LowPrecision lp(op, {{"x", x}});
+  if (lp) {  // every bf16/f16 value is exact in f32, so the choice is the same
+    ValuesIndices r = top_k(lp.f32(x), k, dim, largest);
+    return {lp.round(r.values), r.indices};
+  }
+  detail::check_f32(op, "x", x);
+  const Tensor shaped = x.dim() == 0 ? x.reshape({1}) : x;  // a 0-d tensor is its own dim
+  dim = detail::wrap_dim(op, dim, shaped.dim());
+  LOOM_CHECK(k >= 0 && k <= shaped.size(dim), op, ": k = ", k, " is out of range for dim ", dim,
+             " of size ", shaped.size(dim));
+  const ReduceShape r = reduce_shape(shaped.shape(), dim);
+  Shape out_shape = shaped.shape();
+  out_shape[size_t(dim)] = k;
+  Tensor in = shaped.detach().contiguous();
+  Tensor values = Tensor::empty(out_shape, DType::kF32, in.device());
+  Tensor indices = Tensor::empty(out_shape, DType::kI64, in.device());
+  if (values.numel() > 0) {
+    if (in.device().is_cpu()) {
+      kernels::cpu::topk_dim(in.data<float>(), values.data<float>(), indices.data<int64_t>(),
+                             r.outer, r.size, r.inner, k, largest);
     } else {
-      LOOM_IF_CUDA(kernels::cuda::scatter_dim(g.data<float>(), chosen.data<int64_t>(),
-                                              dx.data<float>(), r.outer, r.size, r.inner,
-                                              cuda_stream(g.device())));
+      LOOM_IF_CUDA(kernels::cuda::topk_dim(in.data<float>(), values.data<float>(),
+                                           indices.data<int64_t>(), r.outer, r.size, r.inner, k,
+                                           largest, cuda_stream(in.device())));
     }
-    return std::vector<Tensor>{dx};
-  });
+  }
+  if (x.dim() == 0) {
+    values = values.reshape({});
+    indices = indices.reshape({});
+  }
+  record_scatter_backward(op, x, values, indices, r, k);
   return {values, indices};
 }
 
@@ -157,6 +199,9 @@ ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim) {
 }
 ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim) {
   return extreme("min", x, dim, keepdim, false);
+}
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
+  return top_k(x, k, dim, largest);
 }
 
 }  // namespace loom

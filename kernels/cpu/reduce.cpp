@@ -3,12 +3,13 @@
 // same memory-bound pass. The order of additions is fixed (no thread count dependence).
 #include "kernels/cpu/reduce.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "kernels/extreme.h"
-
-#include <cstddef>
-#include <vector>
 
 namespace loom::kernels::cpu {
 
@@ -80,12 +81,33 @@ void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer,
   }
 }
 
+void topk_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+              int64_t inner, int64_t k, bool largest) {
+#pragma omp parallel for schedule(static) if (outer * size * inner > (1 << 16) && outer * inner > 1)
+  for (int64_t column = 0; column < outer * inner; ++column) {
+    const int64_t o = column / inner, i = column % inner;
+    const float* xs = x + o * size * inner + i;  // the column: xs[r * inner]
+    std::vector<int64_t> order(size_t(size), 0);
+    std::iota(order.begin(), order.end(), int64_t(0));
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+      return ranks_before(xs[a * inner], a, xs[b * inner], b, largest);
+    });
+    for (int64_t j = 0; j < k; ++j) {
+      values[(o * k + j) * inner + i] = xs[order[size_t(j)] * inner];
+      indices[(o * k + j) * inner + i] = order[size_t(j)];
+    }
+  }
+}
+
 void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
-                 int64_t inner) {
+                 int64_t inner, int64_t k) {
   std::memset(out, 0, size_t(outer * size * inner) * sizeof(float));
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < inner; ++i)
-      out[(o * size + indices[o * inner + i]) * inner + i] = g[o * inner + i];
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t at = (o * k + j) * inner + i;
+        out[(o * size + indices[at]) * inner + i] = g[at];
+      }
 }
 
 }  // namespace loom::kernels::cpu

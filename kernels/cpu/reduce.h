@@ -20,9 +20,15 @@ void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int6
 void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
                  int64_t inner, bool largest);
 
-// out (outer * size * inner, zeroed here) gets g[o * inner + i] at r = indices[o * inner + i]:
-// the gradient of extreme_dim's values.
+// values / indices [outer, k, inner]: the k first of x's column (o, i) in topk's order
+// (kernels/extreme.h ranks_before), in that order. 1 <= k <= size.
+void topk_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+              int64_t inner, int64_t k, bool largest);
+
+// out (outer * size * inner, zeroed here) gets g[(o * k + j) * inner + i] at
+// r = indices[(o * k + j) * inner + i] for j < k (distinct within a column): the gradient of
+// extreme_dim's (k = 1) or topk_dim's values.
 void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
-                 int64_t inner);
+                 int64_t inner, int64_t k);
 
 }  // namespace loom::kernels::cpu

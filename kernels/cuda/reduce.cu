@@ -140,11 +140,41 @@ __global__ void extreme_kernel(const float* x, float* values, int64_t* indices, 
   }
 }
 
+// One thread per column, k passes: pass j picks the first candidate in topk's order
+// (kernels/extreme.h ranks_before) among those after pass j-1's pick, so no scratch memory is
+// needed. O(k * size) per column: simple rather than fast, meant for sampling's top-k of a few
+// rows, not for large k.
+__global__ void topk_kernel(const float* x, float* values, int64_t* indices, int64_t outer,
+                            int64_t size, int64_t inner, int64_t k, bool largest) {
+  LOOM_GRID_STRIDE(column, outer * inner) {
+    const int64_t o = column / inner, i = column % inner;
+    const float* xs = x + o * size * inner + i;
+    float prev = 0.0f;
+    int64_t prev_at = -1;
+    for (int64_t j = 0; j < k; ++j) {
+      float best = 0.0f;
+      int64_t at = -1;
+      for (int64_t r = 0; r < size; ++r) {
+        const float v = xs[r * inner];
+        if (prev_at >= 0 && !ranks_before(prev, prev_at, v, r, largest)) continue;  // taken
+        if (at < 0 || ranks_before(v, r, best, at, largest)) {
+          best = v;
+          at = r;
+        }
+      }
+      values[(o * k + j) * inner + i] = best;
+      indices[(o * k + j) * inner + i] = at;
+      prev = best;
+      prev_at = at;
+    }
+  }
+}
+
 __global__ void scatter_kernel(const float* g, const int64_t* indices, float* out, int64_t outer,
-                               int64_t size, int64_t inner) {
-  LOOM_GRID_STRIDE(j, outer * inner) {
-    const int64_t o = j / inner, i = j % inner;
-    out[(o * size + indices[j]) * inner + i] = g[j];
+                               int64_t size, int64_t inner, int64_t k) {
+  LOOM_GRID_STRIDE(at, outer * k * inner) {
+    const int64_t o = at / (k * inner), i = at % inner;
+    out[(o * size + indices[at]) * inner + i] = g[at];
   }
 }
 
@@ -158,13 +188,22 @@ void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer,
               outer, size, inner, largest);
 }
 
+void topk_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+              int64_t inner, int64_t k, bool largest, Stream stream) {
+  const int64_t columns = outer * inner;
+  if (columns == 0 || k == 0) return;
+  LOOM_LAUNCH(topk_kernel, grid_stride_blocks(columns), kBlock, 0, stream, x, values, indices,
+              outer, size, inner, k, largest);
+}
+
 void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
-                 int64_t inner, Stream stream) {
+                 int64_t inner, int64_t k, Stream stream) {
   const int64_t n = outer * size * inner;
   if (n == 0) return;
   LOOM_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(n) * sizeof(float), stream));
-  LOOM_LAUNCH(scatter_kernel, grid_stride_blocks(outer * inner), kBlock, 0, stream, g, indices, out,
-              outer, size, inner);
+  if (k == 0) return;
+  LOOM_LAUNCH(scatter_kernel, grid_stride_blocks(outer * k * inner), kBlock, 0, stream, g, indices,
+              out, outer, size, inner, k);
 }
 
 }  // namespace loom::kernels::cuda

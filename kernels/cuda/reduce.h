@@ -17,10 +17,13 @@ void sum_dim(const float* x, float* out, int64_t outer, int64_t size, int64_t in
 void broadcast_dim(const float* g, float* out, int64_t outer, int64_t size, int64_t inner,
                    float scale, Stream stream);
 
-// The twins of kernels/cpu/reduce.h's extreme_dim and scatter_dim (the same tie and NaN rules).
+// The twins of kernels/cpu/reduce.h's extreme_dim, topk_dim and scatter_dim (the same tie and
+// NaN rules).
 void extreme_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
                  int64_t inner, bool largest, Stream stream);
+void topk_dim(const float* x, float* values, int64_t* indices, int64_t outer, int64_t size,
+              int64_t inner, int64_t k, bool largest, Stream stream);
 void scatter_dim(const float* g, const int64_t* indices, float* out, int64_t outer, int64_t size,
-                 int64_t inner, Stream stream);
+                 int64_t inner, int64_t k, Stream stream);
 
 }  // namespace loom::kernels::cuda

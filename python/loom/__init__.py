@@ -21,6 +21,7 @@ yet: DDP, ZeRO, pipelines (later landings of the Python issue).
 """
 
 from loom._loom import (  # noqa: F401
+    Tensor,
     abs,
     arange,
     argmax,
@@ -36,7 +37,9 @@ from loom._loom import (  # noqa: F401
     dtype,
     empty,
     eq,
+    erf,
     exp,
+    expm1,
     eye,
     float16,
     float32,
@@ -53,6 +56,7 @@ from loom._loom import (  # noqa: F401
     load,
     load_gpt,
     log,
+    log1p,
     lt,
     manual_seed,
     masked_fill,
@@ -75,12 +79,14 @@ from loom._loom import (  # noqa: F401
     sin,
     sqrt,
     stack,
+    std,
     tanh,
     tensor,
-    Tensor,
+    topk,
     tril,
     triu,
     uint8,
+    var,
     where,
     zeros,
 )
@@ -124,5 +130,5 @@ __all__ = [
     "full_like", "empty_like", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "negative", "tanh",
     "sin", "cos", "pow", "clamp", "clip", "where", "masked_fill", "broadcast_to", "max", "min",
     "argmax", "argmin", "manual_seed", "initial_seed", "randn", "rand", "randint", "stack",
-    "linspace", "eye", "tril", "triu",
+    "linspace", "eye", "tril", "triu", "erf", "log1p", "expm1", "topk", "var", "std",
 ]

@@ -20,6 +20,7 @@ void init_tensor(py::module_& m);       // tensor.cpp: dtypes, Tensor, tensor(),
 void init_ops(py::module_& m);          // ops.cpp: operators, reductions, nn.functional
 void init_math(py::module_& m);         // math_ops.cpp: exp log ... pow clamp where expand
 void init_creation(py::module_& m);     // creation_ops.cpp: random, stack, linspace, eye, tril
+void init_indexing(py::module_& m);     // indexing.cpp: t[...] and t[...] = value
 void init_autograd(py::module_& m);     // autograd.cpp: backward, grad, no-grad guards
 void init_nn(py::module_& m);           // nn.cpp: built-in modules (loom._loom.nn), Parameter
 void init_optim(py::module_& m);        // optim.cpp: SGD, AdamW, clip_grad_norm (loom._loom.optim)

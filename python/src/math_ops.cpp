@@ -1,14 +1,16 @@
 // Elementwise math, selection and broadcasting under PyTorch's names, as loom functions and
-// Tensor methods: exp log sqrt rsqrt abs neg tanh sin cos, pow (and t ** number), clamp, where,
-// masked_fill, expand, and the max / min / argmax / argmin reductions. Each is differentiable
-// (core/ops.h) and runs with the GIL released.
+// Tensor methods: exp log sqrt rsqrt abs neg tanh sin cos erf log1p expm1, pow (and t ** number),
+// clamp, where, masked_fill, expand, and the max / min / argmax / argmin reductions. Each is
+// differentiable (core/ops.h) and runs with the GIL released.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "core/ops.h"
@@ -81,6 +83,14 @@ Tensor split_among_ties(const Tensor& x, const Tensor& v) {
   return add(v, div(sub(tied, tied.detach()), count).to(v.dtype()));
 }
 
+// (values, indices) as a named tuple, as torch.return_types.max / topk.
+py::object values_indices_tuple(const ValuesIndices& r) {
+  static py::object type =
+      py::module_::import("collections")
+          .attr("namedtuple")("return_types", py::make_tuple("values", "indices"));
+  return type(py::cast(r.values), py::cast(r.indices));
+}
+
 // max / min / argmax / argmin as PyTorch's: no dim gives the extreme of all elements (a 0-d
 // tensor); a dim gives (values, indices), a named tuple as torch.return_types.max.
 py::object extreme_py(const Tensor& x, py::handle dim, bool keepdim, bool largest,
@@ -112,10 +122,78 @@ py::object extreme_py(const Tensor& x, py::handle dim, bool keepdim, bool larges
     r = largest ? max_dim(x, d, keepdim) : min_dim(x, d, keepdim);
   }
   if (index_only) return py::cast(r.indices);
-  static py::object type =
-      py::module_::import("collections")
-          .attr("namedtuple")("return_types", py::make_tuple("values", "indices"));
-  return type(py::cast(r.values), py::cast(r.indices));
+  return values_indices_tuple(r);
+}
+
+// topk as torch.topk (sorted=True only; loom's order of ties: the lower index first).
+py::object topk_py(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted) {
+  if (!sorted) throw py::value_error("topk: loom returns the elements sorted (sorted=True) only");
+  ValuesIndices r;
+  {
+    py::gil_scoped_release release;
+    r = topk(x, k, dim, largest);
+  }
+  return values_indices_tuple(r);
+}
+
+// The dims a reduction's `dim` argument names (None: all), in [0, x.dim()), sorted, distinct.
+std::vector<int64_t> reduced_dims(const char* op, const Tensor& x, py::handle dim) {
+  std::vector<int64_t> dims;
+  if (dim.is_none()) {
+    for (int64_t d = 0; d < x.dim(); ++d) dims.push_back(d);
+    return dims;
+  }
+  if (py::isinstance<py::int_>(dim))
+    dims.push_back(dim.cast<int64_t>());
+  else
+    dims = dim.cast<std::vector<int64_t>>();
+  for (int64_t& d : dims) {
+    LOOM_CHECK(d >= -x.dim() && d < std::max<int64_t>(1, x.dim()), op, ": dim ", d,
+               " out of range for a ", x.dim(), "-D tensor");
+    if (d < 0) d += x.dim();
+  }
+  std::sort(dims.begin(), dims.end());
+  LOOM_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(), op,
+             ": a dim appears twice");
+  return dims;
+}
+
+// var / std as torch.var / torch.std: sum((x - mean)^2) / (N - correction) over the dims, with
+// PyTorch's argument forms (unbiased=False is correction=0). Composed of differentiable ops, so
+// the gradient is autograd's. N - correction <= 0 gives inf or NaN, as PyTorch.
+Tensor variance(const Tensor& x, py::handle dim, py::handle unbiased, py::handle correction,
+                bool keepdim, bool root) {
+  const char* op = root ? "std" : "var";
+  if (py::isinstance<py::bool_>(dim)) {  // x.var(False): PyTorch's var(unbiased) form
+    if (!unbiased.is_none())
+      throw py::type_error(std::string(op) + ": dim must be an int or a tuple of ints");
+    unbiased = dim;
+    dim = py::none();
+  }
+  double c = 1.0;
+  if (!correction.is_none()) {
+    if (!unbiased.is_none())
+      throw py::type_error(std::string(op) + ": give unbiased or correction, not both");
+    c = correction.cast<double>();
+  } else if (!unbiased.is_none()) {
+    c = unbiased.cast<bool>() ? 1.0 : 0.0;
+  }
+  const std::vector<int64_t> dims = reduced_dims(op, x, dim);
+  py::gil_scoped_release release;
+  const Tensor xs = x.dim() == 0 ? x.reshape({1}) : x;
+  int64_t n = 1;
+  Tensor m = xs;
+  for (auto d = dims.rbegin(); d != dims.rend(); ++d) {
+    n *= xs.size(*d);
+    m = mean(m, *d, true);
+  }
+  const Tensor dev = sub(xs, m);
+  Tensor s = mul(dev, dev);
+  for (auto d = dims.rbegin(); d != dims.rend(); ++d) s = sum(s, *d, keepdim);
+  const double denominator = std::max(0.0, double(n) - c);
+  Tensor v = scale(s, 1.0 / denominator);  // 0 / 0: NaN; s / 0: inf, as PyTorch
+  if (root) v = unary(v, Unary::kSqrt);
+  return x.dim() == 0 ? v.reshape({}) : v;
 }
 
 }  // namespace
@@ -123,9 +201,10 @@ py::object extreme_py(const Tensor& x, py::handle dim, bool keepdim, bool larges
 void init_math(py::module_& m) {
   auto cls = py::reinterpret_borrow<py::class_<Tensor>>(m.attr("Tensor"));
   const std::pair<const char*, Unary> unaries[] = {
-      {"exp", Unary::kExp},     {"log", Unary::kLog}, {"sqrt", Unary::kSqrt},
-      {"rsqrt", Unary::kRsqrt}, {"abs", Unary::kAbs}, {"neg", Unary::kNeg},
-      {"tanh", Unary::kTanh},   {"sin", Unary::kSin}, {"cos", Unary::kCos}};
+      {"exp", Unary::kExp},     {"log", Unary::kLog},     {"sqrt", Unary::kSqrt},
+      {"rsqrt", Unary::kRsqrt}, {"abs", Unary::kAbs},     {"neg", Unary::kNeg},
+      {"tanh", Unary::kTanh},   {"sin", Unary::kSin},     {"cos", Unary::kCos},
+      {"erf", Unary::kErf},     {"log1p", Unary::kLog1p}, {"expm1", Unary::kExpm1}};
   for (const auto& [name, op] : unaries) {
     const Unary u = op;
     auto f = [u](const Tensor& x) { return unary(x, u); };
@@ -233,6 +312,27 @@ void init_math(py::module_& m) {
     m.def(arg_name, g, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false,
           arg_doc.c_str());
     cls.def(arg_name, g, py::arg("dim") = py::none(), py::arg("keepdim") = false, arg_doc.c_str());
+  }
+  const char* topk_doc =
+      "The k largest (largest=False: smallest) elements along dim and their indices, sorted, "
+      "as torch.topk; ties: the lower index first; NaN counts as the largest value. Values are "
+      "differentiable.";
+  m.def("topk", &topk_py, py::arg("input"), py::arg("k"), py::arg("dim") = -1,
+        py::arg("largest") = true, py::arg("sorted") = true, topk_doc);
+  cls.def("topk", &topk_py, py::arg("k"), py::arg("dim") = -1, py::arg("largest") = true,
+          py::arg("sorted") = true, topk_doc);
+  for (const bool root : {false, true}) {
+    const char* name = root ? "std" : "var";
+    const std::string doc = std::string("As torch.") + name +
+                            ": over dim (None: all; an int or a tuple), correction 1 by default "
+                            "(unbiased=False is correction=0); differentiable.";
+    auto f = [root](const Tensor& x, py::handle dim, py::handle unbiased, py::handle correction,
+                    bool keepdim) { return variance(x, dim, unbiased, correction, keepdim, root); };
+    m.def(name, f, py::arg("input"), py::arg("dim") = py::none(), py::arg("unbiased") = py::none(),
+          py::kw_only(), py::arg("correction") = py::none(), py::arg("keepdim") = false,
+          doc.c_str());
+    cls.def(name, f, py::arg("dim") = py::none(), py::arg("unbiased") = py::none(), py::kw_only(),
+            py::arg("correction") = py::none(), py::arg("keepdim") = false, doc.c_str());
   }
   m.def(
       "broadcast_to", [](const Tensor& x, const Shape& shape) { return expand(x, shape); },

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_loom, m) {
   loom::python::init_ops(m);
   loom::python::init_math(m);
   loom::python::init_creation(m);
+  loom::python::init_indexing(m);
   loom::python::init_nn(m);
   loom::python::init_optim(m);
   loom::python::init_distributed(m);

@@ -32,8 +32,8 @@ def check(loom_out, torch_out, leaves, rtol=1e-5, grad_rtol=1e-4):
         np.testing.assert_allclose(lt.grad.numpy(), tt.grad.numpy(), rtol=grad_rtol, atol=1e-5)
 
 
-UNARY = ["exp", "log", "sqrt", "rsqrt", "abs", "neg", "tanh", "sin", "cos"]
-POSITIVE = {"log", "sqrt", "rsqrt"}
+UNARY = ["exp", "log", "sqrt", "rsqrt", "abs", "neg", "tanh", "sin", "cos", "erf", "log1p", "expm1"]
+POSITIVE = {"log", "sqrt", "rsqrt", "log1p"}
 
 
 @pytest.mark.parametrize("name", UNARY)
@@ -203,3 +203,41 @@ def test_logits_argmax_accuracy_as_a_script_writes_it():
     lt = loom.tensor(logits.astype(np.float32))
     acc = float((lt.argmax(-1) == loom.tensor(targets)).to(loom.float32).mean())
     assert acc == pytest.approx(float((logits.argmax(-1) == targets).mean()))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_matches_torch_with_gradients(dim, largest):
+    x = rng.standard_normal((5, 8, 3))  # distinct values: torch's order of ties is unspecified
+    for via in ("function", "method"):
+        lx, tx = pair(x)
+        lo = loom.topk(lx, 3, dim, largest) if via == "function" else lx.topk(3, dim=dim,
+                                                                             largest=largest)
+        to = torch.topk(tx, 3, dim, largest)
+        np.testing.assert_array_equal(lo.indices.numpy(), to.indices.numpy())
+        check(lo.values, to.values, [(lx, tx)])
+
+
+def test_topk_ties_go_to_the_lower_index_and_errors_are_clear():
+    values, indices = loom.topk(loom.tensor([1.0, 5.0, 3.0, 5.0]), 2)
+    assert values.tolist() == [5.0, 5.0] and indices.tolist() == [1, 3]
+    with pytest.raises(ValueError, match="k = 5 is out of range"):
+        loom.topk(loom.zeros(4), 5)
+    with pytest.raises(ValueError, match="sorted=True"):
+        loom.zeros(4).topk(2, sorted=False)
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_std_forms_match_torch(name):
+    x = rng.standard_normal((4, 6, 5))
+    forms = [((), {}), ((1,), {}), (((0, 2),), {"keepdim": True}), ((-1,), {"correction": 0}),
+             ((1, False), {}), ((False,), {}), ((), {"dim": 2, "correction": 2, "keepdim": True})]
+    for args, kwargs in forms:
+        lx, tx = pair(x)
+        check(getattr(lx, name)(*args, **kwargs), getattr(tx, name)(*args, **kwargs), [(lx, tx)])
+    lx, tx = pair(x)
+    check(getattr(loom, name)(lx, 0), getattr(torch, name)(tx, 0), [(lx, tx)])
+    one = getattr(loom, name)(loom.tensor([2.0]))  # N - correction = 0: NaN, as PyTorch
+    assert np.isnan(one.item())
+    with pytest.raises(TypeError, match="not both"):
+        getattr(loom, name)(loom.zeros(3), 0, True, correction=1)

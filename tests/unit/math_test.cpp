@@ -4,7 +4,9 @@
 // (when there is a GPU) every op against the CPU, forward and backward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -23,8 +25,9 @@ using Values = std::vector<float>;
 
 Values values(const Tensor& t) { return t.detach().to(Device::cpu()).to_vector<float>(); }
 
-const Unary kUnaries[] = {Unary::kExp, Unary::kLog,  Unary::kSqrt, Unary::kRsqrt, Unary::kAbs,
-                          Unary::kNeg, Unary::kTanh, Unary::kSin,  Unary::kCos};
+const Unary kUnaries[] = {Unary::kExp, Unary::kLog, Unary::kSqrt,  Unary::kRsqrt,
+                          Unary::kAbs, Unary::kNeg, Unary::kTanh,  Unary::kSin,
+                          Unary::kCos, Unary::kErf, Unary::kLog1p, Unary::kExpm1};
 
 float reference(Unary op, float x) {
   switch (op) {
@@ -46,12 +49,18 @@ float reference(Unary op, float x) {
       return std::sin(x);
     case Unary::kCos:
       return std::cos(x);
+    case Unary::kErf:
+      return std::erf(x);
+    case Unary::kLog1p:
+      return std::log1p(x);
+    case Unary::kExpm1:
+      return std::expm1(x);
   }
   return 0.0f;
 }
 
 bool positive_only(Unary op) {
-  return op == Unary::kLog || op == Unary::kSqrt || op == Unary::kRsqrt;
+  return op == Unary::kLog || op == Unary::kSqrt || op == Unary::kRsqrt || op == Unary::kLog1p;
 }
 
 TEST(Unary, ValuesMatchTheCLibrary) {
@@ -259,6 +268,58 @@ TEST(Extreme, MaxMinValuesIndicesAndGradient) {
   testing::expect_error([&] { max_dim(Tensor::scalar(1.0), 0); }, {"0-d tensor"});
 }
 
+TEST(TopK, SortedValuesTiesNanAndGradient) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector(Values{1, 5, 3, 5, 2}, {5});
+  x.set_requires_grad(true);
+  ValuesIndices t = topk(x, 3);
+  EXPECT_EQ(values(t.values), (Values{5, 5, 3}));
+  EXPECT_EQ(t.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 2}));  // ties: lower first
+  sum(mul(t.values, Tensor::from_vector(Values{10, 20, 30}, {3}))).backward();
+  EXPECT_EQ(values(x.grad()), (Values{0, 10, 30, 20, 0}));
+  ValuesIndices s = topk(x.detach(), 2, 0, false);
+  EXPECT_EQ(values(s.values), (Values{1, 2}));
+  EXPECT_EQ(s.indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 4}));
+  // NaN is the largest value: first when largest, last otherwise.
+  const Tensor n = Tensor::from_vector(Values{1, nan, 3}, {3});
+  EXPECT_EQ(topk(n, 2).indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(topk(n, 3, 0, false).indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 1}));
+  // Along each dim of a 3-D tensor, against sorting each column.
+  const Tensor r = random_tensor({4, 6, 5}, 52);
+  const Values rv = values(r);
+  const int64_t strides[] = {30, 5, 1};
+  for (int64_t dim = 0; dim < 3; ++dim) {
+    const int64_t k = 3;
+    ValuesIndices top = topk(r, k, dim);
+    Shape expect_shape = r.shape();
+    expect_shape[size_t(dim)] = k;
+    ASSERT_EQ(top.values.shape(), expect_shape);
+    const Values tv = values(top.values);
+    const std::vector<int64_t> ti = top.indices.to_vector<int64_t>();
+    // Walk every output place (a, b, c) and check it is the column's j-th largest.
+    Shape s = expect_shape;
+    for (int64_t a = 0; a < s[0]; ++a)
+      for (int64_t b = 0; b < s[1]; ++b)
+        for (int64_t c = 0; c < s[2]; ++c) {
+          const int64_t place[] = {a, b, c};
+          const int64_t j = place[dim];
+          int64_t base = 0;
+          for (int64_t d = 0; d < 3; ++d) base += d == dim ? 0 : place[d] * strides[d];
+          Values column;
+          for (int64_t q = 0; q < r.size(dim); ++q)
+            column.push_back(rv[size_t(base + q * strides[dim])]);
+          Values sorted = column;
+          std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+          const size_t out = size_t((a * s[1] + b) * s[2] + c);
+          EXPECT_EQ(tv[out], sorted[size_t(j)]);
+          EXPECT_EQ(column[size_t(ti[out])], tv[out]);
+        }
+  }
+  EXPECT_EQ(topk(r, 0, 1).values.shape(), (Shape{4, 0, 5}));
+  testing::expect_error([&] { topk(r, 7, 1); }, {"topk", "k = 7", "size 6"});
+  testing::expect_error([&] { topk(r, 1, 3); }, {"topk"});
+}
+
 // ---------------------------------------------------------------- CUDA against the CPU
 
 // The op on CUDA and on the CPU, forward and backward with one random output gradient. The math
@@ -314,6 +375,26 @@ TEST(CudaMath, EveryOpAgainstTheCpu) {
         [dim](const std::vector<Tensor>& v) { return min_dim(v[0], dim).values; }, {r}, 0.0);
     EXPECT_EQ(max_dim(r.to(Device::cuda(0)), dim).indices.to(Device::cpu()).to_vector<int64_t>(),
               max_dim(r, dim).indices.to_vector<int64_t>());
+  }
+  for (int64_t dim : {0, 1, 2}) {
+    // Ties and NaN too: the order rule is kernels/extreme.h's on both sides.
+    Tensor r = random_tensor({9, 70, 5}, 46);
+    Values v = values(r);
+    v[3] = v[8] = v[13];
+    r = Tensor::from_vector(v, r.shape());
+    v[20] = std::numeric_limits<float>::quiet_NaN();  // indices only: expect_close fails on NaN
+    const Tensor with_nan = Tensor::from_vector(v, r.shape());
+    for (bool largest : {true, false}) {
+      expect_cuda_matches_cpu(
+          [dim, largest](const std::vector<Tensor>& in) {
+            return topk(in[0], 4, dim, largest).values;
+          },
+          {r}, 0.0);
+      EXPECT_EQ(topk(with_nan.to(Device::cuda(0)), 4, dim, largest)
+                    .indices.to(Device::cpu())
+                    .to_vector<int64_t>(),
+                topk(with_nan, 4, dim, largest).indices.to_vector<int64_t>());
+    }
   }
   const Tensor c = random_tensor({5, 1, 7}, 43), d = random_tensor({3, 1}, 44, 1.0f, 2.0f);
   expect_cuda_matches_cpu([](const std::vector<Tensor>& v) { return div(v[0], v[1]); }, {c, d},
