@@ -14,10 +14,12 @@ carry over::
     with loom.no_grad():
         w -= 0.1 * w.grad
 
-Bound so far: Tensor, dtypes, numpy interop, operators and the functional ops, autograd, loom.nn
-(Module to subclass, the built-in modules, GPT), loom.optim (SGD, AdamW), loom.distributed (the
-communicator's collectives on tensors, under mpirun) and weight I/O (loom.load / loom.save). Not
-yet: DDP, ZeRO, pipelines (later landings of the Python issue).
+Bound: Tensor, dtypes, numpy interop, operators, indexing and the functional ops, autograd,
+loom.nn (Module to subclass, containers, activations, losses, RMSNorm, the built-in modules,
+GPT), loom.optim (SGD, Adam, AdamW with parameter groups; loom.optim.lr_scheduler),
+loom.utils.data (Dataset, DataLoader, DistributedSampler), loom.distributed (collectives, DDP,
+ZeRO, tensor and pipeline parallelism, checkpoints, under mpirun) and weight I/O (loom.load /
+loom.save).
 """
 
 from loom._loom import (  # noqa: F401
@@ -119,13 +121,24 @@ def empty_like(input, *, dtype=None, device=None, requires_grad=False):
 from loom import data, distributed, nn, optim  # noqa: F401
 from loom import _job_exit
 
+
+def __getattr__(name):
+    """``loom.utils`` loads on first use: its data loaders need numpy, which ``import loom`` does
+    not."""
+    if name == "utils":
+        import importlib
+
+        return importlib.import_module("loom.utils")
+    raise AttributeError(f"module 'loom' has no attribute '{name}'")
+
+
 _job_exit.install()  # under mpirun, an uncaught exception on one rank ends the job at once
 
 __all__ = [
     "Tensor", "dtype", "float32", "bfloat16", "float16", "int32", "int64", "uint8",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "matmul", "cat",
     "no_grad", "enable_grad", "is_grad_enabled", "memory_allocated", "max_memory_allocated",
-    "cuda_is_available", "cuda_device_count", "nn", "optim", "distributed", "load", "save",
+    "cuda_is_available", "cuda_device_count", "nn", "optim", "utils", "distributed", "load", "save",
     "load_gpt", "save_gpt", "eq", "ne", "lt", "le", "gt", "ge", "zeros_like", "ones_like",
     "full_like", "empty_like", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "negative", "tanh",
     "sin", "cos", "pow", "clamp", "clip", "where", "masked_fill", "broadcast_to", "max", "min",

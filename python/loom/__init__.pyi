@@ -6,6 +6,7 @@ import numpy as np
 from loom import distributed as distributed
 from loom import nn as nn
 from loom import optim as optim
+from loom import utils as utils
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _Number = Union[int, float]

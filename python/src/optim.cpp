@@ -1,5 +1,5 @@
-// The optimizers (optimizer/*.h) as loom._loom.optim.*, and gradient clipping. python/loom/optim.py
-// wraps them under PyTorch's names and signatures (param_groups, state_dict's layout); this file
+// The optimizers (optimizer/*.h) as loom._loom.optim.*, and gradient clipping.
+// python/loom/optim/__init__.py wraps them under PyTorch's names and signatures (param_groups, state_dict's layout); this file
 // only converts arguments. step() and clipping release the GIL: they touch no Python object, and
 // the parameters they update are held by the C++ optimizer (shared tensors), not by Python.
 #include <pybind11/stl.h>

@@ -6,10 +6,19 @@ through the ops it calls. Built-in modules (loom.nn.Linear, GPT, ...) are subcla
 lives in C++ (see modules.py), so both kinds nest either way round.
 
 Order: ``named_parameters()`` lists a module's own parameters in assignment order, then each
-child's, depth first (PyTorch's order).
+child's, depth first (PyTorch's order). ``state_dict()`` holds, module by module, the parameters
+then the persistent buffers (tensors registered with ``register_buffer``: state that is not
+trained, such as running statistics or a fixed mask).
+
+``copy.deepcopy(model)`` gives an independent model with equal values: parameters and buffers are
+cloned (a parameter shared by two modules stays shared in the copy), gradients are not copied
+(as PyTorch's Parameter), and a built-in (C++) module is rebuilt from its constructor's arguments
+and loaded with the original's values (modules.py). A module wrapped by ZeRO-3 holds only its
+shard and cannot be copied: copy it before wrapping.
 """
 
 import collections
+import copy
 
 from loom import _loom
 from loom.autograd import no_grad
@@ -35,10 +44,37 @@ class Parameter(Tensor):
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
+    def __deepcopy__(self, memo):
+        return _copy_tensor(self, memo)
+
 
 def _is_parameter(value):
     return isinstance(value, Parameter) or (
         isinstance(value, Tensor) and value.requires_grad and value.is_leaf)
+
+
+def _copy_tensor(t, memo):
+    """An independent copy of ``t`` for copy.deepcopy: new memory with t's values, dtype and
+    device; a Parameter (or a leaf requiring grad) stays one; the gradient is not copied. The
+    memo keeps shared tensors shared."""
+    if id(t) in memo:
+        return memo[id(t)]
+    data = t.detach().clone()
+    if isinstance(t, Parameter):
+        new = Parameter(data, t.requires_grad)
+    elif t.requires_grad and t.is_leaf:
+        new = Tensor(data, True)
+    else:
+        new = data
+    memo[id(t)] = new
+    return new
+
+
+def _check_name(kind, name):
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
+    if not name or "." in name:
+        raise KeyError(f"{kind} name must be non-empty and contain no '.', got '{name}'")
 
 
 class Module:
@@ -66,6 +102,8 @@ class Module:
 
     def __init__(self):
         object.__setattr__(self, "_parameters", collections.OrderedDict())
+        object.__setattr__(self, "_buffers", collections.OrderedDict())
+        object.__setattr__(self, "_non_persistent_buffers", set())
         object.__setattr__(self, "_modules", collections.OrderedDict())
         object.__setattr__(self, "_training", True)
 
@@ -76,14 +114,24 @@ class Module:
             raise AttributeError(
                 f"cannot assign '{name}' before Module.__init__() (call super().__init__() first)")
         params, modules = self._parameters, self._modules
+        buffers = self.__dict__.get("_buffers", {})
+        if name in buffers and not isinstance(value, (Module, Parameter)):
+            # A buffer stays a buffer (even a tensor requiring grad, as in PyTorch).
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign a {type(value).__name__} to buffer '{name}' "
+                                f"(a loom.Tensor or None)")
+            buffers[name] = value
+            return
         if name in params or name in modules or isinstance(value, Module) or _is_parameter(value):
             self._check_not_wrapped(name)
         if isinstance(value, Module):
             params.pop(name, None)
+            self._drop_buffer(name)
             self.__dict__.pop(name, None)
             modules[name] = value
         elif _is_parameter(value) or (value is None and name in params):
             modules.pop(name, None)
+            self._drop_buffer(name)
             self.__dict__.pop(name, None)
             params[name] = value
         else:
@@ -96,19 +144,24 @@ class Module:
 
     def __getattr__(self, name):  # only called when normal lookup fails
         d = self.__dict__
-        if "_parameters" in d and name in d["_parameters"]:
-            return d["_parameters"][name]
-        if "_modules" in d and name in d["_modules"]:
-            return d["_modules"][name]
+        for registry in ("_parameters", "_buffers", "_modules"):
+            if registry in d and name in d[registry]:
+                return d[registry][name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name):
         if name in self._parameters:
             del self._parameters[name]
+        elif name in self.__dict__.get("_buffers", {}):
+            self._drop_buffer(name)
         elif name in self._modules:
             del self._modules[name]
         else:
             object.__delattr__(self, name)
+
+    def _drop_buffer(self, name):
+        self.__dict__.get("_buffers", {}).pop(name, None)
+        self.__dict__.get("_non_persistent_buffers", set()).discard(name)
 
     def _check_not_wrapped(self, name):
         if "_node" in self.__dict__:
@@ -133,6 +186,27 @@ class Module:
         self._modules[name] = module
 
     register_module = add_module
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """Registers ``tensor`` (or None) as buffer ``name``: module state that is not a parameter
+        (not trained, not in ``parameters()``), reachable as ``self.<name>``, listed by
+        ``buffers()``, moved and converted by ``to()`` (only floating buffers change dtype), copied
+        by deepcopy and, when ``persistent``, saved in ``state_dict()``::
+
+            self.register_buffer("mask", loom.tril(loom.ones(T, T)).to(loom.uint8))
+        """
+        _check_name("buffer", name)
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer: '{name}' must be a loom.Tensor or None, got "
+                            f"{type(tensor).__name__}")
+        if name in self._parameters or name in self._modules or (
+                name in self.__dict__ and name not in self.__dict__.get("_buffers", {})):
+            raise KeyError(f"register_buffer: attribute '{name}' already exists")
+        self.__dict__["_buffers"][name] = tensor
+        if persistent:
+            self.__dict__["_non_persistent_buffers"].discard(name)
+        else:
+            self.__dict__["_non_persistent_buffers"].add(name)
 
     # ---------------------------------------------------------------- calling
 
@@ -194,16 +268,36 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
-    def named_parameters(self, prefix=""):
-        """(dotted name, parameter): own parameters, then each child's, depth first."""
+    def named_parameters(self, prefix="", recurse=True):
+        """(dotted name, parameter): own parameters, then (recurse) each child's, depth first."""
         for name, p in self._own_parameters():
             yield (prefix + "." + name if prefix else name), p
-        for name, child in self.named_children():
-            yield from child.named_parameters(prefix + "." + name if prefix else name)
+        if recurse:
+            for name, child in self.named_children():
+                yield from child.named_parameters(prefix + "." + name if prefix else name)
 
-    def parameters(self):
-        for _, p in self.named_parameters():
+    def parameters(self, recurse=True):
+        for _, p in self.named_parameters(recurse=recurse):
             yield p
+
+    def _own_buffers(self, persistent_only=False):
+        """(local name, tensor) of this module's own buffers that are not None."""
+        skip = self.__dict__.get("_non_persistent_buffers", ()) if persistent_only else ()
+        return [(n, b) for n, b in self.__dict__.get("_buffers", {}).items()
+                if b is not None and n not in skip]
+
+    def named_buffers(self, prefix="", recurse=True, _persistent_only=False):
+        """(dotted name, buffer): own buffers, then (recurse) each child's, depth first."""
+        for name, b in self._own_buffers(_persistent_only):
+            yield (prefix + "." + name if prefix else name), b
+        if recurse:
+            for name, child in self.named_children():
+                yield from child.named_buffers(prefix + "." + name if prefix else name, True,
+                                               _persistent_only)
+
+    def buffers(self, recurse=True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
 
     def num_parameters(self):
         """Elements of all parameters."""
@@ -211,12 +305,28 @@ class Module:
 
     # ---------------------------------------------------------------- state
 
-    def state_dict(self):
-        """name -> tensor, detached but sharing memory with the parameters (as PyTorch)."""
-        return collections.OrderedDict((n, p.detach()) for n, p in self.named_parameters())
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """name -> tensor: module by module (depth first) the parameters, then the persistent
+        buffers; detached but sharing memory with them (as PyTorch; ``keep_vars`` keeps the
+        tensors themselves)."""
+        out = collections.OrderedDict() if destination is None else destination
+        self._save_to_state_dict(out, prefix, keep_vars)
+        for name, child in self.named_children():
+            child.state_dict(out, prefix + name + ".", keep_vars)
+        return out
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """This module's own entries (parameters, then persistent buffers) into destination."""
+        for name, t in self._own_parameters() + self._own_buffers(persistent_only=True):
+            destination[prefix + name] = t if keep_vars else t.detach()
+
+    def _state_tensors(self):
+        """name -> tensor of every state_dict entry (the tensors themselves)."""
+        return self.state_dict(keep_vars=True)
 
     def load_state_dict(self, state_dict, strict=True):
-        """Copies values into the existing parameters (their memory and identity stay).
+        """Copies values into the existing parameters and persistent buffers (their memory and
+        identity stay).
 
         Raises ValueError naming the key for a shape, or a non-floating dtype, that differs from
         the module's (floating dtypes are converted), and, when ``strict``, listing missing and
@@ -225,7 +335,7 @@ class Module:
         """
         import numpy as np
 
-        own = collections.OrderedDict(self.named_parameters())
+        own = self._state_tensors()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         if strict and (missing or unexpected):
@@ -283,9 +393,31 @@ class Module:
                 with no_grad():
                     p.grad.zero_()
 
+    def apply(self, fn):
+        """Calls ``fn(module)`` on every descendant (children first, depth first) and then on this
+        module, as PyTorch's ``apply``; returns self. The usual use is initialisation::
+
+            def init(m):
+                if isinstance(m, loom.nn.Linear):
+                    with loom.no_grad():
+                        m.weight.normal_(0.0, 0.02)
+            model.apply(init)
+        """
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def requires_grad_(self, requires_grad=True):
+        """Sets ``requires_grad`` on every parameter (False freezes the module); returns self."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
     def to(self, *args, dtype=None, device=None):
         """to(loom.bfloat16) / to("cuda:0") / to(dtype=..., device=...): converts every parameter
         in place (the same tensors, so optimizers built later see them; gradients are dropped).
+        Buffers are replaced by converted copies (only floating ones change dtype, as PyTorch).
         Returns self."""
         for a in args:
             if isinstance(a, _loom.dtype):
@@ -300,8 +432,47 @@ class Module:
     def _to(self, dtype, device):
         for _, p in self._own_parameters():
             p._to_(dtype=dtype, device=device)
+        self._buffers_to(dtype, device)
         for child in self.children():
             child._to(dtype, device)
+
+    def _buffers_to(self, dtype, device):
+        buffers = self.__dict__.get("_buffers", {})
+        for name, b in list(buffers.items()):
+            if b is None:
+                continue
+            floating = dtype is not None and b.dtype.is_floating_point
+            buffers[name] = b.to(dtype=dtype if floating else None, device=device)
+
+    # ---------------------------------------------------------------- copying
+
+    def __deepcopy__(self, memo):
+        node = self.__dict__.get("_node")
+        if node is not None and node.has_forward_hooks:
+            raise RuntimeError(
+                f"copy.deepcopy: {type(self).__name__} is wrapped by ZeroRedundancyOptimizer "
+                f"stage 3, so it holds only this rank's shard; deepcopy the model before "
+                f"wrapping it (or gather_parameters() and copy its state_dict())")
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if key == "_node":  # the copy is not wrapped: it gets its own node on demand
+                continue
+            if key in ("_parameters", "_buffers"):
+                new.__dict__[key] = collections.OrderedDict(
+                    (n, None if t is None else _copy_tensor(t, memo)) for n, t in value.items())
+            elif isinstance(value, Tensor):
+                new.__dict__[key] = _copy_tensor(value, memo)
+            else:
+                try:
+                    new.__dict__[key] = copy.deepcopy(value, memo)
+                except TypeError as e:
+                    raise TypeError(
+                        f"copy.deepcopy: attribute '{key}' of {cls.__name__} cannot be copied "
+                        f"({e}); a container of loom tensors is not copyable yet: register "
+                        f"tensors as parameters or buffers (register_buffer)") from e
+        return new
 
     def init_parameters(self, seed, _prefix=""):
         """Initialises every built-in (C++) descendant's parameters under ``seed``, keyed by its
@@ -375,14 +546,24 @@ class ModuleList(Module):
 
 
 class Sequential(Module):
-    """Modules applied in order (torch.nn.Sequential): ``Sequential(Linear(4, 8), ReLU())``."""
+    """Modules applied in order (torch.nn.Sequential)::
+
+        mlp = loom.nn.Sequential(loom.nn.Linear(4, 8), loom.nn.ReLU(), loom.nn.Linear(8, 2))
+        named = loom.nn.Sequential(collections.OrderedDict([("fc", loom.nn.Linear(4, 2))]))
+    """
 
     def __init__(self, *modules):
         super().__init__()
-        for i, m in enumerate(modules):
-            self.add_module(str(i), m)
+        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
+            for name, m in modules[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(modules):
+                self.add_module(str(i), m)
 
     def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sequential(collections.OrderedDict(list(self._modules.items())[i]))
         return list(self._modules.values())[i]
 
     def __len__(self):
@@ -395,3 +576,181 @@ class Sequential(Module):
         for m in self._modules.values():
             x = m(x)
         return x
+
+    def append(self, module):
+        """Adds ``module`` at the end; returns self."""
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+
+class ModuleDict(Module):
+    """Modules by name, registered as children under their keys, in insertion order
+    (torch.nn.ModuleDict)::
+
+        self.heads = loom.nn.ModuleDict({"cls": loom.nn.Linear(8, 3), "reg": loom.nn.Linear(8, 1)})
+        y = self.heads["cls"](x)
+    """
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        _check_name("ModuleDict key", key)
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        self._check_not_wrapped(key)
+        del self._modules[key]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules))
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return list(self._modules.keys())
+
+    def values(self):
+        return list(self._modules.values())
+
+    def items(self):
+        return list(self._modules.items())
+
+    def update(self, modules):
+        """Adds or replaces entries from a mapping or an iterable of (key, module) pairs."""
+        pairs = modules.items() if hasattr(modules, "items") else modules
+        for key, module in pairs:
+            self[key] = module
+
+    def pop(self, key):
+        module = self[key]
+        del self[key]
+        return module
+
+    def clear(self):
+        for key in self.keys():
+            del self[key]
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleDict has no forward(); call its modules by key")
+
+
+def _as_parameter(value):
+    """value as a module parameter: a Parameter (or a leaf requiring grad) as it is, any other
+    tensor wrapped in a Parameter sharing its memory (as torch.nn.ParameterList does)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"expected a loom.Tensor (or loom.nn.Parameter), got "
+                        f"{type(value).__name__}")
+    return value if _is_parameter(value) else Parameter(value)
+
+
+class ParameterList(Module):
+    """A list of parameters registered as "0", "1", ... (torch.nn.ParameterList); tensors that
+    are not parameters are wrapped in loom.nn.Parameter::
+
+        self.scales = loom.nn.ParameterList([loom.nn.Parameter(loom.ones(8)) for _ in range(3)])
+    """
+
+    def __init__(self, values=None):
+        super().__init__()
+        if values is not None:
+            self.extend(values)
+
+    def _index(self, i):
+        n = len(self._parameters)
+        if not -n <= i < n:
+            raise IndexError(f"ParameterList index {i} out of range for {n} parameters")
+        return str(i % n)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self._parameters.values())[i]
+        return self._parameters[self._index(i)]
+
+    def __setitem__(self, i, value):
+        key = self._index(i)
+        self._check_not_wrapped(key)
+        self._parameters[key] = _as_parameter(value)
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(list(self._parameters.values()))
+
+    def append(self, value):
+        self.register_parameter(str(len(self._parameters)), _as_parameter(value))
+        return self
+
+    def extend(self, values):
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self):
+        return "\n".join(f"({i}): Parameter of shape {list(p.shape)} ({p.dtype})"
+                         for i, p in enumerate(self))
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ParameterList has no forward(); index its parameters")
+
+
+class ParameterDict(Module):
+    """Parameters by name, in insertion order (torch.nn.ParameterDict); tensors that are not
+    parameters are wrapped in loom.nn.Parameter."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key):
+        return self._parameters[key]
+
+    def __setitem__(self, key, value):
+        _check_name("ParameterDict key", key)
+        self.register_parameter(key, _as_parameter(value))
+
+    def __delitem__(self, key):
+        self._check_not_wrapped(key)
+        del self._parameters[key]
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(list(self._parameters))
+
+    def __contains__(self, key):
+        return key in self._parameters
+
+    def keys(self):
+        return list(self._parameters.keys())
+
+    def values(self):
+        return list(self._parameters.values())
+
+    def items(self):
+        return list(self._parameters.items())
+
+    def update(self, parameters):
+        pairs = parameters.items() if hasattr(parameters, "items") else parameters
+        for key, value in pairs:
+            self[key] = value
+
+    def pop(self, key):
+        value = self[key]
+        del self[key]
+        return value
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ParameterDict has no forward(); index its parameters")

@@ -10,16 +10,39 @@ Initialisation: a built-in module's weights are filled at construction by
 ``init_parameters(seed=0)`` under its own names. Call ``init_parameters(seed)`` on the root model
 to re-key every built-in parameter by its full name (as loom's C++ models do), so the values do
 not depend on how the model was assembled.
+
+Where a built-in module differs from a Python one (the C++ module owns its tensors):
+
+- ``lin.weight = loom.nn.Parameter(t)`` copies t's values (and its requires_grad) into the
+  module's own weight, whose shape cannot change; the module does not adopt t, so two built-in
+  modules cannot share one tensor this way (a plain tensor is refused, so an attempt to tie
+  weights fails loudly). Freeze with ``lin.weight.requires_grad_(False)`` or
+  ``lin.requires_grad_(False)``.
+- ``copy.deepcopy`` builds a new module from the constructor's arguments and copies the values,
+  dtype, device, names and modes; a view of a C++ child (``gpt.blocks[0]``) and the modules over
+  process groups (tensor-parallel, pipeline stages, sharded tables) cannot be copied.
 """
 
+import collections
+import copy
+
 from loom import _loom
-from loom.nn.module import Module
+from loom.autograd import no_grad
+from loom.nn.module import Module, Parameter, _copy_tensor
 
 _cpp = _loom.nn
 
 
 class _CppModule(Module):
     """A loom.nn.Module over a C++ module (``self._cpp``)."""
+
+    # True for the single-process modules, which copy.deepcopy rebuilds from their arguments.
+    _copy_by_rebuild = False
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self.__dict__["_ctor_args"] = (args, kwargs)  # for copy.deepcopy
+        return self
 
     def __init__(self, cpp, init_seed=0):
         super().__init__()
@@ -65,6 +88,32 @@ class _CppModule(Module):
         for i in range(len(self)):
             yield self[i]
 
+    def __setattr__(self, name, value):
+        cpp = self.__dict__.get("_cpp")
+        own = dict(cpp.named_parameters()) if cpp is not None and "." not in name else {}
+        if name in own and name not in self.__dict__.get("_buffers", {}):
+            self._assign_parameter(name, own[name], value)
+        else:
+            Module.__setattr__(self, name, value)
+
+    def _assign_parameter(self, name, current, value):
+        """``module.<name> = Parameter(t)`` for a C++ parameter: t's values (converted to the
+        parameter's dtype and device) and requires_grad, copied in. See the file's docstring."""
+        owner = f"{type(self).__name__}.{name}"
+        if not isinstance(value, Parameter):
+            raise TypeError(
+                f"cannot assign a {type(value).__name__} to {owner}: a built-in module keeps its "
+                f"own tensors, so it takes a loom.nn.Parameter's values (copied) and cannot share "
+                f"another module's tensor (no weight tying between built-in modules); to set "
+                f"values in place use `with loom.no_grad(): module.{name}.copy_(t)`")
+        if tuple(value.shape) != tuple(current.shape):
+            raise ValueError(f"cannot assign a parameter of shape {list(value.shape)} to {owner} "
+                             f"of shape {list(current.shape)}: a built-in module's parameters "
+                             f"keep their shapes (build a module of the new size)")
+        with no_grad():
+            current.copy_(value.detach().to(dtype=current.dtype, device=current.device))
+        current.requires_grad_(value.requires_grad)
+
     # ---- the Module interface, answered by C++ ----
     def forward(self, x):
         return self._cpp(x)
@@ -81,9 +130,20 @@ class _CppModule(Module):
     def named_children(self):
         return iter([(name, getattr(self, name)) for name, _ in self._cpp.children()])
 
-    def named_parameters(self, prefix=""):
-        for name, p in self._cpp.named_parameters():
+    def named_parameters(self, prefix="", recurse=True):
+        params = self._cpp.named_parameters() if recurse else self._own_parameters()
+        for name, p in params:
             yield (prefix + "." + name if prefix else name), p
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        # The C++ order (parameters and children interleaved as registered), then the buffers
+        # registered from Python on this module or its views.
+        out = collections.OrderedDict() if destination is None else destination
+        entries = list(self._cpp.named_parameters()) + list(
+            self.named_buffers(_persistent_only=True))
+        for name, t in entries:
+            out[prefix + name] = t if keep_vars else t.detach()
+        return out
 
     def num_parameters(self):
         return self._cpp.num_parameters()
@@ -113,6 +173,51 @@ class _CppModule(Module):
             self._cpp.to_device(device)
         if dtype is not None:
             self._cpp.to_dtype(dtype)
+        for m in self.modules():
+            m._buffers_to(dtype, device)
+
+    def __deepcopy__(self, memo):
+        name = type(self).__name__
+        if self.__dict__.get("_is_view", False):
+            raise TypeError(
+                f"copy.deepcopy: this {name} is a child of a built-in module (such as "
+                f"gpt.blocks[0]), whose C++ module cannot be copied alone; deepcopy the whole "
+                f"model, or build a new {name} and load_state_dict(child.state_dict())")
+        if not type(self)._copy_by_rebuild:
+            raise TypeError(
+                f"copy.deepcopy: {name} is not copyable (its C++ module holds a process group, "
+                f"pipeline stages or shards); build another with the same arguments and "
+                f"load_state_dict(original.state_dict())")
+        mods = list(self.modules())
+        if any(m._cpp.has_forward_hooks for m in mods if isinstance(m, _CppModule)):
+            raise RuntimeError(
+                f"copy.deepcopy: {name} is wrapped by ZeroRedundancyOptimizer stage 3, so it "
+                f"holds only this rank's shard; deepcopy the model before wrapping it")
+        args, kwargs = self.__dict__["_ctor_args"]
+        new = type(self)(*args, **kwargs)
+        memo[id(self)] = new
+        params = self._cpp.named_parameters()
+        if params:  # the built-in .to() converts every parameter alike
+            first = params[0][1]
+            new._cpp.to_device(first.device)
+            new._cpp.to_dtype(first.dtype)
+        with no_grad():
+            for (_, p), (_, q) in zip(params, new._cpp.named_parameters()):
+                q.copy_(p.detach().to(dtype=q.dtype))
+                q.requires_grad_(p.requires_grad)
+        new._cpp.full_name = self._cpp.full_name
+        internal = {"_cpp", "_views", "_ctor_args", "_parameters", "_modules", "_buffers",
+                    "_non_persistent_buffers", "_training", "_is_view", "_node"}
+        for a, b in zip(mods, new.modules()):  # pre-order: a parent's train() comes first
+            b._cpp.train(a.training)
+            b.__dict__["_buffers"] = collections.OrderedDict(
+                (n, None if t is None else _copy_tensor(t, memo))
+                for n, t in a.__dict__["_buffers"].items())
+            b.__dict__["_non_persistent_buffers"] = set(a.__dict__["_non_persistent_buffers"])
+            for key, value in a.__dict__.items():
+                if key not in internal:
+                    b.__dict__[key] = copy.deepcopy(value, memo)
+        return new
 
     def init_parameters(self, seed, _prefix=""):
         """Fills this module's parameters under ``seed``, keyed by their full names (this
@@ -138,6 +243,8 @@ class Linear(_CppModule):
     Init (GPT-2's): weight normal(0, init_std), bias 0.
     """
 
+    _copy_by_rebuild = True
+
     def __init__(self, in_features, out_features, bias=True, *, init_std=0.02):
         super().__init__(_cpp.Linear(in_features, out_features, bias, init_std))
 
@@ -157,12 +264,16 @@ class Linear(_CppModule):
 class LayerNorm(_CppModule):
     """LayerNorm over the last dim with a learned scale (init 1) and shift (init 0)."""
 
+    _copy_by_rebuild = True
+
     def __init__(self, dim, eps=1e-5):
         super().__init__(_cpp.LayerNorm(dim, eps))
 
 
 class Embedding(_CppModule):
     """A lookup table [num_embeddings, embedding_dim]; init normal(0, init_std)."""
+
+    _copy_by_rebuild = True
 
     def __init__(self, num_embeddings, embedding_dim, *, init_std=0.02):
         super().__init__(_cpp.Embedding(num_embeddings, embedding_dim, init_std))
@@ -175,12 +286,16 @@ class Dropout(_CppModule):
     part, so masks change every step and dp ranks draw the single-process masks
     (loom/nn/_dropout.py). A module called twice in one step draws the same mask twice."""
 
+    _copy_by_rebuild = True
+
     def __init__(self, p=0.5):
         super().__init__(_cpp.Dropout(p))
 
 
 class MLP(_CppModule):
     """GPT-2's feed-forward block: fc (C -> 4C), GELU (tanh), proj (4C -> C), dropout."""
+
+    _copy_by_rebuild = True
 
     def __init__(self, channels, dropout=0.0, *, proj_std=0.02):
         super().__init__(_cpp.MLP(channels, dropout, proj_std))
@@ -189,12 +304,16 @@ class MLP(_CppModule):
 class CausalSelfAttention(_CppModule):
     """GPT-2's causal multi-head self-attention: qkv (C -> 3C), heads, attention, proj."""
 
+    _copy_by_rebuild = True
+
     def __init__(self, channels, heads, dropout=0.0, *, proj_std=0.02):
         super().__init__(_cpp.CausalSelfAttention(channels, heads, dropout, proj_std))
 
 
 class Block(_CppModule):
     """A pre-LayerNorm GPT-2 block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+
+    _copy_by_rebuild = True
 
     def __init__(self, channels, heads, dropout=0.0, *, proj_std=0.02):
         super().__init__(_cpp.Block(channels, heads, dropout, proj_std))
@@ -218,6 +337,8 @@ class GPT(_CppModule):
         >>> loss.backward()
     """
 
+    _copy_by_rebuild = True
+
     def __init__(self, config, *, dropout=0.0, checkpoint=False, seed=0):
         super().__init__(_cpp.GPT(config, dropout, checkpoint), init_seed=seed)
 
@@ -240,6 +361,8 @@ class EmbeddingBagCollection(_CppModule):
     per_sample_weights=None)`` takes CSR indices/offsets, feature-major over the tables, and
     returns [B, sum of dims] for 'sum' / 'mean' pooling. Parameters: "<name>.weight".
     """
+
+    _copy_by_rebuild = True
 
     def __init__(self, tables, pooling="sum", bounds_check="error"):
         super().__init__(_cpp.EmbeddingBagCollection(list(tables), pooling, bounds_check))
