@@ -20,14 +20,10 @@ torch = pytest.importorskip("torch")
 TF = torch.nn.functional
 rng = np.random.default_rng(1913)
 
+import torch_twins  # noqa: E402  (imports torch: after the skip)
+from torch_twins import pair  # noqa: E402
+
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def pair(a, requires_grad=True):
-    """The same float32 values as a loom leaf and a torch leaf."""
-    a = np.array(a, dtype=np.float32, order="C")
-    return (loom.tensor(a, requires_grad=requires_grad),
-            torch.tensor(a, requires_grad=requires_grad))
 
 
 def index_pair(a):
@@ -36,18 +32,7 @@ def index_pair(a):
 
 
 def check(loom_out, torch_out, leaves, rtol=RTOL, atol=ATOL):
-    """Equal values, then equal gradients of sum(out * g) for a random g, for each (loom, torch)
-    leaf pair."""
-    assert tuple(loom_out.shape) == tuple(torch_out.shape)
-    np.testing.assert_allclose(loom_out.detach().numpy(), torch_out.detach().numpy(), rtol=rtol,
-                               atol=atol)
-    g = rng.standard_normal(tuple(torch_out.shape)).astype(np.float32)
-    loom_out.backward(loom.tensor(g))
-    torch_out.backward(torch.tensor(g))
-    for i, (a, b) in enumerate(leaves):
-        assert a.grad is not None, f"leaf {i} has no loom gradient"
-        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=rtol, atol=atol,
-                                   err_msg=f"gradient of leaf {i}")
+    torch_twins.check(loom_out, torch_out, leaves, rng, rtol, atol)
 
 
 def targets_for(shape, classes, ignore_index=None, ignored=0.3):
