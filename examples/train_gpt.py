@@ -401,11 +401,6 @@ class DataParallelStep:
         return checkpoint.load(path, model=self.model, optimizer=self.opt, group=group)
 
 
-def _owner_is_counted(place, name):
-    """The copy the gradient norm counts: pipeline 0's; of wte, the first stage's."""
-    return place.pipeline == 0 and (name != "wte.weight" or place.stage == 0)
-
-
 class PipelineStep:
     """One optimizer step under pipeline parallelism (with dp and tp): loom-gpt's PipelineStep."""
 
@@ -450,10 +445,7 @@ class PipelineStep:
             # ZeRO-1 over dp: gradients from the executor's backwards (external_backward); the
             # norm counts one copy of each parameter.
             holder = self.holder
-            counted = {f"chunk{k}.{name}" for k, (place, stage) in
-                       enumerate(zip(self.places, self.stages))
-                       for name, _ in stage.named_parameters()
-                       if _owner_is_counted(place, name)}
+            counted = pipelining.counted_in_norm(self.stages, self.places)
             cls, kwargs = optimizer_kwargs(o)
             self.zero = dist.ZeroRedundancyOptimizer(
                 holder, self.dp, optimizer_class=cls, stage=1, bucket_mb=o.bucket_mb,
@@ -476,24 +468,6 @@ class PipelineStep:
         s += " (ZeRO-1)" if self.zero is not None else ""
         return (s + f" x pp {self.schedule.ranks}, schedule {self.schedule.name}, "
                 f"{self.schedule.microbatches} micro-batches")
-
-    def clip(self, max_norm):
-        sharded, whole, every = [], [], []
-        for place, stage in zip(self.places, self.stages):
-            cpp = stage._cpp_module()
-            for name, p in stage.named_parameters():
-                every.append(p)
-                if _owner_is_counted(place, name):
-                    is_shard = self.tp is not None and cpp._parameter_is_shard(name)
-                    (sharded if is_shard else whole).append(p)
-        tp_part = loom.full([1], nn.utils.grad_sum_of_squares(sharded))
-        if self.tp is not None:
-            self.tp.allreduce(tp_part)
-        sq = loom.full([1], tp_part.item() + nn.utils.grad_sum_of_squares(whole))
-        self.pp.allreduce(sq)
-        norm = float(np.sqrt(sq.item()))
-        nn.utils.clip_grads_to_norm_(every, norm, max_norm)
-        return norm
 
     def run(self, inputs, targets, step, lr):
         o, m = self.o, self.schedule.microbatches
@@ -522,7 +496,8 @@ class PipelineStep:
         norm = -1.0
         if o.grad_clip > 0:
             norm = (self.zero.clip_grad_norm_(o.grad_clip) if self.zero is not None
-                    else self.clip(o.grad_clip))
+                    else pipelining.clip_grad_norm_(self.stages, self.places, o.grad_clip,
+                                                    self.pp, self.tp))
         self.opt.lr = lr
         self.opt.step()
         self.opt.zero_grad()

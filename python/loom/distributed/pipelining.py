@@ -31,6 +31,8 @@ a RuntimeError once the group's ``timeout_seconds`` passes (See Note [Python cal
 executor] in python/src/pipeline.cpp).
 """
 
+import math
+
 from loom import _loom
 from loom.nn import modules as _modules
 
@@ -67,6 +69,7 @@ __all__ = [
     "schedule", "parse_schedule", "read_schedule", "format_schedule", "check_well_formed",
     "validate", "receive_posts", "stage_layers", "stage_costs", "replica_pairs", "stage_chunk",
     "sync_tied_embedding", "embedding_group", "gather_timelines", "measured_bubbles",
+    "counted_in_norm", "clip_grad_norm_",
 ]
 
 
@@ -181,3 +184,46 @@ def embedding_group(schedule, pp_group):
     copies), or None on the other ranks and when one rank holds both. Collective over pp_group
     (every rank must call it), as loom-gpt's PipelineStep builds it."""
     return _pl.embedding_group(schedule, pp_group)
+
+
+def _counts_in_norm(place, name):
+    """Whether this copy of a parameter counts in the global gradient norm: pipeline 0's
+    (Chimera's second pipeline holds replicas) and, of the tied wte, the first stage's."""
+    return place.pipeline == 0 and (name != "wte.weight" or place.stage == 0)
+
+
+def counted_in_norm(stages, places):
+    """The names ("chunk{k}.{name}", k in this rank's chunk order) of the parameters of
+    ``stages`` (this rank's GPTStages at ``places``, the schedule's chunks of this rank) that the
+    global gradient norm counts: each parameter of the model once. ZeroRedundancyOptimizer's
+    ``counted_in_norm`` takes this set."""
+    return {f"chunk{k}.{name}" for k, (place, stage) in enumerate(zip(places, stages))
+            for name, _ in stage.named_parameters() if _counts_in_norm(place, name)}
+
+
+def clip_grad_norm_(stages, places, max_norm, pp_group, tp_group=None):
+    """Scales the gradients of this rank's pipeline stages so the model's global L2 norm is at
+    most ``max_norm``, as one process's loom.nn.utils.clip_grad_norm_ over the whole model;
+    returns that norm (a float, the same on every rank). Each parameter counts once: the tied
+    wte's copies and Chimera's replicas by their first copy, a tensor-parallel shard by the sum
+    over ``tp_group``. Call it after the step's gradients are final (sync_tied_embedding and the
+    data-parallel average done). Collective over pp_group (and tp_group). Not for ZeRO, whose
+    ZeroRedundancyOptimizer.clip_grad_norm_ clips its shards."""
+    from loom.nn import utils as _utils
+
+    sharded, whole, every = [], [], []
+    for place, stage in zip(places, stages):
+        cpp = stage._cpp_module()
+        for name, p in stage.named_parameters():
+            every.append(p)
+            if _counts_in_norm(place, name):
+                is_shard = tp_group is not None and cpp._parameter_is_shard(name)
+                (sharded if is_shard else whole).append(p)
+    tp_part = _loom.full([1], _utils.grad_sum_of_squares(sharded))
+    if tp_group is not None:
+        tp_group.allreduce(tp_part)
+    total = _loom.full([1], tp_part.item() + _utils.grad_sum_of_squares(whole))
+    pp_group.allreduce(total)
+    norm = math.sqrt(total.item())
+    _utils.clip_grads_to_norm_(every, norm, max_norm)
+    return norm
