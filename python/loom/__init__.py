@@ -119,7 +119,39 @@ def empty_like(input, *, dtype=None, device=None, requires_grad=False):
     """Uninitialised memory of input's shape, dtype and device (as torch.empty_like)."""
     return _like(empty, input, dtype, device, requires_grad)
 from loom import data, distributed, nn, optim  # noqa: F401
-from loom import _job_exit
+from loom import _job_exit, _tensor_methods
+from loom._tensor_methods import (  # noqa: F401
+    all_ as all,
+    any_ as any,
+    argsort,
+    as_tensor,
+    chunk,
+    flip,
+    is_tensor,
+    isfinite,
+    isinf,
+    isnan,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    logsumexp,
+    maximum,
+    minimum,
+    numel,
+    rand_like,
+    randint_like,
+    randn_like,
+    randperm,
+    reciprocal,
+    sign,
+    sort,
+    split,
+    square,
+    unbind,
+)
+
+_tensor_methods.install()
 
 
 def __getattr__(name):
@@ -143,5 +175,9 @@ __all__ = [
     "full_like", "empty_like", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "negative", "tanh",
     "sin", "cos", "pow", "clamp", "clip", "where", "masked_fill", "broadcast_to", "max", "min",
     "argmax", "argmin", "manual_seed", "initial_seed", "randn", "rand", "randint", "stack",
-    "linspace", "eye", "tril", "triu", "erf", "log1p", "expm1", "topk", "var", "std",
+    "linspace", "eye", "tril", "triu", "erf", "log1p", "expm1", "topk", "var", "std", "all",
+    "any", "argsort", "as_tensor", "chunk", "flip", "is_tensor", "isfinite", "isinf", "isnan",
+    "logical_and", "logical_not", "logical_or", "logical_xor", "logsumexp", "maximum", "minimum",
+    "numel", "rand_like", "randint_like", "randn_like", "randperm", "reciprocal", "sign", "sort",
+    "split", "square", "unbind",
 ]

@@ -1,0 +1,274 @@
+"""The everyday Tensor methods and functions a PyTorch script touches that compose from loom's
+ops: dtype shorthands, any/all and the logical ops, isnan/isinf/isfinite, sign, square,
+reciprocal, minimum/maximum, logsumexp, sort/argsort, chunk/split/unbind, flip, new_* and the
+random *_like. Each is differentiable where PyTorch's is, through the ops it is made of.
+
+Where loom differs: loom has no bool dtype, so the "bool" results are uint8 tensors of 1 and 0
+(as loom's comparisons), ``t.bool()`` included; ``~``, ``&``, ``|`` and ``^`` are the logical
+ops on uint8 tensors (PyTorch's bool semantics), and refuse other dtypes rather than acting
+bitwise; loom has no float64 (``t.double()`` raises). ``sort`` is stable in both directions (ties
+keep their order), as PyTorch's with ``stable=True``. ``minimum``/``maximum`` give a tie's
+gradient to the second operand (PyTorch splits it).
+"""
+
+import collections
+
+from loom import _loom
+
+Tensor = _loom.Tensor
+_SortResult = collections.namedtuple("return_types", ["values", "indices"])
+
+
+def _mask(t):
+    """t as a truth mask (uint8, nonzero = true)."""
+    return t if t.dtype == _loom.uint8 else (t != 0)
+
+
+def _reduce_mask(mask, dim, keepdim):
+    counts = mask.to(_loom.float32)
+    return counts.sum() if dim is None and not keepdim else counts.sum(dim=dim, keepdim=keepdim)
+
+
+def any_(input, dim=None, keepdim=False):
+    """Whether any element (along dim) is nonzero, as torch.any; uint8 1/0."""
+    return _reduce_mask(_mask(input), dim, keepdim) > 0
+
+
+def all_(input, dim=None, keepdim=False):
+    """Whether every element (along dim) is nonzero, as torch.all; uint8 1/0."""
+    return _reduce_mask(_mask(input) == 0, dim, keepdim) == 0
+
+
+def logical_not(input):
+    return _mask(input) == 0
+
+
+def logical_and(input, other):
+    return (_mask(input).to(_loom.float32) * _mask(other).to(_loom.float32)) != 0
+
+
+def logical_or(input, other):
+    return (_mask(input).to(_loom.float32) + _mask(other).to(_loom.float32)) != 0
+
+
+def logical_xor(input, other):
+    return _mask(input) != _mask(other)
+
+
+def _logical_operator(name, fn):
+    def op(self, other):
+        if not isinstance(other, Tensor):
+            other = _loom.tensor(other).to(_loom.uint8)
+        if self.dtype != _loom.uint8 or other.dtype != _loom.uint8:
+            raise TypeError(f"{name}: loom's {name} is logical, on uint8 masks (loom's bool); got "
+                            f"{self.dtype} and {other.dtype} (bitwise ops on integers are not "
+                            "supported)")
+        return fn(self, other)
+    return op
+
+
+def _invert(self):
+    if self.dtype != _loom.uint8:
+        raise TypeError(f"~: loom's ~ is logical not, on uint8 masks (loom's bool); got "
+                        f"{self.dtype}")
+    return self == 0
+
+
+def isnan(input):
+    return input != input
+
+
+def isinf(input):
+    if not input.dtype.is_floating_point:
+        return input != input  # all false
+    return input.abs() == float("inf")
+
+
+def isfinite(input):
+    if not input.dtype.is_floating_point:
+        return input == input  # all true
+    return (input - input) == 0  # inf - inf and NaN - NaN are NaN
+
+
+def sign(input):
+    """-1, 0 or 1 (0 for NaN, as PyTorch's), with a zero gradient, as torch.sign."""
+    x = input.detach()
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+def square(input):
+    return input * input
+
+
+def reciprocal(input):
+    return 1.0 / input
+
+
+def maximum(input, other):
+    """Elementwise max with broadcasting, NaN propagating, as torch.maximum."""
+    return _loom.where((input > other) | isnan(input), input, other)
+
+
+def minimum(input, other):
+    """Elementwise min with broadcasting, NaN propagating, as torch.minimum."""
+    return _loom.where((input < other) | isnan(input), input, other)
+
+
+def logsumexp(input, dim, keepdim=False):
+    """log(sum(exp(x))) along dim (an int), computed stably, as torch.logsumexp."""
+    top = input.detach().max(dim, keepdim=True).values
+    top = _loom.where(isfinite(top), top, 0.0)  # all -inf (or inf) rows: no shift
+    out = (input - top).exp().sum(dim=dim, keepdim=True).log() + top
+    return out if keepdim else out.squeeze(dim)
+
+
+def sort(input, dim=-1, descending=False, stable=False):
+    """(values, indices) sorted along dim, as torch.sort; always stable. Values are
+    differentiable."""
+    if input.dim() == 0:
+        return _SortResult(input, _loom.zeros([], dtype=_loom.int64))
+    values, indices = _loom.topk(input, input.shape[dim], dim, descending)
+    return _SortResult(values, indices)
+
+
+def argsort(input, dim=-1, descending=False, stable=False):
+    return sort(input, dim, descending).indices
+
+
+def _along(t, dim, start, stop):
+    dim = dim + t.dim() if dim < 0 else dim
+    return t[(slice(None),) * dim + (slice(start, stop),)]
+
+
+def split(tensor, split_size_or_sections, dim=0):
+    """Views along dim of split_size each (the last may be smaller) or of the given sizes, as
+    torch.split."""
+    n = tensor.shape[dim]
+    if isinstance(split_size_or_sections, int):
+        if split_size_or_sections <= 0:
+            raise ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
+        sizes = [min(split_size_or_sections, n - s) for s in range(0, n, split_size_or_sections)]
+    else:
+        sizes = list(split_size_or_sections)
+        if sum(sizes) != n:
+            raise ValueError(f"split: the sizes {sizes} sum to {sum(sizes)}, dim {dim} has {n}")
+    out, at = [], 0
+    for size in sizes:
+        out.append(_along(tensor, dim, at, at + size))
+        at += size
+    return tuple(out)
+
+
+def chunk(input, chunks, dim=0):
+    """At most ``chunks`` pieces along dim, each ceil(n / chunks) long, as torch.chunk."""
+    if chunks <= 0:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    n = input.shape[dim]
+    return split(input, max(1, -(-n // chunks)), dim)
+
+
+def unbind(input, dim=0):
+    return tuple(_along(input, dim, i, i + 1).squeeze(dim) for i in range(input.shape[dim]))
+
+
+def flip(input, dims):
+    """input reversed along dims, as torch.flip (a copy; differentiable)."""
+    if isinstance(dims, int):
+        dims = [dims]
+    out = input
+    for d in dims:
+        d = d + input.dim() if d < 0 else d
+        out = out[(slice(None),) * d + (list(range(input.shape[d] - 1, -1, -1)),)]
+    return out
+
+
+def numel(input):
+    return input.numel()
+
+
+def is_tensor(obj):
+    return isinstance(obj, Tensor)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """data itself when it is a loom tensor of that dtype and device, else loom.tensor(data)."""
+    if isinstance(data, Tensor):
+        out = data if dtype is None else data.to(dtype)
+        return out if device is None else out.to(device)
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    out = _loom.tensor(data, **kwargs)
+    return out if device is None else out.to(device)
+
+
+def _random_like(make, input, dtype, device):
+    dtype = input.dtype if dtype is None else dtype
+    device = input.device if device is None else device
+    return make(dtype).to(device)
+
+
+def rand_like(input, *, dtype=None, device=None):
+    return _random_like(lambda dt: _loom.rand(list(input.shape)).to(dt), input, dtype, device)
+
+
+def randn_like(input, *, dtype=None, device=None):
+    return _random_like(lambda dt: _loom.randn(list(input.shape)).to(dt), input, dtype, device)
+
+
+def randint_like(input, low, high=None, *, dtype=None, device=None):
+    if high is None:
+        low, high = 0, low
+    return _random_like(lambda dt: _loom.randint(low, high, list(input.shape)).to(dt), input,
+                        dtype, device)
+
+
+def randperm(n, *, dtype=None):
+    """A random permutation of 0 .. n-1 from loom's global generator (int64), as torch.randperm;
+    not PyTorch's sequence (the generators differ)."""
+    out = argsort(_loom.rand([n])) if n > 0 else _loom.zeros([0], dtype=_loom.int64)
+    return out if dtype is None else out.to(dtype)
+
+
+def _double(self):
+    raise ValueError("double(): loom has no float64; float32 (t.float()) is its widest float")
+
+
+def _new(make):
+    def method(self, *args, dtype=None, device=None, requires_grad=False):
+        out = make(self, *args).to(self.dtype if dtype is None else dtype)
+        out = out.to(self.device if device is None else device)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+    return method
+
+
+def _size_list(args):
+    return list(args[0]) if len(args) == 1 and not isinstance(args[0], int) else list(args)
+
+
+def install():
+    """Adds the methods to loom.Tensor (called once by loom/__init__.py)."""
+    methods = {
+        "long": lambda self: self.to(_loom.int64),
+        "int": lambda self: self.to(_loom.int32),
+        "bool": lambda self: _mask(self),
+        "half": lambda self: self.to(_loom.float16),
+        "bfloat16": lambda self: self.to(_loom.bfloat16),
+        "double": _double,
+        "any": any_, "all": all_, "logical_not": logical_not, "logical_and": logical_and,
+        "logical_or": logical_or, "logical_xor": logical_xor, "__invert__": _invert,
+        "__and__": _logical_operator("&", logical_and),
+        "__or__": _logical_operator("|", logical_or),
+        "__xor__": _logical_operator("^", logical_xor),
+        "isnan": isnan, "isinf": isinf, "isfinite": isfinite, "sign": sign, "square": square,
+        "reciprocal": reciprocal, "maximum": maximum, "minimum": minimum,
+        "logsumexp": logsumexp, "sort": sort, "argsort": argsort, "split": split,
+        "chunk": chunk, "unbind": unbind, "flip": flip, "nelement": lambda self: self.numel(),
+        "type_as": lambda self, other: self.to(other.dtype),
+        "new_zeros": _new(lambda self, *size: _loom.zeros(_size_list(size))),
+        "new_ones": _new(lambda self, *size: _loom.ones(_size_list(size))),
+        "new_full": _new(lambda self, size, value: _loom.full(list(size), value)),
+        "new_tensor": _new(lambda self, data: _loom.tensor(data)),
+    }
+    for name, fn in methods.items():
+        setattr(Tensor, name, fn)
