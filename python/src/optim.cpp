@@ -1,7 +1,8 @@
 // The optimizers (optimizer/*.h) as loom._loom.optim.*, and gradient clipping.
-// python/loom/optim/__init__.py wraps them under PyTorch's names and signatures (param_groups, state_dict's layout); this file
-// only converts arguments. step() and clipping release the GIL: they touch no Python object, and
-// the parameters they update are held by the C++ optimizer (shared tensors), not by Python.
+// python/loom/optim/__init__.py wraps them under PyTorch's names and signatures (param_groups,
+// state_dict's layout); this file only converts arguments. step() and clipping release the GIL:
+// they touch no Python object, and the parameters they update are held by the C++ optimizer (shared
+// tensors), not by Python.
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -11,6 +12,7 @@
 #include "bindings.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
+#include "optimizer/mixed_precision.h"
 #include "optimizer/sgd.h"
 
 namespace loom::python {
@@ -99,6 +101,60 @@ void init_optim(py::module_& m) {
            py::arg("params"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
            py::arg("weight_decay"))
       .def("step_count", &optim::AdamW::step_count, py::arg("param_index"));
+
+  // MixedPrecisionOptimizer over a fresh AdamW or SGD (`inner`, its hyper-parameters in
+  // `options`: lr, betas, eps, weight_decay / momentum, dampening, nesterov) stepping the f32
+  // masters; loom.optim.MixedPrecisionOptimizer (python/loom/optim/__init__.py) builds it.
+  py::class_<optim::MixedPrecisionOptimizer, optim::Optimizer,
+             std::shared_ptr<optim::MixedPrecisionOptimizer>>(o, "MixedPrecision")
+      .def(py::init([](py::iterable params, const std::string& inner, py::dict options,
+                       bool scaling, double init_scale, double growth_factor, double backoff_factor,
+                       int64_t growth_interval, bool dynamic) {
+             const double lr = options["lr"].cast<double>();
+             optim::OptimizerFactory factory;
+             if (inner == "adamw") {
+               const optim::AdamWOptions a = adamw_options(
+                   lr, options["beta1"].cast<double>(), options["beta2"].cast<double>(),
+                   options["eps"].cast<double>(), options["weight_decay"].cast<double>());
+               factory = [a](std::vector<Tensor> ps) {
+                 return std::unique_ptr<optim::Optimizer>(new optim::AdamW(std::move(ps), a));
+               };
+             } else if (inner == "sgd") {
+               const optim::SgdOptions g = sgd_options(
+                   lr, options["momentum"].cast<double>(), options["dampening"].cast<double>(),
+                   options["weight_decay"].cast<double>(), options["nesterov"].cast<bool>());
+               factory = [g](std::vector<Tensor> ps) {
+                 return std::unique_ptr<optim::Optimizer>(new optim::SGD(std::move(ps), g));
+               };
+             } else {
+               throw py::value_error("MixedPrecision: inner must be 'adamw' or 'sgd', got '" +
+                                     inner + "'");
+             }
+             optim::LossScaler scaler = optim::LossScaler::none();
+             if (scaling) {
+               optim::LossScalerOptions so;
+               so.init_scale = init_scale;
+               so.growth_factor = growth_factor;
+               so.backoff_factor = backoff_factor;
+               so.growth_interval = growth_interval;
+               so.dynamic = dynamic;
+               scaler = optim::LossScaler(so);
+             }
+             return std::make_shared<optim::MixedPrecisionOptimizer>(
+                 optimizer_params(params, "MixedPrecisionOptimizer"), factory, scaler);
+           }),
+           py::arg("params"), py::arg("inner"), py::arg("options"), py::arg("scaling"),
+           py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"),
+           py::arg("growth_interval"), py::arg("dynamic"))
+      .def("scale_loss", &optim::MixedPrecisionOptimizer::scale_loss, py::arg("loss"), Release())
+      .def("unscale_gradients", &optim::MixedPrecisionOptimizer::unscale_gradients, Release())
+      .def("clip_grad_norm", &optim::MixedPrecisionOptimizer::clip_grad_norm, py::arg("max_norm"),
+           Release())
+      .def_property_readonly(
+          "scale", [](const optim::MixedPrecisionOptimizer& self) { return self.scaler().scale(); })
+      .def_property_readonly("last_step_skipped", [](const optim::MixedPrecisionOptimizer& self) {
+        return self.scaler().last_step_skipped();
+      });
 
   o.def(
       "clip_grad_norm",

@@ -51,7 +51,8 @@ from loom import _loom
 from loom.nn import _dropout
 from loom._loom.optim import LrSchedule  # noqa: F401  (bound in python/src/data.cpp)
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LrSchedule", "lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "MixedPrecisionOptimizer", "LrSchedule",
+           "lr_scheduler"]
 
 
 def _option(owner, key, value):
@@ -525,6 +526,90 @@ class Adam(Optimizer):
         finally:
             for p, grad in grads:
                 p.grad = grad
+
+
+class MixedPrecisionOptimizer(Optimizer):
+    """Trains a bf16 or f16 model with f32 master weights (optimizer/mixed_precision.h), without
+    ZeRO: ``optimizer_class`` (AdamW or SGD, with its keyword arguments) steps the masters, and
+    each step rounds them into the model's parameters. One parameter group.
+
+    ``loss_scale``: None (bf16: no scaling needed), "dynamic" (f16: torch.cuda.amp.GradScaler's
+    rule and defaults: start at 65536, halve and skip the step on an inf or NaN gradient, double
+    after 2000 good steps in a row), or a number (a fixed scale)::
+
+        model = loom.nn.GPT(config).to(loom.float16)
+        opt = loom.optim.MixedPrecisionOptimizer(model.parameters(), loom.optim.AdamW,
+                                                 loss_scale="dynamic", lr=3e-4)
+        opt.scale_loss(model.loss(idx, targets)).backward()
+        opt.clip_grad_norm_(1.0)     # optional: on the unscaled f32 gradients
+        opt.step()                   # skipped (nothing changes) on a non-finite gradient
+        opt.zero_grad()
+
+    Where loom differs from PyTorch's autocast + GradScaler: the model itself holds bf16/f16
+    parameters (``model.to(dtype)``) rather than casting per op, and the scaler lives in the
+    optimizer (``scale_loss`` is GradScaler.scale, ``step`` is GradScaler.step + update).
+    """
+
+    def __init__(self, params, optimizer_class=None, *, loss_scale=None, growth_factor=2.0,
+                 backoff_factor=0.5, growth_interval=2000, **optimizer_kwargs):
+        optimizer_class = AdamW if optimizer_class is None else optimizer_class
+        if optimizer_class is AdamW:
+            o = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+            inner = "adamw"
+        elif optimizer_class is SGD:
+            o = dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)
+            inner = "sgd"
+        else:
+            raise TypeError("MixedPrecisionOptimizer: optimizer_class must be loom.optim.AdamW or "
+                            f"loom.optim.SGD, got {getattr(optimizer_class, '__name__', optimizer_class)}")
+        unknown = set(optimizer_kwargs) - set(o) - {"lr"}
+        if unknown:
+            raise TypeError(f"MixedPrecisionOptimizer: {optimizer_class.__name__} takes no "
+                            f"{sorted(unknown)}")
+        o.update(optimizer_kwargs)
+        if "lr" not in o:
+            raise TypeError("MixedPrecisionOptimizer: SGD needs lr")
+        options = {key: o[key] for key in o if key != "betas"}
+        if inner == "adamw":
+            options["beta1"], options["beta2"] = o["betas"]
+        if loss_scale is None:
+            scaling, init_scale, dynamic = False, 1.0, False
+        elif loss_scale == "dynamic":
+            scaling, init_scale, dynamic = True, 65536.0, True
+        elif isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
+            scaling, init_scale, dynamic = True, float(loss_scale), False
+        else:
+            raise ValueError("MixedPrecisionOptimizer: loss_scale must be None, 'dynamic' or a "
+                             f"number, got {loss_scale!r}")
+        impl = _loom.optim.MixedPrecision(list(params), inner, options, scaling, init_scale,
+                                          float(growth_factor), float(backoff_factor),
+                                          int(growth_interval), dynamic)
+        hyper = {key: value for key, value in o.items() if key != "lr"}
+        super().__init__(impl, dict(hyper, loss_scale=loss_scale))
+
+    def scale_loss(self, loss):
+        """loss times the current scale (differentiable); call backward() on it."""
+        return self._impls[0].scale_loss(loss)
+
+    def unscale_gradients(self):
+        """Moves the gradients into the f32 masters, unscaled; False when one is inf or NaN (the
+        step will be skipped). step() calls it when you have not."""
+        return self._impls[0].unscale_gradients()
+
+    def clip_grad_norm_(self, max_norm):
+        """Clips the unscaled f32 gradients to a global norm; returns the norm before clipping
+        (inf or NaN when the step will be skipped)."""
+        return self._impls[0].clip_grad_norm(float(max_norm))
+
+    @property
+    def scale(self):
+        """The current loss scale (1 without scaling)."""
+        return self._impls[0].scale
+
+    @property
+    def last_step_skipped(self):
+        """Whether the last step() was skipped for an inf or NaN gradient."""
+        return self._impls[0].last_step_skipped
 
 
 from loom.optim import lr_scheduler  # noqa: E402  (last: it imports Optimizer from here)
