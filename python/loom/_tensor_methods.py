@@ -228,6 +228,13 @@ def randperm(n, *, dtype=None):
     return out if dtype is None else out.to(dtype)
 
 
+def _itruediv(self, other):
+    """t /= other in place (true division, broadcast to t's shape), under the in-place rules of
+    copy_ (not on a tensor requiring grad while grad is on)."""
+    self.copy_(self / other)
+    return self
+
+
 def _double(self):
     raise ValueError("double(): loom has no float64; float32 (t.float()) is its widest float")
 
@@ -255,6 +262,7 @@ def install():
         "half": lambda self: self.to(_loom.float16),
         "bfloat16": lambda self: self.to(_loom.bfloat16),
         "double": _double,
+        "__itruediv__": _itruediv,
         "any": any_, "all": all_, "logical_not": logical_not, "logical_and": logical_and,
         "logical_or": logical_or, "logical_xor": logical_xor, "__invert__": _invert,
         "__and__": _logical_operator("&", logical_and),

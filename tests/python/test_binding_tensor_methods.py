@@ -127,3 +127,19 @@ def test_randperm_and_random_like():
     assert r.dtype == loom.float32 and 0 <= r.numpy().min() and r.numpy().max() < 5
     assert loom.is_tensor(t) and not loom.is_tensor(3) and loom.numel(t) == 6
     assert loom.as_tensor(t) is t
+
+
+def test_in_place_division_and_builtin_parameter_updates():
+    lin = loom.nn.Linear(3, 2)
+    w = lin.weight.detach().numpy().copy()
+    with loom.no_grad():
+        lin.weight /= 4.0  # in place: the module's own tensor changes
+        lin.weight += 1.0  # assigning the same tensor back is accepted
+    np.testing.assert_array_equal(lin.weight.detach().numpy(), (torch.tensor(w) / 4.0 + 1.0).numpy())
+    t = loom.tensor([2.0, 3.0])
+    alias = t
+    t /= loom.tensor([4.0, 3.0])
+    assert alias.tolist() == [0.5, 1.0] and t is alias
+    p = loom.zeros(2, requires_grad=True)
+    with pytest.raises(ValueError):
+        p /= 2.0  # in place on a tensor requiring grad, outside no_grad

@@ -100,6 +100,9 @@ class _CppModule(Module):
         """``module.<name> = Parameter(t)`` for a C++ parameter: t's values (converted to the
         parameter's dtype and device) and requires_grad, copied in. See the file's docstring."""
         owner = f"{type(self).__name__}.{name}"
+        if (isinstance(value, _loom.Tensor) and value.data_ptr() == current.data_ptr()
+                and tuple(value.shape) == tuple(current.shape) and value.dtype == current.dtype):
+            return  # the parameter itself, as `module.weight += x` assigns back: nothing to do
         if not isinstance(value, Parameter):
             raise TypeError(
                 f"cannot assign a {type(value).__name__} to {owner}: a built-in module keeps its "
