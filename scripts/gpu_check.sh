@@ -22,7 +22,8 @@
 # recompile everything.
 #
 # Phases (test mode), each under `timeout` (which kills the whole process group), in this order:
-#   cuda_tests  ctest -L unit -R '^(cuda_|embedding_bag_cuda)' --output-on-failure -V
+#   cuda_tests  ctest -L unit -R "$CUDA_TESTS" --output-on-failure -V (cuda_* and the CPU tests
+#               with CUDA twins)
 #   memcheck    compute-sanitizer --tool memcheck on a few small cases of cuda_norm_test,
 #               cuda_loss_test and cuda_attention_test's GEMM attention (when compute-sanitizer
 #               exists). The kernel tests allocate with cudaMalloc directly; tensors come from
@@ -35,7 +36,7 @@
 #   nccl        ctest -R '^nccl_test' (the NCCL backend under mpirun: 1 rank runs every collective on
 #               the GPU, 2 and 4 skip inside on a one-GPU machine), appended to cuda_tests.log; the
 #               lent machine's image (Ubuntu 24.04) has Open MPI and NCCL 2.28, so CMake finds both
-#   unit_rest   ctest -L unit -E '^(cuda_|embedding_bag_cuda)': nothing else broke with CUDA on
+#   unit_rest   ctest -L unit -E "$CUDA_TESTS": nothing else broke with CUDA on
 # set -u, not -e: every phase runs and reports, whatever the one before did. The whole script
 # keeps to LOOM_GPU_BUDGET_S seconds (default 540, inside the device tool's 600 s per call): each
 # phase gets min(its own cap, what is left), and a phase that would get under 20 s is skipped.
@@ -92,6 +93,10 @@ export PATH="$PATH:/usr/local/cuda/bin"
 
 have_gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then have_gpu=1; fi
+
+# The CUDA tests: the cuda_* binaries, and the CPU test binaries that hold CUDA-vs-CPU twins of
+# newer ops (they skip those cases without a GPU); unit_rest runs everything else.
+CUDA_TESTS='^(cuda_|embedding_bag_cuda|compare_test$|linalg_test$|math_test$|optimizer_test$|tensor_test$)'
 
 remaining() { echo $((BUDGET - (SECONDS - START))); }
 
@@ -175,7 +180,7 @@ do_build() {
 phase_cuda_tests() {
   local log="$OUT/cuda_tests.log"
   : >"$log"
-  run_phase cuda_tests 180 "$log" ctest --test-dir "$BUILD" -L unit -R '^(cuda_|embedding_bag_cuda)' \
+  run_phase cuda_tests 180 "$log" ctest --test-dir "$BUILD" -L unit -R "$CUDA_TESTS" \
     --output-on-failure -V -j 4 --timeout 150
   local rc=$PHASE_RC status
   status="$(status_of $rc)"
@@ -338,7 +343,7 @@ phase_nccl() {
 phase_unit_rest() {
   local log="$OUT/unit_rest.log"
   : >"$log"
-  run_phase unit_rest 240 "$log" ctest --test-dir "$BUILD" -L unit -E '^(cuda_|embedding_bag_cuda)' \
+  run_phase unit_rest 240 "$log" ctest --test-dir "$BUILD" -L unit -E "$CUDA_TESTS" \
     --output-on-failure -j "$CTEST_JOBS" --timeout 200
   grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Not Run' "$log" | tail -n 15
   record unit_rest "$(status_of $PHASE_RC)" "$PHASE_S" "$log"
