@@ -9,13 +9,15 @@ namespace loom::nn {
 
 namespace {
 
-// [T, T] additive mask: 0 on and below the diagonal, -inf above (future positions).
-Tensor causal_mask(int64_t t, Device device) {
-  std::vector<float> m(size_t(t * t), 0.0f);
+// [T, past + T] additive mask for queries at positions past .. past + T - 1 over keys 0 ..
+// past + T - 1: 0 where the key is at or before the query, -inf after it (future positions).
+Tensor causal_mask(int64_t t, Device device, int64_t past = 0, DType dtype = DType::kF32) {
+  const int64_t keys = past + t;
+  std::vector<float> m(size_t(t * keys), 0.0f);
   for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = i + 1; j < t; ++j)
-      m[size_t(i * t + j)] = -std::numeric_limits<float>::infinity();
-  return Tensor::from_vector(m, {t, t}, device);
+    for (int64_t j = past + i + 1; j < keys; ++j)
+      m[size_t(i * keys + j)] = -std::numeric_limits<float>::infinity();
+  return Tensor::from_vector(m, {t, keys}, device).to(dtype);
 }
 
 }  // namespace
@@ -41,6 +43,14 @@ CausalSelfAttention::CausalSelfAttention(int64_t channels, int64_t heads, double
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
+  return attend_heads(x, nullptr, 0);
+}
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, KvCache::Layer& kv, int64_t past) {
+  return attend_heads(x, &kv, past);
+}
+
+Tensor CausalSelfAttention::attend_heads(const Tensor& x, KvCache::Layer* kv, int64_t past) {
   LOOM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == channels_, "CausalSelfAttention '",
              full_name(), "': input must be [B, T, ", channels_, "], got ",
              x.defined() ? shape_str(x.shape()) : "undefined");
@@ -50,7 +60,29 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
     return transpose(reshape(p, {b, t, h, d}), 1, 2);
   };
   Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);
-  Tensor y = attend(q, k, v, *attn_drop);                          // [B, H, T, D]
+  Tensor y;  // [B, H, T, D]
+  if (kv) {
+    if (!kv->keys.defined() || kv->keys.size(0) != b || kv->keys.dtype() != k.dtype() ||
+        kv->keys.device() != k.device()) {
+      LOOM_CHECK(past == 0, "CausalSelfAttention '", full_name(), "': the cache holds ", past,
+                 " positions of another batch, dtype or device; reset it for a new prompt");
+      kv->keys = Tensor::empty({b, h, kv->capacity, d}, k.dtype(), k.device());
+      kv->values = Tensor::empty(kv->keys.shape(), k.dtype(), k.device());
+    }
+    LOOM_CHECK(past >= 0 && past + t <= kv->keys.size(2), "CausalSelfAttention '", full_name(),
+               "': positions ", past, " + ", t, " exceed the cache's capacity ",
+               kv->keys.size(2));
+    narrow(kv->keys, 2, past, t).copy_(k);
+    narrow(kv->values, 2, past, t).copy_(v);
+  }
+  if (!kv || past == 0) {
+    y = attend(q, k, v, *attn_drop);
+  } else {
+    Tensor keys = narrow(kv->keys, 2, 0, past + t), values = narrow(kv->values, 2, 0, past + t);
+    Tensor scores = scale(matmul(q, keys, false, true), 1.0 / std::sqrt(double(d)));
+    if (t > 1) scores = add(scores, causal_mask(t, q.device(), past, scores.dtype()));
+    y = matmul((*attn_drop)(softmax(scores)), values);
+  }
   Tensor merged = reshape(transpose(y, 1, 2), {b, t, channels_});  // [B, T, C]
   return (*resid_drop)((*proj)(merged));
 }

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/nn/dropout.h"
+#include "core/nn/kv_cache.h"
 #include "core/nn/linear.h"
 
 namespace loom::nn {
@@ -25,6 +26,12 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(int64_t channels, int64_t heads, double dropout = 0.0,
                       double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
+  // x [B, T, C] holds positions past .. past + T - 1 of sequences whose earlier keys and values
+  // are in `kv` (past of them): writes this call's keys and values there and attends over all
+  // past + T positions, each query to the positions up to its own. With past = 0 it is forward's
+  // computation; after that, attention is composed (matmul, an offset causal mask when T > 1,
+  // softmax, matmul), the same function up to rounding.
+  Tensor forward_cached(const Tensor& x, KvCache::Layer& kv, int64_t past);
 
   int64_t channels() const { return channels_; }
   int64_t heads() const { return heads_; }
@@ -35,6 +42,9 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Dropout> resid_drop;  // on proj's output
 
  private:
+  // forward (kv null) and forward_cached: one body, so both compute the same projections.
+  Tensor attend_heads(const Tensor& x, KvCache::Layer* kv, int64_t past);
+
   int64_t channels_, heads_;
 };
 

@@ -17,4 +17,9 @@ Tensor Block::forward(const Tensor& x) {
   return add(h, (*mlp)((*ln2)(h)));
 }
 
+Tensor Block::forward_cached(const Tensor& x, KvCache::Layer& kv, int64_t past) {
+  Tensor h = add(x, attn->forward_cached((*ln1)(x), kv, past));
+  return add(h, (*mlp)((*ln2)(h)));
+}
+
 }  // namespace loom::nn

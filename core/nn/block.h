@@ -13,6 +13,8 @@ class Block : public Module {
  public:
   Block(int64_t channels, int64_t heads, double dropout = 0.0, double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
+  // forward with attention over cached keys and values (CausalSelfAttention::forward_cached).
+  Tensor forward_cached(const Tensor& x, KvCache::Layer& kv, int64_t past);
 
   std::shared_ptr<LayerNorm> ln1;
   std::shared_ptr<CausalSelfAttention> attn;

@@ -66,6 +66,25 @@ Tensor GPT::forward(const Tensor& idx) {
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
 }
 
+Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) {
+  check_tokens(idx);
+  const int64_t past = cache.length(), t = idx.size(1);
+  LOOM_CHECK(cache.layers() == blocks_.size() && cache.capacity() == config_.max_seq_len,
+             "GPT::forward_cached: the cache (", cache.layers(), " layers, capacity ",
+             cache.capacity(), ") was not made for this model (", blocks_.size(), " layers, ",
+             config_.max_seq_len, " positions): use make_kv_cache()");
+  LOOM_CHECK(past + t <= config_.max_seq_len, "GPT::forward_cached: ", past, " cached + ", t,
+             " new positions exceed max_seq_len ", config_.max_seq_len);
+  std::vector<int64_t> positions(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) positions[size_t(i)] = past + i;
+  Tensor pos = Tensor::from_vector(positions, {t}, idx.device());
+  Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C]
+  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward_cached(x, cache.layer(i), past);
+  x = (*ln_f)(x);
+  cache.advance(t);
+  return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
+}
+
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   LOOM_CHECK(targets.defined() && idx.defined() && targets.shape() == idx.shape(),
              "GPT::loss: targets ", targets.defined() ? shape_str(targets.shape()) : "undefined",

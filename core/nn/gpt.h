@@ -35,6 +35,13 @@ class GPT : public Module {
   // Mean next-token cross-entropy of forward(idx) against targets [B, T] over the first `vocab`
   // columns; targets equal to -100 are ignored. A scalar.
   Tensor loss(const Tensor& idx, const Tensor& targets);
+  // Logits [B, T, Vp] of idx [B, T] as positions cache.length() .. + T - 1 of sequences whose
+  // earlier positions are in `cache` (made with make_kv_cache), which it then extends by T. On an
+  // empty cache it computes forward(idx); afterwards each position attends to the cached ones,
+  // as forward on the whole sequence would (up to rounding). For inference: use it under
+  // NoGradGuard (See generate.h).
+  Tensor forward_cached(const Tensor& idx, KvCache& cache);
+  KvCache make_kv_cache() const { return KvCache(config_.layers, config_.max_seq_len); }
 
   const GptConfig& config() const { return config_; }
   const GptOptions& options() const { return options_; }

@@ -77,6 +77,14 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("eval-every", 100, "addition task: evaluate held-out exact match every N steps");
   f.add_int("eval-examples", 1000, "addition task: held-out examples scored per evaluation");
   f.add_double("target", 0.95, "addition task: held-out exact-match accuracy to reach");
+  f.add_string("generate", "",
+               "after training (--steps 0: on the --init-from weights), continue this prompt and "
+               "print it: addition-task characters (\"123+045=\"), bytes with a text file as "
+               "--data, else token ids (\"15496 11 995\")");
+  f.add_int("max-new-tokens", 64, "--generate: tokens to add to the prompt");
+  f.add_double("temperature", 1.0,
+               "--generate: divide the logits by this before sampling; 0 takes the argmax");
+  f.add_int("top-k", 0, "--generate: sample among the k most likely tokens (0: all)");
   f.add_string("init-from", "", "initial weights: llm.c model file or GPT-2 safetensors");
   f.add_string("save", "", "write the final weights (.bin llm.c, .safetensors Hugging Face)");
   f.add_string("metrics-file", "",
@@ -133,6 +141,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.eval_every = f.get_int("eval-every");
   o.eval_examples = f.get_int("eval-examples");
   o.target = f.get_double("target");
+  o.generate = f.get_string("generate");
+  o.max_new_tokens = f.get_int("max-new-tokens");
+  o.temperature = f.get_double("temperature");
+  o.top_k = f.get_int("top-k");
   o.init_from = f.get_string("init-from");
   o.save = f.get_string("save");
   o.metrics_file = f.get_string("metrics-file");
@@ -165,7 +177,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.lr > 0, "loom-gpt: --lr must be positive, got ", o.lr);
   LOOM_CHECK(o.grad_clip >= 0, "loom-gpt: --grad-clip must be >= 0 (0 = off), got ", o.grad_clip);
   LOOM_CHECK(o.warmup_steps >= 0, "loom-gpt: --warmup-steps must be >= 0, got ", o.warmup_steps);
-  LOOM_CHECK(o.lr_schedule != "cosine" || o.steps > o.warmup_steps,
+  // --steps 0 (say, to --generate from --init-from weights) runs no schedule at all.
+  LOOM_CHECK(o.lr_schedule != "cosine" || o.steps == 0 || o.steps > o.warmup_steps,
              "loom-gpt: --lr-schedule cosine needs --steps (", o.steps,
              ") greater than --warmup-steps (", o.warmup_steps,
              "); use --lr-schedule constant for a run of no steps");
@@ -192,6 +205,17 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
   LOOM_CHECK(!resuming || o.init_from.empty(),
              "loom-gpt: --init-from starts a new run and --resume continues one; give one");
+  for (const char* flag : {"max-new-tokens", "temperature", "top-k"})
+    LOOM_CHECK(!f.was_set(flag) || f.was_set("generate"), "loom-gpt: --", flag,
+               " applies to --generate only");
+  LOOM_CHECK(!f.was_set("generate") || !o.eval_only,
+             "loom-gpt: --generate runs after training; use --steps 0 instead of --eval-only to "
+             "generate from --init-from weights");
+  LOOM_CHECK(o.max_new_tokens >= 0, "loom-gpt: --max-new-tokens must be >= 0, got ",
+             o.max_new_tokens);
+  LOOM_CHECK(o.temperature >= 0, "loom-gpt: --temperature must be >= 0 (0: the argmax), got ",
+             o.temperature);
+  LOOM_CHECK(o.top_k >= 0, "loom-gpt: --top-k must be >= 0 (0: every token), got ", o.top_k);
   const Device device = Device::parse(o.device);  // an unknown spelling is an error naming it
   LOOM_CHECK(device.is_cpu() || o.pp == 1, "loom-gpt: --device ", o.device,
              " with --pp is not wired yet (the pipeline stages "

@@ -41,6 +41,10 @@ struct GptOptions {
   bool eval_only;
   int64_t eval_batches, eval_every, eval_examples;
   double target;
+  // text generation after training (See gpt_generate.h)
+  std::string generate;
+  int64_t max_new_tokens, top_k;
+  double temperature;
   // files and output
   std::string init_from, save, metrics_file;
   // checkpoints (See gpt_checkpoint.h)

@@ -25,9 +25,11 @@
 #include "core/io/batch_loader.h"
 #include "core/io/gpt_weights.h"
 #include "core/nn/dropout.h"
+#include "core/nn/generate.h"
 #include "core/nn/gpt.h"
 #include "gpt/gpt_checkpoint.h"
 #include "gpt/gpt_data.h"
+#include "gpt/gpt_generate.h"
 #include "gpt/gpt_model.h"
 #include "gpt/gpt_options.h"
 #include "gpt/gpt_parallel.h"
@@ -134,6 +136,36 @@ int inspect_schedule(const GptOptions& o) {
   return 0;
 }
 
+// --generate: every rank gathers the trained weights (a collective in every layout); rank 0 runs
+// them as one GPT in the training dtype on the training device and prints the prompt and its
+// continuation.
+void generate_sample(const GptOptions& o, const GptConfig& config, Trainer& trainer,
+                     const std::vector<int64_t>& prompt, PromptForm form, DType dtype,
+                     Device device, int rank) {
+  const io::GptParams params = trainer.full_params();
+  if (rank != 0) return;
+  nn::GPT model(config);
+  model.load_state_dict(params);
+  if (dtype != DType::kF32) model.to(dtype);
+  model.to(device);
+  model.eval();
+  nn::GenerateOptions g;
+  g.max_new_tokens = o.max_new_tokens;
+  g.temperature = o.temperature;
+  g.top_k = o.top_k;
+  g.seed = o.seed;
+  const auto start = Clock::now();
+  const Tensor out = nn::generate(
+      model, Tensor::from_vector(prompt, {1, int64_t(prompt.size())}).to(device), g);
+  const double seconds = seconds_since(start);
+  std::printf("generate: %zu prompt tokens (%s) + %" PRId64
+              " new, temperature %g, top-k %" PRId64 ", seed %" PRIu64 ", %.1f tokens/s:\n",
+              prompt.size(), prompt_form_name(form), o.max_new_tokens, o.temperature, o.top_k,
+              o.seed, seconds > 0 ? double(o.max_new_tokens) / seconds : 0.0);
+  std::printf("%s\n", decode_tokens(out.to(Device::cpu()).to_vector<int64_t>(), form).c_str());
+  std::fflush(stdout);
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const GptOptions& o, std::vector<Tensor> params) {
   if (o.optimizer == "sgd") {
     optim::SgdOptions s;
@@ -193,6 +225,14 @@ int run(int argc, char** argv) {
   const GptConfig config = resolve_config(o, data, init.get(), resume ? &*resume : nullptr);
   io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
   io::BatchLoader loader(std::move(data.tokens), o.batch, o.seq, o.data);
+  // A bad prompt fails now, not after training.
+  const PromptForm form = prompt_form(o, config);
+  std::vector<int64_t> prompt;
+  if (!o.generate.empty()) {
+    prompt = encode_prompt(o.generate, form, config.vocab);
+    LOOM_CHECK(o.top_k <= config.vocab, "loom-gpt: --top-k ", o.top_k, " exceeds the vocabulary (",
+               config.vocab, " tokens)");
+  }
 
   nn::set_dropout_seed(o.seed);
   const DType dtype = parse_dtype(o.dtype);
@@ -254,7 +294,7 @@ int run(int argc, char** argv) {
 
   if (!trainer) trainer = std::make_unique<DataParallelStep>(*gpt, o, mesh, optimizer_factory);
   const optim::LrSchedule schedule =
-      o.lr_schedule == "cosine"
+      o.lr_schedule == "cosine" && o.steps > 0
           ? optim::LrSchedule::cosine(o.lr, o.lr * o.min_lr_ratio, o.warmup_steps, o.steps)
           : optim::LrSchedule::constant(o.lr, o.warmup_steps);
   std::printf("training: %" PRId64 " steps of %" PRId64 " x %" PRId64
@@ -373,6 +413,8 @@ int run(int argc, char** argv) {
       std::printf("saved weights to %s\n", o.save.c_str());
     }
   }
+  if (!o.generate.empty())
+    generate_sample(o, config, *trainer, prompt, form, dtype, device, world->rank());
   if (heldout) {
     std::printf(
         "%s: held-out exact match %.3f %s %.3f on %" PRId64 " examples (step %" PRId64 ", %s)\n",

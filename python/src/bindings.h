@@ -6,6 +6,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <string>
+
 #include "core/tensor.h"
 #include "kernels/embedding_bag_types.h"
 #include "optimizer/adamw.h"
@@ -41,6 +44,15 @@ bool is_scalar(py::handle obj);
 // A shape from PyTorch's *size arguments: f(2, 3) or f((2, 3)) / f([2, 3]) (tensor.cpp); each
 // size checked (an integer that fits in int64), else a TypeError / ValueError naming it.
 Shape shape_args(const py::args& args);
+
+// The next random draw of loom's global generator (creation_ops.cpp, Note [The Python
+// generator]): its seed and the stream the draw uses. For C++ code that draws with a stream of its
+// own (GPT.generate's sampling), so that loom.manual_seed governs it too. Needs the GIL.
+struct RandomStream {
+  uint64_t seed;
+  std::string stream;
+};
+RandomStream next_random_stream();
 
 // An embedding-bag pooling by name ("sum", "mean", "none"); `owner` names the caller in errors
 // (nn.cpp; the sharded collection refuses "none" itself).

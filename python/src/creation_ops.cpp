@@ -79,6 +79,11 @@ Tensor band(const Tensor& x, int64_t diagonal, bool lower) {
 
 }  // namespace
 
+RandomStream next_random_stream() {
+  Generator& g = generator();
+  return {g.seed, g.next_stream()};
+}
+
 void init_creation(py::module_& m) {
   auto cls = py::reinterpret_borrow<py::class_<Tensor>>(m.attr("Tensor"));
 

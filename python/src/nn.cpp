@@ -276,7 +276,37 @@ void init_nn(py::module_& m) {
            py::arg("config"), py::arg("dropout") = 0.0, py::arg("checkpoint") = false)
       .def("loss", &nn::GPT::loss, py::arg("idx"), py::arg("targets"), Release())
       .def_property_readonly("config", &nn::GPT::config)
-      .def("set_checkpointing", &nn::GPT::set_checkpointing, py::arg("on"));
+      .def("set_checkpointing", &nn::GPT::set_checkpointing, py::arg("on"))
+      .def(
+          "generate",
+          [](nn::GPT& gpt, const Tensor& idx, int64_t max_new_tokens, double temperature,
+             std::optional<int64_t> top_k) {
+            nn::GenerateOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.temperature = temperature;
+            o.top_k = top_k.value_or(0);
+            LOOM_CHECK(!top_k || *top_k > 0, "GPT.generate: top_k must be positive or None, got ",
+                       *top_k);
+            const RandomStream draw = next_random_stream();  // with the GIL held
+            o.seed = draw.seed;
+            o.stream = draw.stream;
+            py::gil_scoped_release release;
+            return nn::generate(gpt, idx, o);
+          },
+          py::arg("idx"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0,
+          py::arg("top_k") = py::none(),
+          R"(nanoGPT's generate with a KV cache: idx [B, T] token ids -> [B, T + max_new_tokens].
+
+Each new token is drawn from softmax(logits / temperature) of the last position, restricted to
+the top_k largest logits when top_k is given (values equal to the k-th stay); temperature=0
+takes the argmax (nanoGPT needs temperature > 0; Hugging Face calls this do_sample=False). The
+prompt runs once and fills the cache; each later token runs alone over the cached keys and
+values. A sequence longer than config.max_seq_len is cut to its last max_seq_len tokens, as
+nanoGPT's idx[:, -block_size:]. Runs without autograd; call model.eval() first, as in PyTorch.
+
+Differs from PyTorch: the draws come from loom's global generator (loom.manual_seed), one
+counter-based stream per call, so a seed gives the same text on any device, but not torch's
+tokens; greedy decoding (temperature=0 or top_k=1) gives torch's tokens.)");
 
   py::class_<nn::EmbeddingBagCollection, nn::Module, std::shared_ptr<nn::EmbeddingBagCollection>>(
       nn_m, "EmbeddingBagCollection")

@@ -92,6 +92,12 @@ def batch(tokens, k, B, T):
 
 
 def forward_loss(cfg, p, idx, targets):
+    logits = forward_logits(cfg, p, idx)
+    return F.cross_entropy(logits.view(-1, cfg["vocab"]), targets.reshape(-1))
+
+
+def forward_logits(cfg, p, idx):
+    """Logits [B, T, vocab] (the real vocabulary's columns only)."""
     B, T = idx.shape
     C, H, V = cfg["channels"], cfg["heads"], cfg["vocab"]
     wte = p["wte"][:V]
@@ -110,8 +116,7 @@ def forward_loss(cfg, p, idx, targets):
         h = F.gelu(h @ p["fcw"][l].t() + p["fcb"][l], approximate="tanh")
         x = x + h @ p["fcprojw"][l].t() + p["fcprojb"][l]
     x = F.layer_norm(x, (C,), p["lnfw"], p["lnfb"], 1e-5)
-    logits = x @ wte.t()
-    return F.cross_entropy(logits.view(-1, V), targets.reshape(-1))
+    return x @ wte.t()
 
 
 def leaf_params(params):

@@ -356,6 +356,21 @@ class GPT(_CppModule):
     def set_checkpointing(self, on):
         self._cpp.set_checkpointing(on)
 
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """nanoGPT's generate with a KV cache: idx [B, T] -> [B, T + max_new_tokens].
+
+        Draws from softmax(logits / temperature) of the last position, over the top_k largest
+        logits when given; temperature=0 takes the argmax. The prompt fills the cache once and
+        each new token runs alone; past max_seq_len the sequence is cut to its last max_seq_len
+        tokens, as nanoGPT does. No autograd; call eval() first, as in PyTorch. The draws come
+        from loom's global generator (loom.manual_seed): reproducible on any device, but not
+        torch's draws, so only greedy decoding gives PyTorch's tokens (core/nn/generate.h)::
+
+            >>> model.eval()
+            >>> out = model.generate(idx, max_new_tokens=20, temperature=0.8, top_k=40)
+        """
+        return self._cpp.generate(idx, max_new_tokens, temperature, top_k)
+
 
 class EmbeddingBagCollection(_CppModule):
     """Embedding tables looked up together (DLRM's sparse features), pooled per bag.
