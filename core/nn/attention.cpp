@@ -61,24 +61,28 @@ Tensor CausalSelfAttention::attend_heads(const Tensor& x, KvCache::Layer* kv, in
   };
   Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);
   Tensor y;  // [B, H, T, D]
+  // [B, H, T, D] <-> the cache's position-major [T, B, H, D] (See kv_cache.h), as views.
+  auto positions_first = [](const Tensor& p) { return transpose(transpose(p, 1, 2), 0, 1); };
+  auto heads_first_again = [](const Tensor& p) { return transpose(transpose(p, 0, 1), 1, 2); };
   if (kv) {
-    if (!kv->keys.defined() || kv->keys.size(0) != b || kv->keys.dtype() != k.dtype() ||
+    if (!kv->keys.defined() || kv->keys.size(1) != b || kv->keys.dtype() != k.dtype() ||
         kv->keys.device() != k.device()) {
       LOOM_CHECK(past == 0, "CausalSelfAttention '", full_name(), "': the cache holds ", past,
                  " positions of another batch, dtype or device; reset it for a new prompt");
-      kv->keys = Tensor::empty({b, h, kv->capacity, d}, k.dtype(), k.device());
+      kv->keys = Tensor::empty({kv->capacity, b, h, d}, k.dtype(), k.device());
       kv->values = Tensor::empty(kv->keys.shape(), k.dtype(), k.device());
     }
-    LOOM_CHECK(past >= 0 && past + t <= kv->keys.size(2), "CausalSelfAttention '", full_name(),
+    LOOM_CHECK(past >= 0 && past + t <= kv->keys.size(0), "CausalSelfAttention '", full_name(),
                "': positions ", past, " + ", t, " exceed the cache's capacity ",
-               kv->keys.size(2));
-    narrow(kv->keys, 2, past, t).copy_(k);
-    narrow(kv->values, 2, past, t).copy_(v);
+               kv->keys.size(0));
+    narrow(kv->keys, 0, past, t).copy_(positions_first(k));  // a contiguous block
+    narrow(kv->values, 0, past, t).copy_(positions_first(v));
   }
   if (!kv || past == 0) {
     y = attend(q, k, v, *attn_drop);
   } else {
-    Tensor keys = narrow(kv->keys, 2, 0, past + t), values = narrow(kv->values, 2, 0, past + t);
+    Tensor keys = heads_first_again(narrow(kv->keys, 0, 0, past + t));
+    Tensor values = heads_first_again(narrow(kv->values, 0, 0, past + t));
     Tensor scores = scale(matmul(q, keys, false, true), 1.0 / std::sqrt(double(d)));
     if (t > 1) scores = add(scores, causal_mask(t, q.device(), past, scores.dtype()));
     y = matmul((*attn_drop)(softmax(scores)), values);

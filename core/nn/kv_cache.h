@@ -2,8 +2,11 @@
 // model on that token alone (attention reads the cached keys and values of every earlier
 // position) instead of on the whole sequence again.
 //
-// Per block, keys and values [B, H, capacity, D] in the model's dtype and device, allocated on the
-// first forward_cached and written position by position; length() positions are filled. A GPT's
+// Per block, keys and values [capacity, B, H, D] in the model's dtype and device, allocated on the
+// first forward_cached and written position by position; length() positions are filled.
+// Positions come first so that the block a step writes is contiguous: one plain copy on any
+// device (a strided write would need a kernel of its own on CUDA, and goes element by element on
+// the CPU); attention reads the filled prefix as [B, H, length, D] through transposed views. A GPT's
 // learned positions stop at max_seq_len, so capacity is that, and a sequence that outgrows it is
 // cut to its last max_seq_len tokens and run again from an empty cache (See generate.h).
 #pragma once
@@ -19,7 +22,7 @@ namespace loom::nn {
 class KvCache {
  public:
   struct Layer {
-    Tensor keys, values;  // [B, H, capacity, D]; undefined until the first forward_cached
+    Tensor keys, values;  // [capacity, B, H, D]; undefined until the first forward_cached
     int64_t capacity = 0;
   };
 
