@@ -432,23 +432,17 @@ void Tensor::copy_(const Tensor& src) {
     copy_bytes(s, *this);
     return;
   }
-  // Non-contiguous destination: only on the host, element by element through the strides.
-  LOOM_CHECK(device().is_cpu(), "Tensor::copy_: non-contiguous destination on ", device().str(),
-             " is not supported");
-  Tensor host = s.to(Device::cpu());
-  size_t es = dtype_size(dtype());
-  const char* from = static_cast<const char*>(host.data_ptr());
-  char* base = static_cast<char*>(data_ptr());
-  const Shape& sh = shape();
-  const Shape& st = strides();
-  int64_t n = numel();
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t rem = i, off = 0;
-    for (size_t d = sh.size(); d-- > 0;) {
-      off += (rem % sh[d]) * st[d];
-      rem /= sh[d];
-    }
-    std::memcpy(base + off * es, from + i * es, es);
+  // Non-contiguous destination (a view: its elements never overlap): scattered through its
+  // strides on its own device.
+  if (s.device() != device()) s = s.to(device());
+  if (numel() == 0) return;
+  if (device().is_cpu()) {
+    kernels::cpu::strided_scatter(s.data_ptr(), data_ptr(), dtype_size(dtype()), int(dim()),
+                                  shape().data(), strides().data());
+  } else {
+    LOOM_IF_CUDA(kernels::cuda::strided_scatter(s.data_ptr(), data_ptr(), dtype_size(dtype()),
+                                                int(dim()), shape().data(), strides().data(),
+                                                cuda_stream(device())));
   }
 }
 

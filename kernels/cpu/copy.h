@@ -12,6 +12,9 @@ namespace loom::kernels::cpu {
 // Gathers a strided view (shape/strides in elements, ndim <= 16) into contiguous dst.
 void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
                   const int64_t* strides);
+// The reverse: contiguous src into the strided view at dst (its elements must not overlap).
+void strided_scatter(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
+                     const int64_t* strides);
 
 // Element conversion between any two of float, BFloat16, Float16, int32_t, int64_t, uint8_t.
 template <typename To, typename From>

@@ -12,7 +12,9 @@ struct Layout {
   int64_t strides[kMaxDims];
 };
 
-template <typename T>
+// Element i of the view sits at offset `off` (layout's strides); kScatter false gathers the view
+// into contiguous dst, true scatters contiguous src into the view.
+template <typename T, bool kScatter>
 __global__ void strided_copy_kernel(const T* src, T* dst, Layout layout, int64_t n) {
   LOOM_GRID_STRIDE(i, n) {
     int64_t rem = i, off = 0;
@@ -20,7 +22,10 @@ __global__ void strided_copy_kernel(const T* src, T* dst, Layout layout, int64_t
       off += (rem % layout.shape[d]) * layout.strides[d];
       rem /= layout.shape[d];
     }
-    dst[i] = src[off];
+    if constexpr (kScatter)
+      dst[off] = src[i];
+    else
+      dst[i] = src[off];
   }
 }
 
@@ -105,9 +110,12 @@ void visit_type(int code, F&& f) {
 
 }  // namespace
 
-void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
-                  const int64_t* strides, Stream stream) {
-  LOOM_CHECK(ndim <= kMaxDims, "cuda strided_copy: ", ndim, " dims (at most ", kMaxDims, ")");
+namespace {
+
+template <bool kScatter>
+void strided(const char* op, const void* src, void* dst, size_t elem_size, int ndim,
+             const int64_t* shape, const int64_t* strides, Stream stream) {
+  LOOM_CHECK(ndim <= kMaxDims, op, ": ", ndim, " dims (at most ", kMaxDims, ")");
   Layout layout{};
   layout.ndim = ndim;
   int64_t n = 1;
@@ -119,10 +127,22 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
   if (n == 0) return;
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    LOOM_LAUNCH(strided_copy_kernel<T>, grid_stride_blocks(n), kBlock, 0, stream,
+    LOOM_LAUNCH((strided_copy_kernel<T, kScatter>), grid_stride_blocks(n), kBlock, 0, stream,
                 static_cast<const T*>(src), static_cast<T*>(dst), layout, n);
   };
-  visit_element_size("cuda strided_copy", elem_size, launch);
+  visit_element_size(op, elem_size, launch);
+}
+
+}  // namespace
+
+void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
+                  const int64_t* strides, Stream stream) {
+  strided<false>("cuda strided_copy", src, dst, elem_size, ndim, shape, strides, stream);
+}
+
+void strided_scatter(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
+                     const int64_t* strides, Stream stream) {
+  strided<true>("cuda strided_scatter", src, dst, elem_size, ndim, shape, strides, stream);
 }
 
 void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, Stream stream) {

@@ -12,6 +12,9 @@ namespace loom::kernels::cuda {
 // Gathers a strided view (ndim <= 16, shape/strides in elements) into contiguous dst.
 void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
                   const int64_t* strides, Stream stream);
+// The reverse: contiguous src into the strided view at dst (its elements must not overlap).
+void strided_scatter(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
+                     const int64_t* strides, Stream stream);
 
 // Element type codes for convert(): 0 f32, 1 bf16, 2 f16, 3 i32, 4 i64, 5 u8 (DType's order).
 void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, Stream stream);

@@ -38,6 +38,53 @@ TEST(Tensor, NarrowSharesStorageWithOffset) {
   EXPECT_EQ(n.to_vector<float>(), (std::vector<float>{1, 2, 5, 6, 9, 10}));
 }
 
+// copy_ into views: a transposed 2-D view, a narrowed block of a 3-D tensor seen through two
+// transposes (the KV cache's write), a column with a stride, each of every element size; the
+// elements outside the view keep their values. On `device`; the expected values are built on
+// the host by index arithmetic.
+void expect_copy_into_views(Device device) {
+  for (DType dt : {DType::kU8, DType::kBF16, DType::kF32, DType::kI64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // [4, 3] base; destination = base.transpose(0, 1) ([3, 4]).
+    Tensor base = Tensor::arange(12).reshape({4, 3}).to(dt).to(device);
+    Tensor src = add(Tensor::arange(12), Tensor::full({12}, 100.0)).reshape({3, 4}).to(dt).to(device);
+    base.transpose(0, 1).copy_(src);
+    std::vector<float> want(12);
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 4; ++j) want[size_t(j * 3 + i)] = float(100 + i * 4 + j);
+    EXPECT_EQ(base.to(DType::kF32).to_vector<float>(), want);
+
+    // [5, 2, 3] base; rows 1..3 along dim 0, seen as [2, 3, 3] through transposes.
+    Tensor cube = Tensor::zeros({5, 2, 3}, dt, device);
+    Tensor block = cube.narrow(0, 1, 3).transpose(0, 1).transpose(1, 2);  // [2, 3, 3]
+    Tensor values = Tensor::arange(18).reshape({2, 3, 3}).to(dt).to(device);
+    block.copy_(values);
+    std::vector<float> cube_want(30, 0.0f);
+    for (int a = 0; a < 2; ++a)      // block dim 0 = cube dim 1
+      for (int b = 0; b < 3; ++b)    // block dim 1 = cube dim 2
+        for (int c = 0; c < 3; ++c)  // block dim 2 = cube dim 0 - 1
+          cube_want[size_t((c + 1) * 6 + a * 3 + b)] = float(a * 9 + b * 3 + c);
+    EXPECT_EQ(cube.to(DType::kF32).to_vector<float>(), cube_want);
+
+    // One column of [3, 4]: a stride of 4 in the only dim after narrowing.
+    Tensor grid = Tensor::zeros({3, 4}, dt, device);
+    grid.narrow(1, 2, 1).copy_(Tensor::full({3, 1}, 7.0, dt, device));
+    EXPECT_EQ(grid.to(DType::kF32).to_vector<float>(),
+              (std::vector<float>{0, 0, 7, 0, 0, 0, 7, 0, 0, 0, 7, 0}));
+    // A source on the other device.
+    grid.narrow(1, 0, 1).copy_(Tensor::full({3, 1}, 5.0, dt));
+    EXPECT_EQ(grid.to(DType::kF32).to_vector<float>(),
+              (std::vector<float>{5, 0, 7, 0, 5, 0, 7, 0, 5, 0, 7, 0}));
+  }
+}
+
+TEST(Tensor, CopyIntoANonContiguousView) { expect_copy_into_views(Device::cpu()); }
+
+TEST(Tensor, CudaCopyIntoANonContiguousView) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_copy_into_views(Device::cuda(0));
+}
+
 TEST(Tensor, AllocatorCountsLiveAndPeakBytes) {
   Allocator& a = allocator_for(Device::cpu());
   size_t before = a.live_bytes();
