@@ -42,14 +42,14 @@ if(loom_binding_skip)
                python_parallel_mpi_np2 python_parallel_mpi_np4 python_pipeline_mpi_np2
                python_pipeline_mpi_np4 python_checkpoint_mpi_np2 python_checkpoint_mpi_np4
                python_train_gpt python_train_gpt_mpi python_train_dlrm python_train_dlrm_mpi
-               python_data_loader_mpi)
+               python_data_loader_mpi python_nanogpt_port_mpi)
     add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${loom_binding_skip}'; exit 77")
     set_tests_properties(${name} PROPERTIES LABELS python SKIP_RETURN_CODE 77)
   endforeach()
   set_tests_properties(python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
                        python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_checkpoint_mpi_np2
                        python_checkpoint_mpi_np4 python_train_gpt_mpi python_train_dlrm_mpi
-                       python_data_loader_mpi PROPERTIES LABELS "python;mpi")
+                       python_data_loader_mpi python_nanogpt_port_mpi PROPERTIES LABELS "python;mpi")
 else()
   file(GLOB loom_binding_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_binding_*.py)
   add_test(NAME python_binding
@@ -115,11 +115,19 @@ LOOM_DLRM=$<TARGET_FILE:loom-dlrm>;LOOM_MPIRUN=${loom_mpirun}")
     set_tests_properties(python_data_loader_mpi PROPERTIES LABELS "python;mpi" TIMEOUT 120
                          SKIP_RETURN_CODE 77 ENVIRONMENT
                          "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+    # examples/nanogpt_port.py (a PyTorch script converted to loom) with dropout 0.1 under
+    # mpirun -np 2 and 4 (DDP + DistributedSampler) gives the single-process losses.
+    add_test(NAME python_nanogpt_port_mpi
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/nanogpt_port_check.py
+                     ${MPIEXEC_EXECUTABLE} ${LOOM_MPIRUN_FLAGS})
+    set_tests_properties(python_nanogpt_port_mpi PROPERTIES LABELS "python;mpi" TIMEOUT 300
+                         SKIP_RETURN_CODE 77 ENVIRONMENT
+                         "${LOOM_MPI_TEST_ENV};PYTHONPATH=${CMAKE_BINARY_DIR}/python")
   else()
     foreach(name python_binding_mpi python_parallel_mpi_np2 python_parallel_mpi_np4
                  python_pipeline_mpi_np2 python_pipeline_mpi_np4 python_checkpoint_mpi_np2
                  python_checkpoint_mpi_np4 python_train_gpt_mpi python_train_dlrm_mpi
-                 python_data_loader_mpi)
+                 python_data_loader_mpi python_nanogpt_port_mpi)
       add_test(NAME ${name}
                COMMAND sh -c "echo 'skipped: loom is built without MPI (LOOM_WITH_MPI)'; exit 77")
       set_tests_properties(${name} PROPERTIES LABELS "python;mpi" SKIP_RETURN_CODE 77)

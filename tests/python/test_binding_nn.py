@@ -445,6 +445,35 @@ def test_module_list_and_sequential():
         lst(x)
 
 
+def test_dropout_modules_in_a_python_model_are_keyed_by_their_names():
+    # A built-in Dropout keys its mask by its full name. Inside a model written in Python the
+    # names are the model's from the moment the modules are assigned, the same a wrapper's C++
+    # tree gives them later (before: every Dropout of an unwrapped model was named "", so all of
+    # them drew one mask, and DDP, which builds the tree, drew others than one process).
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Dropout(0.5)
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Dropout(0.5))])
+            self.b = nn.Dropout(0.5)
+
+    net = Net()
+    names = [net.a._cpp.full_name, net.blocks[0][0]._cpp.full_name, net.b._cpp.full_name]
+    assert names == ["a", "blocks.0.0", "b"]
+    x = loom.ones(8, 16)
+    masks = [m(x).numpy() for m in (net.a, net.blocks[0][0], net.b)]
+    assert not np.array_equal(masks[0], masks[2]), "two Dropout modules drew one mask"
+    assert not np.array_equal(masks[0], masks[1])
+    net._cpp_module()  # what DistributedDataParallel / ZeRO / pipelines do: the same names
+    assert [net.a._cpp.full_name, net.blocks[0][0]._cpp.full_name, net.b._cpp.full_name] == names
+    for m, want in zip((net.a, net.blocks[0][0], net.b), masks):
+        assert np.array_equal(m(x).numpy(), want), "building the C++ tree changed a mask"
+    # A module assigned into a parent later takes the parent's prefix, its subtree too.
+    outer = nn.Module()
+    outer.net = net
+    assert (net.a._cpp.full_name, net.blocks[0][0]._cpp.full_name) == ("net.a", "net.blocks.0.0")
+
+
 def test_dropout_masks_advance_with_no_call_from_the_script():
     # python/loom/nn/_dropout.py: loom.optim's step() advances the dropout step; F.dropout numbers
     # its calls within a step. Masks are still pure functions of the key: going back to a step

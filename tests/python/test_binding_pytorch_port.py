@@ -2,7 +2,7 @@
 ``lib = loom``, trains to the same losses from the same weights (issue 19, Proof: the converted
 training script).
 
-The script (``_make_model`` + ``_train``) is what a PyTorch user writes: a nanoGPT-style model
+The script (examples/nanogpt_port.py: ``make_model`` + ``train``) is what a PyTorch user writes: a nanoGPT-style model
 (2 blocks, dim 32, 2 heads, vocab 50, seq 16, embedding tied to the output head, dropout 0),
 AdamW with two parameter groups (weight decay on matrices only), a LambdaLR warmup + cosine
 schedule, ``clip_grad_norm_``, and a TensorDataset + DataLoader (batch 8, shuffle=False) over a
@@ -40,7 +40,8 @@ not loosen as the loss grows (the observed gap is ~5e-7). Final parameters are c
 libraries and only the summed learning rate bounds the difference.
 """
 
-import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -55,162 +56,22 @@ import torch.nn.functional  # noqa: E402,F401
 import torch.optim.lr_scheduler  # noqa: E402,F401
 import torch.utils.data  # noqa: E402,F401
 
-VOCAB, SEQ, DIM, HEADS, LAYERS, BATCH = 50, 16, 32, 2, 2, 8
-STEPS, PASSES = 50, 5
-ROWS = STEPS * BATCH // PASSES  # 80 sequences: 10 batches a pass
-WARMUP, LR, MIN_LR = 5, 3e-3, 3e-4
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples"))
+import nanogpt_port as port  # noqa: E402  (the script itself: examples/nanogpt_port.py)
+
+CFG = port.Config()  # 2 blocks, dim 32, 2 heads, vocab 50, seq 16, batch 8, 50 steps, dropout 0
+DIM, STEPS = CFG.dim, CFG.steps
 LOSS_ATOL = 1e-4
 PARAM_ATOL = 1e-5
 
 
-def _tokens():
-    """The fixed (ROWS, SEQ + 1) int64 token array both runs read."""
-    return np.random.default_rng(1234).integers(0, VOCAB, size=(ROWS, SEQ + 1), dtype=np.int64)
-
-
 def _make_model(lib, sdpa, tie_by_assignment=False):
-    """The GPT class as a PyTorch user writes it, with lib.nn in place of torch.nn."""
-    nn = lib.nn
-    F = lib.nn.functional
-    use_sdpa = sdpa and hasattr(F, "scaled_dot_product_attention")
-
-    class CausalSelfAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(DIM, 3 * DIM)  # weight (3C, C)
-            self.c_proj = nn.Linear(DIM, DIM)
-            self.attn_dropout = nn.Dropout(0.0)
-            self.resid_dropout = nn.Dropout(0.0)
-            if not use_sdpa:
-                self.register_buffer("bias", lib.tril(lib.ones(SEQ, SEQ)).view(1, 1, SEQ, SEQ),
-                                     persistent=False)
-
-        def forward(self, x):
-            B, T, C = x.size()
-            qkv = self.c_attn(x)  # (B, T, 3C)
-            q, k, v = qkv.split(C, dim=2)
-            if lib is loom:
-                # LOOM: view refuses a non-contiguous tensor even where the strides fit (torch
-                # allows it); reshape is the same tensor here.
-                q = q.reshape(B, T, HEADS, C // HEADS).transpose(1, 2)  # (B, nh, T, hs)
-                k = k.reshape(B, T, HEADS, C // HEADS).transpose(1, 2)
-                v = v.reshape(B, T, HEADS, C // HEADS).transpose(1, 2)
-            else:
-                q = q.view(B, T, HEADS, C // HEADS).transpose(1, 2)  # (B, nh, T, hs)
-                k = k.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-                v = v.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-            if use_sdpa:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                # nanoGPT's fallback: torch 1.13 has no scaled_dot_product_attention.
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-                att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-                att = F.softmax(att, dim=-1)
-                att = self.attn_dropout(att)
-                y = att @ v  # (B, nh, T, hs)
-            y = y.transpose(1, 2).contiguous().view(B, T, C)
-            return self.resid_dropout(self.c_proj(y))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_fc = nn.Linear(DIM, 4 * DIM)
-            self.gelu = nn.GELU(approximate="tanh")
-            self.c_proj = nn.Linear(4 * DIM, DIM)
-            self.dropout = nn.Dropout(0.0)
-
-        def forward(self, x):
-            return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(DIM)
-            self.attn = CausalSelfAttention()
-            self.ln_2 = nn.LayerNorm(DIM)
-            self.mlp = MLP()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(VOCAB, DIM)
-            self.wpe = nn.Embedding(SEQ, DIM)
-            self.drop = nn.Dropout(0.0)
-            self.h = nn.ModuleList([Block() for _ in range(LAYERS)])
-            self.ln_f = nn.LayerNorm(DIM)
-            if tie_by_assignment:
-                # nanoGPT's tying; loom refuses it (test_weight_tying_by_assignment).
-                self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
-                self.wte.weight = self.lm_head.weight
-            self.apply(self._init_weights)
-
-        def _init_weights(self, module):
-            # LOOM: loom has no nn.init, so the tensor methods (the same line in both) stand in
-            # for nanoGPT's torch.nn.init.normal_ / zeros_. loom's draws are overwritten below
-            # by torch's weights anyway.
-            with lib.no_grad():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    module.weight.normal_(mean=0.0, std=0.02)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    module.bias.zero_()
-
-        def forward(self, idx):
-            B, T = idx.size()
-            pos = lib.arange(T)  # (T,) int64
-            x = self.drop(self.wte(idx) + self.wpe(pos))
-            for block in self.h:
-                x = block(x)
-            x = self.ln_f(x)
-            if tie_by_assignment:
-                return self.lm_head(x)  # (B, T, V)
-            # LOOM: the head reuses the embedding's weight through F.linear (the same line in
-            # both) because loom cannot tie two built-in modules' weights by assignment.
-            return F.linear(x, self.wte.weight)  # (B, T, V)
-
-    return GPT()
+    return port.make_model(lib, CFG, sdpa, tie_by_assignment)
 
 
 def _train(lib, model):
-    """The training loop, the same lines for torch and loom. Returns per-step losses, gradient
-    norms and learning rates."""
-    F = lib.nn.functional
-    data = lib.tensor(_tokens())
-    dataset = lib.utils.data.TensorDataset(data[:, :-1], data[:, 1:])
-    loader = lib.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=False)
-
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = lib.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                 {"params": no_decay, "weight_decay": 0.0}],
-                                lr=LR, betas=(0.9, 0.95), eps=1e-8)
-
-    def lr_lambda(step):
-        if step < WARMUP:
-            return (step + 1) / WARMUP
-        progress = (step - WARMUP) / (STEPS - WARMUP)
-        return (MIN_LR + 0.5 * (LR - MIN_LR) * (1 + math.cos(math.pi * progress))) / LR
-
-    scheduler = lib.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-
-    losses, norms, lrs = [], [], []
-    model.train()
-    for _ in range(PASSES):
-        for x, y in loader:
-            logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            lrs.append(scheduler.get_last_lr()[0])
-            scheduler.step()
-            losses.append(loss.item())
-            norms.append(float(norm))
-    return np.array(losses), np.array(norms), np.array(lrs)
+    return port.train(lib, model, CFG)
 
 
 def _run_both(sdpa, tie_by_assignment=False):

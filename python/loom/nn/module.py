@@ -128,7 +128,7 @@ class Module:
             params.pop(name, None)
             self._drop_buffer(name)
             self.__dict__.pop(name, None)
-            modules[name] = value
+            self._adopt_child(name, value)
         elif _is_parameter(value) or (value is None and name in params):
             modules.pop(name, None)
             self._drop_buffer(name)
@@ -183,9 +183,27 @@ class Module:
         if not isinstance(module, Module):
             raise TypeError(f"add_module: '{name}' must be a loom.nn.Module")
         self._check_not_wrapped(name)
-        self._modules[name] = module
+        self._adopt_child(name, module)
 
     register_module = add_module
+
+    def _adopt_child(self, name, module):
+        """Makes ``module`` child ``name`` and names its subtree from this module's root, as a
+        wrapper's C++ tree will (See _cpp_module): a built-in Dropout keys its masks by its full
+        name (Note [Dropout keys]), so the masks must not depend on whether a wrapper has built
+        the C++ tree yet (before this, every Dropout of an unwrapped model was named "", and DDP
+        drew other masks than one process)."""
+        self._modules[name] = module
+        prefix = self.__dict__.get("_full_name", "")
+        module._set_full_name(f"{prefix}.{name}" if prefix else name)
+
+    def _set_full_name(self, full_name):
+        self.__dict__["_full_name"] = full_name
+        cpp = self.__dict__.get("_cpp")
+        if cpp is not None:  # a built-in module: C++ renames its own subtree
+            cpp.full_name = full_name
+        for name, child in self._modules.items():
+            child._set_full_name(f"{full_name}.{name}" if full_name else name)
 
     def register_buffer(self, name, tensor, persistent=True):
         """Registers ``tensor`` (or None) as buffer ``name``: module state that is not a parameter
