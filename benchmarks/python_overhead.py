@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""The cost of driving training from Python: examples/train_gpt.py against loom-gpt, same flags.
+"""The cost of driving training from Python: examples/train_gpt.py and examples/nanogpt_port.py
+against loom-gpt.
 
-Both train the benchmark GPT configuration (4 layers, dim 256, 4 heads, seq 128, batch 8, byte
-vocabulary 256, f32, AdamW; as benchmarks/gpt_vs_pytorch.py) on the same text for the same
-steps, one process each, alternating runs so that drift on a shared machine hits both alike. Step
-time is each run's median over the steps after --warmup; the overhead is the median over rounds
-of python / C++ - 1. The losses are compared too (they must be equal: same ops, same order).
+All three train the benchmark GPT configuration (4 layers, dim 256, 4 heads, seq 128, batch 8,
+vocabulary 256, f32, AdamW, clip 1.0; as benchmarks/gpt_vs_pytorch.py) for the same steps, one
+process each, alternating runs so that drift on a shared machine hits them alike. Step time is
+each run's median over the steps after --warmup; an overhead is the median over rounds of
+python / C++ - 1.
+- train_gpt.py is loom-gpt's loop through the Python API with the built-in GPT and the same
+  flags and text: its losses must equal loom-gpt's (same ops, same order).
+- nanogpt_port.py is a PyTorch user's script converted to loom: the model is written in Python
+  (every layer a Python module calling loom ops), AdamW over two parameter groups, a LambdaLR
+  schedule, a DataLoader over random tokens. Its losses differ (other weights and data); its
+  step times the whole forward, backward, clipping and optimizer step, as loom-gpt's does.
 
 usage: python3 benchmarks/python_overhead.py [--steps 30] [--rounds 3] [--threads N]
 """
@@ -42,7 +49,12 @@ def main():
              "--steps", str(args.steps), "--optimizer", "adamw", "--lr", "1e-3",
              "--lr-schedule", "constant", "--warmup-steps", "0", "--grad-clip", "1.0"]
     programs = {"loom-gpt": [args.loom_gpt],
-                "train_gpt.py": [sys.executable, os.path.join(ROOT, "examples", "train_gpt.py")]}
+                "train_gpt.py": [sys.executable, os.path.join(ROOT, "examples", "train_gpt.py")],
+                "nanogpt_port.py": [sys.executable, os.path.join(ROOT, "examples",
+                                                                 "nanogpt_port.py")]}
+    port_flags = ["--lib", "loom", "--layers", "4", "--dim", "256", "--heads", "4", "--seq",
+                  "128", "--batch", "8", "--vocab", "256", "--steps", str(args.steps),
+                  "--passes", "1", "--warmup", "0", "--lr", "1e-3", "--min-lr", "1e-3"]
     with tempfile.TemporaryDirectory() as tmp:
         text = os.path.join(tmp, "text.txt")
         with open(text, "w") as f:  # byte-level data: any text; the repository's README
@@ -52,11 +64,16 @@ def main():
         for r in range(args.rounds):
             for name, cmd in programs.items():
                 metrics = os.path.join(tmp, f"{r}.{name}.jsonl")
-                subprocess.run(cmd + flags + ["--data", text, "--metrics-file", metrics], env=env,
-                               check=True, stdout=subprocess.DEVNULL)
+                if name == "nanogpt_port.py":  # prints its JSON lines
+                    with open(metrics, "w") as out:
+                        subprocess.run(cmd + port_flags, env=env, check=True, stdout=out)
+                else:
+                    subprocess.run(cmd + flags + ["--data", text, "--metrics-file", metrics],
+                                   env=env, check=True, stdout=subprocess.DEVNULL)
                 times, losses[name] = step_times(metrics, args.warmup)
                 medians[name].append(statistics.median(times))
         ratios = [py / c for py, c in zip(medians["train_gpt.py"], medians["loom-gpt"])]
+        port_ratios = [py / c for py, c in zip(medians["nanogpt_port.py"], medians["loom-gpt"])]
     same = losses["loom-gpt"] == losses["train_gpt.py"]
     print(f"config: layers 4 dim 256 heads 4 seq 128 batch 8 vocab 256, f32, AdamW, "
           f"{args.steps} steps (median after {args.warmup}), {args.rounds} alternating rounds, "
@@ -64,9 +81,11 @@ def main():
     for name in programs:
         print(f"{name:>13}: step {statistics.median(medians[name]):.2f} ms "
               f"(rounds: {', '.join(f'{m:.2f}' for m in medians[name])})")
-    print(f"Python overhead: {100 * (statistics.median(ratios) - 1):+.2f}% "
+    print(f"Python overhead, train_gpt.py: {100 * (statistics.median(ratios) - 1):+.2f}% "
           f"(rounds: {', '.join(f'{100 * (x - 1):+.2f}%' for x in ratios)}); losses "
           f"{'identical' if same else 'DIFFER'}")
+    print(f"Python overhead, nanogpt_port.py: {100 * (statistics.median(port_ratios) - 1):+.2f}% "
+          f"(rounds: {', '.join(f'{100 * (x - 1):+.2f}%' for x in port_ratios)})")
     return 0 if same else 1
 
 

@@ -16,7 +16,8 @@ Under mpirun (loom only) it is the data-parallel script a PyTorch user writes wi
 DistributedSampler: each rank takes batch / world rows of every global batch, the gradients are
 averaged, and the losses (averaged over ranks) are the single process's, dropout included
 (tests/python/nanogpt_port_mpi_check.py). Rank 0 prints one JSON object per step: step, loss,
-grad_norm, lr, step_ms (the time of forward, backward, clipping and the optimizer step).
+grad_norm, lr, step_ms (the time from the previous step's end: fetching the batch, forward,
+backward, clipping, the optimizer and schedule steps, the loss).
 
 tests/python/test_binding_pytorch_port.py imports make_model and train and checks that loom's
 run equals torch's from the same weights; benchmarks/python_overhead.py times it against
@@ -210,9 +211,9 @@ def train(lib, model, cfg, on_step=None):
 
     losses, norms, lrs = [], [], []
     model.train()
+    start = time.perf_counter()  # a step's time includes fetching its batch
     for _ in range(cfg.passes):
         for x, y in loader:
-            start = time.perf_counter()
             logits = model(x)
             loss = F.cross_entropy(logits.view(-1, cfg.vocab), y.view(-1))
             optimizer.zero_grad(set_to_none=True)
@@ -223,7 +224,6 @@ def train(lib, model, cfg, on_step=None):
                 loss.backward()
             norm = lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            step_ms = (time.perf_counter() - start) * 1e3
             lrs.append(scheduler.get_last_lr()[0])
             scheduler.step()
             value = loss.item()
@@ -233,9 +233,11 @@ def train(lib, model, cfg, on_step=None):
                 value = t.item()
             losses.append(value)
             norms.append(float(norm))
+            step_ms = (time.perf_counter() - start) * 1e3
             if on_step is not None:
                 on_step(dict(step=len(losses), loss=value, grad_norm=norms[-1], lr=lrs[-1],
                              step_ms=step_ms))
+            start = time.perf_counter()
     return np.array(losses), np.array(norms), np.array(lrs)
 
 
