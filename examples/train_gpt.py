@@ -372,13 +372,8 @@ class DataParallelStep:
         elif self.zero is not None:
             self.zero.finish_gradients()
         norm = -1.0
-        if o.grad_clip > 0:
-            if self.zero is not None:
-                norm = self.zero.clip_grad_norm_(o.grad_clip)
-            elif self.tp is not None:
-                norm = dist.tp_clip_grad_norm_(self.model, o.grad_clip, self.tp)
-            else:
-                norm = nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip).item()
+        if o.grad_clip > 0:  # the single-process norm in every layout: DDP, ZeRO, tp
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip).item()
         self.opt.lr = lr
         self.opt.step()
         self.opt.zero_grad()
@@ -425,7 +420,8 @@ class PipelineStep:
         for place in self.places:
             stage = pipelining.GPTStage(config, place.stage, self.schedule.stages,
                                         dropout=o.dropout, tp=self.tp,
-                                        sequence_parallel=o.sequence_parallel)
+                                        sequence_parallel=o.sequence_parallel,
+                                        pipeline=place.pipeline)
             stage.init_parameters(seed=o.seed)
             params += list(stage.parameters())
             chunks.append(pipelining.stage_chunk(stage, pairs[place.stage],
@@ -494,10 +490,9 @@ class PipelineStep:
                 if stage.wte_weight is not None:
                     self.dp.allreduce(stage.wte_weight.grad, op="avg")
         norm = -1.0
-        if o.grad_clip > 0:
-            norm = (self.zero.clip_grad_norm_(o.grad_clip) if self.zero is not None
-                    else pipelining.clip_grad_norm_(self.stages, self.places, o.grad_clip,
-                                                    self.pp, self.tp))
+        if o.grad_clip > 0:  # every stage's part, the tied wte and Chimera's replicas once
+            norm = nn.utils.clip_grad_norm_(self.holder.parameters(), o.grad_clip,
+                                            pp_group=self.pp).item()
         self.opt.lr = lr
         self.opt.step()
         self.opt.zero_grad()

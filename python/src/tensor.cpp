@@ -617,6 +617,10 @@ void init_tensor(py::module_& m) {
           py::arg("dtype") = py::none())
       .def("__repr__", &tensor_repr)
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
+      // Which tensor this is, whoever holds it and whether or not its memory is there (a ZeRO-3
+      // parameter between uses): loom.nn._placement keys parameters by it.
+      .def("_identity",
+           [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.impl().get()); })
       // ---- copies and conversions ----
       .def("contiguous", &Tensor::contiguous, py::call_guard<py::gil_scoped_release>())
       .def("clone", &Tensor::clone, py::call_guard<py::gil_scoped_release>())

@@ -10,8 +10,12 @@ average of the gradients is the gradient of the global mean.
   ZeRO stages 1, 2, 3 over the world (and stage 2 with grad_accum 2), AdamW; stages 1, 3 SGD
   a GPT written in Python (ModuleList of Python blocks) in DDP (grad_accum 2) and ZeRO 1, 2, 3
   TensorParallelGPT over a DeviceMesh(dp=size/2, tp=2), with and without sequence parallelism,
-  gradients clipped by tp_clip_grad_norm_ (the norm compared too), DDP over dp when dp > 1;
-  and with dp > 1, ZeRO stage 1 over dp with tp given (clip_grad_norm_ over dp x tp).
+  gradients clipped by tp_clip_grad_norm_ and loom.nn.utils.clip_grad_norm_ on alternate steps
+  (the norm compared too), DDP over dp when dp > 1; and with dp > 1, ZeRO stage 1 over dp with tp
+  given (loom.nn.utils.clip_grad_norm_ over dp x tp).
+  A model written in Python around ColumnParallelLinear / RowParallelLinear and a whole
+  LayerNorm: loom.nn.utils.clip_grad_norm_ equals tp_clip_grad_norm_ (the C++ tree's shard flags)
+  and the norm of the gathered gradients.
 
 Every rank prints what differed; the failure count is summed over ranks and every rank exits 1
 when it is not zero. Exits 77 (skip) without numpy or the module, or when not launched by mpirun.
@@ -244,14 +248,18 @@ def run_tp(sequence_parallel, zero):
         if zero:
             opt.backward(loss)
             opt.finish_gradients()
-            norms.append(opt.clip_grad_norm_(CLIP))
+            # loom.nn.utils.clip_grad_norm_ hands ZeRO's module's parameters to the optimizer.
+            norms.append(loom.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
         else:
             if ddp:
                 ddp.backward(loss)
                 ddp.finish()
             else:
                 loss.backward()
-            norms.append(dist.tp_clip_grad_norm_(model, CLIP, tp))
+            # Every other step through the tp helper, the others through the one clip_grad_norm_
+            # (its shards found through loom.nn._placement): both must give one process's norm.
+            norms.append(dist.tp_clip_grad_norm_(model, CLIP, tp) if step % 2 else
+                         loom.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
         opt.step()
         opt.zero_grad()
         losses.append(group_mean(loss.item(), dp))
@@ -328,6 +336,44 @@ for sequence_parallel, zero in variants:
         check_close(f"{what}: gradient norm of step {step}", g, w)
     idx, _ = batch(0)
     check_params(f"{what}: logits", {"logits": logits}, {"logits": ref_model(t64(idx[:2]))})
+
+
+
+def run_python_tp_model():
+    """A Python model over tp shards: the one clip_grad_norm_ against the C++ tp helper and
+    against numpy on the gradients gathered over tp (shards once each, whole parameters once)."""
+    tp = dist.DeviceMesh(tp=2).tp_group
+
+    class Net(loom.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = loom.nn.LayerNorm(16)
+            self.fc = loom.nn.ColumnParallelLinear(16, 64, tp)
+            self.proj = loom.nn.RowParallelLinear(64, 16, tp)
+
+        def forward(self, x):
+            return self.proj(F.gelu(self.fc(self.ln(x))))
+
+    net = Net().init_parameters(seed=SEED)
+    x = loom.tensor(np.random.default_rng(4).standard_normal((8, 16)).astype(np.float32))
+    (net(x) ** 2).sum().backward()
+    squares = 0.0
+    for name, p in net.named_parameters():
+        g = arr(p.grad)
+        if name in ("fc.weight", "fc.bias", "proj.weight"):  # shards: add every rank's part
+            part = loom.tensor([float((g ** 2).sum())])
+            tp.allreduce(part)
+            squares += float(arr(part)[0])
+        else:  # ln.weight, ln.bias, proj.bias: whole, the same on every tp rank
+            squares += float((g ** 2).sum())
+    want = float(np.sqrt(squares))
+    got = loom.nn.utils.clip_grad_norm_(net.parameters(), 1e9).item()
+    check_close("Python model over tp: clip_grad_norm_ vs the gathered gradients", got, want)
+    check_close("Python model over tp: clip_grad_norm_ vs tp_clip_grad_norm_", got,
+                dist.tp_clip_grad_norm_(net, 1e9, tp))
+
+
+run_python_tp_model()
 
 for f in failures:
     print(f"rank {rank}: {f}", file=sys.stderr)

@@ -110,6 +110,7 @@ import inspect as _inspect  # noqa: E402
 from loom import optim as _optim  # noqa: E402
 from loom.nn.module import Module as _Module  # noqa: E402
 from loom.nn import _dropout  # noqa: E402
+from loom.nn import _placement  # noqa: E402
 from loom._loom import parallel as _parallel  # noqa: E402
 
 DeviceMesh = _parallel.DeviceMesh
@@ -302,6 +303,7 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
             bool(check_replicas), tp, bool(external_backward), pp,
             None if counted_in_norm is None else sorted(counted_in_norm))
         self._module = module
+        _placement.register(self)  # clip_grad_norm_ of its module's parameters comes here
         self.optimizer_class = optimizer_class
         super().__init__(impl, hyper)
         if not external_backward:  # a pipeline's executor sets the micro-batches' parts itself
@@ -327,9 +329,16 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         """Waits for the step's gradient reductions (step() does it otherwise)."""
         self._impl.finish_gradients()
 
+    _norm_priority = 1  # over the layers' placements (loom/nn/_placement.py)
+
+    def _norm_placements(self):
+        place = _placement.Placement(zero=self)
+        return {p._identity(): place for p in self._module.parameters()}
+
     def clip_grad_norm_(self, max_norm):
         """Clips the global gradient norm (every shard counted once); returns the norm
-        before clipping."""
+        before clipping. loom.nn.utils.clip_grad_norm_(module.parameters(), max_norm) comes
+        here too."""
         return self._impl.clip_grad_norm(_check_number(max_norm, "clip_grad_norm_",
                                                        "max_norm"))
 

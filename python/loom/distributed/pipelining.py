@@ -34,7 +34,9 @@ executor] in python/src/pipeline.cpp).
 import math
 
 from loom import _loom
+from loom.nn import _placement
 from loom.nn import modules as _modules
+from loom.nn import tensor_parallel as _tensor_parallel
 
 _pl = _loom.pipeline
 
@@ -111,9 +113,19 @@ class GPTStage(_modules._CppModule):
     """
 
     def __init__(self, config, stage, stages, *, dropout=0.0, tp=None, sequence_parallel=False,
-                 seed=0):
+                 seed=0, pipeline=0):
         super().__init__(_pl.GptStage(config, stage, stages, dropout, tp, sequence_parallel),
                          init_seed=seed)
+        # For loom.nn.utils.clip_grad_norm_ (Note [One clip_grad_norm_]): this stage's place
+        # (``pipeline``: the ChunkPlace's, 1 for Chimera's second pipeline) and tp group.
+        object.__setattr__(self, "_place", (stage, stages, pipeline, tp))
+        _placement.register(self)
+
+    def _norm_placements(self):
+        stage, stages, pipeline, tp = self.__dict__["_place"]
+        return _tensor_parallel.tp_placements(
+            self, tp, counted=lambda name: _counted(pipeline, stage, name),
+            pipeline_stages=stages)
 
     @property
     def config(self):
@@ -186,10 +198,14 @@ def embedding_group(schedule, pp_group):
     return _pl.embedding_group(schedule, pp_group)
 
 
-def _counts_in_norm(place, name):
+def _counted(pipeline, stage, name):
     """Whether this copy of a parameter counts in the global gradient norm: pipeline 0's
     (Chimera's second pipeline holds replicas) and, of the tied wte, the first stage's."""
-    return place.pipeline == 0 and (name != "wte.weight" or place.stage == 0)
+    return pipeline == 0 and (name != "wte.weight" or stage == 0)
+
+
+def _counts_in_norm(place, name):
+    return _counted(place.pipeline, place.stage, name)
 
 
 def counted_in_norm(stages, places):

@@ -16,6 +16,7 @@ Every rank of the group must build and call them with the same arguments (they c
 """
 
 from loom import _loom
+from loom.nn import _placement
 from loom.nn.modules import _WRAPPERS, _CppModule
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
@@ -33,7 +34,33 @@ def _group(group, owner):
     return group
 
 
-class ColumnParallelLinear(_CppModule):
+def tp_placements(module, group, counted=None, pipeline_stages=0):
+    """{identity: Placement} of a built-in module's parameters for clip_grad_norm_: a shard (the
+    C++ module says which) adds its squares over ``group`` (None: no tp); ``counted(name)``
+    (default: every one) and ``pipeline_stages`` as in loom/nn/_placement.py."""
+    cpp = module._cpp
+    out = {}
+    for name, p in module.named_parameters():
+        shard = group is not None and cpp._parameter_is_shard(name)
+        out[p._identity()] = _placement.Placement(
+            shard_group=group if shard else None, pipeline_stages=pipeline_stages,
+            counted=True if counted is None else counted(name))
+    return out
+
+
+class _TensorParallel(_CppModule):
+    """A built-in module whose parameters may be shards over a tp group: it tells
+    loom.nn.utils.clip_grad_norm_ which (Note [One clip_grad_norm_])."""
+
+    def _place_over(self, group):
+        object.__setattr__(self, "_tp_group", group)
+        _placement.register(self)
+
+    def _norm_placements(self):
+        return tp_placements(self, self.__dict__["_tp_group"])
+
+
+class ColumnParallelLinear(_TensorParallel):
     """y = x W^T + b with W [out_features, in_features]'s output rows split over ``group``: rank
     r computes features [r out/tp, (r+1) out/tp) (weight [out/tp, in], bias [out/tp]). The input
     is replicated (its gradient is summed over tp) or, with sequence_parallel, split along dim 1
@@ -53,9 +80,10 @@ class ColumnParallelLinear(_CppModule):
         super().__init__(_tp.ColumnParallelLinear(
             in_features, out_features, _group(group, "ColumnParallelLinear"), bias, init_std,
             gather_output, sequence_parallel, blocks))
+        self._place_over(group)
 
 
-class RowParallelLinear(_CppModule):
+class RowParallelLinear(_TensorParallel):
     """y = x W^T + b with W's input columns split over ``group``: takes this rank's input
     features [..., in/tp] (weight [out, in/tp]); the partial products are summed over tp
     (allreduce, or with sequence_parallel a reduce-scatter along dim 1); the whole bias is added
@@ -66,9 +94,10 @@ class RowParallelLinear(_CppModule):
         super().__init__(_tp.RowParallelLinear(
             in_features, out_features, _group(group, "RowParallelLinear"), bias, init_std,
             sequence_parallel))
+        self._place_over(group)
 
 
-class VocabParallelEmbedding(_CppModule):
+class VocabParallelEmbedding(_TensorParallel):
     """An embedding table whose rows are split over ``group`` (num_embeddings a multiple of its
     size): rank r owns rows [r n/tp, (r+1) n/tp); forward(indices) of full row ids is the
     single-process lookup, the same on every rank."""
@@ -76,6 +105,7 @@ class VocabParallelEmbedding(_CppModule):
     def __init__(self, num_embeddings, embedding_dim, group, *, init_std=0.02):
         super().__init__(_tp.VocabParallelEmbedding(
             num_embeddings, embedding_dim, _group(group, "VocabParallelEmbedding"), init_std))
+        self._place_over(group)
 
     @property
     def rows_per_rank(self):
@@ -86,7 +116,7 @@ class VocabParallelEmbedding(_CppModule):
         return self._cpp.first_row
 
 
-class TensorParallelGPT(_CppModule):
+class TensorParallelGPT(_TensorParallel):
     """GPT-2 split over a tensor-parallel ``group`` (Megatron-LM's layout) with loom.nn.GPT's
     parameter names; each sharded parameter is a slice of the single-process one, so the same
     ``seed`` gives the single-process model, split. heads, channels and 4 * channels must
@@ -102,7 +132,7 @@ class TensorParallelGPT(_CppModule):
         model = loom.nn.TensorParallelGPT(config, mesh.tp_group, seed=1337)
         loss = model.loss(idx, targets)                        # same on every rank
         loss.backward()
-        loom.distributed.tp_clip_grad_norm_(model, 1.0, mesh.tp_group)
+        loom.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # the single-process norm
         full = loom.distributed.gather_full_state(model, mesh.tp_group)   # loom.nn.GPT's layout
     """
 
@@ -111,6 +141,7 @@ class TensorParallelGPT(_CppModule):
         super().__init__(_tp.TpGPT(config, self_group, dropout, sequence_parallel),
                          init_seed=seed)
         object.__setattr__(self, "_group", self_group)
+        self._place_over(self_group)
 
     @property
     def config(self):

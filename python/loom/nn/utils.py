@@ -1,21 +1,80 @@
-"""loom.nn.utils: gradient clipping (over loom::optim::clip_grad_norm and its two halves)."""
+"""loom.nn.utils: gradient clipping (over loom::optim::clip_grad_norm and its two halves).
+
+Note [One clip_grad_norm_]
+``clip_grad_norm_(model.parameters(), max_norm)`` returns the single process's norm in every
+layout, as torch's does over DTensors: the layers and wrappers that place parameters on several
+ranks say where each gradient lives (loom/nn/_placement.py), and the norm adds each part once.
+- plain parameters: one process, or DDP after ``finish()`` (every rank holds the average);
+- tensor-parallel shards (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+  TensorParallelGPT, a GPTStage with ``tp``, also inside a model written in Python): their
+  squares add over their tp group, whole parameters count once;
+- pipeline stages (GPTStage): the stages' squares add over ``pp_group``, which the caller passes
+  (torchtitan passes its pp mesh the same way); the last stage's copy of the tied wte and Chimera's
+  second pipeline are clipped but not counted twice;
+- a ZeroRedundancyOptimizer's module: the optimizer's own clip (its shards hold the gradients).
+Every rank of those groups must call it (it communicates) with its corresponding parameters.
+"""
+
+import math
 
 from loom import _loom
+from loom.nn import _placement
 
 
-def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, *, pp_group=None):
     """Scales the gradients in place so their global L2 norm is at most ``max_norm``, as
     torch.nn.utils.clip_grad_norm_; returns the norm before clipping (a 0-d float32 tensor).
     Parameters without a gradient count for nothing. Only ``norm_type=2`` is supported.
 
+    The norm is the single process's in every layout (Note [One clip_grad_norm_]): DDP, ZeRO,
+    tensor-parallel shards, and pipeline stages, for which ``pp_group`` (the pipeline group) must
+    be given. Collective over the groups the parameters live on.
+
         >>> loss.backward()
         >>> loom.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        >>> loom.nn.utils.clip_grad_norm_(stage_params, 1.0, pp_group=mesh.pp_group)
     """
     if float(norm_type) != 2.0:
         raise ValueError(f"clip_grad_norm_: only norm_type=2 is supported, got {norm_type}")
     if isinstance(parameters, _loom.Tensor):
         parameters = [parameters]
-    norm = _loom.optim.clip_grad_norm(list(parameters), float(max_norm))
+    params = list(parameters)
+    places = _placement.placements(params)
+    zeros = {id(p.zero): p.zero for p in places if p is not None and p.zero is not None}
+    if zeros:
+        if len(zeros) > 1 or any(p is None or p.zero is None for p in places):
+            raise ValueError("clip_grad_norm_: the parameters mix a ZeroRedundancyOptimizer's "
+                             "with others; pass the parameters of the module it wraps (its "
+                             "gradients live in its shards)")
+        return _loom.tensor(next(iter(zeros.values())).clip_grad_norm_(max_norm))
+    if pp_group is None and all(p is None for p in places):
+        return _loom.tensor(_loom.optim.clip_grad_norm(params, float(max_norm)))
+    staged = max((p.pipeline_stages for p in places if p is not None), default=0)
+    if staged > 1 and pp_group is None:
+        raise ValueError(f"clip_grad_norm_: these are a pipeline stage's parameters (a GPTStage "
+                         f"of {staged} stages): pass pp_group=, the pipeline group, so that every "
+                         f"stage's part of the norm is added")
+    groups = {id(p.shard_group): p.shard_group for p in places
+              if p is not None and p.shard_group is not None}
+    if len(groups) > 1:
+        raise ValueError("clip_grad_norm_: the parameters are shards over two different tensor-"
+                         "parallel groups; clip each model separately")
+    sharded = [t for t, p in zip(params, places)
+               if p is not None and p.counted and p.shard_group is not None]
+    whole = [t for t, p in zip(params, places)
+             if p is None or (p.counted and p.shard_group is None)]
+    total = grad_sum_of_squares(sharded)
+    if groups:
+        part = _loom.full([1], total)
+        next(iter(groups.values())).allreduce(part)
+        total = part.item()
+    total += grad_sum_of_squares(whole)
+    if pp_group is not None:
+        part = _loom.full([1], total)
+        pp_group.allreduce(part)
+        total = part.item()
+    norm = math.sqrt(total)
+    clip_grads_to_norm_(params, norm, max_norm)
     return _loom.tensor(norm)
 
 
