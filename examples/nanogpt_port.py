@@ -61,7 +61,7 @@ def tokens(cfg):
                                                          dtype=np.int64)
 
 
-def make_model(lib, cfg, sdpa=True, tie_by_assignment=False):
+def make_model(lib, cfg, sdpa=True):
     """The GPT class as a PyTorch user writes it, with lib.nn in place of torch.nn."""
     is_loom = lib.__name__ == "loom"
     nn = lib.nn
@@ -139,10 +139,8 @@ def make_model(lib, cfg, sdpa=True, tie_by_assignment=False):
             self.drop = nn.Dropout(cfg.dropout)
             self.h = nn.ModuleList([Block() for _ in range(cfg.layers)])
             self.ln_f = nn.LayerNorm(C)
-            if tie_by_assignment:
-                # nanoGPT's tying; loom refuses it (test_weight_tying_by_assignment).
-                self.lm_head = nn.Linear(C, cfg.vocab, bias=False)
-                self.wte.weight = self.lm_head.weight
+            self.lm_head = nn.Linear(C, cfg.vocab, bias=False)
+            self.wte.weight = self.lm_head.weight  # weight tying: one tensor in both modules
             self.apply(self._init_weights)
 
         def _init_weights(self, module):
@@ -161,11 +159,7 @@ def make_model(lib, cfg, sdpa=True, tie_by_assignment=False):
             for block in self.h:
                 x = block(x)
             x = self.ln_f(x)
-            if tie_by_assignment:
-                return self.lm_head(x)  # (B, T, V)
-            # LOOM: the head reuses the embedding's weight through F.linear (the same line in
-            # both) because loom cannot tie two built-in modules' weights by assignment.
-            return F.linear(x, self.wte.weight)  # (B, T, V)
+            return self.lm_head(x)  # (B, T, V)
 
     return GPT()
 

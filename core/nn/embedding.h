@@ -16,6 +16,9 @@ class Embedding : public Module {
 
   Tensor weight;  // [num_embeddings, dim]
 
+ protected:
+  void parameter_tied(const std::string&, const Tensor& tensor) override { weight = tensor; }
+
  private:
   int64_t num_, dim_;
 };

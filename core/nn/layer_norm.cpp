@@ -12,4 +12,8 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : dim_(dim), eps_(eps) {
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps_); }
 
+void LayerNorm::parameter_tied(const std::string& name, const Tensor& tensor) {
+  (name == "weight" ? weight : bias) = tensor;
+}
+
 }  // namespace loom::nn

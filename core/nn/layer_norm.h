@@ -13,6 +13,9 @@ class LayerNorm : public Module {
   Tensor weight;  // [dim]
   Tensor bias;    // [dim]
 
+ protected:
+  void parameter_tied(const std::string& name, const Tensor& tensor) override;
+
  private:
   int64_t dim_;
   double eps_;

@@ -14,4 +14,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias_on, double i
 
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
+void Linear::parameter_tied(const std::string& name, const Tensor& tensor) {
+  (name == "weight" ? weight : bias) = tensor;
+}
+
 }  // namespace loom::nn

@@ -16,6 +16,9 @@ class Linear : public Module {
   Tensor weight;  // [out, in]
   Tensor bias;    // [out], undefined without bias
 
+ protected:
+  void parameter_tied(const std::string& name, const Tensor& tensor) override;
+
  private:
   int64_t in_, out_;
 };

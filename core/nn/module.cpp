@@ -1,6 +1,8 @@
 // Module bookkeeping: registration, hierarchical names, state dicts, modes, init.
 #include "core/nn/module.h"
 
+#include <unordered_set>
+
 #include <set>
 
 #include "core/autograd.h"
@@ -112,6 +114,33 @@ void Module::adopt(const std::string& name, std::shared_ptr<Module> module) {
   children_.emplace_back(name, std::move(module));
 }
 
+void Module::parameter_tied(const std::string& name, const Tensor&) {
+  LOOM_FAIL("Module '", full_name_.empty() ? "<root>" : full_name_, "': parameter '", name,
+            "' cannot be shared with another module (this module's forward holds its own "
+            "tensor; weight tying works for Linear, Embedding and LayerNorm parameters)");
+}
+
+void Module::tie_parameter(const std::string& name, const Tensor& tensor) {
+  Param* slot = nullptr;
+  for (Param& p : params_)
+    if (p.name == name) slot = &p;
+  LOOM_CHECK(slot != nullptr, "Module '", full_name_, "': no parameter named '", name,
+             "' of its own to tie");
+  LOOM_CHECK(tensor.defined() && tensor.is_leaf(), "Module '", full_name_, "': parameter '", name,
+             "' can only be tied to a leaf tensor (another module's parameter)");
+  LOOM_CHECK(tensor.shape() == slot->tensor.shape() && tensor.dtype() == slot->tensor.dtype() &&
+                 tensor.device() == slot->tensor.device(),
+             "Module '", full_name_, "': parameter '", name, "' is ", shape_str(slot->tensor.shape()),
+             " ", dtype_name(slot->tensor.dtype()), " on ", slot->tensor.device().str(),
+             "; it cannot be tied to a ", shape_str(tensor.shape()), " ", dtype_name(tensor.dtype()),
+             " tensor on ", tensor.device().str());
+  LOOM_CHECK(!slot->shard, "Module '", full_name_, "': parameter '", name,
+             "' is a tensor-parallel shard; it cannot be tied");
+  parameter_tied(name, tensor);
+  slot->tensor = tensor;
+  slot->adopted = true;  // initialised by the module it came from
+}
+
 void Module::set_full_name(const std::string& name) {
   full_name_ = name;
   for (auto& [n, m] : children_) m->set_full_name(join(name, n));
@@ -128,8 +157,14 @@ void Module::collect(const std::string& prefix,
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect("", all);
+  // A tied tensor (See tie_parameter) once, under its first name, as PyTorch's named_parameters:
+  // optimizers, DDP buckets and ZeRO shards must not hold it twice.
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", out);
+  std::unordered_set<const TensorImpl*> seen;
+  for (auto& entry : all)
+    if (seen.insert(entry.second.impl().get()).second) out.push_back(std::move(entry));
   return out;
 }
 

@@ -109,7 +109,18 @@ class Module {
   const std::string& full_name() const { return full_name_; }
   void set_full_name(const std::string& name);
 
+  // Weight tying (PyTorch's `module.weight = other.weight`): this module's own parameter `name`
+  // (no dots) becomes `tensor`, a leaf of the same shape, dtype and device, shared with whoever
+  // else holds it; init_parameters leaves it to its first owner. named_parameters() lists a
+  // shared tensor once, under its first name. Only modules whose forward reads the parameter
+  // through a member they can re-point (Linear, Embedding, LayerNorm: parameter_tied) accept
+  // it; the others refuse with an error naming the module.
+  void tie_parameter(const std::string& name, const Tensor& tensor);
+
  protected:
+  // Called by tie_parameter before the parameter `name` becomes `tensor`: a module whose forward
+  // reads the parameter through a member points the member at `tensor`. The default refuses.
+  virtual void parameter_tied(const std::string& name, const Tensor& tensor);
   // A new parameter [shape] (f32, CPU, requires_grad) named `name` (no dots) in this module.
   // kZeros / kOnes specs are applied at once; normal ones start at zero until
   // init_parameters(seed).

@@ -158,6 +158,7 @@ void init_nn(py::module_& m) {
           py::arg("device"))
       .def_property("full_name", &nn::Module::full_name, &nn::Module::set_full_name)
       .def_property_readonly("has_forward_hooks", &nn::Module::has_forward_hooks)
+      .def("_tie_parameter", &nn::Module::tie_parameter, py::arg("name"), py::arg("tensor"))
       .def(
           "_parameter_is_shard",
           [](const nn::Module& self, const std::string& name) {

@@ -426,9 +426,65 @@ def test_parameter_assigned_to_a_built_in_weight_sets_its_values():
     assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
     with pytest.raises(ValueError, match=r"shape \[3, 3\] to Linear.weight of shape \[2, 3\]"):
         lin.weight = nn.Parameter(loom.zeros(3, 3))
-    other = nn.Linear(3, 2)
-    with pytest.raises(TypeError, match="no weight tying between built-in modules"):
-        lin.weight = other.weight
+    with pytest.raises(TypeError, match="takes another parameter .* or a loom.nn.Parameter"):
+        lin.weight = loom.ones(2, 3)  # a plain tensor that is no parameter
+
+
+def test_weight_tying_between_built_in_modules():
+    # nanoGPT's `self.transformer.wte.weight = self.lm_head.weight`: one tensor in both modules,
+    # listed once, updated once, its gradient the sum of both uses (against PyTorch's tying).
+    class Tied(nn.Module):
+        def __init__(self, lib_nn):
+            super().__init__()
+            self.wte = lib_nn.Embedding(7, 4)
+            self.ln = lib_nn.LayerNorm(4)
+            self.lm_head = lib_nn.Linear(4, 7, bias=False)
+            self.wte.weight = self.lm_head.weight
+
+        def forward(self, idx):
+            return self.lm_head(self.ln(self.wte(idx)))
+
+    model = Tied(nn)
+    assert model.wte.weight._identity() == model.lm_head.weight._identity()
+    assert [n for n, _ in model.named_parameters()] == ["wte.weight", "ln.weight", "ln.bias"]
+    assert len(list(model.named_parameters(remove_duplicate=False))) == 4
+    assert list(model.state_dict()) == ["wte.weight", "ln.weight", "ln.bias", "lm_head.weight"]
+
+    class TorchTied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = torch.nn.Embedding(7, 4)
+            self.ln = torch.nn.LayerNorm(4)
+            self.lm_head = torch.nn.Linear(4, 7, bias=False)
+            self.wte.weight = self.lm_head.weight
+
+        def forward(self, idx):
+            return self.lm_head(self.ln(self.wte(idx)))
+
+    ref = TorchTied()
+    model.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    idx = rng.integers(0, 7, (3, 5))
+    opt = loom.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        out = model(loom.tensor(idx))
+        ref_out = ref(torch.tensor(idx))
+        np.testing.assert_allclose(out.detach().numpy(), ref_out.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+        (out ** 2).mean().backward()
+        (ref_out ** 2).mean().backward()
+        np.testing.assert_allclose(model.lm_head.weight.grad.numpy(),
+                                   ref.lm_head.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+    np.testing.assert_allclose(model.wte.weight.detach().numpy(),
+                               ref.wte.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # What cannot be tied says so.
+    with pytest.raises(ValueError, match=r"is \[7, 4\] f32 on cpu; it cannot be tied to a \[4\]"):
+        model.lm_head.weight = model.ln.weight
+    shard = nn.ColumnParallelLinear(4, 8, loom.distributed.world())
+    with pytest.raises(ValueError, match="is a tensor-parallel shard; it cannot be tied"):
+        shard.weight = nn.Linear(4, 8).weight
 
 
 # ---------------------------------------------------------------- training equals PyTorch's

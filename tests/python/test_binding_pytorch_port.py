@@ -19,10 +19,8 @@ The lines that differ for loom, each marked ``LOOM:`` where it is:
 - ``q.view(B, T, nh, hs)`` on a part of ``qkv.split(C, dim=2)`` (non-contiguous): torch allows a view when
   the strides fit, loom's ``view`` requires a contiguous tensor (documented in its error);
   loom uses ``reshape`` (torch's reshape would also not copy there).
-- Weight tying: nanoGPT's ``self.wte.weight = self.lm_head.weight`` raises a TypeError in loom
-  (built-in modules keep their own tensors). The script ties the other way on both libraries,
-  ``F.linear(x, self.wte.weight)`` as the head (gap; ``test_weight_tying_by_assignment`` is an
-  expected failure that runs the full comparison once loom accepts the assignment).
+- Weight tying: nanoGPT's ``self.wte.weight = self.lm_head.weight`` is the same line in both
+  (loom ties built-in modules' parameters by assignment: Module::tie_parameter).
 - Init: loom has no ``nn.init``; ``_init_weights`` uses ``weight.normal_(mean, std)`` /
   ``bias.zero_()`` under ``lib.no_grad()`` on both instead of ``torch.nn.init.normal_`` /
   ``zeros_`` (gap; loom's draws are overwritten with torch's weights anyway).
@@ -66,18 +64,18 @@ LOSS_ATOL = 1e-4
 PARAM_ATOL = 1e-5
 
 
-def _make_model(lib, sdpa, tie_by_assignment=False):
-    return port.make_model(lib, CFG, sdpa, tie_by_assignment)
+def _make_model(lib, sdpa):
+    return port.make_model(lib, CFG, sdpa)
 
 
 def _train(lib, model):
     return port.train(lib, model, CFG)
 
 
-def _run_both(sdpa, tie_by_assignment=False):
+def _run_both(sdpa):
     torch.manual_seed(0)
-    torch_model = _make_model(torch, sdpa, tie_by_assignment)
-    loom_model = _make_model(loom, sdpa, tie_by_assignment)
+    torch_model = _make_model(torch, sdpa)
+    loom_model = _make_model(loom, sdpa)
     state = {k: v.detach().numpy().copy() for k, v in torch_model.state_dict().items()}
     loom_model.load_state_dict(state)
     for k, v in loom_model.state_dict().items():
@@ -122,14 +120,3 @@ def test_gpt_script_sdpa_matches_torch():
 def test_gpt_script_manual_attention_matches_torch():
     """The script with nanoGPT's explicit masked-softmax attention on both libraries."""
     _run_both(sdpa=False)
-
-
-def test_weight_tying_by_assignment():
-    """nanoGPT's ``self.wte.weight = self.lm_head.weight``: loom's built-in modules keep their own
-    tensors and refuse the assignment with a TypeError, so this is an expected failure until loom
-    can share a Parameter between built-in modules; then it runs the full comparison."""
-    try:
-        _make_model(loom, sdpa=True, tie_by_assignment=True)
-    except TypeError as e:
-        pytest.xfail(f"loom cannot tie built-in modules' weights by assignment: {e}")
-    _run_both(sdpa=True, tie_by_assignment=True)

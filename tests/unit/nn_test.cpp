@@ -562,5 +562,45 @@ TEST(BadInput, ErrorsNameTheProblem) {
       "input must be [B, T, 8], got [1, 2, 6]");
 }
 
+// ---------------------------------------------------------------- weight tying
+
+// A module whose forward would keep its own tensor: it must refuse a tie.
+struct Holder : nn::Module {
+  Holder() { w = register_parameter("w", {2}, nn::Init::zeros()); }
+  Tensor w;
+};
+
+TEST(Module, TiedParametersAreOneTensorListedOnce) {
+  auto root = std::make_shared<nn::ModuleList>();
+  auto wte = std::make_shared<nn::Embedding>(5, 3);
+  auto head = std::make_shared<nn::Linear>(3, 5, /*bias=*/false);
+  root->push_back(wte);
+  root->push_back(head);
+  rng::fill_uniform(head->weight, 1, "head", -1.0, 1.0);
+  wte->tie_parameter("weight", head->weight);
+  EXPECT_EQ(wte->weight.impl(), head->weight.impl()) << "the member follows the tie";
+  const auto named = root->named_parameters();
+  ASSERT_EQ(named.size(), 1u) << "a tied tensor is listed once";
+  EXPECT_EQ(named[0].first, "0.weight");
+  // The lookup reads the shared tensor's rows.
+  Tensor idx = Tensor::from_vector(std::vector<int64_t>{2, 4}, {2});
+  const std::vector<float> w = head->weight.to_vector<float>();
+  std::vector<float> rows(w.begin() + 6, w.begin() + 9);
+  rows.insert(rows.end(), w.begin() + 12, w.begin() + 15);
+  EXPECT_EQ(wte->forward(idx).to_vector<float>(), rows);
+  // Both uses add into the one gradient: d/dW sum(head(wte(idx))) has the lookup's rows too.
+  sum(head->forward(wte->forward(idx))).backward();
+  ASSERT_TRUE(head->weight.grad().defined());
+  // What cannot be tied says what and why.
+  Tensor wide = Tensor::zeros({5, 4});
+  wide.set_requires_grad(true);
+  expect_error([&] { head->tie_parameter("weight", wide); }, "it cannot be tied to a [5, 4]");
+  expect_error([&] { head->tie_parameter("bias", head->weight); }, "no parameter named 'bias'");
+  Holder holder;
+  Tensor two = Tensor::zeros({2});
+  two.set_requires_grad(true);
+  expect_error([&] { holder.tie_parameter("w", two); }, "cannot be shared with another module");
+}
+
 }  // namespace
 }  // namespace loom

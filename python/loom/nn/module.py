@@ -286,13 +286,21 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
-    def named_parameters(self, prefix="", recurse=True):
-        """(dotted name, parameter): own parameters, then (recurse) each child's, depth first."""
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True, _seen=None):
+        """(dotted name, parameter): own parameters, then (recurse) each child's, depth first. A
+        tensor shared by several modules (tied weights) comes once, under its first name, unless
+        ``remove_duplicate=False`` (as PyTorch's)."""
+        seen = set() if _seen is None else _seen
         for name, p in self._own_parameters():
+            if remove_duplicate:
+                if p._identity() in seen:
+                    continue
+                seen.add(p._identity())
             yield (prefix + "." + name if prefix else name), p
         if recurse:
             for name, child in self.named_children():
-                yield from child.named_parameters(prefix + "." + name if prefix else name)
+                yield from child.named_parameters(prefix + "." + name if prefix else name, True,
+                                                  remove_duplicate, seen)
 
     def parameters(self, recurse=True):
         for _, p in self.named_parameters(recurse=recurse):

@@ -14,9 +14,10 @@ not depend on how the model was assembled.
 Where a built-in module differs from a Python one (the C++ module owns its tensors):
 
 - ``lin.weight = loom.nn.Parameter(t)`` copies t's values (and its requires_grad) into the
-  module's own weight, whose shape cannot change; the module does not adopt t, so two built-in
-  modules cannot share one tensor this way (a plain tensor is refused, so an attempt to tie
-  weights fails loudly). Freeze with ``lin.weight.requires_grad_(False)`` or
+  module's own weight, whose shape cannot change. ``wte.weight = lm_head.weight`` (another
+  module's parameter: a leaf that requires grad) ties them as in PyTorch: both modules use that
+  one tensor (same shape, dtype and device; Linear, Embedding and LayerNorm parameters), and
+  ``named_parameters()`` lists it once. Freeze with ``lin.weight.requires_grad_(False)`` or
   ``lin.requires_grad_(False)``.
 - ``copy.deepcopy`` builds a new module from the constructor's arguments and copies the values,
   dtype, device, names and modes; a view of a C++ child (``gpt.blocks[0]``) and the modules over
@@ -103,11 +104,17 @@ class _CppModule(Module):
         if (isinstance(value, _loom.Tensor) and value.data_ptr() == current.data_ptr()
                 and tuple(value.shape) == tuple(current.shape) and value.dtype == current.dtype):
             return  # the parameter itself, as `module.weight += x` assigns back: nothing to do
+        if (isinstance(value, _loom.Tensor) and not isinstance(value, Parameter)
+                and value.is_leaf and value.requires_grad):
+            # Weight tying, PyTorch's `wte.weight = lm_head.weight`: the module now uses that
+            # very tensor (C++ Module::tie_parameter; shape, dtype and device must match).
+            self._cpp._tie_parameter(name, value)
+            return
         if not isinstance(value, Parameter):
             raise TypeError(
-                f"cannot assign a {type(value).__name__} to {owner}: a built-in module keeps its "
-                f"own tensors, so it takes a loom.nn.Parameter's values (copied) and cannot share "
-                f"another module's tensor (no weight tying between built-in modules); to set "
+                f"cannot assign a {type(value).__name__} to {owner}: a built-in module's "
+                f"parameter takes another parameter (a leaf that requires grad: the two are then "
+                f"one tensor, tied) or a loom.nn.Parameter (its values are copied in); to set "
                 f"values in place use `with loom.no_grad(): module.{name}.copy_(t)`")
         if tuple(value.shape) != tuple(current.shape):
             raise ValueError(f"cannot assign a parameter of shape {list(value.shape)} to {owner} "
@@ -133,9 +140,16 @@ class _CppModule(Module):
     def named_children(self):
         return iter([(name, getattr(self, name)) for name, _ in self._cpp.children()])
 
-    def named_parameters(self, prefix="", recurse=True):
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True, _seen=None):
+        # C++ lists a tensor tied inside this subtree once; _seen carries the ones a Python
+        # parent has listed already (See Module.named_parameters).
         params = self._cpp.named_parameters() if recurse else self._own_parameters()
+        seen = set() if _seen is None else _seen
         for name, p in params:
+            if remove_duplicate:
+                if p._identity() in seen:
+                    continue
+                seen.add(p._identity())
             yield (prefix + "." + name if prefix else name), p
 
     def state_dict(self, destination=None, prefix="", keep_vars=False):
