@@ -63,7 +63,6 @@ def tokens(cfg):
 
 def make_model(lib, cfg, sdpa=True):
     """The GPT class as a PyTorch user writes it, with lib.nn in place of torch.nn."""
-    is_loom = lib.__name__ == "loom"
     nn = lib.nn
     F = lib.nn.functional
     use_sdpa = sdpa and hasattr(F, "scaled_dot_product_attention")
@@ -84,16 +83,9 @@ def make_model(lib, cfg, sdpa=True):
             B, T_, C_ = x.size()
             qkv = self.c_attn(x)  # (B, T, 3C)
             q, k, v = qkv.split(C_, dim=2)
-            if is_loom:
-                # LOOM: view refuses a non-contiguous tensor even where the strides fit (torch
-                # allows it); reshape is the same tensor here.
-                q = q.reshape(B, T_, H, C_ // H).transpose(1, 2)  # (B, nh, T, hs)
-                k = k.reshape(B, T_, H, C_ // H).transpose(1, 2)
-                v = v.reshape(B, T_, H, C_ // H).transpose(1, 2)
-            else:
-                q = q.view(B, T_, H, C_ // H).transpose(1, 2)  # (B, nh, T, hs)
-                k = k.view(B, T_, H, C_ // H).transpose(1, 2)
-                v = v.view(B, T_, H, C_ // H).transpose(1, 2)
+            q = q.view(B, T_, H, C_ // H).transpose(1, 2)  # (B, nh, T, hs)
+            k = k.view(B, T_, H, C_ // H).transpose(1, 2)
+            v = v.view(B, T_, H, C_ // H).transpose(1, 2)
             if use_sdpa:
                 y = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=None, dropout_p=cfg.dropout if self.training else 0,
@@ -199,7 +191,8 @@ def train(lib, model, cfg, on_step=None):
         if step < cfg.warmup:
             return (step + 1) / cfg.warmup
         progress = (step - cfg.warmup) / (cfg.steps - cfg.warmup)
-        return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))) / cfg.lr
+        cosine = 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+        return (cfg.min_lr + cosine) / cfg.lr
 
     scheduler = lib.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 

@@ -3,6 +3,7 @@
 // Note [Low-precision compute]).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/cuda_dispatch.h"
 #include "core/ops.h"
@@ -42,27 +43,84 @@ int64_t inner_size(const Shape& s, int64_t dim) {
 
 }  // namespace
 
-Tensor reshape(const Tensor& x, const Shape& shape) {
-  detail::check_defined("reshape", "x", x);
+namespace {
+
+// One -1 in `shape` filled in for x's element count; the counts must agree. `op` names the caller.
+Shape resolved_shape(const char* op, const Tensor& x, const Shape& shape) {
   Shape target = shape;
   int64_t known = 1, infer = -1;
   for (size_t i = 0; i < target.size(); ++i) {
     if (target[i] == -1) {
-      LOOM_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
+      LOOM_CHECK(infer < 0, op, ": more than one -1 in ", shape_str(shape));
       infer = int64_t(i);
     } else {
-      LOOM_CHECK(target[i] >= 0, "reshape: negative size in ", shape_str(shape));
+      LOOM_CHECK(target[i] >= 0, op, ": negative size in ", shape_str(shape));
       known *= target[i];
     }
   }
   if (infer >= 0) {
-    LOOM_CHECK(known > 0 && x.numel() % known == 0, "reshape: cannot infer -1 in ",
+    LOOM_CHECK(known > 0 && x.numel() % known == 0, op, ": cannot infer -1 in ",
                shape_str(shape), " for ", x.numel(), " elements");
     target[infer] = x.numel() / known;
   }
-  LOOM_CHECK(shape_numel(target) == x.numel(), "reshape: shape ", shape_str(shape), " has ",
+  LOOM_CHECK(shape_numel(target) == x.numel(), op, ": shape ", shape_str(shape), " has ",
              shape_numel(target), " elements but the tensor ", shape_str(x.shape()), " has ",
              x.numel());
+  return target;
+}
+
+// The strides under which `target` sees the elements of a tensor (shape, strides) in the same
+// row-major order, or nothing when no strides can. The old dims fall into runs that are
+// contiguous among themselves (stride[d] == stride[d + 1] * shape[d + 1]); every run must be
+// covered by whole new dims, which then step through it with the run's innermost stride.
+std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& target) {
+  if (shape_numel(shape) == 0 || shape.empty()) return contiguous_strides(target);
+  Shape out(target.size(), 1);
+  int64_t next = int64_t(target.size()) - 1;  // the new dim to place next, from the last
+  int64_t run_stride = strides.back(), run_numel = 1;
+  for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
+    run_numel *= shape[size_t(d)];
+    const bool run_ends =
+        d == 0 || (shape[size_t(d - 1)] != 1 &&
+                   strides[size_t(d - 1)] != run_numel * run_stride);
+    if (!run_ends) continue;
+    int64_t placed = 1;
+    while (next >= 0 && (placed < run_numel || target[size_t(next)] == 1)) {
+      out[size_t(next)] = placed * run_stride;
+      placed *= target[size_t(next)];
+      --next;
+    }
+    if (placed != run_numel) return std::nullopt;
+    if (d > 0) {
+      run_stride = strides[size_t(d - 1)];
+      run_numel = 1;
+    }
+  }
+  for (; next >= 0; --next) out[size_t(next)] = 1;  // trailing size-1 dims (only they are left)
+  return out;
+}
+
+}  // namespace
+
+Tensor view(const Tensor& x, const Shape& shape) {
+  detail::check_defined("view", "x", x);
+  const Shape target = resolved_shape("view", x, shape);
+  const std::optional<Shape> strides = view_strides(x.shape(), x.strides(), target);
+  LOOM_CHECK(strides.has_value(), "view: no view of the tensor ", shape_str(x.shape()),
+             " (strides ", shape_str(x.strides()), ") has the shape ", shape_str(target),
+             ": its elements are not evenly spaced there; use reshape (which copies) or "
+             ".contiguous() first");
+  Tensor out = make_view(x, target, *strides, x.offset());
+  Shape original = x.shape();
+  autograd::record(out, "view", {x}, {}, [original](const Tensor& g) {
+    return std::vector<Tensor>{reshape(g, original)};
+  });
+  return out;
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  detail::check_defined("reshape", "x", x);
+  const Shape target = resolved_shape("reshape", x, shape);
   Tensor base = x.contiguous();  // a view when x is contiguous; else one copy (recorded)
   Tensor out = make_view(base, target, contiguous_strides(target), base.offset());
   Shape original = x.shape();

@@ -665,14 +665,10 @@ void init_tensor(py::module_& m) {
       // PyTorch's view ops, built on reshape and transpose (views, with autograd).
       .def(
           "view",
-          [](const Tensor& t, py::args shape) {
-            if (!t.is_contiguous())
-              throw py::value_error("view: the tensor " + shape_str(t.shape()) +
-                                    " is not contiguous, so no view has that shape; use "
-                                    "reshape (which copies) or .contiguous() first");
-            return t.reshape(shape_args(shape));
-          },
-          "view(*shape): reshape that never copies (an error on a non-contiguous tensor).")
+          [](const Tensor& t, py::args shape) { return view(t, shape_args(shape)); },
+          "view(*shape): the same elements under another shape without copying, as PyTorch's "
+          "view: also on a non-contiguous tensor whose strides allow it (q.view(B, T, H, D) on a "
+          "part of qkv.split(C, 2)); a ValueError when no view exists.")
       .def(
           "flatten",
           [](const Tensor& t, int64_t start_dim, int64_t end_dim) {

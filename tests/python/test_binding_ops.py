@@ -273,7 +273,8 @@ def test_view_ops_as_numpy_with_gradients():
     weights = np.arange(24, dtype=np.float32).reshape(4, 2, 3) * 0.5
     (w.permute(2, 0, 1) * loom.tensor(weights)).sum().backward()
     np.testing.assert_array_equal(w.grad.numpy(), weights.transpose(1, 2, 0))
-    with pytest.raises(ValueError, match="not contiguous"):
+    with pytest.raises(ValueError, match=r"no view of the tensor \[4, 2, 3\] \(strides "
+                                         r"\[1, 12, 4\]\) has the shape \[24\]"):
         t.permute(2, 0, 1).view(24)
     with pytest.raises(IndexError, match=r"unsqueeze: dim 4 is out of range"):
         t.unsqueeze(4)
@@ -305,3 +306,43 @@ def test_arange_forms_and_like_constructors():
     assert loom.ones_like(t, dtype=loom.int64).dtype == loom.int64
     assert tuple(loom.empty_like(t).shape) == (2, 3)
     assert loom.zeros_like(t, requires_grad=True).requires_grad
+
+
+def test_view_of_non_contiguous_tensors_matches_torch():
+    # PyTorch's view also splits or merges dims of a non-contiguous tensor where the strides
+    # allow it (nanoGPT's q.view(B, T, nh, hs) on a part of qkv.split), and refuses elsewhere.
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(0).standard_normal((2, 3, 12)).astype(np.float32)
+    cases = [
+        lambda t: t.split(4, dim=2)[1].view(2, 3, 2, 2),
+        lambda t: t.split(4, dim=2)[2].view(2, 3, 4, 1),
+        lambda t: t.transpose(0, 1).view(3, 2, 3, 4),
+        lambda t: t[:, 1:, :].view(2, 2, 3, 4),
+        lambda t: t[:, :, ::2].view(2, 3, 3, 2),
+        lambda t: t[:, 1].view(2, 3, 4),
+        lambda t: t[:, :, :1].view(2, 3),
+        lambda t: t.unsqueeze(1).view(2, 3, 12, 1),
+        lambda t: t.transpose(1, 2)[:, :, 1:].view(2, 12, 2),
+    ]
+    for i, f in enumerate(cases):
+        want = f(torch.tensor(a))
+        leaf = loom.tensor(a, requires_grad=True)
+        got = f(leaf)
+        assert tuple(got.shape) == tuple(want.shape), i
+        np.testing.assert_array_equal(got.detach().contiguous().numpy(),
+                                      want.detach().contiguous().numpy(), err_msg=f"case {i}")
+        # A view shares memory (no copy) and passes gradients back to the right elements.
+        torch_leaf = torch.tensor(a, requires_grad=True)
+        g = np.arange(want.numel(), dtype=np.float32).reshape(tuple(want.shape))
+        f(torch_leaf).backward(torch.tensor(g))
+        got.backward(loom.tensor(g))
+        np.testing.assert_array_equal(leaf.grad.numpy(), torch_leaf.grad.numpy(),
+                                      err_msg=f"case {i} gradient")
+    part = loom.tensor(a).split(4, dim=2)[1]
+    assert part.view(2, 3, 2, 2).data_ptr() == part.data_ptr()
+    for f in (lambda t: t.split(4, dim=2)[0].view(2, 12),
+              lambda t: t.transpose(1, 2).view(2, 36)):
+        with pytest.raises(RuntimeError):
+            f(torch.tensor(a))
+        with pytest.raises(ValueError, match="no view of the tensor .* use reshape"):
+            f(loom.tensor(a))

@@ -16,9 +16,6 @@ The lines that differ for loom, each marked ``LOOM:`` where it is:
   nanoGPT fallback (masked softmax). That is torch's gap, not loom's.
   ``test_gpt_script_manual_attention_matches_torch`` runs the fallback on both, which also
   exercises register_buffer / tril / slicing / ``==`` / masked_fill / softmax.
-- ``q.view(B, T, nh, hs)`` on a part of ``qkv.split(C, dim=2)`` (non-contiguous): torch allows a view when
-  the strides fit, loom's ``view`` requires a contiguous tensor (documented in its error);
-  loom uses ``reshape`` (torch's reshape would also not copy there).
 - Weight tying: nanoGPT's ``self.wte.weight = self.lm_head.weight`` is the same line in both
   (loom ties built-in modules' parameters by assignment: Module::tie_parameter).
 - Init: loom has no ``nn.init``; ``_init_weights`` uses ``weight.normal_(mean, std)`` /

@@ -85,6 +85,35 @@ TEST(Tensor, CudaCopyIntoANonContiguousView) {
   expect_copy_into_views(Device::cuda(0));
 }
 
+TEST(Tensor, ViewOfANonContiguousTensorWhereTheStridesAllow) {
+  // A part of a split along the last dim (nanoGPT's q.view(B, T, nh, hs)): [2, 3, 4] with
+  // strides [36, 12, 1] viewed as [2, 3, 2, 2] shares memory with strides [36, 12, 2, 1].
+  Tensor x = Tensor::arange(72).reshape({2, 3, 12});
+  Tensor part = split(x, {4, 4, 4}, 2)[1];
+  Tensor v = view(part, {2, 3, 2, 2});
+  EXPECT_EQ(v.strides(), (Shape{36, 12, 2, 1}));
+  EXPECT_EQ(v.data_ptr(), part.data_ptr());
+  EXPECT_EQ(v.to_vector<float>(), part.contiguous().to_vector<float>());
+  // Merging dims that are not evenly spaced has no view.
+  try {
+    view(part, {2, 12});
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no view of the tensor [2, 3, 4] (strides [36, 12, 1]) "
+                                         "has the shape [2, 12]"),
+              std::string::npos)
+        << e.what();
+  }
+  // The transpose of a matrix viewed with a trailing 1 and a -1 (a size-1 dim's stride is
+  // never stepped, so only the others are checked).
+  Tensor t = Tensor::arange(6).reshape({2, 3}).transpose(0, 1);
+  Tensor tv = view(t, {3, -1, 1});
+  EXPECT_EQ(tv.shape(), (Shape{3, 2, 1}));
+  EXPECT_EQ(tv.strides()[0], 1);
+  EXPECT_EQ(tv.strides()[1], 3);
+  EXPECT_EQ(tv.to_vector<float>(), t.contiguous().to_vector<float>());
+}
+
 TEST(Tensor, AllocatorCountsLiveAndPeakBytes) {
   Allocator& a = allocator_for(Device::cpu());
   size_t before = a.live_bytes();
