@@ -69,6 +69,14 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
 Tensor compare(const Tensor& a, const Tensor& b, Compare op);
 
+// Integer tensors (i32, i64, u8): add, sub and mul of two give their dtype (wrapping), a floating
+// tensor with an integer one computes in the floating dtype, div and t * non-integral number give
+// f32, sum gives i64 (See Note [Integer operands] in core/ops/integer.cpp). Python's // and %:
+// the quotient rounds toward minus infinity, the remainder takes the divisor's sign; integers
+// only; a zero divisor is an error. Not differentiable.
+Tensor floor_divide(const Tensor& a, const Tensor& b);
+Tensor remainder(const Tensor& a, const Tensor& b);
+
 // ---------------- reductions ----------------
 Tensor sum(const Tensor& x);   // all elements -> shape []
 Tensor mean(const Tensor& x);  // all elements -> shape []

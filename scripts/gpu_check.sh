@@ -96,7 +96,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 
 # The CUDA tests: the cuda_* binaries, and the CPU test binaries that hold CUDA-vs-CPU twins of
 # newer ops (they skip those cases without a GPU); unit_rest runs everything else.
-CUDA_TESTS='^(cuda_|embedding_bag_cuda|compare_test$|generate_test$|linalg_test$|math_test$|optimizer_test$|tensor_test$)'
+CUDA_TESTS='^(cuda_|embedding_bag_cuda|compare_test$|generate_test$|integer_test$|linalg_test$|math_test$|optimizer_test$|tensor_test$)'
 
 remaining() { echo $((BUDGET - (SECONDS - START))); }
 

@@ -1,6 +1,8 @@
 // Argument checks shared by the ops: each names the op and the argument in its message.
 #pragma once
 
+#include <optional>
+
 #include <string>
 #include <utility>
 
@@ -31,5 +33,16 @@ Shape broadcast_shape(const char* op, const Shape& a, const Shape& b);
 // whose shape is neither the broadcast shape nor a suffix of it is expand()ed (differentiable).
 // Errors name op and both shapes when they do not broadcast.
 std::pair<Tensor, Tensor> broadcast_for_kernels(const char* op, const Tensor& a, const Tensor& b);
+
+// Integer operands (core/ops/integer.cpp, Note [Integer operands]). Each returns nothing when no
+// operand is an integer tensor, so the caller goes on with its floating path.
+bool is_integer(DType dtype);
+// add / sub / mul (integer arithmetic) and div (true division in f32), or the floating op on the
+// promoted operands.
+std::optional<Tensor> integer_operands(const char* name, const Tensor& a, const Tensor& b,
+                                       Tensor (*float_op)(const Tensor&, const Tensor&));
+std::optional<Tensor> integer_scale(const Tensor& x, double s);
+std::optional<Tensor> integer_sum_all(const Tensor& x);
+std::optional<Tensor> integer_sum_dim(const Tensor& x, int64_t dim, bool keepdim);
 
 }  // namespace loom::detail

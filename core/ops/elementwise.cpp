@@ -86,6 +86,7 @@ bool kernels_broadcast(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (auto integer = detail::integer_operands("add", a, b, &add)) return *integer;
   const detail::LowPrecision lp("add", {{"a", a}, {"b", b}});
   if (lp) return lp.round(add(lp.f32(a), lp.f32(b)));
   check_binary("add", a, b);
@@ -102,6 +103,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (auto integer = detail::integer_operands("sub", a, b, &sub)) return *integer;
   const detail::LowPrecision lp("sub", {{"a", a}, {"b", b}});
   if (lp) return lp.round(sub(lp.f32(a), lp.f32(b)));
   check_binary("sub", a, b);
@@ -119,6 +121,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (auto integer = detail::integer_operands("mul", a, b, &mul)) return *integer;
   const detail::LowPrecision lp("mul", {{"a", a}, {"b", b}});
   if (lp) return lp.round(mul(lp.f32(a), lp.f32(b)));
   check_binary("mul", a, b);
@@ -139,6 +142,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (auto integer = detail::integer_operands("div", a, b, &div)) return *integer;
   const detail::LowPrecision lp("div", {{"a", a}, {"b", b}});
   if (lp) return lp.round(div(lp.f32(a), lp.f32(b)));
   check_binary("div", a, b);
@@ -167,6 +171,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor scale(const Tensor& x, double s) {
+  if (auto integer = detail::integer_scale(x, s)) return *integer;
   const detail::LowPrecision lp("scale", {{"x", x}});
   if (lp) return lp.round(scale(lp.f32(x), s));
   detail::check_f32("scale", "x", x);

@@ -93,9 +93,13 @@ Tensor reduce_dim(const char* op, const Tensor& x, int64_t dim, bool keepdim, bo
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return reduce_all("sum", x, false); }
+Tensor sum(const Tensor& x) {
+  if (auto integer = detail::integer_sum_all(x)) return *integer;
+  return reduce_all("sum", x, false);
+}
 Tensor mean(const Tensor& x) { return reduce_all("mean", x, true); }
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
+  if (auto integer = detail::integer_sum_dim(x, dim, keepdim)) return *integer;
   return reduce_dim("sum", x, dim, keepdim, false);
 }
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {

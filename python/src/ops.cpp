@@ -45,16 +45,31 @@ Tensor scalar_like(double value, const Tensor& t) {
 
 // `other` as a Tensor operand: a Tensor, or a Python scalar made into a 0-d tensor like `t`.
 // Returns false for anything else, so the operator returns NotImplemented (a TypeError).
+// Against an integer tensor (Note [Integer operands] in core/ops/integer.cpp) a Python float is
+// an f32 operand (the result is f32, as PyTorch's), and a Python int one of the tensor's dtype when
+// it fits, else of i64 (so nothing is converted out of range).
 bool operand(const Tensor& t, py::handle other, Tensor* out) {
   if (py::isinstance<Tensor>(other)) {
     *out = py::cast<const Tensor&>(other);
     return true;
   }
-  if (is_scalar(other)) {
-    *out = scalar_like(other.cast<double>(), t);
+  if (!is_scalar(other)) return false;
+  const double v = other.cast<double>();
+  if (!is_floating(t.dtype())) {
+    if (py::isinstance<py::float_>(other)) {
+      *out = Tensor::scalar(v, DType::kF32, t.device());
+      return true;
+    }
+    const int64_t i = other.cast<int64_t>();
+    const bool fits = t.dtype() == DType::kI64 ||
+                      (t.dtype() == DType::kU8 ? i >= 0 && i <= 255
+                                               : i >= INT32_MIN && i <= INT32_MAX);
+    *out = fits ? Tensor::scalar(double(i), t.dtype(), t.device())
+                : Tensor::full({}, double(i), DType::kI64, t.device());
     return true;
   }
-  return false;
+  *out = scalar_like(v, t);
+  return true;
 }
 
 // `other` as the right operand of a comparison with `t`: a Tensor, or a Python number made into a
@@ -67,6 +82,8 @@ bool comparison_operand(const Tensor& t, py::handle other, Tensor* out) {
       throw py::value_error("cannot compare a " + std::string(dtype_name(t.dtype())) +
                             " tensor with the non-integral " + std::to_string(v) +
                             ": convert the tensor first, e.g. t.to(loom.float32)");
+    *out = scalar_like(v, t);  // integral: compared in the tensor's dtype
+    return true;
   }
   return operand(t, other, out);
 }
@@ -321,8 +338,10 @@ void init_ops(py::module_& m) {
       Tensor out;
       if (is_scalar(b)) {
         double s = b.cast<double>();
+        // An integer tensor times a Python float is f32 (PyTorch's promotion), even for 2.0.
+        const bool promote = py::isinstance<py::float_>(b) && !is_floating(a.dtype());
         py::gil_scoped_release release;
-        out = scale(a, s);
+        out = scale(promote ? a.to(DType::kF32) : a, s);
       } else if (py::isinstance<Tensor>(b)) {
         const Tensor& other = py::cast<const Tensor&>(b);
         py::gil_scoped_release release;
@@ -341,7 +360,7 @@ void init_ops(py::module_& m) {
         if (is_scalar(b)) {
           const double s = b.cast<double>();
           py::gil_scoped_release release;
-          out = scale(a, 1.0 / s);
+          out = scale(is_floating(a.dtype()) ? a : a.to(DType::kF32), 1.0 / s);  // true division
         } else if (py::isinstance<Tensor>(b)) {
           const Tensor& other = py::cast<const Tensor&>(b);
           py::gil_scoped_release release;
@@ -366,6 +385,26 @@ void init_ops(py::module_& m) {
         return py::cast(out);
       },
       "number / t: elementwise IEEE division");
+  // Python's // and % on integer tensors (core/ops.h floor_divide, remainder).
+  def_binary(cls, "__floordiv__", "__rfloordiv__",
+             [](const Tensor& a, const Tensor& b) { return floor_divide(a, b); });
+  def_binary(cls, "__mod__", "__rmod__",
+             [](const Tensor& a, const Tensor& b) { return remainder(a, b); });
+  for (const char* name : {"floor_divide", "remainder"}) {
+    const bool floor = std::string(name) == "floor_divide";
+    auto f = [floor, name = std::string(name)](const Tensor& a, py::handle b) {
+      Tensor other;
+      if (!operand(a, b, &other))
+        throw py::type_error(name + ": other must be a Tensor or a number");
+      py::gil_scoped_release release;
+      return floor ? floor_divide(a, other) : remainder(a, other);
+    };
+    cls.def(name, f, py::arg("other"));
+    m.def(name, f, py::arg("input"), py::arg("other"),
+          "Python's // and % on integer tensors (i32, i64, u8), with add's broadcasting: the "
+          "quotient rounds toward minus infinity, the remainder takes the divisor's sign; a zero "
+          "divisor is an error.");
+  }
   cls.def(
       "div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, py::arg("other"),
       Release(), "Elementwise IEEE division a / other, with add's broadcasting.");
