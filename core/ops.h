@@ -25,12 +25,12 @@
 namespace loom {
 
 // ---------------- shape (views where possible) ----------------
-Tensor reshape(const Tensor& x, const Shape& shape);        // one -1 allowed; view when contiguous
+Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed; view when contiguous
 // PyTorch's view: x's elements under `shape` (one -1 allowed) without copying, also for a
 // non-contiguous x whose strides allow it (a part of a split split further: q.view(B, T, H, D));
 // an error naming both shapes when no view exists. The result may be non-contiguous.
 Tensor view(const Tensor& x, const Shape& shape);
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  // view
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);                   // view
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);  // view
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);

@@ -42,9 +42,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t channels, int64_t heads, double
   resid_drop = register_module("resid_drop", std::make_shared<Dropout>(dropout));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
-  return attend_heads(x, nullptr, 0);
-}
+Tensor CausalSelfAttention::forward(const Tensor& x) { return attend_heads(x, nullptr, 0); }
 
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, KvCache::Layer& kv, int64_t past) {
   return attend_heads(x, &kv, past);
@@ -73,8 +71,7 @@ Tensor CausalSelfAttention::attend_heads(const Tensor& x, KvCache::Layer* kv, in
       kv->values = Tensor::empty(kv->keys.shape(), k.dtype(), k.device());
     }
     LOOM_CHECK(past >= 0 && past + t <= kv->keys.size(0), "CausalSelfAttention '", full_name(),
-               "': positions ", past, " + ", t, " exceed the cache's capacity ",
-               kv->keys.size(0));
+               "': positions ", past, " + ", t, " exceed the cache's capacity ", kv->keys.size(0));
     narrow(kv->keys, 0, past, t).copy_(positions_first(k));  // a contiguous block
     narrow(kv->values, 0, past, t).copy_(positions_first(v));
   }

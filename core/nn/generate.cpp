@@ -117,9 +117,9 @@ Tensor generate(GPT& model, const Tensor& idx, const GenerateOptions& options) {
     }
     const std::vector<float> draws = u.to_vector<float>();
     for (int64_t b = 0; b < rows; ++b)
-      seq[size_t(b * width + length)] = sample_token(last.data() + b * vp, config.vocab,
-                                                     options.temperature, options.top_k,
-                                                     double(draws[size_t(b)]));
+      seq[size_t(b * width + length)] =
+          sample_token(last.data() + b * vp, config.vocab, options.temperature, options.top_k,
+                       double(draws[size_t(b)]));
     ++length;
     if (s + 1 == options.max_new_tokens) break;
     if (cache.length() < window) {

@@ -79,7 +79,8 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) {
   for (int64_t i = 0; i < t; ++i) positions[size_t(i)] = past + i;
   Tensor pos = Tensor::from_vector(positions, {t}, idx.device());
   Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C]
-  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward_cached(x, cache.layer(i), past);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = blocks_[i]->forward_cached(x, cache.layer(i), past);
   x = (*ln_f)(x);
   cache.advance(t);
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]

@@ -4,11 +4,11 @@
 //
 // Per block, keys and values [capacity, B, H, D] in the model's dtype and device, allocated on the
 // first forward_cached and written position by position; length() positions are filled.
-// Positions come first so that the block a step writes is contiguous: one plain copy on any
-// device (a strided write would need a kernel of its own on CUDA, and goes element by element on
-// the CPU); attention reads the filled prefix as [B, H, length, D] through transposed views. A GPT's
-// learned positions stop at max_seq_len, so capacity is that, and a sequence that outgrows it is
-// cut to its last max_seq_len tokens and run again from an empty cache (See generate.h).
+// Positions come first so that the block a step writes is one contiguous copy (a strided write
+// would scatter element by element); attention reads the filled prefix as [B, H, length, D]
+// through transposed views. A GPT's learned positions stop at max_seq_len, so capacity is that,
+// and a sequence that outgrows it is cut to its last max_seq_len tokens and run again from an
+// empty cache (See generate.h).
 #pragma once
 
 #include <cstdint>

@@ -130,10 +130,10 @@ void Module::tie_parameter(const std::string& name, const Tensor& tensor) {
              "' can only be tied to a leaf tensor (another module's parameter)");
   LOOM_CHECK(tensor.shape() == slot->tensor.shape() && tensor.dtype() == slot->tensor.dtype() &&
                  tensor.device() == slot->tensor.device(),
-             "Module '", full_name_, "': parameter '", name, "' is ", shape_str(slot->tensor.shape()),
-             " ", dtype_name(slot->tensor.dtype()), " on ", slot->tensor.device().str(),
-             "; it cannot be tied to a ", shape_str(tensor.shape()), " ", dtype_name(tensor.dtype()),
-             " tensor on ", tensor.device().str());
+             "Module '", full_name_, "': parameter '", name, "' is ",
+             shape_str(slot->tensor.shape()), " ", dtype_name(slot->tensor.dtype()), " on ",
+             slot->tensor.device().str(), "; it cannot be tied to a ", shape_str(tensor.shape()),
+             " ", dtype_name(tensor.dtype()), " tensor on ", tensor.device().str());
   LOOM_CHECK(!slot->shard, "Module '", full_name_, "': parameter '", name,
              "' is a tensor-parallel shard; it cannot be tied");
   parameter_tied(name, tensor);

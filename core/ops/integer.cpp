@@ -120,7 +120,7 @@ std::optional<Tensor> integer_operands(const char* name, const Tensor& a, const 
   const std::string op = name;
   const bool true_division = op == "div";
   if (ia && ib && !true_division) {
-    const IntegerOp k = op == "add" ? IntegerOp::kAdd
+    const IntegerOp k = op == "add"   ? IntegerOp::kAdd
                         : op == "sub" ? IntegerOp::kSub
                                       : IntegerOp::kMul;
     return integer_binary(name, a, b, k);
@@ -137,9 +137,9 @@ std::optional<Tensor> integer_scale(const Tensor& x, double s) {
     return scale(x.to(DType::kF32), s);  // t * 0.5: true arithmetic, in f32
   // An integral factor the dtype cannot hold (u8 * -1) is applied in i64 and wrapped back, as
   // PyTorch wraps it: converting it straight to the dtype would be undefined.
-  const bool fits = x.dtype() == DType::kI64 ||
-                    (x.dtype() == DType::kU8 ? s >= 0 && s <= 255
-                                             : s >= -2147483648.0 && s <= 2147483647.0);
+  const bool fits =
+      x.dtype() == DType::kI64 ||
+      (x.dtype() == DType::kU8 ? s >= 0 && s <= 255 : s >= -2147483648.0 && s <= 2147483647.0);
   if (fits)
     return integer_binary("mul", x, Tensor::scalar(s, x.dtype(), x.device()), IntegerOp::kMul);
   return integer_binary("mul", x.to(DType::kI64), Tensor::scalar(s, DType::kI64, x.device()),
@@ -183,8 +183,8 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined("remainder", "a", a);
   detail::check_defined("remainder", "b", b);
   LOOM_CHECK(detail::is_integer(a.dtype()) && detail::is_integer(b.dtype()),
-             "remainder: integer tensors only (i32, i64, u8), got ", dtype_name(a.dtype()),
-             " and ", dtype_name(b.dtype()));
+             "remainder: integer tensors only (i32, i64, u8), got ", dtype_name(a.dtype()), " and ",
+             dtype_name(b.dtype()));
   return integer_binary("remainder", a, b, IntegerOp::kRemainder);
 }
 

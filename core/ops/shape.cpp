@@ -59,8 +59,8 @@ Shape resolved_shape(const char* op, const Tensor& x, const Shape& shape) {
     }
   }
   if (infer >= 0) {
-    LOOM_CHECK(known > 0 && x.numel() % known == 0, op, ": cannot infer -1 in ",
-               shape_str(shape), " for ", x.numel(), " elements");
+    LOOM_CHECK(known > 0 && x.numel() % known == 0, op, ": cannot infer -1 in ", shape_str(shape),
+               " for ", x.numel(), " elements");
     target[infer] = x.numel() / known;
   }
   LOOM_CHECK(shape_numel(target) == x.numel(), op, ": shape ", shape_str(shape), " has ",
@@ -81,8 +81,7 @@ std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, cons
   for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
     run_numel *= shape[size_t(d)];
     const bool run_ends =
-        d == 0 || (shape[size_t(d - 1)] != 1 &&
-                   strides[size_t(d - 1)] != run_numel * run_stride);
+        d == 0 || (shape[size_t(d - 1)] != 1 && strides[size_t(d - 1)] != run_numel * run_stride);
     if (!run_ends) continue;
     int64_t placed = 1;
     while (next >= 0 && (placed < run_numel || target[size_t(next)] == 1)) {

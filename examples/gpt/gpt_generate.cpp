@@ -25,9 +25,12 @@ PromptForm prompt_form(const GptOptions& o, const GptConfig& config) {
 
 const char* prompt_form_name(PromptForm form) {
   switch (form) {
-    case PromptForm::kAdditionTask: return "addition-task characters";
-    case PromptForm::kBytes: return "bytes";
-    case PromptForm::kTokenIds: return "token ids";
+    case PromptForm::kAdditionTask:
+      return "addition-task characters";
+    case PromptForm::kBytes:
+      return "bytes";
+    case PromptForm::kTokenIds:
+      return "token ids";
   }
   return "?";
 }

@@ -155,11 +155,11 @@ void generate_sample(const GptOptions& o, const GptConfig& config, Trainer& trai
   g.top_k = o.top_k;
   g.seed = o.seed;
   const auto start = Clock::now();
-  const Tensor out = nn::generate(
-      model, Tensor::from_vector(prompt, {1, int64_t(prompt.size())}).to(device), g);
+  const Tensor out =
+      nn::generate(model, Tensor::from_vector(prompt, {1, int64_t(prompt.size())}).to(device), g);
   const double seconds = seconds_since(start);
-  std::printf("generate: %zu prompt tokens (%s) + %" PRId64
-              " new, temperature %g, top-k %" PRId64 ", seed %" PRIu64 ", %.1f tokens/s:\n",
+  std::printf("generate: %zu prompt tokens (%s) + %" PRId64 " new, temperature %g, top-k %" PRId64
+              ", seed %" PRIu64 ", %.1f tokens/s:\n",
               prompt.size(), prompt_form_name(form), o.max_new_tokens, o.temperature, o.top_k,
               o.seed, seconds > 0 ? double(o.max_new_tokens) / seconds : 0.0);
   std::printf("%s\n", decode_tokens(out.to(Device::cpu()).to_vector<int64_t>(), form).c_str());

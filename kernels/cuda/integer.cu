@@ -14,8 +14,7 @@ __global__ void integer_op_kernel(const T* a, const T* b, T* out, int64_t n, int
 template <typename T>
 void op_impl(const T* a, const T* b, T* out, int64_t n, int64_t nb, IntegerOp op, Stream stream) {
   if (n == 0) return;
-  LOOM_CHECK(nb > 0 && n % nb == 0, "cuda integer_op: broadcast size ", nb, " does not divide ",
-             n);
+  LOOM_CHECK(nb > 0 && n % nb == 0, "cuda integer_op: broadcast size ", nb, " does not divide ", n);
   auto kernel = integer_op_kernel<T>;
   LOOM_LAUNCH(kernel, grid_stride_blocks(n), kBlockThreads, 0, stream, a, b, out, n, nb, op);
 }
@@ -35,8 +34,7 @@ __global__ void integer_sum_kernel(const T* x, int64_t* out, int64_t n, int64_t 
 }
 
 template <typename T>
-void sum_impl(const T* x, int64_t* out, int64_t outer, int64_t size, int64_t inner,
-              Stream stream) {
+void sum_impl(const T* x, int64_t* out, int64_t outer, int64_t size, int64_t inner, Stream stream) {
   const int64_t outputs = outer * inner, n = outputs * size;
   if (outputs == 0) return;
   LOOM_LAUNCH(zero_kernel, grid_stride_blocks(outputs), kBlockThreads, 0, stream, out, outputs);

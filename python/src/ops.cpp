@@ -61,9 +61,9 @@ bool operand(const Tensor& t, py::handle other, Tensor* out) {
       return true;
     }
     const int64_t i = other.cast<int64_t>();
-    const bool fits = t.dtype() == DType::kI64 ||
-                      (t.dtype() == DType::kU8 ? i >= 0 && i <= 255
-                                               : i >= INT32_MIN && i <= INT32_MAX);
+    const bool fits =
+        t.dtype() == DType::kI64 ||
+        (t.dtype() == DType::kU8 ? i >= 0 && i <= 255 : i >= INT32_MIN && i <= INT32_MAX);
     *out = fits ? Tensor::scalar(double(i), t.dtype(), t.device())
                 : Tensor::full({}, double(i), DType::kI64, t.device());
     return true;

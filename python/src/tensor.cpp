@@ -619,8 +619,7 @@ void init_tensor(py::module_& m) {
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
       // Which tensor this is, whoever holds it and whether or not its memory is there (a ZeRO-3
       // parameter between uses): loom.nn._placement keys parameters by it.
-      .def("_identity",
-           [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.impl().get()); })
+      .def("_identity", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.impl().get()); })
       // ---- copies and conversions ----
       .def("contiguous", &Tensor::contiguous, py::call_guard<py::gil_scoped_release>())
       .def("clone", &Tensor::clone, py::call_guard<py::gil_scoped_release>())
@@ -664,8 +663,7 @@ void init_tensor(py::module_& m) {
       .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
       // PyTorch's view ops, built on reshape and transpose (views, with autograd).
       .def(
-          "view",
-          [](const Tensor& t, py::args shape) { return view(t, shape_args(shape)); },
+          "view", [](const Tensor& t, py::args shape) { return view(t, shape_args(shape)); },
           "view(*shape): the same elements under another shape without copying, as PyTorch's "
           "view: also on a non-contiguous tensor whose strides allow it (q.view(B, T, H, D) on a "
           "part of qkv.split(C, 2)); a ValueError when no view exists.")

@@ -128,10 +128,11 @@ TEST(KvCache, LogitsEqualTheFullForward) {
   extend({3, 10, 2}, {4, 4, 9});
   extend({7}, {2});
   EXPECT_EQ(cache.length(), 11);
-  expect_error([&] { gpt->forward_cached(Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4},
-                                                             {2, 2}),
-                                         cache); },
-               "exceed max_seq_len 12");
+  expect_error(
+      [&] {
+        gpt->forward_cached(Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {2, 2}), cache);
+      },
+      "exceed max_seq_len 12");
   nn::KvCache foreign(3, 12);
   expect_error([&] { gpt->forward_cached(prompt, foreign); }, "was not made for this model");
 }
@@ -217,7 +218,8 @@ TEST(SampleToken, DrawsFollowTheSoftmaxOfTheScaledLogits) {
   // Temperature 0: the argmax, the first of equal largest.
   EXPECT_EQ(nn::sample_token(tied.data(), 5, 0.0, 0, 0.99), 1);
   const std::vector<float> dead = {-inf, -inf};
-  expect_error([&] { nn::sample_token(dead.data(), 2, 1.0, 0, 0.5); }, "every logit of a row is -inf");
+  expect_error([&] { nn::sample_token(dead.data(), 2, 1.0, 0, 0.5); },
+               "every logit of a row is -inf");
 }
 
 TEST(Generate, ASeedGivesTheSameTokensAndAnotherSeedOthers) {
@@ -246,7 +248,8 @@ TEST(Generate, ASeedGivesTheSameTokensAndAnotherSeedOthers) {
           gpt->forward(Tensor::from_vector(window, {1, n})).to_vector<float>();
       const float* last = logits.data() + (n - 1) * c.padded_vocab;
       const float chosen = last[k3[size_t(b * 35 + t)]];
-      const int64_t larger = std::count_if(last, last + c.vocab, [&](float v) { return v > chosen; });
+      const int64_t larger =
+          std::count_if(last, last + c.vocab, [&](float v) { return v > chosen; });
       EXPECT_LT(larger, 3) << "row " << b << " position " << t;
     }
   }
@@ -257,13 +260,22 @@ TEST(Generate, BadInputIsAClearError) {
   GenerateOptions o;
   o.max_new_tokens = 2;
   const Tensor prompt = prompt_tokens();
-  expect_error([&] { nn::generate(*gpt, Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}), o); },
-               "idx must be token ids [B, T]");
-  expect_error([&] { nn::generate(*gpt, Tensor::zeros({1, 0}, DType::kI64), o); },
-               "with B, T >= 1");
+  expect_error(
+      [&] {
+        nn::generate(*gpt, Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}), o);
+      },
+      "idx must be token ids [B, T]");
+  expect_error(
+      [&] {
+        nn::generate(*gpt, Tensor::zeros({1, 0}, DType::kI64), o);
+      },
+      "with B, T >= 1");
   expect_error([&] { nn::generate(*gpt, Tensor::zeros({1, 2}), o); }, "must be i32 or i64");
-  expect_error([&] { nn::generate(*gpt, Tensor::full({1, 2}, 11, DType::kI64), o); },
-               "outside the vocabulary [0, 11)");
+  expect_error(
+      [&] {
+        nn::generate(*gpt, Tensor::full({1, 2}, 11, DType::kI64), o);
+      },
+      "outside the vocabulary [0, 11)");
   GenerateOptions bad = o;
   bad.max_new_tokens = -1;
   expect_error([&] { nn::generate(*gpt, prompt, bad); }, "max_new_tokens must be >= 0");
@@ -300,8 +312,9 @@ TEST(GenerateCuda, GreedyTokensAndCachedLogitsMatchTheCpu) {
   // draw lands within rounding of a boundary between two tokens.
   o.temperature = 1.0;
   o.seed = 21;
-  EXPECT_EQ(nn::generate(*gpu, prompt.to(Device::cuda(0)), o).to(Device::cpu()).to_vector<int64_t>(),
-            nn::generate(*cpu, prompt, o).to_vector<int64_t>());
+  EXPECT_EQ(
+      nn::generate(*gpu, prompt.to(Device::cuda(0)), o).to(Device::cpu()).to_vector<int64_t>(),
+      nn::generate(*cpu, prompt, o).to_vector<int64_t>());
   NoGradGuard no_grad;
   nn::KvCache cc = cpu->make_kv_cache(), gc = gpu->make_kv_cache();
   cpu->forward_cached(prompt, cc);

@@ -81,8 +81,7 @@ TEST(Integer, PromotionSumsAndErrors) {
     remainder(a, i64({1, 0}, {2}));
     FAIL() << "expected loom::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("remainder: integer division by zero"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("remainder: integer division by zero"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(floor_divide(Tensor::ones({2}), Tensor::ones({2})), Error);

@@ -345,9 +345,12 @@ TEST(LowPrecisionErrors, Bf16WithF16NamesTheOpAndBothDtypes) {
   expect_error([&] { add_(dst, f); }, {"add_", "'x'", "bf16", "'y'", "f16"});
 }
 
-TEST(LowPrecisionErrors, IntegerInputsAreStillRefused) {
-  const Tensor i = Tensor::zeros({2, 2}, DType::kI32), h = Tensor::zeros({2, 2}, DType::kBF16);
-  expect_error([&] { add(h, i); }, {"add", "'b'", "i32", "expected f32, bf16 or f16"});
+TEST(LowPrecisionErrors, IntegerInputsPromoteOrAreRefused) {
+  const Tensor i = Tensor::full({2, 2}, 3.0, DType::kI32), h = Tensor::zeros({2, 2}, DType::kBF16);
+  // add promotes the integer operand to bf16 (Note [Integer operands]); cat and add_ refuse.
+  const Tensor sum = add(h, i);
+  EXPECT_EQ(sum.dtype(), DType::kBF16);
+  EXPECT_EQ(sum.to(DType::kF32).to_vector<float>(), (std::vector<float>{3, 3, 3, 3}));
   expect_error([&] { cat({h, i}, 0); }, {"cat", "'xs[1]'", "i32"});
   Tensor dst = h.clone();
   expect_error([&] { add_(dst, i); }, {"add_", "'y'", "i32"});

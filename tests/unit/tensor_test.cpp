@@ -47,7 +47,8 @@ void expect_copy_into_views(Device device) {
     SCOPED_TRACE(dtype_name(dt));
     // [4, 3] base; destination = base.transpose(0, 1) ([3, 4]).
     Tensor base = Tensor::arange(12).reshape({4, 3}).to(dt).to(device);
-    Tensor src = add(Tensor::arange(12), Tensor::full({12}, 100.0)).reshape({3, 4}).to(dt).to(device);
+    Tensor src =
+        add(Tensor::arange(12), Tensor::full({12}, 100.0)).reshape({3, 4}).to(dt).to(device);
     base.transpose(0, 1).copy_(src);
     std::vector<float> want(12);
     for (int i = 0; i < 3; ++i)
