@@ -200,7 +200,9 @@ class Module:
     def _set_full_name(self, full_name):
         self.__dict__["_full_name"] = full_name
         cpp = self.__dict__.get("_cpp")
-        if cpp is not None:  # a built-in module: C++ renames its own subtree
+        # A built-in module: C++ renames its own subtree. A view of another C++ model's child
+        # (gpt.blocks[0]) keeps that model's names: it is that model's, wherever it is assigned.
+        if cpp is not None and not self.__dict__.get("_is_view", False):
             cpp.full_name = full_name
         for name, child in self._modules.items():
             child._set_full_name(f"{full_name}.{name}" if full_name else name)
