@@ -164,6 +164,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("eval-every", o.eval_every);
   positive("eval-examples", o.eval_examples);
   LOOM_CHECK(o.steps >= 0, "loom-gpt: --steps must be >= 0, got ", o.steps);
+  // A run of no steps is for turning weights into output: text (--generate) or a file (--save).
+  LOOM_CHECK(o.steps > 0 || f.was_set("generate") || f.was_set("save"),
+             "loom-gpt: --steps 0 trains nothing: give --generate (text from the --init-from "
+             "weights) or --save (converting them), or at least one step");
   // With --init-from or a resume the model's width comes from the file: the flags given are
   // checked against it there, not against --dim's default.
   const bool resuming = o.checkpoints.resume || !o.checkpoints.resume_from.empty();
