@@ -449,6 +449,10 @@ def test_weight_tying_between_built_in_modules():
     assert [n for n, _ in model.named_parameters()] == ["wte.weight", "ln.weight", "ln.bias"]
     assert len(list(model.named_parameters(remove_duplicate=False))) == 4
     assert list(model.state_dict()) == ["wte.weight", "ln.weight", "ln.bias", "lm_head.weight"]
+    twin = copy.deepcopy(model)  # the copy is tied too, to a tensor of its own
+    assert twin.wte.weight._identity() == twin.lm_head.weight._identity()
+    assert twin.wte.weight._identity() != model.wte.weight._identity()
+    assert len(list(twin.parameters())) == 3
 
     class TorchTied(torch.nn.Module):
         def __init__(self):

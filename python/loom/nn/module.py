@@ -70,6 +70,25 @@ def _copy_tensor(t, memo):
     return new
 
 
+def _tie_as_in(original, copy_):
+    """Ties the copy's parameters as the original's are tied (wte.weight = lm_head.weight): a
+    built-in module is rebuilt by deepcopy with tensors of its own, so the tie is made again."""
+    first = {}
+    for name, p in original.named_parameters(remove_duplicate=False):
+        if p._identity() not in first:
+            first[p._identity()] = name
+            continue
+        owner = copy_
+        *path, leaf = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        shared = copy_
+        for part in first[p._identity()].split("."):
+            shared = getattr(shared, part)
+        if getattr(owner, leaf)._identity() != shared._identity():
+            setattr(owner, leaf, shared)
+
+
 def _check_name(kind, name):
     if not isinstance(name, str):
         raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
@@ -500,6 +519,7 @@ class Module:
                         f"copy.deepcopy: attribute '{key}' of {cls.__name__} cannot be copied "
                         f"({e}); a container of loom tensors is not copyable yet: register "
                         f"tensors as parameters or buffers (register_buffer)") from e
+        _tie_as_in(self, new)
         return new
 
     def init_parameters(self, seed, _prefix=""):
