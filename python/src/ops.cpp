@@ -124,10 +124,32 @@ void check_in_place(const char* op, const Tensor& t) {
              "inside `with loom.no_grad():` (as an optimizer step does)");
 }
 
+// `result` (t op other, computed out of place) written into t, as PyTorch's in-place ops: it must
+// keep t's shape, and a floating result cannot go into an integer tensor.
+void write_back(const char* op, Tensor& t, const Tensor& result) {
+  LOOM_CHECK(result.shape() == t.shape(), op, ": the result ", shape_str(result.shape()),
+             " does not fit in place into ", shape_str(t.shape()),
+             " (the other operand broadcasts over it)");
+  LOOM_CHECK(is_floating(t.dtype()) || !is_floating(result.dtype()), op, ": a ",
+             dtype_name(result.dtype()), " result cannot be written into the ",
+             dtype_name(t.dtype()), " tensor in place (as PyTorch refuses it)");
+  t.copy_(result.to(t.dtype()));
+}
+
 // t += alpha * other (tensor of t's shape, or a scalar), t *= s, in place; returns t.
 py::object add_in_place(py::object self, py::handle other, double alpha, const char* op) {
   Tensor& t = self.cast<Tensor&>();
   check_in_place(op, t);
+  if (!is_floating(t.dtype())) {  // integer tensors: integer arithmetic (core/ops/integer.cpp)
+    Tensor y;
+    if (!operand(t, other, &y)) throw py::type_error(std::string(op) + ": a Tensor or a number");
+    py::gil_scoped_release release;
+    write_back(op, t,
+               alpha == 1.0    ? add(t, y)
+               : alpha == -1.0 ? sub(t, y)
+                               : add(t, scale(y, alpha)));
+    return self;
+  }
   if (is_scalar(other)) {
     double v = other.cast<double>() * alpha;
     py::gil_scoped_release release;
@@ -143,11 +165,16 @@ py::object add_in_place(py::object self, py::handle other, double alpha, const c
 py::object mul_in_place(py::object self, py::handle other) {
   Tensor& t = self.cast<Tensor&>();
   check_in_place("mul_", t);
-  if (!is_scalar(other))
-    throw py::type_error("mul_: in-place multiply by a Python number only (use t = t * other)");
-  double s = other.cast<double>();
+  if (is_scalar(other) && is_floating(t.dtype())) {
+    double s = other.cast<double>();
+    py::gil_scoped_release release;
+    scale_(t, s);
+    return self;
+  }
+  Tensor y;  // a tensor (t *= mask), or a number times an integer tensor
+  if (!operand(t, other, &y)) throw py::type_error("mul_: other must be a Tensor or a number");
   py::gil_scoped_release release;
-  scale_(t, s);
+  write_back("mul_", t, mul(t, y));
   return self;
 }
 

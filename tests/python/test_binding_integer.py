@@ -55,3 +55,25 @@ def test_uint8_wraps_and_zero_divisors_are_errors():
         loom.tensor(A) % 0
     with pytest.raises(ValueError, match="floor_divide: integer tensors only"):
         loom.ones(2) // 2
+
+
+def test_in_place_ops_on_integer_tensors_and_by_tensors():
+    a, ta = loom.arange(5), torch.arange(5)
+    a += 1
+    a *= 3
+    a -= 2
+    ta += 1
+    ta *= 3
+    ta -= 2
+    assert a.dtype == loom.int64 and a.tolist() == ta.tolist()
+    x, tx = loom.ones(2, 3), torch.ones(2, 3)
+    x *= loom.arange(3) > 0  # t *= mask, the mask broadcast over the rows
+    tx *= torch.arange(3) > 0
+    x *= loom.tensor(np.array([[2.0], [3.0]], dtype=np.float32))
+    tx *= torch.tensor([[2.0], [3.0]])
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())
+    with pytest.raises(ValueError, match="a f32 result cannot be written into the i64 tensor"):
+        a += 0.5
+    with pytest.raises(ValueError, match=r"the result \[2, 3\] does not fit in place into \[3\]"):
+        y = loom.ones(3)
+        y *= loom.ones(2, 3)
