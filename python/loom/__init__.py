@@ -127,6 +127,7 @@ from loom._tensor_methods import (  # noqa: F401
     as_tensor,
     chunk,
     flip,
+    gather,
     is_tensor,
     isfinite,
     isinf,

@@ -182,6 +182,42 @@ def flip(input, dims):
     return out
 
 
+def gather(input, dim, index):
+    """torch.gather: out[i][j][k] = input[i][index[i][j][k]][k] for dim 1 (and so on), out of
+    index's shape; index has input's number of dims and, off ``dim``, sizes at most input's.
+    Differentiable in input (an index used twice adds its gradients). Composed from integer
+    arithmetic and an index-tensor lookup of the flattened input, so it runs wherever those run
+    (CPU and CUDA). An index outside [0, input.size(dim)) is a ValueError."""
+    n = input.dim()
+    if not -n <= dim < n:
+        raise IndexError(f"gather: dim {dim} is out of range for a {n}-dim tensor")
+    dim = dim + n if dim < 0 else dim
+    if index.dim() != n:
+        raise ValueError(f"gather: index has {index.dim()} dims, input {n} (they must match)")
+    if index.dtype not in (_loom.int64, _loom.int32):
+        raise TypeError(f"gather: index must be int64 or int32, got {index.dtype}")
+    for d in range(n):
+        if d != dim and index.shape[d] > input.shape[d]:
+            raise ValueError(f"gather: index size {index.shape[d]} exceeds input size "
+                             f"{input.shape[d]} in dim {d}")
+    size = input.shape[dim]
+    index = index.to(_loom.int64)
+    bad = ((index < 0) | (index >= size)).sum().item() if index.numel() else 0
+    if bad:
+        raise ValueError(f"gather: {bad} index value(s) outside [0, {size}) along dim {dim}")
+    strides, step = [0] * n, 1
+    for d in range(n - 1, -1, -1):
+        strides[d], step = step, step * input.shape[d]
+    flat = index * strides[dim]
+    for d in range(n):
+        if d != dim:
+            place = [1] * n
+            place[d] = index.shape[d]
+            along = _loom.arange(index.shape[d]).to(index.device).view(*place)
+            flat = flat + along * strides[d]
+    return input.contiguous().reshape(-1)[flat]
+
+
 def numel(input):
     return input.numel()
 
@@ -272,6 +308,7 @@ def install():
         "reciprocal": reciprocal, "maximum": maximum, "minimum": minimum,
         "logsumexp": logsumexp, "sort": sort, "argsort": argsort, "split": split,
         "chunk": chunk, "unbind": unbind, "flip": flip, "nelement": lambda self: self.numel(),
+        "gather": gather,
         "type_as": lambda self, other: self.to(other.dtype),
         "new_zeros": _new(lambda self, *size: _loom.zeros(_size_list(size))),
         "new_ones": _new(lambda self, *size: _loom.ones(_size_list(size))),

@@ -77,3 +77,39 @@ def test_in_place_ops_on_integer_tensors_and_by_tensors():
     with pytest.raises(ValueError, match=r"the result \[2, 3\] does not fit in place into \[3\]"):
         y = loom.ones(3)
         y *= loom.ones(2, 3)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather_matches_torch(dim):
+    # torch.gather, composed from integer arithmetic and an index lookup: values and gradients
+    # (an index used twice adds its gradients), on an index smaller than the input off dim.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    size = x.shape[dim]
+    shape = [2, 3, 4]
+    shape[dim] = 6
+    idx = rng.integers(0, size, shape)
+    tx = torch.tensor(x, requires_grad=True)
+    lx = loom.tensor(x, requires_grad=True)
+    want = torch.gather(tx, dim, torch.tensor(idx))
+    got = loom.gather(lx, dim, loom.tensor(idx))
+    np.testing.assert_array_equal(got.detach().numpy(), want.detach().numpy())
+    g = rng.standard_normal(want.shape).astype(np.float32)
+    want.backward(torch.tensor(g))
+    got.backward(loom.tensor(g))
+    np.testing.assert_allclose(lx.grad.numpy(), tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+    # The method form, and log-probabilities of targets (the common use).
+    logp = loom.tensor(x[0])  # [4, 5]
+    targets = rng.integers(0, 5, (4, 1))
+    np.testing.assert_array_equal(logp.gather(1, loom.tensor(targets)).numpy(),
+                                  np.take_along_axis(x[0], targets, 1))
+
+
+def test_gather_refuses_bad_indices():
+    x = loom.ones(2, 3)
+    with pytest.raises(ValueError, match=r"1 index value\(s\) outside \[0, 3\) along dim 1"):
+        loom.gather(x, 1, loom.tensor(np.array([[0, 3], [1, 2]])))
+    with pytest.raises(ValueError, match="index has 1 dims, input 2"):
+        loom.gather(x, 1, loom.tensor(np.array([0])))
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        x.gather(2, loom.tensor(np.array([[0]])))
