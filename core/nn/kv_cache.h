@@ -26,7 +26,7 @@ class KvCache {
     int64_t capacity = 0;
   };
 
-  KvCache(int64_t layers, int64_t capacity) : capacity_(capacity) {
+  KvCache(int64_t layers, int64_t capacity) {
     LOOM_CHECK(layers > 0 && capacity > 0, "KvCache: layers (", layers, ") and capacity (",
                capacity, ") must be positive");
     layers_.resize(size_t(layers));
@@ -34,21 +34,20 @@ class KvCache {
   }
 
   int64_t length() const { return length_; }
-  int64_t capacity() const { return capacity_; }
+  int64_t capacity() const { return layers_.front().capacity; }
   size_t layers() const { return layers_.size(); }
   Layer& layer(size_t i) { return layers_.at(i); }
   // Forgets every position (the buffers stay allocated for the next prompt).
   void reset() { length_ = 0; }
   // Called by the model once every block has written `n` more positions.
   void advance(int64_t n) {
-    LOOM_CHECK(n >= 0 && length_ + n <= capacity_, "KvCache: ", length_, " + ", n,
-               " positions exceed the capacity ", capacity_);
+    LOOM_CHECK(n >= 0 && length_ + n <= capacity(), "KvCache: ", length_, " + ", n,
+               " positions exceed the capacity ", capacity());
     length_ += n;
   }
 
  private:
-  std::vector<Layer> layers_;
-  int64_t capacity_;
+  std::vector<Layer> layers_;  // each knows the capacity, for the attention that fills it
   int64_t length_ = 0;
 };
 

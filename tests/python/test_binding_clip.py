@@ -42,6 +42,11 @@ def test_the_last_stage_does_not_count_its_copy_of_the_tied_wte():
                        for n, p in last.named_parameters() if n != "wte.weight"))
     got = loom.nn.utils.clip_grad_norm_(last.parameters(), 1e9, pp_group=dist.world()).item()
     assert got == pytest.approx(want, rel=1e-6)
+    # The stage-list form takes the places from a schedule instead of the stages' own.
+    place = pipelining.schedule("1f1b", ranks=2, microbatches=2).chunks[1][0]
+    assert (place.pipeline, place.stage) == (0, 1)
+    assert pipelining.clip_grad_norm_([last], [place], 1e9, dist.world()) == pytest.approx(
+        want, rel=1e-6)
     # Chimera's second pipeline: a replica, clipped but not counted at all.
     replica = pipelining.GPTStage(config, 1, 2, pipeline=1).init_parameters(seed=1)
     replica.loss(replica(hidden), targets).backward()

@@ -9,6 +9,7 @@
 
 #include "core/ops.h"
 #include "testing/device_buffer.h"
+#include "testing/files.h"
 
 namespace loom {
 namespace {
@@ -77,13 +78,11 @@ TEST(Integer, PromotionSumsAndErrors) {
   EXPECT_EQ(sum(a, -1, true).to_vector<int64_t>(), (std::vector<int64_t>{3, 7}));
   EXPECT_EQ(sum(Tensor::zeros({0}, DType::kI32)).to_vector<int64_t>(), (std::vector<int64_t>{0}));
   // A zero divisor and floating floor division are errors naming what is wrong.
-  try {
-    remainder(a, i64({1, 0}, {2}));
-    FAIL() << "expected loom::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("remainder: integer division by zero"), std::string::npos)
-        << e.what();
-  }
+  testing::expect_error(
+      [&] {
+        remainder(a, i64({1, 0}, {2}));
+      },
+      {"remainder: integer division by zero"});
   EXPECT_THROW(floor_divide(Tensor::ones({2}), Tensor::ones({2})), Error);
 }
 

@@ -31,8 +31,6 @@ a RuntimeError once the group's ``timeout_seconds`` passes (See Note [Python cal
 executor] in python/src/pipeline.cpp).
 """
 
-import math
-
 from loom import _loom
 from loom.nn import _placement
 from loom.nn import modules as _modules
@@ -227,19 +225,12 @@ def clip_grad_norm_(stages, places, max_norm, pp_group, tp_group=None):
     ZeroRedundancyOptimizer.clip_grad_norm_ clips its shards."""
     from loom.nn import utils as _utils
 
-    sharded, whole, every = [], [], []
+    params, placed = [], []
     for place, stage in zip(places, stages):
         cpp = stage._cpp_module()
         for name, p in stage.named_parameters():
-            every.append(p)
-            if _counts_in_norm(place, name):
-                is_shard = tp_group is not None and cpp._parameter_is_shard(name)
-                (sharded if is_shard else whole).append(p)
-    tp_part = _loom.full([1], _utils.grad_sum_of_squares(sharded))
-    if tp_group is not None:
-        tp_group.allreduce(tp_part)
-    total = _loom.full([1], tp_part.item() + _utils.grad_sum_of_squares(whole))
-    pp_group.allreduce(total)
-    norm = math.sqrt(total.item())
-    _utils.clip_grads_to_norm_(every, norm, max_norm)
-    return norm
+            shard = tp_group is not None and cpp._parameter_is_shard(name)
+            params.append(p)
+            placed.append(_placement.Placement(shard_group=tp_group if shard else None,
+                                               counted=_counts_in_norm(place, name)))
+    return _utils.clip_placed(params, placed, max_norm, pp_group)

@@ -54,6 +54,13 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, *, pp_group=None):
         raise ValueError(f"clip_grad_norm_: these are a pipeline stage's parameters (a GPTStage "
                          f"of {staged} stages): pass pp_group=, the pipeline group, so that every "
                          f"stage's part of the norm is added")
+    return _loom.tensor(clip_placed(params, places, max_norm, pp_group))
+
+
+def clip_placed(params, places, max_norm, pp_group=None):
+    """clip_grad_norm_'s arithmetic for parameters whose Placements (or None: plain) are given:
+    a shard's squares add over its tp group, copies not counted add nothing, the total adds over
+    pp_group (when given); every gradient is clipped. Returns the norm (a float). Collective."""
     groups = {id(p.shard_group): p.shard_group for p in places
               if p is not None and p.shard_group is not None}
     if len(groups) > 1:
@@ -75,7 +82,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, *, pp_group=None):
         total = part.item()
     norm = math.sqrt(total)
     clip_grads_to_norm_(params, norm, max_norm)
-    return _loom.tensor(norm)
+    return norm
 
 
 def grad_sum_of_squares(parameters):
