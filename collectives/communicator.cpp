@@ -7,6 +7,7 @@
 #include <exception>
 #include <iterator>
 
+#include "collectives/carried.h"
 #include "collectives/self_backend.h"
 #include "collectives/work.h"
 #if LOOM_WITH_MPI
@@ -60,9 +61,22 @@ namespace loom::comm {
 // been posted at once. Without a channel (the nccl backend alone) the check runs on the group
 // itself and completes before the collective is posted.
 //
-// The cost is one exchange of 16 bytes per collective (over MPI: point-to-point rounds, Note
+// The cost is one exchange of a few bytes per collective (over MPI: point-to-point rounds, Note
 // [Signature exchange]): about 2 us on two ranks of the development VM, under 3% of a 1 MiB
 // allreduce (loom-bench-collectives, benchmarks/README.md).
+//
+// Note [Small collectives in their check]
+// For a small collective that round trip would be most of its time, so the check carries the
+// collective itself: an allreduce, reduce_scatter or allgather of host tensors whose inputs,
+// summed over the group, fit the channel's check_payload_limit() sends its input inside its
+// check's messages, the exchange hands every rank all ranks' inputs, and once the check has
+// agreed each rank computes its output from them (collectives/carried.h; reductions in rank
+// order, so every rank gets the same bits). A barrier is its check alone: the exchange reaches
+// every rank from every rank. Nothing else is posted, so a small collective costs one exchange,
+// not two. Every rank decides alike (the decision depends on the op, dtype, count and group
+// size, all in the signature), and a rank whose peer sent a message of another length (another
+// call) marks the check failed, so the mismatches above still raise on every rank and still
+// write no output.
 
 namespace {
 
@@ -124,6 +138,10 @@ void check_reducible(const char* op, const Tensor& t) {
   LOOM_CHECK(t.dtype() != DType::kU8, op,
              ": u8 buffers cannot be reduced (raw bytes); use f32, "
              "bf16, f16, i32 or i64");
+}
+
+bool on_host(const Tensor& a, const Tensor& b) {
+  return a.device().is_cpu() && b.device().is_cpu();
 }
 
 void check_same(const char* op, const Tensor& in, const Tensor& out) {
@@ -210,7 +228,10 @@ struct Communicator::Pending {
   // collectives before this one (not its sequence number, which counts sends too).
   std::array<int64_t, kFields> fields;
   std::function<WorkPtr(const OpInfo&)> post;
-  Tensor check;        // [hash, ~hash], reduced with max over the group
+  Tensor check;  // [hash, ~hash], reduced with max over the group
+  // A carried collective's input and every rank's, from the check (Note [Small collectives in
+  // their check]); undefined otherwise.
+  Tensor payload, gathered;
   WorkPtr check_work;  // null until it is the group's oldest
   WorkPtr posted;      // the collective, once its check agreed
   // Why it will never be posted: its check disagreed (`error`, empty while the explanation is
@@ -348,8 +369,14 @@ void Communicator::set_debug(bool on) {
   debug_ = on;
 }
 
+bool Communicator::carried_by_check(size_t bytes, bool on_host) {
+  if (!debug_ || size_ == 1 || !on_host) return false;
+  Communicator* channel = check_channel();
+  return channel && bytes * size_t(size_) <= channel->check_payload_limit();
+}
+
 WorkPtr Communicator::collective(const Signature& given, size_t bytes,
-                                 std::function<WorkPtr(const OpInfo&)> post) {
+                                 std::function<WorkPtr(const OpInfo&)> post, Carried carried) {
   raise_undelivered();
   const OpInfo info = begin(given.op, bytes);
   const uint64_t nth = collectives_++;
@@ -385,7 +412,17 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     queue_->owner = this;
     checked_groups().push_back(this);
   }
-  p->post = std::move(post);
+  if (carried.on) {
+    p->payload = carried.payload;
+    if (p->payload.defined())
+      p->gathered = Tensor::empty({int64_t(p->payload.nbytes()) * size_}, DType::kU8);
+    p->post = [finish = std::move(carried.finish), gathered = p->gathered](const OpInfo&) {
+      if (finish) finish(gathered);
+      return completed_work();
+    };
+  } else {
+    p->post = std::move(post);
+  }
   if (queue_->waiting.empty()) post_check(*p, *channel);
   queue_->waiting.push_back(p);
   ++g_queued;
@@ -396,8 +433,8 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
 void Communicator::post_check(Pending& p, Communicator& channel) {
   if (channel.timeout_seconds() != timeout_s_) channel.set_timeout_seconds(timeout_s_);
   // Named as the collective it checks: a timeout reads "allreduce #17" of this group.
-  p.check_work =
-      channel.check_exchange_impl(p.check, OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
+  p.check_work = channel.check_exchange_impl(p.check, p.payload, p.gathered,
+                                             OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
 }
 
 void Communicator::advance(const Pending* until) {
@@ -514,11 +551,19 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   check_reducible("allreduce", input);
   LOOM_CHECK(input.numel() == output.numel(), "allreduce: input has ", input.numel(),
              " elements but output has ", output.numel());
-  return collective({"allreduce", input.dtype(), input.numel(), -1, int(options.op),
-                     site.file_name(), int(site.line())},
-                    input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
-                      return allreduce_impl(input, output, options, info);
-                    });
+  Carried carried;
+  if (carried_by_check(input.nbytes(), on_host(input, output)))
+    carried = {true, input, [output, op = options.op, n = size_](const Tensor& gathered) {
+                 reduce_in_rank_order(gathered, n, output.dtype(), op, 0, output);
+               }};
+  return collective(
+      {"allreduce", input.dtype(), input.numel(), -1, int(options.op), site.file_name(),
+       int(site.line())},
+      input.nbytes(),
+      [=, this, output = output](const OpInfo& info) mutable {
+        return allreduce_impl(input, output, options, info);
+      },
+      std::move(carried));
 }
 
 WorkPtr Communicator::allreduce(Tensor& tensor, const AllreduceOptions& options, Site site) {
@@ -534,11 +579,21 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
   LOOM_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input has ", input.numel(),
              " elements, expected group size ", size_, " x output's ", output.numel(), " = ",
              output.numel() * size_);
-  return collective({"reduce_scatter", input.dtype(), input.numel(), -1, int(options.op),
-                     site.file_name(), int(site.line())},
-                    input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
-                      return reduce_scatter_impl(input, output, options, info);
-                    });
+  Carried carried;
+  if (carried_by_check(input.nbytes(), on_host(input, output)))
+    carried = {true, input,
+               [output, op = options.op, n = size_,
+                first = output.numel() * rank_](const Tensor& gathered) {
+                 reduce_in_rank_order(gathered, n, output.dtype(), op, first, output);
+               }};
+  return collective(
+      {"reduce_scatter", input.dtype(), input.numel(), -1, int(options.op), site.file_name(),
+       int(site.line())},
+      input.nbytes(),
+      [=, this, output = output](const OpInfo& info) mutable {
+        return reduce_scatter_impl(input, output, options, info);
+      },
+      std::move(carried));
 }
 
 WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
@@ -549,11 +604,19 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
   LOOM_CHECK(output.numel() == input.numel() * size_, "allgather: output has ", output.numel(),
              " elements, expected group size ", size_, " x input's ", input.numel(), " = ",
              input.numel() * size_);
+  Carried carried;
+  if (carried_by_check(input.nbytes(), on_host(input, output)))
+    carried = {true, input, [output](const Tensor& gathered) {
+                 if (output.nbytes() > 0)
+                   std::memcpy(output.data_ptr(), gathered.data_ptr(), output.nbytes());
+               }};
   return collective(
       {"allgather", input.dtype(), input.numel(), -1, -1, site.file_name(), int(site.line())},
-      output.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+      output.nbytes(),
+      [=, this, output = output](const OpInfo& info) mutable {
         return allgather_impl(input, output, options, info);
-      });
+      },
+      std::move(carried));
 }
 
 WorkPtr Communicator::broadcast(Tensor& tensor, const BroadcastOptions& options) {
@@ -641,8 +704,11 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
 }
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
-  return collective({"barrier"}, 0,
-                    [=, this](const OpInfo& info) { return barrier_impl(options, info); });
+  Carried carried;
+  if (carried_by_check(0, true)) carried.on = true;  // the check is the barrier
+  return collective(
+      {"barrier"}, 0, [=, this](const OpInfo& info) { return barrier_impl(options, info); },
+      std::move(carried));
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {

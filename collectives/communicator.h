@@ -203,9 +203,17 @@ class Communicator {
   virtual Communicator* check_channel() { return nullptr; }
   // The signature check's one exchange: `pair` (two i64) becomes its elementwise max over the
   // group. An allreduce unless the backend has a cheaper way (Note [Collective signatures]).
-  virtual WorkPtr check_exchange_impl(Tensor& pair, const OpInfo& info) {
+  // With a `payload` (host bytes; size() x its size at most check_payload_limit()), `gathered`
+  // (host bytes, size() x the payload's) also receives every rank's payload in rank order: a
+  // small collective carried by its check (Note [Small collectives in their check]).
+  virtual WorkPtr check_exchange_impl(Tensor& pair, const Tensor& payload, Tensor& gathered,
+                                      const OpInfo& info) {
+    LOOM_ASSERT(!payload.defined() && !gathered.defined(), "backend ", backend(),
+                " carries no payload in its signature check");
     return allreduce_impl(pair, pair, AllreduceOptions{ReduceOp::kMax}, info);
   }
+  // The most bytes, summed over the group, that check_exchange_impl carries; 0: none.
+  virtual size_t check_payload_limit() const { return 0; }
 
   // For the destructor of a backend whose groups queue checked collectives: posts what is still
   // queued (each once its check agrees, as the other ranks expect; a Work dropped unfinished
@@ -228,9 +236,25 @@ class Communicator {
     int line = 0;
   };
   OpInfo begin(const char* op, size_t bytes);
-  // Posts a collective: begin(), then post(info) at once, or once its signature check agrees.
+  // A small collective done by its signature check's exchange (Note [Small collectives in their
+  // check]): every rank's `payload` reaches every rank, and `finish` writes this rank's outputs
+  // from all of them (size() payloads in rank order) once the check has agreed.
+  struct Carried {
+    bool on = false;
+    Tensor payload;  // this rank's bytes (undefined: none, as for a barrier)
+    std::function<void(const Tensor& gathered)> finish;
+  };
+  // Whether a collective in which every rank contributes `bytes` travels inside its check
+  // (`on_host`: its buffers are host memory).
+  bool carried_by_check(size_t bytes, bool on_host);
+  // Posts a collective: begin(), then post(info) at once, or once its signature check agrees;
+  // a carried one is done by its check instead.
   WorkPtr collective(const Signature& signature, size_t bytes,
-                     std::function<WorkPtr(const OpInfo&)> post);
+                     std::function<WorkPtr(const OpInfo&)> post, Carried carried);
+  WorkPtr collective(const Signature& signature, size_t bytes,
+                     std::function<WorkPtr(const OpInfo&)> post) {
+    return collective(signature, bytes, std::move(post), Carried());
+  }
 
   // The checked collectives of this group not yet posted, oldest first, and what their works
   // share with the group (See Note [The check queue] in communicator.cpp).

@@ -10,7 +10,9 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -821,35 +823,80 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Note [Signature exchange]
-  // The check channel's exchange (Note [Collective signatures]) is a max over the group, and max
-  // does not mind counting a rank twice, so a dissemination exchange does it in ceil(log2 n)
-  // rounds of one small send and receive per rank: in round k, rank r sends what it has to
-  // r + 2^k and takes the max with what r - 2^k sends (mod n). After the rounds each rank has
-  // seen every rank's pair. Point-to-point messages of 16 bytes cost a fraction of a nonblocking
-  // allreduce's schedule (Open MPI's libnbc), which is what the check costs on every collective.
-  // Each round has its own tag; the channel carries nothing else, and one exchange at a time.
-  WorkPtr check_exchange_impl(Tensor& pair, const OpInfo& info) override {
+  // The check channel's exchange (Note [Collective signatures]) is a max over the group plus,
+  // for a carried collective (Note [Small collectives in their check]), an allgather of its
+  // payloads. Both travel in ceil(log2 n) rounds of one send and one receive per rank (Bruck's
+  // allgather): rank r holds the payloads of ranks r, r+1, ... (mod n), and in round k sends its
+  // running max pair and the first min(2^k, n - held) payloads it holds to r - 2^k, receiving
+  // r + 2^k's, which continue its own. After the rounds each rank has seen every rank's pair and
+  // holds every payload. Point-to-point messages cost a fraction of a nonblocking allreduce's
+  // schedule (Open MPI's libnbc). Each message is [max hash, max ~hash, payload bytes that
+  // follow, payloads]; every receive has room for the largest message any call may send, so a
+  // peer making another call (another payload size) is read, not truncated, and makes the
+  // receiver mark the check failed (both of its pair set to the largest value, which no
+  // agreeing pair has). Each round has its own tag; the channel carries nothing else, and one
+  // exchange at a time.
+  static constexpr int64_t kCheckHeader = 3 * int64_t(sizeof(int64_t));
+  // Measured on 2 ranks (benchmarks/README.md): carrying wins up to 8 KiB per rank and loses at
+  // 16 KiB, where the copies in and out of the messages cost more than MPI's own algorithms.
+  static constexpr size_t kCarriedBytes = 16 * 1024;
+  size_t check_payload_limit() const override { return kCarriedBytes; }
+
+  WorkPtr check_exchange_impl(Tensor& pair, const Tensor& payload, Tensor& gathered,
+                              const OpInfo& info) override {
     LOOM_ASSERT(pair.dtype() == DType::kI64 && pair.numel() == 2 && pair.is_contiguous(),
                 "signature exchange of ", pair.str());
-    Tensor incoming = Tensor::empty({2}, DType::kI64);
-    auto w = make_work(info, {pair, incoming});
-    auto* mine = static_cast<int64_t*>(pair.data_ptr());
-    auto* theirs = static_cast<int64_t*>(incoming.data_ptr());
+    const int n = size();
+    const int64_t block = payload.defined() ? int64_t(payload.nbytes()) : 0;
+    LOOM_ASSERT(size_t(block) * size_t(n) <= kCarriedBytes &&
+                    (block == 0 || (payload.is_contiguous() && payload.device().is_cpu() &&
+                                    int64_t(gathered.nbytes()) == block * n)),
+                "signature exchange carrying ", payload.str(), " into ", gathered.str());
+    // out: this rank's header and the payloads it holds; in: what a round receives.
+    Tensor out = Tensor::empty({kCheckHeader + block * n}, DType::kU8);
+    Tensor in = Tensor::empty({kCheckHeader + int64_t(kCarriedBytes)}, DType::kU8);
+    auto w = make_work(info, {pair, payload, gathered, out, in});
+    auto* mine = static_cast<int64_t*>(out.data_ptr());
+    auto* held = reinterpret_cast<char*>(mine + 3);
+    const auto* pair_in = static_cast<const int64_t*>(pair.data_ptr());
+    mine[0] = pair_in[0];
+    mine[1] = pair_in[1];
+    if (block > 0) std::memcpy(held, payload.data_ptr(), size_t(block));
     // By value, not `this`: the work keeps the MPI communicator alive (make_work), not the group.
-    auto post_round = [w = w.get(), comm = comm_, n = size(), r = rank(), mine, theirs](int k) {
+    auto post_round = [w = w.get(), comm = comm_, n, r = rank(), mine, in, block](int k,
+                                                                                  int64_t sent) {
       const int step = 1 << k;  // < n
-      LOOM_MPI_CHECK_IN(w->context(), MPI_Irecv(theirs, 2, MPI_INT64_T, (r - step + n) % n, k, comm,
-                                                w->next_request()));
-      LOOM_MPI_CHECK_IN(w->context(), MPI_Isend(mine, 2, MPI_INT64_T, (r + step) % n, k, comm,
-                                                w->next_request()));
+      mine[2] = sent * block;
+      LOOM_MPI_CHECK_IN(w->context(), MPI_Irecv(in.data_ptr(), int(in.nbytes()), MPI_BYTE,
+                                                (r + step) % n, k, comm, w->next_request()));
+      LOOM_MPI_CHECK_IN(w->context(), MPI_Isend(mine, int(kCheckHeader + sent * block), MPI_BYTE,
+                                                (r - step + n) % n, k, comm, w->next_request()));
     };
-    post_round(0);
-    w->next_round = [post_round, mine, theirs, n = size(), k = 0]() mutable {
-      mine[0] = std::max(mine[0], theirs[0]);
-      mine[1] = std::max(mine[1], theirs[1]);
-      if ((int64_t(1) << ++k) >= n) return false;
-      post_round(k);
-      return true;
+    post_round(0, std::min(1, n - 1));
+    w->next_round = [post_round, mine, held, in, pair, gathered, n, r = rank(), block, k = 0,
+                     have = int64_t(1)]() mutable {
+      const int64_t count = std::min<int64_t>(have, n - have);  // what this round carried
+      const auto* theirs = static_cast<const int64_t*>(in.data_ptr());
+      if (theirs[2] != count * block) {  // another call: fail the check on every rank
+        mine[0] = mine[1] = std::numeric_limits<int64_t>::max();
+      } else {
+        mine[0] = std::max(mine[0], theirs[0]);
+        mine[1] = std::max(mine[1], theirs[1]);
+        if (block > 0) std::memcpy(held + have * block, theirs + 3, size_t(count * block));
+      }
+      have += count;
+      if (have < n) {
+        post_round(++k, std::min<int64_t>(have, n - have));
+        return true;
+      }
+      auto* result = static_cast<int64_t*>(pair.data_ptr());
+      result[0] = mine[0];
+      result[1] = mine[1];
+      // held[i] is rank (r + i) % n's payload: into rank order.
+      auto* g = static_cast<char*>(gathered.defined() ? gathered.data_ptr() : nullptr);
+      for (int64_t i = 0; block > 0 && i < n; ++i)
+        std::memcpy(g + ((r + i) % n) * block, held + i * block, size_t(block));
+      return false;
     };
     return w;
   }

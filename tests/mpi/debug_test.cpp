@@ -248,5 +248,93 @@ TEST(CommDebug, MismatchAmongQueuedCallsRaisesAndTheRestRun) {
   EXPECT_EQ(e.to_vector<float>(), std::vector<float>(2, 2.0f * float(n)));
 }
 
+// Small collectives travel inside their checks (Note [Small collectives in their check]): every
+// rank gets the reduction in rank order, bit for bit ((x0 + x1) + x2 ... in f32; bf16 widened,
+// summed and rounded once), a reduce_scatter its chunk of it, an allgather every input, whatever
+// the group size; and a carried call against another call (a larger one that is not carried, an
+// allgather, a barrier) still raises on every rank and writes no output.
+TEST(CommDebug, SmallCollectivesInsideTheirChecks) {
+  auto g = debug_group();
+  const int n = g->size(), r = g->rank();
+  const int64_t count = 31;  // reduce_scatter sends n x count f32: carried up to 8 ranks
+  // Rank j's values: fractions whose sums round differently in different orders.
+  auto values = [&](int j) {
+    std::vector<float> v(size_t(count) * size_t(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 1.0f / float(3 + 7 * j + int(i % 13)) + float(i);
+    return v;
+  };
+  std::vector<float> in_order(size_t(count) * size_t(n)), bf16_order(in_order.size());
+  for (int j = 0; j < n; ++j) {
+    const std::vector<float> v = values(j);
+    const std::vector<float> b = Tensor::from_vector<float>(v, {int64_t(v.size())})
+                                     .to(DType::kBF16)
+                                     .to(DType::kF32)
+                                     .to_vector<float>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      in_order[i] = j == 0 ? v[i] : in_order[i] + v[i];
+      bf16_order[i] = j == 0 ? b[i] : bf16_order[i] + b[i];
+    }
+  }
+  const std::vector<float> mine = values(r);
+  Tensor x = Tensor::from_vector<float>({mine.begin(), mine.begin() + count}, {count});
+  g->allreduce_sync(x);
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(in_order.begin(), in_order.begin() + count));
+
+  Tensor h =
+      Tensor::from_vector<float>({mine.begin(), mine.begin() + count}, {count}).to(DType::kBF16);
+  g->allreduce_sync(h, ReduceOp::kAvg);
+  std::vector<float> avg(bf16_order.begin(), bf16_order.begin() + count);
+  for (float& a : avg) a /= float(n);
+  EXPECT_EQ(
+      h.to(DType::kF32).to_vector<float>(),
+      Tensor::from_vector<float>(avg, {count}).to(DType::kBF16).to(DType::kF32).to_vector<float>());
+
+  Tensor all = Tensor::from_vector<float>(mine, {count * n}), chunk = Tensor::zeros({count});
+  g->reduce_scatter(all, chunk)->wait();
+  EXPECT_EQ(chunk.to_vector<float>(),
+            std::vector<float>(in_order.begin() + r * count, in_order.begin() + (r + 1) * count));
+
+  Tensor one = Tensor::full({3}, float(r), DType::kI64),
+         gathered = Tensor::zeros({3 * n}, DType::kI64);
+  g->allgather(one, gathered)->wait();
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(gathered.to_vector<int64_t>()[size_t(3 * j + i)], j);
+  if (n == 1) return;
+
+  // A carried call against calls that are not it: nothing written, every rank raises.
+  const int last = n - 1;
+  Tensor small = Tensor::full({16}, 5.0);
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor big = Tensor::ones({20000});
+                    if (r == last)
+                      g->allreduce_sync(big);
+                    else
+                      g->allreduce_sync(small);
+                  },
+                  {"count 16", "count 20000"});
+  EXPECT_EQ(small.to_vector<float>(), std::vector<float>(16, 5.0f));
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor out = Tensor::zeros({16 * n});
+                    if (r == 0)
+                      g->allgather(small, out)->wait();
+                    else
+                      g->allreduce_sync(small);
+                  },
+                  {"rank 0: allgather f32 count 16", "allreduce f32 count 16"});
+  EXPECT_EQ(small.to_vector<float>(), std::vector<float>(16, 5.0f));
+  expect_mismatch(*g,
+                  [&] {
+                    if (r == last)
+                      g->barrier_sync();
+                    else
+                      g->allreduce_sync(small);
+                  },
+                  {"barrier", "allreduce f32 count 16"});
+  EXPECT_EQ(small.to_vector<float>(), std::vector<float>(16, 5.0f));
+  g->barrier_sync();
+}
+
 }  // namespace
 }  // namespace loom::comm

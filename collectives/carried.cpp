@@ -1,0 +1,84 @@
+#include "collectives/carried.h"
+
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/copy.h"
+
+namespace loom::comm {
+
+namespace {
+
+// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type.
+template <typename T, typename Acc>
+void reduce_blocks(const char* gathered, int n, int64_t block_bytes, ReduceOp op, int64_t first,
+                   int64_t count, T* out) {
+  if (count == 0) return;
+  std::vector<Acc> acc(static_cast<size_t>(count));
+  auto block = [&](int j) {
+    return reinterpret_cast<const T*>(gathered + j * block_bytes) + first;
+  };
+  const T* b0 = block(0);
+  for (int64_t i = 0; i < count; ++i) acc[size_t(i)] = kernels::cpu::convert_scalar<Acc>(b0[i]);
+  for (int j = 1; j < n; ++j) {
+    const T* b = block(j);
+    for (int64_t i = 0; i < count; ++i) {
+      const Acc x = kernels::cpu::convert_scalar<Acc>(b[i]);
+      Acc& a = acc[size_t(i)];
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          a = a + x;
+          break;
+        case ReduceOp::kMax:
+          a = x > a ? x : a;
+          break;
+        case ReduceOp::kMin:
+          a = x < a ? x : a;
+          break;
+      }
+    }
+  }
+  if (op == ReduceOp::kAvg) {
+    // As the MPI backend's divide(): f32 divides by float(n), integers truncate toward zero.
+    for (Acc& a : acc) a = std::is_floating_point_v<Acc> ? a / Acc(n) : a / n;
+  }
+  for (int64_t i = 0; i < count; ++i) out[i] = kernels::cpu::convert_scalar<T>(acc[size_t(i)]);
+}
+
+}  // namespace
+
+void reduce_in_rank_order(const Tensor& gathered, int n, DType dtype, ReduceOp op, int64_t first,
+                          const Tensor& out) {
+  LOOM_ASSERT(n > 0 && gathered.nbytes() % size_t(n) == 0 && out.is_contiguous() &&
+                  out.dtype() == dtype && out.device().is_cpu(),
+              "reduce_in_rank_order of ", gathered.str(), " into ", out.str());
+  const int64_t block_bytes = int64_t(gathered.nbytes()) / n;
+  LOOM_ASSERT((first + out.numel()) * int64_t(dtype_size(dtype)) <= block_bytes,
+              "reduce_in_rank_order: elements [", first, ", ", first + out.numel(),
+              ") outside a block of ", block_bytes, " bytes");
+  const auto* g = static_cast<const char*>(gathered.data_ptr());
+  const int64_t count = out.numel();
+  switch (dtype) {
+    case DType::kF32:
+      return reduce_blocks<float, float>(g, n, block_bytes, op, first, count, out.data<float>());
+    case DType::kBF16:
+      return reduce_blocks<BFloat16, float>(g, n, block_bytes, op, first, count,
+                                            out.data<BFloat16>());
+    case DType::kF16:
+      return reduce_blocks<Float16, float>(g, n, block_bytes, op, first, count,
+                                           out.data<Float16>());
+    case DType::kI32:
+      return reduce_blocks<int32_t, int32_t>(g, n, block_bytes, op, first, count,
+                                             out.data<int32_t>());
+    case DType::kI64:
+      return reduce_blocks<int64_t, int64_t>(g, n, block_bytes, op, first, count,
+                                             out.data<int64_t>());
+    case DType::kU8:
+      break;
+  }
+  LOOM_ASSERT(false, "reduce_in_rank_order on ", dtype_name(dtype));
+}
+
+}  // namespace loom::comm
