@@ -81,9 +81,10 @@ struct CommHandle {
 
 struct Abandoned {
   std::vector<MPI_Request> requests;
-  std::vector<Tensor> buffers;       // what MPI may still read or write
-  std::vector<int> ints;             // counts, displacements, or split's (color, key) buffer
-  std::shared_ptr<CommHandle> comm;  // the communicator they run on
+  std::vector<Tensor> buffers;  // what MPI may still read or write
+  std::vector<int> ints;        // counts, displacements, or split's (color, key) buffer
+  std::shared_ptr<std::vector<int64_t>> scratch;  // a signature exchange's messages
+  std::shared_ptr<CommHandle> comm;               // the communicator they run on
 };
 
 std::vector<Abandoned>& abandoned() {
@@ -467,11 +468,8 @@ std::string census(MPI_Comm comm, const std::string& waiting_for) {
 
 class MpiWork final : public PollingWork {
  public:
-  MpiWork(std::shared_ptr<CommHandle> comm, std::string context, double timeout_s)
-      : PollingWork(context, timeout_s),
-        comm(std::move(comm)),
-        context_(std::move(context)),
-        timeout_s_(timeout_s) {}
+  MpiWork(std::shared_ptr<CommHandle> comm, OpContext context, double timeout_s)
+      : PollingWork(std::move(context), timeout_s), comm(std::move(comm)), timeout_s_(timeout_s) {}
   ~MpiWork() override;
 
   // A CommError (timed out, or MPI failed) marks the work failed: its destructor then abandons
@@ -493,14 +491,14 @@ class MpiWork final : public PollingWork {
     }
   }
 
-  const std::string& context() const { return context_; }
-
   std::shared_ptr<CommHandle> comm;  // kept until the requests complete
   std::vector<MPI_Request> requests;
   std::vector<MPI_Status> statuses;  // filled by MPI_Testall when sized like requests
   std::vector<Tensor> buffers;       // all that MPI reads or writes: alive until completion
   std::vector<int> ints;             // count/displacement arrays or int buffers, as `buffers`
-  std::function<void()> then;        // post-processing once complete (divide, copy back, ...)
+  // A signature exchange's messages, as `buffers` (See Note [Signature exchange]).
+  std::shared_ptr<std::vector<int64_t>> scratch;
+  std::function<void()> then;  // post-processing once complete (divide, copy back, ...)
   // An operation of several rounds: called when the posted requests have completed, it posts
   // the next round's (true) or ends the operation (false).
   std::function<bool()> next_round;
@@ -524,7 +522,7 @@ class MpiWork final : public PollingWork {
           break;
         }
     }
-    check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context_);
+    check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context());
     if (flag == 0) return false;
     if (next_round) {
       requests.clear();
@@ -553,7 +551,6 @@ class MpiWork final : public PollingWork {
     if (comm) comm->failed = true;
   }
 
-  std::string context_;
   double timeout_s_;
   bool failed_ = false;
 };
@@ -578,8 +575,8 @@ MpiWork::~MpiWork() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  abandoned().push_back(
-      Abandoned{std::move(requests), std::move(buffers), std::move(ints), std::move(comm)});
+  abandoned().push_back(Abandoned{std::move(requests), std::move(buffers), std::move(ints),
+                                  std::move(scratch), std::move(comm)});
 }
 
 // ---------------------------------------------------------------- the communicator
@@ -811,7 +808,7 @@ class MpiCommunicator final : public Communicator {
         int got = 0;
         MPI_Get_count(&raw->statuses[e.request], e.type, &got);
         if (got != e.count) {
-          throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", raw->context(),
+          throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", raw->context().str(),
                                                 ": recv from rank ", e.peer, " with tag ", e.tag,
                                                 " got ", got, " elements, expected ", e.count,
                                                 " (the matching send is shorter)"));
@@ -852,11 +849,21 @@ class MpiCommunicator final : public Communicator {
                     (block == 0 || (payload.is_contiguous() && payload.device().is_cpu() &&
                                     int64_t(gathered.nbytes()) == block * n)),
                 "signature exchange carrying ", payload.str(), " into ", gathered.str());
-    // out: this rank's header and the payloads it holds; in: what a round receives.
-    Tensor out = Tensor::empty({kCheckHeader + block * n}, DType::kU8);
-    Tensor in = Tensor::empty({kCheckHeader + int64_t(kCarriedBytes)}, DType::kU8);
-    auto w = make_work(info, {pair, payload, gathered, out, in});
-    auto* mine = static_cast<int64_t*>(out.data_ptr());
+    // out: this rank's header and the payloads it holds; in: what a round receives. Both in one
+    // scratch buffer, reused from the last exchange that completed (an exchange that never
+    // completes keeps its buffer: See Note [Abandoned operations]). Host memory of the
+    // communicator, as MPI's own buffers are, not tensors: the memory accounting of a model
+    // (tests/mpi/memory_test.cpp) counts what its tensors hold.
+    constexpr int64_t kHalf = kCheckHeader + int64_t(kCarriedBytes);
+    auto w = make_work(info, {pair, payload, gathered});
+    if (spare_scratch_->empty()) {
+      w->scratch = std::make_shared<std::vector<int64_t>>(size_t(2 * kHalf) / sizeof(int64_t));
+    } else {
+      w->scratch = std::move(spare_scratch_->back());
+      spare_scratch_->pop_back();
+    }
+    auto* mine = w->scratch->data();
+    auto* in = reinterpret_cast<const int64_t*>(reinterpret_cast<char*>(mine) + kHalf);
     auto* held = reinterpret_cast<char*>(mine + 3);
     const auto* pair_in = static_cast<const int64_t*>(pair.data_ptr());
     mine[0] = pair_in[0];
@@ -867,16 +874,16 @@ class MpiCommunicator final : public Communicator {
                                                                                   int64_t sent) {
       const int step = 1 << k;  // < n
       mine[2] = sent * block;
-      LOOM_MPI_CHECK_IN(w->context(), MPI_Irecv(in.data_ptr(), int(in.nbytes()), MPI_BYTE,
+      LOOM_MPI_CHECK_IN(w->context(), MPI_Irecv(const_cast<int64_t*>(in), int(kHalf), MPI_BYTE,
                                                 (r + step) % n, k, comm, w->next_request()));
       LOOM_MPI_CHECK_IN(w->context(), MPI_Isend(mine, int(kCheckHeader + sent * block), MPI_BYTE,
                                                 (r - step + n) % n, k, comm, w->next_request()));
     };
     post_round(0, std::min(1, n - 1));
-    w->next_round = [post_round, mine, held, in, pair, gathered, n, r = rank(), block, k = 0,
+    w->next_round = [post_round, mine, held, theirs = in, pair, gathered, w = w.get(),
+                     spare = spare_scratch_, n, r = rank(), block, k = 0,
                      have = int64_t(1)]() mutable {
       const int64_t count = std::min<int64_t>(have, n - have);  // what this round carried
-      const auto* theirs = static_cast<const int64_t*>(in.data_ptr());
       if (theirs[2] != count * block) {  // another call: fail the check on every rank
         mine[0] = mine[1] = std::numeric_limits<int64_t>::max();
       } else {
@@ -896,6 +903,7 @@ class MpiCommunicator final : public Communicator {
       auto* g = static_cast<char*>(gathered.defined() ? gathered.data_ptr() : nullptr);
       for (int64_t i = 0; block > 0 && i < n; ++i)
         std::memcpy(g + ((r + i) % n) * block, held + i * block, size_t(block));
+      spare->push_back(std::move(w->scratch));  // no request uses it any more
       return false;
     };
     return w;
@@ -925,7 +933,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   std::shared_ptr<MpiWork> make_work(const OpInfo& info, std::vector<Tensor> keep) {
-    auto w = std::make_shared<MpiWork>(handle_, describe(info), timeout_seconds());
+    auto w = std::make_shared<MpiWork>(handle_, context_of(info), timeout_seconds());
+    w->buffers.reserve(keep.size());
     for (Tensor& t : keep)
       if (t.defined()) w->buffers.push_back(std::move(t));
     return w;
@@ -945,6 +954,9 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;  // handle_->comm
   int tag_ub_ = 32767;
   std::unique_ptr<MpiCommunicator> checks_;  // the check channel; null at size 1
+  // As the check channel: scratch buffers of completed signature exchanges, for the next one.
+  std::shared_ptr<std::vector<std::shared_ptr<std::vector<int64_t>>>> spare_scratch_ =
+      std::make_shared<std::vector<std::shared_ptr<std::vector<int64_t>>>>();
 };
 
 }  // namespace

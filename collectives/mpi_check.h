@@ -28,6 +28,11 @@ std::string mpi_error_string(int code);
 // before '(' is printed); `context` is Communicator::describe() of the op, or empty.
 void check_mpi(int code, const char* call, const char* file, int line,
                const std::string& context = {});
+// The same for an op's context, formatted only on an error.
+inline void check_mpi(int code, const char* call, const char* file, int line,
+                      const OpContext& context) {
+  if (code != MPI_SUCCESS) check_mpi(code, call, file, line, context.str());
+}
 
 }  // namespace loom::comm
 

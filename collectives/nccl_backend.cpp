@@ -180,7 +180,8 @@ std::string settle_state(ncclComm_t comm, double timeout_s, const std::string& c
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s);
   const auto patient_until = start + std::chrono::seconds(1);
-  WaitingScope waiting(context);  // See Note [Termination by the launcher]
+  WaitingScope waiting;  // See Note [Termination by the launcher]
+  waiting.describe(context);
   for (int polls = 0;; ++polls) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
@@ -260,10 +261,11 @@ std::vector<std::vector<Tensor>>& abandoned() {
 
 class NcclWork final : public PollingWork {
  public:
-  NcclWork(std::shared_ptr<NcclHandle> handle, std::string context, double timeout_s)
+  // The context is formatted at once here: an NCCL op's own cost dwarfs it.
+  NcclWork(std::shared_ptr<NcclHandle> handle, const OpContext& context, double timeout_s)
       : PollingWork(context, timeout_s),
         handle(std::move(handle)),
-        context_(std::move(context)),
+        context_(context.str()),
         timeout_s_(timeout_s) {}
   ~NcclWork() override;
 
@@ -640,10 +642,9 @@ class NcclCommunicator final : public Communicator {
   // post, which orders the communication stream after the compute stream, runs the op's stream
   // steps and records the completion.
   std::shared_ptr<NcclWork> start(const OpInfo& info) {
-    std::string context = describe(info);
-    check_usable(context);
+    check_usable(describe(info));
     LOOM_CUDA_CHECK(cudaSetDevice(handle_->device));
-    return std::make_shared<NcclWork>(handle_, std::move(context), timeout_seconds());
+    return std::make_shared<NcclWork>(handle_, context_of(info), timeout_seconds());
   }
 
   void check_device(const NcclWork& w, const char* what, const Tensor& t) const {

@@ -18,7 +18,10 @@ namespace loom::comm {
 // nothing hangs, but the survivors would vanish without a word while they waited in a
 // collective. With this report each survivor writes one line naming the operation it was
 // waiting in (group, op, sequence number, bytes) before dying by the same signal. The line is
-// formatted when the wait starts, into one of two buffers, so the handler only calls write().
+// formatted into one of two buffers once the wait has polled a thousand times (the slow part of
+// a wait, where its deadline runs; formatting it in every wait cost a small collective a tenth
+// of its time), so the handler only calls write(); a wait still in its first microseconds says
+// only that it was in a collective.
 // SIGINT reaching one rank of a C++ program (Ctrl-C, kill -INT) gets the same treatment: the
 // rank says it was interrupted (and in which wait) and dies by the signal, which makes mpirun
 // end the job at once. Python installs its own SIGINT handler (KeyboardInterrupt), which is
@@ -52,7 +55,9 @@ constexpr size_t kMessageBytes = 640;
 constexpr int kSignals = 2;  // 0: SIGTERM, 1: SIGINT
 char g_messages[2][kSignals][kMessageBytes];
 size_t g_lengths[2][kSignals] = {};
-volatile sig_atomic_t g_current = -1;  // which buffer holds the message; -1: not waiting
+// Which buffer holds the message; -1: not waiting; kUndescribed: waiting, no message yet.
+constexpr int kUndescribed = -2;
+volatile sig_atomic_t g_current = -1;
 
 int signal_slot(int sig) { return sig == SIGINT ? 1 : 0; }
 
@@ -61,6 +66,21 @@ void on_signal(int sig) {
   const int s = signal_slot(sig);
   if (slot >= 0) {
     ssize_t ignored = write(STDERR_FILENO, g_messages[slot][s], g_lengths[slot][s]);
+    (void)ignored;
+  } else if (slot == kUndescribed) {
+    char line[192];
+    const int n =
+        sig == SIGINT
+            ? std::snprintf(line, sizeof line,
+                            "[rank %d] loom: interrupted (SIGINT) while waiting in a collective; "
+                            "this rank exits, which ends the job\n",
+                            error_rank())
+            : std::snprintf(line, sizeof line,
+                            "[rank %d] loom: terminated while waiting in a collective: the "
+                            "launcher is ending the job, usually because another rank died or "
+                            "failed (see its message)\n",
+                            error_rank());
+    ssize_t ignored = write(STDERR_FILENO, line, size_t(n > 0 ? n : 0));
     (void)ignored;
   } else {
     char line[192];
@@ -103,7 +123,9 @@ void install_termination_report() {
   install_if_default(SIGINT);
 }
 
-WaitingScope::WaitingScope(const std::string& context) {
+WaitingScope::WaitingScope() { g_current = kUndescribed; }
+
+void WaitingScope::describe(const std::string& context) {
   const int slot = g_current == 0 ? 1 : 0;
   int n = std::snprintf(g_messages[slot][0], kMessageBytes,
                         "[rank %d] loom: terminated while waiting for %s: the launcher is "

@@ -12,10 +12,12 @@ namespace loom::comm {
 // when the MPI world is created.
 void install_termination_report();
 
-// Marks this thread as waiting in the operation `context` describes, for its lifetime.
+// Marks this thread as waiting in an operation, for its lifetime; describe() names the operation
+// once the wait is slow (See Note [Termination by the launcher]).
 class WaitingScope {
  public:
-  explicit WaitingScope(const std::string& context);
+  WaitingScope();
+  void describe(const std::string& context);
   ~WaitingScope();
   WaitingScope(const WaitingScope&) = delete;
   WaitingScope& operator=(const WaitingScope&) = delete;

@@ -14,7 +14,7 @@ CensusAnswer g_census_answer = nullptr;
 
 void set_census_answer(CensusAnswer answer) { g_census_answer = answer; }
 
-PollingWork::PollingWork(std::string context, double timeout_seconds)
+PollingWork::PollingWork(OpContext context, double timeout_seconds)
     : context_(std::move(context)), timeout_s_(timeout_seconds) {}
 
 void PollingWork::complete() {
@@ -37,17 +37,22 @@ void PollingWork::wait() {
   // keeps progress going and still lets oversubscribed peers run. Only after a second without
   // completion, when a peer is late rather than the transfer slow, does it sleep between polls.
   const auto patient_until = Clock::now() + std::chrono::seconds(1);
-  WaitingScope waiting(context_);  // See Note [Termination by the launcher]
+  WaitingScope waiting;   // See Note [Termination by the launcher]
+  std::string described;  // the op in words, once the wait is slow
   for (int polls = 0; !poll(); ++polls) {
     progress_checks();  // See Note [The check queue]
     // Most small collectives finish within a few polls: spin before giving up the core
     // (yielding after every poll tripled an 8-byte allreduce's latency).
     if (polls < 1000) continue;
-    if (g_census_answer) g_census_answer(context_);
+    if (described.empty()) {
+      described = context_.str();
+      waiting.describe(described);
+    }
+    if (g_census_answer) g_census_answer(described);
     const auto now = Clock::now();
     if (now > deadline) {
       throw CommError(detail::str_cat("[rank ", error_rank(), "] timed out after ", timeout_s_,
-                                      " s waiting for ", context_,
+                                      " s waiting for ", described,
                                       ": a rank of the group did not join it (it may have "
                                       "skipped the call, be stuck elsewhere, or have died)",
                                       late_ranks(), "; LOOM_COMM_TIMEOUT sets the limit"));

@@ -27,10 +27,11 @@ void set_census_answer(CensusAnswer answer);
 
 class PollingWork : public Work {
  public:
-  // `context` is Communicator::describe() of the op, for the timeout message.
-  PollingWork(std::string context, double timeout_seconds);
+  // `context`: the op, for the timeout message.
+  PollingWork(OpContext context, double timeout_seconds);
   void wait() override;
   bool test() override;
+  const OpContext& context() const { return context_; }
 
  protected:
   virtual bool poll() = 0;
@@ -38,12 +39,12 @@ class PollingWork : public Work {
   // Appended to the timeout's message: which ranks of the group had not arrived (See Note [Late
   // ranks]); empty when the backend cannot tell.
   virtual std::string late_ranks() { return ""; }
-  const std::string& waiting_for() const { return context_; }
+  std::string waiting_for() const { return context_.str(); }
   bool done() const { return done_; }
 
  private:
   void complete();
-  std::string context_;
+  OpContext context_;
   double timeout_s_;
   bool done_ = false;
 };
