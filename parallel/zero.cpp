@@ -4,6 +4,7 @@
 
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
+#include "optimizer/grouped.h"
 #include "parallel/replicas.h"
 
 namespace loom::parallel {
@@ -74,16 +75,23 @@ std::vector<ShardPiece> ZeroOptimizer::planned_pieces(nn::Module& module, const 
 
 ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                              const ZeroOptions& options, const OptimizerFactory& make_optimizer)
-    : ZeroOptimizer(module, group, options, make_optimizer, prepare(module, group.get(), options)) {
-}
+    : ZeroOptimizer(module, group, options, {ZeroParamGroup{{}, make_optimizer}},
+                    prepare(module, group.get(), options)) {}
 
 ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
-                             const ZeroOptions& options, const OptimizerFactory& make_optimizer,
+                             const ZeroOptions& options, std::vector<ZeroParamGroup> groups)
+    : ZeroOptimizer(module, group, options, std::move(groups),
+                    prepare(module, group.get(), options)) {}
+
+ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
+                             const ZeroOptions& options, std::vector<ZeroParamGroup> groups,
                              Prepared prepared)
     : Optimizer(owner_name(options.stage), module.parameters(), 0.0, /*f32_only=*/false),
       options_(options),
       reducer_(owner_name(options.stage), prepared.params, group, prepared.reducer) {
-  LOOM_CHECK(make_optimizer != nullptr, name_, ": no optimizer factory given");
+  LOOM_CHECK(!groups.empty(), name_, ": no parameter group given");
+  for (const ZeroParamGroup& g : groups)
+    LOOM_CHECK(g.make_optimizer != nullptr, name_, ": no optimizer factory given");
   const BucketPlan& plan = reducer_.plan();
   for (const auto& [name, p] : reducer_.params())
     tp_sharded_.push_back(char(module.parameter_shard(name) != nullptr));
@@ -127,10 +135,50 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   scaler_ = options.loss_scaling   ? optim::LossScaler(*options.loss_scaling)
             : dtype == DType::kF16 ? optim::LossScaler()
                                    : optim::LossScaler::none();
-  inner_ = make_optimizer(std::move(stepped));
-  LOOM_CHECK(inner_ != nullptr, name_, ": the optimizer factory returned null");
+  group_count_ = groups.size();
+  inner_ = make_inner(std::move(stepped), groups);
   lr_ = inner_->lr();
   name_ = inner_->name();  // what is being stepped; errors of the sharding itself name the stage
+}
+
+std::unique_ptr<optim::Optimizer> ZeroOptimizer::make_inner(
+    std::vector<Tensor> stepped, const std::vector<ZeroParamGroup>& groups) const {
+  if (groups.size() == 1 && groups[0].params.empty()) {  // the one-factory constructor's
+    std::unique_ptr<optim::Optimizer> inner = groups[0].make_optimizer(std::move(stepped));
+    LOOM_CHECK(inner != nullptr, name_, ": the optimizer factory returned null");
+    return inner;
+  }
+  // Each parameter's group, by name; every parameter in exactly one.
+  const NamedParams& named = reducer_.params();
+  std::vector<size_t> group_of_param(named.size(), groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const std::string& name : groups[g].params) {
+      size_t i = 0;
+      while (i < named.size() && named[i].first != name) ++i;
+      LOOM_CHECK(i < named.size(), name_, ": parameter group ", g, " names '", name,
+                 "', which is not a parameter of the module");
+      LOOM_CHECK(group_of_param[i] == groups.size(), name_, ": parameter '", name,
+                 "' is in groups ", group_of_param[i], " and ", g,
+                 "; a parameter can be in one group only");
+      group_of_param[i] = g;
+    }
+  }
+  for (size_t i = 0; i < named.size(); ++i)
+    LOOM_CHECK(group_of_param[i] < groups.size(), name_, ": parameter '", named[i].first,
+               "' is in no parameter group; ZeRO shards every parameter of the module, so every "
+               "one needs a group");
+  std::vector<size_t> group_of_piece;
+  for (const Piece& p : pieces_) group_of_piece.push_back(group_of_param[p.param]);
+  std::vector<optim::OptimizerFactory> factories;
+  for (const ZeroParamGroup& g : groups) factories.push_back(g.make_optimizer);
+  return std::make_unique<optim::GroupedOptimizer>(std::move(stepped), group_of_piece, factories);
+}
+
+optim::Optimizer& ZeroOptimizer::group_optimizer(size_t g) const {
+  if (auto* grouped = dynamic_cast<optim::GroupedOptimizer*>(inner_.get()))
+    return grouped->group(g);
+  LOOM_CHECK(g == 0, name_, ": parameter group ", g, " of 1");
+  return *inner_;
 }
 
 std::vector<ShardPiece> ZeroOptimizer::own_pieces() const {
@@ -211,7 +259,7 @@ void ZeroOptimizer::step() {
   if (options_.external_backward) reducer_.begin_step();  // the next step accumulates anew
   const bool skip = found_nonfinite_;
   if (!skip) {
-    inner_->set_lr(lr_);
+    if (group_count_ == 1) group_optimizer(0).set_lr(lr_);  // with groups, each has its own
     inner_->step();
   }
   for (Piece& p : pieces_) p.master.set_grad(Tensor());

@@ -80,12 +80,26 @@ struct ZeroOptions {
 // Builds the wrapped optimizer over the parameter pieces it is given.
 using OptimizerFactory = optim::OptimizerFactory;
 
+// A parameter group (torch.optim's): the module's parameters it holds, by name, and the
+// optimizer that steps their pieces (its own kind and options: weight decay off for biases and
+// norms, another learning rate for a head).
+struct ZeroParamGroup {
+  std::vector<std::string> params;  // the only group naming none: every parameter
+  OptimizerFactory make_optimizer;
+};
+
 class ZeroOptimizer : public optim::Optimizer {
  public:
   // Collective over `group`. Moves the module's parameters into the flat buckets (their values
   // and autograd identity stay; rank 0's values are broadcast unless check_replicas).
   ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
                 const ZeroOptions& options, const OptimizerFactory& make_optimizer);
+  // With parameter groups: every parameter of the module in exactly one group (else an error
+  // naming it). This rank's pieces step with their parameter's group's optimizer
+  // (optim::GroupedOptimizer), each group at its own learning rate: set it with
+  // group_optimizer(g).set_lr(); set_lr() itself is for one group.
+  ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
+                const ZeroOptions& options, std::vector<ZeroParamGroup> groups);
 
   // Backward of one micro-batch (scale its loss by 1 / grad_accum yourself; the loss scale, for
   // f16, is applied here).
@@ -137,6 +151,10 @@ class ZeroOptimizer : public optim::Optimizer {
   const optim::LossScaler& scaler() const { return scaler_; }
   const BucketPlan& buckets() const { return reducer_.plan(); }
   optim::Optimizer& inner() const { return *inner_; }
+  size_t group_count() const { return group_count_; }
+  // Group g's optimizer over this rank's pieces of its parameters (the wrapped optimizer itself
+  // with one group).
+  optim::Optimizer& group_optimizer(size_t g) const;
   // What this rank keeps for training, in bytes: its parameters (full in stages 1 and 2; in
   // stage 3 its shards plus the modules gathered at the moment), its gradients (stage 1: full
   // buckets; stages 2, 3: its shards) and its share of the optimizer state.
@@ -150,8 +168,11 @@ class ZeroOptimizer : public optim::Optimizer {
   // The reducer's options and stage 3's layout (no communication).
   static void plan_layout(nn::Module& module, const ZeroOptions& options, Prepared& p);
   ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communicator> group,
-                const ZeroOptions& options, const OptimizerFactory& make_optimizer,
-                Prepared prepared);
+                const ZeroOptions& options, std::vector<ZeroParamGroup> groups, Prepared prepared);
+  // The wrapped optimizer over `stepped` (this rank's pieces, or their masters): one group's, or
+  // a GroupedOptimizer of every group's.
+  std::unique_ptr<optim::Optimizer> make_inner(std::vector<Tensor> stepped,
+                                               const std::vector<ZeroParamGroup>& groups) const;
   void allgather_shards();  // stages 1, 2: every rank's shards into the full parameters
   struct Piece {            // this rank's part of one parameter
     size_t param;
@@ -165,6 +186,7 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<Piece> pieces_;
   std::vector<char> tp_sharded_;  // per parameter: a ShardSpec shard of a tp model
   std::unique_ptr<optim::Optimizer> inner_;
+  size_t group_count_ = 1;
   std::unique_ptr<optim::MasterWeights> masters_;  // bf16 / f16: f32 copies of the pieces
   optim::LossScaler scaler_ = optim::LossScaler::none();
   bool found_nonfinite_ = false;  // this step's gradients, on any rank

@@ -252,9 +252,17 @@ void init_zero(py::module_& p) {
       .def(py::init([](std::shared_ptr<nn::Module> module, GroupPtr group,
                        const OptimizerSpec& spec, int stage, double bucket_mb, int grad_accum,
                        bool overlap, bool check_replicas, GroupPtr tp, bool external_backward,
-                       GroupPtr pp, std::optional<std::vector<std::string>> counted_in_norm) {
+                       GroupPtr pp, std::optional<std::vector<std::string>> counted_in_norm,
+                       std::optional<std::vector<std::pair<std::vector<std::string>, OptimizerSpec>>>
+                           param_groups) {
              if (!module) throw py::type_error("ZeroRedundancyOptimizer: module is None");
-             optim::OptimizerFactory factory = optimizer_factory(spec);
+             // Parameter groups (names, options), or one group of every parameter: `spec`.
+             std::vector<parallel::ZeroParamGroup> groups;
+             if (param_groups)
+               for (const auto& [names, group_spec] : *param_groups)
+                 groups.push_back({names, optimizer_factory(group_spec)});
+             else
+               groups.push_back({{}, optimizer_factory(spec)});
              parallel::ZeroOptions o;
              o.stage = stage;
              o.bucket_mb = bucket_mb;
@@ -274,12 +282,21 @@ void init_zero(py::module_& p) {
              }
              py::gil_scoped_release release;
              return std::make_shared<ZeroOptimizer>(*module, group_or_world(std::move(group)), o,
-                                                    factory);
+                                                    std::move(groups));
            }),
            py::arg("module"), py::arg("group"), py::arg("optimizer"), py::arg("stage"),
            py::arg("bucket_mb"), py::arg("grad_accum"), py::arg("overlap"),
            py::arg("check_replicas"), py::arg("tp"), py::arg("external_backward") = false,
-           py::arg("pp") = nullptr, py::arg("counted_in_norm") = py::none(), py::keep_alive<1, 2>())
+           py::arg("pp") = nullptr, py::arg("counted_in_norm") = py::none(),
+           py::arg("param_groups") = py::none(), py::keep_alive<1, 2>())
+      .def_property_readonly("group_count", &ZeroOptimizer::group_count)
+      .def(
+          "group_optimizer",
+          [](const ZeroOptimizer& z, size_t g) -> optim::Optimizer& {
+            return z.group_optimizer(g);
+          },
+          py::arg("group"), py::return_value_policy::reference_internal,
+          "Group g's C++ optimizer over this rank's pieces (its lr is the group's).")
       .def("backward", &ZeroOptimizer::backward, py::arg("loss"), Release())
       .def("finish_gradients", &ZeroOptimizer::finish_gradients, Release())
       .def("clip_grad_norm", &ZeroOptimizer::clip_grad_norm, py::arg("max_norm"), Release())

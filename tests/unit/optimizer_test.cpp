@@ -10,6 +10,7 @@
 
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
+#include "optimizer/grouped.h"
 #include "optimizer/lr_schedule.h"
 #include "optimizer/sgd.h"
 #include "testing/files.h"
@@ -450,6 +451,55 @@ TEST(StateDict, BadStatesAreClearErrorsAndChangeNothing) {
   expect_load_error(sgd, good,
                     {"SGD: load_state_dict", "missing 0.momentum_buffer, 1.momentum_buffer",
                      "unexpected 0.exp_avg, 0.exp_avg_sq, 1.exp_avg"});
+}
+
+// Parameter groups as one optimizer: each parameter steps as its group's optimizer alone would
+// step it (an AdamW and an SGD here, the groups interleaved), state names count across groups,
+// and a load one group refuses changes nothing in the groups before it.
+TEST(GroupedOptimizer, StepsEachGroupAsItsOwnOptimizer) {
+  std::vector<Tensor> p = make_params(), alone = copy_params(p);
+  auto adamw = [](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<AdamW>(std::move(ps), AdamWOptions{.lr = 0.01});
+  };
+  auto sgd = [](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<SGD>(std::move(ps), SgdOptions{.lr = 0.1, .momentum = 0.9});
+  };
+  optim::GroupedOptimizer grouped(p, {1, 0, 1}, {adamw, sgd});
+  ASSERT_EQ(grouped.group_count(), 2u);
+  AdamW a({alone[1]}, AdamWOptions{.lr = 0.01});
+  SGD b({alone[0], alone[2]}, SgdOptions{.lr = 0.1, .momentum = 0.9});
+  for (int s = 0; s < 3; ++s) {
+    set_grads(p, s);
+    set_grads(alone, s);
+    grouped.group(1).set_lr(0.1 / (s + 1));
+    b.set_lr(0.1 / (s + 1));
+    grouped.step();
+    a.step();
+    b.step();
+  }
+  for (size_t i = 0; i < p.size(); ++i)
+    EXPECT_EQ(p[i].to_vector<float>(), alone[i].to_vector<float>()) << "parameter " << i;
+
+  const std::map<std::string, Tensor> state = grouped.state_dict();
+  EXPECT_EQ(state.at("1.exp_avg").to_vector<float>(),
+            a.state_dict().at("0.exp_avg").to_vector<float>());
+  EXPECT_EQ(state.at("2.momentum_buffer").to_vector<float>(),
+            b.state_dict().at("1.momentum_buffer").to_vector<float>());
+  EXPECT_EQ(state.count("0.step") + state.count("1.step") + state.count("2.step"), 3u);
+
+  // Group 1 (SGD) refuses a state without its momentum buffers; group 0 must stay as it was.
+  std::map<std::string, Tensor> bad = state;
+  bad["1.exp_avg"] = Tensor::zeros(p[1].shape());
+  bad.erase("0.momentum_buffer");
+  try {
+    grouped.load_state_dict(bad);
+    ADD_FAILURE() << "a state without 0.momentum_buffer loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("momentum_buffer"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(grouped.state_dict().at("1.exp_avg").to_vector<float>(),
+            state.at("1.exp_avg").to_vector<float>());
+  expect_load_error(grouped, {{"7.step", Tensor::zeros({1})}}, {"parameter 7", "has 3"});
 }
 
 TEST(StateDict, AnOptimizerThatDoesNotImplementItSaysSo) {

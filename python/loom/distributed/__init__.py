@@ -111,6 +111,7 @@ from loom import optim as _optim  # noqa: E402
 from loom.nn.module import Module as _Module  # noqa: E402
 from loom.nn import _dropout  # noqa: E402
 from loom.nn import _placement  # noqa: E402
+from loom import _loom  # noqa: E402
 from loom._loom import parallel as _parallel  # noqa: E402
 
 DeviceMesh = _parallel.DeviceMesh
@@ -258,6 +259,45 @@ def _optimizer_spec(optimizer_class, kwargs, owner):
     return spec, args
 
 
+def _zero_param_groups(cpp, params, optimizer_class, optimizer_kwargs, owner):
+    """torch.optim-style parameter groups over the module's parameters, as [(names, spec,
+    hyper-parameters, tensors)] for the C++ ZeroOptimizer; a tensor that is not a parameter of
+    the module, or one in two groups, is an error naming it."""
+    if isinstance(params, (_loom.Tensor, dict)) or not all(isinstance(g, dict) for g in params):
+        raise TypeError(f"{owner}: params must be a list of dicts (parameter groups, each with "
+                        "'params'); without groups, leave params out")
+    names = {_optim._param_key(p): name for name, p in cpp.named_parameters()}
+    out, seen = [], {}
+    for g, group in enumerate(params):
+        if "params" not in group:
+            raise ValueError(f"{owner}: parameter group {g} has no 'params'")
+        tensors = group["params"]
+        tensors = [tensors] if isinstance(tensors, _loom.Tensor) else list(tensors)
+        group_names = []
+        for j, p in enumerate(tensors):
+            if not isinstance(p, _loom.Tensor):
+                raise TypeError(f"{owner}: parameter group {g}: expected loom.Tensor, got a "
+                                f"{type(p).__name__} at position {j}")
+            name = names.get(_optim._param_key(p))
+            if name is None:
+                raise ValueError(f"{owner}: parameter group {g}: the tensor at position {j} "
+                                 f"(shape {_optim._shape(p)}) is not a parameter of the module")
+            if name in seen:
+                raise ValueError(f"{owner}: parameter '{name}' is in groups {seen[name]} and {g}; "
+                                 "a parameter can be in one group only")
+            seen[name] = g
+            group_names.append(name)
+        options = {k: v for k, v in group.items() if k != "params"}
+        spec, hyper = _optimizer_spec(optimizer_class, dict(optimizer_kwargs, **options),
+                                      f"{owner}: parameter group {g}")
+        out.append((group_names, spec, hyper, tensors))
+    missing = [name for name in names.values() if name not in seen]
+    if missing:
+        raise ValueError(f"{owner}: parameters {missing} are in no group; ZeRO shards every "
+                         "parameter of the module, so every one needs a group")
+    return out
+
+
 class ZeroRedundancyOptimizer(_optim.Optimizer):
     """ZeRO: data parallelism over ``group`` (default: the world) that shards the training
     state instead of replicating it, around a loom.optim.AdamW or loom.optim.SGD built in
@@ -282,6 +322,20 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
     also sums over ``pp``, counting only the parameter names in ``counted_in_norm`` (one copy of
     each: not a tied or replicated second copy). See examples/train_gpt.py.
 
+    Parameter groups as torch.optim's: ``params``, a list of dicts each with "params" (tensors
+    of the module) and the options that differ from ``optimizer_kwargs``; every parameter of the
+    module in exactly one group (ZeRO shards them all)::
+
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = loom.distributed.ZeroRedundancyOptimizer(
+            model, params=[{"params": decay, "weight_decay": 0.1},
+                           {"params": no_decay, "weight_decay": 0.0}], lr=3e-4)
+        opt.param_groups[1]["lr"] = 1e-3   # each group's lr, as schedules set it
+
+    Each rank's pieces step with their parameter's group's options (optim::GroupedOptimizer),
+    as one process stepping the groups would. Options other than lr are fixed once built.
+
     In stage 3 call ``gather_parameters()`` before reading the parameters outside a forward.
     ``state_dict()`` is this rank's shard (load it on the same rank of a group of the same
     size). Collective over group.
@@ -289,23 +343,37 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
 
     def __init__(self, module, group=None, *, optimizer_class=_optim.AdamW, stage=1, bucket_mb=25,
                  grad_accum=1, overlap=True, check_replicas=False, tp=None,
-                 external_backward=False, pp=None, counted_in_norm=None, **optimizer_kwargs):
+                 external_backward=False, pp=None, counted_in_norm=None, params=None,
+                 **optimizer_kwargs):
         owner = "ZeroRedundancyOptimizer"
         cpp = _as_cpp(module, owner)
         group = _check_group(group, owner)
         tp = _check_group(tp, owner, "tp")
         pp = _check_group(pp, owner, "pp")
         spec, hyper = _optimizer_spec(optimizer_class, optimizer_kwargs, owner)
+        # Before the C++ optimizer moves the parameters into its buckets (their storage changes).
+        groups = None if params is None else _zero_param_groups(
+            cpp, params, optimizer_class, optimizer_kwargs, owner)
         impl = _parallel.ZeroOptimizer(
             cpp, group, spec, _check_int(stage, owner, "stage"),
             _check_number(bucket_mb, owner, "bucket_mb"),
             _check_int(grad_accum, owner, "grad_accum"), bool(overlap),
             bool(check_replicas), tp, bool(external_backward), pp,
-            None if counted_in_norm is None else sorted(counted_in_norm))
+            None if counted_in_norm is None else sorted(counted_in_norm),
+            None if groups is None else [(names, group_spec) for names, group_spec, _, _ in groups])
         self._module = module
+        self._zero = impl
         _placement.register(self)  # clip_grad_norm_ of its module's parameters comes here
         self.optimizer_class = optimizer_class
-        super().__init__(impl, hyper)
+        if groups is None:
+            super().__init__(impl, hyper)
+        else:  # Note [One C++ optimizer per group]: here the groups of ZeRO's inner optimizer
+            self.defaults = dict(hyper, lr=spec.lr)
+            self._impls = [impl.group_optimizer(g) for g in range(impl.group_count)]
+            self.param_groups = [
+                _optim._ParamGroup(self, g, dict(group_hyper, lr=self._impls[g].lr,
+                                                 params=tensors))
+                for g, (_, _, group_hyper, tensors) in enumerate(groups)]
         if not external_backward:  # a pipeline's executor sets the micro-batches' parts itself
             self._dropout_parts = _dropout._BatchParts(get_rank(group), get_world_size(group),
                                                        grad_accum)
@@ -315,19 +383,82 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         return self._module
 
     @property
+    def _impl(self):
+        """The C++ ZeroOptimizer (what loom.distributed.checkpoint saves)."""
+        return self._zero
+
+    @property
     def stage(self):
-        return self._impl.stage
+        return self._zero.stage
+
+    def step(self, closure=None):
+        if len(self._impls) == 1:
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            from loom.autograd import enable_grad
+
+            with enable_grad():
+                loss = closure()
+        self._zero.step()  # every group, each at its own lr
+        _dropout._advance_step()
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        if not set_to_none:
+            raise ValueError("zero_grad: loom drops gradients (set_to_none=True) only")
+        self._zero.zero_grad()
+
+    def state_dict(self):
+        """This rank's shard of the state ("state": the C++ ZeroOptimizer's, keyed by this
+        rank's pieces) and each group's options and lr ("param_groups")."""
+        if len(self._impls) == 1:
+            return super().state_dict()
+        groups, offset = [], 0
+        for group, impl in zip(self.param_groups, self._impls):
+            saved = {k: v for k, v in dict.items(group) if k != "params"}
+            saved["lr"] = impl.lr
+            count = len(dict.__getitem__(group, "params"))
+            saved["params"] = list(range(offset, offset + count))
+            groups.append(saved)
+            offset += count
+        return {"state": self._zero.state_dict(), "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict() of this rank with the same groups; each group's lr and extra
+        keys come back too."""
+        if len(self._impls) == 1:
+            return super().load_state_dict(state_dict)
+        if not isinstance(state_dict, dict) or "state" not in state_dict:
+            raise ValueError("load_state_dict: expected a dict with 'state' and 'param_groups' "
+                             "(what state_dict() returns)")
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"load_state_dict: {len(saved_groups)} parameter groups in the state "
+                             f"dict, {len(self.param_groups)} in this ZeroRedundancyOptimizer")
+        for g, saved in enumerate(saved_groups):
+            for key in self.defaults:
+                if key != "lr" and key in saved and not _optim._same_option(
+                        saved[key], dict.__getitem__(self.param_groups[g], key)):
+                    raise ValueError(f"load_state_dict: group {g}: '{key}' is {saved[key]} in the "
+                                     f"state dict, {dict.__getitem__(self.param_groups[g], key)} "
+                                     "in this optimizer")
+        self._zero.load_state_dict(self._as_tensors(self._zero, dict(state_dict["state"])))
+        for group, saved in zip(self.param_groups, saved_groups):
+            for key, value in saved.items():
+                if key == "lr" or (key not in self.defaults and key != "params"):
+                    group[key] = value
 
     def backward(self, loss):
         """Backward of one micro-batch (scale its loss by 1/grad_accum yourself). The next
         forward's dropout masks are the next micro-batch's (loom/nn/_dropout.py)."""
-        self._impl.backward(loss)
+        self._zero.backward(loss)
         if hasattr(self, "_dropout_parts"):
             self._dropout_parts.after_backward()
 
     def finish_gradients(self):
         """Waits for the step's gradient reductions (step() does it otherwise)."""
-        self._impl.finish_gradients()
+        self._zero.finish_gradients()
 
     _norm_priority = 1  # over the layers' placements (loom/nn/_placement.py)
 
@@ -339,25 +470,26 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         """Clips the global gradient norm (every shard counted once); returns the norm
         before clipping. loom.nn.utils.clip_grad_norm_(module.parameters(), max_norm) comes
         here too."""
-        return self._impl.clip_grad_norm(_check_number(max_norm, "clip_grad_norm_",
+        return self._zero.clip_grad_norm(_check_number(max_norm, "clip_grad_norm_",
                                                        "max_norm"))
 
     def gather_parameters(self):
         """Stage 3: gathers every parameter whole until the next forward (a no-op in
         stages 1 and 2). Collective."""
-        self._impl.gather_parameters()
+        self._zero.gather_parameters()
 
     def memory(self):
         """This rank's parameter, gradient and optimizer-state bytes (a TrainingMemory)."""
-        return self._impl.memory()
+        return self._zero.memory()
 
     @property
     def exposed_wait_seconds(self):
-        return self._impl.exposed_wait_seconds
+        return self._zero.exposed_wait_seconds
 
     def __repr__(self):
+        lrs = ", ".join(str(impl.lr) for impl in self._impls)
         return (f"ZeroRedundancyOptimizer(stage={self.stage}, "
-                f"{self.optimizer_class.__name__}, lr={self.lr})")
+                f"{self.optimizer_class.__name__}, lr={lrs})")
 
 
 

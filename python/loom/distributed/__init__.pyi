@@ -142,6 +142,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                  grad_accum: int = ..., overlap: bool = ..., check_replicas: bool = ...,
                  tp: Optional[Communicator] = ..., external_backward: bool = ...,
                  pp: Optional[Communicator] = ..., counted_in_norm: Optional[Iterable[str]] = ...,
+                 params: Optional[Iterable[Dict[str, Any]]] = ...,
                  **optimizer_kwargs: Any) -> None: ...
     @property
     def module(self) -> Module: ...

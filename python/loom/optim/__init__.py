@@ -40,8 +40,9 @@ constant or cosine; set ``opt.lr = schedule.lr(step)`` before each step.
 # momentum, say) builds the group's C++ optimizer anew with that option and copies the old one's
 # state into it: two copies of the group's state, cheap next to a training step but not free.
 # SGD's momentum cannot move between 0 and non-zero (its momentum buffers exist only when built
-# with momentum), and ZeroRedundancyOptimizer, which wraps one C++ optimizer over its shards, has
-# one group whose options other than lr are fixed. load_state_dict() takes from the state dict
+# with momentum), and ZeroRedundancyOptimizer, which wraps one C++ optimizer over its shards
+# (a GroupedOptimizer when built with params=[groups]), has groups fixed when it is built, and
+# options other than lr fixed too. load_state_dict() takes from the state dict
 # what a schedule changes while training (lr, momentum, beta1) and requires the rest to match, so
 # a resumed OneCycleLR run goes on with the betas it had and a wrong checkpoint is an error.
 
@@ -189,8 +190,8 @@ class Optimizer:
         constructor's arguments). A parameter already in a group is an error."""
         name = type(self).__name__
         if self._build is None:
-            raise ValueError(f"{name}: one parameter group only (it wraps one C++ optimizer over "
-                             "the whole module; per-group options need support in C++)")
+            raise ValueError(f"{name}: its parameter groups are fixed when it is built (it "
+                             "wraps one C++ optimizer; give every group to its constructor)")
         if not isinstance(param_group, dict):
             raise TypeError(f"{name}: a parameter group must be a dict with 'params', got a "
                             f"{type(param_group).__name__}")
