@@ -44,5 +44,8 @@ std::optional<Tensor> integer_operands(const char* name, const Tensor& a, const 
 std::optional<Tensor> integer_scale(const Tensor& x, double s);
 std::optional<Tensor> integer_sum_all(const Tensor& x);
 std::optional<Tensor> integer_sum_dim(const Tensor& x, int64_t dim, bool keepdim);
+// where with an integer operand: the floating where on the promoted operands, or, for two
+// integer ones, the promoted integer dtype's values picked exactly.
+std::optional<Tensor> integer_where(const Tensor& condition, const Tensor& a, const Tensor& b);
 
 }  // namespace loom::detail

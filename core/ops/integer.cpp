@@ -168,6 +168,23 @@ std::optional<Tensor> integer_sum_dim(const Tensor& x, int64_t dim, bool keepdim
   return integer_sum(x, outer, x.size(dim), inner, shape);
 }
 
+std::optional<Tensor> integer_where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  const bool ia = is_integer(a.dtype()), ib = is_integer(b.dtype());
+  if (!ia && !ib) return std::nullopt;
+  if (!ia || !ib) {  // the floating side's dtype, and its gradient
+    const DType to = ia ? b.dtype() : a.dtype();
+    return where(condition, ia ? a.to(to) : a, ib ? b.to(to) : b);
+  }
+  // a * c + b * (1 - c), c the condition as 0 / 1 of the dtype: every product is a value times
+  // 0 or 1, so nothing wraps and the picked values are exact.
+  const DType to = a.dtype() == b.dtype() ? a.dtype() : DType::kI64;
+  const Tensor c = condition.to(to);
+  const Tensor not_c =
+      integer_binary("where", Tensor::scalar(1.0, to, c.device()), c, IntegerOp::kSub);
+  return integer_binary("where", integer_binary("where", a.to(to), c, IntegerOp::kMul),
+                        integer_binary("where", b.to(to), not_c, IntegerOp::kMul), IntegerOp::kAdd);
+}
+
 }  // namespace detail
 
 Tensor floor_divide(const Tensor& a, const Tensor& b) {

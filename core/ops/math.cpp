@@ -159,6 +159,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   LOOM_CHECK(condition.dtype() == DType::kU8, "where: condition has dtype ",
              dtype_name(condition.dtype()),
              ", expected u8 (a comparison's result, 1 = true); compare a tensor first, e.g. x > 0");
+  detail::check_defined("where", "a", a);
+  detail::check_defined("where", "b", b);
+  if (auto out = detail::integer_where(condition, a, b)) return *out;
   const detail::LowPrecision lp("where", {{"a", a}, {"b", b}});
   if (lp) return lp.round(where(condition, lp.f32(a), lp.f32(b)));
   detail::check_f32("where", "a", a);

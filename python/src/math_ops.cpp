@@ -45,8 +45,16 @@ Tensor where_py(const Tensor& condition, py::handle input, py::handle other) {
                                                        : nullptr;
   const Tensor f32 = Tensor::scalar(0.0, DType::kF32, condition.device());
   const Tensor& base = like ? *like : f32;
-  const Tensor a = tensor_or_scalar(input, base, "where", "input");
-  const Tensor b = tensor_or_scalar(other, base, "where", "other");
+  // As PyTorch: a float number beside an integer tensor makes the result floating (f32).
+  const bool integer =
+      base.dtype() == DType::kI32 || base.dtype() == DType::kI64 || base.dtype() == DType::kU8;
+  const Tensor f32_like = Tensor::scalar(0.0, DType::kF32, base.device());
+  auto operand = [&](py::handle value, const char* arg) {
+    const bool promote = integer && py::isinstance<py::float_>(value);
+    return tensor_or_scalar(value, promote ? f32_like : base, "where", arg);
+  };
+  const Tensor a = operand(input, "input");
+  const Tensor b = operand(other, "other");
   py::gil_scoped_release release;
   return where(condition, a, b);
 }

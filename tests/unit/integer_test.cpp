@@ -110,6 +110,25 @@ TEST(IntegerCuda, KernelsMatchTheCpu) {
   const Tensor bytes = a.to(DType::kU8);
   EXPECT_EQ(add(bytes.to(gpu), bytes.to(gpu)).to(Device::cpu()).to_vector<uint8_t>(),
             add(bytes, bytes).to_vector<uint8_t>());
+  EXPECT_EQ(where(mask.to(gpu), a.to(gpu), b.to(gpu)).to(Device::cpu()).to_vector<int64_t>(),
+            where(mask, a, b).to_vector<int64_t>());
+}
+
+// where with integer operands picks the values exactly, in the promoted dtype (i32 with i64:
+// i64; an integer beside a float: the float's dtype).
+TEST(Integer, WhereFollowsTorch) {
+  const Tensor a = i64({-3, 7, 2147483647LL * 4, 0}, {4});
+  const Tensor b = i64({5, -9, 1, -2147483648LL * 3}, {4});
+  const Tensor mask = compare(a, b, Compare::kGt);
+  EXPECT_EQ(where(mask, a, b).to_vector<int64_t>(),
+            (std::vector<int64_t>{5, 7, 2147483647LL * 4, 0}));
+  const Tensor b32 = Tensor::from_vector<int32_t>({5, -9, 1, -6}, {4});
+  const Tensor picked = where(mask, a, b32);
+  EXPECT_EQ(picked.dtype(), DType::kI64);
+  EXPECT_EQ(picked.to_vector<int64_t>(), (std::vector<int64_t>{5, 7, 2147483647LL * 4, 0}));
+  const Tensor f = where(mask, a.to(DType::kI32), Tensor::full({4}, 0.5));
+  EXPECT_EQ(f.dtype(), DType::kF32);
+  EXPECT_EQ(f.to_vector<float>()[0], 0.5f);
 }
 
 }  // namespace
