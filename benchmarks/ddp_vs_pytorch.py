@@ -25,12 +25,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 sys.path.insert(0, HERE)
 os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported
+os.environ["OPENBLAS_NUM_THREADS"] = "1"  # one thread per rank for PyTorch's GEMMs too
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import gpt2_reference as ref  # noqa: E402
 from gpt_vs_pytorch import add_run_args, cpu_name  # noqa: E402
+import peer_blas  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 MPIRUN_FLAGS = ["--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
@@ -129,12 +131,13 @@ def main():
     wait, serial = statistics.median(loom_wait), statistics.median(serial_wait)
     tokens_per_step = args.batch * args.seq
     print(f"machine: {cpu_name()}; 2 ranks, 1 thread each; torch {torch.__version__} (gloo)")
+    print(peer_blas.blas_line(1))
     print(f"config: layers {args.layers} dim {args.dim} heads {args.heads} seq {args.seq} "
           f"global batch {args.batch} vocab {args.vocab} f32 AdamW, buckets {args.bucket_mb} MiB, "
           f"median of {len(loom_ms)} steps after {args.warmup} warm-up")
     print(f"loom DDP    step {lm:8.2f} ms  ({tokens_per_step / lm * 1e3:8.0f} tok/s)")
     print(f"pytorch DDP step {tm:8.2f} ms  ({tokens_per_step / tm * 1e3:8.0f} tok/s)")
-    print(f"speedup loom vs pytorch: {tm / lm:.2f}x")
+    print(peer_blas.refusal() or f"speedup loom vs pytorch: {tm / lm:.2f}x")
     print(f"loom overlap: {wait:.1f} ms waited after backward vs {serial:.1f} ms with every "
           f"reduction after backward: {max(0.0, 1 - wait / serial) * 100:.0f}% of reduction time "
           f"hidden behind backward")

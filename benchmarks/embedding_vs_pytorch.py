@@ -22,6 +22,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_blas  # noqa: E402
+
 
 def median_ms(fn, warmup, iters):
     """Median milliseconds of fn over iters calls after warmup calls (as loom's benchmark)."""
@@ -114,6 +117,8 @@ def main():
         return
     print(f"B={a.batch} T={a.tables} rows={a.rows} D={a.dim} L={a.bag_size} f32, "
           f"{a.threads} threads, median of {a.iters} after {a.warmup} warm-up; torch {torch.__version__}")
+    # No GEMM in these steps: the BLAS does not change them, so the ratio stands on any BLAS.
+    print(peer_blas.blas_line(torch.get_num_threads()))
     print(f"{'':32} {'PyTorch ms':>12} {'loom ms':>10} {'loom speedup':>13}")
     for name, t, l in rows:
         print(f"{name:32} {t:12.2f} {l:10.2f} {t / l:12.2f}x")
