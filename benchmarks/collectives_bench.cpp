@@ -470,6 +470,39 @@ double time_per_call(const Options& o, F&& call) {
   return seconds;
 }
 
+// The signature check's cost per call, A/B: blocks of calls alternate with the check on and off
+// (on, off, off, on, ...: a linear drift of the machine hits both alike), and each side's time is
+// the median of its blocks' per-call times, the max over ranks. Separate loops, as before, left
+// the difference at the mercy of this VM's loop-to-loop drift (+-20% at 1 MiB).
+struct CheckCost {
+  double on, off;
+};
+template <typename F>
+CheckCost check_cost(const Options& o, comm::Communicator& c, F&& call) {
+  constexpr int kBlocks = 20;  // of each side
+  const int per_block = std::max(1, o.iters / kBlocks);
+  const bool checked = c.debug();
+  std::vector<double> on, off;
+  for (int b = 0; b < 2 * kBlocks; ++b) {
+    const bool check = (b % 4 == 0) || (b % 4 == 3);
+    c.set_debug(check);
+    for (int i = 0; i < std::min(per_block, o.warmup_iters); ++i) call();
+    BENCH_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    const auto start = Clock::now();
+    for (int i = 0; i < per_block; ++i) call();
+    (check ? on : off)
+        .push_back(std::chrono::duration<double>(Clock::now() - start).count() / per_block);
+  }
+  c.set_debug(checked);
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  double out[2] = {median(on), median(off)};
+  BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, out, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return {out[0], out[1]};
+}
+
 constexpr size_t kSummaryMinBytes = size_t(1) << 20;  // the closing averages: sizes >= 1 MiB
 
 int run(const Options& o) {
@@ -488,8 +521,9 @@ int run(const Options& o) {
         (long long)o.step_factor, o.warmup_iters, o.iters, int(o.check));
     std::printf(
         "# time: max over ranks of the average per call; busbw = algbw x %.4f; "
-        "ratio = loom busbw / MPI busbw; check: time with the collective signature check "
-        "(on by default) minus time without it (set_debug(false)), same buffers\n",
+        "ratio = loom busbw / MPI busbw; unchecked, check: medians over alternating blocks of "
+        "calls with the collective signature check (on by default) off (set_debug(false)) and "
+        "on: the time without it, and on minus off, same buffers\n",
         factor);
     std::printf("#\n");
     std::printf("# %10s  %12s  %6s  %9s  %7s  %7s  %6s  %9s  %9s  %6s  %9s  %9s\n", "size", "count",
@@ -521,10 +555,8 @@ int run(const Options& o) {
     }
     const double t = time_per_call(o, [&] { run_loom(c, o.op, b)->wait(); });
     const double mpi_t = time_per_call(o, [&] { run_mpi(o.op, mpi, b); });
-    const bool checked = c.debug();
-    c.set_debug(false);
-    const double unchecked_t = time_per_call(o, [&] { run_loom(c, o.op, b)->wait(); });
-    c.set_debug(checked);
+    const CheckCost ab = check_cost(o, c, [&] { run_loom(c, o.op, b)->wait(); });
+    const double unchecked_t = ab.off;
 
     const double algbw = double(b.bytes) / t / 1e9, busbw = algbw * factor;
     const double mpi_busbw = double(b.bytes) / mpi_t / 1e9 * factor;
@@ -542,7 +574,7 @@ int run(const Options& o) {
       std::printf(
           "  %10zu  %12lld  %6s  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %9.2f  %6.3f  %9.2f  %9.2f\n",
           b.bytes, (long long)b.chunk, loom::dtype_name(o.dtype), t * 1e6, algbw, busbw, wrong_text,
-          mpi_t * 1e6, mpi_busbw, ratio, unchecked_t * 1e6, (t - unchecked_t) * 1e6);
+          mpi_t * 1e6, mpi_busbw, ratio, unchecked_t * 1e6, (ab.on - ab.off) * 1e6);
       std::fflush(stdout);
     }
     if (bytes > o.max_bytes / size_t(o.step_factor)) break;  // the next step would pass -e
