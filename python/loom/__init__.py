@@ -154,7 +154,7 @@ from loom._tensor_methods import (  # noqa: F401
 
 _tensor_methods.install()
 from loom import _scans  # noqa: E402
-from loom._scans import cumprod, cumsum, norm, prod  # noqa: E402,F401
+from loom._scans import cumprod, cumsum, einsum, norm, prod  # noqa: E402,F401
 from loom import linalg  # noqa: E402,F401
 
 _scans.install()

@@ -1,5 +1,6 @@
-"""cumsum, cumprod, prod and norm / linalg.vector_norm as torch's, composed from loom's ops, so
-each is differentiable through the ops it is made of and runs wherever they run (CPU and CUDA).
+"""cumsum, cumprod, prod, norm / linalg.vector_norm and einsum as torch's, composed from loom's
+ops, so each is differentiable through the ops it is made of and runs wherever they run (CPU and
+CUDA).
 
 The scans take ceil(log2 n) steps of whole-tensor adds (or multiplies) of shifted copies
 (Hillis and Steele's scan), and prod multiplies halves together the same number of times: so
@@ -141,3 +142,81 @@ def install():
     """The methods on loom.Tensor (called once by loom/__init__.py)."""
     for name, fn in {"cumsum": cumsum, "cumprod": cumprod, "prod": prod, "norm": norm}.items():
         setattr(Tensor, name, fn)
+
+
+def einsum(equation, *operands):
+    """torch.einsum for one or two operands: "bhqd,bhkd->bhqk", "ij,jk", "i,j->ij", "ij->ji",
+    "...ij,...jk->...ik", "ii" not (a letter twice in one operand is refused). Two operands are
+    one batched matmul after permuting and reshaping them (so it is differentiable, and runs
+    wherever matmul does); a letter in one operand only and not in the output is summed first.
+    Batch letters must have one size in both operands (no broadcasting of size 1)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not 1 <= len(operands) <= 2:
+        raise ValueError(f"einsum: one or two operands are supported, got {len(operands)}")
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    inputs = lhs.split(",")
+    if len(inputs) != len(operands):
+        raise ValueError(f"einsum: the equation {equation!r} has {len(inputs)} operands, "
+                         f"{len(operands)} given")
+    # "..." becomes capital letters, the same for every operand (aligned at the right).
+    ell = max((t.dim() - len(s.replace("...", "")) for s, t in zip(inputs, operands)
+               if "..." in s), default=0)
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq][:ell]
+    def expand(spec, t=None):
+        if "..." not in spec:
+            return spec
+        n = ell if t is None else t.dim() - len(spec.replace("...", ""))
+        return spec.replace("...", "".join(spare[ell - n:]))
+    inputs = [expand(s, t) for s, t in zip(inputs, operands)]
+    if not arrow:  # implicit output: the letters that appear once, in order, after the batch
+        counts = {}
+        for s in inputs:
+            for c in s:
+                counts[c] = counts.get(c, 0) + 1
+        out = "".join(spare) + "".join(sorted(c for c, k in counts.items()
+                                              if k == 1 and c not in spare))
+    else:
+        out = expand(out)
+    sizes = {}
+    for s, t in zip(inputs, operands):
+        if not all(c.isalpha() for c in s):
+            raise ValueError(f"einsum: bad subscripts {s!r} in {equation!r}")
+        if len(s) != t.dim():
+            raise ValueError(f"einsum: subscripts {s!r} name {len(s)} dims, the operand has "
+                             f"{t.dim()} (shape {list(t.shape)})")
+        if len(set(s)) != len(s):
+            raise ValueError(f"einsum: {s!r} repeats a letter (diagonals are not supported)")
+        for c, n in zip(s, t.shape):
+            if sizes.setdefault(c, n) != n:
+                raise ValueError(f"einsum: '{c}' has size {sizes[c]} and {n}")
+    for c in out:
+        if c not in sizes or out.count(c) > 1:
+            raise ValueError(f"einsum: output subscript '{c}' is not in an input, or repeated")
+
+    def summed_first(s, t, keep):
+        """t with the letters of s not in `keep` summed out, and what remains of s."""
+        for i in range(len(s) - 1, -1, -1):
+            if s[i] not in keep:
+                t = t.sum(dim=i)
+                s = s[:i] + s[i + 1:]
+        return s, t
+
+    if len(operands) == 1:
+        s, t = summed_first(inputs[0], operands[0], out)
+        return t.permute(*[s.index(c) for c in out]) if s else t
+    (sa, a), (sb, b) = [summed_first(s, t, out + (inputs[1] if k == 0 else inputs[0]))
+                        for k, (s, t) in enumerate(zip(inputs, operands))]
+    batch = [c for c in out if c in sa and c in sb]
+    left = [c for c in out if c in sa and c not in sb]
+    right = [c for c in out if c in sb and c not in sa]
+    contracted = [c for c in sa if c in sb and c not in out]
+    prod_of = lambda cs: math.prod(sizes[c] for c in cs)  # noqa: E731
+    a = a.permute(*[sa.index(c) for c in batch + left + contracted]).reshape(
+        prod_of(batch), prod_of(left), prod_of(contracted))
+    b = b.permute(*[sb.index(c) for c in batch + contracted + right]).reshape(
+        prod_of(batch), prod_of(contracted), prod_of(right))
+    y = (a @ b).reshape(*[sizes[c] for c in batch + left + right])
+    order = batch + left + right
+    return y.permute(*[order.index(c) for c in out]) if order else y

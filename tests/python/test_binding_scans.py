@@ -118,3 +118,37 @@ def test_errors_name_what_is_wrong():
         loom.linalg.vector_norm(x, -2)
     with pytest.raises(ValueError, match="norm: p 'nuc' is not supported"):
         x.norm("nuc")
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 5, 4), (2, 3, 6, 4)]),
+    ("ij,jk", [(3, 4), (4, 5)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("i,i->", [(5,), (5,)]),
+    ("ij->ji", [(3, 4)]),
+    ("ijk->j", [(2, 3, 4)]),
+    ("ij->", [(3, 4)]),
+    ("...ij,...jk->...ik", [(2, 2, 3, 4), (2, 2, 4, 5)]),
+    ("bij,jk->bki", [(2, 3, 4), (4, 5)]),
+    ("ijk,ikl->jl", [(3, 2, 4), (3, 4, 5)]),
+    ("ij,kl->ijkl", [(2, 3), (4, 5)]),
+    ("abc,cd->", [(2, 3, 4), (4, 5)]),
+])
+def test_einsum_against_torch(equation, shapes):
+    leaves = [pair(rng.standard_normal(s)) for s in shapes]
+    got = loom.einsum(equation, *[x for x, _ in leaves])
+    want = torch.einsum(equation, *[y for _, y in leaves])
+    check(got, want, leaves, rng, RTOL, ATOL)
+
+
+def test_einsum_errors():
+    a, b = loom.ones(2, 3), loom.ones(4, 5)
+    with pytest.raises(ValueError, match="'j' has size 3 and 4"):
+        loom.einsum("ij,jk->ik", a, b)
+    with pytest.raises(ValueError, match="repeats a letter"):
+        loom.einsum("ii->i", loom.ones(3, 3))
+    with pytest.raises(ValueError, match="name 3 dims, the operand has 2"):
+        loom.einsum("ijk->i", a)
+    with pytest.raises(ValueError, match="one or two operands"):
+        loom.einsum("i,i,i->", loom.ones(2), loom.ones(2), loom.ones(2))
