@@ -50,7 +50,25 @@ Tensor gelu(const Tensor& x);                  // tanh approximation, as GPT-2
 // Elementwise math, PyTorch's exp log sqrt rsqrt abs neg tanh sin cos erf log1p expm1,
 // differentiable. abs's
 // gradient is 0 at 0 (as PyTorch's sign). Domain errors give NaN / inf as in C (log(-1) = NaN).
-enum class Unary { kExp, kLog, kSqrt, kRsqrt, kAbs, kNeg, kTanh, kSin, kCos, kErf, kLog1p, kExpm1 };
+// floor ceil round (half to even) trunc too: their gradient is 0; of an integer tensor, a copy.
+enum class Unary {
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kAbs,
+  kNeg,
+  kTanh,
+  kSin,
+  kCos,
+  kErf,
+  kLog1p,
+  kExpm1,
+  kFloor,
+  kCeil,
+  kRound,
+  kTrunc
+};
 Tensor unary(const Tensor& x, Unary op);
 Tensor pow(const Tensor& x, double exponent);  // x ** exponent; gradient e * x^(e-1)
 // min(max(x, lo), hi) with either bound optional (NaN for "none"); the gradient passes where

@@ -28,7 +28,11 @@ enum class UnaryOp : int {
   kCos,
   kErf,
   kLog1p,
-  kExpm1
+  kExpm1,
+  kFloor,
+  kCeil,
+  kRound,  // half to even, as torch.round (rintf in the default rounding mode)
+  kTrunc
 };
 
 LOOM_HOST_DEVICE inline float unary_value(float x, UnaryOp op) {
@@ -57,6 +61,14 @@ LOOM_HOST_DEVICE inline float unary_value(float x, UnaryOp op) {
       return log1pf(x);
     case UnaryOp::kExpm1:
       return expm1f(x);
+    case UnaryOp::kFloor:
+      return floorf(x);
+    case UnaryOp::kCeil:
+      return ceilf(x);
+    case UnaryOp::kRound:
+      return rintf(x);
+    case UnaryOp::kTrunc:
+      return truncf(x);
   }
   return 0.0f;
 }
@@ -89,6 +101,11 @@ LOOM_HOST_DEVICE inline float unary_grad(float x, float y, float g, UnaryOp op) 
       return g / (1.0f + x);
     case UnaryOp::kExpm1:
       return g * (y + 1.0f);
+    case UnaryOp::kFloor:  // piecewise constant: PyTorch's gradient is 0
+    case UnaryOp::kCeil:
+    case UnaryOp::kRound:
+    case UnaryOp::kTrunc:
+      return 0.0f;
   }
   return 0.0f;
 }

@@ -3,23 +3,6 @@
 #include <string>
 
 namespace loom::optim {
-namespace {
-
-// "{j}.{kind}" -> (j, kind); false for a key that is not one.
-bool split_key(const std::string& key, size_t& index, std::string& kind) {
-  const size_t dot = key.find('.');
-  if (dot == 0 || dot == std::string::npos) return false;
-  index = 0;
-  for (size_t k = 0; k < dot; ++k) {
-    if (key[k] < '0' || key[k] > '9') return false;
-    index = index * 10 + size_t(key[k] - '0');
-  }
-  kind = key.substr(dot + 1);
-  return true;
-}
-
-}  // namespace
-
 GroupedOptimizer::GroupedOptimizer(std::vector<Tensor> params, const std::vector<size_t>& group_of,
                                    const std::vector<OptimizerFactory>& make_group)
     : Optimizer("grouped optimizer", std::move(params), 0.0, /*f32_only=*/false) {
@@ -49,31 +32,32 @@ void GroupedOptimizer::step() {
   for (auto& g : groups_) g->step();
 }
 
-std::vector<std::pair<std::string, Tensor>> GroupedOptimizer::state() const {
-  std::vector<std::pair<std::string, Tensor>> out;
+// Each group's entries under their keys across groups: "{j}.{kind}" of group g is
+// "{members_[g][j]}.{kind}".
+template <typename Entries, typename Add>
+void GroupedOptimizer::for_each_entry(Entries entries_of, Add add) const {
   for (size_t g = 0; g < groups_.size(); ++g) {
-    for (auto& [key, t] : groups_[g]->state()) {
+    for (auto& [key, t] : entries_of(*groups_[g])) {
       size_t j;
       std::string kind;
-      LOOM_CHECK(split_key(key, j, kind) && j < members_[g].size(), name_, ": group ", g,
+      LOOM_CHECK(split_state_key(key, j, kind) && j < members_[g].size(), name_, ": group ", g,
                  "'s state key '", key, "' is not '{parameter}.{kind}'");
-      out.emplace_back(std::to_string(members_[g][j]) + "." + kind, t);
+      add(std::to_string(members_[g][j]) + "." + kind, t);
     }
   }
+}
+
+std::vector<std::pair<std::string, Tensor>> GroupedOptimizer::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for_each_entry([](const Optimizer& o) { return o.state(); },
+                 [&](std::string key, const Tensor& t) { out.emplace_back(std::move(key), t); });
   return out;
 }
 
 std::map<std::string, Tensor> GroupedOptimizer::state_dict() const {
   std::map<std::string, Tensor> out;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (auto& [key, t] : groups_[g]->state_dict()) {
-      size_t j;
-      std::string kind;
-      LOOM_CHECK(split_key(key, j, kind) && j < members_[g].size(), name_, ": group ", g,
-                 "'s state key '", key, "' is not '{parameter}.{kind}'");
-      out.emplace(std::to_string(members_[g][j]) + "." + kind, t);
-    }
-  }
+  for_each_entry([](const Optimizer& o) { return o.state_dict(); },
+                 [&](std::string key, const Tensor& t) { out.emplace(std::move(key), t); });
   return out;
 }
 
@@ -82,7 +66,7 @@ void GroupedOptimizer::load_state_dict(const std::map<std::string, Tensor>& stat
   for (const auto& [key, t] : state) {
     size_t i;
     std::string kind;
-    LOOM_CHECK(split_key(key, i, kind), name_, ": load_state_dict: unexpected key '", key,
+    LOOM_CHECK(split_state_key(key, i, kind), name_, ": load_state_dict: unexpected key '", key,
                "' (keys are '{parameter}.{kind}')");
     LOOM_CHECK(i < params_.size(), name_, ": load_state_dict: '", key, "' is for parameter ", i,
                ", but this optimizer has ", params_.size());

@@ -34,6 +34,9 @@ class GroupedOptimizer : public Optimizer {
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
+  template <typename Entries, typename Add>
+  void for_each_entry(Entries entries_of, Add add) const;
+
   std::vector<std::unique_ptr<Optimizer>> groups_;
   std::vector<std::vector<size_t>> members_;      // per group: its parameters' indices in params_
   std::vector<std::pair<size_t, size_t>> place_;  // per parameter: (group, index in the group)

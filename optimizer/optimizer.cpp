@@ -20,6 +20,18 @@ std::string join_keys(const std::vector<std::string>& keys) {
 
 }  // namespace
 
+bool split_state_key(const std::string& key, size_t& index, std::string& kind) {
+  const size_t dot = key.find('.');
+  if (dot == 0 || dot == std::string::npos) return false;
+  index = 0;
+  for (size_t k = 0; k < dot; ++k) {
+    if (key[k] < '0' || key[k] > '9') return false;
+    index = index * 10 + size_t(key[k] - '0');
+  }
+  kind = key.substr(dot + 1);
+  return true;
+}
+
 Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr, bool f32_only)
     : name_(name), params_(std::move(params)), lr_(lr) {
   LOOM_CHECK(lr >= 0.0, name_, ": learning rate must be >= 0, got ", lr);

@@ -74,6 +74,10 @@ class Optimizer {
   double lr_;
 };
 
+// A state dict key "{i}.{kind}" -> (i, kind) (See Note [Optimizer state dict]); false for any
+// other key.
+bool split_state_key(const std::string& key, size_t& index, std::string& kind);
+
 // Builds an optimizer over the parameters it is given: how wrappers that own the tensors being
 // stepped (f32 masters, ZeRO's shards) take "any loom optimizer".
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor> params)>;

@@ -26,12 +26,17 @@ static_assert(int(Unary::kExp) == int(kernels::UnaryOp::kExp) &&
                   int(Unary::kCos) == int(kernels::UnaryOp::kCos) &&
                   int(Unary::kErf) == int(kernels::UnaryOp::kErf) &&
                   int(Unary::kLog1p) == int(kernels::UnaryOp::kLog1p) &&
-                  int(Unary::kExpm1) == int(kernels::UnaryOp::kExpm1),
+                  int(Unary::kExpm1) == int(kernels::UnaryOp::kExpm1) &&
+                  int(Unary::kFloor) == int(kernels::UnaryOp::kFloor) &&
+                  int(Unary::kCeil) == int(kernels::UnaryOp::kCeil) &&
+                  int(Unary::kRound) == int(kernels::UnaryOp::kRound) &&
+                  int(Unary::kTrunc) == int(kernels::UnaryOp::kTrunc),
               "core's Unary and kernels' UnaryOp list the functions in one order");
 
 const char* unary_name(Unary op) {
-  static const char* const names[] = {"exp",  "log", "sqrt", "rsqrt", "abs",   "neg",
-                                      "tanh", "sin", "cos",  "erf",   "log1p", "expm1"};
+  static const char* const names[] = {"exp",   "log",  "sqrt",  "rsqrt", "abs",   "neg",
+                                      "tanh",  "sin",  "cos",   "erf",   "log1p", "expm1",
+                                      "floor", "ceil", "round", "trunc"};
   return names[int(op)];
 }
 
@@ -54,6 +59,8 @@ Tensor map(const Tensor& x, Cpu cpu, Gpu gpu) {
 
 Tensor unary(const Tensor& x, Unary op) {
   const char* name = unary_name(op);
+  // Rounding an integer tensor leaves it as it is (PyTorch returns a copy).
+  if (op >= Unary::kFloor && x.defined() && detail::is_integer(x.dtype())) return x.clone();
   const detail::LowPrecision lp(name, {{"x", x}});
   if (lp) return lp.round(unary(lp.f32(x), op));
   detail::check_f32(name, "x", x);

@@ -23,19 +23,6 @@ void add_pieces(std::vector<StatePiece>& out, const std::string& name, const Pla
                    flat.narrow(0, part.local_offset, part.region.numel())});
 }
 
-// "{i}.{kind}" -> (i, kind); false for any other key.
-bool split_state_key(const std::string& key, size_t& index, std::string& kind) {
-  const size_t dot = key.find('.');
-  if (dot == 0 || dot == std::string::npos) return false;
-  index = 0;
-  for (size_t k = 0; k < dot; ++k) {
-    if (key[k] < '0' || key[k] > '9') return false;
-    index = index * 10 + size_t(key[k] - '0');
-  }
-  kind = key.substr(dot + 1);
-  return true;
-}
-
 // The loss scaler of a bf16 / f16 optimizer, or null (f32 has none worth keeping).
 optim::LossScaler* scaler_of(optim::Optimizer& optimizer, ZeroOptimizer* zero) {
   if (zero) return zero->masters() ? &zero->scaler() : nullptr;
@@ -187,8 +174,8 @@ void add_optimizer_pieces(std::vector<StatePiece>& pieces, nlohmann::json& state
   for (const auto& [key, t] : entries) {
     size_t i;
     std::string kind;
-    LOOM_CHECK(split_state_key(key, i, kind) && i < places.size(), "checkpoint: ", optimizer.name(),
-               "'s state key '", key,
+    LOOM_CHECK(optim::split_state_key(key, i, kind) && i < places.size(),
+               "checkpoint: ", optimizer.name(), "'s state key '", key,
                "' is not '{parameter}.{kind}' (an optimizer loom cannot checkpoint yet)");
     const std::string& name = places[i].name;
     if (kind == "step") {
@@ -240,7 +227,7 @@ OptimizerStateLoad::OptimizerStateLoad(optim::Optimizer& optimizer, std::vector<
   for (const auto& [key, t] : state_) {
     size_t i;
     std::string kind;
-    LOOM_CHECK(split_state_key(key, i, kind) && i < places_.size(),
+    LOOM_CHECK(optim::split_state_key(key, i, kind) && i < places_.size(),
                "checkpoint: ", optimizer.name(), "'s state key '", key,
                "' is not '{parameter}.{kind}'");
     if (kind != "step")
@@ -253,7 +240,7 @@ void OptimizerStateLoad::finish(const nlohmann::json& state) {
   for (auto& [key, t] : state_) {
     size_t i;
     std::string kind;
-    if (!split_state_key(key, i, kind) || kind != "step") continue;
+    if (!optim::split_state_key(key, i, kind) || kind != "step") continue;
     t = Tensor::from_vector(std::vector<int64_t>{counts[i]}, {1});
   }
   optimizer_.load_state_dict(state_);

@@ -43,6 +43,10 @@ from loom._loom import (  # noqa: F401
     exp,
     expm1,
     eye,
+    floor,
+    ceil,
+    round,
+    trunc,
     float16,
     float32,
     from_numpy,
@@ -185,5 +189,6 @@ __all__ = [
     "any", "argsort", "as_tensor", "chunk", "flip", "is_tensor", "isfinite", "isinf", "isnan",
     "logical_and", "logical_not", "logical_or", "logical_xor", "logsumexp", "maximum", "minimum",
     "numel", "rand_like", "randint_like", "randn_like", "randperm", "reciprocal", "sign", "sort",
-    "split", "square", "unbind",
+    "split", "square", "unbind", "floor", "ceil", "round", "trunc", "cumsum", "cumprod", "prod",
+    "norm", "einsum", "linalg",
 ]

@@ -212,7 +212,9 @@ void init_math(py::module_& m) {
       {"exp", Unary::kExp},     {"log", Unary::kLog},     {"sqrt", Unary::kSqrt},
       {"rsqrt", Unary::kRsqrt}, {"abs", Unary::kAbs},     {"neg", Unary::kNeg},
       {"tanh", Unary::kTanh},   {"sin", Unary::kSin},     {"cos", Unary::kCos},
-      {"erf", Unary::kErf},     {"log1p", Unary::kLog1p}, {"expm1", Unary::kExpm1}};
+      {"erf", Unary::kErf},     {"log1p", Unary::kLog1p}, {"expm1", Unary::kExpm1},
+      {"floor", Unary::kFloor}, {"ceil", Unary::kCeil},   {"round", Unary::kRound},
+      {"trunc", Unary::kTrunc}};
   for (const auto& [name, op] : unaries) {
     const Unary u = op;
     auto f = [u](const Tensor& x) { return unary(x, u); };

@@ -249,46 +249,47 @@ void init_zero(py::module_& p) {
 
   using parallel::ZeroOptimizer;
   py::class_<ZeroOptimizer, optim::Optimizer, std::shared_ptr<ZeroOptimizer>>(p, "ZeroOptimizer")
-      .def(py::init([](std::shared_ptr<nn::Module> module, GroupPtr group,
-                       const OptimizerSpec& spec, int stage, double bucket_mb, int grad_accum,
-                       bool overlap, bool check_replicas, GroupPtr tp, bool external_backward,
-                       GroupPtr pp, std::optional<std::vector<std::string>> counted_in_norm,
-                       std::optional<std::vector<std::pair<std::vector<std::string>, OptimizerSpec>>>
-                           param_groups) {
-             if (!module) throw py::type_error("ZeroRedundancyOptimizer: module is None");
-             // Parameter groups (names, options), or one group of every parameter: `spec`.
-             std::vector<parallel::ZeroParamGroup> groups;
-             if (param_groups)
-               for (const auto& [names, group_spec] : *param_groups)
-                 groups.push_back({names, optimizer_factory(group_spec)});
-             else
-               groups.push_back({{}, optimizer_factory(spec)});
-             parallel::ZeroOptions o;
-             o.stage = stage;
-             o.bucket_mb = bucket_mb;
-             o.grad_accum = grad_accum;
-             o.overlap = overlap;
-             o.check_replicas = check_replicas;
-             o.tp = std::move(tp);
-             // Pipelines (See ZeroOptions::external_backward): the executor's backwards leave the
-             // gradients in the parameters; the norm sums over pp, counting the names given.
-             o.external_backward = external_backward;
-             o.pp = std::move(pp);
-             if (counted_in_norm) {
-               std::set<std::string> names(counted_in_norm->begin(), counted_in_norm->end());
-               o.counted_in_norm = [names](const std::string& name) {
-                 return names.count(name) > 0;
-               };
-             }
-             py::gil_scoped_release release;
-             return std::make_shared<ZeroOptimizer>(*module, group_or_world(std::move(group)), o,
-                                                    std::move(groups));
-           }),
-           py::arg("module"), py::arg("group"), py::arg("optimizer"), py::arg("stage"),
-           py::arg("bucket_mb"), py::arg("grad_accum"), py::arg("overlap"),
-           py::arg("check_replicas"), py::arg("tp"), py::arg("external_backward") = false,
-           py::arg("pp") = nullptr, py::arg("counted_in_norm") = py::none(),
-           py::arg("param_groups") = py::none(), py::keep_alive<1, 2>())
+      .def(
+          py::init([](std::shared_ptr<nn::Module> module, GroupPtr group, const OptimizerSpec& spec,
+                      int stage, double bucket_mb, int grad_accum, bool overlap,
+                      bool check_replicas, GroupPtr tp, bool external_backward, GroupPtr pp,
+                      std::optional<std::vector<std::string>> counted_in_norm,
+                      std::optional<std::vector<std::pair<std::vector<std::string>, OptimizerSpec>>>
+                          param_groups) {
+            if (!module) throw py::type_error("ZeroRedundancyOptimizer: module is None");
+            // Parameter groups (names, options), or one group of every parameter: `spec`.
+            std::vector<parallel::ZeroParamGroup> groups;
+            if (param_groups)
+              for (const auto& [names, group_spec] : *param_groups)
+                groups.push_back({names, optimizer_factory(group_spec)});
+            else
+              groups.push_back({{}, optimizer_factory(spec)});
+            parallel::ZeroOptions o;
+            o.stage = stage;
+            o.bucket_mb = bucket_mb;
+            o.grad_accum = grad_accum;
+            o.overlap = overlap;
+            o.check_replicas = check_replicas;
+            o.tp = std::move(tp);
+            // Pipelines (See ZeroOptions::external_backward): the executor's backwards leave the
+            // gradients in the parameters; the norm sums over pp, counting the names given.
+            o.external_backward = external_backward;
+            o.pp = std::move(pp);
+            if (counted_in_norm) {
+              std::set<std::string> names(counted_in_norm->begin(), counted_in_norm->end());
+              o.counted_in_norm = [names](const std::string& name) {
+                return names.count(name) > 0;
+              };
+            }
+            py::gil_scoped_release release;
+            return std::make_shared<ZeroOptimizer>(*module, group_or_world(std::move(group)), o,
+                                                   std::move(groups));
+          }),
+          py::arg("module"), py::arg("group"), py::arg("optimizer"), py::arg("stage"),
+          py::arg("bucket_mb"), py::arg("grad_accum"), py::arg("overlap"),
+          py::arg("check_replicas"), py::arg("tp"), py::arg("external_backward") = false,
+          py::arg("pp") = nullptr, py::arg("counted_in_norm") = py::none(),
+          py::arg("param_groups") = py::none(), py::keep_alive<1, 2>())
       .def_property_readonly("group_count", &ZeroOptimizer::group_count)
       .def(
           "group_optimizer",

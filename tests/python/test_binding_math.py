@@ -32,7 +32,8 @@ def check(loom_out, torch_out, leaves, rtol=1e-5, grad_rtol=1e-4):
         np.testing.assert_allclose(lt.grad.numpy(), tt.grad.numpy(), rtol=grad_rtol, atol=1e-5)
 
 
-UNARY = ["exp", "log", "sqrt", "rsqrt", "abs", "neg", "tanh", "sin", "cos", "erf", "log1p", "expm1"]
+UNARY = ["exp", "log", "sqrt", "rsqrt", "abs", "neg", "tanh", "sin", "cos", "erf", "log1p", "expm1",
+         "floor", "ceil", "round", "trunc"]
 POSITIVE = {"log", "sqrt", "rsqrt", "log1p"}
 
 

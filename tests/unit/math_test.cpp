@@ -25,9 +25,10 @@ using Values = std::vector<float>;
 
 Values values(const Tensor& t) { return t.detach().to(Device::cpu()).to_vector<float>(); }
 
-const Unary kUnaries[] = {Unary::kExp, Unary::kLog, Unary::kSqrt,  Unary::kRsqrt,
-                          Unary::kAbs, Unary::kNeg, Unary::kTanh,  Unary::kSin,
-                          Unary::kCos, Unary::kErf, Unary::kLog1p, Unary::kExpm1};
+const Unary kUnaries[] = {Unary::kExp,   Unary::kLog,  Unary::kSqrt,  Unary::kRsqrt,
+                          Unary::kAbs,   Unary::kNeg,  Unary::kTanh,  Unary::kSin,
+                          Unary::kCos,   Unary::kErf,  Unary::kLog1p, Unary::kExpm1,
+                          Unary::kFloor, Unary::kCeil, Unary::kRound, Unary::kTrunc};
 
 float reference(Unary op, float x) {
   switch (op) {
@@ -55,6 +56,14 @@ float reference(Unary op, float x) {
       return std::log1p(x);
     case Unary::kExpm1:
       return std::expm1(x);
+    case Unary::kFloor:
+      return std::floor(x);
+    case Unary::kCeil:
+      return std::ceil(x);
+    case Unary::kRound:
+      return std::nearbyint(x);
+    case Unary::kTrunc:
+      return std::trunc(x);
   }
   return 0.0f;
 }
@@ -94,6 +103,21 @@ TEST(Unary, GradientsMatchFiniteDifferences) {
     x.set_requires_grad(true);
     testing::expect_gradients_match([op](const std::vector<Tensor>& v) { return unary(v[0], op); },
                                     {x});
+  }
+}
+
+// round is half to even (torch.round); the rounding functions keep an integer tensor as it is.
+TEST(Unary, RoundingHalvesAndIntegers) {
+  const Tensor halves = Tensor::from_vector(Values{-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f}, {6});
+  EXPECT_EQ(values(unary(halves, Unary::kRound)), (Values{-2.0f, -2.0f, -0.0f, 0.0f, 2.0f, 2.0f}));
+  EXPECT_EQ(values(unary(halves, Unary::kFloor)), (Values{-3.0f, -2.0f, -1.0f, 0.0f, 1.0f, 2.0f}));
+  EXPECT_EQ(values(unary(halves, Unary::kCeil)), (Values{-2.0f, -1.0f, -0.0f, 1.0f, 2.0f, 3.0f}));
+  EXPECT_EQ(values(unary(halves, Unary::kTrunc)), (Values{-2.0f, -1.0f, -0.0f, 0.0f, 1.0f, 2.0f}));
+  const Tensor ints = Tensor::from_vector<int64_t>({-3, 0, 7}, {3});
+  for (Unary op : {Unary::kFloor, Unary::kCeil, Unary::kRound, Unary::kTrunc}) {
+    const Tensor r = unary(ints, op);
+    EXPECT_EQ(r.dtype(), DType::kI64);
+    EXPECT_EQ(r.to_vector<int64_t>(), (std::vector<int64_t>{-3, 0, 7}));
   }
 }
 
