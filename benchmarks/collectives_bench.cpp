@@ -44,7 +44,9 @@ namespace comm = loom::comm;
     LOOM_CHECK(mpi_rc_ == MPI_SUCCESS, #call, " failed with MPI error ", mpi_rc_); \
   } while (0)
 
-enum class Op { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kAllToAll };
+// kPingPong: point-to-point, not a collective: ranks 2k and 2k + 1 send each other the buffer
+// and back (one call = one round trip, as osu_latency's loop; its latency is half the time).
+enum class Op { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kAllToAll, kPingPong };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -58,6 +60,8 @@ const char* op_name(Op op) {
       return "broadcast";
     case Op::kAllToAll:
       return "all_to_all";
+    case Op::kPingPong:
+      return "pingpong";
   }
   return "?";
 }
@@ -72,6 +76,7 @@ double busbw_factor(Op op, int n) {
     case Op::kAllToAll:
       return double(n - 1) / n;
     case Op::kBroadcast:
+    case Op::kPingPong:
       return 1.0;
   }
   return 1.0;
@@ -98,7 +103,8 @@ constexpr const char* kUsage =
     "  -w, --warmup_iters <int>    untimed iterations before timing (default 5)\n"
     "  -c, --check <0|1>           check every output element (default 1)\n"
     "  -o, --op <name>             allreduce | allgather | reduce_scatter | broadcast | "
-    "all_to_all (default allreduce)\n"
+    "all_to_all | pingpong (default allreduce; pingpong: ranks 2k, 2k+1 send and send back, "
+    "an even rank count)\n"
     "  -d, --datatype <name>       f32 | bf16 | f16 | i32 | i64 (default f32)\n"
     "  -h, --help                  this text\n";
 
@@ -156,10 +162,12 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min_
 }
 
 Op parse_op(const std::string& text) {
-  for (Op op : {Op::kAllreduce, Op::kAllgather, Op::kReduceScatter, Op::kBroadcast, Op::kAllToAll})
+  for (Op op : {Op::kAllreduce, Op::kAllgather, Op::kReduceScatter, Op::kBroadcast, Op::kAllToAll,
+                Op::kPingPong})
     if (text == op_name(op)) return op;
   LOOM_FAIL("-o: unknown op '", text,
-            "' (expected allreduce, allgather, reduce_scatter, broadcast or all_to_all)");
+            "' (expected allreduce, allgather, reduce_scatter, broadcast, all_to_all or "
+            "pingpong)");
 }
 
 DType parse_dtype_flag(const std::string& text) {
@@ -314,6 +322,7 @@ Buffers make_buffers(Op op, DType dtype, size_t bytes, int n) {
   Buffers b;
   switch (op) {
     case Op::kAllreduce:
+    case Op::kPingPong:  // input sent, output received
       b.chunk = elements;
       b.input = Tensor::empty({elements}, dtype);
       b.output = Tensor::empty({elements}, dtype);
@@ -344,8 +353,20 @@ Buffers make_buffers(Op op, DType dtype, size_t bytes, int n) {
   return b;
 }
 
+// The rank a ping-pong pairs this one with.
+int pingpong_peer(int rank) { return rank % 2 == 0 ? rank + 1 : rank - 1; }
+
 comm::WorkPtr run_loom(comm::Communicator& c, Op op, Buffers& b) {
   switch (op) {
+    case Op::kPingPong: {  // the even rank sends first; the last step's work is returned
+      const int peer = pingpong_peer(c.rank());
+      if (c.rank() % 2 == 0) {
+        c.send(b.input, peer)->wait();
+        return c.recv(b.output, peer);
+      }
+      c.recv(b.output, peer)->wait();
+      return c.send(b.input, peer);
+    }
     case Op::kAllreduce:
       return c.allreduce(b.input, b.output);
     case Op::kAllgather:
@@ -404,6 +425,19 @@ void run_mpi(Op op, const MpiType& t, Buffers& b) {
   void* in = b.input.defined() ? b.input.data_ptr() : nullptr;
   void* out = b.output.data_ptr();
   switch (op) {
+    case Op::kPingPong: {
+      int rank = 0;
+      BENCH_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+      const int peer = pingpong_peer(rank);
+      if (rank % 2 == 0) {
+        BENCH_MPI_CHECK(MPI_Send(in, chunk, t.type, peer, 0, MPI_COMM_WORLD));
+        BENCH_MPI_CHECK(MPI_Recv(out, chunk, t.type, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+      } else {
+        BENCH_MPI_CHECK(MPI_Recv(out, chunk, t.type, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        BENCH_MPI_CHECK(MPI_Send(in, chunk, t.type, peer, 0, MPI_COMM_WORLD));
+      }
+      break;
+    }
     case Op::kAllreduce:
       BENCH_MPI_CHECK(MPI_Allreduce(in, out, chunk, t.type, t.sum, MPI_COMM_WORLD));
       break;
@@ -439,6 +473,8 @@ int64_t check_loom(comm::Communicator& c, Op op, Buffers& b) {
     return s;
   };
   switch (op) {
+    case Op::kPingPong:  // the peer's input
+      return count_wrong(b.output, [&](int64_t i) { return input_value(pingpong_peer(r), i); });
     case Op::kAllreduce:
       return count_wrong(b.output, sum_over_ranks);
     case Op::kReduceScatter:
@@ -510,6 +546,10 @@ int run(const Options& o) {
   comm::Communicator& c = *world;
   const int n = c.size();
   const bool root = c.rank() == 0;
+  LOOM_CHECK(o.op != Op::kPingPong || n % 2 == 0,
+             "-o pingpong pairs ranks 2k and 2k + 1: it "
+             "needs an even number of ranks, got ",
+             n);
   const MpiType mpi = mpi_type(o.dtype);
   const double factor = busbw_factor(o.op, n);
 
