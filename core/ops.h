@@ -30,6 +30,10 @@ Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed; view wh
 // non-contiguous x whose strides allow it (a part of a split split further: q.view(B, T, H, D));
 // an error naming both shapes when no view exists. The result may be non-contiguous.
 Tensor view(const Tensor& x, const Shape& shape);
+// PyTorch's reshape: view(x, shape) where x's strides allow it, else reshape (a copy). loom's
+// own reshape always returns contiguous memory (its callers may rely on that); the Python
+// binding's reshape, flatten, squeeze and unsqueeze are this.
+Tensor view_or_reshape(const Tensor& x, const Shape& shape);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);                   // view
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);  // view
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

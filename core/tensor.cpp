@@ -448,7 +448,12 @@ void Tensor::copy_(const Tensor& src) {
 
 void Tensor::fill_(double value) {
   require_defined("fill_");
-  LOOM_CHECK(is_contiguous(), "Tensor::fill_: tensor ", str(), " is not contiguous");
+  if (!is_contiguous()) {  // a strided view: filled through a contiguous copy of its shape
+    Tensor filled = Tensor::empty(shape(), dtype(), device());
+    filled.fill_(value);
+    copy_(filled);
+    return;
+  }
   impl_->storage->bump_version();  // See Note [Version counter]
   visit_dtype(dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -195,7 +195,12 @@ void add_(Tensor& x, const Tensor& y, double alpha) {
   detail::check_same_device("add_", "x", x, "y", y);
   LOOM_CHECK(x.shape() == y.shape(), "add_: shapes ", shape_str(x.shape()), " and ",
              shape_str(y.shape()), " differ");
-  LOOM_CHECK(x.is_contiguous(), "add_: destination ", x.str(), " is not contiguous");
+  if (!x.is_contiguous()) {  // a strided view (t.T += y): the sum, written back through it
+    Tensor sum = x.detach().contiguous();
+    add_(sum, y, alpha);
+    x.copy_(sum);
+    return;
+  }
   if (lp) {  // x keeps its dtype: rounded back into a bf16/f16 x, left f32 otherwise
     detail::LowPrecision::update(
         x, [&](Tensor& x32) { add_(x32, detail::LowPrecision::f32(y.detach()), alpha); });
@@ -214,7 +219,12 @@ void add_(Tensor& x, const Tensor& y, double alpha) {
 void scale_(Tensor& x, double s) {
   const detail::LowPrecision lp("scale_", {{"x", x}});
   detail::check_defined("scale_", "x", x);
-  LOOM_CHECK(x.is_contiguous(), "scale_: tensor ", x.str(), " is not contiguous");
+  if (!x.is_contiguous()) {  // a strided view: the product, written back through it
+    Tensor product = x.detach().contiguous();
+    scale_(product, s);
+    x.copy_(product);
+    return;
+  }
   if (lp) {
     detail::LowPrecision::update(x, [s](Tensor& x32) { scale_(x32, s); });
     return;

@@ -117,6 +117,13 @@ Tensor view(const Tensor& x, const Shape& shape) {
   return out;
 }
 
+Tensor view_or_reshape(const Tensor& x, const Shape& shape) {
+  detail::check_defined("reshape", "x", x);
+  if (x.is_contiguous()) return reshape(x, shape);
+  const Shape target = resolved_shape("reshape", x, shape);
+  return view_strides(x.shape(), x.strides(), target) ? view(x, target) : reshape(x, target);
+}
+
 Tensor reshape(const Tensor& x, const Shape& shape) {
   detail::check_defined("reshape", "x", x);
   const Shape target = resolved_shape("reshape", x, shape);

@@ -160,7 +160,7 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
     } else if (it.is_none()) {
       Shape s = t.shape();
       s.insert(s.begin() + dim, 1);
-      t = t.reshape(s);
+      t = view_or_reshape(t, s);  // a view, as PyTorch's: size-1 dims always have one
       ++dim;
     } else if (py::isinstance<py::bool_>(it)) {
       throw py::index_error("a bool index (t[True]) is not supported; use a uint8 mask tensor");
@@ -179,7 +179,7 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
       }
       Shape s = t.shape();
       s.erase(s.begin() + dim);
-      t = t.reshape(s);
+      t = view_or_reshape(t, s);  // t[:, 1] is a view of t, as PyTorch's
     } else if (py::isinstance<py::slice>(it)) {
       Py_ssize_t start = 0, stop = 0, step = 0, length = 0;
       if (PySlice_GetIndicesEx(it.ptr(), Py_ssize_t(t.size(dim)), &start, &stop, &step, &length) !=

@@ -657,8 +657,10 @@ void init_tensor(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       // ---- views ----
       .def(
-          "reshape", [](const Tensor& t, py::args shape) { return t.reshape(shape_args(shape)); },
-          "reshape(*shape): a view when the tensor is contiguous, else a copy; one -1 allowed.")
+          "reshape",
+          [](const Tensor& t, py::args shape) { return view_or_reshape(t, shape_args(shape)); },
+          "reshape(*shape): a view where the strides allow one (PyTorch's rule), else a copy; "
+          "one -1 allowed.")
       .def("transpose", &Tensor::transpose, py::arg("dim0"), py::arg("dim1"))
       .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
       // PyTorch's view ops, built on reshape and transpose (views, with autograd).
@@ -681,7 +683,7 @@ void init_tensor(py::module_& m) {
             for (int64_t d = s; d <= e; ++d) merged *= t.size(d);
             shape.push_back(merged);
             shape.insert(shape.end(), t.shape().begin() + e + 1, t.shape().end());
-            return t.reshape(shape);
+            return view_or_reshape(t, shape);
           },
           py::arg("start_dim") = 0, py::arg("end_dim") = -1,
           "flatten(start_dim=0, end_dim=-1): dims start_dim..end_dim merged into one.")
@@ -690,7 +692,7 @@ void init_tensor(py::module_& m) {
           [](const Tensor& t, int64_t dim) {
             Shape shape = t.shape();
             shape.insert(shape.begin() + view_dim("unsqueeze", dim, t.dim(), 1), 1);
-            return t.reshape(shape);
+            return view_or_reshape(t, shape);
           },
           py::arg("dim"), "unsqueeze(dim): a new dim of size 1 at dim (-1: last).")
       .def(
@@ -700,7 +702,7 @@ void init_tensor(py::module_& m) {
             const int64_t only = dim ? view_dim("squeeze", *dim, t.dim()) : -1;
             for (int64_t d = 0; d < t.dim(); ++d)
               if (t.size(d) != 1 || (dim && d != only)) shape.push_back(t.size(d));
-            return t.reshape(shape);
+            return view_or_reshape(t, shape);
           },
           py::arg("dim") = py::none(),
           "squeeze(dim=None): size-1 dims removed (all, or only dim when it has size 1).")

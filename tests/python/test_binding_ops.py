@@ -346,3 +346,37 @@ def test_view_of_non_contiguous_tensors_matches_torch():
             f(torch.tensor(a))
         with pytest.raises(ValueError, match="no view of the tensor .* use reshape"):
             f(loom.tensor(a))
+
+
+def test_reshape_flatten_squeeze_unsqueeze_are_views_where_torch_makes_views():
+    # PyTorch's rule: a view where the strides allow one, else a copy. Writes through the result
+    # (in place, also into a non-contiguous view) reach the base exactly where torch's do.
+    torch = pytest.importorskip("torch")
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    cases = [
+        lambda t: t.transpose(1, 2).reshape(2, 2, 2, 3),  # splits a dim: a view
+        lambda t: t.transpose(1, 2).reshape(2, 12),       # merges strided dims: a copy
+        lambda t: t.transpose(0, 2).unsqueeze(1),
+        lambda t: t.transpose(0, 2)[:, :1].squeeze(1),
+        lambda t: t[:, 1:].flatten(1),
+        lambda t: t.transpose(1, 2).flatten(),
+        lambda t: t[:, :, 1:3].reshape(2, 3, 1, 2),
+    ]
+    for i, f in enumerate(cases):
+        base, torch_base = loom.tensor(a), torch.tensor(a)
+        got, want = f(base), f(torch_base)
+        inside = got.data_ptr() - base.data_ptr() in range(a.nbytes)
+        torch_inside = want.data_ptr() - torch_base.data_ptr() in range(a.nbytes)
+        assert inside == torch_inside, f"case {i}: a view in one library only"
+        got += 1.0
+        want += 1.0
+        got *= 3.0
+        want *= 3.0
+        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"case {i}")
+        np.testing.assert_array_equal(base.numpy(), torch_base.numpy(), err_msg=f"case {i}")
+    base, torch_base = loom.tensor(a), torch.tensor(a)
+    base.transpose(0, 2).fill_(5.0)
+    torch_base.transpose(0, 2).fill_(5.0)
+    base[:, 1].T.zero_()
+    torch_base[:, 1].T.zero_()
+    np.testing.assert_array_equal(base.numpy(), torch_base.numpy())
