@@ -36,6 +36,8 @@ Tensor view(const Tensor& x, const Shape& shape);
 Tensor view_or_reshape(const Tensor& x, const Shape& shape);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);                   // view
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);  // view
+// Elements start, start + step, ... (`length` of them) along dim: a view (PyTorch's t[a:b:step]).
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length, int64_t step);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);  // equal sizes

@@ -149,6 +149,32 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   return out;
 }
 
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length, int64_t step) {
+  detail::check_defined("slice", "x", x);
+  dim = detail::wrap_dim("slice", dim, x.dim());
+  LOOM_CHECK(step >= 1, "slice: step must be positive, got ", step);
+  const int64_t size = x.size(dim);
+  // The last element taken, start + (length - 1) * step, must lie inside the dim; compared by
+  // division so that no product overflows.
+  LOOM_CHECK(start >= 0 && length >= 0 && start <= size &&
+                 (length == 0 || (start < size && (length - 1) <= (size - 1 - start) / step)),
+             "slice: ", length, " elements from ", start, " with step ", step, " outside dim ", dim,
+             " of size ", size);
+  if (step == 1) return narrow(x, dim, start, length);
+  Shape shape = x.shape(), strides = x.strides();
+  shape[dim] = length;
+  strides[dim] *= step;
+  Tensor out = make_view(x, shape, strides, x.offset() + start * x.strides()[dim]);
+  const Shape full = x.shape();
+  const DType dtype = x.dtype();
+  autograd::record(out, "slice", {x}, {}, [full, dim, start, length, step, dtype](const Tensor& g) {
+    Tensor grad = Tensor::zeros(full, dtype, g.device());
+    Tensor(slice(grad, dim, start, length, step)).copy_(g);  // into the strided places
+    return std::vector<Tensor>{grad};
+  });
+  return out;
+}
+
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   detail::check_defined("narrow", "x", x);
   dim = detail::wrap_dim("narrow", dim, x.dim());

@@ -187,18 +187,8 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
         throw py::error_already_set();
       if (step <= 0)
         throw py::value_error("slice step must be positive, got " + std::to_string(step));
-      if (step == 1) {
-        t = t.narrow(dim, start, length);
-        result.push_back(length);
-      } else {
-        if (basic_only)
-          throw py::index_error("assignment through a slice with step " + std::to_string(step) +
-                                " is not supported (step 1 only)");
-        std::vector<int64_t> idx;
-        for (Py_ssize_t k = 0; k < length; ++k) idx.push_back(int64_t(start + k * step));
-        py::gil_scoped_release release;
-        t = index_select_dims(t, dim, Tensor::from_vector(idx, {int64_t(idx.size())}));
-      }
+      t = slice(t, dim, start, length, step);  // a view, with a step too (as PyTorch's)
+      result.push_back(length);
       ++dim;
     } else if (is_index_tensor(it)) {
       if (basic_only)

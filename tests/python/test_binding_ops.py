@@ -380,3 +380,27 @@ def test_reshape_flatten_squeeze_unsqueeze_are_views_where_torch_makes_views():
     base[:, 1].T.zero_()
     torch_base[:, 1].T.zero_()
     np.testing.assert_array_equal(base.numpy(), torch_base.numpy())
+
+
+def test_slices_with_steps_are_views_with_gradients_and_assignment():
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(5).standard_normal((7, 6)).astype(np.float32)
+    for index in [(slice(None, None, 2),), (slice(1, 7, 3), slice(None, None, 2)),
+                  (slice(None), slice(5, None, 4)), (slice(2, 3, 5), 1), (slice(0, 0, 2),)]:
+        base, torch_base = loom.tensor(a), torch.tensor(a)
+        got, want = base[index], torch_base[index]
+        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=str(index))
+        if got.numel():
+            assert got.data_ptr() - base.data_ptr() in range(a.nbytes), index  # a view
+        leaf, torch_leaf = loom.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+        g = np.arange(want.numel(), dtype=np.float32).reshape(tuple(want.shape))
+        leaf[index].backward(loom.tensor(g))
+        torch_leaf[index].backward(torch.tensor(g))
+        np.testing.assert_array_equal(leaf.grad.numpy(), torch_leaf.grad.numpy(), str(index))
+        base[index] = 9.0
+        torch_base[index] = 9.0
+        got += 1.0
+        want += 1.0
+        np.testing.assert_array_equal(base.numpy(), torch_base.numpy(), err_msg=str(index))
+    with pytest.raises(ValueError, match="slice step must be positive"):
+        loom.tensor(a)[::-1]

@@ -86,6 +86,38 @@ TEST(Tensor, CudaCopyIntoANonContiguousView) {
   expect_copy_into_views(Device::cuda(0));
 }
 
+// slice with a step is a view (PyTorch's t[a:b:step]); its gradient lands on the taken places,
+// on the CPU and (when there is one) on a GPU; out-of-range slices are errors naming the dim.
+void expect_slice_with_step(Device device) {
+  Tensor x = Tensor::arange(20).reshape({4, 5}).to(device);
+  x.set_requires_grad(true);
+  Tensor s = slice(x, 1, 1, 2, 3);  // columns 1 and 4
+  EXPECT_EQ(s.shape(), (Shape{4, 2}));
+  EXPECT_EQ(s.strides(), (Shape{5, 3}));
+  EXPECT_EQ(s.data_ptr(), static_cast<char*>(x.data_ptr()) + sizeof(float));
+  EXPECT_EQ(s.to(Device::cpu()).to_vector<float>(),
+            (std::vector<float>{1, 4, 6, 9, 11, 14, 16, 19}));
+  sum(s).backward();
+  std::vector<float> want(20, 0.0f);
+  for (int r = 0; r < 4; ++r) want[size_t(r * 5 + 1)] = want[size_t(r * 5 + 4)] = 1.0f;
+  EXPECT_EQ(x.grad().to(Device::cpu()).to_vector<float>(), want);
+}
+
+TEST(Tensor, SliceWithAStepIsAView) {
+  expect_slice_with_step(Device::cpu());
+  if (cuda_available()) expect_slice_with_step(Device::cuda(0));
+  const Tensor x = Tensor::zeros({4, 5});
+  EXPECT_EQ(slice(x, 1, 5, 0, 2).numel(), 0);
+  try {
+    slice(x, 1, 1, 3, 2);  // 1, 3, 5: past the end
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 elements from 1 with step 2 outside dim 1 of size 5"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Tensor, ViewOfANonContiguousTensorWhereTheStridesAllow) {
   // A part of a split along the last dim (nanoGPT's q.view(B, T, nh, hs)): [2, 3, 4] with
   // strides [36, 12, 1] viewed as [2, 3, 2, 2] shares memory with strides [36, 12, 2, 1].
