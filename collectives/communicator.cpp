@@ -62,8 +62,9 @@ namespace loom::comm {
 // itself and completes before the collective is posted.
 //
 // The cost is one exchange of a few bytes per collective (over MPI: point-to-point rounds, Note
-// [Signature exchange]): about 2 us on two ranks of the development VM, under 3% of a 1 MiB
-// allreduce (loom-bench-collectives, benchmarks/README.md).
+// [Signature exchange]): 1.2-3.4 us on two ranks of the development VM, 1.2-1.7% of a 1 MiB
+// allreduce, and nothing for the small collectives the check carries (below)
+// (loom-bench-collectives measures it A/B; benchmarks/README.md).
 //
 // Note [Small collectives in their check]
 // For a small collective that round trip would be most of its time, so the check carries the
