@@ -414,15 +414,7 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         rank's pieces) and each group's options and lr ("param_groups")."""
         if len(self._impls) == 1:
             return super().state_dict()
-        groups, offset = [], 0
-        for group, impl in zip(self.param_groups, self._impls):
-            saved = {k: v for k, v in dict.items(group) if k != "params"}
-            saved["lr"] = impl.lr
-            count = len(dict.__getitem__(group, "params"))
-            saved["params"] = list(range(offset, offset + count))
-            groups.append(saved)
-            offset += count
-        return {"state": self._zero.state_dict(), "param_groups": groups}
+        return {"state": self._zero.state_dict(), "param_groups": self._saved_groups()}
 
     def load_state_dict(self, state_dict):
         """Loads a state_dict() of this rank with the same groups; each group's lr and extra
@@ -444,10 +436,7 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
                                      f"state dict, {dict.__getitem__(self.param_groups[g], key)} "
                                      "in this optimizer")
         self._zero.load_state_dict(self._as_tensors(self._zero, dict(state_dict["state"])))
-        for group, saved in zip(self.param_groups, saved_groups):
-            for key, value in saved.items():
-                if key == "lr" or (key not in self.defaults and key != "params"):
-                    group[key] = value
+        self._restore_groups(saved_groups)
 
     def backward(self, loss):
         """Backward of one micro-batch (scale its loss by 1/grad_accum yourself). The next

@@ -316,17 +316,31 @@ class Optimizer:
     def state_dict(self):
         """{"state": "{i}.{kind}" -> tensor copy, "param_groups": [options, lr, extra keys and
         "params", the indices of the group's parameters]}; i counts across groups."""
-        state, groups, offset = {}, [], 0
+        state, offset = {}, 0
         for group, impl in zip(self.param_groups, self._impls):
             for key, value in impl.state_dict().items():
                 state[_shift(key, offset)] = value
+            offset += len(dict.__getitem__(group, "params"))
+        return {"state": state, "param_groups": self._saved_groups()}
+
+    def _saved_groups(self):
+        """state_dict()'s "param_groups": each group's options, lr, extra keys and "params"."""
+        groups, offset = [], 0
+        for group, impl in zip(self.param_groups, self._impls):
             count = len(dict.__getitem__(group, "params"))
             saved = {k: v for k, v in dict.items(group) if k != "params"}
             saved["lr"] = impl.lr
             saved["params"] = list(range(offset, offset + count))
             groups.append(saved)
             offset += count
-        return {"state": state, "param_groups": groups}
+        return groups
+
+    def _restore_groups(self, saved_groups):
+        """Each group's lr and extra keys ("initial_lr") from a state dict's "param_groups"."""
+        for group, saved in zip(self.param_groups, saved_groups):
+            for key, value in saved.items():
+                if key == "lr" or (key not in self.defaults and key != "params"):
+                    group[key] = value
 
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of the same kind of optimizer with the same groups over
@@ -403,10 +417,7 @@ class Optimizer:
             for g, state in enumerate(before):
                 self._impls[g].load_state_dict(state)
             raise
-        for group, saved in zip(self.param_groups, saved_groups):
-            for key, value in saved.items():
-                if key == "lr" or (key not in self.defaults and key != "params"):
-                    group[key] = value
+        self._restore_groups(saved_groups)
 
     @staticmethod
     def _as_tensors(impl, state):
