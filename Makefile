@@ -6,7 +6,8 @@
 #                 skips that step)
 #   make demo     the same, then build/bin/loom-gpt on the built-in synthetic task (8 ranks:
 #                 dp 2 x tp 2 x pp 2 under mpirun; one process without MPI)
-#   make bench    the same, then the benchmarks that exist
+#   make bench    the same, then every CPU benchmark and one report (benchmarks/report.py), which
+#                 also regenerates the figures in benchmarks/README.md and README.md
 #   make sanitize the unit tests and a 2-rank MPI test built with ASan + UBSan in a directory of
 #                 their own, build-sanitize (tests/sanitize/run.sh)
 #   make clean    remove the build directory
@@ -32,6 +33,7 @@ CTEST_JOBS ?= 2
 LOOM_CMAKE_ARGS ?=
 SANITIZE_BUILD ?= $(BUILD)-sanitize
 CLANG_FORMAT ?= clang-format
+BENCH_FLAGS ?= --readme
 # mpirun as the tests run it (tests/CMakeLists.txt): more ranks than cores, as root, shared
 # memory and loopback only, one OpenMP thread per rank.
 MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun \
@@ -93,40 +95,13 @@ demo: build
 	  echo "make demo: no MPI here; training on one process"; ./$(BUILD)/bin/loom-gpt; \
 	fi
 
-# Runs whichever benchmarks exist: the Google Benchmark microbenchmarks and the side-by-side
-# GPT training comparison with PyTorch (told which loom-gpt to run, so BUILD=... works).
+# Every CPU benchmark in one run (benchmarks/report.py): one table of loom beside its peer
+# (PyTorch on OpenBLAS) and its limit (memcpy, the GEMM peak, raw MPI, the raw disk) for each
+# measure, in $(BUILD)/bench/report.md and report.json with every program's log. BENCH_FLAGS
+# (default --readme) regenerates the report blocks of benchmarks/README.md and README.md from it;
+# BENCH_FLAGS="--only gpt,ddp" runs some suites and leaves the READMEs alone.
 bench: build
-	@ran=0; \
-	if [ -x "$(BUILD)/bin/loom-bench" ]; then \
-	  echo "make bench: $(BUILD)/bin/loom-bench"; ./$(BUILD)/bin/loom-bench || exit $$?; ran=1; \
-	fi; \
-	if [ -x "$(BUILD)/bin/loom-bench-collectives" ]; then \
-	  for op in allreduce allgather reduce_scatter; do \
-	    echo "make bench: mpirun -np 2 $(BUILD)/bin/loom-bench-collectives -o $$op"; \
-	    $(MPIRUN) -np 2 ./$(BUILD)/bin/loom-bench-collectives -o $$op -b 1M -e 64M -f 4 -n 10 -w 3 -c 1 || exit $$?; \
-	  done; ran=1; \
-	fi; \
-	if [ -x "$(BUILD)/bin/loom-bench-tp" ]; then \
-	  echo "make bench: mpirun -np 2 $(BUILD)/bin/loom-bench-tp"; \
-	  $(MPIRUN) -np 2 ./$(BUILD)/bin/loom-bench-tp || exit $$?; \
-	fi; \
-	if [ -x "$(BUILD)/bin/loom-bench-pp" ]; then \
-	  echo "make bench: mpirun -np 4 $(BUILD)/bin/loom-bench-pp"; \
-	  $(MPIRUN) -np 4 ./$(BUILD)/bin/loom-bench-pp || exit $$?; \
-	fi; \
-	if [ -f benchmarks/gpt_vs_pytorch.py ]; then \
-	  echo "make bench: $(PYTHON) benchmarks/gpt_vs_pytorch.py"; \
-	  $(PYTHON) benchmarks/gpt_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \
-	  ran=1; \
-	fi; \
-	if [ -f benchmarks/ddp_vs_pytorch.py ] && command -v mpirun > /dev/null; then \
-	  echo "make bench: $(PYTHON) benchmarks/ddp_vs_pytorch.py"; \
-	  $(PYTHON) benchmarks/ddp_vs_pytorch.py --loom-gpt "$(abspath $(BUILD))/bin/loom-gpt" || exit $$?; \
-	fi; \
-	if [ $$ran = 0 ]; then \
-	  echo "make bench: no benchmarks found ($(BUILD)/bin/loom-bench, benchmarks/gpt_vs_pytorch.py)"; \
-	  exit 1; \
-	fi
+	$(PYTHON) benchmarks/report.py --build "$(BUILD)" $(BENCH_FLAGS)
 
 # libFuzzer (clang, ASan + UBSan) on every parser of outside bytes, FUZZ_SECONDS (default 60)
 # per target; build-fuzz/ holds the corpora and any findings (tests/fuzz/run.sh).

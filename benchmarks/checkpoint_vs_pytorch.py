@@ -150,6 +150,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                      "..", "build", "bin",
                                                      "loom-bench-checkpoint"))
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE "
+                    "(benchmarks/report.py reads it)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
@@ -176,6 +178,8 @@ def main():
           " PyTorch time / loom time |")
     print("|---|---:|---:|---:|---:|---:|---:|")
 
+    figures = {}
+
     def row(what, tkey, lkey):
         ts = [r[tkey] for r in t]
         ls = [run["rows"][lkey]["seconds"][0] for run in loom]
@@ -187,6 +191,9 @@ def main():
         print("| %s | %.3f (%.3f) | %.2f | %.3f (%.3f) | %.2f | %.3f | **%.2fx** |"
               % (what, med(ts), side.bytes / med(ts) / 1e9, tfrac, med(ls), lb / med(ls) / 1e9,
                  lfrac, med(raw) / 1e9, med(x / y for x, y in zip(ts, ls))))
+        figures[what] = {"torch_s": med(ts), "loom_s": med(ls), "torch_vs_raw": tfrac,
+                         "loom_vs_raw": lfrac, "raw_gbps": med(raw) / 1e9,
+                         "torch_over_loom": med(x / y for x, y in zip(ts, ls))}
         return ts, ls
 
     s = row("save (+ fsync)", "save", SAVE)
@@ -197,6 +204,10 @@ def main():
     for name, (ts, ls) in (("save", s), ("load warm", w), ("load cold", c)):
         print("per round, %s s: PyTorch %s, loom %s"
               % (name, " ".join("%.2f" % x for x in ts), " ".join("%.2f" % x for x in ls)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"layers": a.layers, "rounds": a.repeat, "bytes": side.bytes,
+                       "torch": torch.__version__, "phases": figures}, f)
 
 
 if __name__ == "__main__":

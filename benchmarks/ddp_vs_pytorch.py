@@ -106,6 +106,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_run_args(p, batch=16, batch_help="global batch (sequences, both ranks)")
     p.add_argument("--bucket-mb", type=float, default=1.0)
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE "
+                   "(benchmarks/report.py reads it)")
     args = p.parse_args()
     if not os.path.exists(args.loom_gpt):
         sys.exit(f"{args.loom_gpt} not found: run `make` first")
@@ -142,6 +144,14 @@ def main():
           f"reduction after backward: {max(0.0, 1 - wait / serial) * 100:.0f}% of reduction time "
           f"hidden behind backward")
     print(f"first-step loss: loom {loom_losses[0]:.6f}, pytorch {torch_result['losses'][0]:.6f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"loom_ms": lm, "torch_ms": tm, "ranks": 2, "threads": 1,
+                       "blas": peer_blas.describe()[0], "refusal": peer_blas.refusal(),
+                       "hidden_fraction": max(0.0, 1 - wait / serial),
+                       "tokens_per_step": tokens_per_step, "torch": torch.__version__,
+                       "first_loss": {"loom": loom_losses[0],
+                                      "torch": torch_result["losses"][0]}}, f)
 
 
 if __name__ == "__main__":

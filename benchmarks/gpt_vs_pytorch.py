@@ -119,6 +119,8 @@ def main():
     p.add_argument("--blas-threads", type=int, default=None,
                    help="OpenBLAS's own threads in PyTorch (default: --threads; its pthread pool "
                         "and torch's OpenMP threads share the cores)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE "
+                   "(benchmarks/report.py reads it)")
     args = p.parse_args()
     if not os.path.exists(args.loom_gpt):
         sys.exit(f"{args.loom_gpt} not found: run `make` first")
@@ -147,6 +149,12 @@ def main():
     print(refusal or f"speedup loom vs pytorch: {tm / lm:.2f}x")
     # Same weights, same data: the first losses must agree (a benchmark of different math is void).
     print(f"first-step loss: loom {loom_losses[0]:.6f}, pytorch {torch_losses[0]:.6f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"loom_ms": lm, "torch_ms": tm, "threads": args.threads,
+                       "blas": peer_blas.describe()[0], "refusal": refusal,
+                       "tokens_per_step": args.batch * args.seq, "torch": torch.__version__,
+                       "first_loss": {"loom": loom_losses[0], "torch": torch_losses[0]}}, f)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS (0: leave as is)")
     p.add_argument("--loom-gpt", default=os.path.join(ROOT, "build", "bin", "loom-gpt"))
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE "
+                   "(benchmarks/report.py reads it)")
     args = p.parse_args()
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", os.path.join(ROOT, "build", "python"))
@@ -86,6 +88,13 @@ def main():
           f"{'identical' if same else 'DIFFER'}")
     print(f"Python overhead, nanogpt_port.py: {100 * (statistics.median(port_ratios) - 1):+.2f}% "
           f"(rounds: {', '.join(f'{100 * (x - 1):+.2f}%' for x in port_ratios)})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({name: statistics.median(medians[name]) for name in programs} |
+                      {"overhead_train_gpt": statistics.median(ratios) - 1,
+                       "overhead_nanogpt_port": statistics.median(port_ratios) - 1,
+                       "losses_identical": same,
+                       "threads": env.get("OMP_NUM_THREADS", "unset")}, f)
     return 0 if same else 1
 
 
