@@ -27,6 +27,7 @@ Run: /usr/bin/python3 benchmarks/report.py [--build build] [--out build/bench] [
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -150,18 +151,24 @@ def suite_kernels(r, extra):
                         loom, 1, peer=f"torch.mm ({torch_gemm['blas']})", peer_value=torch_rate,
                         speedup=None if refused else loom / torch_rate, limit=peak_name,
                         limit_value=peak, fraction=loom / peak, note=refused))
-    memcpy = {int(n.split("/")[1]): results[n]["GB/s"] / 1e9 for n in results
+    # Bytes each benchmark moves per iteration (its GB/s counter x its time per iteration).
+    unit_s = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+    def bytes_per_iteration(b):
+        return b["GB/s"] * b["real_time"] * unit_s[b["time_unit"]]
+
+    memcpy = {bytes_per_iteration(b): b["GB/s"] / 1e9 for n, b in results.items()
               if n.startswith("BM_memcpy_reference/")}
     for name, b in results.items():
         if "GB/s" not in b or name.startswith("BM_memcpy"):
             continue
-        dims = [int(x) for x in name.split("/")[1:]]
-        elements = dims[0] * (dims[1] if len(dims) > 1 else 1)
-        # The reference whose buffer is nearest in size (in cache or in DRAM, as the kernel).
-        ref = min(memcpy, key=lambda n: abs(n - elements))
+        moved = bytes_per_iteration(b)
+        # The copy whose traffic is nearest on a log scale: in cache or in DRAM, as the kernel's.
+        ref = min(memcpy, key=lambda m: abs(math.log(m / moved)))
         rows.append(row("kernels", name[3:].replace("/", " "), "GB/s", b["GB/s"] / 1e9, 1,
-                        limit=f"memcpy of {ref * 4 >> 20} MiB", limit_value=memcpy[ref],
-                        fraction=b["GB/s"] / 1e9 / memcpy[ref]))
+                        limit=f"memcpy moving {ref / 2**20:.0f} MiB", limit_value=memcpy[ref],
+                        fraction=b["GB/s"] / 1e9 / memcpy[ref],
+                        note=f"moves {moved / 2**20:.1f} MiB per call"))
     return rows
 
 

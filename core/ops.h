@@ -164,6 +164,12 @@ Tensor dot_interaction(const Tensor& features);
 // weight [V, C], indices i32/i64 of any shape -> [..., C]. Backward scatter-adds into weight's
 // gradient. An index outside [0, V) is an error naming it.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+// embedding's transpose: x [V, C] with the rows of src [..., C] added at rows indices [...] (f32;
+// an index used twice adds both, summed in index order first, then added to x: delta = the
+// rows' sum, out = x + delta, on CPU and CUDA alike). Differentiable in x (the gradient itself)
+// and in src (the gradient's rows at indices). An index outside [0, V) is an error naming it.
+// The building block of Python's index_add and scatter_add.
+Tensor index_add_rows(const Tensor& x, const Tensor& indices, const Tensor& src);
 
 // Counter-based dropout: element i is kept iff uniform(philox(seed, stream, offset + i)) >= p,
 // and kept elements are scaled by 1/(1-p). The same key gives the same mask on any device and

@@ -27,13 +27,33 @@ std::string position_str(int64_t i, const Shape& shape) {
 }
 
 template <typename I>
-void check_indices(const I* indices, const Shape& shape, int64_t vocab) {
+void check_indices(const I* indices, const Shape& shape, int64_t vocab,
+                   const char* op = "embedding", const char* rows_of = "the weight") {
   const int64_t n = shape_numel(shape);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = int64_t(indices[i]);
-    LOOM_CHECK(v >= 0 && v < vocab, "embedding: index ", v, " at position ", position_str(i, shape),
-               " of 'indices' ", shape_str(shape), " is outside [0, ", vocab, ") (the weight has ",
-               vocab, " rows)");
+    LOOM_CHECK(v >= 0 && v < vocab, op, ": index ", v, " at position ", position_str(i, shape),
+               " of 'indices' ", shape_str(shape), " is outside [0, ", vocab, ") (", rows_of,
+               " has ", vocab, " rows)");
+  }
+}
+
+// The sum of src's rows [n, cols] per row of a [vocab, cols] table (rows no index names are 0):
+// embedding's backward kernels, deterministic on both devices.
+template <typename I>
+void scatter_rows(const Tensor& src, const Tensor& idx, Tensor& out, int64_t n, int64_t vocab,
+                  int64_t cols) {
+  if (src.device().is_cpu()) {
+    kernels::cpu::embedding_backward(src.data<float>(), idx.data<I>(), out.data<float>(), n, vocab,
+                                     cols);
+  } else {
+    LOOM_IF_CUDA({
+      const size_t bytes = kernels::cuda::embedding_backward_workspace_bytes(n, vocab);
+      Tensor ws = cuda_workspace(src.device(), bytes);
+      kernels::cuda::embedding_backward(src.data<float>(), idx.data<I>(), out.data<float>(), n,
+                                        vocab, cols, ws.data_ptr(), bytes,
+                                        cuda_stream(src.device()));
+    });
   }
 }
 
@@ -108,21 +128,44 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     Tensor gc = g.contiguous();
     Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, gc.device());
     visit_index_dtype(idx.dtype(), [&](auto tag) {
-      using I = decltype(tag);
-      if (gc.device().is_cpu()) {
-        kernels::cpu::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n,
-                                         vocab, cols);
-      } else {
-        LOOM_IF_CUDA({
-          const size_t bytes = kernels::cuda::embedding_backward_workspace_bytes(n, vocab);
-          Tensor ws = cuda_workspace(gc.device(), bytes);
-          kernels::cuda::embedding_backward(gc.data<float>(), idx.data<I>(), dw.data<float>(), n,
-                                            vocab, cols, ws.data_ptr(), bytes,
-                                            cuda_stream(gc.device()));
-        });
-      }
+      scatter_rows<decltype(tag)>(gc, idx, dw, n, vocab, cols);
     });
     return std::vector<Tensor>{dw};
+  });
+  return out;
+}
+
+Tensor index_add_rows(const Tensor& x, const Tensor& indices, const Tensor& src) {
+  const detail::LowPrecision lp("index_add_rows", {{"x", x}, {"src", src}});
+  if (lp) return lp.round(index_add_rows(lp.f32(x), indices, lp.f32(src)));
+  detail::check_f32("index_add_rows", "x", x);
+  detail::check_f32("index_add_rows", "src", src);
+  detail::check_dim("index_add_rows", "x", x, 2);
+  detail::check_index("index_add_rows", "indices", indices);
+  detail::check_same_device("index_add_rows", "x", x, "indices", indices);
+  detail::check_same_device("index_add_rows", "x", x, "src", src);
+  const int64_t vocab = x.size(0), cols = x.size(1), n = indices.numel();
+  Shape want = indices.shape();
+  want.push_back(cols);
+  LOOM_CHECK(src.shape() == want, "index_add_rows: src is ", shape_str(src.shape()),
+             " but indices ", shape_str(indices.shape()), " and x ", shape_str(x.shape()),
+             " need ", shape_str(want), " (one row of x's width per index)");
+  Tensor idx = indices.detach().contiguous(), s = src.detach().contiguous();
+  const Tensor host_idx = idx.device().is_cpu() ? idx : idx.to(Device::cpu());
+  Tensor delta = Tensor::empty({vocab, cols}, DType::kF32, x.device());
+  visit_index_dtype(idx.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    check_indices(host_idx.data<I>(), idx.shape(), vocab, "index_add_rows", "x");
+    scatter_rows<I>(s, idx, delta, n, vocab, cols);
+  });
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = add(x.detach(), delta);
+  }
+  const Shape src_shape = src.shape();
+  autograd::record(out, "index_add_rows", {x, src}, {idx}, [idx, src_shape](const Tensor& g) {
+    return std::vector<Tensor>{g, embedding(g, idx).reshape(src_shape)};
   });
   return out;
 }

@@ -1,7 +1,7 @@
 """The everyday Tensor methods and functions a PyTorch script touches that compose from loom's
 ops: dtype shorthands, any/all and the logical ops, isnan/isinf/isfinite, sign, square,
-reciprocal, minimum/maximum, logsumexp, sort/argsort, chunk/split/unbind, flip, new_* and the
-random *_like. Each is differentiable where PyTorch's is, through the ops it is made of.
+reciprocal, minimum/maximum, logsumexp, sort/argsort, chunk/split/unbind, flip, gather, scatter,
+scatter_add, index_add, new_* and the random *_like. Each is differentiable where PyTorch's is, through the ops it is made of.
 
 Where loom differs: loom has no bool dtype, so the "bool" results are uint8 tensors of 1 and 0
 (as loom's comparisons), ``t.bool()`` included; ``~``, ``&``, ``|`` and ``^`` are the logical
@@ -14,6 +14,7 @@ gradient to the second operand (PyTorch splits it).
 import collections
 
 from loom import _loom
+from loom.autograd import no_grad
 
 Tensor = _loom.Tensor
 _SortResult = collections.namedtuple("return_types", ["values", "indices"])
@@ -182,29 +183,33 @@ def flip(input, dims):
     return out
 
 
-def gather(input, dim, index):
-    """torch.gather: out[i][j][k] = input[i][index[i][j][k]][k] for dim 1 (and so on), out of
-    index's shape; index has input's number of dims and, off ``dim``, sizes at most input's.
-    Differentiable in input (an index used twice adds its gradients). Composed from integer
-    arithmetic and an index-tensor lookup of the flattened input, so it runs wherever those run
-    (CPU and CUDA). An index outside [0, input.size(dim)) is a ValueError."""
+def _check_index_against(op, input, dim, index):
+    """dim normalised, after torch's rules for gather/scatter: index has input's number of dims,
+    is int32/int64, and off ``dim`` is at most input's size."""
     n = input.dim()
     if not -n <= dim < n:
-        raise IndexError(f"gather: dim {dim} is out of range for a {n}-dim tensor")
+        raise IndexError(f"{op}: dim {dim} is out of range for a {n}-dim tensor")
     dim = dim + n if dim < 0 else dim
     if index.dim() != n:
-        raise ValueError(f"gather: index has {index.dim()} dims, input {n} (they must match)")
+        raise ValueError(f"{op}: index has {index.dim()} dims, input {n} (they must match)")
     if index.dtype not in (_loom.int64, _loom.int32):
-        raise TypeError(f"gather: index must be int64 or int32, got {index.dtype}")
+        raise TypeError(f"{op}: index must be int64 or int32, got {index.dtype}")
     for d in range(n):
         if d != dim and index.shape[d] > input.shape[d]:
-            raise ValueError(f"gather: index size {index.shape[d]} exceeds input size "
+            raise ValueError(f"{op}: index size {index.shape[d]} exceeds input size "
                              f"{input.shape[d]} in dim {d}")
-    size = input.shape[dim]
+    return dim
+
+
+def _flat_positions(op, input, dim, index):
+    """For every element of index, its place in input.reshape(-1): index's value along dim and
+    the element's own coordinates elsewhere (int64, index's shape). Values outside
+    [0, input.size(dim)) are a ValueError."""
+    n, size = input.dim(), input.shape[dim]
     index = index.to(_loom.int64)
     bad = ((index < 0) | (index >= size)).sum().item() if index.numel() else 0
     if bad:
-        raise ValueError(f"gather: {bad} index value(s) outside [0, {size}) along dim {dim}")
+        raise ValueError(f"{op}: {bad} index value(s) outside [0, {size}) along dim {dim}")
     strides, step = [0] * n, 1
     for d in range(n - 1, -1, -1):
         strides[d], step = step, step * input.shape[d]
@@ -215,7 +220,113 @@ def gather(input, dim, index):
             place[d] = index.shape[d]
             along = _loom.arange(index.shape[d]).to(index.device).view(*place)
             flat = flat + along * strides[d]
-    return input.contiguous().reshape(-1)[flat]
+    return flat
+
+
+def gather(input, dim, index):
+    """torch.gather: out[i][j][k] = input[i][index[i][j][k]][k] for dim 1 (and so on), out of
+    index's shape; index has input's number of dims and, off ``dim``, sizes at most input's.
+    Differentiable in input (an index used twice adds its gradients). Composed from integer
+    arithmetic and an index-tensor lookup of the flattened input, so it runs wherever those run
+    (CPU and CUDA). An index outside [0, input.size(dim)) is a ValueError."""
+    dim = _check_index_against("gather", input, dim, index)
+    return input.contiguous().reshape(-1)[_flat_positions("gather", input, dim, index)]
+
+
+def _scatter_source(op, src, index, input):
+    """src's leading index.shape block (torch reads only that much of src), contiguous; a number
+    becomes a tensor of index's shape in input's dtype and device."""
+    if not isinstance(src, Tensor):
+        return _loom.full(list(index.shape), float(src)).to(input.dtype).to(input.device)
+    if src.dim() != index.dim():
+        raise ValueError(f"{op}: src has {src.dim()} dims, index {index.dim()} (they must match)")
+    for d in range(index.dim()):
+        if index.shape[d] > src.shape[d]:
+            raise ValueError(f"{op}: index size {index.shape[d]} exceeds src size "
+                             f"{src.shape[d]} in dim {d}")
+    if list(src.shape) != list(index.shape):
+        src = src[tuple(slice(0, k) for k in index.shape)]
+    return src.contiguous()
+
+
+def scatter_add(input, dim, index, src):
+    """torch.scatter_add: a copy of input with, for dim 1 (and so on),
+    out[i][index[i][j][k]][k] += src[i][j][k] for every element of index (src read over index's
+    shape). Differentiable in input and src. Repeated indices add: their sources are summed in
+    index order first and the sum added to input once (PyTorch adds one by one; the results may
+    differ in the last bit). Deterministic on CPU and CUDA (no atomics)."""
+    dim = _check_index_against("scatter_add", input, dim, index)
+    flat = _flat_positions("scatter_add", input, dim, index)
+    src = _scatter_source("scatter_add", src, index, input)
+    out = _loom.index_add_rows(input.contiguous().reshape(-1, 1), flat.reshape(-1),
+                               src.reshape(-1, 1))
+    return out.reshape(list(input.shape))
+
+
+def scatter(input, dim, index, src=None, *, value=None):
+    """torch.scatter: a copy of input with out[i][index[i][j][k]][k] = src[i][j][k] for dim 1
+    (and so on); src may be a number (or value=). Differentiable in input (where not written)
+    and src. loom differs where PyTorch is undefined: two elements of index naming the same place
+    (which write wins is unspecified in PyTorch) are a ValueError; use scatter_add to sum them."""
+    if (src is None) == (value is None):
+        raise TypeError("scatter: give src (a tensor or a number) or value=, not both or neither")
+    dim = _check_index_against("scatter", input, dim, index)
+    flat = _flat_positions("scatter", input, dim, index).reshape(-1)
+    src = _scatter_source("scatter", value if src is None else src, index, input)
+    numel = input.numel()
+    with no_grad():
+        ones = _loom.ones([flat.numel(), 1])
+        count = _loom.index_add_rows(_loom.zeros([numel, 1]), flat, ones)
+        twice = (count > 1).sum().item() if numel else 0
+    if twice:
+        raise ValueError(f"scatter: {twice} place(s) of the output are named by more than one "
+                         "element of index; PyTorch leaves which write wins undefined, loom "
+                         "refuses it (make the index unique, or use scatter_add to sum them)")
+    written = (count > 0).reshape(list(input.shape)).to(input.device)
+    zeros = _loom.zeros([numel, 1]).to(input.dtype).to(input.device)
+    placed = _loom.index_add_rows(zeros, flat, src.reshape(-1, 1)).reshape(list(input.shape))
+    return _loom.where(written, placed, input)
+
+
+def index_add(input, dim, index, source, *, alpha=1):
+    """torch.index_add: a copy of input with source's slices along dim added at the positions
+    index names (1-D, one per slice of source): out.select(dim, index[i]) += alpha *
+    source.select(dim, i). Differentiable in input and source; repeated indices add (summed in
+    index order first, then added to input, deterministic on CPU and CUDA)."""
+    n = input.dim()
+    if not -n <= dim < n:
+        raise IndexError(f"index_add: dim {dim} is out of range for a {n}-dim tensor")
+    dim = dim + n if dim < 0 else dim
+    if index.dim() != 1:
+        raise ValueError(f"index_add: index must be 1-D, got {index.dim()} dims")
+    if index.dtype not in (_loom.int64, _loom.int32):
+        raise TypeError(f"index_add: index must be int64 or int32, got {index.dtype}")
+    want = list(input.shape)
+    want[dim] = index.shape[0]
+    if source.dim() != n or list(source.shape) != want:
+        raise ValueError(f"index_add: source is {list(source.shape)}; input {list(input.shape)} "
+                         f"and an index of {index.shape[0]} need {want}")
+    size = input.shape[dim]
+    bad = ((index < 0) | (index >= size)).sum().item() if index.numel() else 0
+    if bad:
+        raise ValueError(f"index_add: {bad} index value(s) outside [0, {size}) along dim {dim}")
+    order = [dim] + [d for d in range(n) if d != dim]
+    inverse = [order.index(d) for d in range(n)]
+    moved = input.permute(*order).contiguous()
+    src = source.permute(*order).contiguous()
+    if alpha != 1:
+        src = src * alpha
+    rows = _loom.index_add_rows(moved.reshape(size, -1), index, src.reshape(index.shape[0], -1))
+    return rows.reshape(list(moved.shape)).permute(*inverse).contiguous()
+
+
+def _in_place(fn):
+    """The in-place form of fn (self.copy_ of its result), under copy_'s rules."""
+    def method(self, *args, **kwargs):
+        self.copy_(fn(self, *args, **kwargs))
+        return self
+    method.__doc__ = f"In place: self.copy_({fn.__name__}(self, ...))."
+    return method
 
 
 def numel(input):
@@ -308,7 +419,9 @@ def install():
         "reciprocal": reciprocal, "maximum": maximum, "minimum": minimum,
         "logsumexp": logsumexp, "sort": sort, "argsort": argsort, "split": split,
         "chunk": chunk, "unbind": unbind, "flip": flip, "nelement": lambda self: self.numel(),
-        "gather": gather,
+        "gather": gather, "scatter": scatter, "scatter_add": scatter_add,
+        "index_add": index_add, "scatter_": _in_place(scatter),
+        "scatter_add_": _in_place(scatter_add), "index_add_": _in_place(index_add),
         "type_as": lambda self, other: self.to(other.dtype),
         "new_zeros": _new(lambda self, *size: _loom.zeros(_size_list(size))),
         "new_ones": _new(lambda self, *size: _loom.ones(_size_list(size))),

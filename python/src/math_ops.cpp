@@ -294,6 +294,11 @@ void init_math(py::module_& m) {
         Release(), "input with value where mask (uint8, broadcast to input) is nonzero.");
   cls.def("masked_fill", masked_fill_f, py::arg("mask"), py::arg("value"), Release(),
           "self with value where mask (uint8, broadcast to self) is nonzero.");
+  m.def("index_add_rows", &index_add_rows, py::arg("input"), py::arg("index"), py::arg("source"),
+        Release(),
+        "input [V, C] with the rows of source [..., C] added at rows index [...] (int32/int64; "
+        "an index used twice adds both). The core of index_add and scatter_add; differentiable "
+        "in input and source.");
   cls.def("expand", &expand_py,
           "self broadcast to sizes (-1 keeps a dim), as torch's expand; loom returns a "
           "contiguous copy (not a view), and its gradient sums back to self's shape.");

@@ -200,6 +200,14 @@ TEST(CudaNnOps, EmbeddingWithRepeatedIndices) {
                           {rnd({50, 768}, 15), ids({4, 64}, 50, 16)});
 }
 
+TEST(CudaNnOps, IndexAddRowsWithRepeatedIndices) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  auto f = [](const std::vector<Tensor>& in) { return index_add_rows(in[0], in[1], in[2]); };
+  Tensor many_of_one = Tensor::from_vector<int64_t>({3, 3, 3, 0, 3, 9, 3}, {7});
+  expect_cuda_matches_cpu(f, {rnd({10, 33}, 18), many_of_one, rnd({7, 33}, 19)});
+  expect_cuda_matches_cpu(f, {rnd({50, 768}, 20), ids({4, 64}, 50, 21), rnd({4, 64, 768}, 22)});
+}
+
 TEST(CudaNnOps, DropoutIsTheCpuMaskExactly) {
   LOOM_SKIP_WITHOUT_CUDA();
   DropoutKey key;

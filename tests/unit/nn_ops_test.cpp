@@ -467,6 +467,52 @@ TEST(Embedding, BadInputNamesTheOp) {
                {"embedding", "'weight'", "2-D"});
 }
 
+// ---------------------------------------------------------------- index_add_rows
+
+TEST(IndexAddRows, AddsRowsAtIndicesRepeatedOnesSummedFirst) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  Tensor idx = Tensor::from_vector<int64_t>({2, 0, 2}, {3});
+  Tensor src = Tensor::from_vector<float>({10, 20, 100, 200, 1000, 2000}, {3, 2});
+  // Row 2 receives 10 + 1000 and row 0 100; row 1 is x's.
+  EXPECT_EQ(index_add_rows(x, idx, src).to_vector<float>(),
+            (std::vector<float>{101, 202, 3, 4, 1015, 2026}));
+  // indices of any shape: src is indices' shape plus x's width.
+  Tensor idx2 = Tensor::from_vector<int32_t>({1, 1, 0, 2}, {2, 2});
+  Tensor src2 = Tensor::from_vector<float>({1, 1, 2, 2, 3, 3, 4, 4}, {2, 2, 2});
+  EXPECT_EQ(index_add_rows(Tensor::zeros({3, 2}), idx2, src2).to_vector<float>(),
+            (std::vector<float>{3, 3, 3, 3, 4, 4}));
+}
+
+TEST(IndexAddRows, GradientsAreTheGradientAndItsRows) {
+  Tensor x = Tensor::zeros({4, 2}).set_requires_grad(true);
+  Tensor src = Tensor::zeros({3, 2}).set_requires_grad(true);
+  Tensor idx = Tensor::from_vector<int64_t>({3, 1, 3}, {3});
+  Tensor g = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+  index_add_rows(x, idx, src).backward(g);
+  EXPECT_EQ(x.grad().to_vector<float>(), g.to_vector<float>());
+  EXPECT_EQ(src.grad().to_vector<float>(), (std::vector<float>{7, 8, 3, 4, 7, 8}));
+  Tensor idx2 = Tensor::from_vector<int64_t>({2, 0, 2, 5, 1, 2}, {3, 2});
+  expect_gradients_match(
+      [&](const std::vector<Tensor>& in) { return index_add_rows(in[0], idx2, in[1]); },
+      {leaf({6, 3}, 51), leaf({3, 2, 3}, 52)});
+}
+
+TEST(IndexAddRows, BadInputNamesTheOp) {
+  Tensor x = Tensor::zeros({4, 3});
+  expect_error(
+      [&] {
+        index_add_rows(x, Tensor::from_vector<int64_t>({0, 4}, {2}), Tensor::zeros({2, 3}));
+      },
+      {"index_add_rows", "index 4", "position [1]", "[0, 4)", "x has 4 rows"});
+  expect_error(
+      [&] {
+        index_add_rows(x, Tensor::from_vector<int64_t>({0, 1}, {2}), Tensor::zeros({2, 4}));
+      },
+      {"index_add_rows", "src is [2, 4]", "need [2, 3]"});
+  expect_error([&] { index_add_rows(x, Tensor::zeros({2}), Tensor::zeros({2, 3})); },
+               {"index_add_rows", "'indices'", "i32 or i64"});
+}
+
 // ---------------------------------------------------------------- dropout
 
 TEST(Dropout, SameKeySameMaskOtherOffsetOtherMask) {
