@@ -144,16 +144,66 @@ def install():
         setattr(Tensor, name, fn)
 
 
+def _diagonal(spec, t):
+    """t with every letter that spec repeats reduced to its diagonal ("ii" -> "i"), and the
+    spec without repeats (first places kept). An index lookup of the flattened t, so it is
+    differentiable and runs wherever indexing does."""
+    letters = "".join(dict.fromkeys(spec))
+    if letters == spec:
+        return spec, t
+    strides, step = [0] * t.dim(), 1
+    for d in range(t.dim() - 1, -1, -1):
+        strides[d], step = step, step * t.shape[d]
+    flat = None
+    for k, c in enumerate(letters):
+        place = [1] * len(letters)
+        size = t.shape[spec.index(c)]
+        place[k] = size
+        along = _loom.arange(size).to(t.device).view(*place) * sum(
+            strides[d] for d, x in enumerate(spec) if x == c)
+        flat = along if flat is None else flat + along
+    return letters, t.contiguous().reshape(-1)[flat]
+
+
+def _summed_first(s, t, keep):
+    """t with the letters of s not in `keep` summed out, and what remains of s."""
+    for i in range(len(s) - 1, -1, -1):
+        if s[i] not in keep:
+            t = t.sum(dim=i)
+            s = s[:i] + s[i + 1:]
+    return s, t
+
+
+def _contract(sa, a, sb, b, keep, sizes):
+    """a and b multiplied over their shared letters, those not in `keep` summed out, as one
+    batched matmul: (letters of the result, result)."""
+    sa, a = _summed_first(sa, a, keep + sb)
+    sb, b = _summed_first(sb, b, keep + sa)
+    batch = [c for c in sa if c in sb and c in keep]
+    left = [c for c in sa if c not in sb]
+    right = [c for c in sb if c not in sa]
+    contracted = [c for c in sa if c in sb and c not in keep]
+    prod_of = lambda cs: math.prod(sizes[c] for c in cs)  # noqa: E731
+    a = a.permute(*[sa.index(c) for c in batch + left + contracted]).reshape(
+        prod_of(batch), prod_of(left), prod_of(contracted))
+    b = b.permute(*[sb.index(c) for c in batch + contracted + right]).reshape(
+        prod_of(batch), prod_of(contracted), prod_of(right))
+    order = batch + left + right
+    return "".join(order), (a @ b).reshape(*[sizes[c] for c in order])
+
+
 def einsum(equation, *operands):
-    """torch.einsum for one or two operands: "bhqd,bhkd->bhqk", "ij,jk", "i,j->ij", "ij->ji",
-    "...ij,...jk->...ik", "ii" not (a letter twice in one operand is refused). Two operands are
-    one batched matmul after permuting and reshaping them (so it is differentiable, and runs
-    wherever matmul does); a letter in one operand only and not in the output is summed first.
-    Batch letters must have one size in both operands (no broadcasting of size 1)."""
+    """torch.einsum: "bhqd,bhkd->bhqk", "ij,jk", "i,j->ij", "ij->ji", "...ij,...jk->...ik",
+    "ii->i" (diagonals), "ii" (trace), "ij,jk,kl->il" (any number of operands). Operands are
+    contracted left to right, each pair one batched matmul after permuting and reshaping them
+    (so it is differentiable, and runs wherever matmul does); a letter no later operand or the
+    output needs is summed out as soon as it can be. Unlike torch, the order is not optimised
+    (opt_einsum): write the cheap pairs first. Letters must have one size everywhere (no
+    broadcasting of size 1)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    if not 1 <= len(operands) <= 2:
-        raise ValueError(f"einsum: one or two operands are supported, got {len(operands)}")
+    if not operands:
+        raise ValueError("einsum: no operands given")
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     inputs = lhs.split(",")
@@ -186,8 +236,6 @@ def einsum(equation, *operands):
         if len(s) != t.dim():
             raise ValueError(f"einsum: subscripts {s!r} name {len(s)} dims, the operand has "
                              f"{t.dim()} (shape {list(t.shape)})")
-        if len(set(s)) != len(s):
-            raise ValueError(f"einsum: {s!r} repeats a letter (diagonals are not supported)")
         for c, n in zip(s, t.shape):
             if sizes.setdefault(c, n) != n:
                 raise ValueError(f"einsum: '{c}' has size {sizes[c]} and {n}")
@@ -195,28 +243,9 @@ def einsum(equation, *operands):
         if c not in sizes or out.count(c) > 1:
             raise ValueError(f"einsum: output subscript '{c}' is not in an input, or repeated")
 
-    def summed_first(s, t, keep):
-        """t with the letters of s not in `keep` summed out, and what remains of s."""
-        for i in range(len(s) - 1, -1, -1):
-            if s[i] not in keep:
-                t = t.sum(dim=i)
-                s = s[:i] + s[i + 1:]
-        return s, t
-
-    if len(operands) == 1:
-        s, t = summed_first(inputs[0], operands[0], out)
-        return t.permute(*[s.index(c) for c in out]) if s else t
-    (sa, a), (sb, b) = [summed_first(s, t, out + (inputs[1] if k == 0 else inputs[0]))
-                        for k, (s, t) in enumerate(zip(inputs, operands))]
-    batch = [c for c in out if c in sa and c in sb]
-    left = [c for c in out if c in sa and c not in sb]
-    right = [c for c in out if c in sb and c not in sa]
-    contracted = [c for c in sa if c in sb and c not in out]
-    prod_of = lambda cs: math.prod(sizes[c] for c in cs)  # noqa: E731
-    a = a.permute(*[sa.index(c) for c in batch + left + contracted]).reshape(
-        prod_of(batch), prod_of(left), prod_of(contracted))
-    b = b.permute(*[sb.index(c) for c in batch + contracted + right]).reshape(
-        prod_of(batch), prod_of(contracted), prod_of(right))
-    y = (a @ b).reshape(*[sizes[c] for c in batch + left + right])
-    order = batch + left + right
-    return y.permute(*[order.index(c) for c in out]) if order else y
+    specs, tensors = zip(*[_diagonal(s, t) for s, t in zip(inputs, operands)])
+    s, t = _summed_first(specs[0], tensors[0], out + "".join(specs[1:]))
+    for k in range(1, len(specs)):
+        s, t = _contract(s, t, specs[k], tensors[k], out + "".join(specs[k + 1:]), sizes)
+    s, t = _summed_first(s, t, out)
+    return t.permute(*[s.index(c) for c in out]) if s else t

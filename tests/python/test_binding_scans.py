@@ -134,6 +134,18 @@ def test_errors_name_what_is_wrong():
     ("ijk,ikl->jl", [(3, 2, 4), (3, 4, 5)]),
     ("ij,kl->ijkl", [(2, 3), (4, 5)]),
     ("abc,cd->", [(2, 3, 4), (4, 5)]),
+    # Three and four operands (contracted left to right).
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),
+    ("i,i,i->", [(4,), (4,), (4,)]),
+    ("bi,bj,bk->bijk", [(2, 3), (2, 4), (2, 2)]),
+    ("ab,bc,cd,da->", [(2, 3), (3, 4), (4, 2), (2, 2)]),
+    ("...i,ij,j->...", [(2, 3, 4), (4, 5), (5,)]),
+    # Diagonals and traces.
+    ("ii->i", [(4, 4)]),
+    ("ii", [(4, 4)]),
+    ("iij->ji", [(3, 3, 2)]),
+    ("ijij->ij", [(2, 3, 2, 3)]),
+    ("ii,ij->j", [(3, 3), (3, 4)]),
 ])
 def test_einsum_against_torch(equation, shapes):
     leaves = [pair(rng.standard_normal(s)) for s in shapes]
@@ -146,9 +158,11 @@ def test_einsum_errors():
     a, b = loom.ones(2, 3), loom.ones(4, 5)
     with pytest.raises(ValueError, match="'j' has size 3 and 4"):
         loom.einsum("ij,jk->ik", a, b)
-    with pytest.raises(ValueError, match="repeats a letter"):
-        loom.einsum("ii->i", loom.ones(3, 3))
+    with pytest.raises(ValueError, match="'i' has size 3 and 4"):
+        loom.einsum("ii->i", loom.ones(3, 4))
     with pytest.raises(ValueError, match="name 3 dims, the operand has 2"):
         loom.einsum("ijk->i", a)
-    with pytest.raises(ValueError, match="one or two operands"):
-        loom.einsum("i,i,i->", loom.ones(2), loom.ones(2), loom.ones(2))
+    with pytest.raises(ValueError, match="has 3 operands, 2 given"):
+        loom.einsum("i,i,i->", loom.ones(2), loom.ones(2))
+    with pytest.raises(ValueError, match="no operands"):
+        loom.einsum("i->i")
