@@ -76,6 +76,7 @@ void reduce_in_rank_order(const Tensor& gathered, int n, DType dtype, ReduceOp o
       return reduce_blocks<int64_t, int64_t>(g, n, block_bytes, op, first, count,
                                              out.data<int64_t>());
     case DType::kU8:
+    case DType::kBool:
       break;
   }
   LOOM_ASSERT(false, "reduce_in_rank_order on ", dtype_name(dtype));

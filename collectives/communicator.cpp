@@ -136,9 +136,9 @@ void check_buffer(const char* op, const char* arg, const Tensor& t) {
 }
 
 void check_reducible(const char* op, const Tensor& t) {
-  LOOM_CHECK(t.dtype() != DType::kU8, op,
-             ": u8 buffers cannot be reduced (raw bytes); use f32, "
-             "bf16, f16, i32 or i64");
+  LOOM_CHECK(t.dtype() != DType::kU8 && t.dtype() != DType::kBool, op, ": ", dtype_name(t.dtype()),
+             " buffers cannot be reduced (raw bytes, masks); use f32, bf16, f16, i32 or i64 (a "
+             "bool mask as i32 or i64 sums to a count)");
 }
 
 bool on_host(const Tensor& a, const Tensor& b) {

@@ -209,6 +209,7 @@ MPI_Datatype transport_type(DType t) {
     case DType::kI64:
       return MPI_INT64_T;
     case DType::kU8:
+    case DType::kBool:
       return MPI_UINT8_T;
   }
   LOOM_ASSERT(false, "unknown dtype ", int(t));

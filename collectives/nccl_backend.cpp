@@ -133,6 +133,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kI64:
       return ncclInt64;
     case DType::kU8:
+    case DType::kBool:
       return ncclUint8;
   }
   LOOM_ASSERT(false, "unknown dtype ", int(t));

@@ -21,6 +21,8 @@ decltype(auto) visit_dtype(DType t, F&& f) {
       return f(int64_t{});
     case DType::kU8:
       return f(uint8_t{});
+    case DType::kBool:
+      return f(bool{});
   }
   LOOM_ASSERT(false, "unknown dtype ", int(t));
 }

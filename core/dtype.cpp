@@ -17,6 +17,7 @@ size_t dtype_size(DType t) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kBool:
       return 1;
   }
   LOOM_ASSERT(false, "unknown dtype ", int(t));
@@ -36,14 +37,17 @@ const char* dtype_name(DType t) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
 
 DType parse_dtype(const std::string& name) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8})
+  for (DType t :
+       {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8, DType::kBool})
     if (name == dtype_name(t)) return t;
-  LOOM_FAIL("unknown dtype '", name, "' (expected one of f32, bf16, f16, i32, i64, u8)");
+  LOOM_FAIL("unknown dtype '", name, "' (expected one of f32, bf16, f16, i32, i64, u8, bool)");
 }
 
 bool is_floating(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }

@@ -9,7 +9,8 @@
 
 namespace loom {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kBool is one byte holding 0 or 1 (C++ bool): comparisons return it, masks take it.
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kBool };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);             // "f32", "bf16", ...
@@ -43,5 +44,10 @@ template <>
 struct DTypeOf<uint8_t> {
   static constexpr DType value = DType::kU8;
 };
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::kBool;
+};
+static_assert(sizeof(bool) == 1, "loom's bool tensors are one byte per element");
 
 }  // namespace loom

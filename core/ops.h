@@ -80,16 +80,19 @@ Tensor pow(const Tensor& x, double exponent);  // x ** exponent; gradient e * x^
 // min(max(x, lo), hi) with either bound optional (NaN for "none"); the gradient passes where
 // lo <= x <= hi, as PyTorch's. lo > hi gives hi everywhere, as PyTorch.
 Tensor clamp(const Tensor& x, double lo, double hi);
-// condition ? a : b elementwise; condition u8 (nonzero = true); the three broadcast together.
+// condition ? a : b elementwise; condition bool (or u8, nonzero = true); the three broadcast
+// together.
 // Differentiable in a and b.
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
-// x with `value` where mask (u8, broadcast to x's shape) is nonzero; differentiable in x.
+// x with `value` where mask (bool, or u8 nonzero, broadcast to x's shape) is true;
+// differentiable in x.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
-// Elementwise comparisons, PyTorch's eq ne lt le gt ge: 1 where `a op b` holds, 0 elsewhere, as
-// a u8 tensor (loom has no bool dtype), with add's broadcasting. Operands of one dtype: f32,
-// i32, i64 or u8 (masks: `mask == 0`) compared as they are, bf16/f16 by value (exact, through
-// f32). NaN compares unequal to everything. Not differentiable: no autograd.
+// Elementwise comparisons, PyTorch's eq ne lt le gt ge: a bool tensor, true where `a op b`
+// holds, with add's broadcasting. f32, i32, i64, u8 and bool compared as they are, bf16/f16 by
+// value (exact, through f32); operands of two dtypes are promoted first as PyTorch's (integers
+// and bools meet in i64, an integer and a float in the float's dtype). NaN compares unequal to
+// everything. Not differentiable: no autograd.
 enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
 Tensor compare(const Tensor& a, const Tensor& b, Compare op);
 

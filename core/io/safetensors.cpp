@@ -27,8 +27,9 @@ struct DTypeCode {
   DType dtype;
   const char* code;
 };
-constexpr DTypeCode kCodes[] = {{DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"},
-                                {DType::kI32, "I32"}, {DType::kI64, "I64"},   {DType::kU8, "U8"}};
+constexpr DTypeCode kCodes[] = {{DType::kF32, "F32"},  {DType::kBF16, "BF16"}, {DType::kF16, "F16"},
+                                {DType::kI32, "I32"},  {DType::kI64, "I64"},   {DType::kU8, "U8"},
+                                {DType::kBool, "BOOL"}};
 
 struct Entry {
   std::string name;
@@ -148,6 +149,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     in.read_at(data_start + e.begin, t.data_ptr(), e.end - e.begin);
+    if (e.dtype == DType::kBool) {  // a byte other than 0 or 1 is no bool
+      const auto* b = static_cast<const uint8_t*>(t.data_ptr());
+      for (uint64_t i = 0; i < e.end - e.begin; ++i)
+        LOOM_CHECK(b[i] <= 1, kWhat, " ", path, ": bool tensor '", e.name, "' holds the byte ",
+                   int(b[i]), " at element ", i, " (a bool is 0 or 1)");
+    }
     file.tensors.emplace(e.name, t);
   }
   return file;

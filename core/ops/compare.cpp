@@ -1,4 +1,4 @@
-// compare(): elementwise comparisons into a u8 tensor (see core/ops.h). The kernels broadcast
+// compare(): elementwise comparisons into a bool tensor (see core/ops.h). The kernels broadcast
 // their second operand, so a shorter `a` is swapped in as the second and the comparison mirrored
 // (a < b is b > a).
 #include "core/cuda_dispatch.h"
@@ -37,11 +37,12 @@ Compare mirrored(Compare op) {
   }
 }
 
+// T is the element type the kernels compare as (bool tensors as their bytes, uint8_t).
 template <typename T>
 void run(const Tensor& big, const Tensor& small, Tensor& out, Compare op) {
-  const T* x = big.data<T>();
-  const T* y = small.data<T>();
-  uint8_t* o = out.data<uint8_t>();
+  const T* x = static_cast<const T*>(big.data_ptr());
+  const T* y = static_cast<const T*>(small.data_ptr());
+  uint8_t* o = static_cast<uint8_t*>(out.data_ptr());  // bool: one byte, 0 or 1
   const int64_t n = big.numel(), nb = small.numel();
   if (big.device().is_cpu()) {
     kernels::cpu::compare(x, y, o, n, nb, kernel_op(op));
@@ -57,8 +58,12 @@ Tensor compare(const Tensor& a, const Tensor& b, Compare op) {
   detail::check_defined(name, "a", a);
   detail::check_defined(name, "b", b);
   detail::check_same_device(name, "a", a, "b", b);
-  LOOM_CHECK(a.dtype() == b.dtype(), name, ": a is ", dtype_name(a.dtype()), ", b is ",
-             dtype_name(b.dtype()), " (compare tensors of one dtype)");
+  if (a.dtype() != b.dtype()) {  // promoted as PyTorch's: integers (bool too) meet in i64, an
+                                 // integer and a float in the float's dtype, two floats in f32
+    const bool ia = detail::is_integer(a.dtype()), ib = detail::is_integer(b.dtype());
+    const DType to = ia && ib ? DType::kI64 : ia ? b.dtype() : ib ? a.dtype() : DType::kF32;
+    return compare(a.detach().to(to), b.detach().to(to), op);
+  }
   if (a.shape() != b.shape() && !detail::is_suffix(b.shape(), a.shape()) &&
       !detail::is_suffix(a.shape(), b.shape())) {  // expanded first: the kernels repeat a suffix
     const auto [x, y] = detail::broadcast_for_kernels(name, a.detach(), b.detach());
@@ -67,15 +72,15 @@ Tensor compare(const Tensor& a, const Tensor& b, Compare op) {
   if (a.dtype() == DType::kBF16 || a.dtype() == DType::kF16)  // every value exact in f32
     return compare(a.detach().to(DType::kF32), b.detach().to(DType::kF32), op);
   LOOM_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kI32 || a.dtype() == DType::kI64 ||
-                 a.dtype() == DType::kU8,
+                 a.dtype() == DType::kU8 || a.dtype() == DType::kBool,
              name, ": ", dtype_name(a.dtype()),
-             " tensors cannot be compared (f32, bf16, f16, i32, i64, u8)");
+             " tensors cannot be compared (f32, bf16, f16, i32, i64, u8, bool)");
   Tensor big = a.detach().contiguous(), small = b.detach().contiguous();
   if (a.shape() != b.shape() && detail::is_suffix(a.shape(), b.shape())) {
     std::swap(big, small);
     op = mirrored(op);
   }
-  Tensor out = Tensor::empty(big.shape(), DType::kU8, big.device());
+  Tensor out = Tensor::empty(big.shape(), DType::kBool, big.device());
   if (out.numel() == 0) return out;
   switch (big.dtype()) {
     case DType::kF32:
@@ -85,6 +90,7 @@ Tensor compare(const Tensor& a, const Tensor& b, Compare op) {
       run<int32_t>(big, small, out, op);
       break;
     case DType::kU8:
+    case DType::kBool:
       run<uint8_t>(big, small, out, op);
       break;
     default:

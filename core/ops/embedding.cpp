@@ -127,9 +127,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   autograd::record(out, "embedding", {weight}, {idx}, [idx, vocab, cols, n](const Tensor& g) {
     Tensor gc = g.contiguous();
     Tensor dw = Tensor::empty({vocab, cols}, DType::kF32, gc.device());
-    visit_index_dtype(idx.dtype(), [&](auto tag) {
-      scatter_rows<decltype(tag)>(gc, idx, dw, n, vocab, cols);
-    });
+    visit_index_dtype(idx.dtype(),
+                      [&](auto tag) { scatter_rows<decltype(tag)>(gc, idx, dw, n, vocab, cols); });
     return std::vector<Tensor>{dw};
   });
   return out;
@@ -148,8 +147,8 @@ Tensor index_add_rows(const Tensor& x, const Tensor& indices, const Tensor& src)
   Shape want = indices.shape();
   want.push_back(cols);
   LOOM_CHECK(src.shape() == want, "index_add_rows: src is ", shape_str(src.shape()),
-             " but indices ", shape_str(indices.shape()), " and x ", shape_str(x.shape()),
-             " need ", shape_str(want), " (one row of x's width per index)");
+             " but indices ", shape_str(indices.shape()), " and x ", shape_str(x.shape()), " need ",
+             shape_str(want), " (one row of x's width per index)");
   Tensor idx = indices.detach().contiguous(), s = src.detach().contiguous();
   const Tensor host_idx = idx.device().is_cpu() ? idx : idx.to(Device::cpu());
   Tensor delta = Tensor::empty({vocab, cols}, DType::kF32, x.device());

@@ -21,7 +21,8 @@ namespace loom {
 namespace detail {
 
 bool is_integer(DType dtype) {
-  return dtype == DType::kI32 || dtype == DType::kI64 || dtype == DType::kU8;
+  return dtype == DType::kI32 || dtype == DType::kI64 || dtype == DType::kU8 ||
+         dtype == DType::kBool;
 }
 
 }  // namespace detail
@@ -44,6 +45,15 @@ void run_op(const Tensor& a, const Tensor& b, Tensor& out, IntegerOp op) {
 // a op b for integer tensors of one dtype, with add's broadcasting.
 Tensor integer_binary(const char* name, Tensor a, Tensor b, IntegerOp op) {
   detail::check_same_device(name, "a", a, "b", b);
+  if (a.dtype() == DType::kBool && b.dtype() == DType::kBool) {
+    // As PyTorch's: + is or and * is and; the others have no bool meaning.
+    LOOM_CHECK(op == IntegerOp::kAdd || op == IntegerOp::kMul, name,
+               " of two bool tensors is not defined (PyTorch refuses it too): use logical_xor or "
+               "~ for bools, or convert them first (t.long())");
+    return integer_binary(name, a.to(DType::kU8), b.to(DType::kU8), op).to(DType::kBool);
+  }
+  if (a.dtype() == DType::kBool) a = a.to(b.dtype());  // a bool meets another integer as 0 / 1
+  if (b.dtype() == DType::kBool) b = b.to(a.dtype());
   if (a.dtype() != b.dtype()) {  // two integer dtypes meet in i64
     a = a.to(DType::kI64);
     b = b.to(DType::kI64);
@@ -91,7 +101,7 @@ void run_sum(const Tensor& x, Tensor& out, int64_t outer, int64_t size, int64_t 
 // x viewed as [outer, size, inner] summed over size into i64 [outer, inner].
 Tensor integer_sum(const Tensor& x, int64_t outer, int64_t size, int64_t inner,
                    const Shape& shape) {
-  Tensor in = x.detach().contiguous();
+  Tensor in = x.dtype() == DType::kBool ? x.detach().to(DType::kU8) : x.detach().contiguous();
   Tensor out = Tensor::empty(shape, DType::kI64, x.device());
   if (out.numel() == 0) return out;
   switch (in.dtype()) {
@@ -133,6 +143,7 @@ std::optional<Tensor> integer_operands(const char* name, const Tensor& a, const 
 
 std::optional<Tensor> integer_scale(const Tensor& x, double s) {
   if (!x.defined() || !is_integer(x.dtype())) return std::nullopt;
+  if (x.dtype() == DType::kBool) return integer_scale(x.to(DType::kI64), s);  // as PyTorch: i64
   if (!(std::isfinite(s) && s == std::floor(s) && std::fabs(s) < 9.2e18))
     return scale(x.to(DType::kF32), s);  // t * 0.5: true arithmetic, in f32
   // An integral factor the dtype cannot hold (u8 * -1) is applied in i64 and wrapped back, as
@@ -175,6 +186,8 @@ std::optional<Tensor> integer_where(const Tensor& condition, const Tensor& a, co
     const DType to = ia ? b.dtype() : a.dtype();
     return where(condition, ia ? a.to(to) : a, ib ? b.to(to) : b);
   }
+  if (a.dtype() == DType::kBool && b.dtype() == DType::kBool)  // picked as bytes, bool again
+    return integer_where(condition, a.to(DType::kU8), b.to(DType::kU8))->to(DType::kBool);
   // a * c + b * (1 - c), c the condition as 0 / 1 of the dtype: every product is a value times
   // 0 or 1, so nothing wraps and the picked values are exact.
   const DType to = a.dtype() == b.dtype() ? a.dtype() : DType::kI64;

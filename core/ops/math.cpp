@@ -144,16 +144,23 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
 
 namespace {
 
+// A bool or u8 mask's bytes (nonzero = true; bool holds 0 or 1).
+const uint8_t* mask_bytes(const Tensor& mask) {
+  LOOM_ASSERT(mask.dtype() == DType::kBool || mask.dtype() == DType::kU8, "mask of dtype ",
+              dtype_name(mask.dtype()));
+  return static_cast<const uint8_t*>(mask.data_ptr());
+}
+
 // condition ? a : b over contiguous operands of one shape (no autograd).
 Tensor select(const Tensor& condition, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), DType::kF32, a.device());
   const int64_t n = a.numel();
   if (n == 0) return out;
   if (a.device().is_cpu()) {
-    kernels::cpu::select(condition.data<uint8_t>(), a.data<float>(), b.data<float>(),
-                         out.data<float>(), n);
+    kernels::cpu::select(mask_bytes(condition), a.data<float>(), b.data<float>(), out.data<float>(),
+                         n);
   } else {
-    LOOM_IF_CUDA(kernels::cuda::select(condition.data<uint8_t>(), a.data<float>(), b.data<float>(),
+    LOOM_IF_CUDA(kernels::cuda::select(mask_bytes(condition), a.data<float>(), b.data<float>(),
                                        out.data<float>(), n, cuda_stream(a.device())));
   }
   return out;
@@ -163,9 +170,10 @@ Tensor select(const Tensor& condition, const Tensor& a, const Tensor& b) {
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   detail::check_defined("where", "condition", condition);
-  LOOM_CHECK(condition.dtype() == DType::kU8, "where: condition has dtype ",
-             dtype_name(condition.dtype()),
-             ", expected u8 (a comparison's result, 1 = true); compare a tensor first, e.g. x > 0");
+  LOOM_CHECK(condition.dtype() == DType::kBool || condition.dtype() == DType::kU8,
+             "where: condition has dtype ", dtype_name(condition.dtype()),
+             ", expected bool (a comparison's result) or u8 (nonzero = true); compare a tensor "
+             "first, e.g. x > 0");
   detail::check_defined("where", "a", a);
   detail::check_defined("where", "b", b);
   if (auto out = detail::integer_where(condition, a, b)) return *out;
@@ -194,8 +202,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   detail::check_defined("masked_fill", "x", x);
   detail::check_defined("masked_fill", "mask", mask);
-  LOOM_CHECK(mask.dtype() == DType::kU8, "masked_fill: mask has dtype ", dtype_name(mask.dtype()),
-             ", expected u8 (a comparison's result, 1 = fill)");
+  LOOM_CHECK(mask.dtype() == DType::kBool || mask.dtype() == DType::kU8,
+             "masked_fill: mask has dtype ", dtype_name(mask.dtype()),
+             ", expected bool (a comparison's result) or u8 (nonzero = fill)");
   const Shape shape = detail::broadcast_shape("masked_fill", x.shape(), mask.shape());
   LOOM_CHECK(shape == x.shape(), "masked_fill: mask ", shape_str(mask.shape()),
              " does not broadcast to x's shape ", shape_str(x.shape()));

@@ -16,7 +16,8 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
 void strided_scatter(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
                      const int64_t* strides);
 
-// Element conversion between any two of float, BFloat16, Float16, int32_t, int64_t, uint8_t.
+// Element conversion between any two of float, BFloat16, Float16, int32_t, int64_t, uint8_t,
+// bool (to bool: not zero).
 template <typename To, typename From>
 inline To convert_scalar(From v) {
   if constexpr (std::is_same_v<From, BFloat16>) {

@@ -104,6 +104,8 @@ void visit_type(int code, F&& f) {
       return f(int64_t{});
     case 5:
       return f(uint8_t{});
+    case 6:
+      return f(bool{});
   }
   LOOM_FAIL("cuda convert: unknown type code ", code);
 }

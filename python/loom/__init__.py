@@ -29,6 +29,7 @@ from loom._loom import (  # noqa: F401
     argmax,
     argmin,
     bfloat16,
+    bool,  # noqa: A004 (loom.bool, as torch.bool; the builtin is not used in this module)
     broadcast_to,
     cat,
     clamp,

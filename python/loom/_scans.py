@@ -14,7 +14,7 @@ import math
 from loom import _loom
 
 Tensor = _loom.Tensor
-_INTEGER = (_loom.int32, _loom.int64, _loom.uint8)
+_INTEGER = (_loom.int32, _loom.int64, _loom.uint8, _loom.bool)
 
 
 def _dim(input, dim, what):

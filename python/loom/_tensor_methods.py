@@ -1,14 +1,15 @@
 """The everyday Tensor methods and functions a PyTorch script touches that compose from loom's
 ops: dtype shorthands, any/all and the logical ops, isnan/isinf/isfinite, sign, square,
 reciprocal, minimum/maximum, logsumexp, sort/argsort, chunk/split/unbind, flip, gather, scatter,
-scatter_add, index_add, new_* and the random *_like. Each is differentiable where PyTorch's is, through the ops it is made of.
+scatter_add, index_add, new_* and the random *_like. Each is differentiable where PyTorch's is,
+through the ops it is made of.
 
-Where loom differs: loom has no bool dtype, so the "bool" results are uint8 tensors of 1 and 0
-(as loom's comparisons), ``t.bool()`` included; ``~``, ``&``, ``|`` and ``^`` are the logical
-ops on uint8 tensors (PyTorch's bool semantics), and refuse other dtypes rather than acting
-bitwise; loom has no float64 (``t.double()`` raises). ``sort`` is stable in both directions (ties
-keep their order), as PyTorch's with ``stable=True``. ``minimum``/``maximum`` give a tie's
-gradient to the second operand (PyTorch splits it).
+Comparisons and these logical functions return loom.bool tensors, as PyTorch's. Where loom
+differs: ``~``, ``&``, ``|`` and ``^`` act on bool tensors only and refuse integer ones rather
+than acting bitwise (convert a uint8 mask with ``t.bool()``); loom has no float64
+(``t.double()`` raises). ``sort`` is stable in both directions (ties keep their order), as
+PyTorch's with ``stable=True``. ``minimum``/``maximum`` give a tie's gradient to the second
+operand (PyTorch splits it).
 """
 
 import collections
@@ -21,8 +22,8 @@ _SortResult = collections.namedtuple("return_types", ["values", "indices"])
 
 
 def _mask(t):
-    """t as a truth mask (uint8, nonzero = true)."""
-    return t if t.dtype == _loom.uint8 else (t != 0)
+    """t as a truth mask (bool, nonzero = true)."""
+    return t if t.dtype == _loom.bool else (t != 0)
 
 
 def _reduce_mask(mask, dim, keepdim):
@@ -31,12 +32,12 @@ def _reduce_mask(mask, dim, keepdim):
 
 
 def any_(input, dim=None, keepdim=False):
-    """Whether any element (along dim) is nonzero, as torch.any; uint8 1/0."""
+    """Whether any element (along dim) is nonzero, as torch.any (bool)."""
     return _reduce_mask(_mask(input), dim, keepdim) > 0
 
 
 def all_(input, dim=None, keepdim=False):
-    """Whether every element (along dim) is nonzero, as torch.all; uint8 1/0."""
+    """Whether every element (along dim) is nonzero, as torch.all (bool)."""
     return _reduce_mask(_mask(input) == 0, dim, keepdim) == 0
 
 
@@ -59,20 +60,20 @@ def logical_xor(input, other):
 def _logical_operator(name, fn):
     def op(self, other):
         if not isinstance(other, Tensor):
-            other = _loom.tensor(other).to(_loom.uint8)
-        if self.dtype != _loom.uint8 or other.dtype != _loom.uint8:
-            raise TypeError(f"{name}: loom's {name} is logical, on uint8 masks (loom's bool); got "
-                            f"{self.dtype} and {other.dtype} (bitwise ops on integers are not "
-                            "supported)")
+            other = _loom.tensor(other)
+        if self.dtype != _loom.bool or other.dtype != _loom.bool:
+            raise TypeError(f"{name}: loom's {name} is logical, on bool tensors; got {self.dtype} "
+                            f"and {other.dtype} (bitwise ops on integers are not supported; a "
+                            "uint8 mask converts with t.bool())")
         return fn(self, other)
     return op
 
 
 def _invert(self):
-    if self.dtype != _loom.uint8:
-        raise TypeError(f"~: loom's ~ is logical not, on uint8 masks (loom's bool); got "
-                        f"{self.dtype}")
-    return self == 0
+    if self.dtype != _loom.bool:
+        raise TypeError(f"~: loom's ~ is logical not, on bool tensors; got {self.dtype} (bitwise "
+                        "not on integers is not supported; a uint8 mask converts with t.bool())")
+    return logical_not(self)
 
 
 def isnan(input):

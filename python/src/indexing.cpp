@@ -96,6 +96,9 @@ bool is_index_tensor(py::handle h) {
   return py::isinstance<py::list>(h);  // t[[0, 2]]: a list of ints is an index tensor
 }
 
+// A mask index: loom.bool (a comparison's result) or uint8 (nonzero = selected).
+bool is_mask(const Tensor& t) { return t.dtype() == DType::kBool || t.dtype() == DType::kU8; }
+
 Tensor as_index_tensor(py::handle h) {
   if (py::isinstance<Tensor>(h)) return py::cast<Tensor>(h);
   std::vector<int64_t> v;
@@ -122,7 +125,7 @@ std::vector<py::object> items_of(const Tensor& x, py::handle index) {
       ++ellipses;
       continue;
     }
-    if (py::isinstance<Tensor>(it) && py::cast<const Tensor&>(it).dtype() == DType::kU8)
+    if (py::isinstance<Tensor>(it) && is_mask(py::cast<const Tensor&>(it)))
       uses += std::max<int64_t>(1, py::cast<const Tensor&>(it).dim());
     else
       ++uses;
@@ -163,7 +166,7 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
       t = view_or_reshape(t, s);  // a view, as PyTorch's: size-1 dims always have one
       ++dim;
     } else if (py::isinstance<py::bool_>(it)) {
-      throw py::index_error("a bool index (t[True]) is not supported; use a uint8 mask tensor");
+      throw py::index_error("a bool index (t[True]) is not supported; use a bool mask tensor");
     } else if (py::isinstance<py::int_>(it) ||
                (!is_index_tensor(it) && PyIndex_Check(it.ptr()) && !py::isinstance<Tensor>(it))) {
       const int64_t size = t.size(dim);
@@ -201,7 +204,7 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
             "(PyTorch combines several); index in two steps");
       advanced = true;
       Tensor index_tensor = as_index_tensor(it);
-      if (index_tensor.dtype() == DType::kU8) {
+      if (is_mask(index_tensor)) {
         // A mask over dims [dim, dim + k): those dims flattened, indexed by its nonzero places.
         const int64_t k = std::max<int64_t>(1, index_tensor.dim());
         const Shape covered(t.shape().begin() + dim, t.shape().begin() + dim + k);
@@ -209,8 +212,11 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
         if (covered != mask_shape)
           throw py::index_error("the mask's shape " + shape_str(index_tensor.shape()) +
                                 " does not match the indexed dims " + shape_str(covered));
-        const std::vector<uint8_t> m =
-            index_tensor.detach().contiguous().to(Device::cpu()).to_vector<uint8_t>();
+        const std::vector<uint8_t> m = index_tensor.detach()
+                                           .to(DType::kU8)
+                                           .contiguous()
+                                           .to(Device::cpu())
+                                           .to_vector<uint8_t>();
         std::vector<int64_t> places;
         for (size_t j = 0; j < m.size(); ++j)
           if (m[j]) places.push_back(int64_t(j));
@@ -224,7 +230,7 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
       } else {
         if (index_tensor.dtype() != DType::kI64 && index_tensor.dtype() != DType::kI32)
           throw py::index_error(
-              "tensors used as indices must be int64, int32 or uint8 (a mask), "
+              "tensors used as indices must be int64, int32, or bool or uint8 (a mask), "
               "got " +
               std::string(dtype_name(index_tensor.dtype())));
         const int64_t k = index_tensor.dim();
@@ -235,7 +241,7 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
     } else {
       throw py::index_error(
           "only integers, slices (':'), ellipsis ('...'), None, and int64 or "
-          "uint8 tensors are valid indices, got " +
+          "bool tensors are valid indices, got " +
           std::string(py::str(py::type::of(it).attr("__name__"))));
     }
   }

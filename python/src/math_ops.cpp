@@ -46,8 +46,8 @@ Tensor where_py(const Tensor& condition, py::handle input, py::handle other) {
   const Tensor f32 = Tensor::scalar(0.0, DType::kF32, condition.device());
   const Tensor& base = like ? *like : f32;
   // As PyTorch: a float number beside an integer tensor makes the result floating (f32).
-  const bool integer =
-      base.dtype() == DType::kI32 || base.dtype() == DType::kI64 || base.dtype() == DType::kU8;
+  const bool integer = base.dtype() == DType::kI32 || base.dtype() == DType::kI64 ||
+                       base.dtype() == DType::kU8 || base.dtype() == DType::kBool;
   const Tensor f32_like = Tensor::scalar(0.0, DType::kF32, base.device());
   auto operand = [&](py::handle value, const char* arg) {
     const bool promote = integer && py::isinstance<py::float_>(value);

@@ -61,6 +61,11 @@ bool operand(const Tensor& t, py::handle other, Tensor* out) {
       return true;
     }
     const int64_t i = other.cast<int64_t>();
+    if (t.dtype() == DType::kBool) {  // as PyTorch: a bool meets True/False as bool, an int as i64
+      *out = Tensor::scalar(
+          double(i), py::isinstance<py::bool_>(other) ? DType::kBool : DType::kI64, t.device());
+      return true;
+    }
     const bool fits =
         t.dtype() == DType::kI64 ||
         (t.dtype() == DType::kU8 ? i >= 0 && i <= 255 : i >= INT32_MIN && i <= INT32_MAX);
@@ -75,16 +80,9 @@ bool operand(const Tensor& t, py::handle other, Tensor* out) {
 // `other` as the right operand of a comparison with `t`: a Tensor, or a Python number made into a
 // 0-d tensor of t's dtype. A non-integral number against an integer tensor would be rounded, so it
 // is a ValueError instead. Returns false for anything else (Python then compares identities).
+// A float beside an integer tensor is an f32 scalar (operand()), and compare() promotes the
+// tensor to f32 with it, as PyTorch does.
 bool comparison_operand(const Tensor& t, py::handle other, Tensor* out) {
-  if (py::isinstance<py::float_>(other) && !is_floating(t.dtype())) {
-    const double v = other.cast<double>();
-    if (v != double(int64_t(v)))
-      throw py::value_error("cannot compare a " + std::string(dtype_name(t.dtype())) +
-                            " tensor with the non-integral " + std::to_string(v) +
-                            ": convert the tensor first, e.g. t.to(loom.float32)");
-    *out = scalar_like(v, t);  // integral: compared in the tensor's dtype
-    return true;
-  }
   return operand(t, other, out);
 }
 

@@ -31,8 +31,8 @@
 namespace loom::python {
 namespace {
 
-constexpr std::array<DType, 6> kDTypes{DType::kF32, DType::kBF16, DType::kF16,
-                                       DType::kI32, DType::kI64,  DType::kU8};
+constexpr std::array<DType, 7> kDTypes{DType::kF32, DType::kBF16, DType::kF16, DType::kI32,
+                                       DType::kI64, DType::kU8,   DType::kBool};
 
 // PyTorch's names, in the order of loom's DType enum.
 const char* torch_name(DType t) {
@@ -49,13 +49,15 @@ const char* torch_name(DType t) {
       return "int64";
     case DType::kU8:
       return "uint8";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
 
 // The singletons loom.float32, ...: created once, never freed (they live as long as the module).
-std::array<PyObject*, 6>& dtype_objects() {
-  static std::array<PyObject*, 6> objects{};
+std::array<PyObject*, 7>& dtype_objects() {
+  static std::array<PyObject*, 7> objects{};
   return objects;
 }
 
@@ -73,6 +75,8 @@ bool dtype_of_numpy(const py::dtype& dt, DType* out) {
     *out = DType::kI64;
   else if (dt.kind() == 'u' && dt.itemsize() == 1)
     *out = DType::kU8;
+  else if (dt.kind() == 'b' && dt.itemsize() == 1)
+    *out = DType::kBool;
   else
     return false;
   return true;
@@ -91,13 +95,15 @@ const char* buffer_format(DType t) {
       return "q";
     case DType::kU8:
       return "B";
+    case DType::kBool:
+      return "?";
     case DType::kBF16:
       break;
   }
   return nullptr;
 }
 
-const char* kSupported = "float32, float16, int32, int64 or uint8";
+const char* kSupported = "float32, float16, int32, int64, uint8 or bool";
 
 // Why `t` cannot be viewed as a numpy array, with the exception type to raise; empty when it
 // can. The messages follow PyTorch's and say what to do instead.
@@ -277,7 +283,7 @@ Tensor from_numpy(py::handle obj) {
 }
 
 // tensor(data, ...): a copy in loom's memory. Python floats become float32 (loom has no float64),
-// ints int64, bools uint8; numpy float64 arrays become float32.
+// ints int64, bools bool; numpy float64 arrays become float32.
 Tensor make_tensor(py::handle data, py::handle dtype_obj, bool requires_grad, py::handle device) {
   Tensor src;
   if (py::isinstance<Tensor>(data)) {
@@ -287,7 +293,6 @@ Tensor make_tensor(py::handle data, py::handle dtype_obj, bool requires_grad, py
     py::array arr = np.attr("asarray")(data);
     py::dtype dt = arr.dtype();
     if (dt.kind() == 'f' && dt.itemsize() == 8) arr = arr.attr("astype")("float32");
-    if (dt.kind() == 'b') arr = arr.attr("astype")("uint8");
     if (dt.kind() == 'O') {
       throw py::type_error("tensor: cannot make a tensor from " +
                            std::string(py::str(py::type::of(data).attr("__name__"))) +
@@ -483,7 +488,7 @@ DType dtype_arg(py::handle obj) {
     for (DType t : kDTypes)
       if (name == torch_name(t) || name == dtype_name(t)) return t;
     throw py::value_error("unknown dtype '" + std::string(py::str(obj)) +
-                          "' (expected float32, bfloat16, float16, int32, int64 or uint8)");
+                          "' (expected float32, bfloat16, float16, int32, int64, uint8 or bool)");
   }
   throw py::type_error("expected a loom.dtype (loom.float32, ...), got " +
                        std::string(py::str(py::type::of(obj).attr("__name__"))));
@@ -501,7 +506,7 @@ void init_tensor(py::module_& m) {
   // ---- dtypes ----
   py::class_<DType>(m, "dtype",
                     "An element type: loom.float32, bfloat16, float16, int32, int64, "
-                    "uint8 (PyTorch's names).")
+                    "uint8, bool (PyTorch's names).")
       .def_property_readonly("itemsize", [](DType t) { return dtype_size(t); })
       .def_property_readonly("is_floating_point", [](DType t) { return is_floating(t); })
       .def("__repr__", [](DType t) { return std::string("loom.") + torch_name(t); })

@@ -69,9 +69,14 @@ inline Tensor make(DType dt, int64_t n, const std::function<double(int64_t)>& va
                    Device device = Device::cpu()) {
   Tensor host = visit_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<T> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = as<T>(value(i));
-    return Tensor::from_vector(v, {n});
+    if constexpr (std::is_same_v<T, bool>) {  // no collective takes bool buffers in these tests
+      ADD_FAILURE() << "collective_checks: make() of a bool tensor";
+      return Tensor();
+    } else {
+      std::vector<T> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[size_t(i)] = as<T>(value(i));
+      return Tensor::from_vector(v, {n});
+    }
   });
   return host.to(device);
 }
@@ -86,22 +91,27 @@ inline Tensor garbage(DType dt, int64_t n, Device device = Device::cpu()) {
 // mpi_main.cpp), naming `what`.
 inline int64_t count_wrong(const std::string& what, const Tensor& t,
                            const std::function<double(int64_t)>& expected, double tolerance = 0) {
-  return visit_dtype(t.dtype(), [&](auto tag) {
+  return visit_dtype(t.dtype(), [&](auto tag) -> int64_t {
     using T = decltype(tag);
-    std::vector<T> got = t.to_vector<T>();
-    int64_t wrong = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      T want = as<T>(expected(int64_t(i)));
-      // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
-      if (std::memcmp(&got[i], &want, sizeof(T)) == 0) continue;
-      const double g = to_double(got[i]), w = to_double(want);
-      if (tolerance > 0 && std::fabs(g - w) <= tolerance * std::fabs(w)) continue;
-      if (++wrong <= 3)
-        ADD_FAILURE() << what << " (" << dtype_name(t.dtype()) << " on " << t.device().str() << ", "
-                      << got.size() << " elements): element " << i << " is " << g << ", expected "
-                      << w;
+    if constexpr (std::is_same_v<T, bool>) {
+      ADD_FAILURE() << "collective_checks: count_wrong() of a bool tensor";
+      return int64_t(1);
+    } else {
+      std::vector<T> got = t.to_vector<T>();
+      int64_t wrong = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        T want = as<T>(expected(int64_t(i)));
+        // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
+        if (std::memcmp(&got[i], &want, sizeof(T)) == 0) continue;
+        const double g = to_double(got[i]), w = to_double(want);
+        if (tolerance > 0 && std::fabs(g - w) <= tolerance * std::fabs(w)) continue;
+        if (++wrong <= 3)
+          ADD_FAILURE() << what << " (" << dtype_name(t.dtype()) << " on " << t.device().str()
+                        << ", " << got.size() << " elements): element " << i << " is " << g
+                        << ", expected " << w;
+      }
+      return wrong;
     }
-    return wrong;
   });
 }
 

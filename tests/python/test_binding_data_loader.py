@@ -1,7 +1,7 @@
 """loom.utils.data (python/loom/utils/data.py) against torch.utils.data where the two promise the
 same thing: unshuffled batches, len, drop_last, BatchSampler, Subset, ConcatDataset, the
-collation of nested samples and its dtypes (loom's float32 for Python floats and float64 arrays,
-uint8 for bools, are the documented differences), IterableDataset batching, and
+collation of nested samples and its dtypes (loom's float32 for Python floats and float64 arrays
+is the documented difference), IterableDataset batching, and
 DistributedSampler's lengths and, with batch size 1 and no shuffle, its indices. Shuffles are
 loom's own (Note [Shuffled orders]): reproducible from a seed or loom.manual_seed, a new order per
 epoch, pinned for one seed. A DistributedSampler's ranks, simulated in one process, together give
@@ -145,7 +145,7 @@ def compare(got, want, where="batch"):
         w = want.numpy()
         g = got.numpy()
         assert g.shape == w.shape, where
-        expect = {"float64": np.dtype(np.float32), "bool": np.dtype(np.uint8)}.get(
+        expect = {"float64": np.dtype(np.float32)}.get(
             w.dtype.name, w.dtype)
         assert g.dtype == expect, f"{where}: {g.dtype} for torch's {w.dtype}"
         np.testing.assert_array_equal(g, w.astype(expect), err_msg=where)
@@ -164,10 +164,10 @@ def compare(got, want, where="batch"):
 @needs_torch
 def test_collate_nested_as_torch():
     compare(lud.default_collate(samples(lud)), tud.default_collate(samples(tud)))
-    # Python numbers: ints int64 as PyTorch; floats float32 (PyTorch float64); bools uint8.
+    # Python numbers: ints int64 as PyTorch; floats float32 (PyTorch float64); bools bool.
     assert lud.default_collate([1, 2]).dtype == loom.int64
     assert lud.default_collate([1.5, 2]).dtype == loom.float32
-    assert lud.default_collate([True, False]).dtype == loom.uint8
+    assert lud.default_collate([True, False]).dtype == loom.bool
     assert lud.default_collate([np.zeros(2)]).dtype == loom.float32
     assert lud.default_collate([np.zeros(2, np.int32)]).dtype == loom.int32
     # loom tensors stack; dtypes kept.

@@ -217,7 +217,7 @@ def test_attention_dropout_and_errors():
     with pytest.raises(ValueError, match="same leading dims"):
         F.scaled_dot_product_attention(loom.ones(1, 2, 3, 4), loom.ones(1, 2, 3, 5),
                                        loom.ones(1, 2, 3, 4))
-    with pytest.raises(TypeError, match="attn_mask must be uint8"):
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=loom.ones(8, 8, dtype=loom.int64))
     masked = F.scaled_dot_product_attention(q, k, v, attn_mask=loom.zeros(8, 8, dtype=loom.uint8))
     assert np.isnan(masked.detach().numpy()).all()  # as PyTorch's math backend

@@ -7,7 +7,7 @@ import pytest
 import loom
 
 DTYPES = [(np.float32, loom.float32), (np.float16, loom.float16), (np.int32, loom.int32),
-          (np.int64, loom.int64), (np.uint8, loom.uint8)]
+          (np.int64, loom.int64), (np.uint8, loom.uint8), (np.bool_, loom.bool)]
 
 
 @pytest.mark.parametrize("np_dtype,loom_dtype", DTYPES)
@@ -77,7 +77,7 @@ def test_conversions_from_python_data():
     assert loom.tensor([1.5, 2]).dtype is loom.float32  # Python floats: float32 (no float64)
     assert loom.tensor(np.zeros(2)).dtype is loom.float32  # numpy float64 too
     assert loom.tensor([1, 2]).dtype is loom.int64
-    assert loom.tensor([True, False]).dtype is loom.uint8
+    assert loom.tensor([True, False]).dtype is loom.bool
     assert loom.tensor(3.0).shape == () and loom.tensor(3.0).item() == 3.0
     assert loom.tensor([[1, 2], [3, 4]], dtype=loom.float32).dtype is loom.float32
     assert loom.tensor(np.arange(5)[::-1]).tolist() == [4, 3, 2, 1, 0]  # reversed: copied

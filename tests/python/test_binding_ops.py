@@ -196,7 +196,7 @@ def test_unsupported_pytorch_options_are_clear_errors():
 
 
 def test_comparisons_are_elementwise_as_numpy():
-    # core/ops.h compare(): uint8 1/0 (loom has no bool dtype), add's broadcasting either way
+    # core/ops.h compare(): bool, as torch's, add's broadcasting either way
     # round, numbers on either side, NaN unequal to everything.
     rng = np.random.default_rng(3)
     a = rng.integers(-3, 4, size=(4, 5)).astype(np.float32)
@@ -211,16 +211,17 @@ def test_comparisons_are_elementwise_as_numpy():
             (loom.eq(ta, tb), a == b), (ta.lt(tb), a < b), (loom.ge(ta, 1.0), a >= 1),
         ]
     for got, want in cases:
-        assert got.dtype == loom.uint8
-        np.testing.assert_array_equal(got.numpy(), want.astype(np.uint8))
+        assert got.dtype == loom.bool
+        np.testing.assert_array_equal(got.numpy(), want)
     i = loom.tensor(np.array([[1, 5], [7, 5]], dtype=np.int64))
     np.testing.assert_array_equal((i == 5).numpy(), [[0, 1], [0, 1]])
     np.testing.assert_array_equal((i != loom.tensor(np.array([1, 5], dtype=np.int64))).numpy(),
                                   [[0, 0], [1, 0]])
-    with pytest.raises(ValueError, match="non-integral"):
-        i > 0.5
-    with pytest.raises(ValueError, match="one dtype"):
-        ta == loom.tensor(np.array([1, 2, 3, 4, 5], dtype=np.int64))
+    # Mixed dtypes are promoted as PyTorch's: an integer tensor and a float compare as f32.
+    np.testing.assert_array_equal((i > 5.5).numpy(), [[False, False], [True, False]])
+    ints = np.array([1, 2, 3, 4, 5], dtype=np.int64)
+    np.testing.assert_array_equal((ta == loom.tensor(ints)).numpy(), a == ints)
+    np.testing.assert_array_equal(((i > 4) == 1).numpy(), [[False, True], [True, True]])
     with pytest.raises(TypeError, match="eq: other must be a Tensor or a number"):
         loom.eq(ta, "x")
     # Tensors stay hashable by identity: dicts and sets find the same object (a list's `in`

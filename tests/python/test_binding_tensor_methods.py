@@ -1,5 +1,5 @@
 """The composed Tensor methods and functions (python/loom/_tensor_methods.py) against PyTorch:
-dtype shorthands, any/all and logical ops (uint8 where torch gives bool), isnan/isinf/isfinite,
+dtype shorthands, any/all and logical ops (bool, as torch), isnan/isinf/isfinite,
 sign, square, reciprocal, minimum/maximum, logsumexp, sort/argsort, split/chunk/unbind, flip,
 new_*, randperm; values and gradients."""
 
@@ -20,8 +20,8 @@ def check(lo, to, leaves, rtol=1e-5, atol=1e-6):
 
 
 def same_mask(lo, to):
-    assert lo.dtype == loom.uint8
-    np.testing.assert_array_equal(lo.numpy(), to.numpy().astype(np.uint8))
+    assert lo.dtype == loom.bool and to.dtype == torch.bool
+    np.testing.assert_array_equal(lo.numpy(), to.numpy())
 
 
 def test_dtype_shorthands():
@@ -53,8 +53,11 @@ def test_any_all_and_logical_ops_match_torch():
     same_mask(lm & (lb > 0), tm & (tb > 0))
     same_mask(lm | (lb > 0), tm | (tb > 0))
     same_mask(lm ^ (lb > 0), tm ^ (tb > 0))
-    with pytest.raises(TypeError, match="uint8"):
+    with pytest.raises(TypeError, match="on bool tensors.*t.bool"):
         la & lb
+    # A uint8 mask converts with .bool(); bool tensors take Python bools.
+    same_mask(la.to(loom.uint8).bool() & True, ta.to(torch.uint8).bool() & True)
+    same_mask(lm ^ False, tm ^ False)
 
 
 def test_nan_inf_sign_square_reciprocal():

@@ -39,13 +39,17 @@ bool holds(T x, T y, Compare op) {
   return false;
 }
 
-std::vector<uint8_t> bits(const Tensor& x) { return x.to(Device::cpu()).to_vector<uint8_t>(); }
+// A bool result's bytes (every one 0 or 1).
+std::vector<uint8_t> bits(const Tensor& x) {
+  EXPECT_EQ(x.dtype(), DType::kBool);
+  return x.to(Device::cpu()).to(DType::kU8).to_vector<uint8_t>();
+}
 
 TEST(Compare, HandWorkedValues) {
   const Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
   const Tensor b = Tensor::from_vector(std::vector<float>{2, 2, 7}, {3});
   const Tensor eq = compare(a, b, Compare::kEq);
-  EXPECT_EQ(eq.dtype(), DType::kU8);
+  EXPECT_EQ(eq.dtype(), DType::kBool);
   EXPECT_EQ(eq.shape(), (Shape{2, 3}));
   EXPECT_EQ(bits(eq), (std::vector<uint8_t>{0, 1, 0, 0, 0, 0}));
   EXPECT_EQ(bits(compare(a, b, Compare::kLt)), (std::vector<uint8_t>{1, 0, 1, 0, 0, 1}));
@@ -120,10 +124,22 @@ TEST(Compare, MasksCompareAsU8) {
             (std::vector<uint8_t>{0, 1, 1, 0}));
 }
 
+TEST(Compare, MixedDtypesArePromotedAsPyTorchs) {
+  // An integer and a float meet in the float's dtype: 2.5 > 2 although 2.5 truncated is not.
+  const Tensor f = Tensor::from_vector<float>({2.5f, -1.0f, 3.0f}, {3});
+  const Tensor i = Tensor::from_vector<int64_t>({2, -1, 4}, {3});
+  EXPECT_EQ(bits(compare(f, i, Compare::kGt)), (std::vector<uint8_t>{1, 0, 0}));
+  EXPECT_EQ(bits(compare(i, f, Compare::kEq)), (std::vector<uint8_t>{0, 1, 0}));
+  // Integers (u8, bool, i32) meet in i64: 200 u8 is not -56.
+  const Tensor u = Tensor::from_vector(std::vector<uint8_t>{200, 0, 1}, {3});
+  const Tensor s = Tensor::from_vector<int32_t>({-56, 0, 1}, {3});
+  EXPECT_EQ(bits(compare(u, s, Compare::kEq)), (std::vector<uint8_t>{0, 1, 1}));
+  const Tensor b = compare(s, Tensor::zeros({3}, DType::kI32), Compare::kNe);  // {1, 0, 1}
+  EXPECT_EQ(bits(compare(b, s, Compare::kEq)), (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_EQ(bits(compare(b, b, Compare::kEq)), (std::vector<uint8_t>{1, 1, 1}));
+}
+
 TEST(Compare, BadInputIsAClearError) {
-  testing::expect_error(
-      [] { compare(Tensor::zeros({2}), Tensor::zeros({2}, DType::kI64), Compare::kEq); },
-      {"compare", "f32", "i64", "one dtype"});
   testing::expect_error(
       [] {
         compare(Tensor::zeros({2, 3}), Tensor::zeros({2}), Compare::kLt);

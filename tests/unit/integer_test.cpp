@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -129,6 +130,77 @@ TEST(Integer, WhereFollowsTorch) {
   const Tensor f = where(mask, a.to(DType::kI32), Tensor::full({4}, 0.5));
   EXPECT_EQ(f.dtype(), DType::kF32);
   EXPECT_EQ(f.to_vector<float>()[0], 0.5f);
+}
+
+// ---------------------------------------------------------------- bool
+
+std::vector<uint8_t> bytes_of(const Tensor& b) {
+  EXPECT_EQ(b.dtype(), DType::kBool);
+  return b.to(Device::cpu()).to(DType::kU8).to_vector<uint8_t>();
+}
+
+// Conversions to bool are "not zero" (as C++'s and PyTorch's: NaN is true, -0 false, 256 true);
+// from bool, 0 and 1.
+TEST(Bool, ConversionsAreNotZero) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor f = Tensor::from_vector<float>({0.0f, -0.0f, 0.5f, -2.0f, nan}, {5});
+  EXPECT_EQ(bytes_of(f.to(DType::kBool)), (std::vector<uint8_t>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(bytes_of(i64({0, 256, -1}, {3}).to(DType::kBool)), (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_EQ(bytes_of(f.to(DType::kBF16).to(DType::kBool)), (std::vector<uint8_t>{0, 0, 1, 1, 1}));
+  const Tensor b = f.to(DType::kBool);
+  EXPECT_EQ(b.to(DType::kF32).to_vector<float>(), (std::vector<float>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(b.to(DType::kI64).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(std::string(dtype_name(DType::kBool)), "bool");
+  EXPECT_EQ(parse_dtype("bool"), DType::kBool);
+  EXPECT_EQ(dtype_size(DType::kBool), 1u);
+  EXPECT_FALSE(is_floating(DType::kBool));
+}
+
+// Arithmetic as PyTorch's: two bools add as or and multiply as and (sub is refused); a bool
+// beside another integer is its 0 / 1, beside a float the float's; sums count (i64); a bool
+// scaled by an integer is i64; where picks bools as bools.
+TEST(Bool, ArithmeticAndSumsFollowTorch) {
+  const Tensor x = i64({0, 1, 0, 1}, {4}).to(DType::kBool);
+  const Tensor y = i64({0, 0, 1, 1}, {4}).to(DType::kBool);
+  EXPECT_EQ(bytes_of(add(x, y)), (std::vector<uint8_t>{0, 1, 1, 1}));
+  EXPECT_EQ(bytes_of(mul(x, y)), (std::vector<uint8_t>{0, 0, 0, 1}));
+  testing::expect_error([&] { sub(x, y); }, {"sub", "two bool tensors", "logical_xor"});
+  const Tensor n = Tensor::from_vector<int32_t>({5, 5, 5, 5}, {4});
+  EXPECT_EQ(add(x, n).dtype(), DType::kI32);
+  EXPECT_EQ(add(x, n).to_vector<int32_t>(), (std::vector<int32_t>{5, 6, 5, 6}));
+  EXPECT_EQ(mul(x, Tensor::full({4}, 2.5)).to_vector<float>(),
+            (std::vector<float>{0, 2.5, 0, 2.5}));
+  EXPECT_EQ(sum(x).dtype(), DType::kI64);
+  EXPECT_EQ(sum(x).to_vector<int64_t>(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(sum(x.reshape({2, 2}), 0).to_vector<int64_t>(), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(scale(x, 3.0).dtype(), DType::kI64);
+  EXPECT_EQ(scale(x, 3.0).to_vector<int64_t>(), (std::vector<int64_t>{0, 3, 0, 3}));
+  EXPECT_EQ(bytes_of(where(y, x, y)), (std::vector<uint8_t>{0, 0, 0, 1}));
+  EXPECT_EQ(where(x, n, i64({-1, -1, -1, -1}, {4})).to_vector<int64_t>(),
+            (std::vector<int64_t>{-1, 5, -1, 5}));
+  EXPECT_EQ(masked_fill(Tensor::zeros({4}), x, 7.0).to_vector<float>(),
+            (std::vector<float>{0, 7, 0, 7}));
+}
+
+TEST(Bool, CudaMatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const Device gpu = Device::cuda(0);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(5000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 3 == 0 ? 0.0f : float(int(i % 7) - 3) * 0.25f;
+  v[11] = nan;
+  v[12] = -0.0f;
+  const Tensor f = Tensor::from_vector(v, {5000});
+  for (DType from : {DType::kF32, DType::kBF16, DType::kI64, DType::kU8}) {
+    const Tensor x = f.to(from);
+    EXPECT_EQ(bytes_of(x.to(gpu).to(DType::kBool)), bytes_of(x.to(DType::kBool)))
+        << dtype_name(from);
+  }
+  const Tensor b = f.to(DType::kBool);
+  EXPECT_EQ(b.to(gpu).to(DType::kF32).to(Device::cpu()).to_vector<float>(),
+            b.to(DType::kF32).to_vector<float>());
+  EXPECT_EQ(sum(b.to(gpu)).to(Device::cpu()).to_vector<int64_t>(), sum(b).to_vector<int64_t>());
+  EXPECT_EQ(bytes_of(add(b.to(gpu), b.to(gpu))), bytes_of(add(b, b)));
 }
 
 }  // namespace

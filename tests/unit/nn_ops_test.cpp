@@ -509,8 +509,11 @@ TEST(IndexAddRows, BadInputNamesTheOp) {
         index_add_rows(x, Tensor::from_vector<int64_t>({0, 1}, {2}), Tensor::zeros({2, 4}));
       },
       {"index_add_rows", "src is [2, 4]", "need [2, 3]"});
-  expect_error([&] { index_add_rows(x, Tensor::zeros({2}), Tensor::zeros({2, 3})); },
-               {"index_add_rows", "'indices'", "i32 or i64"});
+  expect_error(
+      [&] {
+        index_add_rows(x, Tensor::zeros({2}), Tensor::zeros({2, 3}));
+      },
+      {"index_add_rows", "'indices'", "i32 or i64"});
 }
 
 // ---------------------------------------------------------------- dropout

@@ -18,7 +18,7 @@ Where loom deliberately differs from PyTorch (each said again in the function's 
   PyTorch's ``'none'``.
 - ``scaled_dot_product_attention``'s ``is_causal`` defaults to None: causal when no
   ``attn_mask`` is given (loom's GPT use), not causal when one is. PyTorch's default is False.
-- Masks are uint8 (loom has no bool dtype): nonzero means "takes part", as PyTorch's True.
+- Masks are bool, as PyTorch's (uint8 masks are taken too: nonzero means "takes part").
 - A mean over no elements (every target ``ignore_index``) is 0 with zero gradients, not NaN, so
   a micro-batch that is all padding does not poison a step; the fused losses return float32
   whatever the logits' dtype.
@@ -344,8 +344,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """softmax(q kᵀ·scale + mask) v, as torch.nn.functional.scaled_dot_product_attention.
 
     ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev), with the same leading
-    dims. ``scale`` defaults to 1/√E. ``attn_mask`` broadcasts to (..., L, S): a uint8 mask
-    (loom's bool: nonzero takes part, zero is masked out) or a floating one added to the scores.
+    dims. ``scale`` defaults to 1/√E. ``attn_mask`` broadcasts to (..., L, S): a bool mask
+    (True takes part, False is masked out; uint8 too, nonzero taking part) or a floating one added
+    to the scores.
     ``is_causal=True`` masks out key j > query i (the top-left-aligned lower triangle, as
     PyTorch's), combined with ``attn_mask`` when both are given (PyTorch refuses both).
     ``dropout_p`` drops attention weights with loom's dropout (always, as PyTorch's functional
@@ -383,12 +384,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         cols = _loom.arange(scores.shape[-1], device=query.device)
         scores = scores.masked_fill(cols > rows, float("-inf"))
     if attn_mask is not None:
-        if attn_mask.dtype == _loom.uint8:
+        if attn_mask.dtype in (_loom.bool, _loom.uint8):
             scores = scores.masked_fill(attn_mask == 0, float("-inf"))
         elif attn_mask.dtype.is_floating_point:
             scores = scores + attn_mask.to(scores.dtype)
         else:
-            raise TypeError(f"{op}: attn_mask must be uint8 (loom's bool) or floating point, "
+            raise TypeError(f"{op}: attn_mask must be bool (or uint8) or floating point, "
                             f"got {attn_mask.dtype}")
     weights = _F.softmax(scores, -1)
     if dropout_p > 0.0:

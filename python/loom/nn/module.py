@@ -232,7 +232,7 @@ class Module:
         ``buffers()``, moved and converted by ``to()`` (only floating buffers change dtype), copied
         by deepcopy and, when ``persistent``, saved in ``state_dict()``::
 
-            self.register_buffer("mask", loom.tril(loom.ones(T, T)).to(loom.uint8))
+            self.register_buffer("mask", loom.tril(loom.ones(T, T)).bool())
         """
         _check_name("buffer", name)
         if tensor is not None and not isinstance(tensor, Tensor):

@@ -66,8 +66,8 @@ whole global batches, even where padding would have filled each rank's last batc
 that the tail divides.
 
 Where loom differs from PyTorch:
-- Python floats and float64 numpy arrays collate to float32 (loom has no float64); bools to
-  uint8 (loom's bool). ints are int64 as in PyTorch.
+- Python floats and float64 numpy arrays collate to float32 (loom has no float64). ints are
+  int64 and bools bool, as in PyTorch.
 - ``num_workers > 0`` is accepted with a warning and loads in this process: the batches are the
   same, only not prefetched. ``worker_init_fn`` is refused (it would never run). ``generator=``
   is refused (loom has no Generator objects): pass ``seed=``. ``pin_memory`` has no effect.
@@ -648,7 +648,7 @@ def default_collate(batch):
     """Joins a list of samples into a batch with a new first dimension (as
     torch.utils.data.default_collate): loom tensors are stacked (loom.stack); numpy arrays and
     numpy scalars stacked into a loom tensor (float64 becomes float32, loom having no float64);
-    Python ints become int64, floats float32 (PyTorch: float64), bools uint8 (loom's bool);
+    Python ints become int64, floats float32 (PyTorch: float64), bools bool;
     strings stay a list; dicts, namedtuples, tuples and lists are collated field by field
     (tuples and lists become lists, as in PyTorch).
 
