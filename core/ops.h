@@ -173,6 +173,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // and in src (the gradient's rows at indices). An index outside [0, V) is an error naming it.
 // The building block of Python's index_add and scatter_add.
 Tensor index_add_rows(const Tensor& x, const Tensor& indices, const Tensor& src);
+// x's elements at `positions` (i64, places in x's row-major order, each in range and at most
+// once: a place named twice is an error) set to `values` (one per position, converted to x's
+// dtype and device), in place; x may be a view. Not recorded by autograd: x must not require
+// grad while grad is on. The core of Python's t[mask] = v and t[index] = v.
+void put_(Tensor& x, const Tensor& positions, const Tensor& values);
 
 // Counter-based dropout: element i is kept iff uniform(philox(seed, stream, offset + i)) >= p,
 // and kept elements are scaled by 1/(1-p). The same key gives the same mask on any device and

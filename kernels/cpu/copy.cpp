@@ -70,6 +70,14 @@ void strided(const void* src, void* dst, size_t elem_size, int ndim, const int64
 
 }  // namespace
 
+void put_elements(const void* src, void* dst, size_t elem_size, const int64_t* positions,
+                  int64_t n) {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(d + positions[i] * int64_t(elem_size), s + i * int64_t(elem_size), elem_size);
+}
+
 void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
                   const int64_t* strides) {
   strided</*kScatter=*/false>(src, dst, elem_size, ndim, shape, strides);

@@ -16,6 +16,11 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
 void strided_scatter(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
                      const int64_t* strides);
 
+// dst[positions[i]] = src[i] for i < n, elements of elem_size bytes (1, 2, 4 or 8); positions
+// are distinct and in range (the caller checks), so the order does not matter.
+void put_elements(const void* src, void* dst, size_t elem_size, const int64_t* positions,
+                  int64_t n);
+
 // Element conversion between any two of float, BFloat16, Float16, int32_t, int64_t, uint8_t,
 // bool (to bool: not zero).
 template <typename To, typename From>

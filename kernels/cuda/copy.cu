@@ -66,6 +66,12 @@ __global__ void convert_kernel(const From* src, To* dst, int64_t n) {
 }
 
 template <typename T>
+__global__ void put_kernel(const T* src, T* dst, const int64_t* positions, int64_t n) {
+  LOOM_GRID_STRIDE(i, n)
+  dst[positions[i]] = src[i];
+}
+
+template <typename T>
 __global__ void fill_kernel(T* dst, T value, int64_t n) {
   LOOM_GRID_STRIDE(i, n)
   dst[i] = value;
@@ -158,6 +164,17 @@ void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, 
                   static_cast<To*>(dst), n);
     });
   });
+}
+
+void put_elements(const void* src, void* dst, size_t elem_size, const int64_t* positions, int64_t n,
+                  Stream stream) {
+  if (n == 0) return;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    LOOM_LAUNCH(put_kernel<T>, grid_stride_blocks(n), kBlock, 0, stream, static_cast<const T*>(src),
+                static_cast<T*>(dst), positions, n);
+  };
+  visit_element_size("cuda put_elements", elem_size, launch);
 }
 
 void fill(void* dst, const void* value, size_t elem_size, int64_t n, Stream stream) {

@@ -16,6 +16,10 @@ void strided_copy(const void* src, void* dst, size_t elem_size, int ndim, const 
 void strided_scatter(const void* src, void* dst, size_t elem_size, int ndim, const int64_t* shape,
                      const int64_t* strides, Stream stream);
 
+// dst[positions[i]] = src[i] for i < n (positions on the device, distinct and in range).
+void put_elements(const void* src, void* dst, size_t elem_size, const int64_t* positions, int64_t n,
+                  Stream stream);
+
 // Element type codes for convert(): 0 f32, 1 bf16, 2 f16, 3 i32, 4 i64, 5 u8, 6 bool (DType's
 // order; to bool is "not zero", as C++'s conversion).
 void convert(const void* src, int src_type, void* dst, int dst_type, int64_t n, Stream stream);

@@ -252,6 +252,32 @@ Tensor apply_index(const Tensor& x, py::handle index, Shape* assign_shape = null
   return t;
 }
 
+bool has_index_tensor(const Tensor& x, py::handle index) {
+  for (const py::object& it : items_of(x, index))
+    if (is_index_tensor(it)) return true;
+  return false;
+}
+
+// t[index] = value with an index tensor or mask in the index: the places x[index] reads are
+// found by indexing x's flat positions (0 .. numel-1 laid out in x's shape) the same way, and
+// the value, broadcast to x[index]'s shape, is written there with put_ (CPU and CUDA; a place
+// named twice is refused, as scatter refuses it).
+void assign_advanced(Tensor& x, py::handle index, py::handle value) {
+  const Tensor places =
+      apply_index(Tensor::arange(x.numel(), DType::kI64, x.device()).reshape(x.shape()), index);
+  Tensor src;
+  if (is_scalar(value))
+    src = Tensor::full(places.shape(), value.cast<double>(), x.dtype(), x.device());
+  else if (py::isinstance<Tensor>(value))
+    src = py::cast<Tensor>(value).detach().to(x.dtype()).to(x.device());
+  else
+    throw py::type_error("t[...] = value: value must be a Tensor or a number");
+  py::gil_scoped_release release;
+  if (src.shape() != places.shape()) src = expand(src, places.shape());
+  put_(x, places.contiguous().reshape({places.numel()}),
+       src.contiguous().reshape({places.numel()}));
+}
+
 }  // namespace
 
 void init_indexing(py::module_& m) {
@@ -267,6 +293,10 @@ void init_indexing(py::module_& m) {
         LOOM_CHECK(!(x.requires_grad() && autograd::grad_enabled()), "t[...] = value: ", x.str(),
                    " requires grad, and in-place updates are not recorded by autograd; assign "
                    "inside `with loom.no_grad():`");
+        if (has_index_tensor(x, index)) {  // t[mask] = v, t[idx] = v: See assign_advanced
+          assign_advanced(x, index, value);
+          return;
+        }
         Shape shape;  // what x[index] would be; the value broadcasts to it
         Tensor view = apply_index(x, index, &shape);
         Tensor src;
@@ -283,7 +313,8 @@ void init_indexing(py::module_& m) {
         }
         view.copy_(src.to(view.dtype()).to(view.device()));
       },
-      "t[index] = value for ints, step-1 slices, None and ...: written in place into t.");
+      "t[index] = value as PyTorch's, in place: ints, slices, None, ..., and one index tensor "
+      "or mask (each place written at most once: a place named twice is an error).");
 }
 
 }  // namespace loom::python

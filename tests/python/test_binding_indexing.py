@@ -77,8 +77,34 @@ def test_setitem_basic_forms_match_torch():
     with loom.no_grad():
         w[0] = 1.0
     assert w.detach().numpy()[0] == 1.0
-    with pytest.raises(IndexError, match="where"):
-        lx[lx > 0] = 0.0
+
+
+def test_setitem_through_masks_and_index_tensors_matches_torch():
+    lx, tx = loom.tensor(X.copy()), torch.tensor(X.copy())
+    lx[lx > 0] = 0.0  # a mask over every dim
+    tx[tx > 0] = 0.0
+    lx[:, lx[0, :, 0] < -0.5] = -7.0  # a mask over one dim, broadcast value
+    tx[:, tx[0, :, 0] < -0.5] = -7.0
+    lx[:, [4, 0], 1:3] = loom.tensor(np.arange(4, dtype=np.float32).reshape(2, 2))
+    tx[:, [4, 0], 1:3] = torch.arange(4, dtype=torch.float32).reshape(2, 2)
+    lx[loom.tensor(np.array([1, 0]))] = loom.ones(5, 6) * 3  # an index tensor
+    tx[torch.tensor([1, 0])] = torch.ones(5, 6) * 3
+    np.testing.assert_array_equal(lx.numpy(), tx.numpy())
+    # Integer tensors (labels), a view, and CUDA-free int64 values beyond float32's range.
+    labels = np.array([[5, 2, 0], [7, 0, 3]], np.int64)
+    ll, tl = loom.tensor(labels), torch.tensor(labels)
+    ll[ll == 0] = -100
+    tl[tl == 0] = -100
+    ll[1][ll[1] > 4] = 2**40 + 1
+    tl[1][tl[1] > 4] = 2**40 + 1
+    np.testing.assert_array_equal(ll.numpy(), tl.numpy())
+    # A place named twice has no defined result (PyTorch: undefined): refused, nothing written.
+    before = lx.numpy().copy()
+    with pytest.raises(ValueError, match="written twice"):
+        lx[loom.tensor(np.array([0, 0]))] = 1.0
+    np.testing.assert_array_equal(lx.numpy(), before)
+    with pytest.raises(ValueError, match="index 4 is out of bounds for dim 0 with size 4"):
+        lx[loom.tensor(np.array([4]))] = 1.0  # as reading lx[[4]] says
 
 
 def test_last_token_logits_as_generation_code_writes_them():

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/ops.h"
 #include "core/tensor.h"
@@ -103,6 +104,23 @@ struct Mnk {
   int64_t m, n, k;
 };
 const Mnk kProducts[] = {{1, 1, 1}, {7, 33, 257}, {257, 7, 33}, {33, 1000, 7}, {1000, 257, 1}};
+
+TEST(CudaPut, MatchesTheCpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const Device gpu = Device::cuda(0);
+  std::vector<int64_t> places;
+  for (int64_t i = 0; i < 5000; i += 3) places.push_back((i * 7919) % 5000);  // distinct
+  const Tensor pos = Tensor::from_vector(places, {int64_t(places.size())});
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI64, DType::kBool}) {
+    Tensor cpu = Tensor::arange(5000).to(dt), values = Tensor::arange(pos.numel()).to(dt);
+    Tensor dev = cpu.to(gpu);
+    put_(cpu, pos, values);
+    put_(dev, pos.to(gpu), values.to(gpu));
+    EXPECT_EQ(dev.to(Device::cpu()).to(DType::kF32).to_vector<float>(),
+              cpu.to(DType::kF32).to_vector<float>())
+        << dtype_name(dt);
+  }
+}
 
 TEST(CudaMatmul, EveryTransposeCombination) {
   LOOM_SKIP_WITHOUT_CUDA();

@@ -516,6 +516,36 @@ TEST(IndexAddRows, BadInputNamesTheOp) {
       {"index_add_rows", "'indices'", "i32 or i64"});
 }
 
+// ---------------------------------------------------------------- put_
+
+TEST(Put, WritesPlacesOfAViewInAnyDtype) {
+  Tensor x = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor col = x.narrow(1, 1, 2);  // [[1, 2], [4, 5]], not contiguous
+  put_(col, Tensor::from_vector<int64_t>({3, 0}, {2}), Tensor::from_vector<float>({-5, -1}, {2}));
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{0, -1, 2, 3, 4, -5}));
+  Tensor ids = Tensor::from_vector<int64_t>({1, 2, 3}, {3});
+  put_(ids, Tensor::from_vector<int64_t>({1}, {1}),
+       Tensor::full({1}, 1099511627777.0, DType::kI64));
+  EXPECT_EQ(ids.to_vector<int64_t>(), (std::vector<int64_t>{1, 1099511627777LL, 3}));
+}
+
+TEST(Put, RefusesRepeatsAndStrayPlacesWritingNothing) {
+  Tensor x = Tensor::zeros({4});
+  expect_error(
+      [&] {
+        put_(x, Tensor::from_vector<int64_t>({1, 1}, {2}), Tensor::ones({2}));
+      },
+      {"put_", "place 1", "written twice"});
+  expect_error([&] { put_(x, Tensor::from_vector<int64_t>({4}, {1}), Tensor::ones({1})); },
+               {"put_", "position 4", "[0, 4)"});
+  expect_error([&] { put_(x, Tensor::from_vector<int64_t>({0}, {1}), Tensor::ones({2})); },
+               {"put_", "2 values for 1 positions"});
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{0, 0, 0, 0}));
+  Tensor w = Tensor::zeros({2}).set_requires_grad(true);
+  expect_error([&] { put_(w, Tensor::from_vector<int64_t>({0}, {1}), Tensor::ones({1})); },
+               {"put_", "requires grad"});
+}
+
 // ---------------------------------------------------------------- dropout
 
 TEST(Dropout, SameKeySameMaskOtherOffsetOtherMask) {
