@@ -1,6 +1,8 @@
 #include "parallel/mesh.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <set>
 
 #include "collectives/planning_backend.h"
 
@@ -35,6 +37,15 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::Communicator> world, int pp, int dp
   tp_group_ = world_->split(c.pp * dp_ + c.dp, c.tp, tp_name(c));
   dp_group_ = world_->split(c.pp * tp_ + c.tp, c.dp, dp_name(c));
   pp_group_ = world_->split(c.dp * tp_ + c.tp, c.pp, pp_name(c));
+  nodes_ = comm::node_map(*world_);
+  const std::vector<std::string> crossing = tp_groups_across_nodes();
+  if (!crossing.empty() && world_->rank() == 0) {
+    std::fprintf(stderr,
+                 "loom: warning: %zu tensor-parallel group(s) span nodes, e.g. %s: their "
+                 "per-layer collectives cross the network. Place consecutive ranks on one node "
+                 "(mpirun --map-by slot, the default) with tp at most the ranks per node.\n",
+                 crossing.size(), crossing.front().c_str());
+  }
 }
 
 DeviceMesh DeviceMesh::plan(int world_rank, int pp, int dp, int tp) {
@@ -47,6 +58,8 @@ DeviceMesh DeviceMesh::plan(int world_rank, int pp, int dp, int tp) {
   m.tp_group_ = comm::make_planning_communicator(c.tp, tp, tp_name(c));
   m.dp_group_ = comm::make_planning_communicator(c.dp, dp, dp_name(c));
   m.pp_group_ = comm::make_planning_communicator(c.pp, pp, pp_name(c));
+  m.nodes_.node_of_rank.assign(size_t(pp) * dp * tp, 0);
+  m.nodes_.names = {"planned"};
   return m;
 }
 
@@ -80,6 +93,77 @@ std::shared_ptr<comm::Communicator> DeviceMesh::new_group(const std::vector<int>
   std::shared_ptr<comm::Communicator> group =
       world_->split(member ? 1 : 0, key, member ? name : name + ".nonmembers");
   return member ? group : nullptr;
+}
+
+int DeviceMesh::node_of(int world_rank) const {
+  LOOM_CHECK(world_rank >= 0 && world_rank < int(nodes_.node_of_rank.size()),
+             "DeviceMesh::node_of: rank ", world_rank, " outside a world of ",
+             nodes_.node_of_rank.size());
+  return nodes_.node_of_rank[size_t(world_rank)];
+}
+
+namespace {
+
+// The nodes the ranks of one group sit on, in order.
+std::set<int> nodes_of(const DeviceMesh& m, const std::vector<int>& ranks) {
+  std::set<int> out;
+  for (int r : ranks) out.insert(m.node_of(r));
+  return out;
+}
+
+std::string list(const std::set<int>& nodes) {
+  std::string s;
+  for (int n : nodes) s += (s.empty() ? "" : ", ") + std::to_string(n);
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> DeviceMesh::tp_groups_across_nodes() const {
+  std::vector<std::string> out;
+  for (int p = 0; p < pp_; ++p)
+    for (int d = 0; d < dp_; ++d) {
+      std::vector<int> ranks;
+      for (int t = 0; t < tp_; ++t) ranks.push_back(rank_of({p, d, t}));
+      const std::set<int> nodes = nodes_of(*this, ranks);
+      if (nodes.size() > 1) out.push_back(tp_name({p, d, 0}) + " on nodes " + list(nodes));
+    }
+  return out;
+}
+
+std::string DeviceMesh::placement() const {
+  std::string s;
+  for (int n = 0; n < nodes_.nodes(); ++n) {
+    std::vector<int> ranks;
+    for (size_t r = 0; r < nodes_.node_of_rank.size(); ++r)
+      if (nodes_.node_of_rank[r] == n) ranks.push_back(int(r));
+    std::string rs;
+    for (size_t i = 0; i < ranks.size(); ++i) {  // runs of consecutive ranks as a-b
+      size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      rs += (rs.empty() ? "" : ", ") + std::to_string(ranks[i]) +
+            (j > i ? "-" + std::to_string(ranks[j]) : "");
+      i = j;
+    }
+    s += detail::str_cat("node ", n, " (", nodes_.names[size_t(n)], "): ranks ", rs, "\n");
+  }
+  // Per group kind: how many nodes its groups span (the most of any group).
+  auto span = [&](const char* kind, int count, int size, auto ranks_of_group) {
+    size_t most = 0;
+    for (int g = 0; g < count; ++g) {
+      std::vector<int> ranks;
+      for (int i = 0; i < size; ++i) ranks.push_back(ranks_of_group(g, i));
+      most = std::max(most, nodes_of(*this, ranks).size());
+    }
+    s += detail::str_cat(kind, " groups: ", count, " of ", size, " rank(s), ",
+                         most <= 1 ? std::string("each inside one node")
+                                   : detail::str_cat("spanning up to ", most, " nodes"),
+                         "\n");
+  };
+  span("tp", pp_ * dp_, tp_, [&](int g, int i) { return rank_of({g / dp_, g % dp_, i}); });
+  span("dp", pp_ * tp_, dp_, [&](int g, int i) { return rank_of({g / tp_, i, g % tp_}); });
+  span("pp", dp_ * tp_, pp_, [&](int g, int i) { return rank_of({i, g / tp_, g % tp_}); });
+  return s;
 }
 
 std::string DeviceMesh::str() const {

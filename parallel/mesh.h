@@ -4,6 +4,13 @@
 // It builds the named groups every parallel feature uses — tp (same pp, dp indices), dp (same
 // pp, tp), pp (same dp, tp) — and custom groups (tied embeddings of the first and last stage,
 // Chimera replica pairs) from explicit rank lists. Only parallel/ knows the mesh.
+//
+// It also learns which ranks share a node (collectives/topology.h): with ranks placed on nodes
+// by slot (mpirun's default, and scripts/cluster.sh's), consecutive ranks share a node, so each
+// tp group, innermost, is inside one node. When a tp group spans nodes anyway (ranks placed
+// round-robin, or a tp larger than a node), world rank 0 warns, naming the group and its nodes:
+// its per-layer collectives then cross the network. placement() lists rank -> node and, per
+// group kind, the nodes each group spans.
 #pragma once
 
 #include <memory>
@@ -11,6 +18,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/topology.h"
 
 namespace loom::parallel {
 
@@ -53,6 +61,15 @@ class DeviceMesh {
 
   std::string str() const;  // "mesh pp 2 x dp 2 x tp 2 (rank 5 at pp 1, dp 0, tp 1)"
 
+  // The node of each world rank (a planned mesh has one node), and their host names.
+  const comm::NodeMap& nodes() const { return nodes_; }
+  int node_of(int world_rank) const;
+  // The tp groups that span more than one node, as "tp[pp 0, dp 1] on nodes 0, 1" lines.
+  std::vector<std::string> tp_groups_across_nodes() const;
+  // Multi-line: "node 0 (host): ranks 0-3" per node, then per group kind how many nodes each
+  // group spans ("tp groups: 4, each inside one node").
+  std::string placement() const;
+
  private:
   DeviceMesh(int pp, int dp, int tp) : pp_(pp), dp_(dp), tp_(tp) {}
 
@@ -60,6 +77,7 @@ class DeviceMesh {
   int pp_, dp_, tp_;
   MeshCoords coords_;
   std::shared_ptr<comm::Communicator> tp_group_, dp_group_, pp_group_;
+  comm::NodeMap nodes_;
 };
 
 }  // namespace loom::parallel

@@ -304,6 +304,12 @@ int run(int argc, char** argv) {
               o.grad_clip, omp_get_max_threads());
   if (world->size() > 1 || o.zero > 0 || o.grad_accum > 1 || dtype != DType::kF32)
     std::printf("parallel: %s over %d rank(s)\n", trainer->str().c_str(), world->size());
+  if (mesh.nodes().nodes() > 1) {  // across machines: where each rank and group runs
+    std::string where = mesh.placement();
+    for (size_t at = 0; (at = where.find('\n', at)) != std::string::npos && at + 1 < where.size();)
+      where.insert(++at, "  ");
+    std::printf("placement: %d nodes\n  %s", mesh.nodes().nodes(), where.c_str());
+  }
   std::printf("memory per rank: %s\n", trainer->memory().str().c_str());
   // MFU: model FLOPs per token (6N + attention) at the measured tokens/s over every GPU's peak.
   const cli::GpuPeak peak = device.is_cuda() ? cli::gpu_peak(device.index, dtype) : cli::GpuPeak{};

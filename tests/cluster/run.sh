@@ -1,7 +1,7 @@
 #!/bin/bash
 # The multi-node tests (ctest label cluster): brings up an emulated cluster of NODES nodes with
-# RANKS slots each (scripts/cluster.sh), runs on it the collectives' and signature checks' tests
-# on every slot, and loom-gpt (every ZeRO stage, tp, every pipeline schedule, dp x tp x pp) and
+# RANKS slots each (scripts/cluster.sh), runs on it the collectives', signature checks' and
+# mesh's (which ranks share a node) tests on every slot, and loom-gpt (every ZeRO stage, tp, every pipeline schedule, dp x tp x pp) and
 # loom-dlrm (every sharding) against one process with the same scripts as on one host
 # (tests/mpi/gpt_parallel.sh, dlrm_parallel.sh, through tests/cluster/mpiexec.sh), then takes
 # the cluster down, also on failure. Exits 77 (ctest: skipped) with the reason when this machine
@@ -30,7 +30,7 @@ np=$((nodes * ranks))
 # shared filesystem.
 export TMPDIR=$build/cluster-tmp/$nodes-x-$ranks
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
-for test in collectives_test debug_test; do
+for test in collectives_test debug_test mesh_test; do
   echo "== $test on $nodes nodes x $ranks ranks"
   bash "$cluster" run --np "$np" -- "$build/bin/$test" --gtest_brief=1
 done

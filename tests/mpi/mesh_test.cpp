@@ -2,7 +2,14 @@
 // rank = (pp * dp_size + dp) * tp_size + tp, and each named group reduces over exactly its
 // ranks — checked with closed-form sums of world ranks, with the three groups' reductions in
 // flight at the same time.
+#define OMPI_SKIP_MPICXX 1  // the C API only (libmpi_cxx is not linked)
 #include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <set>
+#include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "parallel/mesh.h"
@@ -121,6 +128,51 @@ TEST(DeviceMesh, CustomGroupsForTiedEmbeddingsAndReplicaPairs) {
       EXPECT_EQ(x.item(), r == partner ? r : r + partner);
     }
   }
+}
+
+// Which ranks share a node, against MPI's own answer (MPI_Comm_split_type shared memory): two
+// ranks are on one node for the mesh exactly when MPI puts them in one shared-memory group. On
+// one host that is every rank; on the emulated cluster (tests/cluster/run.sh) it is each node's.
+// A tp group spans nodes exactly when its ranks' MPI groups differ.
+TEST(DeviceMesh, KnowsWhichRanksShareANode) {
+  auto world = comm::world();
+  const int n = world->size();
+  MPI_Comm shared = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared),
+            MPI_SUCCESS);
+  int leader = world->rank();  // the lowest world rank of this rank's node, by MPI
+  ASSERT_EQ(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, shared), MPI_SUCCESS);
+  std::vector<int> leaders(static_cast<size_t>(n));
+  ASSERT_EQ(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  MPI_Comm_free(&shared);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  for (const MeshCoords& shape : factorisations(n)) {
+    DeviceMesh mesh(world, shape.pp, shape.dp, shape.tp);
+    SCOPED_TRACE(mesh.str());
+    const std::set<int> distinct(leaders.begin(), leaders.end());
+    EXPECT_EQ(mesh.nodes().nodes(), int(distinct.size()));
+    for (int r = 0; r < n; ++r)
+      for (int q = 0; q < n; ++q)
+        EXPECT_EQ(mesh.node_of(r) == mesh.node_of(q), leaders[size_t(r)] == leaders[size_t(q)])
+            << "ranks " << r << " and " << q;
+    EXPECT_EQ(mesh.nodes().names[size_t(mesh.node_of(world->rank()))], std::string(host));
+    size_t crossing = 0;
+    for (int p = 0; p < shape.pp; ++p)
+      for (int d = 0; d < shape.dp; ++d) {
+        std::set<int> nodes;
+        for (int t = 0; t < shape.tp; ++t) nodes.insert(leaders[size_t(mesh.rank_of({p, d, t}))]);
+        crossing += nodes.size() > 1;
+      }
+    EXPECT_EQ(mesh.tp_groups_across_nodes().size(), crossing);
+    const std::string placement = mesh.placement();
+    EXPECT_NE(placement.find("node 0 ("), std::string::npos) << placement;
+    EXPECT_NE(placement.find(crossing ? "tp groups: " : "each inside one node"), std::string::npos)
+        << placement;
+  }
+  // A planned mesh is one node.
+  EXPECT_EQ(DeviceMesh::plan(0, 1, 2, 2).nodes().nodes(), 1);
 }
 
 TEST(DeviceMesh, BadShapesAreClearErrorsOnEveryRank) {
