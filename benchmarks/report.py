@@ -310,8 +310,10 @@ def suite_checkpoint(r, extra):
     extra["checkpoint_vs_pytorch"] = c
     rows = []
     for phase, f in c["phases"].items():
+        peer = ("torch.save (+ fsync)" if phase.startswith("save")
+                else "torch.load + load_state_dict")
         rows.append(row("checkpoint", f"{phase}, 1 process", "s", f["loom_s"], 1,
-                        peer="torch.save / torch.load", peer_value=f["torch_s"],
+                        peer=peer, peer_value=f["torch_s"],
                         speedup=f["torch_over_loom"], limit="raw disk (write+fsync / read)",
                         limit_value=f["raw_gbps"], fraction=f["loom_vs_raw"],
                         headline=f"checkpoint {phase}" if phase.startswith("save") else None))
