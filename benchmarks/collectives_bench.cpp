@@ -25,10 +25,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/hierarchical.h"
 #include "core/tensor.h"
 
 namespace {
@@ -91,6 +93,7 @@ struct Options {
   bool check = true;
   Op op = Op::kAllreduce;
   DType dtype = DType::kF32;
+  bool hierarchical = false;  // -a hier: loom's calls go through comm::Hierarchy
 };
 
 constexpr const char* kUsage =
@@ -106,6 +109,8 @@ constexpr const char* kUsage =
     "all_to_all | pingpong (default allreduce; pingpong: ranks 2k, 2k+1 send and send back, "
     "an even rank count)\n"
     "  -d, --datatype <name>       f32 | bf16 | f16 | i32 | i64 (default f32)\n"
+    "  -a, --algo <flat|hier>      loom's algorithm (default flat; hier: two levels over the "
+    "nodes, collectives/hierarchical.h, for allreduce, allgather and reduce_scatter)\n"
     "  -h, --help                  this text\n";
 
 // "64", "64K", "1M", "2G" (powers of 1024) -> bytes.
@@ -183,8 +188,9 @@ bool parse_options(int argc, char** argv, Options& o) {
     const char* long_name;
   };
   static const Flag kFlags[] = {
-      {"-b", "--minbytes"},     {"-e", "--maxbytes"}, {"-f", "--stepfactor"}, {"-n", "--iters"},
-      {"-w", "--warmup_iters"}, {"-c", "--check"},    {"-o", "--op"},         {"-d", "--datatype"}};
+      {"-b", "--minbytes"}, {"-e", "--maxbytes"},     {"-f", "--stepfactor"},
+      {"-n", "--iters"},    {"-w", "--warmup_iters"}, {"-c", "--check"},
+      {"-o", "--op"},       {"-d", "--datatype"},     {"-a", "--algo"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") return false;
@@ -233,6 +239,11 @@ bool parse_options(int argc, char** argv, Options& o) {
         break;
       case 'd':
         o.dtype = parse_dtype_flag(value);
+        break;
+      case 'a':
+        LOOM_CHECK(value == "flat" || value == "hier", "-a: expected flat or hier, got '", value,
+                   "'");
+        o.hierarchical = value == "hier";
         break;
     }
   }
@@ -356,7 +367,22 @@ Buffers make_buffers(Op op, DType dtype, size_t bytes, int n) {
 // The rank a ping-pong pairs this one with.
 int pingpong_peer(int rank) { return rank % 2 == 0 ? rank + 1 : rank - 1; }
 
+// Set by -a hier: loom's allreduce, allgather and reduce_scatter go through it.
+comm::Hierarchy* g_hierarchy = nullptr;
+
 comm::WorkPtr run_loom(comm::Communicator& c, Op op, Buffers& b) {
+  if (g_hierarchy != nullptr) {
+    switch (op) {
+      case Op::kAllreduce:
+        return g_hierarchy->allreduce(b.input, b.output);
+      case Op::kAllgather:
+        return g_hierarchy->allgather(b.input, b.output);
+      case Op::kReduceScatter:
+        return g_hierarchy->reduce_scatter(b.input, b.output);
+      default:
+        break;
+    }
+  }
   switch (op) {
     case Op::kPingPong: {  // the even rank sends first; the last step's work is returned
       const int peer = pingpong_peer(c.rank());
@@ -552,13 +578,23 @@ int run(const Options& o) {
              n);
   const MpiType mpi = mpi_type(o.dtype);
   const double factor = busbw_factor(o.op, n);
+  std::unique_ptr<comm::Hierarchy> hierarchy;
+  if (o.hierarchical) {
+    LOOM_CHECK(o.op == Op::kAllreduce || o.op == Op::kAllgather || o.op == Op::kReduceScatter,
+               "-a hier: only allreduce, allgather and reduce_scatter have a hierarchical form");
+    hierarchy = std::make_unique<comm::Hierarchy>(world);
+    LOOM_CHECK(hierarchy->applies(), "-a hier: the ranks are ", hierarchy->str(),
+               "; launch on several nodes with the same number of ranks on each");
+    g_hierarchy = hierarchy.get();
+  }
 
   if (root) {
     std::printf(
         "# loom-bench-collectives: %s, %s, %d ranks (loom backend %s), minBytes %zu "
-        "maxBytes %zu step: %lld(factor) warmup iters: %d iters: %d validation: %d\n",
+        "maxBytes %zu step: %lld(factor) warmup iters: %d iters: %d validation: %d%s%s\n",
         op_name(o.op), loom::dtype_name(o.dtype), n, c.backend(), o.min_bytes, o.max_bytes,
-        (long long)o.step_factor, o.warmup_iters, o.iters, int(o.check));
+        (long long)o.step_factor, o.warmup_iters, o.iters, int(o.check),
+        hierarchy ? ", algorithm: " : "", hierarchy ? hierarchy->str().c_str() : "");
     std::printf(
         "# time: max over ranks of the average per call; busbw = algbw x %.4f; "
         "ratio = loom busbw / MPI busbw; unchecked, check: medians over alternating blocks of "

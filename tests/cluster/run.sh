@@ -30,7 +30,7 @@ np=$((nodes * ranks))
 # shared filesystem.
 export TMPDIR=$build/cluster-tmp/$nodes-x-$ranks
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
-for test in collectives_test debug_test mesh_test; do
+for test in collectives_test debug_test mesh_test hierarchical_test; do
   echo "== $test on $nodes nodes x $ranks ranks"
   bash "$cluster" run --np "$np" -- "$build/bin/$test" --gtest_brief=1
 done

@@ -1,0 +1,185 @@
+#include "collectives/hierarchical.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "core/ops.h"
+
+namespace loom::comm {
+
+namespace {
+
+// Steps posted one after another: the next once the previous has completed, then `finish` (a
+// copy out of a staging buffer). Progress happens in test() and wait(), as for every Work.
+class ChainedWork final : public Work {
+ public:
+  ChainedWork(std::vector<std::function<WorkPtr()>> steps, std::function<void()> finish)
+      : steps_(std::move(steps)), finish_(std::move(finish)) {
+    current_ = steps_[0]();
+  }
+  ~ChainedWork() override {
+    try {
+      wait();  // as every Work: destroyed unfinished, it completes first (its buffers live here)
+    } catch (...) {
+    }
+  }
+  ChainedWork(const ChainedWork&) = delete;
+  ChainedWork& operator=(const ChainedWork&) = delete;
+
+  void wait() override {
+    while (!done_) {
+      current_->wait();
+      advance();
+    }
+  }
+  bool test() override {
+    while (!done_ && current_->test()) advance();
+    return done_;
+  }
+
+ private:
+  void advance() {
+    if (++next_ < steps_.size()) {
+      current_ = steps_[next_]();
+    } else {
+      if (finish_) finish_();
+      done_ = true;
+    }
+  }
+  std::vector<std::function<WorkPtr()>> steps_;
+  std::function<void()> finish_;
+  WorkPtr current_;
+  size_t next_ = 0;
+  bool done_ = false;
+};
+
+// x [a, b, c] -> [b, a, c], contiguous (no autograd: communication buffers).
+Tensor swap_leading(const Tensor& x, int64_t a, int64_t b, int64_t c) {
+  return x.reshape({a, b, c}).transpose(0, 1).contiguous().reshape({a * b * c});
+}
+
+}  // namespace
+
+Hierarchy::Hierarchy(std::shared_ptr<Communicator> group, std::vector<int> node_of_rank)
+    : group_(std::move(group)) {
+  LOOM_CHECK(group_ != nullptr, "Hierarchy: the group is null");
+  const int n = group_->size();
+  if (node_of_rank.empty()) node_of_rank = node_map(*group_).node_of_rank;
+  LOOM_CHECK(int(node_of_rank.size()) == n, "Hierarchy: ", node_of_rank.size(),
+             " node entries for a group of ", n);
+  nodes_ = *std::max_element(node_of_rank.begin(), node_of_rank.end()) + 1;
+  local_ = n / nodes_;
+  // Even and consecutive: rank r on node r / local_.
+  bool even = n % nodes_ == 0;
+  for (int r = 0; even && r < n; ++r) even = node_of_rank[size_t(r)] == r / local_;
+  const int rank = group_->rank();
+  // Every rank splits, whatever the outcome, so the group's collectives stay in step.
+  intra_ = group_->split(even ? rank / local_ : 0, rank, group_->name() + ".node");
+  inter_ = group_->split(even ? rank % local_ : rank, rank, group_->name() + ".across");
+  applies_ = even && nodes_ > 1 && local_ > 1;
+  if (!even)
+    why_not_ = "ranks are not spread evenly and consecutively over the nodes";
+  else if (nodes_ == 1)
+    why_not_ = "one node";
+  else if (local_ == 1)
+    why_not_ = "one rank per node";
+}
+
+std::string Hierarchy::str() const {
+  return detail::str_cat(nodes_, " node(s) x ", local_, " rank(s)",
+                         applies_ ? " (hierarchical)" : " (flat: " + why_not_ + ")");
+}
+
+namespace {
+
+void check_avg(const char* op, ReduceOp reduce, DType dtype) {
+  LOOM_CHECK(reduce != ReduceOp::kAvg || is_floating(dtype), "Hierarchy::", op, ": avg of ",
+             dtype_name(dtype), " tensors is not supported (use sum and divide)");
+}
+
+}  // namespace
+
+WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
+  LOOM_CHECK(applies_, "Hierarchy::allreduce on ", str());
+  check_avg("allreduce", op, input.dtype());
+  LOOM_CHECK(input.is_contiguous() && output.is_contiguous() && input.numel() == output.numel() &&
+                 input.dtype() == output.dtype(),
+             "Hierarchy::allreduce: input ", input.str(), " and output ", output.str(),
+             " (contiguous, one dtype and size)");
+  const int64_t n = input.numel(), chunk = (n + local_ - 1) / local_;
+  // The node's reduce-scatter needs L equal pieces: a staging buffer padded with zeros.
+  Tensor staged = Tensor::zeros({chunk * local_}, input.dtype(), input.device());
+  if (n > 0) staged.narrow(0, 0, n).copy_(input.reshape({n}));
+  Tensor mine = Tensor::empty({chunk}, input.dtype(), input.device());
+  Tensor tensor = output;
+  Communicator *intra = intra_.get(), *inter = inter_.get();
+  // avg: sums at both levels, then one division by the group size (as the flat call's rounding
+  // of the whole sum); max, min and sum as they are.
+  const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const int size = group_->size();
+  std::vector<std::function<WorkPtr()>> steps = {
+      [=]() mutable { return intra->reduce_scatter(staged, mine, {level}); },
+      [=]() mutable { return inter->allreduce(mine, {level}); },
+      [=]() mutable { return intra->allgather(mine, staged); },
+  };
+  auto finish = [staged, tensor, n, op, size]() mutable {
+    if (n == 0) return;
+    Tensor result = staged.narrow(0, 0, n).reshape(tensor.shape());
+    if (op == ReduceOp::kAvg) result = scale(result.to(DType::kF32), 1.0 / size);
+    tensor.copy_(result.to(tensor.dtype()));
+  };
+  return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
+}
+
+WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  LOOM_CHECK(applies_, "Hierarchy::reduce_scatter on ", str());
+  check_avg("reduce_scatter", op, input.dtype());
+  const int64_t c = output.numel();
+  LOOM_CHECK(input.numel() == c * group_->size() && input.is_contiguous() && output.is_contiguous(),
+             "Hierarchy::reduce_scatter: input ", input.str(), " and output ", output.str(),
+             " (input must be the group size x output's elements, both contiguous)");
+  // Chunks in (node, local) order, regrouped as (local, node): the node's reduce-scatter hands
+  // local rank l every node's chunk for l, and the reduce-scatter across nodes keeps this
+  // node's.
+  Tensor by_local = swap_leading(input, nodes_, local_, c);
+  Tensor mine = Tensor::empty({int64_t(nodes_) * c}, input.dtype(), input.device());
+  Communicator *intra = intra_.get(), *inter = inter_.get();
+  const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const int size = group_->size();
+  Tensor out = output;
+  std::vector<std::function<WorkPtr()>> steps = {
+      [=]() mutable { return intra->reduce_scatter(by_local, mine, {level}); },
+      [=]() mutable { return inter->reduce_scatter(mine, out, {level}); },
+  };
+  std::function<void()> finish;
+  if (op == ReduceOp::kAvg)
+    finish = [out, size]() mutable {
+      out.copy_(scale(out.to(DType::kF32), 1.0 / size).to(out.dtype()));
+    };
+  return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
+}
+
+WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
+  LOOM_CHECK(applies_, "Hierarchy::allgather on ", str());
+  const int64_t c = input.numel();
+  LOOM_CHECK(
+      output.numel() == c * group_->size() && input.is_contiguous() && output.is_contiguous(),
+      "Hierarchy::allgather: input ", input.str(), " and output ", output.str(),
+      " (output must be the group size x input's elements, both contiguous)");
+  Tensor across = Tensor::empty({int64_t(nodes_) * c}, input.dtype(), input.device());
+  Tensor by_local = Tensor::empty({output.numel()}, input.dtype(), input.device());
+  Communicator *intra = intra_.get(), *inter = inter_.get();
+  Tensor out = output;
+  const int64_t nodes = nodes_, local = local_;
+  std::vector<std::function<WorkPtr()>> steps = {
+      [=]() mutable { return inter->allgather(input, across); },
+      [=]() mutable { return intra->allgather(across, by_local); },
+  };
+  // by_local holds (local, node) order; the group's order is (node, local).
+  auto finish = [out, by_local, nodes, local, c]() mutable {
+    out.copy_(swap_leading(by_local, local, nodes, c).reshape(out.shape()));
+  };
+  return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
+}
+
+}  // namespace loom::comm

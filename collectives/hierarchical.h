@@ -1,0 +1,60 @@
+// Hierarchical collectives (BlueConnect): a group that spans nodes reduces in two levels, so
+// that the slow links between nodes carry 1/L of the data (L ranks per node) instead of all of
+// it.
+//   allreduce      = reduce-scatter inside the node, allreduce across nodes of the 1/L chunk each
+//                    rank holds, all-gather inside the node
+//   reduce_scatter = reduce-scatter across nodes of the node's share, then inside the node
+//   allgather      = all-gather inside the node, then across nodes
+// Each level is an ordinary collective on a sub-group (checked, with deadlines), and the three
+// steps of one call are chained in a Work: posting the next step when the previous completes,
+// while the caller polls or waits. Results equal the flat call's up to rounding (sums are
+// associated differently: node first; bf16/f16 round at each level); integer sums, max and min
+// are exact. avg is a sum at both levels divided once by the group size (floating dtypes).
+//
+// Ranks must be spread evenly: every node holds the same number of the group's ranks, and group
+// rank r of node n sits at place (n, local index) in node order then rank order (what placing
+// consecutive ranks on a node gives). Otherwise applies() is false and the caller stays flat.
+// Knows no mesh: parallel/ chooses where to use it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/topology.h"
+
+namespace loom::comm {
+
+class Hierarchy {
+ public:
+  // Collective over `group`. `nodes`: each group rank's node (default: node_map(group)); a
+  // test may give another split of one host.
+  explicit Hierarchy(std::shared_ptr<Communicator> group, std::vector<int> node_of_rank = {});
+
+  // True when the group spans more than one node with the same number of ranks on each, ranks
+  // of a node consecutive: the two-level forms apply.
+  bool applies() const { return applies_; }
+  int ranks_per_node() const { return local_; }
+  int nodes() const { return nodes_; }
+  Communicator& intra() const { return *intra_; }  // this rank's node
+  Communicator& inter() const { return *inter_; }  // this local index on every node
+  std::string str() const;                         // "2 nodes x 4 ranks (hierarchical)" or why not
+
+  // The group's collectives in two levels (as Communicator's: same arguments and results).
+  // Require applies().
+  WorkPtr allreduce(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum);
+  WorkPtr allreduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) {
+    return allreduce(tensor, tensor, op);
+  }
+  WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum);
+  WorkPtr allgather(const Tensor& input, Tensor& output);
+
+ private:
+  std::shared_ptr<Communicator> group_, intra_, inter_;
+  bool applies_ = false;
+  int nodes_ = 1, local_ = 1;
+  std::string why_not_;
+};
+
+}  // namespace loom::comm
