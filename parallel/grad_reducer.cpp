@@ -268,6 +268,13 @@ void GradReducer::finish() {
   const auto start = Clock::now();
   for (Pending& p : pending_) complete(p);
   pending_.clear();
+  if (options_.replicas && options_.mode != GradMode::kAllreduce) {
+    // Each shard: the group's average (above), then the average of that over the replicas.
+    std::vector<comm::WorkPtr> works;
+    for (Tensor& g : shard_grads_)
+      works.push_back(options_.replicas->allreduce(g, comm::AllreduceOptions{comm::ReduceOp::kAvg}));
+    comm::wait_all(works);
+  }
   exposed_wait_s_ = std::chrono::duration<double>(Clock::now() - start).count();
 
   // See Note [Unused parameters].
@@ -276,6 +283,8 @@ void GradReducer::finish() {
   auto* f = flags.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) f[i] = used_[i];
   group_->allreduce(flags, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
+  if (options_.replicas && options_.mode != GradMode::kAllreduce)
+    options_.replicas->allreduce(flags, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
   for (int64_t i = 0; i < n; ++i) used_anywhere_[i] = char(f[i] != 0);
 
   if (options_.mode == GradMode::kAllreduce) {

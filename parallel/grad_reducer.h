@@ -43,6 +43,11 @@ struct GradReducerOptions {
   // false: no grad-ready hooks; the step's gradients are accumulated in the parameters' .grad by
   // someone else (a pipeline executor's backwards) and reduce_accumulated() reduces them.
   bool hooks = true;
+  // Hybrid sharding (sharded modes only): the ranks holding the same shards in the other shard
+  // groups (MiCS, PyTorch's HSDP: sharded inside a node, replicated across nodes). finish()
+  // averages each shard gradient over them after the group's reduce-scatter, so the result is
+  // the average over every rank of both.
+  std::shared_ptr<comm::Communicator> replicas;
 };
 
 // The buckets a reducer over `params` in a group of `group_size` ranks uses (sharded modes pad

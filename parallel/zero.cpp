@@ -42,6 +42,8 @@ ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communi
   check_stage(o.stage);
   ZeroOptimizer::Prepared p;
   p.params = agreed_parameters(module, group, o.check_replicas, owner_name(o.stage));
+  if (o.replicas)  // every shard group from the same start: replica rank 0's
+    agreed_parameters(module, o.replicas.get(), o.check_replicas, owner_name(o.stage));
   plan_layout(module, o, p);
   return p;
 }
@@ -53,6 +55,7 @@ void ZeroOptimizer::plan_layout(nn::Module& module, const ZeroOptions& o, Prepar
   p.reducer.grad_accum = o.grad_accum;
   p.reducer.overlap = o.overlap;
   p.reducer.hooks = !o.external_backward;
+  p.reducer.replicas = o.replicas;
   LOOM_CHECK(!o.external_backward || o.stage < 3, owner,
              ": stage 3 gathers parameters around each module and cannot take gradients "
              "accumulated outside its backward (external_backward)");
@@ -223,6 +226,8 @@ void ZeroOptimizer::finish_gradients() {
   const bool finite = masters_->set_gradients(grads, 1.0 / scaler_.scale());
   Tensor flag = Tensor::full({1}, finite ? 0.0 : 1.0, DType::kI32);
   reducer_.group().allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
+  if (options_.replicas)
+    options_.replicas->allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
   found_nonfinite_ = flag.item() != 0;
 }
 
@@ -340,6 +345,9 @@ std::string list_str(const std::vector<int64_t>& v) {
 }  // namespace
 
 std::map<std::string, Tensor> ZeroOptimizer::state_dict() const {
+  LOOM_CHECK(!hybrid(), name_,
+             ": state_dict of hybrid sharding (replicas) is not supported yet: every replica "
+             "holds the same shards");
   std::map<std::string, Tensor> out = inner_->state_dict();
   if (masters_)
     for (size_t i = 0; i < masters_->masters().size(); ++i)

@@ -75,6 +75,14 @@ struct ZeroOptions {
   bool external_backward = false;
   std::shared_ptr<comm::Communicator> pp;
   std::function<bool(const std::string& name)> counted_in_norm;
+  // Hybrid sharding (MiCS / HSDP): `group` is a shard group (a node's dp ranks, say) and
+  // `replicas` the ranks holding the same shards in the other shard groups. Every state is
+  // sharded over `group` only (memory as for its size) and replicated over `replicas`;
+  // gradients are averaged over both (See GradReducerOptions::replicas), the parameters start
+  // from replica rank 0's, and the skip decision of a bf16/f16 step is taken over both.
+  // Checkpoints of such a layout are refused (state_dict()) for now: every replica holds the
+  // same pieces.
+  std::shared_ptr<comm::Communicator> replicas;
 };
 
 // Builds the wrapped optimizer over the parameter pieces it is given.
@@ -148,6 +156,8 @@ class ZeroOptimizer : public optim::Optimizer {
   void parameters_changed();
 
   int stage() const { return options_.stage; }
+  bool hybrid() const { return options_.replicas != nullptr; }  // sharded with replicas
+  int shard_group_size() const { return reducer_.group().size(); }
   const optim::LossScaler& scaler() const { return scaler_; }
   const BucketPlan& buckets() const { return reducer_.plan(); }
   optim::Optimizer& inner() const { return *inner_; }

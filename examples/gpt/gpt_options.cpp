@@ -59,6 +59,10 @@ void declare_gpt_flags(cli::Flags& f) {
                "with --pp: write a Chrome trace (chrome://tracing, Perfetto) of every step, one "
                "track per pipeline rank, and print the measured bubble");
   f.add_int("zero", 0, "ZeRO stage over the data-parallel ranks: 0 (DDP), 1, 2 or 3");
+  f.add_string("zero-shard-group", "all",
+               "with --zero: shard over all the dp ranks (all), over each node's (node), or over "
+               "groups of N consecutive dp ranks (a number), replicating across the groups "
+               "(hybrid sharding, as MiCS and PyTorch's HSDP)");
   f.add_int("grad-accum", 1,
             "micro-batches per step on each rank (each takes batch / dp / grad-accum rows)");
   f.add_string("dtype", "f32",
@@ -121,6 +125,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.seed = uint64_t(f.get_int("seed"));
   o.dp = f.get_int("dp");
   o.zero = f.get_int("zero");
+  o.zero_shard_group = f.get_string("zero-shard-group");
   o.tp = f.get_int("tp");
   o.pp = f.get_int("pp");
   o.schedule = f.get_string("schedule");
@@ -204,6 +209,18 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   LOOM_CHECK(o.virtual_stages == 1 || o.schedule == "interleaved",
              "loom-gpt: --virtual-stages applies to --schedule interleaved only");
   LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "loom-gpt: --zero must be 0, 1, 2 or 3, got ", o.zero);
+  if (o.zero_shard_group != "all") {
+    LOOM_CHECK(o.zero > 0, "loom-gpt: --zero-shard-group needs --zero 1, 2 or 3");
+    const std::string& g = o.zero_shard_group;
+    LOOM_CHECK(g == "node" || (!g.empty() && g.find_first_not_of("0123456789") == std::string::npos &&
+                               g.size() < 9 && std::stoi(g) > 0),
+               "loom-gpt: --zero-shard-group must be all, node or a positive number, got '", g,
+               "'");
+    LOOM_CHECK(o.pp <= 1, "loom-gpt: --zero-shard-group with --pp is not supported yet");
+    LOOM_CHECK(o.checkpoints.dir.empty() && !resuming,
+               "loom-gpt: checkpoints of hybrid sharding (--zero-shard-group) are not supported "
+               "yet: every replica holds the same shards");
+  }
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);

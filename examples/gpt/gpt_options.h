@@ -29,6 +29,7 @@ struct GptOptions {
   uint64_t seed;
   // parallelism (under mpirun): dp x tp ranks
   int64_t dp, tp, zero, grad_accum;
+  std::string zero_shard_group;  // all, node, or a count of consecutive dp ranks
   bool sequence_parallel;
   // pipeline parallelism
   int64_t pp, microbatches, virtual_stages;

@@ -1,5 +1,6 @@
 #include "gpt/gpt_parallel.h"
 
+#include "collectives/hierarchical.h"
 #include "core/nn/dropout.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
@@ -32,8 +33,27 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
     : model_(model), o_(o), dp_(mesh.dp_ptr()), dp_rank_(mesh.coords().dp) {
   nn::Module& module = model.module();
   if (o.zero > 0) {
-    auto zero = std::make_unique<parallel::ZeroOptimizer>(module, dp_, zero_options(o, model.tp()),
-                                                          make_optimizer);
+    std::shared_ptr<comm::Communicator> shard_group = dp_;
+    parallel::ZeroOptions z = zero_options(o, model.tp());
+    if (o.zero_shard_group != "all") {
+      // Hybrid sharding: shard groups of the dp ranks (a node's, or N consecutive), each shard
+      // replicated across the groups. The dp ranks' split is comm::Hierarchy's (even and
+      // consecutive groups), given the groups when they are a count.
+      std::vector<int> group_of;
+      if (o.zero_shard_group != "node") {
+        const int size = std::stoi(o.zero_shard_group);
+        LOOM_CHECK(dp_->size() % size == 0, "loom-gpt: --zero-shard-group ", size,
+                   " does not divide --dp ", dp_->size());
+        for (int r = 0; r < dp_->size(); ++r) group_of.push_back(r / size);
+      }
+      const comm::Hierarchy split(dp_, group_of);
+      LOOM_CHECK(split.applies(), "loom-gpt: --zero-shard-group ", o.zero_shard_group,
+                 ": the dp ranks form ", split.str(),
+                 "; hybrid sharding needs two or more groups of two or more ranks");
+      shard_group = split.intra_ptr();
+      z.replicas = split.inter_ptr();
+    }
+    auto zero = std::make_unique<parallel::ZeroOptimizer>(module, shard_group, z, make_optimizer);
     zero_ = zero.get();
     opt_ = std::move(zero);
   } else {
@@ -71,6 +91,10 @@ std::string DataParallelStep::str() const {
   if (model_.tp())
     s += detail::str_cat(" x tp ", o_.tp, o_.sequence_parallel ? " (sequence parallel)" : "");
   if (zero_) s += detail::str_cat(", ZeRO-", o_.zero);
+  if (zero_ && zero_->hybrid())
+    s += detail::str_cat(" sharded over groups of ", zero_->shard_group_size(),
+                         " dp ranks (--zero-shard-group ", o_.zero_shard_group,
+                         "), replicated across them");
   if (o_.grad_accum > 1) s += detail::str_cat(", grad-accum ", o_.grad_accum);
   if (zero_ || ddp_) s += detail::str_cat(", buckets ", o_.bucket_mb, " MiB");
   if (scaler())

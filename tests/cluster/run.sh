@@ -35,7 +35,7 @@ for test in collectives_test debug_test mesh_test hierarchical_test; do
   bash "$cluster" run --np "$np" -- "$build/bin/$test" --gtest_brief=1
 done
 echo "== loom-gpt against one process (tests/mpi/gpt_parallel.sh)"
-bash "$here/../mpi/gpt_parallel.sh" "$build/bin/loom-gpt" "$here/mpiexec.sh"
+LOOM_TEST_NODES=$nodes bash "$here/../mpi/gpt_parallel.sh" "$build/bin/loom-gpt" "$here/mpiexec.sh"
 echo "== loom-dlrm against one process (tests/mpi/dlrm_parallel.sh)"
 bash "$here/../mpi/dlrm_parallel.sh" "$build/bin/loom-dlrm" "$here/mpiexec.sh"
 rm -rf "$TMPDIR"

@@ -66,6 +66,30 @@ for zero in 0 1 2 3; do
   done
 done
 
+# Hybrid sharding (--zero-shard-group): 4 dp ranks in shard groups of 2, replicated across the
+# two groups (on the emulated cluster, tests/cluster/run.sh, also by node): the single-process
+# losses at every stage; shard groups that do not fit are refused.
+for zero in 1 2 3; do
+  name="dp4_zero${zero}_shard2"
+  "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero "$zero" --zero-shard-group 2 \
+    --bucket-mb 0.01 --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  grep -q "sharded over groups of 2 dp ranks" "$dir/$name.log"
+  compare "$name" "$dir/$name.jsonl"
+done
+if [ "${LOOM_TEST_NODES:-1}" -gt 1 ]; then  # the ranks span nodes: shard by node
+  "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero 2 --zero-shard-group node \
+    --metrics-file "$dir/dp4_zero2_node.jsonl" > "$dir/dp4_zero2_node.log"
+  compare dp4_zero2_node "$dir/dp4_zero2_node.jsonl"
+fi
+for bad in "3:does not divide --dp 4" "4:two or more groups"; do
+  if "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero 1 --zero-shard-group "${bad%%:*}" \
+      > "$dir/bad.log" 2>&1; then
+    echo "--zero-shard-group ${bad%%:*} on --dp 4 was accepted"; exit 1
+  fi
+  grep -q "${bad#*:}" "$dir/bad.log" || { cat "$dir/bad.log"; exit 1; }
+done
+echo "hybrid sharding: every stage gives the single-process losses; bad shard groups refused"
+
 # bf16 and f16 (f32 masters; f16 with loss scaling): dp 2 against one process in the same dtype.
 # Each rank's gradient is rounded before the average (See tests/mpi/dp_mixed_precision_test.cpp),
 # so the losses agree to 2e-3 relative rather than 1e-5.

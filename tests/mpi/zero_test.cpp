@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "collectives/communicator.h"
+#include "collectives/hierarchical.h"
 #include "core/ops.h"
 #include "dp_reference.h"
 #include "parallel/zero.h"
@@ -118,6 +119,58 @@ TEST(ZeRO, Stage3ShardsTheParameters) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("operator()"), std::string::npos) << e.what();
   }
+}
+
+// Hybrid sharding (MiCS / HSDP): the world's ranks in shard groups of 2 consecutive ranks, every
+// state sharded inside a group and replicated across groups; the gradients averaged over both.
+// Every stage gives the single-process run, with and without gradient accumulation and
+// clipping, and the optimizer state per rank is that of a shard group of 2.
+TEST(ZeRO, HybridShardingMatchesTheSingleProcessRun) {
+  auto world = comm::world();
+  const int n = world->size();
+  if (n < 4 || n % 2 != 0) GTEST_SKIP() << "needs an even world of 4 ranks or more";
+  std::vector<int> group_of;
+  for (int r = 0; r < n; ++r) group_of.push_back(r / 2);
+  const comm::Hierarchy split(world, group_of);
+  ASSERT_TRUE(split.applies()) << split.str();
+  const RunResult want = single_process_run(), clipped = single_process_run(0.05);
+  for (int stage : {1, 2, 3})
+    for (int accum : {1, 2})
+      for (double clip : {0.0, 0.05}) {
+        SCOPED_TRACE(detail::str_cat(n, " ranks in groups of 2, stage ", stage, ", grad_accum ",
+                                     accum, ", clip ", clip));
+        nn::GPT model(tiny_gpt_config());
+        if (world->rank() == 0) model.init_parameters(kSeed);  // the others get rank 0's values
+        ZeroOptions o;
+        o.stage = stage;
+        o.grad_accum = accum;
+        o.bucket_mb = 0.002;
+        o.replicas = split.inter_ptr();
+        ZeroOptimizer opt(model, split.intra_ptr(), o, adamw_factory());
+        EXPECT_TRUE(opt.hybrid());
+        EXPECT_EQ(opt.shard_group_size(), 2);
+        int steps = 0;
+        const RunResult got = split_batch_run(
+            *world, model, accum, [&](const Tensor& loss) { opt.backward(loss); },
+            [&] {
+              if (clip > 0) EXPECT_GT(opt.clip_grad_norm(clip), clip);
+              opt.step();
+              opt.zero_grad();
+              if (++steps == kSteps) opt.gather_parameters();
+            });
+        expect_same_run(got, clip > 0 ? clipped : want, 1e-5);
+        // Half of every element's moments on each rank of a group of 2 (padding aside).
+        int64_t mine = 0;
+        for (const auto& [name, t] : opt.state()) mine += t.numel();
+        EXPECT_GE(mine, model.num_parameters());  // 2 moments x numel / 2
+        EXPECT_LE(mine, model.num_parameters() + 2 * int64_t(opt.buckets().buckets().size()));
+        try {
+          (void)opt.state_dict();
+          ADD_FAILURE() << "a hybrid state_dict must be refused";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("hybrid sharding"), std::string::npos);
+        }
+      }
 }
 
 TEST(ZeRO, OptimizerStateIsSharded) {
