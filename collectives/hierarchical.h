@@ -41,7 +41,7 @@ class Hierarchy {
   Communicator& inter() const { return *inter_; }  // this local index on every node
   std::shared_ptr<Communicator> intra_ptr() const { return intra_; }
   std::shared_ptr<Communicator> inter_ptr() const { return inter_; }
-  std::string str() const;                         // "2 nodes x 4 ranks (hierarchical)" or why not
+  std::string str() const;  // "2 nodes x 4 ranks (hierarchical)" or why not
 
   // The group's collectives in two levels (as Communicator's: same arguments and results).
   // Require applies().

@@ -272,7 +272,8 @@ void GradReducer::finish() {
     // Each shard: the group's average (above), then the average of that over the replicas.
     std::vector<comm::WorkPtr> works;
     for (Tensor& g : shard_grads_)
-      works.push_back(options_.replicas->allreduce(g, comm::AllreduceOptions{comm::ReduceOp::kAvg}));
+      works.push_back(
+          options_.replicas->allreduce(g, comm::AllreduceOptions{comm::ReduceOp::kAvg}));
     comm::wait_all(works);
   }
   exposed_wait_s_ = std::chrono::duration<double>(Clock::now() - start).count();

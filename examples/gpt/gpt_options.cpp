@@ -212,10 +212,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   if (o.zero_shard_group != "all") {
     LOOM_CHECK(o.zero > 0, "loom-gpt: --zero-shard-group needs --zero 1, 2 or 3");
     const std::string& g = o.zero_shard_group;
-    LOOM_CHECK(g == "node" || (!g.empty() && g.find_first_not_of("0123456789") == std::string::npos &&
-                               g.size() < 9 && std::stoi(g) > 0),
-               "loom-gpt: --zero-shard-group must be all, node or a positive number, got '", g,
-               "'");
+    LOOM_CHECK(
+        g == "node" || (!g.empty() && g.find_first_not_of("0123456789") == std::string::npos &&
+                        g.size() < 9 && std::stoi(g) > 0),
+        "loom-gpt: --zero-shard-group must be all, node or a positive number, got '", g, "'");
     LOOM_CHECK(o.pp <= 1, "loom-gpt: --zero-shard-group with --pp is not supported yet");
     LOOM_CHECK(o.checkpoints.dir.empty() && !resuming,
                "loom-gpt: checkpoints of hybrid sharding (--zero-shard-group) are not supported "

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "collectives/hierarchical.h"
 #include "core/nn/nn.h"
 #include "optimizer/adamw.h"
 #include "optimizer/sgd.h"
@@ -255,7 +256,8 @@ void init_zero(py::module_& p) {
                       bool check_replicas, GroupPtr tp, bool external_backward, GroupPtr pp,
                       std::optional<std::vector<std::string>> counted_in_norm,
                       std::optional<std::vector<std::pair<std::vector<std::string>, OptimizerSpec>>>
-                          param_groups) {
+                          param_groups,
+                      py::object shard_group) {
             if (!module) throw py::type_error("ZeroRedundancyOptimizer: module is None");
             // Parameter groups (names, options), or one group of every parameter: `spec`.
             std::vector<parallel::ZeroParamGroup> groups;
@@ -281,15 +283,38 @@ void init_zero(py::module_& p) {
                 return names.count(name) > 0;
               };
             }
+            GroupPtr shards = group_or_world(std::move(group));
+            if (!shard_group.is_none()) {  // hybrid sharding: See ZeroOptions::replicas
+              std::vector<int> group_of;   // empty: by node
+              if (py::isinstance<py::int_>(shard_group) &&
+                  !py::isinstance<py::bool_>(shard_group)) {
+                const int size = shard_group.cast<int>();
+                LOOM_CHECK(size > 0 && shards->size() % size == 0,
+                           "ZeroRedundancyOptimizer: shard_group=", size,
+                           " must divide the group's ", shards->size(), " ranks");
+                for (int r = 0; r < shards->size(); ++r) group_of.push_back(r / size);
+              } else if (!(py::isinstance<py::str>(shard_group) &&
+                           shard_group.cast<std::string>() == "node")) {
+                throw py::value_error(
+                    "ZeroRedundancyOptimizer: shard_group must be None, 'node' or a number of "
+                    "consecutive ranks");
+              }
+              py::gil_scoped_release release;
+              const comm::Hierarchy split(shards, group_of);
+              LOOM_CHECK(split.applies(), "ZeroRedundancyOptimizer: shard_group: the ranks form ",
+                         split.str(), "; hybrid sharding needs two or more groups of two or more");
+              shards = split.intra_ptr();
+              o.replicas = split.inter_ptr();
+            }
             py::gil_scoped_release release;
-            return std::make_shared<ZeroOptimizer>(*module, group_or_world(std::move(group)), o,
-                                                   std::move(groups));
+            return std::make_shared<ZeroOptimizer>(*module, shards, o, std::move(groups));
           }),
           py::arg("module"), py::arg("group"), py::arg("optimizer"), py::arg("stage"),
           py::arg("bucket_mb"), py::arg("grad_accum"), py::arg("overlap"),
           py::arg("check_replicas"), py::arg("tp"), py::arg("external_backward") = false,
           py::arg("pp") = nullptr, py::arg("counted_in_norm") = py::none(),
-          py::arg("param_groups") = py::none(), py::keep_alive<1, 2>())
+          py::arg("param_groups") = py::none(), py::arg("shard_group") = py::none(),
+          py::keep_alive<1, 2>())
       .def_property_readonly("group_count", &ZeroOptimizer::group_count)
       .def(
           "group_optimizer",

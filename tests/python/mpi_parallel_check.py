@@ -202,9 +202,12 @@ def run_ddp(accum, make=None):
     return losses, dict(model.named_parameters()), grads0
 
 
-def run_zero(stage, accum, sgd=False, make=None):
+def run_zero(stage, accum, sgd=False, make=None, shard_group=None):
     model = (make or gpt)()
-    if sgd:
+    if shard_group is not None:
+        opt = dist.ZeroRedundancyOptimizer(model, stage=stage, grad_accum=accum, bucket_mb=0.02,
+                                           shard_group=shard_group, **ADAMW)
+    elif sgd:
         opt = dist.ZeroRedundancyOptimizer(model, optimizer_class=loom.optim.SGD, stage=stage,
                                            grad_accum=accum, bucket_mb=0.02, **SGD)
     else:
@@ -313,6 +316,11 @@ for stage, accum in ((1, 1), (2, 1), (3, 1), (2, 2)):
 for stage in (1, 3):
     losses, got = run_zero(stage, 1, sgd=True)
     compare(f"ZeRO stage {stage} SGD", losses, sgd_losses, got, sgd_params)
+# Hybrid sharding (shard_group=2: sharded over pairs of ranks, replicated across the pairs).
+if size >= 4 and size % 2 == 0:
+    for stage in (1, 2, 3):
+        losses, got = run_zero(stage, 1, shard_group=2)
+        compare(f"ZeRO stage {stage} shard_group=2", losses, want_losses, got, want_params)
 
 # Parameter groups (weight decay off for vectors, their own lr set per step): ZeRO 1-3 against
 # loom.optim.AdamW with the same groups on one process.

@@ -336,6 +336,11 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
     Each rank's pieces step with their parameter's group's options (optim::GroupedOptimizer),
     as one process stepping the groups would. Options other than lr are fixed once built.
 
+    ``shard_group="node"`` (or a number G) shards the state over each node's ranks of the group
+    (or each G consecutive ranks) and replicates it across those groups: hybrid sharding, as
+    PyTorch's HSDP; the results are the single-process ones as with plain sharding, the memory
+    per rank that of a group's size. Its state_dict() is refused for now.
+
     In stage 3 call ``gather_parameters()`` before reading the parameters outside a forward.
     ``state_dict()`` is this rank's shard (load it on the same rank of a group of the same
     size). Collective over group.
@@ -344,7 +349,7 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
     def __init__(self, module, group=None, *, optimizer_class=_optim.AdamW, stage=1, bucket_mb=25,
                  grad_accum=1, overlap=True, check_replicas=False, tp=None,
                  external_backward=False, pp=None, counted_in_norm=None, params=None,
-                 **optimizer_kwargs):
+                 shard_group=None, **optimizer_kwargs):
         owner = "ZeroRedundancyOptimizer"
         cpp = _as_cpp(module, owner)
         group = _check_group(group, owner)
@@ -360,7 +365,8 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
             _check_int(grad_accum, owner, "grad_accum"), bool(overlap),
             bool(check_replicas), tp, bool(external_backward), pp,
             None if counted_in_norm is None else sorted(counted_in_norm),
-            None if groups is None else [(names, group_spec) for names, group_spec, _, _ in groups])
+            None if groups is None else [(names, group_spec) for names, group_spec, _, _ in groups],
+            shard_group)
         self._module = module
         self._zero = impl
         _placement.register(self)  # clip_grad_norm_ of its module's parameters comes here
