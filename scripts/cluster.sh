@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # An emulated cluster on one Linux host: N "nodes", each its own network namespace (an address on
-# a private bridge), hostname (UTS namespace) and /tmp and /dev/shm (mount namespace, so Open
-# MPI's shared-memory transport is per node, as on real machines), so that `mpirun --host
+# a private bridge), hostname (UTS namespace), /dev/shm (mount namespace) and TMPDIR (Open MPI's
+# session files), so that Open MPI's shared-memory transport is per node, as on real machines,
+# and `mpirun --host
 # loom-node1:2,loom-node2:2` starts a real multi-host job: TCP between nodes, shared memory
 # inside one.
 #
@@ -23,9 +24,12 @@
 #
 # How it works: each node is held by a process (`sleep infinity`) started inside the node's
 # network namespace with `unshare --uts --mount`, which sets the hostname, mounts a fresh tmpfs on
-# /tmp and /dev/shm and binds the cluster's hosts file over /etc/hosts. Commands enter a node with
-# `nsenter --target <holder>` (scripts/cluster.sh's rsh mode, Open MPI's plm_rsh_agent: mpirun
-# starts its daemons on the other nodes through it, as it would through ssh).
+# /dev/shm and binds the cluster's hosts file over /etc/hosts; the rest of the file system (the
+# repository, wherever it is, /tmp included) is the host's, as a shared file system is on a
+# real cluster. Commands run in a node get TMPDIR=LOOM_CLUSTER_DIR/tmp/<node>. Commands enter a
+# node with `nsenter --target <holder>` (scripts/cluster.sh's rsh mode, Open MPI's
+# plm_rsh_agent: mpirun starts its daemons on the other nodes through it, as it would through
+# ssh).
 set -euo pipefail
 
 STATE=${LOOM_CLUSTER_DIR:-/run/loom-cluster}
@@ -136,14 +140,14 @@ cmd_up() {
       tc -n "$name" qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
       tc -n "$SWITCH" qdisc add dev "port$k" root tbf rate "$rate" burst 256kb latency 50ms
     fi
-    # The holder: its own hostname, /tmp, /dev/shm and /etc/hosts, alive until down.
+    # The holder: its own hostname, /dev/shm and /etc/hosts, alive until down.
     ip netns exec "$name" unshare --uts --mount --propagation private sh -c "
       hostname $name &&
-      mount -t tmpfs -o mode=1777 tmpfs /tmp &&
       mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
       mount --bind '$STATE/hosts' /etc/hosts &&
       exec sleep infinity" < /dev/null > /dev/null 2>&1 &
     echo $! > "$STATE/$name.pid"
+    mkdir -p "$STATE/tmp/$name"
   done
   # The holders are ready once each reports its hostname.
   for k in $(seq 1 "$nodes"); do
@@ -191,7 +195,7 @@ cmd_rsh() {
   [[ "$host" =~ ^loom-node([0-9]+)$ ]] || die "rsh: '$host' is not a node of this cluster"
   local k=${BASH_REMATCH[1]}
   cd /
-  in_node "$k" env -u TMPDIR /bin/sh -c "$*"
+  in_node "$k" env TMPDIR="$STATE/tmp/loom-node$k" /bin/sh -c "$*"
 }
 
 cmd_run() {
@@ -221,8 +225,8 @@ cmd_run() {
   local map=slot
   [ "$np" -gt "$nodes" ] || map=node
   # TCP between nodes on the cluster's subnet, shared memory inside a node.
-  # Open MPI's session files go to each node's own /tmp, not to a TMPDIR of the caller's.
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in_node 1 env -u TMPDIR \
+  # Open MPI's session files go to each node's own TMPDIR.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in_node 1 env TMPDIR="$STATE/tmp/loom-node1" \
     mpirun --host "$(cmd_hosts)" -np "$np" --map-by "$map" --oversubscribe --bind-to none \
     --mca mpi_yield_when_idle 1 \
     --mca plm_rsh_agent "$SELF rsh" \

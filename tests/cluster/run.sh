@@ -26,8 +26,7 @@ bash "$cluster" down
 trap 'bash "$cluster" down' EXIT
 bash "$cluster" up "$nodes" --ranks-per-node "$ranks"
 np=$((nodes * ranks))
-# Test outputs go where every node sees them (each node has its own /tmp), as on a real cluster's
-# shared filesystem.
+# Test outputs go under the build directory, as on a real cluster's shared file system.
 export TMPDIR=$build/cluster-tmp/$nodes-x-$ranks
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 for test in collectives_test debug_test mesh_test hierarchical_test; do

@@ -76,10 +76,13 @@ for zero in 1 2 3; do
   grep -q "sharded over groups of 2 dp ranks" "$dir/$name.log"
   compare "$name" "$dir/$name.jsonl"
 done
-if [ "${LOOM_TEST_NODES:-1}" -gt 1 ]; then  # the ranks span nodes: shard by node
-  "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero 2 --zero-shard-group node \
-    --metrics-file "$dir/dp4_zero2_node.jsonl" > "$dir/dp4_zero2_node.log"
-  compare dp4_zero2_node "$dir/dp4_zero2_node.jsonl"
+nodes=${LOOM_TEST_NODES:-1}
+if [ "$nodes" -gt 1 ]; then  # the ranks span nodes: 2 per node, sharded by node
+  np=$((2 * nodes))
+  "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" --dp "$np" --zero 2 --zero-shard-group node \
+    --metrics-file "$dir/zero2_node.jsonl" > "$dir/zero2_node.log"
+  grep -q "sharded over groups of 2 dp ranks" "$dir/zero2_node.log"
+  compare "dp${np}_zero2_by_node" "$dir/zero2_node.jsonl"
 fi
 for bad in "3:does not divide --dp 4" "4:two or more groups"; do
   if "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero 1 --zero-shard-group "${bad%%:*}" \
