@@ -55,9 +55,12 @@ cmake --build "$build" -j "$jobs" --target "${unit[@]}" "$mpi_test" > "$build/bu
   { tail -60 "$build/build.log"; say "build failed (log: $build/build.log)"; exit 1; }
 built=$SECONDS
 say "built in $((built - start)) s"
-# A guard against a build that silently lost its flags: the binaries load both runtimes.
+# A guard against a build that silently lost its flags: the binaries load both runtimes. (ldd's
+# output is read whole first: `ldd | grep -q` under pipefail fails when grep exits before ldd
+# has written everything, which it does once the first line matches.)
+deps=$(ldd "$build/bin/$mpi_test")
 for lib in libasan libubsan; do
-  ldd "$build/bin/$mpi_test" | grep -q "$lib" ||
+  grep -q "$lib" <<< "$deps" ||
     { say "FAILED: $build/bin/$mpi_test is not linked with $lib (LOOM_SANITIZE ignored?)"; exit 1; }
 done
 
