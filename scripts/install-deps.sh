@@ -25,6 +25,7 @@ packages=(
   python3 python3-numpy python3-torch python3-pytest python3-dev pybind11-dev
   clang-format
   procps  # pgrep: tests/mpi/checkpoint_faults.sh finds the ranks it kills
+  iproute2  # ip and tc: scripts/cluster.sh's emulated nodes (the ctest cluster_* entries)
   # PyTorch's (and numpy's) BLAS: Debian's torch calls libblas.so.3, which without OpenBLAS is
   # the reference BLAS (~2.5 GFLOP/s), and the loom-vs-PyTorch benchmarks would compare against
   # a crippled peer (benchmarks/peer_blas.py refuses to report a ratio then).
