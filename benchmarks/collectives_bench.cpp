@@ -110,7 +110,7 @@ constexpr const char* kUsage =
     "an even rank count)\n"
     "  -d, --datatype <name>       f32 | bf16 | f16 | i32 | i64 (default f32)\n"
     "  -a, --algo <flat|hier>      loom's algorithm (default flat; hier: two levels over the "
-    "nodes, collectives/hierarchical.h, for allreduce, allgather and reduce_scatter)\n"
+    "nodes, collectives/hierarchical.h, for allreduce, allgather, reduce_scatter and all_to_all)\n"
     "  -h, --help                  this text\n";
 
 // "64", "64K", "1M", "2G" (powers of 1024) -> bytes.
@@ -379,6 +379,8 @@ comm::WorkPtr run_loom(comm::Communicator& c, Op op, Buffers& b) {
         return g_hierarchy->allgather(b.input, b.output);
       case Op::kReduceScatter:
         return g_hierarchy->reduce_scatter(b.input, b.output);
+      case Op::kAllToAll:
+        return g_hierarchy->all_to_all(b.input, b.output);
       default:
         break;
     }
@@ -580,8 +582,10 @@ int run(const Options& o) {
   const double factor = busbw_factor(o.op, n);
   std::unique_ptr<comm::Hierarchy> hierarchy;
   if (o.hierarchical) {
-    LOOM_CHECK(o.op == Op::kAllreduce || o.op == Op::kAllgather || o.op == Op::kReduceScatter,
-               "-a hier: only allreduce, allgather and reduce_scatter have a hierarchical form");
+    LOOM_CHECK(o.op == Op::kAllreduce || o.op == Op::kAllgather || o.op == Op::kReduceScatter ||
+                   o.op == Op::kAllToAll,
+               "-a hier: only allreduce, allgather, reduce_scatter and all_to_all have a "
+               "hierarchical form");
     hierarchy = std::make_unique<comm::Hierarchy>(world);
     LOOM_CHECK(hierarchy->applies(), "-a hier: the ranks are ", hierarchy->str(),
                "; launch on several nodes with the same number of ranks on each");

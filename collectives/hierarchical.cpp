@@ -182,4 +182,31 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
   return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
 }
 
+WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output) {
+  LOOM_CHECK(applies_, "Hierarchy::all_to_all on ", str());
+  const int64_t n = group_->size();
+  LOOM_CHECK(input.numel() == output.numel() && input.numel() % n == 0 && input.is_contiguous() &&
+                 output.is_contiguous(),
+             "Hierarchy::all_to_all: input ", input.str(), " and output ", output.str(),
+             " (one size, a multiple of the group size, both contiguous)");
+  const int64_t c = input.numel() / n, nodes = nodes_, local = local_;
+  // Chunk j of the input goes to rank j = (node, local index). Regrouped by destination local
+  // index, the node's all-to-all hands each rank what its node sends to its local index on
+  // every node: [source local][destination node] chunks; regrouped by destination node, the
+  // all-to-all across nodes delivers [source node][source local], the group's rank order.
+  Tensor by_local = swap_leading(input, nodes, local, c);
+  Tensor gathered = Tensor::empty({input.numel()}, input.dtype(), input.device());
+  Tensor by_node;  // set by the second step; the step (held by the Work) keeps it alive
+  Communicator *intra = intra_.get(), *inter = inter_.get();
+  Tensor out = output;
+  std::vector<std::function<WorkPtr()>> steps = {
+      [=]() mutable { return intra->all_to_all(by_local, gathered); },
+      [=]() mutable {
+        by_node = swap_leading(gathered, local, nodes, c);
+        return inter->all_to_all(by_node, out);
+      },
+  };
+  return std::make_shared<ChainedWork>(std::move(steps), nullptr);
+}
+
 }  // namespace loom::comm

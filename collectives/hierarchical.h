@@ -5,6 +5,10 @@
 //                    rank holds, all-gather inside the node
 //   reduce_scatter = reduce-scatter across nodes of the node's share, then inside the node
 //   allgather      = all-gather inside the node, then across nodes
+//   all_to_all     = (equal splits; Tutel's 2DH) an all-to-all inside the node that gathers on
+//                    each rank what its node sends to one local index, then one across nodes
+//                    among the ranks of that local index: N/L messages cross the network per
+//                    rank, of L chunks each, instead of N - N/L single chunks
 // Each level is an ordinary collective on a sub-group (checked, with deadlines), and the three
 // steps of one call are chained in a Work: posting the next step when the previous completes,
 // while the caller polls or waits. Results equal the flat call's up to rounding (sums are
@@ -51,6 +55,7 @@ class Hierarchy {
   }
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum);
   WorkPtr allgather(const Tensor& input, Tensor& output);
+  WorkPtr all_to_all(const Tensor& input, Tensor& output);  // equal splits
 
  private:
   std::shared_ptr<Communicator> group_, intra_, inter_;

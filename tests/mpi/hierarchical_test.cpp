@@ -60,6 +60,12 @@ void check_against_flat(Hierarchy& h, Communicator& world) {
     h.reduce_scatter(in_i, hier_ri, ReduceOp::kMax)->wait();
     EXPECT_EQ(hier_ri.to_vector<int64_t>(), flat_ri.to_vector<int64_t>()) << "reduce_scatter max";
 
+    Tensor send = input_of(world.rank(), n * size, DType::kF32);
+    Tensor flat_a2a = Tensor::empty({n * size}), hier_a2a = Tensor::empty({n * size});
+    world.all_to_all(send, flat_a2a)->wait();
+    h.all_to_all(send, hier_a2a)->wait();
+    EXPECT_EQ(hier_a2a.to_vector<float>(), flat_a2a.to_vector<float>()) << "all_to_all";
+
     Tensor mine = input_of(world.rank(), n, DType::kF32);
     Tensor flat_ag = Tensor::empty({n * size}), hier_ag = Tensor::empty({n * size});
     world.allgather(mine, flat_ag)->wait();
