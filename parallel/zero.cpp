@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "collectives/hierarchical.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/grouped.h"
@@ -63,6 +64,22 @@ void ZeroOptimizer::plan_layout(nn::Module& module, const ZeroOptions& o, Prepar
     p.layout = zero3_layout(module, p.params);
     p.reducer.bucket_groups = p.layout.parameters;
   }
+}
+
+HybridGroups hybrid_groups(std::shared_ptr<comm::Communicator> group, int shard_size,
+                           const std::string& owner) {
+  LOOM_CHECK(group != nullptr, owner, ": the group communicator is null");
+  std::vector<int> group_of;  // empty: by node (comm::node_map)
+  if (shard_size != 0) {
+    LOOM_CHECK(shard_size > 0 && group->size() % shard_size == 0, owner, ": shard groups of ",
+               shard_size, " do not divide the ", group->size(), " ranks of group '", group->name(),
+               "'");
+    for (int r = 0; r < group->size(); ++r) group_of.push_back(r / shard_size);
+  }
+  const comm::Hierarchy split(group, group_of);
+  LOOM_CHECK(split.applies(), owner, ": the ranks of group '", group->name(), "' form ",
+             split.str(), "; hybrid sharding needs two or more shard groups of two or more ranks");
+  return {split.intra_ptr(), split.inter_ptr()};
 }
 
 std::vector<ShardPiece> ZeroOptimizer::planned_pieces(nn::Module& module, const ZeroOptions& o,

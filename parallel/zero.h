@@ -85,6 +85,16 @@ struct ZeroOptions {
   std::shared_ptr<comm::Communicator> replicas;
 };
 
+// Hybrid sharding's groups over `group` (See ZeroOptions::replicas): shard groups of
+// `shard_size` consecutive ranks, or each node's ranks when shard_size is 0, and the replicas
+// (the ranks at the same place in the other shard groups). Collective over `group`. Throws,
+// prefixed with `owner`, unless there are two or more even shard groups of two or more ranks.
+struct HybridGroups {
+  std::shared_ptr<comm::Communicator> shards, replicas;
+};
+HybridGroups hybrid_groups(std::shared_ptr<comm::Communicator> group, int shard_size,
+                           const std::string& owner);
+
 // Builds the wrapped optimizer over the parameter pieces it is given.
 using OptimizerFactory = optim::OptimizerFactory;
 

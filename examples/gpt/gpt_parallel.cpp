@@ -1,6 +1,5 @@
 #include "gpt/gpt_parallel.h"
 
-#include "collectives/hierarchical.h"
 #include "core/nn/dropout.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
@@ -35,23 +34,12 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
   if (o.zero > 0) {
     std::shared_ptr<comm::Communicator> shard_group = dp_;
     parallel::ZeroOptions z = zero_options(o, model.tp());
-    if (o.zero_shard_group != "all") {
-      // Hybrid sharding: shard groups of the dp ranks (a node's, or N consecutive), each shard
-      // replicated across the groups. The dp ranks' split is comm::Hierarchy's (even and
-      // consecutive groups), given the groups when they are a count.
-      std::vector<int> group_of;
-      if (o.zero_shard_group != "node") {
-        const int size = std::stoi(o.zero_shard_group);
-        LOOM_CHECK(dp_->size() % size == 0, "loom-gpt: --zero-shard-group ", size,
-                   " does not divide --dp ", dp_->size());
-        for (int r = 0; r < dp_->size(); ++r) group_of.push_back(r / size);
-      }
-      const comm::Hierarchy split(dp_, group_of);
-      LOOM_CHECK(split.applies(), "loom-gpt: --zero-shard-group ", o.zero_shard_group,
-                 ": the dp ranks form ", split.str(),
-                 "; hybrid sharding needs two or more groups of two or more ranks");
-      shard_group = split.intra_ptr();
-      z.replicas = split.inter_ptr();
+    if (o.zero_shard_group != "all") {  // hybrid sharding: a node's dp ranks, or N consecutive
+      const parallel::HybridGroups h = parallel::hybrid_groups(
+          dp_, o.zero_shard_group == "node" ? 0 : std::stoi(o.zero_shard_group),
+          "loom-gpt: --zero-shard-group " + o.zero_shard_group);
+      shard_group = h.shards;
+      z.replicas = h.replicas;
     }
     auto zero = std::make_unique<parallel::ZeroOptimizer>(module, shard_group, z, make_optimizer);
     zero_ = zero.get();

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "bindings.h"
-#include "collectives/hierarchical.h"
 #include "core/nn/nn.h"
 #include "optimizer/adamw.h"
 #include "optimizer/sgd.h"
@@ -285,14 +284,12 @@ void init_zero(py::module_& p) {
             }
             GroupPtr shards = group_or_world(std::move(group));
             if (!shard_group.is_none()) {  // hybrid sharding: See ZeroOptions::replicas
-              std::vector<int> group_of;   // empty: by node
+              int size = 0;                // 0: by node
               if (py::isinstance<py::int_>(shard_group) &&
                   !py::isinstance<py::bool_>(shard_group)) {
-                const int size = shard_group.cast<int>();
-                LOOM_CHECK(size > 0 && shards->size() % size == 0,
-                           "ZeroRedundancyOptimizer: shard_group=", size,
-                           " must divide the group's ", shards->size(), " ranks");
-                for (int r = 0; r < shards->size(); ++r) group_of.push_back(r / size);
+                size = shard_group.cast<int>();
+                if (size <= 0)
+                  throw py::value_error("ZeroRedundancyOptimizer: shard_group must be positive");
               } else if (!(py::isinstance<py::str>(shard_group) &&
                            shard_group.cast<std::string>() == "node")) {
                 throw py::value_error(
@@ -300,11 +297,10 @@ void init_zero(py::module_& p) {
                     "consecutive ranks");
               }
               py::gil_scoped_release release;
-              const comm::Hierarchy split(shards, group_of);
-              LOOM_CHECK(split.applies(), "ZeroRedundancyOptimizer: shard_group: the ranks form ",
-                         split.str(), "; hybrid sharding needs two or more groups of two or more");
-              shards = split.intra_ptr();
-              o.replicas = split.inter_ptr();
+              const parallel::HybridGroups h =
+                  parallel::hybrid_groups(shards, size, "ZeroRedundancyOptimizer: shard_group");
+              shards = h.shards;
+              o.replicas = h.replicas;
             }
             py::gil_scoped_release release;
             return std::make_shared<ZeroOptimizer>(*module, shards, o, std::move(groups));

@@ -84,7 +84,7 @@ if [ "$nodes" -gt 1 ]; then  # the ranks span nodes: 2 per node, sharded by node
   grep -q "sharded over groups of 2 dp ranks" "$dir/zero2_node.log"
   compare "dp${np}_zero2_by_node" "$dir/zero2_node.jsonl"
 fi
-for bad in "3:does not divide --dp 4" "4:two or more groups"; do
+for bad in "3:shard groups of 3 do not divide the 4 ranks" "4:two or more shard groups"; do
   if "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero 1 --zero-shard-group "${bad%%:*}" \
       > "$dir/bad.log" 2>&1; then
     echo "--zero-shard-group ${bad%%:*} on --dp 4 was accepted"; exit 1

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include "collectives/communicator.h"
-#include "collectives/hierarchical.h"
 #include "core/ops.h"
 #include "dp_reference.h"
 #include "parallel/zero.h"
@@ -129,10 +128,7 @@ TEST(ZeRO, HybridShardingMatchesTheSingleProcessRun) {
   auto world = comm::world();
   const int n = world->size();
   if (n < 4 || n % 2 != 0) GTEST_SKIP() << "needs an even world of 4 ranks or more";
-  std::vector<int> group_of;
-  for (int r = 0; r < n; ++r) group_of.push_back(r / 2);
-  const comm::Hierarchy split(world, group_of);
-  ASSERT_TRUE(split.applies()) << split.str();
+  const HybridGroups split = hybrid_groups(world, 2, "test");
   const RunResult want = single_process_run(), clipped = single_process_run(0.05);
   for (int stage : {1, 2, 3})
     for (int accum : {1, 2})
@@ -145,8 +141,8 @@ TEST(ZeRO, HybridShardingMatchesTheSingleProcessRun) {
         o.stage = stage;
         o.grad_accum = accum;
         o.bucket_mb = 0.002;
-        o.replicas = split.inter_ptr();
-        ZeroOptimizer opt(model, split.intra_ptr(), o, adamw_factory());
+        o.replicas = split.replicas;
+        ZeroOptimizer opt(model, split.shards, o, adamw_factory());
         EXPECT_TRUE(opt.hybrid());
         EXPECT_EQ(opt.shard_group_size(), 2);
         int steps = 0;
