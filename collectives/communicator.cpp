@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "collectives/carried.h"
+#include "collectives/hierarchical.h"
 #include "collectives/self_backend.h"
 #include "collectives/work.h"
 #if LOOM_WITH_MPI
@@ -210,11 +211,17 @@ uint64_t Communicator::op_bytes(const std::string& op) const {
   return 0;
 }
 
-Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
-  bool found = false;
+void Communicator::tally(const char* op, size_t bytes) {
   for (OpTally& t : op_counts_)
-    if (t.op == op) ++t.count, t.bytes += bytes, found = true;
-  if (!found) op_counts_.push_back(OpTally{op, 1, bytes});
+    if (t.op == op) {
+      ++t.count, t.bytes += bytes;
+      return;
+    }
+  op_counts_.push_back(OpTally{op, 1, bytes});
+}
+
+Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
+  tally(op, bytes);
   return OpInfo{op, ++sequence_, bytes};
 }
 
@@ -552,6 +559,9 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   check_reducible("allreduce", input);
   LOOM_CHECK(input.numel() == output.numel(), "allreduce: input has ", input.numel(),
              " elements but output has ", output.numel());
+  if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
+    if (Hierarchy* h = route("allreduce", input.nbytes()))
+      return h->allreduce(input, output, options.op);
   Carried carried;
   if (carried_by_check(input.nbytes(), on_host(input, output)))
     carried = {true, input, [output, op = options.op, n = size_](const Tensor& gathered) {
@@ -580,6 +590,9 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
   LOOM_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input has ", input.numel(),
              " elements, expected group size ", size_, " x output's ", output.numel(), " = ",
              output.numel() * size_);
+  if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
+    if (Hierarchy* h = route("reduce_scatter", input.nbytes()))
+      return h->reduce_scatter(input, output, options.op);
   Carried carried;
   if (carried_by_check(input.nbytes(), on_host(input, output)))
     carried = {true, input,
@@ -605,6 +618,7 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
   LOOM_CHECK(output.numel() == input.numel() * size_, "allgather: output has ", output.numel(),
              " elements, expected group size ", size_, " x input's ", input.numel(), " = ",
              input.numel() * size_);
+  if (Hierarchy* h = route("allgather", output.nbytes())) return h->allgather(input, output);
   Carried carried;
   // Counted twice: MPI's own allgather takes less time per byte than its allreduce, so carrying
   // it pays only up to about half the size (benchmarks/README.md).
@@ -675,6 +689,7 @@ WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
   };
   resolve(o.input_splits, input, "input");
   resolve(o.output_splits, output, "output");
+  if (Hierarchy* h = route("all_to_all", input.nbytes())) return h->all_to_all(input, output, o);
   // Split sizes may differ per rank; the dtype and the op must not (the count is not compared).
   return collective({"all_to_all", input.dtype(), -1, -1, -1, site.file_name(), int(site.line())},
                     input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {

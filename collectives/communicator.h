@@ -108,6 +108,19 @@ struct PointToPointOptions {
 };
 struct BarrierOptions {};
 
+// How a group that spans nodes runs its allreduce, reduce-scatter, all-gather and all-to-all
+// (Note [Flat or hierarchical] in collectives/algorithm.cpp): flat (one call on the whole
+// group), hierarchical (in two levels, collectives/hierarchical.h), or auto (per call, whichever
+// the group's cost table, measured when the algorithm is set, predicts faster).
+enum class Algorithm : uint8_t { kFlat, kHierarchical, kAuto };
+const char* algorithm_name(Algorithm algorithm);  // "flat", "hier", "auto"
+// LOOM_COLL_ALGO: flat, hier (or hierarchical) or auto; unset: `fallback`. Throws loom::Error
+// naming the variable for any other value.
+Algorithm algorithm_from_env(Algorithm fallback = Algorithm::kAuto);
+
+class Hierarchy;
+struct CollectiveCosts;
+
 // One send or recv of a batch (posted together, so pairs of ranks exchanging both ways cannot
 // deadlock on ordering).
 struct P2POp {
@@ -181,6 +194,24 @@ class Communicator {
   bool debug() const { return debug_; }
   void set_debug(bool on);
 
+  // Sets how this group's allreduce, reduce_scatter, allgather and all_to_all run (Algorithm;
+  // a new group is flat). Collective over the group: every rank must pass the same algorithm
+  // (else loom::Error on every rank). Not flat: splits the group by node (`node_of_rank`: each
+  // group rank's node; empty: comm::node_map) into the two levels of comm::Hierarchy when it
+  // spans nodes evenly, and for auto measures the levels' costs (collectives/algorithm.h, a
+  // second or so), the same table on every rank, so that every rank picks alike. A group the
+  // two levels do not apply to (one node, one rank per node, uneven) stays flat.
+  void set_algorithm(Algorithm algorithm, std::vector<int> node_of_rank = {});
+  Algorithm algorithm() const { return algorithm_; }
+  const Hierarchy* hierarchy() const { return hierarchy_.get(); }  // null when flat
+  const CollectiveCosts* costs() const { return costs_.get(); }    // auto's table, else null
+  // Whether a call of `op` ("allreduce", "reduce_scatter", "allgather", "all_to_all") moving
+  // `bytes` (an allreduce's, reduce-scatter's or all-to-all's input, an all-gather's output)
+  // runs in two levels now.
+  bool goes_hierarchical(const char* op, size_t bytes) const;
+  // "flat", or e.g. "auto over 2 node(s) x 2 rank(s): allreduce hierarchical from 4 MiB, ...".
+  std::string algorithm_str() const;
+
   // Seconds each wait may take (LOOM_COMM_TIMEOUT, default 300).
   double timeout_seconds() const { return timeout_s_; }
   void set_timeout_seconds(double seconds);
@@ -252,6 +283,9 @@ class Communicator {
     int line = 0;
   };
   OpInfo begin(const char* op, size_t bytes);
+  void tally(const char* op, size_t bytes);  // op_count's and op_bytes' counts
+  // The Hierarchy to run a call on (goes_hierarchical), tallied as this group's; else null.
+  Hierarchy* route(const char* op, size_t bytes);
   // A small collective done by its signature check's exchange (Note [Small collectives in their
   // check]): every rank's `payload` reaches every rank, and `finish` writes this rank's outputs
   // from all of them (size() payloads in rank order) once the check has agreed.
@@ -303,6 +337,9 @@ class Communicator {
   double timeout_s_;
   bool debug_;
   std::shared_ptr<CheckQueue> queue_;
+  Algorithm algorithm_ = Algorithm::kFlat;
+  std::shared_ptr<Hierarchy> hierarchy_;
+  std::shared_ptr<const CollectiveCosts> costs_;
   bool advancing_ = false;  // inside advance(): See Note [The check queue]
 };
 

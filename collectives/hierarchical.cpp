@@ -60,11 +60,9 @@ Tensor swap_leading(const Tensor& x, int64_t a, int64_t b, int64_t c) {
 
 }  // namespace
 
-Hierarchy::Hierarchy(std::shared_ptr<Communicator> group, std::vector<int> node_of_rank)
-    : group_(std::move(group)) {
-  LOOM_CHECK(group_ != nullptr, "Hierarchy: the group is null");
-  const int n = group_->size();
-  if (node_of_rank.empty()) node_of_rank = node_map(*group_).node_of_rank;
+Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank) : size_(group.size()) {
+  const int n = size_;
+  if (node_of_rank.empty()) node_of_rank = node_map(group).node_of_rank;
   LOOM_CHECK(int(node_of_rank.size()) == n, "Hierarchy: ", node_of_rank.size(),
              " node entries for a group of ", n);
   nodes_ = *std::max_element(node_of_rank.begin(), node_of_rank.end()) + 1;
@@ -72,10 +70,10 @@ Hierarchy::Hierarchy(std::shared_ptr<Communicator> group, std::vector<int> node_
   // Even and consecutive: rank r on node r / local_.
   bool even = n % nodes_ == 0;
   for (int r = 0; even && r < n; ++r) even = node_of_rank[size_t(r)] == r / local_;
-  const int rank = group_->rank();
+  const int rank = group.rank();
   // Every rank splits, whatever the outcome, so the group's collectives stay in step.
-  intra_ = group_->split(even ? rank / local_ : 0, rank, group_->name() + ".node");
-  inter_ = group_->split(even ? rank % local_ : rank, rank, group_->name() + ".across");
+  intra_ = group.split(even ? rank / local_ : 0, rank, group.name() + ".node");
+  inter_ = group.split(even ? rank % local_ : rank, rank, group.name() + ".across");
   applies_ = even && nodes_ > 1 && local_ > 1;
   if (!even)
     why_not_ = "ranks are not spread evenly and consecutively over the nodes";
@@ -116,7 +114,7 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
   // avg: sums at both levels, then one division by the group size (as the flat call's rounding
   // of the whole sum); max, min and sum as they are.
   const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const int size = group_->size();
+  const int size = size_;
   std::vector<std::function<WorkPtr()>> steps = {
       [=]() mutable { return intra->reduce_scatter(staged, mine, {level}); },
       [=]() mutable { return inter->allreduce(mine, {level}); },
@@ -135,7 +133,7 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
   LOOM_CHECK(applies_, "Hierarchy::reduce_scatter on ", str());
   check_avg("reduce_scatter", op, input.dtype());
   const int64_t c = output.numel();
-  LOOM_CHECK(input.numel() == c * group_->size() && input.is_contiguous() && output.is_contiguous(),
+  LOOM_CHECK(input.numel() == c * size_ && input.is_contiguous() && output.is_contiguous(),
              "Hierarchy::reduce_scatter: input ", input.str(), " and output ", output.str(),
              " (input must be the group size x output's elements, both contiguous)");
   // Chunks in (node, local) order, regrouped as (local, node): the node's reduce-scatter hands
@@ -145,7 +143,7 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
   Tensor mine = Tensor::empty({int64_t(nodes_) * c}, input.dtype(), input.device());
   Communicator *intra = intra_.get(), *inter = inter_.get();
   const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const int size = group_->size();
+  const int size = size_;
   Tensor out = output;
   std::vector<std::function<WorkPtr()>> steps = {
       [=]() mutable { return intra->reduce_scatter(by_local, mine, {level}); },
@@ -162,10 +160,9 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
 WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
   LOOM_CHECK(applies_, "Hierarchy::allgather on ", str());
   const int64_t c = input.numel();
-  LOOM_CHECK(
-      output.numel() == c * group_->size() && input.is_contiguous() && output.is_contiguous(),
-      "Hierarchy::allgather: input ", input.str(), " and output ", output.str(),
-      " (output must be the group size x input's elements, both contiguous)");
+  LOOM_CHECK(output.numel() == c * size_ && input.is_contiguous() && output.is_contiguous(),
+             "Hierarchy::allgather: input ", input.str(), " and output ", output.str(),
+             " (output must be the group size x input's elements, both contiguous)");
   Tensor across = Tensor::empty({int64_t(nodes_) * c}, input.dtype(), input.device());
   Tensor by_local = Tensor::empty({output.numel()}, input.dtype(), input.device());
   Communicator *intra = intra_.get(), *inter = inter_.get();
@@ -182,13 +179,21 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
   return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
 }
 
-WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output) {
+WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options) {
   LOOM_CHECK(applies_, "Hierarchy::all_to_all on ", str());
-  const int64_t n = group_->size();
-  LOOM_CHECK(input.numel() == output.numel() && input.numel() % n == 0 && input.is_contiguous() &&
-                 output.is_contiguous(),
+  LOOM_CHECK(input.is_contiguous() && output.is_contiguous() && input.dtype() == output.dtype(),
              "Hierarchy::all_to_all: input ", input.str(), " and output ", output.str(),
-             " (one size, a multiple of the group size, both contiguous)");
+             " (contiguous, one dtype)");
+  if (options.input_splits.empty() && options.output_splits.empty())
+    return all_to_all_equal(input, output);
+  return all_to_all_variable(input, output, options);
+}
+
+WorkPtr Hierarchy::all_to_all_equal(const Tensor& input, Tensor& output) {
+  const int64_t n = size_;
+  LOOM_CHECK(input.numel() == output.numel() && input.numel() % n == 0,
+             "Hierarchy::all_to_all: input ", input.str(), " and output ", output.str(),
+             " (one size, a multiple of the group size, or pass the splits)");
   const int64_t c = input.numel() / n, nodes = nodes_, local = local_;
   // Chunk j of the input goes to rank j = (node, local index). Regrouped by destination local
   // index, the node's all-to-all hands each rank what its node sends to its local index on
@@ -204,6 +209,109 @@ WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output) {
       [=]() mutable {
         by_node = swap_leading(gathered, local, nodes, c);
         return inter->all_to_all(by_node, out);
+      },
+  };
+  return std::make_shared<ChainedWork>(std::move(steps), nullptr);
+}
+
+namespace {
+
+// The pieces of `from` (sizes `sizes`, in order) rearranged: piece order[k] becomes the k-th.
+Tensor regroup(const Tensor& from, const std::vector<int64_t>& sizes,
+               const std::vector<size_t>& order) {
+  std::vector<int64_t> start(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) start[i + 1] = start[i] + sizes[i];
+  Tensor flat = from.reshape({from.numel()});
+  Tensor to = Tensor::empty({start.back()}, from.dtype(), from.device());
+  int64_t at = 0;
+  for (size_t i : order) {
+    if (sizes[i] > 0) to.narrow(0, at, sizes[i]).copy_(flat.narrow(0, start[i], sizes[i]));
+    at += sizes[i];
+  }
+  return to;
+}
+
+}  // namespace
+
+// Variable splits. Group rank j = (node j / L, local j % L). Step 1 tells each rank, for every
+// rank of its node, how much that rank sends to each rank it forwards for (same local index on
+// every node); step 2 moves the data inside the node, grouped by destination local index; step
+// 3 across nodes, grouped by destination node, lands in the group's rank order.
+WorkPtr Hierarchy::all_to_all_variable(const Tensor& input, Tensor& output,
+                                       const AllToAllOptions& options) {
+  const int64_t n = size_, nodes = nodes_, local = local_;
+  std::vector<int64_t> in_splits = options.input_splits, out_splits = options.output_splits;
+  auto resolve = [&](std::vector<int64_t>& splits, const Tensor& t, const char* which) {
+    if (splits.empty()) {
+      LOOM_CHECK(t.numel() % n == 0, "Hierarchy::all_to_all: ", which, " has ", t.numel(),
+                 " elements, not divisible into ", n, " equal splits (pass ", which, "_splits)");
+      splits.assign(size_t(n), t.numel() / n);
+    }
+    int64_t total = 0;
+    for (int64_t s : splits) {
+      LOOM_CHECK(s >= 0, "Hierarchy::all_to_all: negative split ", s, " in ", which, "_splits");
+      total += s;
+    }
+    LOOM_CHECK(int64_t(splits.size()) == n && total == t.numel(), "Hierarchy::all_to_all: ", which,
+               "_splits (", splits.size(), " entries adding up to ", total,
+               ") must have group size ", n, " entries adding up to ", which, "'s ", t.numel(),
+               " elements");
+  };
+  resolve(in_splits, input, "input");
+  resolve(out_splits, output, "output");
+  // Step 1: to local l, the sizes this rank sends to (node m, l) for every m: [l][m].
+  std::vector<int64_t> counts(size_t(local * nodes));
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t m = 0; m < nodes; ++m)
+      counts[size_t(l * nodes + m)] = in_splits[size_t(m * local + l)];
+  Tensor counts_out = Tensor::from_vector(counts, {local * nodes});
+  Tensor counts_in = Tensor::empty({local * nodes}, DType::kI64);
+  // Step 2's send order: by destination local l, then node m (piece m * L + l of the input).
+  std::vector<size_t> by_local_order;
+  std::vector<int64_t> intra_in(size_t(local), 0);
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t m = 0; m < nodes; ++m) {
+      by_local_order.push_back(size_t(m * local + l));
+      intra_in[size_t(l)] += in_splits[size_t(m * local + l)];
+    }
+  std::vector<int64_t> inter_out(size_t(nodes), 0);
+  for (int64_t m = 0; m < nodes; ++m)
+    for (int64_t s = 0; s < local; ++s) inter_out[size_t(m)] += out_splits[size_t(m * local + s)];
+  // What the steps hand on to the next (each step is a separate copy of its lambda).
+  struct State {
+    Tensor by_local, gathered, by_node;
+    std::vector<int64_t> received;  // counts_in as host values: [source local s][node m]
+  };
+  auto state = std::make_shared<State>();
+  state->by_local = regroup(input, in_splits, by_local_order);
+  Communicator *intra = intra_.get(), *inter = inter_.get();
+  Tensor out = output.reshape({output.numel()});
+  const DType dtype = input.dtype();
+  const Device device = input.device();
+  std::vector<std::function<WorkPtr()>> steps = {
+      [=]() mutable { return intra->all_to_all(counts_out, counts_in); },
+      [=]() {
+        state->received = counts_in.to_vector<int64_t>();
+        std::vector<int64_t> intra_out(size_t(local), 0);
+        for (int64_t s = 0; s < local; ++s)
+          for (int64_t m = 0; m < nodes; ++m)
+            intra_out[size_t(s)] += state->received[size_t(s * nodes + m)];
+        int64_t total = 0;
+        for (int64_t v : intra_out) total += v;
+        state->gathered = Tensor::empty({total}, dtype, device);
+        return intra->all_to_all(state->by_local, state->gathered, {intra_in, intra_out});
+      },
+      [=]() mutable {
+        // gathered holds pieces [s][m]; across nodes they go by destination node m, then s.
+        std::vector<size_t> by_node_order;
+        std::vector<int64_t> inter_in(size_t(nodes), 0);
+        for (int64_t m = 0; m < nodes; ++m)
+          for (int64_t s = 0; s < local; ++s) {
+            by_node_order.push_back(size_t(s * nodes + m));
+            inter_in[size_t(m)] += state->received[size_t(s * nodes + m)];
+          }
+        state->by_node = regroup(state->gathered, state->received, by_node_order);
+        return inter->all_to_all(state->by_node, out, {inter_in, inter_out});
       },
   };
   return std::make_shared<ChainedWork>(std::move(steps), nullptr);

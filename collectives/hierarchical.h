@@ -5,10 +5,12 @@
 //                    rank holds, all-gather inside the node
 //   reduce_scatter = reduce-scatter across nodes of the node's share, then inside the node
 //   allgather      = all-gather inside the node, then across nodes
-//   all_to_all     = (equal splits; Tutel's 2DH) an all-to-all inside the node that gathers on
-//                    each rank what its node sends to one local index, then one across nodes
-//                    among the ranks of that local index: N/L messages cross the network per
-//                    rank, of L chunks each, instead of N - N/L single chunks
+//   all_to_all     = (Tutel's 2DH) an all-to-all inside the node that gathers on each rank what
+//                    its node sends to one local index, then one across nodes among the ranks
+//                    of that local index: N/L messages cross the network per rank, of L chunks
+//                    each, instead of N - N/L single chunks. With variable splits, the node's
+//                    ranks first exchange their split sizes (one small all-to-all inside the
+//                    node), since a rank forwards what its neighbours send.
 // Each level is an ordinary collective on a sub-group (checked, with deadlines), and the three
 // steps of one call are chained in a Work: posting the next step when the previous completes,
 // while the caller polls or waits. Results equal the flat call's up to rounding (sums are
@@ -18,7 +20,9 @@
 // Ranks must be spread evenly: every node holds the same number of the group's ranks, and group
 // rank r of node n sits at place (n, local index) in node order then rank order (what placing
 // consecutive ranks on a node gives). Otherwise applies() is false and the caller stays flat.
-// Knows no mesh: parallel/ chooses where to use it.
+// Knows no mesh. A Communicator routes its own collectives here once set_algorithm() gave it a
+// Hierarchy (Note [Flat or hierarchical] in collectives/algorithm.cpp); parallel/ says which
+// groups.
 #pragma once
 
 #include <memory>
@@ -34,7 +38,10 @@ class Hierarchy {
  public:
   // Collective over `group`. `nodes`: each group rank's node (default: node_map(group)); a
   // test may give another split of one host.
-  explicit Hierarchy(std::shared_ptr<Communicator> group, std::vector<int> node_of_rank = {});
+  // Holds only the two sub-groups it splits off, not `group`.
+  explicit Hierarchy(Communicator& group, std::vector<int> node_of_rank = {});
+  explicit Hierarchy(const std::shared_ptr<Communicator>& group, std::vector<int> node_of_rank = {})
+      : Hierarchy(*group, std::move(node_of_rank)) {}
 
   // True when the group spans more than one node with the same number of ranks on each, ranks
   // of a node consecutive: the two-level forms apply.
@@ -55,10 +62,14 @@ class Hierarchy {
   }
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum);
   WorkPtr allgather(const Tensor& input, Tensor& output);
-  WorkPtr all_to_all(const Tensor& input, Tensor& output);  // equal splits
+  WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {});
 
  private:
-  std::shared_ptr<Communicator> group_, intra_, inter_;
+  WorkPtr all_to_all_equal(const Tensor& input, Tensor& output);
+  WorkPtr all_to_all_variable(const Tensor& input, Tensor& output, const AllToAllOptions& options);
+
+  std::shared_ptr<Communicator> intra_, inter_;
+  int size_ = 1;  // the group's
   bool applies_ = false;
   int nodes_ = 1, local_ = 1;
   std::string why_not_;

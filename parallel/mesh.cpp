@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <set>
 
+#include "collectives/algorithm.h"
 #include "collectives/planning_backend.h"
 
 namespace loom::parallel {
@@ -38,6 +39,21 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::Communicator> world, int pp, int dp
   dp_group_ = world_->split(c.pp * tp_ + c.tp, c.dp, dp_name(c));
   pp_group_ = world_->split(c.dp * tp_ + c.tp, c.pp, pp_name(c));
   nodes_ = comm::node_map(*world_);
+  // Across nodes, each group picks flat or two-level collectives (Note [Flat or hierarchical]):
+  // LOOM_COLL_ALGO, auto by default. On one node every group stays flat, with no measurement.
+  if (nodes_.nodes() > 1) {
+    const comm::Algorithm algorithm = comm::algorithm_from_env();
+    // Each group's ranks' nodes, in group order (known from the world's map: no exchange).
+    auto set = [&](comm::Communicator& group, auto world_rank_of_member) {
+      std::vector<int> node_of_rank;
+      for (int i = 0; i < group.size(); ++i)
+        node_of_rank.push_back(node_of(world_rank_of_member(i)));
+      if (group.size() > 1) group.set_algorithm(algorithm, node_of_rank);
+    };
+    set(*tp_group_, [&](int i) { return rank_of({c.pp, c.dp, i}); });
+    set(*dp_group_, [&](int i) { return rank_of({c.pp, i, c.tp}); });
+    set(*pp_group_, [&](int i) { return rank_of({i, c.dp, c.tp}); });
+  }
   const std::vector<std::string> crossing = tp_groups_across_nodes();
   if (!crossing.empty() && world_->rank() == 0) {
     std::fprintf(stderr,
@@ -163,6 +179,10 @@ std::string DeviceMesh::placement() const {
   span("tp", pp_ * dp_, tp_, [&](int g, int i) { return rank_of({g / dp_, g % dp_, i}); });
   span("dp", pp_ * tp_, dp_, [&](int g, int i) { return rank_of({g / tp_, i, g % tp_}); });
   span("pp", dp_ * tp_, pp_, [&](int g, int i) { return rank_of({i, g / tp_, g % tp_}); });
+  // This rank's groups: flat, or how they pick two-level collectives.
+  for (const comm::Communicator* g : {tp_group_.get(), dp_group_.get(), pp_group_.get()})
+    if (g->algorithm() != comm::Algorithm::kFlat)
+      s += detail::str_cat("collectives of group '", g->name(), "': ", g->algorithm_str(), "\n");
   return s;
 }
 

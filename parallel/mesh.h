@@ -11,6 +11,11 @@
 // round-robin, or a tp larger than a node), world rank 0 warns, naming the group and its nodes:
 // its per-layer collectives then cross the network. placement() lists rank -> node and, per
 // group kind, the nodes each group spans.
+//
+// Across nodes, the tp, dp and pp groups each pick flat or two-level collectives
+// (Communicator::set_algorithm, Note [Flat or hierarchical] in collectives/algorithm.cpp) as
+// LOOM_COLL_ALGO says: auto (the default: per call, by a cost table measured here), flat or
+// hier. The world communicator passed in is left as it was.
 #pragma once
 
 #include <memory>

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <vector>
 
+#include <cstdlib>
+
+#include "collectives/algorithm.h"
 #include "collectives/hierarchical.h"
 #include "core/ops.h"
 
@@ -71,7 +74,67 @@ void check_against_flat(Hierarchy& h, Communicator& world) {
     world.allgather(mine, flat_ag)->wait();
     h.allgather(mine, hier_ag)->wait();
     EXPECT_EQ(hier_ag.to_vector<float>(), flat_ag.to_vector<float>()) << "allgather";
+
+    // Variable splits, zeros among them: rank src sends (src * 3 + dst * 5 + n) % 4 elements
+    // to dst (times n / 7 + 1, so the larger sizes move more).
+    auto split = [&](int src, int dst) { return ((src * 3 + dst * 5 + n) % 4) * (n / 7 + 1); };
+    AllToAllOptions v;
+    for (int r = 0; r < size; ++r) {
+      v.input_splits.push_back(split(world.rank(), r));
+      v.output_splits.push_back(split(r, world.rank()));
+    }
+    int64_t sent = 0, received = 0;
+    for (int r = 0; r < size; ++r)
+      sent += v.input_splits[size_t(r)], received += v.output_splits[size_t(r)];
+    Tensor vin = input_of(world.rank(), sent, DType::kI64);
+    Tensor flat_v = Tensor::empty({received}, DType::kI64),
+           hier_v = Tensor::empty({received}, DType::kI64);
+    world.all_to_all(vin, flat_v, v)->wait();
+    h.all_to_all(vin, hier_v, v)->wait();
+    EXPECT_EQ(hier_v.to_vector<int64_t>(), flat_v.to_vector<int64_t>()) << "all_to_all(v)";
   }
+}
+
+// The same calls through a Communicator set to route them (every call of each op on `routed`
+// goes hierarchical when `all_hierarchical`): results as the flat ones, counted as the group's.
+void check_routed(Communicator& routed, Communicator& world, bool all_hierarchical) {
+  const uint64_t before = routed.op_count("allreduce");
+  const uint64_t node_rs = routed.hierarchy()->intra().op_count("reduce_scatter");
+  const int size = world.size();
+  for (int64_t n : {int64_t(3), int64_t(5000)}) {
+    SCOPED_TRACE(::testing::Message() << n << " elements");
+    Tensor flat = input_of(world.rank(), n, DType::kF32), hier = flat.clone();
+    world.allreduce(flat, {ReduceOp::kAvg})->wait();
+    routed.allreduce(hier, {ReduceOp::kAvg})->wait();
+    expect_close(hier, flat, 1e-6, "routed allreduce avg");
+    Tensor in = input_of(world.rank(), n * size, DType::kF32);
+    Tensor flat_rs = Tensor::empty({n}), hier_rs = Tensor::empty({n});
+    world.reduce_scatter(in, flat_rs)->wait();
+    routed.reduce_scatter(in, hier_rs)->wait();
+    expect_close(hier_rs, flat_rs, 1e-6, "routed reduce_scatter");
+    Tensor mine = input_of(world.rank(), n, DType::kI32);
+    Tensor flat_ag = Tensor::empty({n * size}, DType::kI32), hier_ag = flat_ag.clone();
+    world.allgather(mine, flat_ag)->wait();
+    routed.allgather(mine, hier_ag)->wait();
+    EXPECT_EQ(hier_ag.to_vector<int32_t>(), flat_ag.to_vector<int32_t>()) << "routed allgather";
+    AllToAllOptions v;
+    for (int r = 0; r < size; ++r) {
+      v.input_splits.push_back((world.rank() + r) % 3 * n);
+      v.output_splits.push_back((r + world.rank()) % 3 * n);
+    }
+    int64_t total = 0;
+    for (int64_t x : v.input_splits) total += x;
+    Tensor vin = input_of(world.rank(), total, DType::kF32);
+    Tensor flat_v = Tensor::empty({total}), hier_v = Tensor::empty({total});
+    world.all_to_all(vin, flat_v, v)->wait();
+    routed.all_to_all(vin, hier_v, v)->wait();
+    EXPECT_EQ(hier_v.to_vector<float>(), flat_v.to_vector<float>()) << "routed all_to_all(v)";
+  }
+  // Each call is the group's, whichever way it ran.
+  EXPECT_EQ(routed.op_count("allreduce"), before + 2);
+  if (all_hierarchical)
+    EXPECT_EQ(routed.hierarchy()->intra().op_count("reduce_scatter"), node_rs + 4)
+        << "each allreduce and reduce_scatter begins with one reduce-scatter inside the node";
 }
 
 TEST(Hierarchy, EqualsTheFlatCollectivesOnNodesOfOneHost) {
@@ -117,6 +180,136 @@ TEST(Hierarchy, UnevenOrInterleavedNodesStayFlat) {
   }
 }
 
+// Pairs or fours of consecutive ranks as nodes, as for Hierarchy above.
+std::vector<int> nodes_of_size(int size, int local) {
+  std::vector<int> nodes;
+  for (int r = 0; r < size; ++r) nodes.push_back(r / local);
+  return nodes;
+}
+
+TEST(Algorithm, HierarchicalRoutesEveryCallInTwoLevels) {
+  auto world = comm::world();
+  if (world->size() < 4) GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
+  auto group = world->split(0, world->rank(), "routed");
+  EXPECT_EQ(group->algorithm(), Algorithm::kFlat) << "a new group is flat";
+  EXPECT_EQ(group->hierarchy(), nullptr);
+  group->set_algorithm(Algorithm::kHierarchical, nodes_of_size(world->size(), 2));
+  ASSERT_NE(group->hierarchy(), nullptr);
+  EXPECT_TRUE(group->hierarchy()->applies());
+  EXPECT_EQ(group->costs(), nullptr) << "hier measures nothing";
+  EXPECT_TRUE(group->goes_hierarchical("allreduce", 4));
+  EXPECT_NE(group->algorithm_str().find("hier over"), std::string::npos) << group->algorithm_str();
+  check_routed(*group, *world, /*all_hierarchical=*/true);
+  // Back to flat: nothing goes through the levels any more.
+  group->set_algorithm(Algorithm::kFlat);
+  EXPECT_EQ(group->hierarchy(), nullptr);
+  EXPECT_FALSE(group->goes_hierarchical("allreduce", size_t(1) << 30));
+  EXPECT_EQ(group->algorithm_str(), "flat");
+}
+
+TEST(Algorithm, AutoPicksByTheMeasuredTableAlikeOnEveryRank) {
+  auto world = comm::world();
+  if (world->size() < 4) GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
+  auto group = world->split(0, world->rank(), "auto");
+  group->set_algorithm(Algorithm::kAuto, nodes_of_size(world->size(), 2));
+  const CollectiveCosts* costs = group->costs();
+  ASSERT_NE(costs, nullptr);
+  EXPECT_EQ(costs->ranks_per_node, 2);
+  EXPECT_EQ(costs->nodes, world->size() / 2);
+  for (const AlphaBeta& ab : {costs->flat_allreduce, costs->intra_allreduce, costs->inter_allreduce,
+                              costs->flat_all_to_all, costs->copy}) {
+    EXPECT_GE(ab.alpha_s, 0);
+    EXPECT_GE(ab.beta_s_per_byte, 0);
+  }
+  EXPECT_GT(costs->flat_allreduce.at(1 << 20), 0) << "a 1 MiB allreduce takes time";
+  // Every rank holds the same table: its entries, summed as integers of nanoseconds, agree.
+  Tensor mine =
+      Tensor::from_vector(std::vector<int64_t>{int64_t(costs->flat_allreduce.at(1 << 20) * 1e9),
+                                               int64_t(costs->inter_all_to_all.at(4096) * 1e9)},
+                          {2});
+  Tensor most = mine.clone(), least = mine.clone();
+  world->allreduce(most, {ReduceOp::kMax})->wait();
+  world->allreduce(least, {ReduceOp::kMin})->wait();
+  EXPECT_EQ(most.to_vector<int64_t>(), least.to_vector<int64_t>());
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "all_to_all"})
+    for (size_t bytes : {size_t(12), size_t(20000), size_t(1) << 24})
+      EXPECT_EQ(group->goes_hierarchical(op, bytes), costs->prefers_hierarchical(op, double(bytes)))
+          << op << " " << bytes;
+  check_routed(*group, *world, /*all_hierarchical=*/false);
+}
+
+TEST(Algorithm, RanksThatDisagreeAreToldSo) {
+  auto world = comm::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto group = world->split(0, world->rank(), "disagree");
+  try {
+    group->set_algorithm(world->rank() == 0 ? Algorithm::kFlat : Algorithm::kHierarchical);
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("LOOM_COLL_ALGO"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(group->algorithm(), Algorithm::kFlat);
+}
+
+TEST(Algorithm, OneNodeStaysFlat) {
+  auto world = comm::world();
+  auto group = world->split(0, world->rank(), "one node");
+  group->set_algorithm(Algorithm::kAuto, std::vector<int>(size_t(world->size()), 0));
+  EXPECT_EQ(group->costs(), nullptr) << "nothing to measure on one node";
+  EXPECT_FALSE(group->goes_hierarchical("allreduce", size_t(1) << 30));
+  EXPECT_NE(group->algorithm_str().find("one node"), std::string::npos) << group->algorithm_str();
+}
+
+// The model's closed form on a made-up table: a node at 10 GB/s, links across nodes at
+// 0.1 GB/s, 4 ranks per node.
+TEST(Algorithm, CostModelPredictsTheTwoForms) {
+  CollectiveCosts c;
+  c.nodes = 2;
+  c.ranks_per_node = 4;
+  c.flat_allreduce = {10e-6, 1e-8};
+  c.intra_allreduce = {50e-6, 1e-10};
+  c.inter_allreduce = {10e-6, 1e-8};
+  c.copy = {0, 1e-10};
+  c.flat_all_to_all = {10e-6, 1e-8};
+  c.intra_all_to_all = {5e-6, 1e-10};
+  c.inter_all_to_all = {10e-6, 1e-8};
+  const double s = 1 << 20;
+  // reduce-scatter and all-gather in the node (50 us + s/2 x 1e-10 each), allreduce of s/4
+  // across, copies of 2s.
+  EXPECT_DOUBLE_EQ(c.hierarchical("allreduce", s),
+                   2 * (50e-6 + s / 2 * 1e-10) + (10e-6 + s / 4 * 1e-8) + 2 * s * 1e-10);
+  EXPECT_DOUBLE_EQ(c.flat("allreduce", s), 10e-6 + s * 1e-8);
+  EXPECT_DOUBLE_EQ(c.flat("allgather", s), 10e-6 + s / 2 * 1e-8);
+  EXPECT_DOUBLE_EQ(c.hierarchical("all_to_all", s), 15e-6 + s * 1.01e-8 + 2 * s * 1e-10);
+  // Two-level allreduce: 110 us + 2.8e-9 s against 10 us + 1e-8 s: faster from s > 13.9 KB.
+  EXPECT_EQ(c.crossover("allreduce"), size_t(16) << 10);
+  EXPECT_FALSE(c.prefers_hierarchical("allreduce", 8 << 10));
+  EXPECT_TRUE(c.prefers_hierarchical("allreduce", 16 << 10));
+  // all_to_all sends the same bytes across either way: flat always.
+  EXPECT_EQ(c.crossover("all_to_all"), size_t(0));
+  EXPECT_NE(c.str().find("allreduce hierarchical from 16 KiB"), std::string::npos) << c.str();
+  EXPECT_THROW(c.flat("broadcast", s), Error);
+}
+
+TEST(Algorithm, FromTheEnvironment) {
+  ::unsetenv("LOOM_COLL_ALGO");
+  EXPECT_EQ(algorithm_from_env(), Algorithm::kAuto);
+  EXPECT_EQ(algorithm_from_env(Algorithm::kFlat), Algorithm::kFlat);
+  ::setenv("LOOM_COLL_ALGO", "hier", 1);
+  EXPECT_EQ(algorithm_from_env(), Algorithm::kHierarchical);
+  ::setenv("LOOM_COLL_ALGO", "flat", 1);
+  EXPECT_EQ(algorithm_from_env(), Algorithm::kFlat);
+  ::setenv("LOOM_COLL_ALGO", "ring", 1);
+  try {
+    algorithm_from_env();
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_COLL_ALGO=ring"), std::string::npos) << e.what();
+  }
+  ::unsetenv("LOOM_COLL_ALGO");
+}
+
 // The real nodes: one host is one node (flat); the emulated cluster's nodes, by host name.
 TEST(Hierarchy, OnTheNodesTheRanksRunOn) {
   auto world = comm::world();
@@ -125,6 +318,11 @@ TEST(Hierarchy, OnTheNodesTheRanksRunOn) {
   const NodeMap map = node_map(*world);
   EXPECT_EQ(h.nodes(), map.nodes());
   if (h.applies()) check_against_flat(h, *world);
+  // And a group routed by what the host names say (the emulated cluster's nodes).
+  auto group = world->split(0, world->rank(), "by host");
+  group->set_algorithm(Algorithm::kHierarchical);
+  EXPECT_EQ(group->hierarchy()->applies(), h.applies());
+  if (h.applies()) check_routed(*group, *world, /*all_hierarchical=*/true);
 }
 
 }  // namespace

@@ -1,0 +1,252 @@
+// Note [Flat or hierarchical]
+// A group that spans nodes can run its collectives flat (one MPI/NCCL call over the whole group)
+// or in two levels (collectives/hierarchical.h: inside each node, then across nodes over 1/L of
+// the data or with L-times-larger messages). Which is faster depends on the links and the size:
+// the two levels pay an extra step's latency and staging copies, and gain only where the
+// network, not the node, is the bottleneck (on 2 nodes a flat reduce-scatter + all-gather
+// already sends a node's minimum across its link: benchmarks/README.md, "Emulated cluster").
+// So the choice is measured, not assumed: set_algorithm(kAuto) times each level's allreduce and
+// all-to-all at two sizes, fits time = alpha + beta x bytes per level (and a local copy), and
+// every call then compares the two predictions:
+//   allreduce(S)      flat: F_ar(S)
+//                     two levels: reduce-scatter in the node, allreduce of S/L across, all-gather
+//                     in the node = I_rs(S) + X_ar(S/L) + I_ag(S) + copy(2S)
+//   reduce_scatter(S) flat: F_rs(S); two levels: I_rs(S) + X_rs(S/L) + copy(S)
+//   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + I_ag(S) + copy(S)
+//   all_to_all(S)     flat: F_a2a(S); two levels: I_a2a(S) + X_a2a(S) + copy(2S)
+// with F, I, X the flat group, the node and the across-nodes levels, and a reduce-scatter or an
+// all-gather of S taken as alpha + beta x S/2 of the level's allreduce (each is half of a
+// bandwidth-optimal allreduce). The table is the slowest rank's measurement of each entry,
+// agreed by one allreduce, so every rank predicts alike and picks the same form: the two forms
+// post different collectives, and ranks that disagreed would wait on each other until the
+// deadline. A call that goes hierarchical is tallied as the group's (op_count, op_bytes) and
+// checked by the levels' own signature checks.
+#include "collectives/algorithm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "collectives/hierarchical.h"
+
+namespace loom::comm {
+
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kFlat:
+      return "flat";
+    case Algorithm::kHierarchical:
+      return "hier";
+    case Algorithm::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+Algorithm algorithm_from_env(Algorithm fallback) {
+  const char* v = std::getenv("LOOM_COLL_ALGO");
+  if (v == nullptr || *v == '\0') return fallback;
+  const std::string s = v;
+  if (s == "flat") return Algorithm::kFlat;
+  if (s == "hier" || s == "hierarchical") return Algorithm::kHierarchical;
+  if (s == "auto") return Algorithm::kAuto;
+  throw Error(detail::str_cat("LOOM_COLL_ALGO=", s, ": expected flat, hier or auto"));
+}
+
+AlphaBeta AlphaBeta::fit(double small, double t_small, double large, double t_large) {
+  AlphaBeta ab;
+  ab.beta_s_per_byte = std::max(0.0, (t_large - t_small) / (large - small));
+  ab.alpha_s = std::max(0.0, t_small - ab.beta_s_per_byte * small);
+  return ab;
+}
+
+namespace {
+
+// A reduce-scatter or all-gather of `bytes` at a level whose allreduce is `ar`.
+double half_of(const AlphaBeta& ar, double bytes) {
+  return ar.alpha_s + ar.beta_s_per_byte * bytes / 2;
+}
+
+void check_op(const std::string& op) {
+  LOOM_CHECK(op == "allreduce" || op == "reduce_scatter" || op == "allgather" || op == "all_to_all",
+             "CollectiveCosts: unknown collective '", op,
+             "' (allreduce, reduce_scatter, allgather, all_to_all)");
+}
+
+}  // namespace
+
+double CollectiveCosts::flat(const std::string& op, double bytes) const {
+  check_op(op);
+  if (op == "allreduce") return flat_allreduce.at(bytes);
+  if (op == "all_to_all") return flat_all_to_all.at(bytes);
+  return half_of(flat_allreduce, bytes);
+}
+
+double CollectiveCosts::hierarchical(const std::string& op, double bytes) const {
+  check_op(op);
+  const double part = bytes / ranks_per_node;
+  if (op == "allreduce")
+    return 2 * half_of(intra_allreduce, bytes) + inter_allreduce.at(part) + copy.at(2 * bytes);
+  if (op == "reduce_scatter" || op == "allgather")
+    return half_of(intra_allreduce, bytes) + half_of(inter_allreduce, part) + copy.at(bytes);
+  return intra_all_to_all.at(bytes) + inter_all_to_all.at(bytes) + copy.at(2 * bytes);
+}
+
+size_t CollectiveCosts::crossover(const std::string& op) const {
+  size_t from = 0;
+  for (size_t s = size_t(1) << 10; s <= size_t(1) << 30; s <<= 1) {
+    if (!prefers_hierarchical(op, double(s)))
+      from = 0;
+    else if (from == 0)
+      from = s;
+  }
+  return from;
+}
+
+namespace {
+
+std::string size_str(size_t bytes) {
+  if (bytes >= size_t(1) << 30) return detail::str_cat(bytes >> 30, " GiB");
+  if (bytes >= size_t(1) << 20) return detail::str_cat(bytes >> 20, " MiB");
+  return detail::str_cat(bytes >> 10, " KiB");
+}
+
+std::string level_str(const char* name, const AlphaBeta& ab) {
+  const double gbps = ab.beta_s_per_byte > 0 ? 1e-9 / ab.beta_s_per_byte : 0;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%s %.0f us + %.2f GB/s", name, ab.alpha_s * 1e6, gbps);
+  return buf;
+}
+
+}  // namespace
+
+std::string CollectiveCosts::str() const {
+  std::string s;
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "all_to_all"}) {
+    const size_t from = crossover(op);
+    s += detail::str_cat(s.empty() ? "" : ", ", op, " ",
+                         from == 0 ? std::string("flat") : "hierarchical from " + size_str(from));
+  }
+  s += "; measured: " + level_str("allreduce flat", flat_allreduce) + ", " +
+       level_str("node", intra_allreduce) + ", " + level_str("across", inter_allreduce) + "; " +
+       level_str("all_to_all flat", flat_all_to_all) + ", " + level_str("node", intra_all_to_all) +
+       ", " + level_str("across", inter_all_to_all) + "; " + level_str("copy", copy);
+  return s;
+}
+
+namespace {
+
+// Median seconds of one call, after one call to warm up.
+double seconds_per_call(const std::function<void()>& call) {
+  call();
+  std::vector<double> times;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + 2, times.end());
+  return times[2];
+}
+
+}  // namespace
+
+CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
+  LOOM_CHECK(levels.applies(), "measure_costs: the two levels do not apply to group '",
+             group.name(), "': ", levels.str());
+  constexpr double kSmall = 4 << 10, kLarge = 1 << 20;
+  // Every rank runs the same calls in the same order: the flat group's, then each node's (all
+  // nodes at once, as in a real call), then across nodes.
+  std::vector<double> seconds;  // [small, large] per measure
+  for (double bytes : {kSmall, kLarge}) {
+    Communicator* comms[] = {&group, &levels.intra(), &levels.inter()};
+    for (Communicator* c : comms) {
+      Tensor t = Tensor::zeros({int64_t(bytes) / 4});
+      seconds.push_back(seconds_per_call([&] { c->allreduce(t)->wait(); }));
+    }
+    for (Communicator* c : comms) {
+      const int64_t n = std::max<int64_t>(1, int64_t(bytes) / 4 / c->size()) * c->size();
+      Tensor in = Tensor::zeros({n}), out = Tensor::empty({n});
+      seconds.push_back(seconds_per_call([&] { c->all_to_all(in, out)->wait(); }));
+    }
+    Tensor from = Tensor::zeros({int64_t(bytes) / 4}), to = Tensor::empty({int64_t(bytes) / 4});
+    seconds.push_back(seconds_per_call([&] { to.copy_(from); }));
+  }
+  // The slowest rank's time of each, in nanoseconds, agreed by one allreduce.
+  std::vector<int64_t> ns;
+  for (double s : seconds) ns.push_back(int64_t(s * 1e9));
+  Tensor agreed = Tensor::from_vector(ns, {int64_t(ns.size())});
+  group.allreduce(agreed, {ReduceOp::kMax})->wait();
+  ns = agreed.to_vector<int64_t>();
+  const size_t per_size = 7;
+  auto fit = [&](size_t i) {
+    return AlphaBeta::fit(kSmall, double(ns[i]) * 1e-9, kLarge, double(ns[per_size + i]) * 1e-9);
+  };
+  CollectiveCosts costs;
+  costs.nodes = levels.nodes();
+  costs.ranks_per_node = levels.ranks_per_node();
+  costs.flat_allreduce = fit(0);
+  costs.intra_allreduce = fit(1);
+  costs.inter_allreduce = fit(2);
+  costs.flat_all_to_all = fit(3);
+  costs.intra_all_to_all = fit(4);
+  costs.inter_all_to_all = fit(5);
+  costs.copy = fit(6);
+  return costs;
+}
+
+void Communicator::set_algorithm(Algorithm algorithm, std::vector<int> node_of_rank) {
+  // Flat while this runs: its own collectives (the agreement, the splits, the measurements)
+  // must not route to a hierarchy being replaced.
+  algorithm_ = Algorithm::kFlat;
+  costs_.reset();
+  const int64_t code = int64_t(algorithm);
+  Tensor agree = Tensor::from_vector(std::vector<int64_t>{code, -code}, {2});
+  allreduce(agree, {ReduceOp::kMax})->wait();
+  const std::vector<int64_t> most = agree.to_vector<int64_t>();
+  if (most[0] != code || -most[1] != code)
+    throw Error(detail::str_cat(
+        "Communicator::set_algorithm: the ranks of group '", name_,
+        "' disagree (this rank: ", algorithm_name(algorithm),
+        ", others: ", algorithm_name(Algorithm(most[0] != code ? most[0] : -most[1])),
+        "); give every rank the same LOOM_COLL_ALGO (mpirun -x LOOM_COLL_ALGO)"));
+  if (algorithm == Algorithm::kFlat) {
+    hierarchy_.reset();
+    return;
+  }
+  hierarchy_ = std::make_shared<Hierarchy>(*this, std::move(node_of_rank));
+  if (algorithm == Algorithm::kAuto && hierarchy_->applies())
+    costs_ = std::make_shared<const CollectiveCosts>(measure_costs(*this, *hierarchy_));
+  algorithm_ = algorithm;
+}
+
+bool Communicator::goes_hierarchical(const char* op, size_t bytes) const {
+  if (hierarchy_ == nullptr || !hierarchy_->applies()) return false;
+  switch (algorithm_) {
+    case Algorithm::kFlat:
+      return false;
+    case Algorithm::kHierarchical:
+      return true;
+    case Algorithm::kAuto:
+      return costs_ != nullptr && costs_->prefers_hierarchical(op, double(bytes));
+  }
+  return false;
+}
+
+Hierarchy* Communicator::route(const char* op, size_t bytes) {
+  if (!goes_hierarchical(op, bytes)) return nullptr;
+  tally(op, bytes);
+  return hierarchy_.get();
+}
+
+std::string Communicator::algorithm_str() const {
+  if (algorithm_ == Algorithm::kFlat || hierarchy_ == nullptr) return "flat";
+  std::string s = detail::str_cat(algorithm_name(algorithm_), " over ", hierarchy_->str());
+  if (costs_ != nullptr) s += ": " + costs_->str();
+  return s;
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,48 @@
+// The cost table a group picks flat or hierarchical collectives by (Algorithm::kAuto; Note [Flat
+// or hierarchical] in algorithm.cpp): an alpha-beta model (time = alpha + beta x bytes) of each
+// level's allreduce and all-to-all — the whole group (flat), the ranks of one node, the ranks of
+// one local index across nodes — and of a local copy, measured when the algorithm is set and
+// made the same on every rank (each entry the slowest rank's), so that every rank picks alike.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "collectives/communicator.h"
+
+namespace loom::comm {
+
+struct AlphaBeta {
+  double alpha_s = 0;          // seconds per call
+  double beta_s_per_byte = 0;  // seconds per byte
+  double at(double bytes) const { return alpha_s + beta_s_per_byte * bytes; }
+  // The line through (small, t_small) and (large, t_large), neither part negative.
+  static AlphaBeta fit(double small, double t_small, double large, double t_large);
+};
+
+struct CollectiveCosts {
+  int nodes = 1, ranks_per_node = 1;
+  AlphaBeta flat_allreduce, intra_allreduce, inter_allreduce;
+  AlphaBeta flat_all_to_all, intra_all_to_all, inter_all_to_all;
+  AlphaBeta copy;  // a local copy of `bytes` (the two-level forms' staging)
+
+  // Predicted seconds of a call of `op` ("allreduce", "reduce_scatter", "allgather",
+  // "all_to_all") moving `bytes` (an allreduce's, reduce-scatter's or all-to-all's input, an
+  // all-gather's output) flat and in two levels.
+  double flat(const std::string& op, double bytes) const;
+  double hierarchical(const std::string& op, double bytes) const;
+  bool prefers_hierarchical(const std::string& op, double bytes) const {
+    return hierarchical(op, bytes) < flat(op, bytes);
+  }
+  // The smallest power-of-two size from 1 KiB to 1 GiB at which `op` goes hierarchical (and
+  // stays so up to 1 GiB), or 0 when none.
+  size_t crossover(const std::string& op) const;
+  // "allreduce: hierarchical from 4 MiB; ..." and each level's alpha (us) and bandwidth (GB/s).
+  std::string str() const;
+};
+
+// Measures the table for `group` split as `levels` (which must apply()): collective over the
+// group, every rank calls it; blocking; host buffers of 4 KiB and 1 MiB.
+CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels);
+
+}  // namespace loom::comm
