@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithm.h"
 #include "collectives/communicator.h"
 #include "collectives/hierarchical.h"
 #include "core/tensor.h"
@@ -93,7 +94,8 @@ struct Options {
   bool check = true;
   Op op = Op::kAllreduce;
   DType dtype = DType::kF32;
-  bool hierarchical = false;  // -a hier: loom's calls go through comm::Hierarchy
+  // -a: how loom's world communicator runs its collectives (Communicator::set_algorithm).
+  comm::Algorithm algorithm = comm::Algorithm::kFlat;
 };
 
 constexpr const char* kUsage =
@@ -109,8 +111,9 @@ constexpr const char* kUsage =
     "all_to_all | pingpong (default allreduce; pingpong: ranks 2k, 2k+1 send and send back, "
     "an even rank count)\n"
     "  -d, --datatype <name>       f32 | bf16 | f16 | i32 | i64 (default f32)\n"
-    "  -a, --algo <flat|hier>      loom's algorithm (default flat; hier: two levels over the "
-    "nodes, collectives/hierarchical.h, for allreduce, allgather, reduce_scatter and all_to_all)\n"
+    "  -a, --algo <flat|hier|auto> loom's algorithm (Communicator::set_algorithm; default flat; "
+    "hier: two levels over the nodes, collectives/hierarchical.h; auto: per call by the cost "
+    "table measured at start-up; for allreduce, allgather, reduce_scatter and all_to_all)\n"
     "  -h, --help                  this text\n";
 
 // "64", "64K", "1M", "2G" (powers of 1024) -> bytes.
@@ -241,9 +244,11 @@ bool parse_options(int argc, char** argv, Options& o) {
         o.dtype = parse_dtype_flag(value);
         break;
       case 'a':
-        LOOM_CHECK(value == "flat" || value == "hier", "-a: expected flat or hier, got '", value,
-                   "'");
-        o.hierarchical = value == "hier";
+        LOOM_CHECK(value == "flat" || value == "hier" || value == "auto",
+                   "-a: expected flat, hier or auto, got '", value, "'");
+        o.algorithm = value == "flat"   ? comm::Algorithm::kFlat
+                      : value == "hier" ? comm::Algorithm::kHierarchical
+                                        : comm::Algorithm::kAuto;
         break;
     }
   }
@@ -367,24 +372,7 @@ Buffers make_buffers(Op op, DType dtype, size_t bytes, int n) {
 // The rank a ping-pong pairs this one with.
 int pingpong_peer(int rank) { return rank % 2 == 0 ? rank + 1 : rank - 1; }
 
-// Set by -a hier: loom's allreduce, allgather and reduce_scatter go through it.
-comm::Hierarchy* g_hierarchy = nullptr;
-
 comm::WorkPtr run_loom(comm::Communicator& c, Op op, Buffers& b) {
-  if (g_hierarchy != nullptr) {
-    switch (op) {
-      case Op::kAllreduce:
-        return g_hierarchy->allreduce(b.input, b.output);
-      case Op::kAllgather:
-        return g_hierarchy->allgather(b.input, b.output);
-      case Op::kReduceScatter:
-        return g_hierarchy->reduce_scatter(b.input, b.output);
-      case Op::kAllToAll:
-        return g_hierarchy->all_to_all(b.input, b.output);
-      default:
-        break;
-    }
-  }
   switch (op) {
     case Op::kPingPong: {  // the even rank sends first; the last step's work is returned
       const int peer = pingpong_peer(c.rank());
@@ -580,25 +568,26 @@ int run(const Options& o) {
              n);
   const MpiType mpi = mpi_type(o.dtype);
   const double factor = busbw_factor(o.op, n);
-  std::unique_ptr<comm::Hierarchy> hierarchy;
-  if (o.hierarchical) {
+  if (o.algorithm != comm::Algorithm::kFlat) {
     LOOM_CHECK(o.op == Op::kAllreduce || o.op == Op::kAllgather || o.op == Op::kReduceScatter ||
                    o.op == Op::kAllToAll,
-               "-a hier: only allreduce, allgather, reduce_scatter and all_to_all have a "
-               "hierarchical form");
-    hierarchy = std::make_unique<comm::Hierarchy>(world);
-    LOOM_CHECK(hierarchy->applies(), "-a hier: the ranks are ", hierarchy->str(),
+               "-a ", comm::algorithm_name(o.algorithm),
+               ": only allreduce, allgather, reduce_scatter and all_to_all have a hierarchical "
+               "form");
+    c.set_algorithm(o.algorithm);
+    LOOM_CHECK(c.hierarchy()->applies(), "-a ", comm::algorithm_name(o.algorithm),
+               ": the ranks are ", c.hierarchy()->str(),
                "; launch on several nodes with the same number of ranks on each");
-    g_hierarchy = hierarchy.get();
   }
+  const std::string algorithm = c.algorithm_str();
 
   if (root) {
     std::printf(
         "# loom-bench-collectives: %s, %s, %d ranks (loom backend %s), minBytes %zu "
-        "maxBytes %zu step: %lld(factor) warmup iters: %d iters: %d validation: %d%s%s\n",
+        "maxBytes %zu step: %lld(factor) warmup iters: %d iters: %d validation: %d, algorithm: "
+        "%s\n",
         op_name(o.op), loom::dtype_name(o.dtype), n, c.backend(), o.min_bytes, o.max_bytes,
-        (long long)o.step_factor, o.warmup_iters, o.iters, int(o.check),
-        hierarchy ? ", algorithm: " : "", hierarchy ? hierarchy->str().c_str() : "");
+        (long long)o.step_factor, o.warmup_iters, o.iters, int(o.check), algorithm.c_str());
     std::printf(
         "# time: max over ranks of the average per call; busbw = algbw x %.4f; "
         "ratio = loom busbw / MPI busbw; unchecked, check: medians over alternating blocks of "

@@ -1,22 +1,90 @@
 #include "collectives/hierarchical.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 
 #include "core/ops.h"
 
 namespace loom::comm {
 
+// One step of a two-level collective: the collective it posts, on which of the two groups.
+struct Hierarchy::Step {
+  const Communicator* group;
+  std::function<WorkPtr()> post;
+};
+
+// Note [Two-level calls in call order]
+// A two-level call is a chain of collectives on the node's group and the across-nodes group,
+// each posted once the one before it has completed. MPI and NCCL need every rank to post the
+// collectives of one group in the same order, and with several calls in flight (DDP's buckets,
+// ZeRO's prefetches) the order in which their steps complete differs between ranks. So a step
+// is posted only when every earlier call has posted all of its steps on the same group: on each
+// group, steps are posted in (call order, step order), on every rank alike, while a call's step
+// on one group may overlap an earlier call's step on the other (a reduce-scatter's step across
+// nodes with the next one's inside the node).
+struct Hierarchy::Chains {
+  struct Chain {
+    std::vector<Step> steps;
+    std::function<void()> finish;  // a copy out of a staging buffer, after the last step
+    WorkPtr current;               // the last posted step, until seen complete
+    size_t posted = 0;
+    bool done = false;
+  };
+  std::deque<std::shared_ptr<Chain>> calls;  // not yet done, in call order
+
+  // Posts and completes what it can without blocking.
+  void progress() {
+    std::vector<const Communicator*> busy;  // groups with an earlier call's step not yet posted
+    auto is_busy = [&](const Communicator* g) {
+      return std::find(busy.begin(), busy.end(), g) != busy.end();
+    };
+    for (const std::shared_ptr<Chain>& c : calls) {
+      while (!c->done) {
+        if (c->current != nullptr && !c->current->test()) break;
+        c->current = nullptr;
+        if (c->posted < c->steps.size()) {
+          const Step& step = c->steps[c->posted];
+          if (is_busy(step.group)) break;
+          c->current = step.post();
+          ++c->posted;
+        } else {
+          if (c->finish) c->finish();
+          c->done = true;
+        }
+      }
+      for (size_t i = c->posted; i < c->steps.size(); ++i) busy.push_back(c->steps[i].group);
+    }
+    calls.erase(std::remove_if(calls.begin(), calls.end(), [](const auto& c) { return c->done; }),
+                calls.end());
+  }
+
+  // Blocks until `chain` is done: waits on its own step in flight, else (its next step waits
+  // its turn) on the earliest call's, which nothing holds back.
+  void wait(Chain& chain) {
+    for (progress(); !chain.done; progress()) {
+      Chain* target = &chain;
+      if (chain.current == nullptr)
+        for (const std::shared_ptr<Chain>& c : calls)
+          if (c->current != nullptr) {
+            target = c.get();
+            break;
+          }
+      LOOM_ASSERT(target->current != nullptr, "Hierarchy: a call waits with no step in flight");
+      target->current->wait();
+    }
+  }
+};
+
 namespace {
 
-// Steps posted one after another: the next once the previous has completed, then `finish` (a
-// copy out of a staging buffer). Progress happens in test() and wait(), as for every Work.
+// A two-level call's Work: progress happens in test() and wait(), as for every Work, and moves
+// every call of the Hierarchy along (Note [Two-level calls in call order]).
 class ChainedWork final : public Work {
  public:
-  ChainedWork(std::vector<std::function<WorkPtr()>> steps, std::function<void()> finish)
-      : steps_(std::move(steps)), finish_(std::move(finish)) {
-    current_ = steps_[0]();
-  }
+  ChainedWork(std::shared_ptr<Hierarchy::Chains> chains,
+              std::shared_ptr<Hierarchy::Chains::Chain> chain)
+      : chains_(std::move(chains)), chain_(std::move(chain)) {}
   ~ChainedWork() override {
     try {
       wait();  // as every Work: destroyed unfinished, it completes first (its buffers live here)
@@ -27,30 +95,16 @@ class ChainedWork final : public Work {
   ChainedWork& operator=(const ChainedWork&) = delete;
 
   void wait() override {
-    while (!done_) {
-      current_->wait();
-      advance();
-    }
+    if (!chain_->done) chains_->wait(*chain_);
   }
   bool test() override {
-    while (!done_ && current_->test()) advance();
-    return done_;
+    if (!chain_->done) chains_->progress();
+    return chain_->done;
   }
 
  private:
-  void advance() {
-    if (++next_ < steps_.size()) {
-      current_ = steps_[next_]();
-    } else {
-      if (finish_) finish_();
-      done_ = true;
-    }
-  }
-  std::vector<std::function<WorkPtr()>> steps_;
-  std::function<void()> finish_;
-  WorkPtr current_;
-  size_t next_ = 0;
-  bool done_ = false;
+  std::shared_ptr<Hierarchy::Chains> chains_;
+  std::shared_ptr<Hierarchy::Chains::Chain> chain_;
 };
 
 // x [a, b, c] -> [b, a, c], contiguous (no autograd: communication buffers).
@@ -60,7 +114,8 @@ Tensor swap_leading(const Tensor& x, int64_t a, int64_t b, int64_t c) {
 
 }  // namespace
 
-Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank) : size_(group.size()) {
+Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank)
+    : chains_(std::make_shared<Chains>()), size_(group.size()) {
   const int n = size_;
   if (node_of_rank.empty()) node_of_rank = node_map(group).node_of_rank;
   LOOM_CHECK(int(node_of_rank.size()) == n, "Hierarchy: ", node_of_rank.size(),
@@ -81,6 +136,17 @@ Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank) : size_
     why_not_ = "one node";
   else if (local_ == 1)
     why_not_ = "one rank per node";
+}
+
+Hierarchy::~Hierarchy() = default;
+
+WorkPtr Hierarchy::chain(std::vector<Step> steps, std::function<void()> finish) {
+  auto c = std::make_shared<Chains::Chain>();
+  c->steps = std::move(steps);
+  c->finish = std::move(finish);
+  chains_->calls.push_back(c);
+  chains_->progress();  // posts the first step unless an earlier call holds its group
+  return std::make_shared<ChainedWork>(chains_, std::move(c));
 }
 
 std::string Hierarchy::str() const {
@@ -115,10 +181,10 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
   // of the whole sum); max, min and sum as they are.
   const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const int size = size_;
-  std::vector<std::function<WorkPtr()>> steps = {
-      [=]() mutable { return intra->reduce_scatter(staged, mine, {level}); },
-      [=]() mutable { return inter->allreduce(mine, {level}); },
-      [=]() mutable { return intra->allgather(mine, staged); },
+  std::vector<Step> steps = {
+      {intra, [=]() mutable { return intra->reduce_scatter(staged, mine, {level}); }},
+      {inter, [=]() mutable { return inter->allreduce(mine, {level}); }},
+      {intra, [=]() mutable { return intra->allgather(mine, staged); }},
   };
   auto finish = [staged, tensor, n, op, size]() mutable {
     if (n == 0) return;
@@ -126,7 +192,7 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
     if (op == ReduceOp::kAvg) result = scale(result.to(DType::kF32), 1.0 / size);
     tensor.copy_(result.to(tensor.dtype()));
   };
-  return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
+  return chain(std::move(steps), std::move(finish));
 }
 
 WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -145,16 +211,16 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
   const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const int size = size_;
   Tensor out = output;
-  std::vector<std::function<WorkPtr()>> steps = {
-      [=]() mutable { return intra->reduce_scatter(by_local, mine, {level}); },
-      [=]() mutable { return inter->reduce_scatter(mine, out, {level}); },
+  std::vector<Step> steps = {
+      {intra, [=]() mutable { return intra->reduce_scatter(by_local, mine, {level}); }},
+      {inter, [=]() mutable { return inter->reduce_scatter(mine, out, {level}); }},
   };
   std::function<void()> finish;
   if (op == ReduceOp::kAvg)
     finish = [out, size]() mutable {
       out.copy_(scale(out.to(DType::kF32), 1.0 / size).to(out.dtype()));
     };
-  return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
+  return chain(std::move(steps), std::move(finish));
 }
 
 WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
@@ -168,15 +234,15 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
   Communicator *intra = intra_.get(), *inter = inter_.get();
   Tensor out = output;
   const int64_t nodes = nodes_, local = local_;
-  std::vector<std::function<WorkPtr()>> steps = {
-      [=]() mutable { return inter->allgather(input, across); },
-      [=]() mutable { return intra->allgather(across, by_local); },
+  std::vector<Step> steps = {
+      {inter, [=]() mutable { return inter->allgather(input, across); }},
+      {intra, [=]() mutable { return intra->allgather(across, by_local); }},
   };
   // by_local holds (local, node) order; the group's order is (node, local).
   auto finish = [out, by_local, nodes, local, c]() mutable {
     out.copy_(swap_leading(by_local, local, nodes, c).reshape(out.shape()));
   };
-  return std::make_shared<ChainedWork>(std::move(steps), std::move(finish));
+  return chain(std::move(steps), std::move(finish));
 }
 
 WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options) {
@@ -204,14 +270,15 @@ WorkPtr Hierarchy::all_to_all_equal(const Tensor& input, Tensor& output) {
   Tensor by_node;  // set by the second step; the step (held by the Work) keeps it alive
   Communicator *intra = intra_.get(), *inter = inter_.get();
   Tensor out = output;
-  std::vector<std::function<WorkPtr()>> steps = {
-      [=]() mutable { return intra->all_to_all(by_local, gathered); },
-      [=]() mutable {
-        by_node = swap_leading(gathered, local, nodes, c);
-        return inter->all_to_all(by_node, out);
-      },
+  std::vector<Step> steps = {
+      {intra, [=]() mutable { return intra->all_to_all(by_local, gathered); }},
+      {inter,
+       [=]() mutable {
+         by_node = swap_leading(gathered, local, nodes, c);
+         return inter->all_to_all(by_node, out);
+       }},
   };
-  return std::make_shared<ChainedWork>(std::move(steps), nullptr);
+  return chain(std::move(steps), nullptr);
 }
 
 namespace {
@@ -288,33 +355,35 @@ WorkPtr Hierarchy::all_to_all_variable(const Tensor& input, Tensor& output,
   Tensor out = output.reshape({output.numel()});
   const DType dtype = input.dtype();
   const Device device = input.device();
-  std::vector<std::function<WorkPtr()>> steps = {
-      [=]() mutable { return intra->all_to_all(counts_out, counts_in); },
-      [=]() {
-        state->received = counts_in.to_vector<int64_t>();
-        std::vector<int64_t> intra_out(size_t(local), 0);
-        for (int64_t s = 0; s < local; ++s)
-          for (int64_t m = 0; m < nodes; ++m)
-            intra_out[size_t(s)] += state->received[size_t(s * nodes + m)];
-        int64_t total = 0;
-        for (int64_t v : intra_out) total += v;
-        state->gathered = Tensor::empty({total}, dtype, device);
-        return intra->all_to_all(state->by_local, state->gathered, {intra_in, intra_out});
-      },
-      [=]() mutable {
-        // gathered holds pieces [s][m]; across nodes they go by destination node m, then s.
-        std::vector<size_t> by_node_order;
-        std::vector<int64_t> inter_in(size_t(nodes), 0);
-        for (int64_t m = 0; m < nodes; ++m)
-          for (int64_t s = 0; s < local; ++s) {
-            by_node_order.push_back(size_t(s * nodes + m));
-            inter_in[size_t(m)] += state->received[size_t(s * nodes + m)];
-          }
-        state->by_node = regroup(state->gathered, state->received, by_node_order);
-        return inter->all_to_all(state->by_node, out, {inter_in, inter_out});
-      },
+  std::vector<Step> steps = {
+      {intra, [=]() mutable { return intra->all_to_all(counts_out, counts_in); }},
+      {intra,
+       [=]() {
+         state->received = counts_in.to_vector<int64_t>();
+         std::vector<int64_t> intra_out(size_t(local), 0);
+         for (int64_t s = 0; s < local; ++s)
+           for (int64_t m = 0; m < nodes; ++m)
+             intra_out[size_t(s)] += state->received[size_t(s * nodes + m)];
+         int64_t total = 0;
+         for (int64_t v : intra_out) total += v;
+         state->gathered = Tensor::empty({total}, dtype, device);
+         return intra->all_to_all(state->by_local, state->gathered, {intra_in, intra_out});
+       }},
+      {inter,
+       [=]() mutable {
+         // gathered holds pieces [s][m]; across nodes they go by destination node m, then s.
+         std::vector<size_t> by_node_order;
+         std::vector<int64_t> inter_in(size_t(nodes), 0);
+         for (int64_t m = 0; m < nodes; ++m)
+           for (int64_t s = 0; s < local; ++s) {
+             by_node_order.push_back(size_t(s * nodes + m));
+             inter_in[size_t(m)] += state->received[size_t(s * nodes + m)];
+           }
+         state->by_node = regroup(state->gathered, state->received, by_node_order);
+         return inter->all_to_all(state->by_node, out, {inter_in, inter_out});
+       }},
   };
-  return std::make_shared<ChainedWork>(std::move(steps), nullptr);
+  return chain(std::move(steps), nullptr);
 }
 
 }  // namespace loom::comm

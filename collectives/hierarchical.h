@@ -25,6 +25,7 @@
 // groups.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,10 +65,21 @@ class Hierarchy {
   WorkPtr allgather(const Tensor& input, Tensor& output);
   WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {});
 
+  ~Hierarchy();
+  Hierarchy(const Hierarchy&) = delete;
+  Hierarchy& operator=(const Hierarchy&) = delete;
+
+  // The calls in flight, posted in call order (Note [Two-level calls in call order]).
+  struct Chains;
+
  private:
+  struct Step;  // one collective of a call, on the node's or the across-nodes group
+  // A call of `steps`, posted in turn, then `finish`.
+  WorkPtr chain(std::vector<Step> steps, std::function<void()> finish);
   WorkPtr all_to_all_equal(const Tensor& input, Tensor& output);
   WorkPtr all_to_all_variable(const Tensor& input, Tensor& output, const AllToAllOptions& options);
 
+  std::shared_ptr<Chains> chains_;
   std::shared_ptr<Communicator> intra_, inter_;
   int size_ = 1;  // the group's
   bool applies_ = false;

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "collectives/communicator.h"
+#include "collectives/hierarchical.h"
 #include "common/checkpointing.h"
 #include "common/flags.h"
 #include "common/main_guard.h"
@@ -131,6 +132,9 @@ int run(int argc, char** argv) {
              flags.get_int("ceiling-examples"));
 
   auto world = comm::world();
+  // Across nodes, the tables' all-to-alls and the MLPs' gradient allreduces pick flat or two
+  // levels per call (LOOM_COLL_ALGO, auto by default; Note [Flat or hierarchical]).
+  if (world->size() > 1) world->set_algorithm(comm::algorithm_from_env());
   if (world->rank() != 0)
     LOOM_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "loom-dlrm: cannot silence stdout on rank ", world->rank());
@@ -230,6 +234,8 @@ int run(int argc, char** argv) {
     ddp = std::make_unique<parallel::DistributedDataParallel>(model, world);
     std::printf("parallel: %lld ranks, tables sharded (--sharding %s), MLPs data-parallel\n",
                 static_cast<long long>(ranks), run.sharding.c_str());
+    if (world->hierarchy() != nullptr && world->hierarchy()->applies())
+      std::printf("collectives: %s\n", world->algorithm_str().c_str());
   }
   if (fused.kind != EmbeddingOptimizer::kNone)
     std::printf("tables: fused %s in the embedding bags' backward, lr %g\n",

@@ -223,6 +223,26 @@ unfinished Work waits for it.
           "unless LOOM_COMM_DEBUG=0.")
       .def_property("timeout_seconds", &Communicator::timeout_seconds,
                     &Communicator::set_timeout_seconds)
+      .def(
+          "set_algorithm",
+          [](Communicator& c, const std::string& algorithm, std::vector<int> node_of_rank) {
+            LOOM_CHECK(algorithm == "flat" || algorithm == "hier" || algorithm == "auto",
+                       "Communicator.set_algorithm: expected 'flat', 'hier' or 'auto', got '",
+                       algorithm, "'");
+            c.set_algorithm(algorithm == "flat"   ? comm::Algorithm::kFlat
+                            : algorithm == "hier" ? comm::Algorithm::kHierarchical
+                                                  : comm::Algorithm::kAuto,
+                            std::move(node_of_rank));
+          },
+          py::arg("algorithm"), py::arg("node_of_rank") = std::vector<int>{},
+          py::call_guard<py::gil_scoped_release>(),
+          "How this group runs allreduce, reduce_scatter, allgather and all_to_all across "
+          "nodes: 'flat', 'hier' (two levels: inside each node, then across) or 'auto' (per "
+          "call, by a cost table measured now). Every rank of the group must call it alike. "
+          "node_of_rank: each rank's node (default: by host name). A DeviceMesh sets its "
+          "groups from LOOM_COLL_ALGO (auto by default) when the job spans nodes.")
+      .def_property_readonly("algorithm", &Communicator::algorithm_str,
+                             "'flat', or how the group picks two-level collectives.")
       .def("__repr__", [](const Communicator& c) {
         return "<loom.distributed.Communicator '" + c.name() + "' rank " +
                std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ", backend " +

@@ -36,6 +36,6 @@ done
 echo "== loom-gpt against one process (tests/mpi/gpt_parallel.sh)"
 LOOM_TEST_NODES=$nodes bash "$here/../mpi/gpt_parallel.sh" "$build/bin/loom-gpt" "$here/mpiexec.sh"
 echo "== loom-dlrm against one process (tests/mpi/dlrm_parallel.sh)"
-bash "$here/../mpi/dlrm_parallel.sh" "$build/bin/loom-dlrm" "$here/mpiexec.sh"
+LOOM_TEST_NODES=$nodes bash "$here/../mpi/dlrm_parallel.sh" "$build/bin/loom-dlrm" "$here/mpiexec.sh"
 rm -rf "$TMPDIR"
 echo "cluster $nodes x $ranks: every test gave the single-host results"

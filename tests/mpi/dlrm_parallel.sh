@@ -33,6 +33,17 @@ done
 "$mpiexec" -np 4 "$@" "$dlrm" "${common[@]}" --sharding auto --metrics-file "$dir/np4.jsonl" \
   > "$dir/np4.log"
 compare "np4_auto" "$dir/np4.jsonl"
+# Across nodes (tests/cluster/run.sh), with 2 ranks on each: the tables' all-to-alls (variable
+# splits) and the MLPs' allreduces in two levels give the single-process run too.
+nodes=${LOOM_TEST_NODES:-1}
+if [ "$nodes" -gt 1 ]; then
+  np=$((2 * nodes))
+  LOOM_COLL_ALGO=hier "$mpiexec" -np "$np" "$@" "$dlrm" "${common[@]}" --sharding auto \
+    --metrics-file "$dir/hier.jsonl" > "$dir/hier.log"
+  grep -q "collectives: hier over $nodes node(s) x 2 rank(s)" "$dir/hier.log" || {
+    cat "$dir/hier.log"; exit 1; }
+  compare "np${np}_auto_hier" "$dir/hier.jsonl"
+fi
 # Bad input: a batch the ranks cannot split.
 if "$mpiexec" -np 2 "$@" "$dlrm" --steps 1 --batch 63 > "$dir/bad.log" 2>&1; then
   echo "--batch 63 on 2 ranks was accepted"; exit 1

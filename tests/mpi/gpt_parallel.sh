@@ -68,7 +68,8 @@ done
 
 # Hybrid sharding (--zero-shard-group): 4 dp ranks in shard groups of 2, replicated across the
 # two groups (on the emulated cluster, tests/cluster/run.sh, also by node): the single-process
-# losses at every stage; shard groups that do not fit are refused.
+# losses at every stage; shard groups that do not fit are refused. Across nodes, also every dp
+# collective in two levels (LOOM_COLL_ALGO=hier and auto).
 for zero in 1 2 3; do
   name="dp4_zero${zero}_shard2"
   "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero "$zero" --zero-shard-group 2 \
@@ -83,6 +84,18 @@ if [ "$nodes" -gt 1 ]; then  # the ranks span nodes: 2 per node, sharded by node
     --metrics-file "$dir/zero2_node.jsonl" > "$dir/zero2_node.log"
   grep -q "sharded over groups of 2 dp ranks" "$dir/zero2_node.log"
   compare "dp${np}_zero2_by_node" "$dir/zero2_node.jsonl"
+  # Every dp collective in two levels (LOOM_COLL_ALGO=hier), and auto's per-call choice: DDP
+  # and ZeRO-3 give the single-process losses (the sums associate node first: within 1e-5).
+  for algo in hier auto; do
+    for zero in 0 3; do
+      name="dp${np}_zero${zero}_$algo"
+      LOOM_COLL_ALGO=$algo "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" --dp "$np" \
+        --zero "$zero" --bucket-mb 0.01 --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+      grep -q "collectives of group 'dp\[pp 0, tp 0\]': $algo over $nodes node(s) x 2 rank(s)" \
+        "$dir/$name.log" || { cat "$dir/$name.log"; exit 1; }
+      compare "$name" "$dir/$name.jsonl"
+    done
+  done
 fi
 for bad in "3:shard groups of 3 do not divide the 4 ranks" "4:two or more shard groups"; do
   if "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --dp 4 --zero 1 --zero-shard-group "${bad%%:*}" \

@@ -113,6 +113,28 @@ if p > 1:
             wrong += 1
     comm.debug = False
 
+# Two-level collectives (Communicator.set_algorithm): consecutive pairs of ranks as nodes when
+# there are 4 ranks or more (the levels apply), else one node (stays flat); sums as the closed
+# form either way.
+levels = comm.split(0, r, "levels")
+pairs = p >= 4 and p % 2 == 0
+levels.set_algorithm("hier", [k // 2 for k in range(p)] if pairs else [0] * p)
+expected = "hier over" if pairs else "one node"
+if expected not in levels.algorithm:
+    print(f"rank {r}: algorithm {levels.algorithm!r} lacks {expected!r}", file=sys.stderr)
+    wrong += 1
+t = loom.tensor(x(r))
+levels.allreduce(t)
+wrong += count_wrong("allreduce over two levels", t, (ranks[:, None] * 100 + i).sum(0))
+try:
+    levels.set_algorithm("ring")
+    print(f"rank {r}: set_algorithm('ring') raised nothing", file=sys.stderr)
+    wrong += 1
+except (RuntimeError, ValueError) as e:
+    if "expected 'flat', 'hier' or 'auto'" not in str(e):
+        print(f"rank {r}: unexpected error {e}", file=sys.stderr)
+        wrong += 1
+
 comm.barrier()
 
 total = loom.tensor([float(wrong)])
