@@ -44,6 +44,7 @@ nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size
                  {"tp", o.tp},
                  {"pp", o.pp},
                  {"zero", o.zero},
+                 {"zero_shard_group", o.zero_shard_group},
                  {"dtype", o.dtype},
                  {"sequence_parallel", o.sequence_parallel},
                  {"grad_accum", o.grad_accum}};
@@ -65,6 +66,18 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
   namespace ckpt = parallel::checkpoint;
   const parallel::DeviceMesh mesh =
       parallel::DeviceMesh::plan(world_rank, int(o.pp), int(o.dp), int(o.tp));
+  // The ZeRO group this rank shards over: all dp ranks, or (hybrid sharding) N consecutive ones.
+  int shard_rank = mesh.coords().dp, shard_size = int(o.dp);
+  if (o.zero > 0 && o.zero_shard_group != "all") {
+    LOOM_CHECK(o.zero_shard_group != "node",
+               "--zero-shard-group node depends on the machines' ranks per node; give that "
+               "number (e.g. --zero-shard-group 8) to plan the layout");
+    shard_size = std::stoi(o.zero_shard_group);
+    LOOM_CHECK(shard_size >= 2 && o.dp % shard_size == 0 && o.dp / shard_size >= 2,
+               "--zero-shard-group ", shard_size, " over --dp ", o.dp,
+               ": hybrid sharding needs two or more shard groups of two or more ranks");
+    shard_rank %= shard_size;
+  }
   const DType dtype = parse_dtype(o.dtype);
   std::vector<ckpt::ParamPlace> places;
   if (o.pp > 1) {  // as PipelineStep builds them
@@ -80,7 +93,7 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
     } else {
       places = ckpt::zero_places(set, set.named_parameters(),
                                  parallel::ZeroOptimizer::planned_pieces(
-                                     set, pipeline_zero_options(o), mesh.coords().dp, int(o.dp)),
+                                     set, pipeline_zero_options(o), shard_rank, shard_size),
                                  global);
     }
   } else {  // as main and DataParallelStep build them
@@ -88,10 +101,10 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
     nn::Module& module = model.module();
     if (dtype != DType::kF32) module.to(dtype);
     places = o.zero == 0 ? ckpt::parameter_places(module)
-                         : ckpt::zero_places(module, module.named_parameters(),
-                                             parallel::ZeroOptimizer::planned_pieces(
-                                                 module, zero_options(o, model.tp()),
-                                                 mesh.coords().dp, int(o.dp)));
+                         : ckpt::zero_places(
+                               module, module.named_parameters(),
+                               parallel::ZeroOptimizer::planned_pieces(
+                                   module, zero_options(o, model.tp()), shard_rank, shard_size));
   }
   return ckpt::planned_requests(places, dtype, manifest);
 }

@@ -216,10 +216,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
         g == "node" || (!g.empty() && g.find_first_not_of("0123456789") == std::string::npos &&
                         g.size() < 9 && std::stoi(g) > 0),
         "loom-gpt: --zero-shard-group must be all, node or a positive number, got '", g, "'");
-    LOOM_CHECK(o.pp <= 1, "loom-gpt: --zero-shard-group with --pp is not supported yet");
-    LOOM_CHECK(o.checkpoints.dir.empty() && !resuming,
-               "loom-gpt: checkpoints of hybrid sharding (--zero-shard-group) are not supported "
-               "yet: every replica holds the same shards");
   }
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);

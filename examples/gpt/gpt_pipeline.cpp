@@ -130,7 +130,16 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       if (counted_once(place, name)) counted.insert("chunk" + std::to_string(k) + "." + name);
   }
   z.counted_in_norm = [counted](const std::string& name) { return counted.count(name) > 0; };
-  auto zero = std::make_unique<parallel::ZeroOptimizer>(*stage_set_, dp_, z, make_optimizer);
+  std::shared_ptr<comm::Communicator> shard_group = dp_;
+  if (o.zero_shard_group != "all") {  // hybrid sharding, as DataParallelStep's
+    const parallel::HybridGroups h = parallel::hybrid_groups(
+        dp_, o.zero_shard_group == "node" ? 0 : std::stoi(o.zero_shard_group),
+        "loom-gpt: --zero-shard-group " + o.zero_shard_group);
+    shard_group = h.shards;
+    z.replicas = h.replicas;
+  }
+  auto zero =
+      std::make_unique<parallel::ZeroOptimizer>(*stage_set_, shard_group, z, make_optimizer);
   zero_ = zero.get();
   opt_ = std::move(zero);
 }
@@ -155,10 +164,16 @@ void PipelineStep::load(const io::GptParams& params) {
 }
 
 std::string PipelineStep::str() const {
-  return detail::str_cat("dp ", o_.dp, tp_ ? detail::str_cat(" x tp ", o_.tp) : std::string(),
-                         zero_ ? " (ZeRO-1)" : "", " x pp ", schedule_.ranks, ", schedule ",
-                         schedule_.name, ", ", schedule_.microbatches, " micro-batches",
-                         o_.sequence_parallel ? ", sequence parallel" : "");
+  return detail::str_cat(
+      "dp ", o_.dp, tp_ ? detail::str_cat(" x tp ", o_.tp) : std::string(),
+      zero_ ? " (ZeRO-1)" : "",
+      zero_ && zero_->hybrid()
+          ? detail::str_cat(" sharded over groups of ", zero_->shard_group_size(),
+                            " dp ranks (--zero-shard-group ", o_.zero_shard_group,
+                            "), replicated across them")
+          : std::string(),
+      " x pp ", schedule_.ranks, ", schedule ", schedule_.name, ", ", schedule_.microbatches,
+      " micro-batches", o_.sequence_parallel ? ", sequence parallel" : "");
 }
 
 parallel::TrainingMemory PipelineStep::memory() const {

@@ -251,11 +251,7 @@ TrainingState::TrainingState(nn::Module& module, optim::Optimizer& optimizer,
     : module_(module),
       optimizer_(optimizer),
       zero_(dynamic_cast<ZeroOptimizer*>(&optimizer)),
-      global_name_(std::move(global_name)) {
-  LOOM_CHECK(zero_ == nullptr || !zero_->hybrid(),
-             "checkpoints of hybrid-sharded ZeRO (shard groups with replicas) are not supported "
-             "yet: every replica holds the same pieces; save from plain ZeRO or DDP");
-}
+      global_name_(std::move(global_name)) {}
 
 std::vector<ParamPlace> TrainingState::places() const {
   std::vector<ParamPlace> places = parameter_places(module_);

@@ -5,10 +5,12 @@
 #    exactly the losses of the uninterrupted run, and its step-12 checkpoint (parameters,
 #    optimizer moments, step counts, data position) is bit-identical to the uninterrupted one's:
 #    one process, DDP, ZeRO-1, ZeRO-3 with grad-accum, tp 2 with sequence parallelism, and
-#    dp 2 x tp 2 with ZeRO-2, bf16 and f16 (masters, loss scaler), and asynchronous saves; all
+#    dp 2 x tp 2 with ZeRO-2, bf16 and f16 (masters, loss scaler), asynchronous saves, and
+#    hybrid-sharded ZeRO-3 (shard groups of 2 replicated twice: each element written once); all
 #    with dropout.
 # 2. Other layouts: a checkpoint saved by dp 2 x tp 2 with ZeRO-1 loads on dp 4 with ZeRO-3, on
-#    one process, on tp 4, on dp 2 with ZeRO-2 and on dp 2 x tp 2 with ZeRO-3: saved again right
+#    one process, on tp 4, on dp 2 with ZeRO-2, on dp 2 x tp 2 with ZeRO-3 and on dp 4 with
+#    hybrid-sharded ZeRO-2 (shard groups of 2): saved again right
 #    after loading, every tensor is bit-identical to the saved one, and training on gives the
 #    single-process losses within 1e-5 (the tolerance of tests/mpi/gpt_parallel.sh).
 # 3. Mistakes are clear errors: resuming with another --batch, --layers or --seed, from a
@@ -113,11 +115,12 @@ fi
 same_layout "1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2" \
   "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2" "1:--dtype bf16" \
   "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16" \
-  "2:--dp 2 --zero 3 --async-save" "1:--async-save"
+  "2:--dp 2 --zero 3 --async-save" "1:--async-save" "4:--dp 4 --zero 3 --zero-shard-group 2"
 
 # 2. Other layouts, from dp 2 x tp 2 with ZeRO-1.
 other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
-  "2:--dp 2 --zero 2 --grad-accum 2" "4:--dp 2 --tp 2 --zero 3"
+  "2:--dp 2 --zero 2 --grad-accum 2" "4:--dp 2 --tp 2 --zero 3" \
+  "4:--dp 4 --zero 2 --zero-shard-group 2"
 
 # bf16 with f32 masters: a ZeRO-1 checkpoint reloads onto one process (MixedPrecisionOptimizer)
 # and onto ZeRO-3 with its masters kept, bit for bit; an f32 layout takes its parameters from the

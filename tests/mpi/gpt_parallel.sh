@@ -173,6 +173,11 @@ done
 "$mpiexec" -np 4 "$@" "$gpt" "${deep[@]}" --dp 2 --pp 2 --microbatches 2 \
   --metrics-file "$dir/dp_pp.jsonl" > "$dir/dp_pp.log"
 compare "dp2_pp2_1f1b" "$dir/dp_pp.jsonl" "$dir/deep.jsonl"
+# Hybrid-sharded ZeRO-1 in a pipeline: 4 dp ranks in shard groups of 2 on each of 2 stages.
+"$mpiexec" -np 8 "$@" "$gpt" "${deep[@]}" --dp 4 --pp 2 --microbatches 2 --zero 1 \
+  --zero-shard-group 2 --metrics-file "$dir/dp_pp_hybrid.jsonl" > "$dir/dp_pp_hybrid.log"
+grep -q "sharded over groups of 2 dp ranks" "$dir/dp_pp_hybrid.log"
+compare "dp4_pp2_zero1_shard2" "$dir/dp_pp_hybrid.jsonl" "$dir/deep.jsonl"
 # 3D: dp 2 x tp 2 x pp 2 on 8 ranks, every schedule, with and without ZeRO-1.
 for zero in 0 1; do
   for schedule in gpipe 1f1b interleaved chimera; do
