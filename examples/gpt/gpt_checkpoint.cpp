@@ -44,10 +44,12 @@ nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size
                  {"tp", o.tp},
                  {"pp", o.pp},
                  {"zero", o.zero},
-                 {"zero_shard_group", o.zero_shard_group},
                  {"dtype", o.dtype},
                  {"sequence_parallel", o.sequence_parallel},
                  {"grad_accum", o.grad_accum}};
+  // Hybrid sharding only (plain layouts keep the keys train_gpt.py writes too).
+  if (o.zero > 0 && o.zero_shard_group != "all")
+    s["layout"]["zero_shard_group"] = o.zero_shard_group;
   s["data"] = {{"batch_index", batch_index},
                {"source", o.data.empty() ? "addition task" : o.data},
                {"batch", o.batch},
