@@ -17,11 +17,24 @@ GPT::GPT(const GptConfig& config, const GptOptions& options) : config_(config), 
   wpe = register_module("wpe", std::make_shared<Embedding>(config.max_seq_len, c));
   drop = register_module("drop", std::make_shared<Dropout>(options.dropout));
   blocks = register_module("blocks", std::make_shared<ModuleList>());
+  options.moe.validate();
+  LOOM_CHECK(!options.moe.enabled() || !options.checkpoint,
+             "GPT: activation checkpointing of MoE blocks is not supported yet (their auxiliary "
+             "losses come from the first forward)");
   for (int64_t i = 0; i < config.layers; ++i) {
-    blocks_.push_back(std::make_shared<Block>(c, config.heads, options.dropout, proj_std));
+    const bool moe = options.moe.enabled() && i % options.moe.every == 0;
+    blocks_.push_back(std::make_shared<Block>(c, config.heads, options.dropout, proj_std,
+                                              moe ? options.moe : MoeOptions{}));
     blocks->push_back(blocks_.back());
   }
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c));
+}
+
+std::vector<const MoE*> GPT::moe_layers() const {
+  std::vector<const MoE*> out;
+  for (const auto& b : blocks_)
+    if (b->moe) out.push_back(b->moe.get());
+  return out;
 }
 
 void GPT::check_tokens(const Tensor& idx) const {
@@ -94,7 +107,14 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   const int64_t n = idx.size(0) * idx.size(1);
   CrossEntropyOptions options;
   options.num_classes = config_.vocab;
-  return cross_entropy(reshape(logits, {n, config_.padded_vocab}), reshape(targets, {n}), options);
+  Tensor lm =
+      cross_entropy(reshape(logits, {n, config_.padded_vocab}), reshape(targets, {n}), options);
+  const std::vector<const MoE*> moes = moe_layers();
+  if (moes.empty()) return lm;
+  last_lm_loss_ = lm.item();
+  Tensor total = lm;
+  for (const MoE* m : moes) total = add(total, m->aux_loss());
+  return total;
 }
 
 }  // namespace loom::nn

@@ -23,6 +23,7 @@ namespace loom::nn {
 struct GptOptions {
   double dropout = 0.0;     // embedding, attention-probability and residual dropout
   bool checkpoint = false;  // activation checkpointing of every block
+  MoeOptions moe;           // experts > 0: block i's MLP is a MoE when i % moe.every == 0
 };
 
 class GPT : public Module {
@@ -33,8 +34,12 @@ class GPT : public Module {
   // (Vp = padded_vocab; the padding columns are not classes).
   Tensor forward(const Tensor& idx) override;
   // Mean next-token cross-entropy of forward(idx) against targets [B, T] over the first `vocab`
-  // columns; targets equal to -100 are ignored. A scalar.
+  // columns; targets equal to -100 are ignored. A scalar. With MoE blocks, plus their auxiliary
+  // losses (core/nn/moe.h); lm_loss() of the same call is the cross-entropy alone.
   Tensor loss(const Tensor& idx, const Tensor& targets);
+  double last_lm_loss() const { return last_lm_loss_; }
+  // The MoE blocks (in block order; empty for a dense model), for their stats() and aux_loss().
+  std::vector<const MoE*> moe_layers() const;
   // Logits [B, T, Vp] of idx [B, T] as positions cache.length() .. + T - 1 of sequences whose
   // earlier positions are in `cache` (made with make_kv_cache), which it then extends by T. On an
   // empty cache it computes forward(idx); afterwards each position attends to the cached ones,
@@ -59,6 +64,7 @@ class GPT : public Module {
 
   GptConfig config_;
   GptOptions options_;
+  double last_lm_loss_ = 0;
   std::vector<std::shared_ptr<Block>> blocks_;  // the same modules as `blocks`, typed
 };
 

@@ -87,13 +87,16 @@ void Progress::step(const StepMetrics& m) {
   if (m.grad_norm >= 0) std::snprintf(grad, sizeof grad, " | norm %.3f", m.grad_norm);
   char mfu[32] = "";
   if (m.mfu >= 0) std::snprintf(mfu, sizeof mfu, " | mfu %.1f%%", m.mfu * 100.0);
-  char line[288];
-  std::snprintf(line, sizeof line,
+  char fixed[288];
+  std::snprintf(fixed, sizeof fixed,
                 "step %" PRId64 "/%" PRId64
                 " | loss %.6f | lr %.3e%s | %.0f %s%s | %.1f ms | "
                 "elapsed %s | eta %s",
                 m.step, total_, m.loss, m.lr, grad, m.tokens_per_s, rate_unit_.c_str(), mfu,
                 m.step_ms, format_duration(m.elapsed_s).c_str(), format_duration(eta).c_str());
+  const std::string line_text =
+      m.line_extra.empty() ? std::string(fixed) : std::string(fixed) + " | " + m.line_extra;
+  const char* line = line_text.c_str();
   if (terminal_) {
     std::printf("\r\033[K%s", line);
     line_open_ = true;
@@ -112,6 +115,7 @@ void Progress::step(const StepMetrics& m) {
     if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
     if (m.comm_wait_ms >= 0) j["comm_wait_ms"] = m.comm_wait_ms;
     if (m.mfu >= 0) j["mfu"] = m.mfu;
+    if (!m.metrics_extra.empty()) j.update(nlohmann::json::parse(m.metrics_extra));
     write_row(j.dump() + "\n", m.step);
   }
 }

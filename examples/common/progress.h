@@ -21,6 +21,10 @@ struct StepMetrics {
   double grad_norm = -1;     // < 0: not computed
   double comm_wait_ms = -1;  // < 0: no data-parallel reduction; else the time waited for it
   double mfu = -1;           // < 0: not known (CPU, or a GPU without a peak); else a fraction
+  // A program's own measures: appended to the line, and (a JSON object's text) merged into the
+  // metrics record. Empty: none.
+  std::string line_extra;
+  std::string metrics_extra;
 };
 
 class Progress {

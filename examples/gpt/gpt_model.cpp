@@ -7,8 +7,11 @@ namespace loom::gpt {
 
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
     : config_(config) {
+  LOOM_CHECK(o.moe_experts == 0 || mesh.world().size() == 1, "loom-gpt: --moe-experts trains on ",
+             "one process so far, not on ", mesh.world().size(), " ranks");
   if (mesh.tp_size() == 1 && !o.sequence_parallel) {
-    gpt_ = std::make_unique<nn::GPT>(config, nn::GptOptions{o.dropout, o.checkpoint_activations});
+    gpt_ = std::make_unique<nn::GPT>(config,
+                                     nn::GptOptions{o.dropout, o.checkpoint_activations, o.moe()});
     return;
   }
   LOOM_CHECK(!o.checkpoint_activations,
@@ -31,6 +34,10 @@ void GptModel::to(Device device) {
 Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
   const Tensor i = idx.to(device_), t = targets.to(device_);
   return gpt_ ? gpt_->loss(i, t) : tp_gpt_->loss(i, t);
+}
+
+std::vector<const nn::MoE*> GptModel::moe_layers() const {
+  return gpt_ ? gpt_->moe_layers() : std::vector<const nn::MoE*>{};
 }
 
 Tensor GptModel::logits(const Tensor& idx) const {

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/io/gpt_params.h"
 #include "core/nn/gpt.h"
@@ -23,8 +24,12 @@ class GptModel {
   // The tp group (null without tensor parallelism).
   std::shared_ptr<comm::Communicator> tp() const { return tp_; }
 
-  // Mean next-token cross-entropy over the first `vocab` columns (the same on every tp rank).
+  // Mean next-token cross-entropy over the first `vocab` columns (the same on every tp rank),
+  // plus the MoE blocks' auxiliary losses (--moe-experts); last_lm_loss() is then the
+  // cross-entropy of the last loss() alone.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  double last_lm_loss() const { return gpt_ ? gpt_->last_lm_loss() : 0; }
+  std::vector<const nn::MoE*> moe_layers() const;  // empty for a dense model
   // Full logits [B, T, padded_vocab], the same on every tp rank (the tp split gathers them).
   Tensor logits(const Tensor& idx) const;
   std::function<Tensor(const Tensor&)> logits_fn() const {

@@ -17,6 +17,14 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("vocab", 0, "vocabulary size; 0: from the data (task 14, text 256, tokens 50257)");
   f.add_double("dropout", 0.0, "dropout probability (attention, residual, embedding)");
   f.add_bool("checkpoint-activations", "recompute each block's activations in backward");
+  f.add_int("moe-experts", 0, "mixture of experts: experts per MoE block (0: dense MLPs)");
+  f.add_int("moe-top-k", 1, "MoE: experts per token (1: Switch, raw gate; >1: renormalised)");
+  f.add_int("moe-every", 1, "MoE: block i's MLP is a MoE when i % N == 0");
+  f.add_double("moe-capacity-factor", 0,
+               "MoE: each expert takes ceil(k x tokens x c / experts) tokens, the overflow "
+               "dropped (0: dropless)");
+  f.add_double("moe-aux-loss", 0.01, "MoE: load-balancing loss coefficient (alpha)");
+  f.add_double("moe-z-loss", 0.001, "MoE: router z-loss coefficient (beta)");
   f.add_string("data", "",
                "training data: an llm.c token file (.bin) or a text file (byte-level); "
                "empty: the built-in addition task");
@@ -108,6 +116,12 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.vocab = f.get_int("vocab");
   o.dropout = f.get_double("dropout");
   o.checkpoint_activations = f.get_bool("checkpoint-activations");
+  o.moe_experts = f.get_int("moe-experts");
+  o.moe_top_k = f.get_int("moe-top-k");
+  o.moe_every = f.get_int("moe-every");
+  o.moe_capacity_factor = f.get_double("moe-capacity-factor");
+  o.moe_aux_loss = f.get_double("moe-aux-loss");
+  o.moe_z_loss = f.get_double("moe-z-loss");
   o.data = f.get_string("data");
   o.digits = f.get_int("digits");
   o.batch = f.get_int("batch");
@@ -218,6 +232,33 @@ GptOptions read_gpt_options(const cli::Flags& f) {
         "loom-gpt: --zero-shard-group must be all, node or a positive number, got '", g, "'");
   }
   positive("grad-accum", o.grad_accum);
+  if (o.moe_experts != 0 || f.was_set("moe-top-k") || f.was_set("moe-every") ||
+      f.was_set("moe-capacity-factor")) {
+    LOOM_CHECK(o.moe_experts > 0, "loom-gpt: the --moe-* flags need --moe-experts N (N >= 1)");
+    try {
+      o.moe().validate();
+    } catch (const Error& e) {
+      throw Error(detail::str_cat("loom-gpt: --moe-*: ", e.what()));
+    }
+    // One process for now: expert parallelism and the layouts' global auxiliary losses are the
+    // next steps of the MoE issue.
+    const char* unsupported = o.dp > 1                                 ? "--dp"
+                              : o.tp > 1                               ? "--tp"
+                              : o.pp > 1                               ? "--pp"
+                              : o.zero > 0                             ? "--zero"
+                              : o.grad_accum > 1                       ? "--grad-accum"
+                              : o.checkpoint_activations               ? "--checkpoint-activations"
+                              : o.dtype != "f32"                       ? "--dtype"
+                              : !o.device.empty() && o.device != "cpu" ? "--device"
+                              : !o.save.empty()                        ? "--save"
+                              : !o.init_from.empty()                   ? "--init-from"
+                              : !o.checkpoints.dir.empty() || resuming ? "checkpoints"
+                                                                       : nullptr;
+    LOOM_CHECK(unsupported == nullptr,
+               "loom-gpt: --moe-experts trains on one process, in f32 on "
+               "the CPU, without ",
+               unsupported ? unsupported : "", " so far");
+  }
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);
   LOOM_CHECK(!resuming || o.init_from.empty(),

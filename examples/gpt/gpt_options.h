@@ -8,14 +8,21 @@
 
 #include "common/checkpointing.h"
 #include "common/flags.h"
+#include "core/nn/moe.h"
 
 namespace loom::gpt {
 
 struct GptOptions {
+  nn::MoeOptions moe() const {
+    return {moe_experts, moe_top_k, moe_every, moe_capacity_factor, moe_aux_loss, moe_z_loss};
+  }
   // model (ignored where --init-from supplies it; a conflicting explicit flag is an error)
   int64_t layers, heads, dim, seq, vocab;
   double dropout;
   bool checkpoint_activations;
+  // mixture of experts (core/nn/moe.h): moe_experts 0 is a dense model
+  int64_t moe_experts, moe_top_k, moe_every;
+  double moe_capacity_factor, moe_aux_loss, moe_z_loss;
   // data
   std::string data;  // empty: the built-in addition task
   int64_t digits;

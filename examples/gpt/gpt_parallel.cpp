@@ -110,6 +110,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   LOOM_CHECK(counted > 0, "loom-gpt: step ", step + 1, "'s batch has no targets to predict");
   nn::set_dropout_step(uint64_t(step));
   double loss_sum = 0;  // this rank's share of the global mean loss
+  StepResult result;
   for (int64_t k = 0; k < k_count; ++k) {
     const int64_t first = (int64_t(dp_rank_) * k_count + k) * rows;
     Tensor inputs = global.inputs.narrow(0, first, rows).contiguous();
@@ -121,7 +122,19 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     nn::set_dropout_batch_part({int64_t(dp_rank_) * k_count + k, n * k_count});
     Tensor loss = model_.loss(inputs, targets);
     nn::set_dropout_batch_part({});
-    loss_sum += loss.item() * double(mine) / double(counted);
+    const std::vector<const nn::MoE*> moes = model_.moe_layers();
+    if (moes.empty()) {
+      loss_sum += loss.item() * double(mine) / double(counted);
+    } else {  // one process (GptModel refuses more): report the cross-entropy and the routing
+      loss_sum += model_.last_lm_loss() * double(mine) / double(counted);
+      result.moe_aux_loss = loss.item() - model_.last_lm_loss();
+      result.moe_load.assign(moes.front()->stats().load.size(), 0);
+      for (const nn::MoE* m : moes) {
+        for (size_t e = 0; e < m->stats().load.size(); ++e)
+          result.moe_load[e] += m->stats().load[e];
+        result.moe_dropped += m->stats().dropped;
+      }
+    }
     // See Note [Loss weighting].
     Tensor weighted = scale(loss, double(mine) * double(n) / double(counted));
     if (zero_) {
@@ -154,7 +167,11 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   Tensor total = Tensor::full({1}, loss_sum, DType::kF32);
   dp_->allreduce(total)->wait();  // the ranks of a tp group hold the same loss: sum over dp
   const optim::LossScaler* s = scaler();
-  return StepResult{total.item(), norm, wait_ms, s && s->last_step_skipped()};
+  result.loss = total.item();
+  result.grad_norm = norm;
+  result.comm_wait_ms = wait_ms;
+  result.skipped = s && s->last_step_skipped();
+  return result;
 }
 
 io::GptParams DataParallelStep::full_params() {

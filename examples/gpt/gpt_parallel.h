@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "core/io/batch_loader.h"
@@ -37,6 +38,11 @@ struct StepResult {
   double grad_norm;     // before clipping; -1 without clipping
   double comm_wait_ms;  // waiting for the gradient reductions after backward; -1 without any
   bool skipped;         // bf16 / f16: an inf or nan gradient on some rank; nothing was updated
+  // With MoE blocks (loss is then the cross-entropy alone): their auxiliary losses, each
+  // expert's assignments summed over the MoE blocks, and the assignments capacity dropped.
+  double moe_aux_loss = -1;
+  std::vector<int64_t> moe_load;
+  int64_t moe_dropped = 0;
 };
 
 // What loom-gpt's training loop drives: one optimizer step over the global batch, under data and

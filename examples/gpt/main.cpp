@@ -14,6 +14,8 @@
 #include <map>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "collectives/communicator.h"
 #include "common/flags.h"
 #include "common/gpu_peak.h"
@@ -144,7 +146,9 @@ void generate_sample(const GptOptions& o, const GptConfig& config, Trainer& trai
                      Device device, int rank) {
   const io::GptParams params = trainer.full_params();
   if (rank != 0) return;
-  nn::GPT model(config);
+  nn::GptOptions shape;
+  shape.moe = o.moe();  // the trained model's blocks, MoE ones included
+  nn::GPT model(config, shape);
   model.load_state_dict(params);
   if (dtype != DType::kF32) model.to(dtype);
   model.to(device);
@@ -291,6 +295,17 @@ int run(int argc, char** argv) {
               config.num_parameters(),
               double(config.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
+  if (o.moe_experts > 0) {
+    int64_t total = 0;
+    for (const Tensor& p : gpt->module().parameters()) total += p.numel();
+    std::printf("moe: %" PRId64 " experts, top-%" PRId64 " in every %" PRId64
+                " block(s), %s, aux loss %g, z-loss %g; %" PRId64 " parameters in all\n",
+                o.moe_experts, o.moe_top_k, o.moe_every,
+                o.moe_capacity_factor > 0
+                    ? detail::str_cat("capacity factor ", o.moe_capacity_factor).c_str()
+                    : "dropless",
+                o.moe_aux_loss, o.moe_z_loss, total);
+  }
 
   if (!trainer) trainer = std::make_unique<DataParallelStep>(*gpt, o, mesh, optimizer_factory);
   const optim::LrSchedule schedule =
@@ -386,6 +401,17 @@ int run(int argc, char** argv) {
     m.tokens_per_s = double(o.batch * o.seq) / (m.step_ms / 1e3);
     m.grad_norm = norm;
     m.comm_wait_ms = r.comm_wait_ms;
+    if (r.moe_aux_loss >= 0) {  // MoE: the auxiliary losses and where the tokens went
+      std::string load;
+      for (int64_t n : r.moe_load) load += (load.empty() ? "" : "/") + std::to_string(n);
+      m.line_extra =
+          detail::str_cat("moe aux ", r.moe_aux_loss, " load ", load, " dropped ", r.moe_dropped);
+      m.metrics_extra = nlohmann::json{
+          {"moe_aux_loss", r.moe_aux_loss},
+          {"moe_load", r.moe_load},
+          {"moe_dropped",
+           r.moe_dropped}}.dump();
+    }
     if (peak.flops > 0)
       m.mfu = flops_per_token * m.tokens_per_s / (peak.flops * double(world->size()));
     progress.step(m);

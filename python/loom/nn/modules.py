@@ -318,6 +318,39 @@ class MLP(_CppModule):
         super().__init__(_cpp.MLP(channels, dropout, proj_std))
 
 
+class MoE(_CppModule):
+    """A mixture of experts replacing the MLP (Switch, Mixtral; core/nn/moe.h).
+
+    Router ``logits = x W_r^T`` (``router.weight`` [experts, C], f32), ``p = softmax(logits)``,
+    each token's ``top_k`` experts (ties to the lower index), gates renormalised to sum to 1
+    when top_k > 1 and the raw probability when top_k == 1; each expert is the GELU MLP
+    (``experts.{e}.fc``, ``experts.{e}.proj``); the output is the gated sum in expert order,
+    then dropout. ``capacity_factor`` c > 0 gives each expert ceil(k x tokens x c / experts)
+    tokens, in token order, and drops the rest (0: dropless). After a forward, ``aux_loss`` is
+    ``aux_loss_coef * E * sum_e f_e P_e + z_loss_coef * mean(logsumexp(logits)^2)`` (a scalar to
+    add to the loss), ``load`` each expert's tokens, ``dropped`` the overflow. f32 on one process
+    so far (expert parallelism is the next step)."""
+
+    _copy_by_rebuild = True
+
+    def __init__(self, channels, experts, top_k=1, *, capacity_factor=0.0, aux_loss_coef=0.01,
+                 z_loss_coef=0.001, dropout=0.0, proj_std=0.02):
+        super().__init__(_cpp.MoE(channels, experts, top_k, capacity_factor, aux_loss_coef,
+                                  z_loss_coef, dropout, proj_std))
+
+    @property
+    def aux_loss(self):
+        return self._cpp.aux_loss
+
+    @property
+    def load(self):
+        return list(self._cpp.load)
+
+    @property
+    def dropped(self):
+        return self._cpp.dropped
+
+
 class CausalSelfAttention(_CppModule):
     """GPT-2's causal multi-head self-attention: qkv (C -> 3C), heads, attention, proj."""
 
@@ -411,6 +444,6 @@ class EmbeddingBagCollection(_CppModule):
 
 _WRAPPERS = {
     _cpp.Linear: Linear, _cpp.LayerNorm: LayerNorm, _cpp.Embedding: Embedding,
-    _cpp.Dropout: Dropout, _cpp.MLP: MLP, _cpp.CausalSelfAttention: CausalSelfAttention,
+    _cpp.Dropout: Dropout, _cpp.MLP: MLP, _cpp.MoE: MoE, _cpp.CausalSelfAttention: CausalSelfAttention,
     _cpp.Block: Block, _cpp.GPT: GPT, _cpp.EmbeddingBagCollection: EmbeddingBagCollection,
 }

@@ -1,0 +1,75 @@
+// Mixture of experts (Switch, Mixtral): a routed replacement for a block's MLP.
+//
+//   logits = x W_r^T (f32; W_r [experts, C], no bias), p = softmax(logits)
+//   the top_k experts of each token by p (ties to the lower index); gate weights: the k
+//   probabilities renormalised to sum to 1 when k > 1 (Mixtral), the raw probability when k = 1
+//   (Switch)
+//   out = dropout(sum over experts e, in index order, of gate_e * expert_e(x)) over the tokens
+//   routed to e; each expert is the block's GELU MLP (C -> 4C -> C) without its own dropout
+//
+// Capacity (capacity_factor c > 0): each expert takes at most ceil(k * tokens * c / experts)
+// assignments, in token order; the rest are dropped (their gate contributes nothing; the block's
+// residual passes the token on). c = 0: dropless.
+//
+// Auxiliary losses, of the last forward (aux_loss(), added by GPT::loss):
+//   load balancing  alpha * E * sum_e f_e * P_e, f_e the fraction of routed token-slots sent to e
+//                   (before capacity), P_e the mean router probability of e;
+//   router z-loss   beta * mean over tokens of logsumexp(logits)^2.
+// With one expert and top_k 1 the layer is the dense MLP bit for bit (the gate is exactly 1, and
+// no auxiliary gradient reaches the MLP while beta is 0; tests/unit/moe_test.cpp).
+//
+// Parameter names: router.weight, experts.{e}.fc.weight / .bias, experts.{e}.proj.weight / .bias.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/nn/dropout.h"
+#include "core/nn/linear.h"
+#include "core/nn/mlp.h"
+
+namespace loom::nn {
+
+struct MoeOptions {
+  int64_t experts = 0;  // 0: no MoE (dense blocks)
+  int64_t top_k = 1;
+  int64_t every = 1;           // block i is a MoE when i % every == 0
+  double capacity_factor = 0;  // 0: dropless
+  double aux_loss = 0.01;      // alpha
+  double z_loss = 0.001;       // beta
+  bool enabled() const { return experts > 0; }
+  void validate() const;  // throws loom::Error naming the bad field
+};
+
+// What the last forward routed.
+struct MoeStats {
+  std::vector<int64_t> load;  // assignments each expert received (after capacity)
+  int64_t tokens = 0;
+  int64_t dropped = 0;  // assignments dropped by capacity
+  double aux_loss = 0;  // the load-balancing term's value
+  double z_loss = 0;    // the z-loss term's value
+};
+
+class MoE : public Module {
+ public:
+  MoE(int64_t channels, const MoeOptions& options, double dropout = 0.0, double proj_std = 0.02);
+  Tensor forward(const Tensor& x) override;  // [..., C] -> [..., C]
+
+  // The last forward's auxiliary losses (a scalar, differentiable in the router and the input),
+  // and what it routed.
+  const Tensor& aux_loss() const { return aux_loss_; }
+  const MoeStats& stats() const { return stats_; }
+  const MoeOptions& options() const { return options_; }
+
+  std::shared_ptr<Linear> router;  // weight [experts, C]
+  std::shared_ptr<ModuleList> experts;
+  std::shared_ptr<Dropout> drop;  // on the combined output, as the dense MLP's
+
+ private:
+  MoeOptions options_;
+  std::vector<std::shared_ptr<MLP>> experts_;
+  Tensor aux_loss_;
+  MoeStats stats_;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,105 @@
+"""loom.nn.MoE against a PyTorch reference of the layer written here (Debian's python3-torch):
+router, softmax, top-k with ties to the lower index, renormalised (k > 1) or raw (k = 1) gates,
+capacity drops in token order, the gated sum in expert order, the load-balancing loss and the
+router z-loss. The same weights and inputs go to both; the output, both losses, the load, the
+drops and the gradients of the input and of every parameter must agree.
+
+Tolerances: both compute in float32 with different summation orders: rtol 1e-5, atol 1e-6
+(values of order 1).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import loom
+import loom.nn as nn
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def torch_moe(x, weights, experts, top_k, capacity_factor, alpha, beta):
+    """The layer in PyTorch: (out, balance loss, z-loss, load, dropped)."""
+    n, c = x.shape
+    logits = x @ weights["router.weight"].T
+    p = torch.softmax(logits, dim=-1)
+    values, chosen = torch.topk(p, top_k, dim=-1, sorted=True)
+    gates = values / values.sum(-1, keepdim=True) if top_k > 1 else values
+    capacity = math.ceil(top_k * n * capacity_factor / experts) if capacity_factor > 0 else n * top_k
+    out = torch.zeros_like(x)
+    load, dropped = [0] * experts, 0
+    for e in range(experts):
+        rows, slots = [], []
+        for t in range(n):
+            for j in range(top_k):
+                if int(chosen[t, j]) == e:
+                    rows.append(t)
+                    slots.append(j)
+        dropped += max(0, len(rows) - capacity)
+        rows, slots = rows[:capacity], slots[:capacity]
+        load[e] = len(rows)
+        if not rows:
+            continue
+        h = TF.gelu(x[rows] @ weights[f"experts.{e}.fc.weight"].T + weights[f"experts.{e}.fc.bias"],
+                    approximate="tanh")
+        y = h @ weights[f"experts.{e}.proj.weight"].T + weights[f"experts.{e}.proj.bias"]
+        out = out.index_add(0, torch.tensor(rows), y * gates[rows, slots].unsqueeze(1))
+    routed = torch.bincount(chosen.flatten(), minlength=experts).float() / (n * top_k)
+    balance = alpha * experts * (routed * p.mean(0)).sum()
+    z = beta * (torch.logsumexp(logits, -1) ** 2).mean()
+    return out, balance, z, load, dropped
+
+
+def numpy_of(t):
+    return np.array(t.detach().tolist(), dtype=np.float32)
+
+
+@pytest.mark.parametrize("top_k,capacity_factor", [(1, 0.0), (2, 0.0), (2, 1.0), (1, 0.5), (3, 0.75)])
+def test_moe_matches_pytorch(top_k, capacity_factor):
+    experts, c, n = 4, 6, 14
+    moe = nn.MoE(c, experts, top_k, capacity_factor=capacity_factor, aux_loss_coef=0.1,
+                 z_loss_coef=0.01)
+    moe.init_parameters(seed=5 + top_k)
+    rng = np.random.default_rng(17 + top_k)
+    # Router weights of order 1, so the routing is decided and some experts get more tokens.
+    router = rng.uniform(-1, 1, size=(experts, c)).astype(np.float32)
+    with loom.no_grad():
+        moe.router.weight.copy_(loom.tensor(router))
+    weights = {name: torch.tensor(numpy_of(p), requires_grad=True)
+               for name, p in moe.named_parameters()}
+    x_np = rng.uniform(-1, 1, size=(n, c)).astype(np.float32)
+    x = loom.tensor(x_np).requires_grad_()
+    xt = torch.tensor(x_np, requires_grad=True)
+
+    out = moe(x)
+    out_t, balance_t, z_t, load_t, dropped_t = torch_moe(xt, weights, experts, top_k,
+                                                          capacity_factor, 0.1, 0.01)
+    np.testing.assert_allclose(numpy_of(out), numpy_of(out_t), rtol=RTOL, atol=ATOL)
+    assert moe.load == load_t
+    assert moe.dropped == dropped_t
+    np.testing.assert_allclose(moe.aux_loss.item(), float(balance_t + z_t), rtol=RTOL, atol=ATOL)
+
+    # The same scalar from both: a fixed projection of the output plus the auxiliary losses.
+    proj = rng.uniform(-1, 1, size=(n, c)).astype(np.float32)
+    ((out * loom.tensor(proj)).sum() + moe.aux_loss).backward()
+    ((out_t * torch.tensor(proj)).sum() + balance_t + z_t).backward()
+    np.testing.assert_allclose(numpy_of(x.grad), numpy_of(xt.grad), rtol=RTOL, atol=ATOL)
+    for name, p in moe.named_parameters():
+        want = weights[name].grad
+        got = p.grad
+        if want is None:  # an expert that received no token: no gradient anywhere
+            assert got is None or not np.any(numpy_of(got)), name
+            continue
+        np.testing.assert_allclose(numpy_of(got), numpy_of(want), rtol=RTOL, atol=ATOL,
+                                   err_msg=name)
+
+
+def test_moe_bad_options_are_named():
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, experts = 2\]"):
+        nn.MoE(4, 2, 3)
+    with pytest.raises(ValueError, match="capacity_factor must be >= 0"):
+        nn.MoE(4, 2, 1, capacity_factor=-1)

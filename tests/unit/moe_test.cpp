@@ -1,0 +1,350 @@
+// nn::MoE (core/nn/moe.h): one expert with top-1 is the dense MLP bit for bit; the forward, the
+// capacity drops and both auxiliary losses against a reference written out here with loops in
+// double; gradients against finite differences; a GPT with MoE blocks adds the auxiliary losses
+// to its loss.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/nn/gpt.h"
+#include "core/nn/moe.h"
+#include "core/ops.h"
+#include "testing/gradcheck.h"
+
+namespace loom::nn {
+namespace {
+
+using testing::random_tensor;
+
+std::vector<float> values(const Tensor& t) { return t.contiguous().to_vector<float>(); }
+
+// The parameter of `m` named `name`.
+Tensor param(const Module& m, const std::string& name) {
+  for (auto& [n, p] : m.named_parameters())
+    if (n == name) return p;
+  ADD_FAILURE() << "no parameter " << name;
+  return Tensor();
+}
+
+TEST(MoE, OneExpertTopOneIsTheDenseMlpBitForBit) {
+  const int64_t c = 8;
+  MLP dense(c);
+  dense.init_parameters(3);
+  MoeOptions o;
+  o.experts = 1;
+  o.z_loss = 0;  // the z-loss would send a gradient through the router into x
+  MoE moe(c, o);
+  moe.init_parameters(4);
+  // The expert's weights are the dense MLP's.
+  for (const char* name : {"fc.weight", "fc.bias", "proj.weight", "proj.bias"}) {
+    Tensor target = param(moe, std::string("experts.0.") + name);
+    target.copy_(param(dense, name));
+  }
+  Tensor x1 = random_tensor({3, 5, c}, 11), x2 = x1.clone();
+  x1.set_requires_grad(true);
+  x2.set_requires_grad(true);
+  Tensor w = random_tensor({3, 5, c}, 12);
+  Tensor a = dense(x1), b = moe(x2);
+  EXPECT_EQ(values(a), values(b));
+  Tensor one = Tensor::ones({});
+  autograd::backward({sum(mul(a, w))}, {one});
+  autograd::backward({add(sum(mul(b, w)), moe.aux_loss())}, {one});
+  EXPECT_EQ(values(x1.grad()), values(x2.grad()));
+  for (const char* name : {"fc.weight", "fc.bias", "proj.weight", "proj.bias"})
+    EXPECT_EQ(values(param(dense, name).grad()),
+              values(param(moe, std::string("experts.0.") + name).grad()))
+        << name;
+  // One expert takes every token: f = P = 1, so the balance term is alpha exactly.
+  EXPECT_FLOAT_EQ(float(moe.stats().aux_loss), float(o.aux_loss));
+  EXPECT_EQ(moe.stats().load, std::vector<int64_t>{15});
+  EXPECT_EQ(moe.stats().dropped, 0);
+}
+
+// The layer written out with loops in double: out, the load, the dropped count and both losses.
+struct Reference {
+  std::vector<double> out;
+  std::vector<int64_t> load;
+  int64_t dropped = 0;
+  double balance = 0, z = 0;
+};
+
+double gelu(double v) {
+  return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+}
+
+Reference reference(MoE& moe, const Tensor& x) {
+  const MoeOptions& o = moe.options();
+  const int64_t c = x.size(-1), n = x.numel() / c, e_count = o.experts, k = o.top_k;
+  const std::vector<float> xv = values(x), wr = values(moe.router->weight);
+  Reference r;
+  r.out.assign(size_t(n * c), 0);
+  r.load.assign(size_t(e_count), 0);
+  std::vector<std::vector<double>> p(static_cast<size_t>(n),
+                                     std::vector<double>(static_cast<size_t>(e_count)));
+  std::vector<int64_t> routed(static_cast<size_t>(e_count), 0);
+  std::vector<std::vector<std::pair<int64_t, double>>> chosen(
+      static_cast<size_t>(n));  // (expert, gate)
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> logit(static_cast<size_t>(e_count));
+    for (int64_t e = 0; e < e_count; ++e)
+      for (int64_t i = 0; i < c; ++i)
+        logit[size_t(e)] += double(wr[size_t(e * c + i)]) * xv[size_t(t * c + i)];
+    const double m = *std::max_element(logit.begin(), logit.end());
+    double total = 0;
+    for (double l : logit) total += std::exp(l - m);
+    const double lse = m + std::log(total);
+    r.z += lse * lse / double(n) * o.z_loss;
+    for (int64_t e = 0; e < e_count; ++e)
+      p[size_t(t)][size_t(e)] = std::exp(logit[size_t(e)] - lse);
+    std::vector<int64_t> order(static_cast<size_t>(e_count));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return p[size_t(t)][size_t(a)] > p[size_t(t)][size_t(b)];
+    });
+    double kept = 0;
+    for (int64_t j = 0; j < k; ++j) kept += p[size_t(t)][size_t(order[size_t(j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[size_t(j)];
+      chosen[size_t(t)].push_back(
+          {e, k > 1 ? p[size_t(t)][size_t(e)] / kept : p[size_t(t)][size_t(e)]});
+      ++routed[size_t(e)];
+    }
+  }
+  const auto capacity =
+      o.capacity_factor > 0
+          ? int64_t(std::ceil(double(k * n) * o.capacity_factor / double(e_count)))
+          : n * k;
+  for (int64_t e = 0; e < e_count; ++e) {
+    auto find = [&](const std::string& name) {
+      return values(param(*moe.experts, std::to_string(e) + "." + name));
+    };
+    const std::vector<float> w1 = find("fc.weight"), b1 = find("fc.bias"), w2 = find("proj.weight"),
+                             b2 = find("proj.bias");
+    for (int64_t t = 0; t < n; ++t)
+      for (const auto& [ex, gate] : chosen[size_t(t)]) {
+        if (ex != e) continue;
+        if (r.load[size_t(e)] == capacity) {
+          ++r.dropped;
+          continue;
+        }
+        ++r.load[size_t(e)];
+        std::vector<double> h(static_cast<size_t>(4 * c));
+        for (int64_t j = 0; j < 4 * c; ++j) {
+          double v = b1[size_t(j)];
+          for (int64_t i = 0; i < c; ++i)
+            v += double(w1[size_t(j * c + i)]) * xv[size_t(t * c + i)];
+          h[size_t(j)] = gelu(v);
+        }
+        for (int64_t i = 0; i < c; ++i) {
+          double v = b2[size_t(i)];
+          for (int64_t j = 0; j < 4 * c; ++j) v += double(w2[size_t(i * 4 * c + j)]) * h[size_t(j)];
+          r.out[size_t(t * c + i)] += gate * v;
+        }
+      }
+  }
+  for (int64_t e = 0; e < e_count; ++e) {
+    double mean_p = 0;
+    for (int64_t t = 0; t < n; ++t) mean_p += p[size_t(t)][size_t(e)] / double(n);
+    r.balance += o.aux_loss * double(e_count) * double(routed[size_t(e)]) / double(n * k) * mean_p;
+  }
+  return r;
+}
+
+void expect_matches_reference(MoE& moe, const Tensor& x) {
+  const Reference want = reference(moe, x);
+  Tensor out = moe(x);
+  const std::vector<float> got = values(out);
+  ASSERT_EQ(got.size(), want.out.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want.out[i], 1e-5 * std::max(1.0, std::fabs(want.out[i]))) << i;
+  EXPECT_EQ(moe.stats().load, want.load);
+  EXPECT_EQ(moe.stats().dropped, want.dropped);
+  EXPECT_NEAR(moe.stats().aux_loss, want.balance, 1e-6 * std::max(1.0, want.balance));
+  EXPECT_NEAR(moe.stats().z_loss, want.z, 1e-6 * std::max(1.0, want.z));
+  EXPECT_NEAR(moe.aux_loss().item(), want.balance + want.z,
+              1e-6 * std::max(1.0, want.balance + want.z));
+}
+
+TEST(MoE, MatchesTheReferenceTopOneTopTwoAndCapacity) {
+  const int64_t c = 6;
+  for (int64_t k : {1, 2, 3}) {
+    for (double capacity : {0.0, 1.0, 0.5}) {
+      SCOPED_TRACE(::testing::Message() << "top_k " << k << " capacity " << capacity);
+      MoeOptions o;
+      o.experts = 4;
+      o.top_k = k;
+      o.capacity_factor = capacity;
+      o.z_loss = 0.01;
+      MoE moe(c, o);
+      moe.init_parameters(uint64_t(20 + k));
+      Tensor router = moe.router->weight;
+      router.copy_(random_tensor({4, c}, 30 + uint64_t(k)));  // logits of order 1
+      expect_matches_reference(moe, random_tensor({2, 7, c}, 40));
+    }
+  }
+}
+
+// Every token prefers expert 0: dropless, expert 0 takes all of them; with capacity, exactly
+// the overflow is dropped (in token order), and the dropped tokens' outputs are zero.
+TEST(MoE, ImbalanceDropsExactlyTheOverflow) {
+  const int64_t c = 4, n = 10;
+  MoeOptions o;
+  o.experts = 4;
+  o.capacity_factor = 1.0;  // ceil(1 * 10 * 1 / 4) = 3 slots
+  MoE moe(c, o);
+  moe.init_parameters(5);
+  std::vector<float> w(static_cast<size_t>(4 * c), 0.0f);
+  for (int64_t i = 0; i < c; ++i) w[size_t(i)] = 5.0f;  // expert 0's logit: 5 x sum(x)
+  Tensor router = moe.router->weight;
+  router.copy_(Tensor::from_vector(w, {4, c}));
+  Tensor x = random_tensor({n, c}, 9, 0.1f, 1.0f);  // positive: expert 0 wins everywhere
+  Tensor out = moe(x);
+  EXPECT_EQ(moe.stats().load, (std::vector<int64_t>{3, 0, 0, 0}));
+  EXPECT_EQ(moe.stats().dropped, n - 3);
+  const std::vector<float> v = values(out);
+  for (int64_t t = 3; t < n; ++t)
+    for (int64_t i = 0; i < c; ++i) EXPECT_EQ(v[size_t(t * c + i)], 0.0f) << "token " << t;
+  expect_matches_reference(moe, x);
+  // Dropless: all ten on expert 0.
+  o.capacity_factor = 0;
+  MoE dropless(c, o);
+  dropless.init_parameters(5);
+  Tensor r2 = dropless.router->weight;
+  r2.copy_(Tensor::from_vector(w, {4, c}));
+  dropless(x);
+  EXPECT_EQ(dropless.stats().load, (std::vector<int64_t>{n, 0, 0, 0}));
+  EXPECT_EQ(dropless.stats().dropped, 0);
+}
+
+TEST(MoE, GradientsMatchFiniteDifferences) {
+  const int64_t c = 4;
+  MoeOptions o;
+  o.experts = 3;
+  o.top_k = 2;
+  o.z_loss = 0.05;
+  o.aux_loss = 0.1;
+  MoE moe(c, o);
+  moe.init_parameters(8);
+  // The routing must not change within the finite-difference step: the first seeds at which
+  // every token's k-th and (k+1)-th probabilities differ by more than 0.02 (a step of 1e-3 in one
+  // element of x or of the router, values within [-1, 1], moves any probability by far less).
+  Tensor x, router;
+  bool clear = false;
+  for (uint64_t seed = 13; seed < 200 && !clear; ++seed) {
+    x = random_tensor({5, c}, seed);
+    router = random_tensor({3, c}, seed + 1000);
+    const std::vector<float> pv = values(softmax(matmul(x, router, false, true)));
+    clear = true;
+    for (int64_t t = 0; t < 5; ++t) {
+      std::vector<float> row(pv.begin() + t * 3, pv.begin() + t * 3 + 3);
+      std::sort(row.rbegin(), row.rend());
+      clear = clear && row[1] - row[2] > 0.02f;
+    }
+  }
+  ASSERT_TRUE(clear) << "no seed below 200 gives clear routing";
+  auto run = [&](const std::vector<Tensor>& in) {
+    moe.router->weight = in[1];
+    return moe(in[0]);
+  };
+  testing::GradcheckOptions g;
+  g.eps = 1e-3;
+  x.set_requires_grad(true);
+  router.set_requires_grad(true);
+  testing::expect_gradients_match(run, {x, router}, g);
+  auto aux = [&](const std::vector<Tensor>& in) {
+    moe.router->weight = in[1];
+    moe(in[0]);
+    return moe.aux_loss().reshape({1});
+  };
+  testing::expect_gradients_match(aux, {x, router}, g);
+}
+
+// A GPT whose every MLP is a one-expert top-1 MoE (no z-loss) trains as the dense GPT: the same
+// cross-entropy and the same gradients, bit for bit, from the same weights.
+TEST(MoE, GptWithOneExpertPerBlockIsTheDenseGptBitForBit) {
+  GptConfig config;
+  config.vocab = 11;
+  config.padded_vocab = 16;
+  config.layers = 2;
+  config.heads = 2;
+  config.channels = 8;
+  config.max_seq_len = 6;
+  GPT dense(config);
+  dense.init_parameters(3);
+  GptOptions options;
+  options.moe.experts = 1;
+  options.moe.z_loss = 0;
+  GPT moe(config, options);
+  moe.init_parameters(4);
+  auto moe_name =
+      [](const std::string& dense_name) {  // blocks.i.mlp.fc -> blocks.i.mlp.experts.0.fc
+        const size_t at = dense_name.find(".mlp.");
+        return at == std::string::npos
+                   ? dense_name
+                   : dense_name.substr(0, at + 5) + "experts.0." + dense_name.substr(at + 5);
+      };
+  for (auto& [name, p] : dense.named_parameters()) {
+    Tensor target = param(moe, moe_name(name));
+    target.copy_(p);
+  }
+  std::vector<int64_t> ids(12), next(12);
+  for (int64_t i = 0; i < 12; ++i)
+    ids[size_t(i)] = (i * 7) % 11, next[size_t(i)] = (i * 3 + 1) % 11;
+  Tensor idx = Tensor::from_vector(ids, {2, 6}), targets = Tensor::from_vector(next, {2, 6});
+  Tensor a = dense.loss(idx, targets), b = moe.loss(idx, targets);
+  EXPECT_EQ(float(a.item()), float(moe.last_lm_loss()));
+  a.backward();
+  b.backward();
+  for (auto& [name, p] : dense.named_parameters())
+    EXPECT_EQ(values(p.grad()), values(param(moe, moe_name(name)).grad())) << name;
+}
+
+TEST(MoE, GptAddsTheAuxiliaryLosses) {
+  GptConfig config;
+  config.vocab = 11;
+  config.padded_vocab = 16;
+  config.layers = 3;
+  config.heads = 2;
+  config.channels = 8;
+  config.max_seq_len = 6;
+  GptOptions options;
+  options.moe.experts = 4;
+  options.moe.top_k = 2;
+  options.moe.every = 2;  // blocks 0 and 2
+  GPT gpt(config, options);
+  gpt.init_parameters(1);
+  ASSERT_EQ(gpt.moe_layers().size(), 2u);
+  EXPECT_NE(gpt.block(0).moe, nullptr);
+  EXPECT_NE(gpt.block(1).mlp, nullptr);
+  EXPECT_NE(gpt.block(2).moe, nullptr);
+  bool named = false;
+  for (auto& [name, p] : gpt.named_parameters())
+    named |= name == "blocks.2.mlp.experts.3.proj.bias";
+  EXPECT_TRUE(named);
+  std::vector<int64_t> ids(12), next(12);
+  for (int64_t i = 0; i < 12; ++i) ids[size_t(i)] = i % 11, next[size_t(i)] = (i * 3) % 11;
+  Tensor idx = Tensor::from_vector(ids, {2, 6}), targets = Tensor::from_vector(next, {2, 6});
+  const double total = gpt.loss(idx, targets).item();
+  double aux = 0;
+  for (const MoE* m : gpt.moe_layers()) aux += m->aux_loss().item();
+  EXPECT_GT(aux, 0);
+  EXPECT_NEAR(total, gpt.last_lm_loss() + aux, 1e-6);
+  options.checkpoint = true;
+  EXPECT_THROW(GPT(config, options), Error);
+  options.checkpoint = false;
+  options.moe.top_k = 5;
+  try {
+    GPT bad(config, options);
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_k must be in [1, experts = 4]"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::nn
