@@ -48,12 +48,70 @@ Tensor logsumexp_rows(const Tensor& logits) {
 
 }  // namespace
 
+MoeRouting moe_route(Linear& router, const Tensor& flat, const MoeOptions& o) {
+  const int64_t n = flat.size(0), k = o.top_k;
+  MoeRouting r;
+  r.logits = router(flat);  // [N, E], f32
+  r.probs = softmax(r.logits);
+  ValuesIndices top = topk(r.probs, k, 1);  // [N, k], ties to the lower index
+  Tensor gates = k > 1 ? div(top.values, expand(sum(top.values, 1, true), {n, k})) : top.values;
+  r.gates = gates.reshape({n * k, 1});
+  r.choice = top.indices.to_vector<int64_t>();
+  r.routed.assign(static_cast<size_t>(o.experts), 0);
+  for (int64_t e : r.choice) ++r.routed[size_t(e)];
+  return r;
+}
+
+MoeAssignments moe_assign(const MoeRouting& r, const MoeOptions& o, int64_t capacity,
+                          const std::vector<int64_t>& taken) {
+  const auto experts = static_cast<size_t>(o.experts);
+  const int64_t k = o.top_k, n = int64_t(r.choice.size()) / k;
+  MoeAssignments a;
+  a.tokens.resize(experts);
+  a.slots.resize(experts);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const auto e = size_t(r.choice[size_t(t * k + j)]);
+      const int64_t place = (taken.empty() ? 0 : taken[e]) + int64_t(a.tokens[e].size());
+      if (capacity >= 0 && place >= capacity) {
+        ++a.dropped;
+        continue;
+      }
+      a.tokens[e].push_back(t);
+      a.slots[e].push_back(t * k + j);
+    }
+  return a;
+}
+
+int64_t moe_capacity(const MoeOptions& o, int64_t tokens) {
+  if (o.capacity_factor <= 0) return -1;
+  return int64_t(
+      std::ceil(double(o.top_k) * double(tokens) * o.capacity_factor / double(o.experts)));
+}
+
+Tensor moe_aux_loss(const MoeRouting& r, const MoeOptions& o, const std::vector<int64_t>& routed,
+                    int64_t tokens, double* balance, double* z) {
+  const int64_t e_count = o.experts;
+  const Device device = r.probs.device();
+  std::vector<float> fraction(static_cast<size_t>(e_count));
+  for (int64_t e = 0; e < e_count; ++e)
+    fraction[size_t(e)] = float(double(routed[size_t(e)]) / double(tokens * o.top_k));
+  Tensor f = Tensor::from_vector(fraction, {e_count}).to(device);
+  // alpha E sum_e f_e P_e, P_e's share: these tokens' probabilities over the whole batch's count
+  Tensor b = scale(sum(mul(sum(r.probs, 0), f)), o.aux_loss * double(e_count) / double(tokens));
+  Tensor lse = logsumexp_rows(r.logits);
+  Tensor zl = scale(sum(mul(lse, lse)), o.z_loss / double(tokens));
+  *balance = b.item();
+  *z = zl.item();
+  return add(b, zl);
+}
+
 Tensor MoE::forward(const Tensor& x) {
   LOOM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == router->in_features(), "MoE: input ",
              x.defined() ? shape_str(x.shape()) : "undefined", " must end in the ",
              router->in_features(), " channels");
   LOOM_CHECK(x.dtype() == DType::kF32, "MoE: f32 inputs only so far, got ", dtype_name(x.dtype()));
-  const int64_t c = x.size(-1), n = x.numel() / c, e_count = options_.experts, k = options_.top_k;
+  const int64_t c = x.size(-1), n = x.numel() / c, e_count = options_.experts;
   stats_ = MoeStats();
   stats_.load.assign(size_t(e_count), 0);
   if (n == 0) {  // nothing to route: no output, no loss
@@ -61,62 +119,25 @@ Tensor MoE::forward(const Tensor& x) {
     return (*drop)(Tensor::zeros(x.shape(), x.dtype(), x.device()));
   }
   Tensor flat = x.reshape({n, c});
-  Tensor logits = (*router)(flat);  // [N, E], f32
-  Tensor p = softmax(logits);
-  ValuesIndices top = topk(p, k, 1);  // [N, k], ties to the lower index
-  Tensor gates = k > 1 ? div(top.values, expand(sum(top.values, 1, true), {n, k})) : top.values;
-
-  // Routing on the host: each expert's tokens in token order, and where their gates sit.
-  const std::vector<int64_t> chosen = top.indices.to_vector<int64_t>();
-  const auto experts_n = static_cast<size_t>(e_count);
-  std::vector<std::vector<int64_t>> tokens(experts_n), slots(experts_n);
-  std::vector<int64_t> routed(experts_n, 0);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = chosen[size_t(t * k + j)];
-      ++routed[size_t(e)];
-      tokens[size_t(e)].push_back(t);
-      slots[size_t(e)].push_back(t * k + j);
-    }
+  const MoeRouting routing = moe_route(*router, flat, options_);
+  const MoeAssignments assigned = moe_assign(routing, options_, moe_capacity(options_, n));
   stats_.tokens = n;
-  if (options_.capacity_factor > 0) {
-    const auto capacity =
-        int64_t(std::ceil(double(k) * double(n) * options_.capacity_factor / double(e_count)));
-    for (int64_t e = 0; e < e_count; ++e)
-      if (int64_t(tokens[size_t(e)].size()) > capacity) {
-        stats_.dropped += int64_t(tokens[size_t(e)].size()) - capacity;
-        tokens[size_t(e)].resize(size_t(capacity));
-        slots[size_t(e)].resize(size_t(capacity));
-      }
-  }
+  stats_.dropped = assigned.dropped;
 
   // out = sum over experts, in index order, of gate * expert(x) at the expert's tokens.
   Tensor out = Tensor::zeros({n, c}, x.dtype(), x.device());
-  Tensor gate_column = gates.reshape({n * k, 1});
   for (int64_t e = 0; e < e_count; ++e) {
-    const std::vector<int64_t>& mine = tokens[size_t(e)];
+    const std::vector<int64_t>& mine = assigned.tokens[size_t(e)];
     stats_.load[size_t(e)] = int64_t(mine.size());
     if (mine.empty()) continue;
     const auto m = int64_t(mine.size());
     Tensor rows = Tensor::from_vector(mine, {m}).to(x.device());
-    Tensor where = Tensor::from_vector(slots[size_t(e)], {m}).to(x.device());
+    Tensor where = Tensor::from_vector(assigned.slots[size_t(e)], {m}).to(x.device());
     Tensor y = (*experts_[size_t(e)])(embedding(flat, rows));  // [m, C]
-    Tensor g = expand(embedding(gate_column, where), {m, c});
+    Tensor g = expand(embedding(routing.gates, where), {m, c});
     out = index_add_rows(out, rows, mul(y, g));
   }
-
-  // Auxiliary losses over this forward's tokens (See the header).
-  std::vector<float> fraction(experts_n);
-  for (int64_t e = 0; e < e_count; ++e)
-    fraction[size_t(e)] = float(double(routed[size_t(e)]) / double(n * k));
-  Tensor f = Tensor::from_vector(fraction, {e_count}).to(x.device());
-  Tensor balance =
-      scale(sum(mul(mean(p, 0), f)), options_.aux_loss * double(e_count));  // alpha E sum f P
-  Tensor lse = logsumexp_rows(logits);
-  Tensor z = scale(mean(mul(lse, lse)), options_.z_loss);
-  aux_loss_ = add(balance, z);
-  stats_.aux_loss = balance.item();
-  stats_.z_loss = z.item();
+  aux_loss_ = moe_aux_loss(routing, options_, routing.routed, n, &stats_.aux_loss, &stats_.z_loss);
   return (*drop)(out.reshape(x.shape()));
 }
 

@@ -50,6 +50,43 @@ struct MoeStats {
   double z_loss = 0;    // the z-loss term's value
 };
 
+// The pieces of the layer's forward, shared with expert parallelism (parallel/expert_parallel.h),
+// which runs them over the tokens of several ranks.
+//
+// The routing of one batch of tokens flat [N, C]: router logits and probabilities, each token's
+// top-k experts and their gates.
+struct MoeRouting {
+  Tensor logits;                // [N, E], f32
+  Tensor probs;                 // softmax(logits)
+  Tensor gates;                 // [N * k, 1]: the gate of token t's j-th choice at row t * k + j
+  std::vector<int64_t> choice;  // [N * k]: token t's j-th expert at t * k + j
+  std::vector<int64_t> routed;  // per expert: assignments, before capacity
+};
+MoeRouting moe_route(Linear& router, const Tensor& flat, const MoeOptions& options);
+
+// Each expert's assignments in token order after capacity: of expert e's, those whose place
+// among all its assignments (taken[e] of them come before this batch's; empty: none) is below
+// `capacity` (< 0: all kept).
+struct MoeAssignments {
+  std::vector<std::vector<int64_t>> tokens;  // per expert: token rows
+  std::vector<std::vector<int64_t>> slots;   // per expert: the matching rows of gates
+  int64_t dropped = 0;
+};
+MoeAssignments moe_assign(const MoeRouting& routing, const MoeOptions& options, int64_t capacity,
+                          const std::vector<int64_t>& taken = {});
+// Slots per expert for a batch of `tokens` tokens in all: ceil(k x tokens x c / E); -1 when
+// dropless.
+int64_t moe_capacity(const MoeOptions& options, int64_t tokens);
+
+// These tokens' share of the auxiliary losses of a batch of `tokens` tokens in all, in which
+// expert e received routed[e] assignments (on one process: this batch's own):
+//   alpha E sum_e (routed_e / (k tokens)) (sum over these tokens of p_te) / tokens
+//   + beta (sum over these tokens of logsumexp_t^2) / tokens.
+// The shares of all parts of the batch add up to the whole batch's losses. `balance` and `z`
+// receive the two terms' values.
+Tensor moe_aux_loss(const MoeRouting& routing, const MoeOptions& options,
+                    const std::vector<int64_t>& routed, int64_t tokens, double* balance, double* z);
+
 class MoE : public Module {
  public:
   MoE(int64_t channels, const MoeOptions& options, double dropout = 0.0, double proj_std = 0.02);

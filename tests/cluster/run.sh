@@ -29,7 +29,7 @@ np=$((nodes * ranks))
 # Test outputs go under the build directory, as on a real cluster's shared file system.
 export TMPDIR=$build/cluster-tmp/$nodes-x-$ranks
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
-for test in collectives_test debug_test mesh_test hierarchical_test; do
+for test in collectives_test debug_test mesh_test hierarchical_test expert_parallel_test; do
   echo "== $test on $nodes nodes x $ranks ranks"
   bash "$cluster" run --np "$np" -- "$build/bin/$test" --gtest_brief=1
 done

@@ -1,0 +1,190 @@
+#include "parallel/expert_parallel.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+
+namespace loom::parallel {
+
+namespace {
+
+Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
+  return Tensor::from_vector(v, {int64_t(v.size())}).to(device);
+}
+
+// The experts of one rank, named by their global index (so their parameters carry the
+// single-process names).
+class ExpertSet final : public nn::Module {
+ public:
+  void add(int64_t index, std::shared_ptr<nn::MLP> expert) {
+    register_module(std::to_string(index), std::move(expert));
+  }
+};
+
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+}  // namespace
+
+Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
+                       const std::vector<int64_t>& recv_rows,
+                       const std::shared_ptr<comm::Communicator>& group) {
+  LOOM_CHECK(x.dim() == 2 && total(send_rows) == x.size(0), "all_to_all_rows: ", x.str(),
+             " must be [rows, C] with the ", total(send_rows), " rows send_rows adds up to");
+  const int64_t c = x.size(1);
+  auto elements = [c](const std::vector<int64_t>& rows) {
+    std::vector<int64_t> e;
+    for (int64_t r : rows) e.push_back(r * c);
+    return e;
+  };
+  Tensor in = x.detach().contiguous();
+  Tensor out = Tensor::empty({total(recv_rows), c}, x.dtype(), x.device());
+  group->all_to_all(in, out, {elements(send_rows), elements(recv_rows)})->wait();
+  autograd::record(
+      out, "all_to_all_rows", {x}, {},
+      [group, send_rows, recv_rows, c, dtype = x.dtype(), device = x.device(),
+       elements](const Tensor& g) {
+        Tensor back = Tensor::empty({total(send_rows), c}, dtype, device);
+        Tensor grad = g.detach().contiguous();
+        group->all_to_all(grad, back, {elements(recv_rows), elements(send_rows)})->wait();
+        return std::vector<Tensor>{back};
+      });
+  return out;
+}
+
+ExpertParallelMoE::ExpertParallelMoE(int64_t channels, const nn::MoeOptions& options,
+                                     std::shared_ptr<comm::Communicator> ep,
+                                     std::shared_ptr<comm::Communicator> batch, double dropout,
+                                     double proj_std)
+    : options_(options), ep_(std::move(ep)), batch_(std::move(batch)) {
+  options_.validate();
+  LOOM_CHECK(options_.enabled(), "ExpertParallelMoE: needs at least one expert");
+  LOOM_CHECK(ep_ != nullptr && batch_ != nullptr, "ExpertParallelMoE: the ep and batch groups ",
+             "must be given");
+  LOOM_CHECK(options_.experts % ep_->size() == 0, "ExpertParallelMoE: ", options_.experts,
+             " experts do not split evenly over the ", ep_->size(), " ranks of ep group '",
+             ep_->name(), "'");
+  LOOM_CHECK(batch_->size() >= ep_->size(), "ExpertParallelMoE: the batch group '", batch_->name(),
+             "' (", batch_->size(), " ranks) must contain the ep group's ", ep_->size());
+  local_ = options_.experts / ep_->size();
+  first_ = int64_t(ep_->rank()) * local_;
+  router = register_module("router", std::make_shared<nn::Linear>(channels, options_.experts,
+                                                                  /*bias=*/false));
+  auto set = std::make_shared<ExpertSet>();
+  for (int64_t l = 0; l < local_; ++l) {
+    experts_.push_back(std::make_shared<nn::MLP>(channels, 0.0, proj_std));
+    set->add(first_ + l, experts_.back());
+  }
+  experts = register_module<nn::Module>("experts", set);
+  drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
+}
+
+Tensor ExpertParallelMoE::forward(const Tensor& x) {
+  LOOM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == router->in_features(),
+             "ExpertParallelMoE: input ", x.defined() ? shape_str(x.shape()) : "undefined",
+             " must end in the ", router->in_features(), " channels");
+  LOOM_CHECK(x.dtype() == DType::kF32, "ExpertParallelMoE: f32 inputs only so far, got ",
+             dtype_name(x.dtype()));
+  const int64_t c = x.size(-1), n = x.numel() / c, e_count = options_.experts;
+  LOOM_CHECK(n > 0, "ExpertParallelMoE: this rank has no tokens");
+  const Device device = x.device();
+  Tensor flat = x.reshape({n, c});
+  const nn::MoeRouting routing = nn::moe_route(*router, flat, options_);
+
+  // 1. The whole batch's counts: each rank's routed counts and token count, gathered.
+  const int64_t width = e_count + 1, b_size = batch_->size(), b_rank = batch_->rank();
+  std::vector<int64_t> mine = routing.routed;
+  mine.push_back(n);
+  Tensor all = Tensor::empty({width * b_size}, DType::kI64);
+  batch_->allgather(Tensor::from_vector(mine, {width}), all)->wait();
+  const std::vector<int64_t> counts = all.to_vector<int64_t>();
+  std::vector<int64_t> routed(static_cast<size_t>(e_count), 0), taken = routed;
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < b_size; ++b) {
+    for (int64_t e = 0; e < e_count; ++e) {
+      routed[size_t(e)] += counts[size_t(b * width + e)];
+      if (b < b_rank) taken[size_t(e)] += counts[size_t(b * width + e)];
+    }
+    tokens += counts[size_t(b * width + e_count)];
+  }
+  const int64_t capacity = nn::moe_capacity(options_, tokens);
+  const nn::MoeAssignments assigned = nn::moe_assign(routing, options_, capacity, taken);
+  stats_ = nn::MoeStats();
+  stats_.tokens = tokens;
+  for (int64_t e = 0; e < e_count; ++e) {
+    const int64_t r = routed[size_t(e)];
+    stats_.load.push_back(capacity < 0 ? r : std::min(r, capacity));
+    stats_.dropped += r - stats_.load.back();
+  }
+
+  // 2. Dispatch: expert e's rows to ep rank e / local_, in expert then token order.
+  const int64_t p = ep_->size();
+  std::vector<int64_t> send_counts, send_index, send_rows(static_cast<size_t>(p), 0);
+  for (int64_t e = 0; e < e_count; ++e) {
+    const std::vector<int64_t>& rows = assigned.tokens[size_t(e)];
+    send_counts.push_back(int64_t(rows.size()));
+    send_rows[size_t(e / local_)] += int64_t(rows.size());
+    send_index.insert(send_index.end(), rows.begin(), rows.end());
+  }
+  // recv_counts[s * local_ + l]: rows rank s sends to local expert l.
+  Tensor recv_counts_t = Tensor::empty({e_count}, DType::kI64);
+  ep_->all_to_all(Tensor::from_vector(send_counts, {e_count}), recv_counts_t)->wait();
+  const std::vector<int64_t> recv_counts = recv_counts_t.to_vector<int64_t>();
+  std::vector<int64_t> recv_rows(static_cast<size_t>(p), 0);
+  for (int64_t s = 0; s < p; ++s)
+    for (int64_t l = 0; l < local_; ++l)
+      recv_rows[size_t(s)] += recv_counts[size_t(s * local_ + l)];
+  // Note [Every rank takes part in both backward exchanges]: the chain flat -> send ->
+  // received -> results -> back -> out is kept whole on every rank, also where a piece has no
+  // rows (then a zero-row view of the piece before it), so that autograd runs the two exchanges'
+  // backwards on every rank: a rank that skipped one would leave the others waiting.
+  Tensor send = send_index.empty() ? narrow(flat, 0, 0, 0)
+                                   : embedding(flat, index_tensor(send_index, device));
+  Tensor received = all_to_all_rows(send, send_rows, recv_rows, ep_);
+
+  // 3. Each local expert over every rank's rows, in rank order.
+  const int64_t r_total = total(recv_rows);
+  Tensor results =
+      r_total == 0 ? narrow(received, 0, 0, 0) : Tensor::zeros({r_total, c}, x.dtype(), device);
+  for (int64_t l = 0; l < local_; ++l) {
+    std::vector<int64_t> at;  // positions of (s, l) blocks in the received rows
+    int64_t offset = 0;
+    for (int64_t s = 0; s < p; ++s)
+      for (int64_t j = 0; j < local_; ++j) {
+        const int64_t m = recv_counts[size_t(s * local_ + j)];
+        if (j == l)
+          for (int64_t i = 0; i < m; ++i) at.push_back(offset + i);
+        offset += m;
+      }
+    if (at.empty()) continue;
+    Tensor where = index_tensor(at, device);
+    Tensor y = (*experts_[size_t(l)])(embedding(received, where));
+    results = index_add_rows(results, where, y);
+  }
+
+  // 4. Back to the ranks the rows came from, and combined in expert order.
+  Tensor back = all_to_all_rows(results, recv_rows, send_rows, ep_);
+  Tensor out = Tensor::zeros({n, c}, x.dtype(), device);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < e_count; ++e) {
+    const std::vector<int64_t>& rows = assigned.tokens[size_t(e)];
+    const auto m = int64_t(rows.size());
+    if (m == 0) continue;
+    Tensor y = narrow(back, 0, offset, m);
+    Tensor g =
+        expand(embedding(routing.gates, index_tensor(assigned.slots[size_t(e)], device)), {m, c});
+    out = index_add_rows(out, index_tensor(rows, device), mul(y, g));
+    offset += m;
+  }
+  // Nothing came back (every assignment dropped): zeros that still depend on the exchange.
+  if (offset == 0) out = expand(sum(back).reshape({1, 1}), {n, c});
+  aux_loss_ = nn::moe_aux_loss(routing, options_, routed, tokens, &stats_.aux_loss, &stats_.z_loss);
+  return (*drop)(out.reshape(x.shape()));
+}
+
+}  // namespace loom::parallel

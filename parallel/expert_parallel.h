@@ -1,0 +1,75 @@
+// Expert parallelism: a mixture-of-experts layer (core/nn/moe.h) whose experts are split over an
+// `ep` group, each rank holding E / ep of them, while every rank routes its own tokens.
+//
+// forward, on each rank's tokens:
+//   1. route (the replicated router: logits, top-k, gates), and exchange the routed counts over
+//      the `batch` group (the ranks whose tokens form the batch, e.g. dp): the whole batch's
+//      counts, this rank's place in each expert's queue (capacity drops the same assignments
+//      one process would: the first ceil(k N c / E) in global token order), and N;
+//   2. dispatch: each expert's rows to the rank that holds it, by the variable-split all-to-all
+//      (counts exchanged first: one small all-to-all);
+//   3. each local expert runs once over the rows of all ranks, in rank order (the global token
+//      order when the ep group's ranks hold consecutive parts of the batch);
+//   4. the results go back by the reverse all-to-all and are combined as one process combines
+//      them: gate x expert output added per token in expert-index order. No atomics.
+// The all-to-alls are differentiable (their backward is the reverse exchange), so backward
+// sends each row's gradient back to the expert that computed it and the experts' gradients sum
+// every rank's rows.
+//
+// aux_loss() is this rank's share of the whole batch's auxiliary losses (nn::moe_aux_loss with
+// the batch's counts): the shares of the batch group add up to one process's losses, value and
+// gradient. Summed over the batch group, the router's gradients equal one process's, and each
+// expert's gradient on its rank does too (tests/mpi/expert_parallel_test.cpp).
+//
+// Parameter names are one process's: router.weight, experts.{e}.fc.weight, ... for the experts
+// e this rank holds, so init_parameters draws the single-process values. Only parallel/ knows
+// the groups; the layer's maths is core/nn/moe.h's.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "core/nn/moe.h"
+
+namespace loom::parallel {
+
+class ExpertParallelMoE : public nn::Module {
+ public:
+  // `ep`: the ranks that split the experts (experts must divide by its size). `batch`: the
+  // ranks whose tokens form one batch (capacity and the auxiliary losses are over all of them);
+  // it must contain the ep group's ranks (often the same group, or the dp group).
+  ExpertParallelMoE(int64_t channels, const nn::MoeOptions& options,
+                    std::shared_ptr<comm::Communicator> ep,
+                    std::shared_ptr<comm::Communicator> batch, double dropout = 0.0,
+                    double proj_std = 0.02);
+  Tensor forward(const Tensor& x) override;  // this rank's tokens [..., C] -> [..., C]
+
+  const Tensor& aux_loss() const { return aux_loss_; }  // this rank's share
+  // The whole batch's routing: load per expert (after capacity), tokens, dropped, and this
+  // rank's share of the two losses' values.
+  const nn::MoeStats& stats() const { return stats_; }
+  int64_t first_expert() const { return first_; }
+  int64_t local_experts() const { return local_; }
+
+  std::shared_ptr<nn::Linear> router;
+  std::shared_ptr<nn::Module> experts;  // children named by their global index
+  std::shared_ptr<nn::Dropout> drop;
+
+ private:
+  nn::MoeOptions options_;
+  std::shared_ptr<comm::Communicator> ep_, batch_;
+  int64_t first_ = 0, local_ = 0;
+  std::vector<std::shared_ptr<nn::MLP>> experts_;  // this rank's, from first_
+  Tensor aux_loss_;
+  nn::MoeStats stats_;
+};
+
+// The variable-split all-to-all of rows as an autograd op: x [S, C], rank r sends its rows
+// [sum of send_rows[:j], + send_rows[j]) to rank j and receives recv_rows[i] rows from rank i,
+// in rank order. Backward: the reverse exchange of the gradient.
+Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
+                       const std::vector<int64_t>& recv_rows,
+                       const std::shared_ptr<comm::Communicator>& group);
+
+}  // namespace loom::parallel
