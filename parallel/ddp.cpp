@@ -15,14 +15,25 @@ GradReducerOptions reducer_options(const DdpOptions& o) {
   return r;
 }
 
+NamedParams shared_parameters(nn::Module& module, const DdpOptions& o) {
+  NamedParams params = module.named_parameters();
+  if (!o.own_parameters) return params;
+  NamedParams shared;
+  for (auto& p : params)
+    if (!o.own_parameters(p.first)) shared.push_back(p);
+  return shared;
+}
+
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module,
                                                  std::shared_ptr<comm::Communicator> group,
                                                  const DdpOptions& options)
     : module_(module),
-      reducer_("DDP", agreed_parameters(module, group.get(), options.check_replicas, "DDP"), group,
-               reducer_options(options)) {}
+      reducer_("DDP",
+               agreed_parameters(shared_parameters(module, options), group.get(),
+                                 options.check_replicas, "DDP"),
+               group, reducer_options(options)) {}
 
 TrainingMemory DistributedDataParallel::memory() const {
   TrainingMemory m;

@@ -13,6 +13,7 @@
 // GradReducer); with grad_accum > 1 only the last micro-batch communicates.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "collectives/communicator.h"
@@ -30,6 +31,9 @@ struct DdpOptions {
   // identical instead and a difference is an error naming the parameter.
   bool check_replicas = false;
   bool overlap = true;  // See GradReducerOptions::overlap
+  // Parameters (by name) each rank holds alone, such as the experts of expert parallelism: left
+  // out of the broadcast, the checks and the reduction; their gradients are the caller's.
+  std::function<bool(const std::string&)> own_parameters;
 };
 
 class DistributedDataParallel {

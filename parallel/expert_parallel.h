@@ -34,7 +34,7 @@
 
 namespace loom::parallel {
 
-class ExpertParallelMoE : public nn::Module {
+class ExpertParallelMoE : public nn::MoeLayer {
  public:
   // `ep`: the ranks that split the experts (experts must divide by its size). `batch`: the
   // ranks whose tokens form one batch (capacity and the auxiliary losses are over all of them);
@@ -45,10 +45,10 @@ class ExpertParallelMoE : public nn::Module {
                     double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;  // this rank's tokens [..., C] -> [..., C]
 
-  const Tensor& aux_loss() const { return aux_loss_; }  // this rank's share
+  const Tensor& aux_loss() const override { return aux_loss_; }  // this rank's share
   // The whole batch's routing: load per expert (after capacity), tokens, dropped, and this
   // rank's share of the two losses' values.
-  const nn::MoeStats& stats() const { return stats_; }
+  const nn::MoeStats& stats() const override { return stats_; }
   int64_t first_expert() const { return first_; }
   int64_t local_experts() const { return local_; }
 

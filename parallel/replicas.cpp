@@ -36,8 +36,12 @@ std::vector<int64_t> gather_rows(const std::vector<uint64_t>& mine, comm::Commun
 
 NamedParams agreed_parameters(nn::Module& module, comm::Communicator* group, bool check_replicas,
                               const char* owner) {
+  return agreed_parameters(module.named_parameters(), group, check_replicas, owner);
+}
+
+NamedParams agreed_parameters(NamedParams params, comm::Communicator* group, bool check_replicas,
+                              const char* owner) {
   LOOM_CHECK(group != nullptr, owner, ": the group communicator is null");
-  NamedParams params = module.named_parameters();
   check_same_parameters(params, *group, owner);
   if (check_replicas)
     check_replicas_identical(params, *group, owner);

@@ -13,6 +13,9 @@ namespace loom::parallel {
 // they are. Returns the module's named parameters.
 NamedParams agreed_parameters(nn::Module& module, comm::Communicator* group, bool check_replicas,
                               const char* owner);
+// The same for a given list (a module's parameters less those a rank holds alone).
+NamedParams agreed_parameters(NamedParams params, comm::Communicator* group, bool check_replicas,
+                              const char* owner);
 
 // Every rank must hold the same parameter list: the same names, shapes and dtypes in the same
 // order. Throws on every rank, naming the first rank and parameter that differ from rank 0.

@@ -5,13 +5,15 @@
 namespace loom::nn {
 
 Block::Block(int64_t channels, int64_t heads, double dropout, double proj_std,
-             const MoeOptions& moe_options) {
+             const MoeOptions& moe_options, const MoeFactory& make_moe) {
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(channels));
   attn = register_module("attn",
                          std::make_shared<CausalSelfAttention>(channels, heads, dropout, proj_std));
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(channels));
   if (moe_options.enabled())
-    moe = register_module("mlp", std::make_shared<MoE>(channels, moe_options, dropout, proj_std));
+    moe = register_module<MoeLayer>(
+        "mlp", make_moe ? make_moe(channels, moe_options, dropout, proj_std)
+                        : std::make_shared<MoE>(channels, moe_options, dropout, proj_std));
   else
     mlp = register_module("mlp", std::make_shared<MLP>(channels, dropout, proj_std));
 }

@@ -24,14 +24,14 @@ GPT::GPT(const GptConfig& config, const GptOptions& options) : config_(config), 
   for (int64_t i = 0; i < config.layers; ++i) {
     const bool moe = options.moe.enabled() && i % options.moe.every == 0;
     blocks_.push_back(std::make_shared<Block>(c, config.heads, options.dropout, proj_std,
-                                              moe ? options.moe : MoeOptions{}));
+                                              moe ? options.moe : MoeOptions{}, options.make_moe));
     blocks->push_back(blocks_.back());
   }
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c));
 }
 
-std::vector<const MoE*> GPT::moe_layers() const {
-  std::vector<const MoE*> out;
+std::vector<const MoeLayer*> GPT::moe_layers() const {
+  std::vector<const MoeLayer*> out;
   for (const auto& b : blocks_)
     if (b->moe) out.push_back(b->moe.get());
   return out;
@@ -109,11 +109,11 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   options.num_classes = config_.vocab;
   Tensor lm =
       cross_entropy(reshape(logits, {n, config_.padded_vocab}), reshape(targets, {n}), options);
-  const std::vector<const MoE*> moes = moe_layers();
+  const std::vector<const MoeLayer*> moes = moe_layers();
   if (moes.empty()) return lm;
   last_lm_loss_ = lm.item();
   Tensor total = lm;
-  for (const MoE* m : moes) total = add(total, m->aux_loss());
+  for (const MoeLayer* m : moes) total = add(total, m->aux_loss());
   return total;
 }
 

@@ -24,6 +24,7 @@ struct GptOptions {
   double dropout = 0.0;     // embedding, attention-probability and residual dropout
   bool checkpoint = false;  // activation checkpointing of every block
   MoeOptions moe;           // experts > 0: block i's MLP is a MoE when i % moe.every == 0
+  MoeFactory make_moe;      // builds those MoE layers (empty: nn::MoE, on this process)
 };
 
 class GPT : public Module {
@@ -39,7 +40,7 @@ class GPT : public Module {
   Tensor loss(const Tensor& idx, const Tensor& targets);
   double last_lm_loss() const { return last_lm_loss_; }
   // The MoE blocks (in block order; empty for a dense model), for their stats() and aux_loss().
-  std::vector<const MoE*> moe_layers() const;
+  std::vector<const MoeLayer*> moe_layers() const;
   // Logits [B, T, Vp] of idx [B, T] as positions cache.length() .. + T - 1 of sequences whose
   // earlier positions are in `cache` (made with make_kv_cache), which it then extends by T. On an
   // empty cache it computes forward(idx); afterwards each position attends to the cached ones,

@@ -21,6 +21,7 @@
 // Parameter names: router.weight, experts.{e}.fc.weight / .bias, experts.{e}.proj.weight / .bias.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -87,15 +88,26 @@ int64_t moe_capacity(const MoeOptions& options, int64_t tokens);
 Tensor moe_aux_loss(const MoeRouting& routing, const MoeOptions& options,
                     const std::vector<int64_t>& routed, int64_t tokens, double* balance, double* z);
 
-class MoE : public Module {
+// What a GPT block needs of a MoE layer, whoever computes it (this file's MoE on one process,
+// parallel::ExpertParallelMoE over an ep group).
+class MoeLayer : public Module {
+ public:
+  // The last forward's auxiliary losses (a scalar, differentiable in the router and the input;
+  // with expert parallelism this rank's share of the batch's), and what it routed.
+  virtual const Tensor& aux_loss() const = 0;
+  virtual const MoeStats& stats() const = 0;
+};
+// Builds a block's MoE layer (GptOptions::make_moe): channels, options, dropout, proj_std.
+using MoeFactory =
+    std::function<std::shared_ptr<MoeLayer>(int64_t, const MoeOptions&, double, double)>;
+
+class MoE : public MoeLayer {
  public:
   MoE(int64_t channels, const MoeOptions& options, double dropout = 0.0, double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;  // [..., C] -> [..., C]
 
-  // The last forward's auxiliary losses (a scalar, differentiable in the router and the input),
-  // and what it routed.
-  const Tensor& aux_loss() const { return aux_loss_; }
-  const MoeStats& stats() const { return stats_; }
+  const Tensor& aux_loss() const override { return aux_loss_; }
+  const MoeStats& stats() const override { return stats_; }
   const MoeOptions& options() const { return options_; }
 
   std::shared_ptr<Linear> router;  // weight [experts, C]

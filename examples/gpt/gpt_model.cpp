@@ -1,17 +1,26 @@
 #include "gpt/gpt_model.h"
 
 #include "core/ops.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel/tp_state.h"
 
 namespace loom::gpt {
 
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
     : config_(config) {
-  LOOM_CHECK(o.moe_experts == 0 || mesh.world().size() == 1, "loom-gpt: --moe-experts trains on ",
-             "one process so far, not on ", mesh.world().size(), " ranks");
+  LOOM_CHECK(o.moe_experts == 0 || mesh.world().size() == o.ep, "loom-gpt: --moe-experts trains ",
+             "on --ep ranks (", o.ep, ") so far, not on ", mesh.world().size());
   if (mesh.tp_size() == 1 && !o.sequence_parallel) {
-    gpt_ = std::make_unique<nn::GPT>(config,
-                                     nn::GptOptions{o.dropout, o.checkpoint_activations, o.moe()});
+    nn::GptOptions g{o.dropout, o.checkpoint_activations, o.moe()};
+    if (o.moe_experts > 0 && o.ep > 1) {  // experts split over the dp ranks, whose tokens batch
+      std::shared_ptr<comm::Communicator> dp = mesh.dp_ptr();
+      g.make_moe = [dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
+                        double proj_std) -> std::shared_ptr<nn::MoeLayer> {
+        return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, dp, dp, dropout,
+                                                             proj_std);
+      };
+    }
+    gpt_ = std::make_unique<nn::GPT>(config, g);
     return;
   }
   LOOM_CHECK(!o.checkpoint_activations,
@@ -36,8 +45,8 @@ Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
   return gpt_ ? gpt_->loss(i, t) : tp_gpt_->loss(i, t);
 }
 
-std::vector<const nn::MoE*> GptModel::moe_layers() const {
-  return gpt_ ? gpt_->moe_layers() : std::vector<const nn::MoE*>{};
+std::vector<const nn::MoeLayer*> GptModel::moe_layers() const {
+  return gpt_ ? gpt_->moe_layers() : std::vector<const nn::MoeLayer*>{};
 }
 
 Tensor GptModel::logits(const Tensor& idx) const {

@@ -29,7 +29,7 @@ class GptModel {
   // cross-entropy of the last loss() alone.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   double last_lm_loss() const { return gpt_ ? gpt_->last_lm_loss() : 0; }
-  std::vector<const nn::MoE*> moe_layers() const;  // empty for a dense model
+  std::vector<const nn::MoeLayer*> moe_layers() const;  // empty for a dense model
   // Full logits [B, T, padded_vocab], the same on every tp rank (the tp split gathers them).
   Tensor logits(const Tensor& idx) const;
   std::function<Tensor(const Tensor&)> logits_fn() const {

@@ -25,6 +25,9 @@ void declare_gpt_flags(cli::Flags& f) {
                "dropped (0: dropless)");
   f.add_double("moe-aux-loss", 0.01, "MoE: load-balancing loss coefficient (alpha)");
   f.add_double("moe-z-loss", 0.001, "MoE: router z-loss coefficient (beta)");
+  f.add_int("ep", 1,
+            "MoE: expert-parallel ranks: the experts split over the dp ranks (must equal --dp "
+            "for now)");
   f.add_string("data", "",
                "training data: an llm.c token file (.bin) or a text file (byte-level); "
                "empty: the built-in addition task");
@@ -122,6 +125,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.moe_capacity_factor = f.get_double("moe-capacity-factor");
   o.moe_aux_loss = f.get_double("moe-aux-loss");
   o.moe_z_loss = f.get_double("moe-z-loss");
+  o.ep = f.get_int("ep");
   o.data = f.get_string("data");
   o.digits = f.get_int("digits");
   o.batch = f.get_int("batch");
@@ -232,6 +236,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
         "loom-gpt: --zero-shard-group must be all, node or a positive number, got '", g, "'");
   }
   positive("grad-accum", o.grad_accum);
+  LOOM_CHECK(o.ep == 1 || o.moe_experts > 0, "loom-gpt: --ep needs --moe-experts");
   if (o.moe_experts != 0 || f.was_set("moe-top-k") || f.was_set("moe-every") ||
       f.was_set("moe-capacity-factor")) {
     LOOM_CHECK(o.moe_experts > 0, "loom-gpt: the --moe-* flags need --moe-experts N (N >= 1)");
@@ -240,10 +245,19 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     } catch (const Error& e) {
       throw Error(detail::str_cat("loom-gpt: --moe-*: ", e.what()));
     }
-    // One process for now: expert parallelism and the layouts' global auxiliary losses are the
-    // next steps of the MoE issue.
-    const char* unsupported = o.dp > 1                                 ? "--dp"
-                              : o.tp > 1                               ? "--tp"
+    LOOM_CHECK(o.ep >= 1, "loom-gpt: --ep must be >= 1, got ", o.ep);
+    // Data parallelism splits the experts over the same ranks (--ep = --dp): the auxiliary
+    // losses and capacity are then over the whole batch, as on one process.
+    LOOM_CHECK(o.ep == 1 || o.ep == o.dp || o.dp == 0, "loom-gpt: --ep ", o.ep, " must equal --dp ",
+               o.dp,
+               " for now (the experts split over the data-parallel "
+               "ranks)");
+    LOOM_CHECK(o.dp <= 1 || o.ep == o.dp, "loom-gpt: --moe-experts with --dp ", o.dp,
+               " needs --ep ", o.dp, " (the experts split over the data-parallel ranks)");
+    LOOM_CHECK(o.moe_experts % o.ep == 0, "loom-gpt: --moe-experts ", o.moe_experts,
+               " must divide by --ep ", o.ep);
+    // The other layouts are the next steps of the MoE issue.
+    const char* unsupported = o.tp > 1                                 ? "--tp"
                               : o.pp > 1                               ? "--pp"
                               : o.zero > 0                             ? "--zero"
                               : o.grad_accum > 1                       ? "--grad-accum"
@@ -255,8 +269,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                               : !o.checkpoints.dir.empty() || resuming ? "checkpoints"
                                                                        : nullptr;
     LOOM_CHECK(unsupported == nullptr,
-               "loom-gpt: --moe-experts trains on one process, in f32 on "
-               "the CPU, without ",
+               "loom-gpt: --moe-experts trains with --dp and --ep only, in f32 on the CPU, "
+               "without ",
                unsupported ? unsupported : "", " so far");
   }
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);

@@ -1,5 +1,7 @@
 #include "gpt/gpt_parallel.h"
 
+#include <cmath>
+
 #include "core/nn/dropout.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
@@ -14,6 +16,10 @@ int64_t counted_targets(const Tensor& targets) {
   for (int64_t t : targets.to(DType::kI64).to_vector<int64_t>())
     n += t != CrossEntropyOptions{}.ignore_index;
   return n;
+}
+
+bool is_expert_parameter(const std::string& name) {
+  return name.find(".mlp.experts.") != std::string::npos;
 }
 
 parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp) {
@@ -50,6 +56,7 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       d.bucket_mb = o.bucket_mb;
       d.grad_accum = int(o.grad_accum);
       d.overlap = !o.no_overlap;
+      if (o.ep > 1) d.own_parameters = is_expert_parameter;  // each rank's own experts
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(module, dp_, d);
     }
     const DType dtype = module.parameters().at(0).dtype();
@@ -122,21 +129,29 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     nn::set_dropout_batch_part({int64_t(dp_rank_) * k_count + k, n * k_count});
     Tensor loss = model_.loss(inputs, targets);
     nn::set_dropout_batch_part({});
-    const std::vector<const nn::MoE*> moes = model_.moe_layers();
+    const std::vector<const nn::MoeLayer*> moes = model_.moe_layers();
     if (moes.empty()) {
       loss_sum += loss.item() * double(mine) / double(counted);
-    } else {  // one process (GptModel refuses more): report the cross-entropy and the routing
+    } else {  // report the cross-entropy and the routing (the whole batch's: see below for ep)
       loss_sum += model_.last_lm_loss() * double(mine) / double(counted);
       result.moe_aux_loss = loss.item() - model_.last_lm_loss();
       result.moe_load.assign(moes.front()->stats().load.size(), 0);
-      for (const nn::MoE* m : moes) {
+      for (const nn::MoeLayer* m : moes) {
         for (size_t e = 0; e < m->stats().load.size(); ++e)
           result.moe_load[e] += m->stats().load[e];
         result.moe_dropped += m->stats().dropped;
       }
     }
     // See Note [Loss weighting].
-    Tensor weighted = scale(loss, double(mine) * double(n) / double(counted));
+    const double weight = double(mine) * double(n) / double(counted);
+    Tensor weighted = scale(loss, weight);
+    if (o_.ep > 1) {
+      // Each rank's aux_loss() is its share of the whole batch's auxiliary losses, which the dp
+      // average (1 / n) must leave whole: weighted n, not `weight` as the cross-entropy is.
+      Tensor aux = Tensor::zeros({});
+      for (const nn::MoeLayer* m : model_.moe_layers()) aux = add(aux, m->aux_loss());
+      weighted = add(weighted, scale(aux, double(n) - weight));
+    }
     if (zero_) {
       zero_->backward(weighted);  // applies the loss scale itself
     } else {
@@ -148,15 +163,40 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     }
   }
   double wait_ms = -1;
+  std::vector<Tensor> experts;  // this rank's own experts' parameters (--ep)
   if (ddp_) {
     ddp_->finish();
     wait_ms = ddp_->exposed_wait_seconds() * 1e3;
+    if (o_.ep > 1) {
+      // An expert's gradient sums every rank's rows, each weighted for the dp average (n x its
+      // share, Note [Loss weighting]), and no average follows: divide by n here.
+      for (auto& [name, p] : model_.module().named_parameters()) {
+        if (!is_expert_parameter(name)) continue;
+        experts.push_back(p);
+        if (p.grad().defined()) {
+          Tensor g = p.grad();
+          g.copy_(scale(g, 1.0 / double(n)));
+        }
+      }
+      Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
+      dp_->allreduce(aux)->wait();  // the ranks' shares of the auxiliary losses
+      result.moe_aux_loss = aux.item();
+    }
   } else if (zero_) {
     zero_->finish_gradients();
     wait_ms = zero_->exposed_wait_seconds() * 1e3;
   }
   double norm = -1;
-  if (o_.grad_clip > 0)
+  if (o_.grad_clip > 0 && o_.ep > 1) {
+    // The global norm: the replicated parameters' squares once, every rank's experts' summed.
+    std::vector<Tensor> shared;
+    for (auto& [name, p] : model_.module().named_parameters())
+      if (!is_expert_parameter(name)) shared.push_back(p);
+    Tensor expert_squares = Tensor::full({1}, optim::grad_sum_of_squares(experts), DType::kF32);
+    dp_->allreduce(expert_squares)->wait();
+    norm = std::sqrt(optim::grad_sum_of_squares(shared) + expert_squares.item());
+    optim::scale_grads_to_norm(model_.module().parameters(), norm, o_.grad_clip);
+  } else if (o_.grad_clip > 0)
     norm = zero_         ? zero_->clip_grad_norm(o_.grad_clip)
            : mixed_      ? mixed_->clip_grad_norm(o_.grad_clip)
            : model_.tp() ? parallel::tp_clip_grad_norm(model_.module(), o_.grad_clip, *model_.tp())

@@ -106,6 +106,28 @@ for bad in "3:shard groups of 3 do not divide the 4 ranks" "4:two or more shard 
 done
 echo "hybrid sharding: every stage gives the single-process losses; bad shard groups refused"
 
+# Mixture of experts with expert parallelism (--ep = --dp): the experts split over the dp ranks,
+# tokens exchanged by all-to-all; dropless top-2, and top-1 with capacity and dropout, on 2 and
+# 4 ranks give the single-process losses (and the same per-expert loads).
+for moe in "--moe-experts 4 --moe-top-k 2" \
+           "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
+  read -r -a flags <<< "$moe"
+  tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')
+  "$gpt" "${common[@]}" "${flags[@]}" --metrics-file "$dir/moe_$tag.jsonl" > "$dir/moe_$tag.log"
+  for np in 2 4; do
+    name="ep${np}_$tag"
+    "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$np" --ep "$np" \
+      --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+    compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
+    python3 - "$dir/moe_$tag.jsonl" "$dir/$name.jsonl" "$name" <<'PY'
+import json, sys
+load = lambda p: [json.loads(l)["moe_load"] for l in open(p) if '"moe_load"' in l]
+assert load(sys.argv[1]) == load(sys.argv[2]), f"{sys.argv[3]}: per-expert loads differ"
+print(f"{sys.argv[3]}: per-expert loads equal the single-process run's")
+PY
+  done
+done
+
 # bf16 and f16 (f32 masters; f16 with loss scaling): dp 2 against one process in the same dtype.
 # Each rank's gradient is rounded before the average (See tests/mpi/dp_mixed_precision_test.cpp),
 # so the losses agree to 2e-3 relative rather than 1e-5.

@@ -330,7 +330,7 @@ TEST(MoE, GptAddsTheAuxiliaryLosses) {
   Tensor idx = Tensor::from_vector(ids, {2, 6}), targets = Tensor::from_vector(next, {2, 6});
   const double total = gpt.loss(idx, targets).item();
   double aux = 0;
-  for (const MoE* m : gpt.moe_layers()) aux += m->aux_loss().item();
+  for (const MoeLayer* m : gpt.moe_layers()) aux += m->aux_loss().item();
   EXPECT_GT(aux, 0);
   EXPECT_NEAR(total, gpt.last_lm_loss() + aux, 1e-6);
   options.checkpoint = true;
