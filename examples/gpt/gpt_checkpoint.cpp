@@ -26,6 +26,17 @@ int64_t integer(const ResumePoint& p, const nlohmann::json& section, const char*
 
 }  // namespace
 
+namespace {
+
+// The model's mixture-of-experts shape, as the checkpoint records it (absent: dense).
+nlohmann::json moe_json(const GptOptions& o) {
+  return {{"experts", o.moe_experts},   {"top_k", o.moe_top_k},
+          {"every", o.moe_every},       {"capacity_factor", o.moe_capacity_factor},
+          {"aux_loss", o.moe_aux_loss}, {"z_loss", o.moe_z_loss}};
+}
+
+}  // namespace
+
 GptConfig checkpoint_config(const ResumePoint& p) {
   return io::gpt_config_from_json(section(p, "model"), "loom-gpt: checkpoint " + p.path);
 }
@@ -50,6 +61,8 @@ nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size
   // Hybrid sharding only (plain layouts keep the keys train_gpt.py writes too).
   if (o.zero > 0 && o.zero_shard_group != "all")
     s["layout"]["zero_shard_group"] = o.zero_shard_group;
+  if (o.ep > 1) s["layout"]["ep"] = o.ep;
+  if (o.moe_experts > 0) s["model"]["moe"] = moe_json(o);
   s["data"] = {{"batch_index", batch_index},
                {"source", o.data.empty() ? "addition task" : o.data},
                {"batch", o.batch},
@@ -132,6 +145,15 @@ int64_t resume_batch_index(const ResumePoint& p, const GptOptions& o) {
              " (the seed keys the data's examples and the dropout masks)");
   LOOM_CHECK(t.contains("optimizer") && t["optimizer"] == o.optimizer, "loom-gpt: --optimizer ",
              o.optimizer, " differs from the checkpoint ", p.path, "'s ", t["optimizer"].dump());
+  // The same mixture of experts (or none): the flags must say what the checkpoint holds.
+  const nlohmann::json& m = section(p, "model");
+  const nlohmann::json saved_moe = m.contains("moe") ? m["moe"] : nlohmann::json();
+  const nlohmann::json given_moe = o.moe_experts > 0 ? moe_json(o) : nlohmann::json();
+  LOOM_CHECK(saved_moe == given_moe, "loom-gpt: the checkpoint ", p.path, "'s mixture of experts ",
+             saved_moe.is_null() ? std::string("(none: dense blocks)") : saved_moe.dump(),
+             " differs from the --moe-* flags' ",
+             given_moe.is_null() ? std::string("(none: dense blocks)") : given_moe.dump(),
+             "; resume with the flags it was trained with (--ep may change)");
   const int64_t index = integer(p, d, "batch_index");
   LOOM_CHECK(index >= 0, "loom-gpt: checkpoint ", p.path, ": negative batch index ", index);
   return index;

@@ -266,7 +266,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                               : !o.device.empty() && o.device != "cpu" ? "--device"
                               : !o.save.empty()                        ? "--save"
                               : !o.init_from.empty()                   ? "--init-from"
-                              : !o.checkpoints.dir.empty() || resuming ? "checkpoints"
                                                                        : nullptr;
     LOOM_CHECK(unsupported == nullptr,
                "loom-gpt: --moe-experts trains with --dp and --ep only, in f32 on the CPU, "

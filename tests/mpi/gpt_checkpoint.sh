@@ -115,12 +115,39 @@ fi
 same_layout "1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 2" \
   "2:--tp 2 --sequence-parallel" "4:--dp 2 --tp 2 --zero 2" "1:--dtype bf16" \
   "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16" \
-  "2:--dp 2 --zero 3 --async-save" "1:--async-save" "4:--dp 4 --zero 3 --zero-shard-group 2"
+  "2:--dp 2 --zero 3 --async-save" "1:--async-save" "4:--dp 4 --zero 3 --zero-shard-group 2" \
+  "2:--dp 2 --ep 2 --moe-experts 4 --moe-top-k 2"
 
 # 2. Other layouts, from dp 2 x tp 2 with ZeRO-1.
 other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
   "2:--dp 2 --zero 2 --grad-accum 2" "4:--dp 2 --tp 2 --zero 3" \
   "4:--dp 4 --zero 2 --zero-shard-group 2"
+
+# Mixture of experts with expert parallelism: an ep 2 checkpoint (each rank's experts saved by
+# it, under their single-process names) resumes bit for bit (in same_layout below), and loads on
+# one process and on ep 4: saved again at once bit-identical, training on with the
+# single-process losses. A checkpoint whose --moe-* flags differ is refused by name.
+moe=(--moe-experts 4 --moe-top-k 2)
+launch 1 "${moe[@]}" --metrics-file "$dir/moe_single.jsonl" > "$dir/moe_single.log"
+launch 2 --dp 2 --ep 2 "${moe[@]}" --checkpoint-dir "$dir/moe_src" --save-every 6 \
+  --metrics-file "$dir/moe_src.jsonl" > "$dir/moe_src.log"
+losses "moe ep 2 against one process" "$dir/moe_single.jsonl" "$dir/moe_src.jsonl" 1 1e-5
+for target in "1:" "4:--dp 4 --ep 4"; do
+  np=${target%%:*}; read -r -a flags <<< "${target#*:}"
+  name="moe_to_np${np}"
+  launch "$np" "${flags[@]}" "${moe[@]}" --resume-from "$dir/moe_src/step-00000006" --steps 6 \
+    --checkpoint-dir "$dir/$name.resaved" > "$dir/$name.resaved.log"
+  tensors same "$dir/moe_src/step-00000006" "$dir/$name.resaved/step-00000006" --except-layout
+  launch "$np" "${flags[@]}" "${moe[@]}" --resume-from "$dir/moe_src/step-00000006" \
+    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  losses "$name continued" "$dir/moe_single.jsonl" "$dir/$name.jsonl" 7 1e-5
+done
+if launch 1 --moe-experts 4 --resume-from "$dir/moe_src/step-00000006" > "$dir/moe_bad.log" 2>&1; then
+  echo "a top-2 MoE checkpoint resumed with top-1 flags"; exit 1
+fi
+grep -q "mixture of experts .* differs from the --moe-\* flags" "$dir/moe_bad.log" || {
+  cat "$dir/moe_bad.log"; exit 1; }
+echo "moe: other --moe-* flags refused"
 
 # bf16 with f32 masters: a ZeRO-1 checkpoint reloads onto one process (MixedPrecisionOptimizer)
 # and onto ZeRO-3 with its masters kept, bit for bit; an f32 layout takes its parameters from the
