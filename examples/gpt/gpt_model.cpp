@@ -1,5 +1,6 @@
 #include "gpt/gpt_model.h"
 
+#include "collectives/planning_backend.h"
 #include "core/ops.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel/tp_state.h"
@@ -8,15 +9,27 @@ namespace loom::gpt {
 
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
     : config_(config) {
-  LOOM_CHECK(o.moe_experts == 0 || mesh.world().size() == o.ep, "loom-gpt: --moe-experts trains ",
-             "on --ep ranks (", o.ep, ") so far, not on ", mesh.world().size());
   if (mesh.tp_size() == 1 && !o.sequence_parallel) {
     nn::GptOptions g{o.dropout, o.checkpoint_activations, o.moe()};
-    if (o.moe_experts > 0 && o.ep > 1) {  // experts split over the dp ranks, whose tokens batch
-      std::shared_ptr<comm::Communicator> dp = mesh.dp_ptr();
-      g.make_moe = [dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
-                        double proj_std) -> std::shared_ptr<nn::MoeLayer> {
-        return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, dp, dp, dropout,
+    if (o.moe_experts > 0 && mesh.dp_size() > 1) {
+      // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
+      // ranks, each group holding all of them, replicated across the groups.
+      const std::shared_ptr<comm::Communicator> dp = mesh.dp_ptr();
+      const int ep = int(o.ep), rank = dp->rank();
+      LOOM_CHECK(ep >= 1 && mesh.dp_size() % ep == 0, "loom-gpt: --ep ", ep,
+                 " must divide the data-parallel ranks (", mesh.dp_size(), ")");
+      if (std::string(dp->backend()) == "planning") {  // a layout worked out, not running
+        ep_ = comm::make_planning_communicator(rank % ep, ep, dp->name() + ".ep");
+        expert_replicas_ = comm::make_planning_communicator(rank / ep, mesh.dp_size() / ep,
+                                                            dp->name() + ".experts");
+      } else {
+        ep_ = dp->split(rank / ep, rank, dp->name() + ".ep");
+        expert_replicas_ = dp->split(rank % ep, rank, dp->name() + ".experts");
+      }
+      std::shared_ptr<comm::Communicator> group = ep_;
+      g.make_moe = [group, dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
+                               double proj_std) -> std::shared_ptr<nn::MoeLayer> {
+        return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, group, dp, dropout,
                                                              proj_std);
       };
     }

@@ -30,6 +30,10 @@ class GptModel {
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   double last_lm_loss() const { return gpt_ ? gpt_->last_lm_loss() : 0; }
   std::vector<const nn::MoeLayer*> moe_layers() const;  // empty for a dense model
+  // With MoE blocks and dp > 1: the ep group this rank's experts are split over (--ep
+  // consecutive dp ranks), and the ranks holding the same experts in the other ep groups.
+  std::shared_ptr<comm::Communicator> ep_group() const { return ep_; }
+  std::shared_ptr<comm::Communicator> expert_replicas() const { return expert_replicas_; }
   // Full logits [B, T, padded_vocab], the same on every tp rank (the tp split gathers them).
   Tensor logits(const Tensor& idx) const;
   std::function<Tensor(const Tensor&)> logits_fn() const {
@@ -48,7 +52,7 @@ class GptModel {
 
  private:
   GptConfig config_;
-  std::shared_ptr<comm::Communicator> tp_;
+  std::shared_ptr<comm::Communicator> tp_, ep_, expert_replicas_;
   Device device_ = Device::cpu();
   std::unique_ptr<nn::GPT> gpt_;
   std::unique_ptr<parallel::TpGPT> tp_gpt_;

@@ -26,8 +26,8 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_double("moe-aux-loss", 0.01, "MoE: load-balancing loss coefficient (alpha)");
   f.add_double("moe-z-loss", 0.001, "MoE: router z-loss coefficient (beta)");
   f.add_int("ep", 1,
-            "MoE: expert-parallel ranks: the experts split over the dp ranks (must equal --dp "
-            "for now)");
+            "MoE: expert-parallel ranks: the experts split over groups of this many dp ranks, "
+            "replicated across the groups (must divide --dp)");
   f.add_string("data", "",
                "training data: an llm.c token file (.bin) or a text file (byte-level); "
                "empty: the built-in addition task");
@@ -246,14 +246,11 @@ GptOptions read_gpt_options(const cli::Flags& f) {
       throw Error(detail::str_cat("loom-gpt: --moe-*: ", e.what()));
     }
     LOOM_CHECK(o.ep >= 1, "loom-gpt: --ep must be >= 1, got ", o.ep);
-    // Data parallelism splits the experts over the same ranks (--ep = --dp): the auxiliary
-    // losses and capacity are then over the whole batch, as on one process.
-    LOOM_CHECK(o.ep == 1 || o.ep == o.dp || o.dp == 0, "loom-gpt: --ep ", o.ep, " must equal --dp ",
-               o.dp,
-               " for now (the experts split over the data-parallel "
+    // The experts split over --ep consecutive data-parallel ranks, replicated across such
+    // groups; the auxiliary losses and capacity are over the whole batch, as on one process.
+    LOOM_CHECK(o.dp == 0 || o.dp % o.ep == 0, "loom-gpt: --ep ", o.ep, " must divide --dp ", o.dp,
+               " (the experts split over groups of --ep data-parallel "
                "ranks)");
-    LOOM_CHECK(o.dp <= 1 || o.ep == o.dp, "loom-gpt: --moe-experts with --dp ", o.dp,
-               " needs --ep ", o.dp, " (the experts split over the data-parallel ranks)");
     LOOM_CHECK(o.moe_experts % o.ep == 0, "loom-gpt: --moe-experts ", o.moe_experts,
                " must divide by --ep ", o.ep);
     // The other layouts are the next steps of the MoE issue.

@@ -21,7 +21,7 @@ struct GptOptions {
   double dropout;
   bool checkpoint_activations;
   // mixture of experts (core/nn/moe.h): moe_experts 0 is a dense model
-  int64_t moe_experts, moe_top_k, moe_every, ep;  // ep: expert-parallel ranks (= dp so far)
+  int64_t moe_experts, moe_top_k, moe_every, ep;  // ep: expert-parallel ranks (divides dp)
   double moe_capacity_factor, moe_aux_loss, moe_z_loss;
   // data
   std::string data;  // empty: the built-in addition task

@@ -56,7 +56,7 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       d.bucket_mb = o.bucket_mb;
       d.grad_accum = int(o.grad_accum);
       d.overlap = !o.no_overlap;
-      if (o.ep > 1) d.own_parameters = is_expert_parameter;  // each rank's own experts
+      if (model.ep_group()) d.own_parameters = is_expert_parameter;  // reduced below
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(module, dp_, d);
     }
     const DType dtype = module.parameters().at(0).dtype();
@@ -145,7 +145,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     // See Note [Loss weighting].
     const double weight = double(mine) * double(n) / double(counted);
     Tensor weighted = scale(loss, weight);
-    if (o_.ep > 1) {
+    if (model_.ep_group()) {
       // Each rank's aux_loss() is its share of the whole batch's auxiliary losses, which the dp
       // average (1 / n) must leave whole: weighted n, not `weight` as the cross-entropy is.
       Tensor aux = Tensor::zeros({});
@@ -167,12 +167,21 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   if (ddp_) {
     ddp_->finish();
     wait_ms = ddp_->exposed_wait_seconds() * 1e3;
-    if (o_.ep > 1) {
-      // An expert's gradient sums every rank's rows, each weighted for the dp average (n x its
-      // share, Note [Loss weighting]), and no average follows: divide by n here.
+    if (model_.ep_group()) {
+      // An expert's gradient sums the rows of its ep group's ranks, each weighted for the dp
+      // average (n x its share, Note [Loss weighting]): summed over the expert's replicas (the
+      // other ep groups' copies) and divided by n, it is one process's. Every replica takes
+      // part, with zeros for an expert that got no rows here.
+      comm::Communicator& replicas = *model_.expert_replicas();
       for (auto& [name, p] : model_.module().named_parameters()) {
         if (!is_expert_parameter(name)) continue;
         experts.push_back(p);
+        if (replicas.size() > 1) {
+          Tensor g =
+              p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), p.dtype(), p.device());
+          replicas.allreduce(g)->wait();
+          p.set_grad(g);
+        }
         if (p.grad().defined()) {
           Tensor g = p.grad();
           g.copy_(scale(g, 1.0 / double(n)));
@@ -187,13 +196,14 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     wait_ms = zero_->exposed_wait_seconds() * 1e3;
   }
   double norm = -1;
-  if (o_.grad_clip > 0 && o_.ep > 1) {
-    // The global norm: the replicated parameters' squares once, every rank's experts' summed.
+  if (o_.grad_clip > 0 && model_.ep_group()) {
+    // The global norm: the replicated parameters' squares once, each expert's once (summed over
+    // the ep group, which holds every expert once).
     std::vector<Tensor> shared;
     for (auto& [name, p] : model_.module().named_parameters())
       if (!is_expert_parameter(name)) shared.push_back(p);
     Tensor expert_squares = Tensor::full({1}, optim::grad_sum_of_squares(experts), DType::kF32);
-    dp_->allreduce(expert_squares)->wait();
+    model_.ep_group()->allreduce(expert_squares)->wait();
     norm = std::sqrt(optim::grad_sum_of_squares(shared) + expert_squares.item());
     optim::scale_grads_to_norm(model_.module().parameters(), norm, o_.grad_clip);
   } else if (o_.grad_clip > 0)

@@ -106,17 +106,19 @@ for bad in "3:shard groups of 3 do not divide the 4 ranks" "4:two or more shard 
 done
 echo "hybrid sharding: every stage gives the single-process losses; bad shard groups refused"
 
-# Mixture of experts with expert parallelism (--ep = --dp): the experts split over the dp ranks,
-# tokens exchanged by all-to-all; dropless top-2, and top-1 with capacity and dropout, on 2 and
-# 4 ranks give the single-process losses (and the same per-expert loads).
+# Mixture of experts with expert parallelism: the experts split over groups of --ep dp ranks
+# (replicated across the groups when --ep < --dp), tokens exchanged by all-to-all; dropless
+# top-2, and top-1 with capacity and dropout, on dp 2 / 4 with ep 2 / 4 / 1 give the
+# single-process losses (and the same per-expert loads).
 for moe in "--moe-experts 4 --moe-top-k 2" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
   tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')
   "$gpt" "${common[@]}" "${flags[@]}" --metrics-file "$dir/moe_$tag.jsonl" > "$dir/moe_$tag.log"
-  for np in 2 4; do
-    name="ep${np}_$tag"
-    "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$np" --ep "$np" \
+  for layout in 2:2 4:4 4:2 2:1; do  # ranks:ep (ep < ranks: expert replicas)
+    np=${layout%%:*}; ep=${layout#*:}
+    name="dp${np}_ep${ep}_$tag"
+    "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$np" --ep "$ep" \
       --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     python3 - "$dir/moe_$tag.jsonl" "$dir/$name.jsonl" "$name" <<'PY'
