@@ -3,7 +3,9 @@
 top-1 model (the same active parameters per token as the dense one) and an 8-expert top-2 model
 (twice the MLP work per token), on one process and with the experts split over 2 and 4 ranks
 (--dp N --ep N), on byte-level text (this repository's README.md). Each figure is the median of
-the steps after the first two; every run also prints its loss at the last step.
+the steps after the first two; with experts split over ranks, also rank 0's time in the
+experts' all-to-alls (forward and backward, waiting included) as a share of the step; every run
+also prints its loss at the last step.
 
 usage: python3 benchmarks/moe_bench.py [--build build] [--steps 12] [--threads 1]
 """
@@ -36,7 +38,12 @@ def run(build, ranks, flags, steps, threads):
         if r.returncode != 0:
             sys.exit(f"moe_bench: {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
         rows = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l]
-    return statistics.median(r["tokens_per_s"] for r in rows[2:]), rows[-1]["loss"]
+    timed = rows[2:]
+    share = None
+    if "moe_exchange_ms" in timed[0]:  # rank 0's time in the experts' all-to-alls
+        share = (statistics.median(r["moe_exchange_ms"] for r in timed)
+                 / statistics.median(r["step_ms"] for r in timed))
+    return statistics.median(r["tokens_per_s"] for r in timed), rows[-1]["loss"], share
 
 
 def main():
@@ -49,16 +56,19 @@ def main():
     models = [("dense", []),
               ("8 experts, top-1", ["--moe-experts", "8"]),
               ("8 experts, top-2", ["--moe-experts", "8", "--moe-top-k", "2"])]
-    print("| model | ranks | tokens/s | vs dense on as many ranks | loss at the last step |")
-    print("|---|---:|---:|---:|---:|")
+    print("| model | ranks | tokens/s | vs dense on as many ranks | all-to-all share of the step "
+          "| loss at the last step |")
+    print("|---|---:|---:|---:|---:|---:|")
     for ranks in (1, 2, 4):
         dense = None
         for name, flags in models:
             if ranks > 1 and flags:
                 flags = flags + ["--ep", str(ranks)]
-            tps, loss = run(o.build, ranks, flags, o.steps, o.threads)
+            tps, loss, share = run(o.build, ranks, flags, o.steps, o.threads)
             dense = dense or tps
-            print(f"| {name} | {ranks} | {tps:.0f} | {tps / dense:.2f} | {loss:.6f} |", flush=True)
+            a2a = "-" if share is None else f"{share:.2f}"
+            print(f"| {name} | {ranks} | {tps:.0f} | {tps / dense:.2f} | {a2a} | {loss:.6f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #include "parallel/expert_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/autograd.h"
@@ -29,7 +30,25 @@ int64_t total(const std::vector<int64_t>& v) {
   return t;
 }
 
+// Seconds spent in the exchanges since the last take_expert_exchange_seconds().
+double exchange_seconds = 0;
+
+// Runs one exchange and counts its time.
+void timed_all_to_all(comm::Communicator& group, const Tensor& in, Tensor& out,
+                      const comm::AllToAllOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  group.all_to_all(in, out, options)->wait();
+  exchange_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
+
+double take_expert_exchange_seconds() {
+  const double s = exchange_seconds;
+  exchange_seconds = 0;
+  return s;
+}
 
 Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
                        const std::vector<int64_t>& recv_rows,
@@ -44,7 +63,7 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
   };
   Tensor in = x.detach().contiguous();
   Tensor out = Tensor::empty({total(recv_rows), c}, x.dtype(), x.device());
-  group->all_to_all(in, out, {elements(send_rows), elements(recv_rows)})->wait();
+  timed_all_to_all(*group, in, out, {elements(send_rows), elements(recv_rows)});
   autograd::record(
       out, "all_to_all_rows", {x}, {},
       [group, send_rows, recv_rows, c, dtype = x.dtype(), device = x.device(),

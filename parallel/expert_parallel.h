@@ -72,4 +72,9 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
                        const std::vector<int64_t>& recv_rows,
                        const std::shared_ptr<comm::Communicator>& group);
 
+// Seconds this process has spent in all_to_all_rows exchanges (forward and backward, from
+// posting to completion) since the last call; resets the count. What a trainer reports as the
+// all-to-all's share of a step.
+double take_expert_exchange_seconds();
+
 }  // namespace loom::parallel

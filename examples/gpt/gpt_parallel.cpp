@@ -6,6 +6,7 @@
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/mixed_precision.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/checkpoint/training_state.h"
 #include "parallel/tensor_parallel/tp_grad_norm.h"
 
@@ -116,6 +117,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   const int64_t counted = counted_targets(global.targets);
   LOOM_CHECK(counted > 0, "loom-gpt: step ", step + 1, "'s batch has no targets to predict");
   nn::set_dropout_step(uint64_t(step));
+  if (model_.ep_group()) parallel::take_expert_exchange_seconds();  // count this step's alone
   double loss_sum = 0;  // this rank's share of the global mean loss
   StepResult result;
   for (int64_t k = 0; k < k_count; ++k) {
@@ -187,6 +189,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
           g.copy_(scale(g, 1.0 / double(n)));
         }
       }
+      result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
       Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
       dp_->allreduce(aux)->wait();  // the ranks' shares of the auxiliary losses
       result.moe_aux_loss = aux.item();

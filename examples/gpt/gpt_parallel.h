@@ -43,6 +43,7 @@ struct StepResult {
   double moe_aux_loss = -1;
   std::vector<int64_t> moe_load;
   int64_t moe_dropped = 0;
+  double moe_exchange_ms = -1;  // expert parallelism: this rank's time in the all-to-alls
 };
 
 // What loom-gpt's training loop drives: one optimizer step over the global batch, under data and
