@@ -406,11 +406,14 @@ int run(int argc, char** argv) {
       for (int64_t n : r.moe_load) load += (load.empty() ? "" : "/") + std::to_string(n);
       m.line_extra =
           detail::str_cat("moe aux ", r.moe_aux_loss, " load ", load, " dropped ", r.moe_dropped);
-      m.metrics_extra = nlohmann::json{
-          {"moe_aux_loss", r.moe_aux_loss},
-          {"moe_load", r.moe_load},
-          {"moe_dropped",
-           r.moe_dropped}}.dump();
+      nlohmann::json extra = {{"moe_aux_loss", r.moe_aux_loss},
+                              {"moe_load", r.moe_load},
+                              {"moe_dropped", r.moe_dropped}};
+      if (r.moe_exchange_ms >= 0) {  // expert parallelism: rank 0's time in the all-to-alls
+        m.line_extra += detail::str_cat(" a2a ", int64_t(r.moe_exchange_ms * 10) / 10.0, " ms");
+        extra["moe_exchange_ms"] = r.moe_exchange_ms;
+      }
+      m.metrics_extra = extra.dump();
     }
     if (peak.flops > 0)
       m.mfu = flops_per_token * m.tokens_per_s / (peak.flops * double(world->size()));
