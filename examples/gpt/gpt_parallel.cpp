@@ -6,8 +6,8 @@
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/mixed_precision.h"
-#include "parallel/expert_parallel.h"
 #include "parallel/checkpoint/training_state.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel/tp_grad_norm.h"
 
 namespace loom::gpt {
