@@ -22,6 +22,7 @@
 #include "optimizer/adamw.h"
 #include "optimizer/sgd.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel/layers.h"
 #include "parallel/tensor_parallel/tp_comm.h"
@@ -333,6 +334,33 @@ void init_zero(py::module_& p) {
 void init_tensor_parallel(py::module_& p) {
   using parallel::ColumnParallelLinear;
   using parallel::RowParallelLinear;
+  py::class_<parallel::ExpertParallelMoE, nn::Module, std::shared_ptr<parallel::ExpertParallelMoE>>(
+      p, "ExpertParallelMoE")
+      .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
+                       double aux_loss, double z_loss, GroupPtr ep, GroupPtr batch, double dropout,
+                       double proj_std) {
+             nn::MoeOptions o;
+             o.experts = experts;
+             o.top_k = top_k;
+             o.capacity_factor = capacity_factor;
+             o.aux_loss = aux_loss;
+             o.z_loss = z_loss;
+             GroupPtr ep_group = required_group(std::move(ep), "MoE (ep_group)");
+             GroupPtr batch_group = batch ? std::move(batch) : ep_group;
+             return std::make_shared<parallel::ExpertParallelMoE>(channels, o, ep_group,
+                                                                  batch_group, dropout, proj_std);
+           }),
+           py::arg("channels"), py::arg("experts"), py::arg("top_k"), py::arg("capacity_factor"),
+           py::arg("aux_loss"), py::arg("z_loss"), py::arg("ep_group"), py::arg("batch_group"),
+           py::arg("dropout"), py::arg("proj_std"))
+      .def_property_readonly("aux_loss", &parallel::ExpertParallelMoE::aux_loss)
+      .def_property_readonly("load",
+                             [](const parallel::ExpertParallelMoE& m) { return m.stats().load; })
+      .def_property_readonly("dropped",
+                             [](const parallel::ExpertParallelMoE& m) { return m.stats().dropped; })
+      .def_property_readonly("first_expert", &parallel::ExpertParallelMoE::first_expert)
+      .def_property_readonly("local_experts", &parallel::ExpertParallelMoE::local_experts);
+
   using parallel::TpGPT;
   using parallel::VocabParallelEmbedding;
   py::class_<ColumnParallelLinear, nn::Module, std::shared_ptr<ColumnParallelLinear>>(

@@ -437,6 +437,49 @@ def run_python_tp_model():
 
 run_python_tp_model()
 
+
+def run_moe_expert_parallel():
+    """loom.nn.MoE with ep_group=comm against the single-process MoE on the whole batch: this
+    rank's output rows and input gradient, the router's gradient summed over the ranks, the
+    shares of the auxiliary losses summed, the loads, and each expert this rank holds."""
+    experts = 2 * size
+    c, per = 6, 5
+    options = dict(capacity_factor=0.75, aux_loss_coef=0.1, z_loss_coef=0.01)
+    one = loom.nn.MoE(c, experts, 2, **options).init_parameters(seed=SEED)
+    ep = loom.nn.MoE(c, experts, 2, ep_group=comm, **options).init_parameters(seed=SEED)
+    rng = np.random.default_rng(7)
+    router = rng.uniform(-1, 1, size=(experts, c)).astype(np.float32)
+    with loom.no_grad():
+        one.router.weight.copy_(loom.tensor(router))
+        ep.router.weight.copy_(loom.tensor(router))
+    x_all = rng.uniform(-1, 1, size=(per * size, c)).astype(np.float32)
+    proj = rng.uniform(-1, 1, size=(per * size, c)).astype(np.float32)
+    mine = slice(rank * per, (rank + 1) * per)
+    x_one = loom.tensor(x_all).requires_grad_()
+    x_mine = loom.tensor(np.ascontiguousarray(x_all[mine])).requires_grad_()
+    out_one, out_mine = one(x_one), ep(x_mine)
+    check_params("MoE over ep: output rows", {"out": out_mine}, {"out": arr(out_one)[mine]})
+    if list(ep.load) != list(one.load):
+        failures.append(f"MoE over ep: load {list(ep.load)} vs one process {list(one.load)}")
+    shares = loom.tensor([ep.aux_loss.item()])
+    comm.allreduce(shares, op="sum")
+    check_close("MoE over ep: auxiliary shares summed", arr(shares)[0], one.aux_loss.item())
+    ((out_one * loom.tensor(proj)).sum() + one.aux_loss).backward()
+    ((out_mine * loom.tensor(np.ascontiguousarray(proj[mine]))).sum() + ep.aux_loss).backward()
+    check_params("MoE over ep: input gradient rows", {"x": x_mine.grad}, {"x": arr(x_one.grad)[mine]})
+    router_grad = ep.router.weight.grad.clone()
+    comm.allreduce(router_grad, op="sum")
+    check_params("MoE over ep: router gradient summed", {"router": router_grad},
+                 {"router": one.router.weight.grad})
+    held = {n: p.grad for n, p in ep.named_parameters() if n.startswith("experts.") and p.grad is not None}
+    want = {n: p.grad for n, p in one.named_parameters() if n in held}
+    check_params("MoE over ep: this rank's experts' gradients", held, want)
+    if ep.local_experts != 2 or ep.first_expert != 2 * rank:
+        failures.append(f"MoE over ep: holds {ep.local_experts} from {ep.first_expert}")
+
+
+run_moe_expert_parallel()
+
 for f in failures:
     print(f"rank {rank}: {f}", file=sys.stderr)
 count = loom.tensor([float(len(failures))])

@@ -328,15 +328,39 @@ class MoE(_CppModule):
     then dropout. ``capacity_factor`` c > 0 gives each expert ceil(k x tokens x c / experts)
     tokens, in token order, and drops the rest (0: dropless). After a forward, ``aux_loss`` is
     ``aux_loss_coef * E * sum_e f_e P_e + z_loss_coef * mean(logsumexp(logits)^2)`` (a scalar to
-    add to the loss), ``load`` each expert's tokens, ``dropped`` the overflow. f32 on one process
-    so far (expert parallelism is the next step)."""
+    add to the loss), ``load`` each expert's tokens, ``dropped`` the overflow. f32.
+
+    Expert parallelism: with ``ep_group`` (a loom.distributed.Communicator) the experts split
+    over its ranks (each holds experts ``first_expert`` .. + ``local_experts``, under their
+    single-process names); every rank routes its own tokens, and ``batch_group`` (default: the
+    ep group; it must contain it, e.g. the dp group) is whose tokens form one batch: capacity
+    drops and the auxiliary losses are the whole batch's, and ``aux_loss`` is this rank's share
+    (the shares add up to one process's). Tokens travel to their experts and back by
+    all-to-all. Summed over the batch group, the router's gradient is one process's; each
+    expert's gradient on its rank is too (parallel/expert_parallel.h)."""
 
     _copy_by_rebuild = True
 
     def __init__(self, channels, experts, top_k=1, *, capacity_factor=0.0, aux_loss_coef=0.01,
-                 z_loss_coef=0.001, dropout=0.0, proj_std=0.02):
-        super().__init__(_cpp.MoE(channels, experts, top_k, capacity_factor, aux_loss_coef,
-                                  z_loss_coef, dropout, proj_std))
+                 z_loss_coef=0.001, dropout=0.0, proj_std=0.02, ep_group=None, batch_group=None):
+        if ep_group is None:
+            if batch_group is not None:
+                raise ValueError("MoE: batch_group needs ep_group (the experts' ranks)")
+            cpp = _cpp.MoE(channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef,
+                           dropout, proj_std)
+        else:
+            cpp = _loom.parallel.ExpertParallelMoE(
+                channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef, ep_group,
+                batch_group, dropout, proj_std)
+        super().__init__(cpp)
+
+    @property
+    def first_expert(self):
+        return getattr(self._cpp, "first_expert", 0)
+
+    @property
+    def local_experts(self):
+        return getattr(self._cpp, "local_experts", len(self.load))
 
     @property
     def aux_loss(self):
