@@ -19,7 +19,9 @@
 // bandwidth-optimal allreduce). The table is the slowest rank's measurement of each entry,
 // agreed by one allreduce, so every rank predicts alike and picks the same form: the two forms
 // post different collectives, and ranks that disagreed would wait on each other until the
-// deadline. A call that goes hierarchical is tallied as the group's (op_count, op_bytes) and
+// deadline. For the same reason an all-to-all with splits (each rank's byte count its own) goes
+// two-level under auto only when the table prefers that at every size from 1 KiB. A call that
+// goes hierarchical is tallied as the group's (op_count, op_bytes) and
 // checked by the levels' own signature checks.
 #include "collectives/algorithm.h"
 
@@ -96,7 +98,7 @@ double CollectiveCosts::hierarchical(const std::string& op, double bytes) const 
 
 size_t CollectiveCosts::crossover(const std::string& op) const {
   size_t from = 0;
-  for (size_t s = size_t(1) << 10; s <= size_t(1) << 30; s <<= 1) {
+  for (size_t s = kSmallestCrossover; s <= size_t(1) << 30; s <<= 1) {
     if (!prefers_hierarchical(op, double(s)))
       from = 0;
     else if (from == 0)
@@ -231,14 +233,19 @@ bool Communicator::goes_hierarchical(const char* op, size_t bytes) const {
     case Algorithm::kHierarchical:
       return true;
     case Algorithm::kAuto:
-      return costs_ != nullptr && costs_->prefers_hierarchical(op, double(bytes));
+      if (costs_ == nullptr) return false;
+      // Variable splits: each rank's bytes differ, so a per-size choice could differ between
+      // ranks; two levels only where the table prefers them at every size.
+      if (std::string(op) == "all_to_all(v)")
+        return costs_->crossover("all_to_all") == kSmallestCrossover;
+      return costs_->prefers_hierarchical(op, double(bytes));
   }
   return false;
 }
 
 Hierarchy* Communicator::route(const char* op, size_t bytes) {
   if (!goes_hierarchical(op, bytes)) return nullptr;
-  tally(op, bytes);
+  tally(std::string(op) == "all_to_all(v)" ? "all_to_all" : op, bytes);
   return hierarchy_.get();
 }
 

@@ -12,6 +12,9 @@
 
 namespace loom::comm {
 
+// The smallest size crossover() considers.
+constexpr size_t kSmallestCrossover = size_t(1) << 10;
+
 struct AlphaBeta {
   double alpha_s = 0;          // seconds per call
   double beta_s_per_byte = 0;  // seconds per byte

@@ -689,7 +689,11 @@ WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
   };
   resolve(o.input_splits, input, "input");
   resolve(o.output_splits, output, "output");
-  if (Hierarchy* h = route("all_to_all", input.nbytes())) return h->all_to_all(input, output, o);
+  // With splits, ranks move different byte counts: the choice must not depend on them
+  // (Note [Flat or hierarchical]).
+  const bool equal = options.input_splits.empty() && options.output_splits.empty();
+  if (Hierarchy* h = route(equal ? "all_to_all" : "all_to_all(v)", input.nbytes()))
+    return h->all_to_all(input, output, o);
   // Split sizes may differ per rank; the dtype and the op must not (the count is not compared).
   return collective({"all_to_all", input.dtype(), -1, -1, -1, site.file_name(), int(site.line())},
                     input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {

@@ -205,9 +205,10 @@ class Communicator {
   Algorithm algorithm() const { return algorithm_; }
   const Hierarchy* hierarchy() const { return hierarchy_.get(); }  // null when flat
   const CollectiveCosts* costs() const { return costs_.get(); }    // auto's table, else null
-  // Whether a call of `op` ("allreduce", "reduce_scatter", "allgather", "all_to_all") moving
-  // `bytes` (an allreduce's, reduce-scatter's or all-to-all's input, an all-gather's output)
-  // runs in two levels now.
+  // Whether a call of `op` ("allreduce", "reduce_scatter", "allgather", "all_to_all",
+  // "all_to_all(v)": with splits) moving `bytes` (an allreduce's, reduce-scatter's or
+  // all-to-all's input, an all-gather's output) runs in two levels now; the same on every rank
+  // for the same op and (but for all_to_all(v), which ignores it) bytes.
   bool goes_hierarchical(const char* op, size_t bytes) const;
   // "flat", or e.g. "auto over 2 node(s) x 2 rank(s): allreduce hierarchical from 4 MiB, ...".
   std::string algorithm_str() const;
