@@ -233,24 +233,22 @@ void init_nn(py::module_& m) {
   py::class_<nn::MLP, nn::Module, std::shared_ptr<nn::MLP>>(nn_m, "MLP")
       .def(py::init<int64_t, double, double>(), py::arg("channels"), py::arg("dropout") = 0.0,
            py::arg("proj_std") = 0.02);
-  py::class_<nn::MoE, nn::Module, std::shared_ptr<nn::MoE>>(nn_m, "MoE")
+  // What every MoE layer reports after a forward (nn::MoE here, ExpertParallelMoE in parallel).
+  py::class_<nn::MoeLayer, nn::Module, std::shared_ptr<nn::MoeLayer>>(nn_m, "MoeLayer")
+      .def_property_readonly("aux_loss", &nn::MoeLayer::aux_loss)
+      .def_property_readonly("load", [](const nn::MoeLayer& m) { return m.stats().load; })
+      .def_property_readonly("dropped", [](const nn::MoeLayer& m) { return m.stats().dropped; })
+      .def_property_readonly("balance_loss",
+                             [](const nn::MoeLayer& m) { return m.stats().aux_loss; })
+      .def_property_readonly("z_loss", [](const nn::MoeLayer& m) { return m.stats().z_loss; });
+  py::class_<nn::MoE, nn::MoeLayer, std::shared_ptr<nn::MoE>>(nn_m, "MoE")
       .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
                        double aux_loss, double z_loss, double dropout, double proj_std) {
-             nn::MoeOptions o;
-             o.experts = experts;
-             o.top_k = top_k;
-             o.capacity_factor = capacity_factor;
-             o.aux_loss = aux_loss;
-             o.z_loss = z_loss;
+             const nn::MoeOptions o{experts, top_k, 1, capacity_factor, aux_loss, z_loss};
              return std::make_shared<nn::MoE>(channels, o, dropout, proj_std);
            }),
            py::arg("channels"), py::arg("experts"), py::arg("top_k"), py::arg("capacity_factor"),
-           py::arg("aux_loss"), py::arg("z_loss"), py::arg("dropout"), py::arg("proj_std"))
-      .def_property_readonly("aux_loss", &nn::MoE::aux_loss)
-      .def_property_readonly("load", [](const nn::MoE& m) { return m.stats().load; })
-      .def_property_readonly("dropped", [](const nn::MoE& m) { return m.stats().dropped; })
-      .def_property_readonly("balance_loss", [](const nn::MoE& m) { return m.stats().aux_loss; })
-      .def_property_readonly("z_loss", [](const nn::MoE& m) { return m.stats().z_loss; });
+           py::arg("aux_loss"), py::arg("z_loss"), py::arg("dropout"), py::arg("proj_std"));
   py::class_<nn::CausalSelfAttention, nn::Module, std::shared_ptr<nn::CausalSelfAttention>>(
       nn_m, "CausalSelfAttention")
       .def(py::init<int64_t, int64_t, double, double>(), py::arg("channels"), py::arg("heads"),

@@ -334,17 +334,13 @@ void init_zero(py::module_& p) {
 void init_tensor_parallel(py::module_& p) {
   using parallel::ColumnParallelLinear;
   using parallel::RowParallelLinear;
-  py::class_<parallel::ExpertParallelMoE, nn::Module, std::shared_ptr<parallel::ExpertParallelMoE>>(
-      p, "ExpertParallelMoE")
+  // Registered after loom._loom.nn (init_nn runs first), whose MoeLayer it extends.
+  py::class_<parallel::ExpertParallelMoE, nn::MoeLayer,
+             std::shared_ptr<parallel::ExpertParallelMoE>>(p, "ExpertParallelMoE")
       .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
                        double aux_loss, double z_loss, GroupPtr ep, GroupPtr batch, double dropout,
                        double proj_std) {
-             nn::MoeOptions o;
-             o.experts = experts;
-             o.top_k = top_k;
-             o.capacity_factor = capacity_factor;
-             o.aux_loss = aux_loss;
-             o.z_loss = z_loss;
+             const nn::MoeOptions o{experts, top_k, 1, capacity_factor, aux_loss, z_loss};
              GroupPtr ep_group = required_group(std::move(ep), "MoE (ep_group)");
              GroupPtr batch_group = batch ? std::move(batch) : ep_group;
              return std::make_shared<parallel::ExpertParallelMoE>(channels, o, ep_group,
@@ -353,11 +349,6 @@ void init_tensor_parallel(py::module_& p) {
            py::arg("channels"), py::arg("experts"), py::arg("top_k"), py::arg("capacity_factor"),
            py::arg("aux_loss"), py::arg("z_loss"), py::arg("ep_group"), py::arg("batch_group"),
            py::arg("dropout"), py::arg("proj_std"))
-      .def_property_readonly("aux_loss", &parallel::ExpertParallelMoE::aux_loss)
-      .def_property_readonly("load",
-                             [](const parallel::ExpertParallelMoE& m) { return m.stats().load; })
-      .def_property_readonly("dropped",
-                             [](const parallel::ExpertParallelMoE& m) { return m.stats().dropped; })
       .def_property_readonly("first_expert", &parallel::ExpertParallelMoE::first_expert)
       .def_property_readonly("local_experts", &parallel::ExpertParallelMoE::local_experts);
 
