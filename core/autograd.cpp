@@ -159,6 +159,142 @@ void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
   output.impl()->requires_grad = true;
 }
 
+// ---------------------------------------------------------------- in-place ops and views
+// See Note [In-place ops and views] in autograd.h.
+
+namespace {
+
+// Where a view's elements lie in its root: the view's shape and strides, and its first
+// element's distance from the root's first, in elements. The root is contiguous, so the same
+// numbers find those elements in any contiguous tensor of the root's shape (its gradient).
+struct Places {
+  Shape shape;
+  Shape strides;
+  int64_t offset = 0;
+};
+
+Places places_in_root(const Tensor& view, const Tensor& root, const char* op) {
+  LOOM_CHECK(view.storage() == root.storage(), op, ": ", view.str(),
+             " no longer shares memory with the tensor it is a view of (set_data or to_ gave one "
+             "of them other memory), so a write through it cannot be recorded by autograd");
+  LOOM_CHECK(root.is_contiguous(), op, ": ", view.str(), " is a view of ", root.str(),
+             ", which is not contiguous, so a write through the view cannot be recorded by "
+             "autograd; write into a contiguous() copy instead");
+  return {view.shape(), view.strides(), view.offset() - root.offset()};
+}
+
+// The elements of `whole` (contiguous, the root's shape) at `p`, as a view of it.
+Tensor places_of(const Tensor& whole, const Places& p) {
+  return make_view(whole, p.shape, p.strides, whole.offset() + p.offset);
+}
+
+// A root's shared count of history rebases, made when its first view is.
+const std::shared_ptr<uint64_t>& generation_of(TensorImpl& root) {
+  if (!root.root_generation) root.root_generation = std::make_shared<uint64_t>(0);
+  return root.root_generation;
+}
+
+// The root whose memory `impl` views: itself for a root. A view whose root was freed becomes a
+// root itself (nothing else can see its writes through the root any more).
+std::shared_ptr<TensorImpl> root_of(const std::shared_ptr<TensorImpl>& impl) {
+  if (!impl->is_view) return impl;
+  if (std::shared_ptr<TensorImpl> root = impl->view_base.lock()) return root;
+  impl->is_view = false;
+  impl->view_base.reset();
+  impl->root_generation = nullptr;
+  return impl;
+}
+
+}  // namespace
+
+void mark_view(Tensor& view, const Tensor& base) {
+  const std::shared_ptr<TensorImpl> root = root_of(base.impl());
+  if (root == view.impl()) return;  // an op that returned its input
+  view.impl()->is_view = true;
+  view.impl()->view_base = root;
+  view.impl()->root_generation = generation_of(*root);
+  view.impl()->view_generation = *view.impl()->root_generation;
+}
+
+void rebuild_view_history(const std::shared_ptr<TensorImpl>& impl) {
+  impl->view_generation = *impl->root_generation;  // first: the reads below see it current
+  const std::shared_ptr<TensorImpl> root_impl = impl->view_base.lock();
+  Tensor view(impl);
+  LOOM_CHECK(root_impl != nullptr, "autograd: ", view.str(),
+             " is a view of a tensor that was written in place after the view was made and has "
+             "since been freed, so the view's history cannot be rebuilt from it; keep the tensor "
+             "(a variable) while its views are used, or clone() the view before the write");
+  impl->grad_fn = nullptr;
+  impl->requires_grad = false;
+  const Tensor root(root_impl);
+  if (!root.requires_grad()) return;
+  // The view's history is its root's, whatever the grad mode is now: it is read later.
+  EnableGradGuard recording;
+  const Places p = places_in_root(view, root,
+                                  "autograd (a view read after its tensor was "
+                                  "written in place)");
+  const Shape whole = root.shape();
+  record(view, "view_of_written", {root}, {}, [p, whole](const Tensor& g) {
+    Tensor grad = Tensor::zeros(whole, g.dtype(), g.device());
+    places_of(grad, p).copy_(g.detach());
+    return std::vector<Tensor>{grad};
+  });
+}
+
+void assign_in_place(Tensor& t, const Tensor& value, const char* op) {
+  LOOM_CHECK(t.defined(), op, ": the tensor written is undefined");
+  LOOM_CHECK(value.defined(), op, ": the value written is undefined");
+  LOOM_CHECK(value.shape() == t.shape(), op, ": a value of shape ", shape_str(value.shape()),
+             " cannot be written into ", t.str());
+  const bool recorded =
+      grad_mode && is_floating(t.dtype()) && (t.requires_grad() || value.requires_grad());
+  Tensor v = recorded ? value : value.detach();
+  if (v.dtype() != t.dtype()) v = v.to(t.dtype());
+  if (v.device() != t.device()) v = v.to(t.device());
+  // The bytes to write, never overlapping t's own (a value that views t's memory, as
+  // t.copy_(t.flip(0)) would, is copied out first).
+  Tensor bytes = v.detach();
+  if (bytes.storage() == t.storage()) bytes = bytes.clone();
+  if (!recorded) {
+    t.copy_(bytes);
+    return;
+  }
+  LOOM_CHECK(!(t.is_leaf() && t.requires_grad()), op, ": ", t.str(),
+             " is a leaf that requires grad, and autograd cannot record an in-place write of it "
+             "(its gradient is the one backward accumulates); write it inside `with "
+             "loom.no_grad():` (as an optimizer step does), or write a clone()");
+  const std::shared_ptr<TensorImpl> root_impl = root_of(t.impl());
+  if (root_impl == t.impl()) {
+    // t = value: t's old history gets no gradient from here on (zeros, as PyTorch gives).
+    Tensor old(std::make_shared<TensorImpl>(*t.impl()));  // t's history before the write
+    old.impl()->root_generation = nullptr;
+    const Shape shape = t.shape();
+    const bool old_needs_grad = old.requires_grad();
+    t.copy_(bytes);
+    record(t, op, {old, v}, {}, [shape, old_needs_grad](const Tensor& g) {
+      Tensor zeros = old_needs_grad ? Tensor::zeros(shape, g.dtype(), g.device()) : Tensor();
+      return std::vector<Tensor>{zeros, g};
+    });
+    if (t.impl()->root_generation) ++*t.impl()->root_generation;  // its views rebuild
+    return;
+  }
+  Tensor root(root_impl);
+  LOOM_CHECK(!(root.is_leaf() && root.requires_grad()), op, ": ", t.str(), " is a view of ",
+             root.str(),
+             ", a leaf that requires grad, and autograd cannot record an in-place "
+             "write of it; write it inside `with loom.no_grad():`, or write a clone()");
+  const Places p = places_in_root(t, root, op);
+  Tensor old(std::make_shared<TensorImpl>(*root_impl));  // the root's history before the write
+  t.copy_(bytes);
+  record(root, op, {old, v}, {}, [p](const Tensor& g) {
+    const Tensor gc = g.detach().contiguous();
+    Tensor rest = gc.clone();
+    places_of(rest, p).fill_(0.0);
+    return std::vector<Tensor>{rest, places_of(gc, p).contiguous()};
+  });
+  ++*generation_of(*root_impl);  // t and every other view of the root rebuild from it
+}
+
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
   LOOM_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(), " outputs but ",
              grad_outputs.size(), " gradients");

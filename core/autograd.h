@@ -99,6 +99,47 @@ class SavedTensor {
 void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& saved, BackwardFn backward);
 
+// Note [In-place ops and views]
+// An in-place op (t.add_(y), t.copy_(v), t[i] = v, zero_) ends in assign_in_place(t, value):
+// value, computed out of place from t's current history, is written into t's memory, and when
+// grad is on and t or value requires grad the write is recorded as PyTorch records it:
+// - t is not a view: t's history becomes "t = value" (its old history is cut off where value
+//   did not use it).
+// - t is a view of a root R (t made from R by narrow, slice, transpose, view, reshape of a
+//   contiguous tensor, or an identity view: mark_view): R's history becomes "R with t's places
+//   replaced by value" (PyTorch's CopySlices): R's gradient reaches R's old history everywhere
+//   but there, and value's history there. t's history becomes "t = those places of R".
+// Every other view of R made before the write (its grad_fn built from R's old history) is now
+// stale: R's history generation moved on, and the view rebuilds its grad_fn as "those places of
+// R" the next time anything asks for it (requires_grad, grad_fn, is_leaf: what every op and
+// record() read), as PyTorch regenerates a view's grad_fn. So a script may write into a tensor
+// through any of its views, or write the tensor and read an old view, and the gradients are the
+// single-graph ones.
+// Refused, with a message, as PyTorch refuses them: an in-place write of a leaf that requires
+// grad or of a view of one while grad is on (an optimizer step belongs under no_grad). An op
+// that saved t's old values for its backward still raises at that backward (Note [Version
+// counter]): the in-place op's callers compute value from a clone of t when value's own op would
+// save t's memory (t.mul_(y)).
+// A view holds its root weakly (a graph that saved a view of a tensor must not keep that tensor,
+// and so its own history, alive: a cycle). A stale view whose root was freed cannot rebuild its
+// history and says so when it is used with grad on; keep the tensor while its views are used.
+
+// Writes `value` (t's shape; converted to t's dtype and device) into t's memory as an in-place
+// op does, recording it when grad is on and t or value requires grad (See Note [In-place ops
+// and views]). `op` names the user's op in errors.
+void assign_in_place(Tensor& t, const Tensor& value, const char* op);
+
+// Marks `view` (made by make_view from base's memory, its history recorded from base's) as a
+// differentiable view of base's root. Called by the view ops.
+void mark_view(Tensor& view, const Tensor& base);
+
+// Rebuilds a stale view's history from its root's (See Note [In-place ops and views]); cheap
+// when the view is current or not a view. Called by Tensor's autograd accessors.
+void rebuild_view_history(const std::shared_ptr<TensorImpl>& view);
+inline void refresh_view(const std::shared_ptr<TensorImpl>& impl) {
+  if (impl->is_view && *impl->root_generation != impl->view_generation) rebuild_view_history(impl);
+}
+
 // Backpropagates from several outputs at once (a pipeline stage's backward): each output with a
 // grad_fn (or a leaf requiring grad) receives the matching grad_output. Gradients accumulate
 // (+=) into leaves' .grad(). The graph is freed as it is consumed.

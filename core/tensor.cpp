@@ -479,6 +479,7 @@ Tensor Tensor::reshape(const Shape& s) const { return loom::reshape(*this, s); }
 
 bool Tensor::requires_grad() const {
   require_defined("requires_grad");
+  autograd::refresh_view(impl_);
   return impl_->requires_grad;
 }
 
@@ -496,6 +497,7 @@ Tensor& Tensor::set_requires_grad(bool value) {
 
 bool Tensor::is_leaf() const {
   require_defined("is_leaf");
+  autograd::refresh_view(impl_);
   return impl_->grad_fn == nullptr;
 }
 
@@ -520,6 +522,7 @@ void Tensor::zero_grad() {
 
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
   require_defined("grad_fn");
+  autograd::refresh_view(impl_);
   return impl_->grad_fn;
 }
 

@@ -218,6 +218,16 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;         // null for leaves
   std::weak_ptr<autograd::Node> grad_accumulator;  // the leaf's AccumulateGrad node
   std::vector<std::function<void(const Tensor&)>> grad_ready_hooks;
+
+  // Differentiable views (See Note [In-place ops and views] in core/autograd.h). A view holds
+  // its root (the tensor whose memory it views, never itself a view) weakly, so that no graph
+  // that saved a view can keep its own root alive, and shares the root's count of in-place
+  // writes that rebased the root's history; `view_generation` is that count when the view's
+  // grad_fn was made. A view that is behind rebuilds its history from the root's on next use.
+  bool is_view = false;
+  std::weak_ptr<TensorImpl> view_base;        // views only
+  std::shared_ptr<uint64_t> root_generation;  // a root's own count (made with its first view)
+  uint64_t view_generation = 0;               // views only
 };
 
 // Makes a tensor over existing storage (a view): no copy, no autograd history.

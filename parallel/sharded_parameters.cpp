@@ -166,6 +166,7 @@ Tensor ShardedParameters::post_forward(size_t b, const Tensor& output) {
       if (alive.lock()) pre_backward(b);
       return std::vector<Tensor>{g};
     });
+    autograd::mark_view(out, output);  // it shares output's memory
   }
   release(b);
   return out;

@@ -114,6 +114,7 @@ Tensor view(const Tensor& x, const Shape& shape) {
   autograd::record(out, "view", {x}, {}, [original](const Tensor& g) {
     return std::vector<Tensor>{reshape(g, original)};
   });
+  autograd::mark_view(out, x);
   return out;
 }
 
@@ -133,6 +134,7 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   autograd::record(out, "reshape", {base}, {}, [original](const Tensor& g) {
     return std::vector<Tensor>{reshape(g, original)};
   });
+  autograd::mark_view(out, base);
   return out;
 }
 
@@ -146,6 +148,7 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   Tensor out = make_view(x, shape, strides, x.offset());
   autograd::record(out, "transpose", {x}, {},
                    [d0, d1](const Tensor& g) { return std::vector<Tensor>{transpose(g, d0, d1)}; });
+  autograd::mark_view(out, x);
   return out;
 }
 
@@ -172,6 +175,7 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length, int64_
     Tensor(slice(grad, dim, start, length, step)).copy_(g);  // into the strided places
     return std::vector<Tensor>{grad};
   });
+  autograd::mark_view(out, x);
   return out;
 }
 
@@ -197,6 +201,7 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
               outer_size(full, dim));
     return std::vector<Tensor>{grad};
   });
+  autograd::mark_view(out, x);
   return out;
 }
 

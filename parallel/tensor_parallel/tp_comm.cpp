@@ -80,6 +80,7 @@ Tensor copy_to_tp(const Tensor& x, const GroupPtr& tp) {
     tp->allreduce(sum)->wait();
     return std::vector<Tensor>{sum};
   });
+  autograd::mark_view(out, x);  // it shares x's memory
   return out;
 }
 

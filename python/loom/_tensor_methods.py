@@ -321,12 +321,25 @@ def index_add(input, dim, index, source, *, alpha=1):
     return rows.reshape(list(moved.shape)).permute(*inverse).contiguous()
 
 
-def _in_place(fn):
-    """The in-place form of fn (self.copy_ of its result), under copy_'s rules."""
+def _recorded(self, *operands):
+    """Whether autograd records an in-place write of self with these operands (grad on, self
+    floating, self or a tensor operand requiring grad)."""
+    if not _loom.is_grad_enabled() or not self.dtype.is_floating_point:
+        return False
+    return self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in operands)
+
+
+def _in_place(fn, name=None):
+    """The in-place form of fn: self.copy_ of its result, recorded by autograd as PyTorch's
+    in-place ops are when self or an operand requires grad. fn then reads a clone of self, so
+    that what fn keeps for its backward is not the memory the write changes."""
     def method(self, *args, **kwargs):
-        self.copy_(fn(self, *args, **kwargs))
+        operands = list(args) + list(kwargs.values())
+        source = self.clone() if _recorded(self, *operands) else self
+        self.copy_(fn(source, *args, **kwargs))
         return self
-    method.__doc__ = f"In place: self.copy_({fn.__name__}(self, ...))."
+    method.__doc__ = (f"In place: self.copy_({name or fn.__name__}(self, ...)), recorded by "
+                      f"autograd as PyTorch's in-place ops are.")
     return method
 
 
@@ -377,10 +390,19 @@ def randperm(n, *, dtype=None):
 
 
 def _itruediv(self, other):
-    """t /= other in place (true division, broadcast to t's shape), under the in-place rules of
-    copy_ (not on a tensor requiring grad while grad is on)."""
-    self.copy_(self / other)
+    """t /= other in place (true division, broadcast to t's shape), recorded by autograd as
+    PyTorch's in-place ops are."""
+    source = self.clone() if _recorded(self, other) else self
+    self.copy_(source / other)
     return self
+
+
+def _t(self):
+    """self.T for a tensor of at most 2 dims, as torch.Tensor.t()."""
+    if self.dim() > 2:
+        raise ValueError(f"t() expects a tensor with <= 2 dims, got {self.dim()}; use "
+                         f"transpose(dim0, dim1) or mT")
+    return self.T if self.dim() == 2 else self
 
 
 def _double(self):
@@ -410,6 +432,7 @@ def install():
         "half": lambda self: self.to(_loom.float16),
         "bfloat16": lambda self: self.to(_loom.bfloat16),
         "double": _double,
+        "t": _t,
         "__itruediv__": _itruediv,
         "any": any_, "all": all_, "logical_not": logical_not, "logical_and": logical_and,
         "logical_or": logical_or, "logical_xor": logical_xor, "__invert__": _invert,
@@ -431,3 +454,16 @@ def install():
     }
     for name, fn in methods.items():
         setattr(Tensor, name, fn)
+    # PyTorch's in-place forms of the element-wise methods: self.copy_ of the method's result
+    # (See _in_place), so recorded by autograd like every in-place write.
+    for name in _IN_PLACE_FORMS:
+        if hasattr(Tensor, name) and not hasattr(Tensor, name + "_"):
+            method = getattr(Tensor, name)
+            setattr(Tensor, name + "_",
+                    _in_place(lambda self, *a, _m=method, **k: _m(self, *a, **k), name))
+
+
+_IN_PLACE_FORMS = (
+    "div", "masked_fill", "clamp", "clamp_min", "clamp_max", "clip", "neg", "abs", "exp", "log",
+    "sqrt", "rsqrt", "pow", "relu", "sigmoid", "tanh", "sign", "square", "reciprocal", "floor",
+    "ceil", "round", "trunc", "sin", "cos", "lerp", "tril", "triu")

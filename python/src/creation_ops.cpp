@@ -151,12 +151,11 @@ void init_creation(py::module_& m) {
         name,
         [normal, name](py::object self, double a, double b) {
           Tensor& t = self.cast<Tensor&>();
-          LOOM_CHECK(!(t.requires_grad() && autograd::grad_enabled()), name, ": ", t.str(),
-                     " requires grad, and in-place updates are not recorded by autograd; fill it "
-                     "inside `with loom.no_grad():` (as nn.init does)");
           LOOM_CHECK(is_floating(t.dtype()), name, ": the tensor is ", dtype_name(t.dtype()),
                      ", expected a floating type");
-          t.copy_(draw(t.shape(), normal, a, b, t.dtype(), t.device()));
+          // Recorded as any in-place write (a leaf that requires grad is refused while grad is
+          // on: nn.init fills under no_grad).
+          autograd::assign_in_place(t, draw(t.shape(), normal, a, b, t.dtype(), t.device()), name);
           return self;
         },
         py::arg(normal ? "mean" : "from") = normal ? 0.0 : 0.0,

@@ -9,7 +9,9 @@
 // expression (PyTorch's combined advanced indexing is refused with a message).
 //
 // t[...] = value writes in place for ints, step-1 slices, None and Ellipsis (a view's copy_),
-// under the same in-place rule as t += ... (not on a tensor that requires grad outside no_grad).
+// and is recorded by autograd when t or value requires grad, as t += ... is (See Note [In-place
+// ops and views] in core/autograd.h): the value's gradient is its places' gradient, and t's old
+// values get none there. A leaf that requires grad is refused while grad is on.
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -269,13 +271,27 @@ void assign_advanced(Tensor& x, py::handle index, py::handle value) {
   if (is_scalar(value))
     src = Tensor::full(places.shape(), value.cast<double>(), x.dtype(), x.device());
   else if (py::isinstance<Tensor>(value))
-    src = py::cast<Tensor>(value).detach().to(x.dtype()).to(x.device());
+    src = py::cast<Tensor>(value).to(x.dtype()).to(x.device());
   else
     throw py::type_error("t[...] = value: value must be a Tensor or a number");
   py::gil_scoped_release release;
   if (src.shape() != places.shape()) src = expand(src, places.shape());
-  put_(x, places.contiguous().reshape({places.numel()}),
-       src.contiguous().reshape({places.numel()}));
+  const int64_t n = places.numel();
+  const Tensor at = places.contiguous().reshape({n});
+  const bool recorded = autograd::grad_enabled() && is_floating(x.dtype()) &&
+                        (x.requires_grad() || src.requires_grad());
+  if (!recorded) {
+    put_(x, at, src.detach().contiguous().reshape({n}));
+    return;
+  }
+  // Recorded: x's new values where(written, the value scattered to its places, x), computed out
+  // of place (differentiable in x and the value) and written with assign_in_place.
+  Tensor written = Tensor::zeros({x.numel()}, DType::kBool, x.device());
+  put_(written, at, Tensor::ones({n}, DType::kBool, x.device()));
+  const Tensor scattered = index_add_rows(Tensor::zeros({x.numel(), 1}, x.dtype(), x.device()), at,
+                                          src.contiguous().reshape({n, 1}));
+  autograd::assign_in_place(x, where(written.reshape(x.shape()), scattered.reshape(x.shape()), x),
+                            "t[...] = value");
 }
 
 }  // namespace
@@ -290,9 +306,6 @@ void init_indexing(py::module_& m) {
       "__setitem__",
       [](py::object self, py::handle index, py::handle value) {
         Tensor& x = self.cast<Tensor&>();
-        LOOM_CHECK(!(x.requires_grad() && autograd::grad_enabled()), "t[...] = value: ", x.str(),
-                   " requires grad, and in-place updates are not recorded by autograd; assign "
-                   "inside `with loom.no_grad():`");
         if (has_index_tensor(x, index)) {  // t[mask] = v, t[idx] = v: See assign_advanced
           assign_advanced(x, index, value);
           return;
@@ -303,7 +316,7 @@ void init_indexing(py::module_& m) {
         if (is_scalar(value))
           src = Tensor::full(view.shape(), value.cast<double>(), view.dtype(), view.device());
         else if (py::isinstance<Tensor>(value))
-          src = py::cast<Tensor>(value).detach();
+          src = py::cast<Tensor>(value);
         else
           throw py::type_error("t[...] = value: value must be a Tensor or a number");
         py::gil_scoped_release release;
@@ -311,7 +324,7 @@ void init_indexing(py::module_& m) {
           if (src.shape() != shape) src = expand(src, shape);
           src = src.contiguous().reshape(view.shape());  // the same elements, ints kept as 1s
         }
-        view.copy_(src.to(view.dtype()).to(view.device()));
+        autograd::assign_in_place(view, src, "t[...] = value");
       },
       "t[index] = value as PyTorch's, in place: ints, slices, None, ..., and one index tensor "
       "or mask (each place written at most once: a place named twice is an error).");

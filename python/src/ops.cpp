@@ -112,14 +112,13 @@ void def_binary(py::class_<Tensor>& cls, const char* name, const char* rname, F 
   });
 }
 
-// In-place updates are not recorded by autograd, so they are refused on a tensor that requires
-// grad while recording is on, as PyTorch refuses them on such leaves: w -= lr * w.grad belongs
-// under `with loom.no_grad():`. An in-place update of a tensor that a pending graph saved for
-// backward bumps its version, and that backward raises (See Note [Version counter]).
-void check_in_place(const char* op, const Tensor& t) {
-  LOOM_CHECK(!(t.requires_grad() && autograd::grad_enabled()), op, ": ", t.str(),
-             " requires grad, and in-place updates are not recorded by autograd; update it "
-             "inside `with loom.no_grad():` (as an optimizer step does)");
+// Whether an in-place update of t with `other` is recorded by autograd (See Note [In-place ops
+// and views] in core/autograd.h): then it is computed out of place and written with
+// assign_in_place, which rebases t's history (and refuses a leaf that requires grad); otherwise
+// the fast in-place kernels write it.
+bool recorded(const Tensor& t, const Tensor& other = Tensor()) {
+  return autograd::grad_enabled() && is_floating(t.dtype()) &&
+         (t.requires_grad() || (other.defined() && other.requires_grad()));
 }
 
 // `result` (t op other, computed out of place) written into t, as PyTorch's in-place ops: it must
@@ -131,48 +130,47 @@ void write_back(const char* op, Tensor& t, const Tensor& result) {
   LOOM_CHECK(is_floating(t.dtype()) || !is_floating(result.dtype()), op, ": a ",
              dtype_name(result.dtype()), " result cannot be written into the ",
              dtype_name(t.dtype()), " tensor in place (as PyTorch refuses it)");
-  t.copy_(result.to(t.dtype()));
+  autograd::assign_in_place(t, result, op);
 }
 
 // t += alpha * other (tensor of t's shape, or a scalar), t *= s, in place; returns t.
 py::object add_in_place(py::object self, py::handle other, double alpha, const char* op) {
   Tensor& t = self.cast<Tensor&>();
-  check_in_place(op, t);
-  if (!is_floating(t.dtype())) {  // integer tensors: integer arithmetic (core/ops/integer.cpp)
-    Tensor y;
-    if (!operand(t, other, &y)) throw py::type_error(std::string(op) + ": a Tensor or a number");
-    py::gil_scoped_release release;
+  Tensor y;
+  if (!operand(t, other, &y)) throw py::type_error(std::string(op) + ": a Tensor or a number");
+  const bool scalar = is_scalar(other);
+  const double value = scalar ? other.cast<double>() * alpha : 0.0;
+  py::gil_scoped_release release;
+  if (!is_floating(t.dtype()) || recorded(t, y)) {  // out of place, then written back
+    // add's backward keeps neither operand, so t itself (not a clone) is the operand.
     write_back(op, t,
                alpha == 1.0    ? add(t, y)
                : alpha == -1.0 ? sub(t, y)
                                : add(t, scale(y, alpha)));
-    return self;
-  }
-  if (is_scalar(other)) {
-    double v = other.cast<double>() * alpha;
-    py::gil_scoped_release release;
-    add_(t, Tensor::full(t.shape(), v, t.dtype(), t.device()));
+  } else if (scalar) {
+    add_(t, Tensor::full(t.shape(), value, t.dtype(), t.device()));
   } else {
-    const Tensor& y = other.cast<const Tensor&>();
-    py::gil_scoped_release release;
-    add_(t, y, alpha);
+    add_(t, y.shape() == t.shape() ? y : expand(y, t.shape()), alpha);
   }
   return self;
 }
 
 py::object mul_in_place(py::object self, py::handle other) {
   Tensor& t = self.cast<Tensor&>();
-  check_in_place("mul_", t);
   if (is_scalar(other) && is_floating(t.dtype())) {
     double s = other.cast<double>();
     py::gil_scoped_release release;
-    scale_(t, s);
+    if (recorded(t))
+      write_back("mul_", t, scale(t, s));  // scale keeps no operand for its backward
+    else
+      scale_(t, s);
     return self;
   }
   Tensor y;  // a tensor (t *= mask), or a number times an integer tensor
   if (!operand(t, other, &y)) throw py::type_error("mul_: other must be a Tensor or a number");
   py::gil_scoped_release release;
-  write_back("mul_", t, mul(t, y));
+  // mul keeps its operands for backward: a clone of t's old values, which the write leaves alone.
+  write_back("mul_", t, mul(recorded(t, y) ? t.clone() : t, y));
   return self;
 }
 
@@ -431,8 +429,16 @@ void init_ops(py::module_& m) {
           "divisor is an error.");
   }
   cls.def(
-      "div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, py::arg("other"),
-      Release(), "Elementwise IEEE division a / other, with add's broadcasting.");
+      "div",
+      [](const Tensor& a, py::handle b) {
+        Tensor other;
+        if (!operand(a, b, &other)) throw py::type_error("div: other must be a Tensor or a number");
+        py::gil_scoped_release release;
+        return div(a, other);
+      },
+      py::arg("other"),
+      "Elementwise IEEE division a / other (a number too, divided exactly), with add's "
+      "broadcasting.");
   cls.def(
       "__neg__", [](const Tensor& a) { return scale(a, -1.0); }, Release());
   cls.def("__pos__", [](const Tensor& a) { return a; });
@@ -489,7 +495,7 @@ void init_ops(py::module_& m) {
   cls.def("relu", &relu, Release());
   cls.def("sigmoid", &sigmoid, Release());
 
-  // In place (not recorded by autograd; See check_in_place).
+  // In place: recorded by autograd when t or the operand requires grad (See recorded()).
   cls.def("__iadd__", [](py::object s, py::handle o) { return add_in_place(s, o, 1.0, "+="); });
   cls.def("__isub__", [](py::object s, py::handle o) { return add_in_place(s, o, -1.0, "-="); });
   cls.def("__imul__", [](py::object s, py::handle o) { return mul_in_place(s, o); });
@@ -504,16 +510,23 @@ void init_ops(py::module_& m) {
   cls.def("mul_", &mul_in_place, py::arg("other"));
   cls.def("zero_", [](py::object self) {
     Tensor& t = self.cast<Tensor&>();
-    check_in_place("zero_", t);
-    t.zero_();
+    py::gil_scoped_release release;
+    if (recorded(t))
+      autograd::assign_in_place(t, Tensor::zeros(t.shape(), t.dtype(), t.device()), "zero_");
+    else
+      t.zero_();
     return self;
   });
   cls.def(
       "fill_",
       [](py::object self, double value) {
         Tensor& t = self.cast<Tensor&>();
-        check_in_place("fill_", t);
-        t.fill_(value);
+        py::gil_scoped_release release;
+        if (recorded(t))
+          autograd::assign_in_place(t, Tensor::full(t.shape(), value, t.dtype(), t.device()),
+                                    "fill_");
+        else
+          t.fill_(value);
         return self;
       },
       py::arg("value"));
@@ -521,10 +534,12 @@ void init_ops(py::module_& m) {
       "copy_",
       [](py::object self, const Tensor& src) {
         Tensor& t = self.cast<Tensor&>();
-        check_in_place("copy_", t);
         {
           py::gil_scoped_release release;
-          t.copy_(src);
+          // As PyTorch's copy_: src broadcasts to t's shape and is converted to its dtype and
+          // device; recorded when t or src requires grad.
+          Tensor value = src.shape() == t.shape() ? src : expand(src, t.shape());
+          autograd::assign_in_place(t, value, "copy_");
         }
         return self;
       },
