@@ -31,9 +31,17 @@ struct DdpOptions {
   // identical instead and a difference is an error naming the parameter.
   bool check_replicas = false;
   bool overlap = true;  // See GradReducerOptions::overlap
-  // Parameters (by name) each rank holds alone, such as the experts of expert parallelism: left
-  // out of the broadcast, the checks and the reduction; their gradients are the caller's.
+  // Parameters (by name) a rank holds for only some ranks of the group, such as its experts
+  // under expert parallelism: left out of the group's broadcast, checks and bucketed reduction.
+  // finish() makes their gradients what the shared parameters' are, the single-process ones
+  // when each rank's loss is its mean (See Note [Own parameters under data parallelism]):
+  // summed over `own_replicas` and divided by the group's size.
   std::function<bool(const std::string&)> own_parameters;
+  // The ranks holding the same own parameters as this one, this rank included (under expert
+  // parallelism: one rank of each ep group, parallel::expert_replicas); null when no other rank
+  // holds them. Their values are agreed over it at wrap time as the shared ones are over the
+  // group (rank 0's broadcast, or verified with check_replicas).
+  std::shared_ptr<comm::Communicator> own_replicas;
 };
 
 class DistributedDataParallel {
@@ -45,8 +53,9 @@ class DistributedDataParallel {
   // Backward of one micro-batch; its reductions are launched as gradients become ready.
   void backward(const Tensor& loss) { reducer_.backward(loss); }
   // After the last micro-batch: waits for the reductions. Each parameter's .grad is then the
-  // group average (undefined for a parameter no rank used).
-  void finish() { reducer_.finish(); }
+  // group average (undefined for a parameter no rank used); an own parameter's, See
+  // DdpOptions::own_parameters.
+  void finish();
 
   nn::Module& module() const { return module_; }
   comm::Communicator& group() const { return reducer_.group(); }
@@ -59,5 +68,7 @@ class DistributedDataParallel {
  private:
   nn::Module& module_;
   GradReducer reducer_;
+  NamedParams own_;  // See DdpOptions::own_parameters
+  std::shared_ptr<comm::Communicator> own_replicas_;
 };
 }  // namespace loom::parallel

@@ -16,10 +16,15 @@
 // sends each row's gradient back to the expert that computed it and the experts' gradients sum
 // every rank's rows.
 //
-// aux_loss() is this rank's share of the whole batch's auxiliary losses (nn::moe_aux_loss with
-// the batch's counts): the shares of the batch group add up to one process's losses, value and
-// gradient. Summed over the batch group, the router's gradients equal one process's, and each
-// expert's gradient on its rank does too (tests/mpi/expert_parallel_test.cpp).
+// aux_loss() is this rank's term of the whole batch's auxiliary losses: its share of them
+// (nn::moe_aux_loss with the batch's counts) times the batch group's size, so that the mean of
+// the terms over the batch group is one process's losses, value and gradient, as the mean of the
+// ranks' cross-entropies is under data parallelism (each rank's loss is its mean; DDP and ZeRO
+// average). The experts' gradients then follow the same rule as the shared parameters':
+// DistributedDataParallel sums them over the expert's replicas and divides by the group's size
+// (DdpOptions::own_replicas). Averaged over the batch group, the router's gradients equal one
+// process's, and so does each expert's gradient on its rank, divided by the batch group's size
+// (tests/mpi/expert_parallel_test.cpp).
 //
 // Parameter names are one process's: router.weight, experts.{e}.fc.weight, ... for the experts
 // e this rank holds, so init_parameters draws the single-process values. Only parallel/ knows
@@ -45,9 +50,9 @@ class ExpertParallelMoE : public nn::MoeLayer {
                     double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;  // this rank's tokens [..., C] -> [..., C]
 
-  const Tensor& aux_loss() const override { return aux_loss_; }  // this rank's share
+  const Tensor& aux_loss() const override { return aux_loss_; }  // this rank's term (above)
   // The whole batch's routing: load per expert (after capacity), tokens, dropped, and this
-  // rank's share of the two losses' values.
+  // rank's terms of the two losses' values (their means over the batch group are the batch's).
   const nn::MoeStats& stats() const override { return stats_; }
   int64_t first_expert() const { return first_; }
   int64_t local_experts() const { return local_; }

@@ -93,7 +93,8 @@ Tensor moe_aux_loss(const MoeRouting& routing, const MoeOptions& options,
 class MoeLayer : public Module {
  public:
   // The last forward's auxiliary losses (a scalar, differentiable in the router and the input;
-  // with expert parallelism this rank's share of the batch's), and what it routed.
+  // with expert parallelism this rank's term: the mean of the batch group's terms is the batch's
+  // losses, See parallel/expert_parallel.h), and what it routed.
   virtual const Tensor& aux_loss() const = 0;
   virtual const MoeStats& stats() const = 0;
 };

@@ -57,7 +57,10 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       d.bucket_mb = o.bucket_mb;
       d.grad_accum = int(o.grad_accum);
       d.overlap = !o.no_overlap;
-      if (model.ep_group()) d.own_parameters = is_expert_parameter;  // reduced below
+      if (model.ep_group()) {  // each rank's experts: reduced over their replicas by finish()
+        d.own_parameters = is_expert_parameter;
+        d.own_replicas = model.expert_replicas();
+      }
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(module, dp_, d);
     }
     const DType dtype = module.parameters().at(0).dtype();
@@ -148,11 +151,11 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     const double weight = double(mine) * double(n) / double(counted);
     Tensor weighted = scale(loss, weight);
     if (model_.ep_group()) {
-      // Each rank's aux_loss() is its share of the whole batch's auxiliary losses, which the dp
-      // average (1 / n) must leave whole: weighted n, not `weight` as the cross-entropy is.
+      // Each rank's aux_loss() is its term of the whole batch's auxiliary losses, whose dp mean
+      // is the batch's: weighted 1, not `weight` as the cross-entropy is.
       Tensor aux = Tensor::zeros({});
       for (const nn::MoeLayer* m : model_.moe_layers()) aux = add(aux, m->aux_loss());
-      weighted = add(weighted, scale(aux, double(n) - weight));
+      weighted = add(weighted, scale(aux, 1.0 - weight));
     }
     if (zero_) {
       zero_->backward(weighted);  // applies the loss scale itself
@@ -170,28 +173,11 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     ddp_->finish();
     wait_ms = ddp_->exposed_wait_seconds() * 1e3;
     if (model_.ep_group()) {
-      // An expert's gradient sums the rows of its ep group's ranks, each weighted for the dp
-      // average (n x its share, Note [Loss weighting]): summed over the expert's replicas (the
-      // other ep groups' copies) and divided by n, it is one process's. Every replica takes
-      // part, with zeros for an expert that got no rows here.
-      comm::Communicator& replicas = *model_.expert_replicas();
-      for (auto& [name, p] : model_.module().named_parameters()) {
-        if (!is_expert_parameter(name)) continue;
-        experts.push_back(p);
-        if (replicas.size() > 1) {
-          Tensor g =
-              p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), p.dtype(), p.device());
-          replicas.allreduce(g)->wait();
-          p.set_grad(g);
-        }
-        if (p.grad().defined()) {
-          Tensor g = p.grad();
-          g.copy_(scale(g, 1.0 / double(n)));
-        }
-      }
+      for (auto& [name, p] : model_.module().named_parameters())
+        if (is_expert_parameter(name)) experts.push_back(p);
       result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
       Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
-      dp_->allreduce(aux)->wait();  // the ranks' shares of the auxiliary losses
+      dp_->allreduce_sync(aux, comm::ReduceOp::kAvg);  // the mean of the ranks' terms
       result.moe_aux_loss = aux.item();
     }
   } else if (zero_) {

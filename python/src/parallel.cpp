@@ -208,13 +208,22 @@ void init_training_memory(py::module_& p) {
 void init_ddp(py::module_& p) {
   py::class_<PyDdp>(p, "DistributedDataParallel")
       .def(py::init([](std::shared_ptr<nn::Module> module, GroupPtr group, double bucket_mb,
-                       int grad_accum, bool overlap, bool check_replicas) {
+                       int grad_accum, bool overlap, bool check_replicas,
+                       std::vector<std::string> own_prefixes, GroupPtr own_replicas) {
              if (!module) throw py::type_error("DistributedDataParallel: module is None");
              parallel::DdpOptions o;
              o.bucket_mb = bucket_mb;
              o.grad_accum = grad_accum;
              o.overlap = overlap;
              o.check_replicas = check_replicas;
+             if (!own_prefixes.empty()) {  // the experts of expert-parallel MoE layers
+               o.own_parameters = [own_prefixes](const std::string& name) {
+                 for (const std::string& prefix : own_prefixes)
+                   if (name.rfind(prefix, 0) == 0) return true;
+                 return false;
+               };
+               o.own_replicas = std::move(own_replicas);
+             }
              auto out = std::make_unique<PyDdp>();
              out->module = module;
              py::gil_scoped_release release;
@@ -223,7 +232,9 @@ void init_ddp(py::module_& p) {
              return out;
            }),
            py::arg("module"), py::arg("group"), py::arg("bucket_mb"), py::arg("grad_accum"),
-           py::arg("overlap"), py::arg("check_replicas"))
+           py::arg("overlap"), py::arg("check_replicas"),
+           py::arg("own_prefixes") = std::vector<std::string>{},
+           py::arg("own_replicas") = py::none())
       .def(
           "backward", [](PyDdp& self, const Tensor& loss) { self.ddp->backward(loss); },
           py::arg("loss"), Release())

@@ -1,7 +1,7 @@
 // Expert parallelism (parallel/expert_parallel.h) against one process: every rank also runs the
 // single-process nn::MoE on the whole batch (the same weights: init_parameters draws by name),
 // then checks its own rows of the output and of the input's gradient, the experts it holds and
-// their gradients, and, summed over the ranks, the router's gradient and the auxiliary losses.
+// their gradients, and, summed over the ranks, the router's gradient; averaged, the auxiliary losses.
 // Dropless and with capacity (the same assignments dropped as one process drops), top-1 and
 // top-2, 4 and 8 experts over every rank.
 #include <gtest/gtest.h>
@@ -82,13 +82,15 @@ void check_against_one_process(int64_t experts, int64_t top_k, double capacity) 
   EXPECT_EQ(ep.stats().dropped, one.stats().dropped);
   EXPECT_EQ(ep.stats().tokens, n);
 
+  // The ranks' losses here add up to one process's (sums over their rows), so each rank adds
+  // its share of the auxiliary losses: its term (aux_loss()) over the group's size.
   Tensor one_loss = add(sum(mul(out_one, proj)), one.aux_loss());
   Tensor my_loss = add(sum(mul(out_mine, proj.narrow(0, rank * per_rank, per_rank).contiguous())),
-                       ep.aux_loss());
-  Tensor shares = Tensor::from_vector(std::vector<float>{float(ep.aux_loss().item())}, {1});
-  world->allreduce(shares)->wait();
-  EXPECT_NEAR(shares.item(), one.aux_loss().item(), 1e-6 * std::max(1.0, one.aux_loss().item()))
-      << "the ranks' shares of the auxiliary losses add up to one process's";
+                       scale(ep.aux_loss(), 1.0 / double(world->size())));
+  Tensor terms = Tensor::from_vector(std::vector<float>{float(ep.aux_loss().item())}, {1});
+  world->allreduce_sync(terms, comm::ReduceOp::kAvg);
+  EXPECT_NEAR(terms.item(), one.aux_loss().item(), 1e-6 * std::max(1.0, one.aux_loss().item()))
+      << "the mean of the ranks' auxiliary loss terms is one process's losses";
   one_loss.backward();
   my_loss.backward();
   expect_close(x_mine.grad(), x_one.grad().narrow(0, rank * per_rank, per_rank), "input gradient");

@@ -441,7 +441,7 @@ run_python_tp_model()
 def run_moe_expert_parallel():
     """loom.nn.MoE with ep_group=comm against the single-process MoE on the whole batch: this
     rank's output rows and input gradient, the router's gradient summed over the ranks, the
-    shares of the auxiliary losses summed, the loads, and each expert this rank holds."""
+    mean of the ranks' auxiliary loss terms, the loads, and each expert this rank holds."""
     experts = 2 * size
     c, per = 6, 5
     options = dict(capacity_factor=0.75, aux_loss_coef=0.1, z_loss_coef=0.01)
@@ -461,11 +461,13 @@ def run_moe_expert_parallel():
     check_params("MoE over ep: output rows", {"out": out_mine}, {"out": arr(out_one)[mine]})
     if list(ep.load) != list(one.load):
         failures.append(f"MoE over ep: load {list(ep.load)} vs one process {list(one.load)}")
-    shares = loom.tensor([ep.aux_loss.item()])
-    comm.allreduce(shares, op="sum")
-    check_close("MoE over ep: auxiliary shares summed", arr(shares)[0], one.aux_loss.item())
+    terms = loom.tensor([ep.aux_loss.item()])
+    comm.allreduce(terms, op="avg")
+    check_close("MoE over ep: auxiliary loss terms averaged", arr(terms)[0], one.aux_loss.item())
+    # These losses add up over the ranks (sums over rows): each adds its share, term / size.
     ((out_one * loom.tensor(proj)).sum() + one.aux_loss).backward()
-    ((out_mine * loom.tensor(np.ascontiguousarray(proj[mine]))).sum() + ep.aux_loss).backward()
+    ((out_mine * loom.tensor(np.ascontiguousarray(proj[mine]))).sum()
+     + ep.aux_loss / size).backward()
     check_params("MoE over ep: input gradient rows", {"x": x_mine.grad}, {"x": arr(x_one.grad)[mine]})
     router_grad = ep.router.weight.grad.clone()
     comm.allreduce(router_grad, op="sum")
@@ -479,6 +481,73 @@ def run_moe_expert_parallel():
 
 
 run_moe_expert_parallel()
+
+
+class MoeNet(loom.nn.Module):
+    """A Python model around a MoE layer: Linear, residual MoE, Linear."""
+
+    def __init__(self, c, experts, ep_group=None):
+        super().__init__()
+        self.inp = loom.nn.Linear(c, c)
+        self.moe = loom.nn.MoE(c, experts, 2, capacity_factor=1.0, aux_loss_coef=0.1,
+                               z_loss_coef=0.01, ep_group=ep_group,
+                               batch_group=None if ep_group is None else comm)
+        self.out = loom.nn.Linear(c, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.out(h + self.moe(h))
+
+
+def run_moe_ddp(ep):
+    """A Python MoE model under DistributedDataParallel with the experts split over ep groups of
+    `ep` ranks (replicated across them when ep < size) against one process: each step's loss
+    (the ranks' mean, auxiliary losses included), clip_grad_norm_'s norm, and after 3 SGD steps
+    every parameter, the experts this rank holds included. Each rank's loss is its rows' mean
+    plus the layer's aux_loss term, as one process writes it."""
+    c, experts, per = 8, 2 * ep, 4
+    ep_group = comm if ep == size else comm.split(color=rank // ep, key=rank, name=f"ep{ep}")
+    rng = np.random.default_rng(11)
+    router = rng.uniform(-1, 1, size=(experts, c)).astype(np.float32)
+    one = MoeNet(c, experts).init_parameters(seed=SEED)
+    net = MoeNet(c, experts, ep_group).init_parameters(seed=SEED)
+    with loom.no_grad():
+        one.moe.router.weight.copy_(loom.tensor(router))
+        net.moe.router.weight.copy_(loom.tensor(router))
+    ddp = dist.DistributedDataParallel(net, comm)
+    opt_one = loom.optim.SGD(one.parameters(), **SGD)
+    opt = loom.optim.SGD(net.parameters(), **SGD)
+    mine = slice(rank * per, (rank + 1) * per)
+    for step in range(STEPS):
+        x = rng.uniform(-1, 1, size=(per * size, c)).astype(np.float32)
+        y = rng.uniform(-1, 1, size=(per * size, 3)).astype(np.float32)
+        loss_one = ((one(loom.tensor(x)) - loom.tensor(y)) ** 2).mean() + one.moe.aux_loss
+        loss_one.backward()
+        norm_one = loom.nn.utils.clip_grad_norm_(one.parameters(), CLIP)
+        opt_one.step()
+        opt_one.zero_grad()
+        out = ddp(loom.tensor(np.ascontiguousarray(x[mine])))
+        loss = ((out - loom.tensor(np.ascontiguousarray(y[mine]))) ** 2).mean() + net.moe.aux_loss
+        ddp.backward(loss)
+        ddp.finish()
+        norm = loom.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        mean = loom.tensor([loss.item()])
+        comm.allreduce(mean, op="avg")
+        check_close(f"MoE DDP ep {ep}: step {step + 1} loss", arr(mean)[0], loss_one.item())
+        check_close(f"MoE DDP ep {ep}: step {step + 1} clip norm", norm.item(), norm_one.item())
+    got = dict(net.named_parameters())
+    want = {n: p for n, p in one.named_parameters() if n in got}
+    check_params(f"MoE DDP ep {ep}: parameters after {STEPS} steps", got, want)
+    held = [n for n in got if n.startswith("moe.experts.")]
+    if len(held) != 4 * (experts // ep):
+        failures.append(f"MoE DDP ep {ep}: holds {len(held)} expert tensors")
+
+
+run_moe_ddp(size)
+if size >= 4:
+    run_moe_ddp(2)
 
 for f in failures:
     print(f"rank {rank}: {f}", file=sys.stderr)

@@ -152,6 +152,36 @@ def _check_number(value, owner, name):
     return float(value)
 
 
+def _expert_parameters(module, group, owner):
+    """The name prefixes of the expert-parallel MoE layers' experts in module (each rank's own),
+    and the communicator of the ranks of group that hold the same experts as this one (None when
+    the ep group is the whole group). Collective over group when there are experts."""
+    from loom.nn import MoE
+
+    layers = [(name, m) for name, m in module.named_modules()
+              if isinstance(m, MoE) and m.ep_group is not None]
+    if not layers:
+        return [], None
+    size = get_world_size(group)
+    ep_groups = {id(m.ep_group): m.ep_group for _, m in layers}
+    for name, m in layers:
+        if get_world_size(m.batch_group) != size:
+            raise ValueError(f"{owner}: the MoE layer '{name}' has a batch group of "
+                             f"{get_world_size(m.batch_group)} ranks but this group has {size}; "
+                             f"data parallelism averages over the batch group: build the layer "
+                             f"with batch_group= this group")
+    if len(ep_groups) > 1:
+        raise ValueError(f"{owner}: the MoE layers use {len(ep_groups)} different ep groups; "
+                         f"give every layer the same ep_group")
+    ep = next(iter(ep_groups.values()))
+    prefixes = [f"{name}.experts." if name else "experts." for name, _ in layers]
+    if get_world_size(ep) == size:
+        return prefixes, None
+    world = _group(group)
+    replicas = world.split(color=ep.rank, key=world.rank, name=f"{world.name}.experts")
+    return prefixes, replicas
+
+
 class DistributedDataParallel:
     """Data parallelism over ``group`` (default: the world): every rank holds the whole module
     and a different part of the global batch; ``backward(loss)`` launches the gradient
@@ -171,6 +201,13 @@ class DistributedDataParallel:
 
     With ``grad_accum=k``, call ``backward`` once per micro-batch (scale each loss by 1/k) and
     ``finish()`` after the last: only the last micro-batch communicates. Collective over group.
+
+    Expert parallelism: each ``loom.nn.MoE(..., ep_group=...)`` in the module (its batch group
+    must be this group) keeps its experts out of the broadcast and the averaging: every rank holds
+    its own; ``finish()`` sums each expert's gradient over the ranks holding the same expert (one
+    per ep group) and divides by the group's size, which with each rank's loss its mean plus its
+    ``aux_loss`` term is one process's gradient (Note [Own parameters under data parallelism],
+    parallel/ddp.cpp).
     """
 
     def __init__(self, module, group=None, *, bucket_mb=25, grad_accum=1, overlap=True,
@@ -179,9 +216,11 @@ class DistributedDataParallel:
         cpp = _as_cpp(module, owner)
         group = _check_group(group, owner)
         self._module = module
+        own_prefixes, own_replicas = _expert_parameters(module, group, owner)
         self._impl = _parallel.DistributedDataParallel(
             cpp, group, _check_number(bucket_mb, owner, "bucket_mb"),
-            _check_int(grad_accum, owner, "grad_accum"), bool(overlap), bool(check_replicas))
+            _check_int(grad_accum, owner, "grad_accum"), bool(overlap), bool(check_replicas),
+            own_prefixes, own_replicas)
         self._dropout_parts = _dropout._BatchParts(get_rank(group), get_world_size(group),
                                                    grad_accum)
 
@@ -352,6 +391,11 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
                  shard_group=None, **optimizer_kwargs):
         owner = "ZeroRedundancyOptimizer"
         cpp = _as_cpp(module, owner)
+        from loom.nn import MoE
+        if any(isinstance(m, MoE) and m.ep_group is not None for m in module.modules()):
+            raise ValueError(f"{owner}: the module has expert-parallel MoE layers, whose experts "
+                             f"each rank holds alone; ZeRO does not shard them yet: use "
+                             f"DistributedDataParallel (which leaves them out of its averaging)")
         group = _check_group(group, owner)
         tp = _check_group(tp, owner, "tp")
         pp = _check_group(pp, owner, "pp")

@@ -334,10 +334,15 @@ class MoE(_CppModule):
     over its ranks (each holds experts ``first_expert`` .. + ``local_experts``, under their
     single-process names); every rank routes its own tokens, and ``batch_group`` (default: the
     ep group; it must contain it, e.g. the dp group) is whose tokens form one batch: capacity
-    drops and the auxiliary losses are the whole batch's, and ``aux_loss`` is this rank's share
-    (the shares add up to one process's). Tokens travel to their experts and back by
-    all-to-all. Summed over the batch group, the router's gradient is one process's; each
-    expert's gradient on its rank is too (parallel/expert_parallel.h)."""
+    drops and the auxiliary losses are the whole batch's, and ``aux_loss`` is this rank's term of
+    them: the mean of the batch group's terms is one process's losses, as the mean of the ranks'
+    cross-entropies is under data parallelism, so each rank adds it to its loss as one process
+    does. Tokens travel to their experts and back by all-to-all. Under
+    loom.distributed.DistributedDataParallel over the batch group the step is then one
+    process's: DDP leaves each rank's experts out of its broadcast and averaging and gives them
+    the same mean (their gradients summed over the ranks holding the same experts, divided by
+    the group's size), and loom.nn.utils.clip_grad_norm_ counts each expert once
+    (parallel/expert_parallel.h)."""
 
     _copy_by_rebuild = True
 
@@ -353,6 +358,19 @@ class MoE(_CppModule):
                 channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef, ep_group,
                 batch_group, dropout, proj_std)
         super().__init__(cpp)
+        object.__setattr__(self, "ep_group", ep_group)
+        object.__setattr__(self, "batch_group", ep_group if batch_group is None else batch_group)
+        if ep_group is not None:
+            from loom.nn import _placement
+            _placement.register(self)
+
+    def _norm_placements(self):
+        """For clip_grad_norm_ (loom/nn/_placement.py): each expert's squares add over the ep
+        group, which holds every expert once; the router is whole on every rank."""
+        from loom.nn import _placement
+        return {p._identity(): _placement.Placement(
+                    shard_group=self.ep_group if name.startswith("experts.") else None)
+                for name, p in self.named_parameters()}
 
     @property
     def first_expert(self):
