@@ -204,9 +204,9 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   if (offset == 0) out = expand(sum(back).reshape({1, 1}), {n, c});
   // This rank's share of the batch's losses, times the batch group's size: the term whose mean
   // over the group (what data parallelism averages) is one process's. See the header.
-  aux_loss_ = scale(
-      nn::moe_aux_loss(routing, options_, routed, tokens, &stats_.aux_loss, &stats_.z_loss),
-      double(b_size));
+  aux_loss_ =
+      scale(nn::moe_aux_loss(routing, options_, routed, tokens, &stats_.aux_loss, &stats_.z_loss),
+            double(b_size));
   stats_.aux_loss *= double(b_size);
   stats_.z_loss *= double(b_size);
   return (*drop)(out.reshape(x.shape()));

@@ -1,8 +1,8 @@
 // Expert parallelism (parallel/expert_parallel.h) against one process: every rank also runs the
 // single-process nn::MoE on the whole batch (the same weights: init_parameters draws by name),
 // then checks its own rows of the output and of the input's gradient, the experts it holds and
-// their gradients, and, summed over the ranks, the router's gradient; averaged, the auxiliary losses.
-// Dropless and with capacity (the same assignments dropped as one process drops), top-1 and
+// their gradients, and, summed over the ranks, the router's gradient; averaged, the auxiliary
+// losses. Dropless and with capacity (the same assignments dropped as one process drops), top-1 and
 // top-2, 4 and 8 experts over every rank.
 #include <gtest/gtest.h>
 
