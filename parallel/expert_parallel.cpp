@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -131,15 +134,27 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
     }
     tokens += counts[size_t(b * width + e_count)];
   }
-  const int64_t capacity = nn::moe_capacity(options_, tokens);
-  const nn::MoeAssignments assigned = nn::moe_assign(routing, options_, capacity, taken);
+  int64_t capacity = nn::moe_capacity(options_, tokens);
   stats_ = nn::MoeStats();
+  int64_t most = 0;    // dropless: the most rows a rank would receive
+  if (capacity < 0) {  // See Note [Dropless receive budget] in core/nn/moe.h
+    if (budget_rows_ == 0) learn_budget(c, device);
+    if (budget_rows_ > 0 && (most = most_received(total(routed), counts)) > budget_rows_) {
+      capacity =
+          nn::moe_budget_capacity(budget_rows_, *std::max_element(routed.begin(), routed.end()),
+                                  [&](int64_t cap) { return most_received(cap, counts); });
+      stats_.budget_capacity = capacity;
+    }
+  }
+  const nn::MoeAssignments assigned = nn::moe_assign(routing, options_, capacity, taken);
   stats_.tokens = tokens;
   for (int64_t e = 0; e < e_count; ++e) {
     const int64_t r = routed[size_t(e)];
     stats_.load.push_back(capacity < 0 ? r : std::min(r, capacity));
     stats_.dropped += r - stats_.load.back();
   }
+  if (stats_.budget_capacity >= 0 && b_rank == 0)
+    nn::moe_warn_budget_fallback(most, budget_rows_, capacity, stats_.dropped);
 
   // 2. Dispatch: expert e's rows to ep rank e / local_, in expert then token order.
   const int64_t p = ep_->size();
@@ -210,6 +225,49 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   stats_.aux_loss *= double(b_size);
   stats_.z_loss *= double(b_size);
   return (*drop)(out.reshape(x.shape()));
+}
+
+void ExpertParallelMoE::learn_budget(int64_t channels, Device device) {
+  // The smallest budget of the batch group's ranks (-1, none, counts as the largest), so that
+  // every rank takes the same decisions from the same counts.
+  const int64_t mine = nn::moe_receive_budget_rows(options_.receive_budget_mb, channels, device);
+  Tensor budget = Tensor::full({1}, double(mine < 0 ? INT64_MAX : mine), DType::kI64);
+  batch_->allreduce_sync(budget, comm::ReduceOp::kMin);
+  const auto agreed = int64_t(budget.item());
+  // Which ep group each batch rank is in (named by the batch rank of its ep rank 0), and its
+  // ep rank there.
+  Tensor members = Tensor::empty({ep_->size()}, DType::kI64);
+  ep_->allgather(Tensor::full({1}, double(batch_->rank()), DType::kI64), members)->wait();
+  const std::vector<int64_t> me{members.to_vector<int64_t>()[0], ep_->rank()};
+  Tensor all = Tensor::empty({2 * batch_->size()}, DType::kI64);
+  batch_->allgather(Tensor::from_vector(me, {2}), all)->wait();
+  const std::vector<int64_t> pairs = all.to_vector<int64_t>();
+  ep_group_of_.clear();
+  ep_rank_of_.clear();
+  for (int64_t b = 0; b < batch_->size(); ++b) {
+    ep_group_of_.push_back(pairs[size_t(2 * b)]);
+    ep_rank_of_.push_back(pairs[size_t(2 * b + 1)]);
+  }
+  budget_rows_ = agreed == INT64_MAX ? -1 : agreed;
+}
+
+int64_t ExpertParallelMoE::most_received(int64_t cap, const std::vector<int64_t>& counts) const {
+  // Each batch rank's kept assignments per expert under `cap` (the first `cap` of each expert
+  // in batch rank order), added to the rank of its ep group that holds the expert.
+  const int64_t e_count = options_.experts, width = e_count + 1;
+  const auto b_size = int64_t(ep_group_of_.size());
+  std::vector<int64_t> before(static_cast<size_t>(e_count), 0);
+  std::map<std::pair<int64_t, int64_t>, int64_t> received;  // (ep group, ep rank) -> rows
+  for (int64_t b = 0; b < b_size; ++b)
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t routed = counts[size_t(b * width + e)];
+      const int64_t kept = std::clamp(cap - before[size_t(e)], int64_t(0), routed);
+      before[size_t(e)] += routed;
+      received[{ep_group_of_[size_t(b)], e / local_}] += kept;
+    }
+  int64_t most = 0;
+  for (const auto& [holder, rows] : received) most = std::max(most, rows);
+  return most;
 }
 
 }  // namespace loom::parallel

@@ -68,6 +68,15 @@ class ExpertParallelMoE : public nn::MoeLayer {
   std::vector<std::shared_ptr<nn::MLP>> experts_;  // this rank's, from first_
   Tensor aux_loss_;
   nn::MoeStats stats_;
+  // Dropless receive budget (Note [Dropless receive budget] in core/nn/moe.h), set by the first
+  // dropless forward: the batch group's smallest budget in rows (-1: none), and for each batch
+  // rank its ep group (the batch rank of that group's ep rank 0) and its ep rank.
+  int64_t budget_rows_ = 0;
+  std::vector<int64_t> ep_group_of_, ep_rank_of_;
+  void learn_budget(int64_t channels, Device device);
+  // The most rows any rank of any ep group would receive if each expert kept its first `cap`
+  // assignments of the batch (counts: each batch rank's routed counts, width experts + 1).
+  int64_t most_received(int64_t cap, const std::vector<int64_t>& counts) const;
 };
 
 // The variable-split all-to-all of rows as an autograd op: x [S, C], rank r sends its rows

@@ -1,10 +1,16 @@
 #include "core/nn/moe.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
 #include <string>
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "kernels/cuda/runtime.h"
 
 namespace loom::nn {
 
@@ -20,6 +26,64 @@ void MoeOptions::validate() const {
   LOOM_CHECK(aux_loss >= 0 && std::isfinite(aux_loss), "MoE: aux_loss must be >= 0, got ",
              aux_loss);
   LOOM_CHECK(z_loss >= 0 && std::isfinite(z_loss), "MoE: z_loss must be >= 0, got ", z_loss);
+  LOOM_CHECK(std::isfinite(receive_budget_mb),
+             "MoE: receive_budget_mb must be finite (0: from memory, < 0: none), got ",
+             receive_budget_mb);
+}
+
+namespace {
+
+// Bytes of activations a received row costs: See Note [Dropless receive budget].
+constexpr int64_t kBudgetBytesPerChannel = 22 * 4;
+
+// Bytes available for new allocations on `device`: the host's MemAvailable, or the GPU's free
+// memory. 0 when unknown (then no budget is derived).
+int64_t available_bytes(Device device) {
+  if (device.is_cuda()) return int64_t(cuda_rt::device_free_bytes(device.index));
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+}  // namespace
+
+int64_t moe_receive_budget_rows(double budget_mb, int64_t channels, Device device) {
+  if (budget_mb < 0) return -1;
+  const double bytes =
+      budget_mb > 0 ? budget_mb * 1024.0 * 1024.0 : double(available_bytes(device)) / 4.0;
+  if (bytes <= 0) return -1;  // nothing known: no budget
+  return std::max<int64_t>(1, int64_t(bytes / double(kBudgetBytesPerChannel * channels)));
+}
+
+int64_t moe_budget_capacity(int64_t budget, int64_t upper,
+                            const std::function<int64_t(int64_t)>& rows) {
+  int64_t lo = 0, hi = upper;  // rows(lo) fits (0 rows); find the largest that does
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (rows(mid) <= budget)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+void moe_warn_budget_fallback(int64_t rows, int64_t budget, int64_t cap, int64_t dropped) {
+  static std::atomic<int64_t> fallbacks{0};
+  const int64_t count = ++fallbacks;
+  if (count != 1 && count % 100 != 0) return;
+  std::fprintf(stderr,
+               "loom: warning: MoE: dropless routing would have a rank receive %lld rows, over "
+               "its receive budget of %lld rows (MoeOptions::receive_budget_mb, "
+               "--moe-receive-budget-mb); this forward keeps the first %lld assignments of each "
+               "expert in token order and drops %lld (fallback %lld of this process)\n",
+               static_cast<long long>(rows), static_cast<long long>(budget),
+               static_cast<long long>(cap), static_cast<long long>(dropped),
+               static_cast<long long>(count));
 }
 
 MoE::MoE(int64_t channels, const MoeOptions& options, double dropout, double proj_std)
@@ -120,9 +184,28 @@ Tensor MoE::forward(const Tensor& x) {
   }
   Tensor flat = x.reshape({n, c});
   const MoeRouting routing = moe_route(*router, flat, options_);
-  const MoeAssignments assigned = moe_assign(routing, options_, moe_capacity(options_, n));
+  int64_t capacity = moe_capacity(options_, n);
+  if (capacity < 0) {  // dropless: within the receive budget, See Note [Dropless receive budget]
+    if (budget_rows_ == 0)
+      budget_rows_ = moe_receive_budget_rows(options_.receive_budget_mb, c, x.device());
+    const int64_t rows = std::accumulate(routing.routed.begin(), routing.routed.end(), int64_t(0));
+    if (budget_rows_ > 0 && rows > budget_rows_) {
+      const int64_t most = *std::max_element(routing.routed.begin(), routing.routed.end());
+      capacity = moe_budget_capacity(budget_rows_, most, [&](int64_t cap) {
+        int64_t kept = 0;
+        for (int64_t r : routing.routed) kept += std::min(r, cap);
+        return kept;
+      });
+      stats_.budget_capacity = capacity;
+    }
+  }
+  const MoeAssignments assigned = moe_assign(routing, options_, capacity);
   stats_.tokens = n;
   stats_.dropped = assigned.dropped;
+  if (stats_.budget_capacity >= 0)
+    moe_warn_budget_fallback(
+        std::accumulate(routing.routed.begin(), routing.routed.end(), int64_t(0)), budget_rows_,
+        capacity, assigned.dropped);
 
   // out = sum over experts, in index order, of gate * expert(x) at the expert's tokens.
   Tensor out = Tensor::zeros({n, c}, x.dtype(), x.device());

@@ -11,6 +11,21 @@
 // assignments, in token order; the rest are dropped (their gate contributes nothing; the block's
 // residual passes the token on). c = 0: dropless.
 //
+// Note [Dropless receive budget]
+// Dropless routing lets any expert receive any number of rows: a router that sends every token
+// to one expert (early in training, or diverging) makes the rank holding it keep activations for
+// k x tokens rows, the load-imbalance OOM users of other MoE runtimes meet. So each rank has a
+// receive budget in rows: `receive_budget_mb` of activations (0: a quarter of the memory
+// available when the layer first runs, agreed as the smallest over the ranks; < 0: none), at
+// about 22 x C x 4 bytes per received row (the expert's input, hidden and GELU rows and output
+// kept for backward, and their gradients). A forward whose routing would have some rank receive
+// more falls back, declared: it keeps the first `cap` assignments of each expert in global token
+// order (capacity mode's rule, with the largest cap under which every rank's rows fit) and drops
+// the rest; stats().budget_capacity is that cap (-1: no fallback), stats().dropped counts them,
+// and the first fallback (and every 100th) prints a warning naming the rows, the budget and the
+// cap. Within the budget, dropless is exact as ever. With expert parallelism every rank decides
+// from the same gathered counts, so all take the same cap.
+//
 // Auxiliary losses, of the last forward (aux_loss(), added by GPT::loss):
 //   load balancing  alpha * E * sum_e f_e * P_e, f_e the fraction of routed token-slots sent to e
 //                   (before capacity), P_e the mean router probability of e;
@@ -38,6 +53,8 @@ struct MoeOptions {
   double capacity_factor = 0;  // 0: dropless
   double aux_loss = 0.01;      // alpha
   double z_loss = 0.001;       // beta
+  // Dropless only: See Note [Dropless receive budget]. 0: derived from memory; < 0: none.
+  double receive_budget_mb = 0;
   bool enabled() const { return experts > 0; }
   void validate() const;  // throws loom::Error naming the bad field
 };
@@ -46,7 +63,10 @@ struct MoeOptions {
 struct MoeStats {
   std::vector<int64_t> load;  // assignments each expert received (after capacity)
   int64_t tokens = 0;
-  int64_t dropped = 0;  // assignments dropped by capacity
+  int64_t dropped = 0;  // assignments dropped by capacity (or the budget's fallback)
+  // Dropless only: the per-expert cap this forward fell back to because some rank's rows would
+  // exceed its receive budget, -1 when it did not (See Note [Dropless receive budget]).
+  int64_t budget_capacity = -1;
   double aux_loss = 0;  // the load-balancing term's value
   double z_loss = 0;    // the z-loss term's value
 };
@@ -78,6 +98,16 @@ MoeAssignments moe_assign(const MoeRouting& routing, const MoeOptions& options, 
 // Slots per expert for a batch of `tokens` tokens in all: ceil(k x tokens x c / E); -1 when
 // dropless.
 int64_t moe_capacity(const MoeOptions& options, int64_t tokens);
+
+// See Note [Dropless receive budget]. The budget in rows of C channels: from `budget_mb`, or
+// (0) a quarter of the memory now available on `device`; -1 for none (budget_mb < 0).
+int64_t moe_receive_budget_rows(double budget_mb, int64_t channels, Device device);
+// The largest per-expert cap in [0, upper] whose `rows(cap)` (the most rows any rank would
+// receive with that cap: non-decreasing in it) is within `budget`.
+int64_t moe_budget_capacity(int64_t budget, int64_t upper,
+                            const std::function<int64_t(int64_t)>& rows);
+// Prints the fallback's warning (the first and every 100th call of the process).
+void moe_warn_budget_fallback(int64_t rows, int64_t budget, int64_t cap, int64_t dropped);
 
 // These tokens' share of the auxiliary losses of a batch of `tokens` tokens in all, in which
 // expert e received routed[e] assignments (on one process: this batch's own):
@@ -120,6 +150,7 @@ class MoE : public MoeLayer {
   std::vector<std::shared_ptr<MLP>> experts_;
   Tensor aux_loss_;
   MoeStats stats_;
+  int64_t budget_rows_ = 0;  // See Note [Dropless receive budget]; 0 until the first forward
 };
 
 }  // namespace loom::nn

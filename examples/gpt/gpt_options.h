@@ -14,7 +14,9 @@ namespace loom::gpt {
 
 struct GptOptions {
   nn::MoeOptions moe() const {
-    return {moe_experts, moe_top_k, moe_every, moe_capacity_factor, moe_aux_loss, moe_z_loss};
+    return {moe_experts,          moe_top_k,    moe_every,
+            moe_capacity_factor,  moe_aux_loss, moe_z_loss,
+            moe_receive_budget_mb};
   }
   // model (ignored where --init-from supplies it; a conflicting explicit flag is an error)
   int64_t layers, heads, dim, seq, vocab;
@@ -23,6 +25,7 @@ struct GptOptions {
   // mixture of experts (core/nn/moe.h): moe_experts 0 is a dense model
   int64_t moe_experts, moe_top_k, moe_every, ep;  // ep: expert-parallel ranks (divides dp)
   double moe_capacity_factor, moe_aux_loss, moe_z_loss;
+  double moe_receive_budget_mb;  // dropless: See Note [Dropless receive budget]
   // data
   std::string data;  // empty: the built-in addition task
   int64_t digits;

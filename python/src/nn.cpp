@@ -240,15 +240,22 @@ void init_nn(py::module_& m) {
       .def_property_readonly("dropped", [](const nn::MoeLayer& m) { return m.stats().dropped; })
       .def_property_readonly("balance_loss",
                              [](const nn::MoeLayer& m) { return m.stats().aux_loss; })
-      .def_property_readonly("z_loss", [](const nn::MoeLayer& m) { return m.stats().z_loss; });
+      .def_property_readonly("z_loss", [](const nn::MoeLayer& m) { return m.stats().z_loss; })
+      .def_property_readonly(
+          "budget_capacity", [](const nn::MoeLayer& m) { return m.stats().budget_capacity; },
+          "The per-expert cap the last forward fell back to, over the receive budget (-1: "
+          "none; See Note [Dropless receive budget] in core/nn/moe.h).");
   py::class_<nn::MoE, nn::MoeLayer, std::shared_ptr<nn::MoE>>(nn_m, "MoE")
       .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
-                       double aux_loss, double z_loss, double dropout, double proj_std) {
-             const nn::MoeOptions o{experts, top_k, 1, capacity_factor, aux_loss, z_loss};
+                       double aux_loss, double z_loss, double dropout, double proj_std,
+                       double receive_budget_mb) {
+             const nn::MoeOptions o{experts,          top_k, 1, capacity_factor, aux_loss, z_loss,
+                                    receive_budget_mb};
              return std::make_shared<nn::MoE>(channels, o, dropout, proj_std);
            }),
            py::arg("channels"), py::arg("experts"), py::arg("top_k"), py::arg("capacity_factor"),
-           py::arg("aux_loss"), py::arg("z_loss"), py::arg("dropout"), py::arg("proj_std"));
+           py::arg("aux_loss"), py::arg("z_loss"), py::arg("dropout"), py::arg("proj_std"),
+           py::arg("receive_budget_mb") = 0.0);
   py::class_<nn::CausalSelfAttention, nn::Module, std::shared_ptr<nn::CausalSelfAttention>>(
       nn_m, "CausalSelfAttention")
       .def(py::init<int64_t, int64_t, double, double>(), py::arg("channels"), py::arg("heads"),

@@ -115,6 +115,43 @@ TEST(ExpertParallel, CapacityDropsWhatOneProcessDrops) {
 }
 TEST(ExpertParallel, EightExperts) { check_against_one_process(8, 2, 0); }
 
+// Note [Dropless receive budget]: every token routed to expert 0 and a budget of 7.5 rows. The
+// rank holding expert 0 would receive every rank's rows, so every rank falls back to the cap 7,
+// as one process with the same budget does: the same outputs, gradients and drops.
+TEST(ExpertParallel, OverTheReceiveBudgetEveryRankFallsBackAsOneProcess) {
+  auto world = comm::world();
+  const int size = world->size(), rank = world->rank();
+  const int64_t c = 4, per_rank = 5, n = per_rank * size, experts = 2 * size;
+  nn::MoeOptions o;
+  o.experts = experts;
+  o.receive_budget_mb = 7.5 * 22.0 * 4.0 * double(c) / (1024.0 * 1024.0);
+  nn::MoE one(c, o);
+  one.init_parameters(42);
+  ExpertParallelMoE ep(c, o, world, world);
+  ep.init_parameters(42);
+  std::vector<float> w(static_cast<size_t>(experts * c), 0.0f);
+  for (int64_t i = 0; i < c; ++i) w[size_t(i)] = 5.0f;  // expert 0's logit: 5 x sum(x)
+  for (Tensor r : {param(one, "router.weight"), param(ep, "router.weight")})
+    r.copy_(Tensor::from_vector(w, {experts, c}));
+  Tensor x_all = add(scale(values_of({n, c}, 3), 0.4), Tensor::full({n, c}, 0.6));  // > 0
+  Tensor x_one = x_all.clone(), x_mine = x_all.narrow(0, rank * per_rank, per_rank).clone();
+  x_one.set_requires_grad(true);
+  x_mine.set_requires_grad(true);
+  Tensor out_one = one(x_one), out_mine = ep(x_mine);
+  const int64_t cap = std::min<int64_t>(7, n);
+  EXPECT_EQ(one.stats().budget_capacity, n > 7 ? cap : -1);
+  EXPECT_EQ(ep.stats().budget_capacity, one.stats().budget_capacity);
+  EXPECT_EQ(ep.stats().load, one.stats().load);
+  EXPECT_EQ(ep.stats().dropped, n - cap);
+  expect_close(out_mine, out_one.narrow(0, rank * per_rank, per_rank), "output");
+  sum(mul(out_one, out_one)).backward();
+  sum(mul(out_mine, out_mine)).backward();
+  expect_close(x_mine.grad(), x_one.grad().narrow(0, rank * per_rank, per_rank), "input gradient");
+  if (ep.first_expert() == 0)
+    expect_close(param(ep, "experts.0.fc.weight").grad(), param(one, "experts.0.fc.weight").grad(),
+                 "expert 0's gradient");
+}
+
 TEST(ExpertParallel, ExpertsMustSplitEvenly) {
   auto world = comm::world();
   if (world->size() < 2) GTEST_SKIP() << "needs 2 ranks";

@@ -103,3 +103,35 @@ def test_moe_bad_options_are_named():
         nn.MoE(4, 2, 3)
     with pytest.raises(ValueError, match="capacity_factor must be >= 0"):
         nn.MoE(4, 2, 1, capacity_factor=-1)
+
+
+def test_dropless_over_its_receive_budget_falls_back_as_declared():
+    # Every token prefers expert 0; a budget of 4.5 rows (22 x C x 4 bytes each) keeps the first
+    # 4 of them (the PyTorch layer with 4 slots), and says so; a larger budget keeps all.
+    experts, c, n = 4, 6, 12
+    row_mb = 22 * 4 * c / 2**20
+    x = np.random.default_rng(3).uniform(0.1, 1.0, size=(n, c)).astype(np.float32)
+    router = np.zeros((experts, c), np.float32)
+    router[0] = 5.0
+    results = {}
+    for budget in (4.5 * row_mb, 12.5 * row_mb):
+        moe = nn.MoE(c, experts, 1, receive_budget_mb=budget, aux_loss_coef=0.1,
+                     z_loss_coef=0.01).init_parameters(seed=9)
+        with loom.no_grad():
+            moe.router.weight.copy_(loom.tensor(router))
+        xl = loom.tensor(x).requires_grad_()
+        out = moe(xl)
+        (out * out).sum().backward()
+        results[budget] = (moe, out, xl.grad)
+    moe, out, x_grad = results[4.5 * row_mb]
+    assert moe.budget_capacity == 4 and moe.dropped == n - 4 and moe.load == [4, 0, 0, 0]
+    weights = {k: torch.tensor(numpy_of(v)) for k, v in moe.named_parameters()}
+    xt = torch.tensor(x, requires_grad=True)
+    # Capacity factor 4 x 4 / 12 gives ceil(4) = 4 slots: the fallback's cap.
+    ref, _, _, load, dropped = torch_moe(xt, weights, experts, 1, 4 * experts / n / 1.0, 0.1, 0.01)
+    (ref * ref).sum().backward()
+    assert load == [4, 0, 0, 0] and dropped == n - 4
+    np.testing.assert_allclose(numpy_of(out), ref.detach().numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(numpy_of(x_grad), xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+    roomy = results[12.5 * row_mb][0]
+    assert roomy.budget_capacity == -1 and roomy.dropped == 0 and roomy.load == [n, 0, 0, 0]

@@ -220,6 +220,52 @@ TEST(MoE, ImbalanceDropsExactlyTheOverflow) {
   EXPECT_EQ(dropless.stats().dropped, 0);
 }
 
+// Note [Dropless receive budget]: every token on expert 0, and a budget of 3.5 rows: the forward
+// falls back to the cap 3 (declared in the stats), and is then the capacity-mode layer with 3
+// slots bit for bit (outputs and gradients); within the budget, dropless is untouched.
+TEST(MoE, DroplessOverItsReceiveBudgetFallsBackToTheLargestCapThatFits) {
+  const int64_t c = 4, n = 10;
+  std::vector<float> w(static_cast<size_t>(4 * c), 0.0f);
+  for (int64_t i = 0; i < c; ++i) w[size_t(i)] = 5.0f;
+  const Tensor x = random_tensor({n, c}, 9, 0.1f, 1.0f);
+  auto run = [&](double capacity, double budget_mb, Tensor* x_grad) {
+    MoeOptions o;
+    o.experts = 4;
+    o.capacity_factor = capacity;
+    o.receive_budget_mb = budget_mb;
+    auto moe = std::make_shared<MoE>(c, o);
+    moe->init_parameters(5);
+    Tensor router = moe->router->weight;
+    router.copy_(Tensor::from_vector(w, {4, c}));
+    Tensor xi = x.clone();
+    xi.set_requires_grad(true);
+    Tensor out = (*moe)(xi);
+    sum(mul(out, out)).backward();
+    *x_grad = xi.grad();
+    return std::make_pair(moe, out);
+  };
+  const double row_mb = 22.0 * 4.0 * double(c) / (1024.0 * 1024.0);  // one row's activations
+  Tensor g_budget, g_capacity, g_free;
+  auto [fell_back, out_budget] = run(0.0, 3.5 * row_mb, &g_budget);
+  EXPECT_EQ(fell_back->stats().budget_capacity, 3);
+  EXPECT_EQ(fell_back->stats().load, (std::vector<int64_t>{3, 0, 0, 0}));
+  EXPECT_EQ(fell_back->stats().dropped, n - 3);
+  auto [capped, out_capacity] = run(1.0, 0.0, &g_capacity);  // ceil(10 / 4) = 3 slots
+  EXPECT_EQ(capped->stats().budget_capacity, -1);            // capacity mode: no budget
+  EXPECT_EQ(values(out_budget), values(out_capacity));
+  EXPECT_EQ(values(g_budget), values(g_capacity));
+  auto [fits, out_free] = run(0.0, 10.5 * row_mb, &g_free);  // all ten rows fit
+  EXPECT_EQ(fits->stats().budget_capacity, -1);
+  EXPECT_EQ(fits->stats().load, (std::vector<int64_t>{n, 0, 0, 0}));
+  EXPECT_EQ(fits->stats().dropped, 0);
+  // None (< 0) and the memory-derived default keep all ten rows here.
+  for (double budget : {-1.0, 0.0})
+    EXPECT_EQ(run(0.0, budget, &g_free).first->stats().dropped, 0) << "budget " << budget;
+  EXPECT_EQ(moe_receive_budget_rows(1.0, 64, Device::cpu()), (1 << 20) / (22 * 4 * 64));
+  EXPECT_EQ(moe_receive_budget_rows(-1.0, 64, Device::cpu()), -1);
+  EXPECT_GT(moe_receive_budget_rows(0.0, 64, Device::cpu()), 0);  // a quarter of MemAvailable
+}
+
 TEST(MoE, GradientsMatchFiniteDifferences) {
   const int64_t c = 4;
   MoeOptions o;

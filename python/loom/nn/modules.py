@@ -330,6 +330,12 @@ class MoE(_CppModule):
     ``aux_loss_coef * E * sum_e f_e P_e + z_loss_coef * mean(logsumexp(logits)^2)`` (a scalar to
     add to the loss), ``load`` each expert's tokens, ``dropped`` the overflow. f32.
 
+    Dropless routing keeps each rank within a receive budget (``receive_budget_mb`` of the
+    experts' activations; 0: a quarter of the memory available at the first forward; < 0: none):
+    a forward whose routing would exceed it falls back, with a warning, to keeping the first
+    ``budget_capacity`` assignments of each expert (-1 when it did not; See Note [Dropless
+    receive budget] in core/nn/moe.h).
+
     Expert parallelism: with ``ep_group`` (a loom.distributed.Communicator) the experts split
     over its ranks (each holds experts ``first_expert`` .. + ``local_experts``, under their
     single-process names); every rank routes its own tokens, and ``batch_group`` (default: the
@@ -347,16 +353,17 @@ class MoE(_CppModule):
     _copy_by_rebuild = True
 
     def __init__(self, channels, experts, top_k=1, *, capacity_factor=0.0, aux_loss_coef=0.01,
-                 z_loss_coef=0.001, dropout=0.0, proj_std=0.02, ep_group=None, batch_group=None):
+                 z_loss_coef=0.001, dropout=0.0, proj_std=0.02, ep_group=None, batch_group=None,
+                 receive_budget_mb=0.0):
         if ep_group is None:
             if batch_group is not None:
                 raise ValueError("MoE: batch_group needs ep_group (the experts' ranks)")
             cpp = _cpp.MoE(channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef,
-                           dropout, proj_std)
+                           dropout, proj_std, receive_budget_mb)
         else:
             cpp = _loom.parallel.ExpertParallelMoE(
                 channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef, ep_group,
-                batch_group, dropout, proj_std)
+                batch_group, dropout, proj_std, receive_budget_mb)
         super().__init__(cpp)
         object.__setattr__(self, "ep_group", ep_group)
         object.__setattr__(self, "batch_group", ep_group if batch_group is None else batch_group)
@@ -391,6 +398,10 @@ class MoE(_CppModule):
     @property
     def dropped(self):
         return self._cpp.dropped
+
+    @property
+    def budget_capacity(self):
+        return self._cpp.budget_capacity
 
 
 class CausalSelfAttention(_CppModule):
