@@ -9,38 +9,41 @@ namespace loom::gpt {
 
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
     : config_(config) {
+  nn::MoeFactory make_moe;
+  if (o.moe_experts > 0 && mesh.dp_size() > 1) {
+    // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
+    // ranks, each group holding all of them, replicated across the groups. With tp, each tp
+    // rank's dp group does the same (the experts are whole over tp).
+    const std::shared_ptr<comm::Communicator> dp = mesh.dp_ptr();
+    const int ep = int(o.ep), rank = dp->rank();
+    LOOM_CHECK(ep >= 1 && mesh.dp_size() % ep == 0, "loom-gpt: --ep ", ep,
+               " must divide the data-parallel ranks (", mesh.dp_size(), ")");
+    if (std::string(dp->backend()) == "planning") {  // a layout worked out, not running
+      ep_ = comm::make_planning_communicator(rank % ep, ep, dp->name() + ".ep");
+      expert_replicas_ =
+          comm::make_planning_communicator(rank / ep, mesh.dp_size() / ep, dp->name() + ".experts");
+    } else {
+      ep_ = dp->split(rank / ep, rank, dp->name() + ".ep");
+      expert_replicas_ = dp->split(rank % ep, rank, dp->name() + ".experts");
+    }
+    std::shared_ptr<comm::Communicator> group = ep_;
+    make_moe = [group, dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
+                           double proj_std) -> std::shared_ptr<nn::MoeLayer> {
+      return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, group, dp, dropout,
+                                                           proj_std);
+    };
+  }
   if (mesh.tp_size() == 1 && !o.sequence_parallel) {
     nn::GptOptions g{o.dropout, o.checkpoint_activations, o.moe()};
-    if (o.moe_experts > 0 && mesh.dp_size() > 1) {
-      // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
-      // ranks, each group holding all of them, replicated across the groups.
-      const std::shared_ptr<comm::Communicator> dp = mesh.dp_ptr();
-      const int ep = int(o.ep), rank = dp->rank();
-      LOOM_CHECK(ep >= 1 && mesh.dp_size() % ep == 0, "loom-gpt: --ep ", ep,
-                 " must divide the data-parallel ranks (", mesh.dp_size(), ")");
-      if (std::string(dp->backend()) == "planning") {  // a layout worked out, not running
-        ep_ = comm::make_planning_communicator(rank % ep, ep, dp->name() + ".ep");
-        expert_replicas_ = comm::make_planning_communicator(rank / ep, mesh.dp_size() / ep,
-                                                            dp->name() + ".experts");
-      } else {
-        ep_ = dp->split(rank / ep, rank, dp->name() + ".ep");
-        expert_replicas_ = dp->split(rank % ep, rank, dp->name() + ".experts");
-      }
-      std::shared_ptr<comm::Communicator> group = ep_;
-      g.make_moe = [group, dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
-                               double proj_std) -> std::shared_ptr<nn::MoeLayer> {
-        return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, group, dp, dropout,
-                                                             proj_std);
-      };
-    }
+    g.make_moe = make_moe;
     gpt_ = std::make_unique<nn::GPT>(config, g);
     return;
   }
   LOOM_CHECK(!o.checkpoint_activations,
              "loom-gpt: --checkpoint-activations is not supported with --tp yet");
   tp_ = mesh.tp_ptr();
-  tp_gpt_ = std::make_unique<parallel::TpGPT>(
-      config, tp_, parallel::TpGptOptions{o.dropout, o.sequence_parallel});
+  parallel::TpGptOptions t{o.dropout, o.sequence_parallel, o.moe(), make_moe};
+  tp_gpt_ = std::make_unique<parallel::TpGPT>(config, tp_, t);
 }
 
 nn::Module& GptModel::module() const {
@@ -59,7 +62,7 @@ Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
 }
 
 std::vector<const nn::MoeLayer*> GptModel::moe_layers() const {
-  return gpt_ ? gpt_->moe_layers() : std::vector<const nn::MoeLayer*>{};
+  return gpt_ ? gpt_->moe_layers() : tp_gpt_->moe_layers();
 }
 
 Tensor GptModel::logits(const Tensor& idx) const {

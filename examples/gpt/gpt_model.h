@@ -28,7 +28,7 @@ class GptModel {
   // plus the MoE blocks' auxiliary losses (--moe-experts); last_lm_loss() is then the
   // cross-entropy of the last loss() alone.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
-  double last_lm_loss() const { return gpt_ ? gpt_->last_lm_loss() : 0; }
+  double last_lm_loss() const { return gpt_ ? gpt_->last_lm_loss() : tp_gpt_->last_lm_loss(); }
   std::vector<const nn::MoeLayer*> moe_layers() const;  // empty for a dense model
   // With MoE blocks and dp > 1: the ep group this rank's experts are split over (--ep
   // consecutive dp ranks), and the ranks holding the same experts in the other ep groups.

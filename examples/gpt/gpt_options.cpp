@@ -259,7 +259,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     LOOM_CHECK(o.moe_experts % o.ep == 0, "loom-gpt: --moe-experts ", o.moe_experts,
                " must divide by --ep ", o.ep);
     // The other layouts are the next steps of the MoE issue.
-    const char* unsupported = o.tp > 1                                 ? "--tp"
+    const char* unsupported = o.sequence_parallel                      ? "--sequence-parallel"
                               : o.pp > 1                               ? "--pp"
                               : o.zero > 0                             ? "--zero"
                               : o.grad_accum > 1                       ? "--grad-accum"
@@ -270,7 +270,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                               : !o.init_from.empty()                   ? "--init-from"
                                                                        : nullptr;
     LOOM_CHECK(unsupported == nullptr,
-               "loom-gpt: --moe-experts trains with --dp and --ep only, in f32 on the CPU, "
+               "loom-gpt: --moe-experts trains with --dp, --ep and --tp only, in f32 on the CPU, "
                "without ",
                unsupported ? unsupported : "", " so far");
   }

@@ -188,12 +188,18 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   if (o_.grad_clip > 0 && model_.ep_group()) {
     // The global norm: the replicated parameters' squares once, each expert's once (summed over
     // the ep group, which holds every expert once).
+    // With tp, the shared parameters' squares are tp's (shards summed over tp, whole ones
+    // once); the experts are whole over tp, so their local squares come out of it.
     std::vector<Tensor> shared;
     for (auto& [name, p] : model_.module().named_parameters())
       if (!is_expert_parameter(name)) shared.push_back(p);
-    Tensor expert_squares = Tensor::full({1}, optim::grad_sum_of_squares(experts), DType::kF32);
+    const double mine = optim::grad_sum_of_squares(experts);
+    Tensor expert_squares = Tensor::full({1}, mine, DType::kF32);
     model_.ep_group()->allreduce(expert_squares)->wait();
-    norm = std::sqrt(optim::grad_sum_of_squares(shared) + expert_squares.item());
+    const double shared_squares =
+        model_.tp() ? parallel::tp_grad_sum_of_squares(model_.module(), *model_.tp()) - mine
+                    : optim::grad_sum_of_squares(shared);
+    norm = std::sqrt(shared_squares + expert_squares.item());
     optim::scale_grads_to_norm(model_.module().parameters(), norm, o_.grad_clip);
   } else if (o_.grad_clip > 0)
     norm = zero_         ? zero_->clip_grad_norm(o_.grad_clip)

@@ -68,16 +68,22 @@ TpMLP::TpMLP(int64_t channels, GroupPtr tp, const TpGptOptions& o, double proj_s
 Tensor TpMLP::forward(const Tensor& x) { return (*drop)((*proj)(gelu((*fc)(x)))); }
 
 TpBlock::TpBlock(int64_t channels, int64_t heads, GroupPtr tp, const TpGptOptions& o,
-                 double proj_std) {
+                 double proj_std, bool use_moe) {
   ln1 = register_module("ln1", std::make_shared<TpLayerNorm>(channels, tp, o.sequence_parallel));
   attn = register_module("attn", std::make_shared<TpAttention>(channels, heads, tp, o, proj_std));
   ln2 = register_module("ln2", std::make_shared<TpLayerNorm>(channels, tp, o.sequence_parallel));
-  mlp = register_module("mlp", std::make_shared<TpMLP>(channels, tp, o, proj_std));
+  if (use_moe)  // experts whole on every tp rank (See the header comment)
+    moe = register_module<nn::MoeLayer>(
+        "mlp", o.make_moe ? o.make_moe(channels, o.moe, o.dropout, proj_std)
+                          : std::make_shared<nn::MoE>(channels, o.moe, o.dropout, proj_std));
+  else
+    mlp = register_module("mlp", std::make_shared<TpMLP>(channels, tp, o, proj_std));
 }
 
 Tensor TpBlock::forward(const Tensor& x) {
   Tensor h = add(x, (*attn)((*ln1)(x)));
-  return add(h, (*mlp)((*ln2)(h)));
+  Tensor in = (*ln2)(h);
+  return add(h, moe ? (*moe)(in) : (*mlp)(in));
 }
 
 TpGPT::TpGPT(const GptConfig& config, GroupPtr tp, const TpGptOptions& options)
@@ -89,6 +95,10 @@ TpGPT::TpGPT(const GptConfig& config, GroupPtr tp, const TpGptOptions& options)
   per_rank("TpGPT", "heads", config.heads, n);
   per_rank("TpGPT", "dim", c, n);
   per_rank("TpGPT", "MLP hidden size (4 x dim)", 4 * c, n);
+  options.moe.validate();
+  LOOM_CHECK(!options.moe.enabled() || !options.sequence_parallel,
+             "TpGPT: mixture-of-experts blocks do not run with sequence parallelism yet (their "
+             "routing would see a slice of the sequence)");
   wte_rows_ = (config.padded_vocab + n - 1) / n * n;
   const double proj_std = 0.02 / std::sqrt(2.0 * double(config.layers));
   wte = register_module(
@@ -99,7 +109,8 @@ TpGPT::TpGPT(const GptConfig& config, GroupPtr tp, const TpGptOptions& options)
   if (options.sequence_parallel) drop->set_part(1, tp_->rank(), n);
   blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < config.layers; ++i) {
-    blocks_.push_back(std::make_shared<TpBlock>(c, config.heads, tp_, options, proj_std));
+    const bool moe = options.moe.enabled() && i % options.moe.every == 0;
+    blocks_.push_back(std::make_shared<TpBlock>(c, config.heads, tp_, options, proj_std, moe));
     blocks->push_back(blocks_.back());
   }
   ln_f = register_module("ln_f", std::make_shared<TpLayerNorm>(c, tp_, options.sequence_parallel));
@@ -146,8 +157,21 @@ Tensor TpGPT::loss(const Tensor& idx, const Tensor& targets) {
              " must have the shape of idx ", idx.defined() ? shape_str(idx.shape()) : "undefined");
   Tensor logits = (*this)(idx);
   const int64_t n = idx.size(0) * idx.size(1);
-  return vocab_parallel_cross_entropy(reshape(logits, {n, logits.size(2)}), reshape(targets, {n}),
-                                      tp_, config_.vocab);
+  Tensor lm = vocab_parallel_cross_entropy(reshape(logits, {n, logits.size(2)}),
+                                           reshape(targets, {n}), tp_, config_.vocab);
+  const std::vector<const nn::MoeLayer*> moes = moe_layers();
+  if (moes.empty()) return lm;
+  last_lm_loss_ = lm.item();
+  Tensor total = lm;
+  for (const nn::MoeLayer* m : moes) total = add(total, m->aux_loss());
+  return total;
+}
+
+std::vector<const nn::MoeLayer*> TpGPT::moe_layers() const {
+  std::vector<const nn::MoeLayer*> out;
+  for (const auto& b : blocks_)
+    if (b->moe) out.push_back(b->moe.get());
+  return out;
 }
 
 }  // namespace loom::parallel

@@ -17,6 +17,12 @@
 //
 // Dropout masks are the single-process ones (Dropout::set_part), so with the same seed and step
 // the tp run drops out exactly what one process would.
+//
+// Mixture of experts (TpGptOptions::moe): a MoE block's experts are whole on every tp rank (the
+// feed-forward runs on the block's whole activations, the same on every tp rank, so each rank
+// routes and computes alike: no communication over tp, and the gradients that reach the MoE's
+// input are whole already). Expert parallelism splits them over dp ranks as without tp
+// (make_moe). Not with sequence parallelism yet.
 #pragma once
 
 #include <memory>
@@ -26,6 +32,7 @@
 #include "core/nn/embedding.h"
 #include "core/nn/gpt_config.h"
 #include "core/nn/module.h"
+#include "core/nn/moe.h"
 #include "parallel/tensor_parallel/layers.h"
 
 namespace loom::parallel {
@@ -33,6 +40,8 @@ namespace loom::parallel {
 struct TpGptOptions {
   double dropout = 0.0;
   bool sequence_parallel = false;  // T must then divide by tp
+  nn::MoeOptions moe;              // experts > 0: block i's MLP is a MoE when i % moe.every == 0
+  nn::MoeFactory make_moe;         // builds those MoE layers (empty: nn::MoE, experts whole)
 };
 
 // LayerNorm over the last dim with whole parameters; under sequence parallelism its gradients
@@ -75,13 +84,15 @@ class TpMLP : public nn::Module {
 
 class TpBlock : public nn::Module {
  public:
+  // `moe`: the feed-forward is options.moe's mixture of experts (See the header comment).
   TpBlock(int64_t channels, int64_t heads, GroupPtr tp, const TpGptOptions& options,
-          double proj_std);
+          double proj_std, bool moe = false);
   Tensor forward(const Tensor& x) override;
 
   std::shared_ptr<TpLayerNorm> ln1, ln2;
   std::shared_ptr<TpAttention> attn;
-  std::shared_ptr<TpMLP> mlp;
+  std::shared_ptr<TpMLP> mlp;         // null in a MoE block
+  std::shared_ptr<nn::MoeLayer> moe;  // null in a dense block
 };
 
 class TpGPT : public nn::Module {
@@ -99,8 +110,12 @@ class TpGPT : public nn::Module {
   // leaves every real position's logits as they are.
   Tensor full_logits(const Tensor& idx);
   // The single-process GPT::loss: mean cross-entropy over the first `vocab` columns, without
-  // gathering the logits. The same scalar on every tp rank.
+  // gathering the logits, plus the MoE blocks' auxiliary losses. The same scalar on every tp
+  // rank.
   Tensor loss(const Tensor& idx, const Tensor& targets);
+  // The cross-entropy of the last loss() alone (its MoE losses excluded), as GPT::last_lm_loss.
+  double last_lm_loss() const { return last_lm_loss_; }
+  std::vector<const nn::MoeLayer*> moe_layers() const;
 
   const GptConfig& config() const { return config_; }
   comm::Communicator& tp() const { return *tp_; }
@@ -120,6 +135,7 @@ class TpGPT : public nn::Module {
   GroupPtr tp_;
   int64_t wte_rows_;
   std::vector<std::shared_ptr<TpBlock>> blocks_;
+  double last_lm_loss_ = 0;
 };
 
 }  // namespace loom::parallel

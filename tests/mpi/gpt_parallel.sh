@@ -108,18 +108,21 @@ echo "hybrid sharding: every stage gives the single-process losses; bad shard gr
 
 # Mixture of experts with expert parallelism: the experts split over groups of --ep dp ranks
 # (replicated across the groups when --ep < --dp), tokens exchanged by all-to-all; dropless
-# top-2, and top-1 with capacity and dropout, on dp 2 / 4 with ep 2 / 4 / 1 give the
-# single-process losses (and the same per-expert loads).
+# top-2, and top-1 with capacity and dropout, on dp 2 / 4 with ep 2 / 4 / 1, and with tp 2 (the
+# experts whole on each tp rank) alone, with dp 2 x ep 2 and dp 2 x ep 1, give the single-process
+# losses (and the same per-expert loads).
 for moe in "--moe-experts 4 --moe-top-k 2" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
   tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')
   "$gpt" "${common[@]}" "${flags[@]}" --metrics-file "$dir/moe_$tag.jsonl" > "$dir/moe_$tag.log"
-  for layout in 2:2 4:4 4:2 2:1; do  # ranks:ep (ep < ranks: expert replicas)
-    np=${layout%%:*}; ep=${layout#*:}
-    name="dp${np}_ep${ep}_$tag"
-    "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$np" --ep "$ep" \
-      --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  # ranks:ep:tp (ep < dp: expert replicas; tp: the dense parts tensor-parallel, experts whole)
+  for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2; do
+    IFS=: read -r np ep tp <<< "$layout"
+    dp=$((np / tp))
+    name="dp${dp}_ep${ep}_tp${tp}_$tag"
+    "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$dp" --ep "$ep" \
+      --tp "$tp" --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     python3 - "$dir/moe_$tag.jsonl" "$dir/$name.jsonl" "$name" <<'PY'
 import json, sys
