@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Mixture-of-experts throughput (issue 22): loom-gpt's tokens/s for a dense model, an 8-expert
-top-1 model (the same active parameters per token as the dense one) and an 8-expert top-2 model
-(twice the MLP work per token), on one process and with the experts split over 2 and 4 ranks
+top-1 model (the same active parameters per token as the dense one), an 8-expert top-2 model
+with experts of half width (--moe-hidden 2 x dim: again the dense model's active parameters,
+the issue's comparison) and one with full-width experts (twice the MLP work per token), on one process and with the experts split over 2 and 4 ranks
 (--dp N --ep N), on byte-level text (this repository's README.md). Each figure is the median of
 the steps after the first two; with experts split over ranks, also rank 0's time in the
 experts' all-to-alls (forward and backward, waiting included) as a share of the step; every run
@@ -55,6 +56,8 @@ def main():
     o = ap.parse_args()
     models = [("dense", []),
               ("8 experts, top-1", ["--moe-experts", "8"]),
+              ("8 experts, top-2, hidden 2C", ["--moe-experts", "8", "--moe-top-k", "2",
+                                               "--moe-hidden", "512"]),
               ("8 experts, top-2", ["--moe-experts", "8", "--moe-top-k", "2"])]
     print("| model | ranks | tokens/s | vs dense on as many ranks | all-to-all share of the step "
           "| loss at the last step |")

@@ -99,7 +99,7 @@ ExpertParallelMoE::ExpertParallelMoE(int64_t channels, const nn::MoeOptions& opt
                                                                   /*bias=*/false));
   auto set = std::make_shared<ExpertSet>();
   for (int64_t l = 0; l < local_; ++l) {
-    experts_.push_back(std::make_shared<nn::MLP>(channels, 0.0, proj_std));
+    experts_.push_back(std::make_shared<nn::MLP>(channels, 0.0, proj_std, options_.hidden));
     set->add(first_ + l, experts_.back());
   }
   experts = register_module<nn::Module>("experts", set);

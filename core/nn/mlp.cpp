@@ -4,9 +4,11 @@
 
 namespace loom::nn {
 
-MLP::MLP(int64_t channels, double dropout, double proj_std) {
-  fc = register_module("fc", std::make_shared<Linear>(channels, 4 * channels));
-  proj = register_module("proj", std::make_shared<Linear>(4 * channels, channels, true, proj_std));
+MLP::MLP(int64_t channels, double dropout, double proj_std, int64_t hidden) {
+  LOOM_CHECK(hidden >= 0, "MLP: hidden must be >= 0 (0: 4 x channels), got ", hidden);
+  const int64_t h = hidden > 0 ? hidden : 4 * channels;
+  fc = register_module("fc", std::make_shared<Linear>(channels, h));
+  proj = register_module("proj", std::make_shared<Linear>(h, channels, true, proj_std));
   drop = register_module("drop", std::make_shared<Dropout>(dropout));
 }
 

@@ -26,6 +26,7 @@ void MoeOptions::validate() const {
   LOOM_CHECK(aux_loss >= 0 && std::isfinite(aux_loss), "MoE: aux_loss must be >= 0, got ",
              aux_loss);
   LOOM_CHECK(z_loss >= 0 && std::isfinite(z_loss), "MoE: z_loss must be >= 0, got ", z_loss);
+  LOOM_CHECK(hidden >= 0, "MoE: hidden must be >= 0 (0: 4 x channels), got ", hidden);
   LOOM_CHECK(std::isfinite(receive_budget_mb),
              "MoE: receive_budget_mb must be finite (0: from memory, < 0: none), got ",
              receive_budget_mb);
@@ -41,11 +42,10 @@ constexpr int64_t kBudgetBytesPerChannel = 22 * 4;
 int64_t available_bytes(Device device) {
   if (device.is_cuda()) return int64_t(cuda_rt::device_free_bytes(device.index));
   std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (meminfo >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
+  std::string line;
+  long long kb = 0;
+  while (std::getline(meminfo, line))
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return int64_t(kb) * 1024;
   return 0;
 }
 
@@ -94,7 +94,7 @@ MoE::MoE(int64_t channels, const MoeOptions& options, double dropout, double pro
                            std::make_shared<Linear>(channels, options_.experts, /*bias=*/false));
   experts = register_module("experts", std::make_shared<ModuleList>());
   for (int64_t e = 0; e < options_.experts; ++e) {
-    experts_.push_back(std::make_shared<MLP>(channels, 0.0, proj_std));
+    experts_.push_back(std::make_shared<MLP>(channels, 0.0, proj_std, options_.hidden));
     experts->push_back(experts_.back());
   }
   drop = register_module("drop", std::make_shared<Dropout>(dropout));

@@ -5,7 +5,8 @@
 //   probabilities renormalised to sum to 1 when k > 1 (Mixtral), the raw probability when k = 1
 //   (Switch)
 //   out = dropout(sum over experts e, in index order, of gate_e * expert_e(x)) over the tokens
-//   routed to e; each expert is the block's GELU MLP (C -> 4C -> C) without its own dropout
+//   routed to e; each expert is the block's GELU MLP (C -> 4C -> C, or MoeOptions::hidden wide)
+//   without its own dropout
 //
 // Capacity (capacity_factor c > 0): each expert takes at most ceil(k * tokens * c / experts)
 // assignments, in token order; the rest are dropped (their gate contributes nothing; the block's
@@ -55,6 +56,9 @@ struct MoeOptions {
   double z_loss = 0.001;       // beta
   // Dropless only: See Note [Dropless receive budget]. 0: derived from memory; < 0: none.
   double receive_budget_mb = 0;
+  // Each expert's hidden width (0: 4 x channels, the dense MLP's). Narrower experts give a top-k
+  // model the dense model's active parameters: k experts of 4C / k.
+  int64_t hidden = 0;
   bool enabled() const { return experts > 0; }
   void validate() const;  // throws loom::Error naming the bad field
 };

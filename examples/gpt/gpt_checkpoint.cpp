@@ -30,9 +30,11 @@ namespace {
 
 // The model's mixture-of-experts shape, as the checkpoint records it (absent: dense).
 nlohmann::json moe_json(const GptOptions& o) {
-  return {{"experts", o.moe_experts},   {"top_k", o.moe_top_k},
-          {"every", o.moe_every},       {"capacity_factor", o.moe_capacity_factor},
-          {"aux_loss", o.moe_aux_loss}, {"z_loss", o.moe_z_loss}};
+  nlohmann::json j = {{"experts", o.moe_experts},   {"top_k", o.moe_top_k},
+                      {"every", o.moe_every},       {"capacity_factor", o.moe_capacity_factor},
+                      {"aux_loss", o.moe_aux_loss}, {"z_loss", o.moe_z_loss}};
+  if (o.moe_hidden > 0) j["hidden"] = o.moe_hidden;  // absent: 4 x dim (older checkpoints)
+  return j;
 }
 
 }  // namespace

@@ -25,6 +25,9 @@ void declare_gpt_flags(cli::Flags& f) {
                "dropped (0: dropless)");
   f.add_double("moe-aux-loss", 0.01, "MoE: load-balancing loss coefficient (alpha)");
   f.add_double("moe-z-loss", 0.001, "MoE: router z-loss coefficient (beta)");
+  f.add_int("moe-hidden", 0,
+            "MoE: each expert's hidden width (0: 4 x dim; 4 x dim / K gives top-K the dense "
+            "model's active parameters)");
   f.add_double("moe-receive-budget-mb", 0,
                "MoE, dropless: activation MiB a rank may receive for its experts; over it a "
                "forward keeps each expert's first assignments, with a warning (0: a quarter of "
@@ -129,6 +132,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.moe_capacity_factor = f.get_double("moe-capacity-factor");
   o.moe_aux_loss = f.get_double("moe-aux-loss");
   o.moe_z_loss = f.get_double("moe-z-loss");
+  o.moe_hidden = f.get_int("moe-hidden");
   o.moe_receive_budget_mb = f.get_double("moe-receive-budget-mb");
   o.ep = f.get_int("ep");
   o.data = f.get_string("data");
@@ -243,7 +247,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.ep == 1 || o.moe_experts > 0, "loom-gpt: --ep needs --moe-experts");
   if (o.moe_experts != 0 || f.was_set("moe-top-k") || f.was_set("moe-every") ||
-      f.was_set("moe-capacity-factor") || f.was_set("moe-receive-budget-mb")) {
+      f.was_set("moe-capacity-factor") || f.was_set("moe-receive-budget-mb") ||
+      f.was_set("moe-hidden")) {
     LOOM_CHECK(o.moe_experts > 0, "loom-gpt: the --moe-* flags need --moe-experts N (N >= 1)");
     try {
       o.moe().validate();

@@ -14,9 +14,9 @@ namespace loom::gpt {
 
 struct GptOptions {
   nn::MoeOptions moe() const {
-    return {moe_experts,          moe_top_k,    moe_every,
-            moe_capacity_factor,  moe_aux_loss, moe_z_loss,
-            moe_receive_budget_mb};
+    return {moe_experts,           moe_top_k,    moe_every,
+            moe_capacity_factor,   moe_aux_loss, moe_z_loss,
+            moe_receive_budget_mb, moe_hidden};
   }
   // model (ignored where --init-from supplies it; a conflicting explicit flag is an error)
   int64_t layers, heads, dim, seq, vocab;
@@ -26,6 +26,7 @@ struct GptOptions {
   int64_t moe_experts, moe_top_k, moe_every, ep;  // ep: expert-parallel ranks (divides dp)
   double moe_capacity_factor, moe_aux_loss, moe_z_loss;
   double moe_receive_budget_mb;  // dropless: See Note [Dropless receive budget]
+  int64_t moe_hidden;            // each expert's hidden width (0: 4 x dim)
   // data
   std::string data;  // empty: the built-in addition task
   int64_t digits;

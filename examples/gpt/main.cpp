@@ -298,9 +298,11 @@ int run(int argc, char** argv) {
   if (o.moe_experts > 0) {
     int64_t total = 0;
     for (const Tensor& p : gpt->module().parameters()) total += p.numel();
-    std::printf("moe: %" PRId64 " experts, top-%" PRId64 " in every %" PRId64
-                " block(s), %s, aux loss %g, z-loss %g; %" PRId64 " parameters in all\n",
-                o.moe_experts, o.moe_top_k, o.moe_every,
+    std::printf("moe: %" PRId64 " experts of hidden width %" PRId64 ", top-%" PRId64
+                " in every %" PRId64 " block(s), %s, aux loss %g, z-loss %g; %" PRId64
+                " parameters in all\n",
+                o.moe_experts, o.moe_hidden > 0 ? o.moe_hidden : 4 * config.channels, o.moe_top_k,
+                o.moe_every,
                 o.moe_capacity_factor > 0
                     ? detail::str_cat("capacity factor ", o.moe_capacity_factor).c_str()
                     : "dropless",

@@ -248,14 +248,14 @@ void init_nn(py::module_& m) {
   py::class_<nn::MoE, nn::MoeLayer, std::shared_ptr<nn::MoE>>(nn_m, "MoE")
       .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
                        double aux_loss, double z_loss, double dropout, double proj_std,
-                       double receive_budget_mb) {
-             const nn::MoeOptions o{experts,          top_k, 1, capacity_factor, aux_loss, z_loss,
-                                    receive_budget_mb};
+                       double receive_budget_mb, int64_t hidden) {
+             const nn::MoeOptions o{experts,           top_k, 1, capacity_factor, aux_loss, z_loss,
+                                    receive_budget_mb, hidden};
              return std::make_shared<nn::MoE>(channels, o, dropout, proj_std);
            }),
            py::arg("channels"), py::arg("experts"), py::arg("top_k"), py::arg("capacity_factor"),
            py::arg("aux_loss"), py::arg("z_loss"), py::arg("dropout"), py::arg("proj_std"),
-           py::arg("receive_budget_mb") = 0.0);
+           py::arg("receive_budget_mb") = 0.0, py::arg("hidden") = 0);
   py::class_<nn::CausalSelfAttention, nn::Module, std::shared_ptr<nn::CausalSelfAttention>>(
       nn_m, "CausalSelfAttention")
       .def(py::init<int64_t, int64_t, double, double>(), py::arg("channels"), py::arg("heads"),

@@ -350,9 +350,9 @@ void init_tensor_parallel(py::module_& p) {
              std::shared_ptr<parallel::ExpertParallelMoE>>(p, "ExpertParallelMoE")
       .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
                        double aux_loss, double z_loss, GroupPtr ep, GroupPtr batch, double dropout,
-                       double proj_std, double receive_budget_mb) {
-             const nn::MoeOptions o{experts,          top_k, 1, capacity_factor, aux_loss, z_loss,
-                                    receive_budget_mb};
+                       double proj_std, double receive_budget_mb, int64_t hidden) {
+             const nn::MoeOptions o{experts,           top_k, 1, capacity_factor, aux_loss, z_loss,
+                                    receive_budget_mb, hidden};
              GroupPtr ep_group = required_group(std::move(ep), "MoE (ep_group)");
              GroupPtr batch_group = batch ? std::move(batch) : ep_group;
              return std::make_shared<parallel::ExpertParallelMoE>(channels, o, ep_group,
@@ -360,7 +360,8 @@ void init_tensor_parallel(py::module_& p) {
            }),
            py::arg("channels"), py::arg("experts"), py::arg("top_k"), py::arg("capacity_factor"),
            py::arg("aux_loss"), py::arg("z_loss"), py::arg("ep_group"), py::arg("batch_group"),
-           py::arg("dropout"), py::arg("proj_std"), py::arg("receive_budget_mb") = 0.0)
+           py::arg("dropout"), py::arg("proj_std"), py::arg("receive_budget_mb") = 0.0,
+           py::arg("hidden") = 0)
       .def_property_readonly("first_expert", &parallel::ExpertParallelMoE::first_expert)
       .def_property_readonly("local_experts", &parallel::ExpertParallelMoE::local_experts);
 

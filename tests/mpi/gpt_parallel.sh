@@ -108,10 +108,10 @@ echo "hybrid sharding: every stage gives the single-process losses; bad shard gr
 
 # Mixture of experts with expert parallelism: the experts split over groups of --ep dp ranks
 # (replicated across the groups when --ep < --dp), tokens exchanged by all-to-all; dropless
-# top-2, and top-1 with capacity and dropout, on dp 2 / 4 with ep 2 / 4 / 1, and with tp 2 (the
+# top-2 with experts 48 wide (--moe-hidden), and top-1 with capacity and dropout, on dp 2 / 4 with ep 2 / 4 / 1, and with tp 2 (the
 # experts whole on each tp rank) alone, with dp 2 x ep 2 and dp 2 x ep 1, give the single-process
 # losses (and the same per-expert loads).
-for moe in "--moe-experts 4 --moe-top-k 2" \
+for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
   tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')

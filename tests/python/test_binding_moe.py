@@ -58,11 +58,14 @@ def numpy_of(t):
     return np.array(t.detach().tolist(), dtype=np.float32)
 
 
-@pytest.mark.parametrize("top_k,capacity_factor", [(1, 0.0), (2, 0.0), (2, 1.0), (1, 0.5), (3, 0.75)])
-def test_moe_matches_pytorch(top_k, capacity_factor):
+@pytest.mark.parametrize("top_k,capacity_factor,hidden",
+                         [(1, 0.0, 0), (2, 0.0, 0), (2, 1.0, 0), (1, 0.5, 0), (3, 0.75, 0),
+                          (2, 0.0, 12)])
+def test_moe_matches_pytorch(top_k, capacity_factor, hidden):
     experts, c, n = 4, 6, 14
     moe = nn.MoE(c, experts, top_k, capacity_factor=capacity_factor, aux_loss_coef=0.1,
-                 z_loss_coef=0.01)
+                 z_loss_coef=0.01, expert_hidden=hidden)
+    assert list(moe.experts[0].fc.weight.shape) == [hidden or 4 * c, c]
     moe.init_parameters(seed=5 + top_k)
     rng = np.random.default_rng(17 + top_k)
     # Router weights of order 1, so the routing is decided and some experts get more tokens.

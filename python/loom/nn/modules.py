@@ -324,7 +324,8 @@ class MoE(_CppModule):
     Router ``logits = x W_r^T`` (``router.weight`` [experts, C], f32), ``p = softmax(logits)``,
     each token's ``top_k`` experts (ties to the lower index), gates renormalised to sum to 1
     when top_k > 1 and the raw probability when top_k == 1; each expert is the GELU MLP
-    (``experts.{e}.fc``, ``experts.{e}.proj``); the output is the gated sum in expert order,
+    (``experts.{e}.fc``, ``experts.{e}.proj``; inner width ``expert_hidden``, 0: 4 x channels);
+    the output is the gated sum in expert order,
     then dropout. ``capacity_factor`` c > 0 gives each expert ceil(k x tokens x c / experts)
     tokens, in token order, and drops the rest (0: dropless). After a forward, ``aux_loss`` is
     ``aux_loss_coef * E * sum_e f_e P_e + z_loss_coef * mean(logsumexp(logits)^2)`` (a scalar to
@@ -354,16 +355,16 @@ class MoE(_CppModule):
 
     def __init__(self, channels, experts, top_k=1, *, capacity_factor=0.0, aux_loss_coef=0.01,
                  z_loss_coef=0.001, dropout=0.0, proj_std=0.02, ep_group=None, batch_group=None,
-                 receive_budget_mb=0.0):
+                 receive_budget_mb=0.0, expert_hidden=0):
         if ep_group is None:
             if batch_group is not None:
                 raise ValueError("MoE: batch_group needs ep_group (the experts' ranks)")
             cpp = _cpp.MoE(channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef,
-                           dropout, proj_std, receive_budget_mb)
+                           dropout, proj_std, receive_budget_mb, expert_hidden)
         else:
             cpp = _loom.parallel.ExpertParallelMoE(
                 channels, experts, top_k, capacity_factor, aux_loss_coef, z_loss_coef, ep_group,
-                batch_group, dropout, proj_std, receive_budget_mb)
+                batch_group, dropout, proj_std, receive_budget_mb, expert_hidden)
         super().__init__(cpp)
         object.__setattr__(self, "ep_group", ep_group)
         object.__setattr__(self, "batch_group", ep_group if batch_group is None else batch_group)
