@@ -110,7 +110,7 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   LOOM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == router->in_features(),
              "ExpertParallelMoE: input ", x.defined() ? shape_str(x.shape()) : "undefined",
              " must end in the ", router->in_features(), " channels");
-  LOOM_CHECK(x.dtype() == DType::kF32, "ExpertParallelMoE: f32 inputs only so far, got ",
+  LOOM_CHECK(is_floating(x.dtype()), "ExpertParallelMoE: floating inputs only, got ",
              dtype_name(x.dtype()));
   const int64_t c = x.size(-1), n = x.numel() / c, e_count = options_.experts;
   LOOM_CHECK(n > 0, "ExpertParallelMoE: this rank has no tokens");
@@ -183,8 +183,10 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
 
   // 3. Each local expert over every rank's rows, in rank order.
   const int64_t r_total = total(recv_rows);
+  // Computed in the activations' dtype, placed in f32, and sent back in the activations' dtype
+  // (a bf16 model exchanges bf16 rows); the combine below sums in f32, as nn::MoE's.
   Tensor results =
-      r_total == 0 ? narrow(received, 0, 0, 0) : Tensor::zeros({r_total, c}, x.dtype(), device);
+      r_total == 0 ? narrow(received, 0, 0, 0) : Tensor::zeros({r_total, c}, DType::kF32, device);
   for (int64_t l = 0; l < local_; ++l) {
     std::vector<int64_t> at;  // positions of (s, l) blocks in the received rows
     int64_t offset = 0;
@@ -197,26 +199,27 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
       }
     if (at.empty()) continue;
     Tensor where = index_tensor(at, device);
-    Tensor y = (*experts_[size_t(l)])(embedding(received, where));
+    Tensor y = (*experts_[size_t(l)])(embedding(received, where)).to(DType::kF32);
     results = index_add_rows(results, where, y);
   }
 
   // 4. Back to the ranks the rows came from, and combined in expert order.
-  Tensor back = all_to_all_rows(results, recv_rows, send_rows, ep_);
-  Tensor out = Tensor::zeros({n, c}, x.dtype(), device);
+  Tensor back = all_to_all_rows(results.to(x.dtype()), recv_rows, send_rows, ep_);
+  Tensor out = Tensor::zeros({n, c}, DType::kF32, device);
   int64_t offset = 0;
   for (int64_t e = 0; e < e_count; ++e) {
     const std::vector<int64_t>& rows = assigned.tokens[size_t(e)];
     const auto m = int64_t(rows.size());
     if (m == 0) continue;
-    Tensor y = narrow(back, 0, offset, m);
+    Tensor y = narrow(back, 0, offset, m).to(DType::kF32);
     Tensor g =
         expand(embedding(routing.gates, index_tensor(assigned.slots[size_t(e)], device)), {m, c});
     out = index_add_rows(out, index_tensor(rows, device), mul(y, g));
     offset += m;
   }
   // Nothing came back (every assignment dropped): zeros that still depend on the exchange.
-  if (offset == 0) out = expand(sum(back).reshape({1, 1}), {n, c});
+  if (offset == 0) out = expand(sum(back.to(DType::kF32)).reshape({1, 1}), {n, c});
+  out = out.to(x.dtype());
   // This rank's share of the batch's losses, times the batch group's size: the term whose mean
   // over the group (what data parallelism averages) is one process's. See the header.
   aux_loss_ =

@@ -115,7 +115,11 @@ Tensor logsumexp_rows(const Tensor& logits) {
 MoeRouting moe_route(Linear& router, const Tensor& flat, const MoeOptions& o) {
   const int64_t n = flat.size(0), k = o.top_k;
   MoeRouting r;
-  r.logits = router(flat);  // [N, E], f32
+  // [N, E], f32 whatever the activations' dtype: a bf16 / f16 model routes in f32 (the router's
+  // weight and the tokens widened exactly), as the layer asks.
+  r.logits = flat.dtype() == DType::kF32
+                 ? router(flat)
+                 : linear(flat.to(DType::kF32), router.weight.to(DType::kF32));
   r.probs = softmax(r.logits);
   ValuesIndices top = topk(r.probs, k, 1);  // [N, k], ties to the lower index
   Tensor gates = k > 1 ? div(top.values, expand(sum(top.values, 1, true), {n, k})) : top.values;
@@ -174,7 +178,7 @@ Tensor MoE::forward(const Tensor& x) {
   LOOM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == router->in_features(), "MoE: input ",
              x.defined() ? shape_str(x.shape()) : "undefined", " must end in the ",
              router->in_features(), " channels");
-  LOOM_CHECK(x.dtype() == DType::kF32, "MoE: f32 inputs only so far, got ", dtype_name(x.dtype()));
+  LOOM_CHECK(is_floating(x.dtype()), "MoE: floating inputs only, got ", dtype_name(x.dtype()));
   const int64_t c = x.size(-1), n = x.numel() / c, e_count = options_.experts;
   stats_ = MoeStats();
   stats_.load.assign(size_t(e_count), 0);
@@ -207,8 +211,9 @@ Tensor MoE::forward(const Tensor& x) {
         std::accumulate(routing.routed.begin(), routing.routed.end(), int64_t(0)), budget_rows_,
         capacity, assigned.dropped);
 
-  // out = sum over experts, in index order, of gate * expert(x) at the expert's tokens.
-  Tensor out = Tensor::zeros({n, c}, x.dtype(), x.device());
+  // out = sum over experts, in index order, of gate * expert(x) at the expert's tokens, summed
+  // in f32 (the experts run in the activations' dtype; a bf16 model's combine is widened).
+  Tensor out = Tensor::zeros({n, c}, DType::kF32, x.device());
   for (int64_t e = 0; e < e_count; ++e) {
     const std::vector<int64_t>& mine = assigned.tokens[size_t(e)];
     stats_.load[size_t(e)] = int64_t(mine.size());
@@ -216,10 +221,11 @@ Tensor MoE::forward(const Tensor& x) {
     const auto m = int64_t(mine.size());
     Tensor rows = Tensor::from_vector(mine, {m}).to(x.device());
     Tensor where = Tensor::from_vector(assigned.slots[size_t(e)], {m}).to(x.device());
-    Tensor y = (*experts_[size_t(e)])(embedding(flat, rows));  // [m, C]
+    Tensor y = (*experts_[size_t(e)])(embedding(flat, rows)).to(DType::kF32);  // [m, C]
     Tensor g = expand(embedding(routing.gates, where), {m, c});
     out = index_add_rows(out, rows, mul(y, g));
   }
+  out = out.to(x.dtype());
   aux_loss_ = moe_aux_loss(routing, options_, routing.routed, n, &stats_.aux_loss, &stats_.z_loss);
   return (*drop)(out.reshape(x.shape()));
 }

@@ -269,15 +269,16 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                               : o.zero > 0                             ? "--zero"
                               : o.grad_accum > 1                       ? "--grad-accum"
                               : o.checkpoint_activations               ? "--checkpoint-activations"
-                              : o.dtype != "f32"                       ? "--dtype"
+                              : o.dtype == "f16"                       ? "--dtype f16"
                               : !o.device.empty() && o.device != "cpu" ? "--device"
                               : !o.save.empty()                        ? "--save"
                               : !o.init_from.empty()                   ? "--init-from"
                                                                        : nullptr;
-    LOOM_CHECK(unsupported == nullptr,
-               "loom-gpt: --moe-experts trains with --dp, --ep and --tp only, in f32 on the CPU, "
-               "without ",
-               unsupported ? unsupported : "", " so far");
+    LOOM_CHECK(
+        unsupported == nullptr,
+        "loom-gpt: --moe-experts trains with --dp, --ep and --tp only, in f32 or bf16 on the "
+        "CPU, without ",
+        unsupported ? unsupported : "", " so far");
   }
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);

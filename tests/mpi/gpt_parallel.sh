@@ -147,6 +147,14 @@ for dtype in bf16 f16; do
   done
 done
 
+# A MoE model in bf16 (the router in f32, the experts in bf16, the combine in f32): dp 2 with the
+# experts split over ep 2 against one process in bf16, within the same 2e-3.
+moe_bf16=(--moe-experts 4 --moe-top-k 2 --dtype bf16)
+"$gpt" "${common[@]}" "${moe_bf16[@]}" --metrics-file "$dir/moe_bf16.jsonl" > "$dir/moe_bf16.log"
+"$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_bf16[@]}" --dp 2 --ep 2 \
+  --metrics-file "$dir/dp2_ep2_moe_bf16.jsonl" > "$dir/dp2_ep2_moe_bf16.log"
+TOLERANCE=2e-3 compare dp2_ep2_moe_bf16 "$dir/dp2_ep2_moe_bf16.jsonl" "$dir/moe_bf16.jsonl"
+
 # The weights. With SGD: Adam divides the rounding noise of a gradient that is zero in exact
 # arithmetic (the key third of attn.qkv.bias, See tests/mpi/dp_reference.h) by sqrt(v) + 1e-8 and
 # turns it into visible differences; SGD compares every parameter at 1e-5.

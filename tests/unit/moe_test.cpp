@@ -266,6 +266,47 @@ TEST(MoE, DroplessOverItsReceiveBudgetFallsBackToTheLargestCapThatFits) {
   EXPECT_GT(moe_receive_budget_rows(0.0, 64, Device::cpu()), 0);  // a quarter of MemAvailable
 }
 
+// A bf16 layer routes in f32 (the same logits, loads and auxiliary losses as an f32 layer with
+// the bf16 weights widened), runs its experts in bf16 and combines in f32: its output and input
+// gradient are the f32 layer's within bf16's rounding.
+TEST(MoE, Bf16RoutesInF32AndMatchesF32WithinRounding) {
+  const int64_t c = 8, n = 12;
+  MoeOptions o;
+  o.experts = 4;
+  o.top_k = 2;
+  o.aux_loss = 0.1;
+  o.z_loss = 0.01;
+  MoE low(c, o), wide(c, o);
+  low.init_parameters(3);
+  Tensor router = low.router->weight;
+  router.copy_(random_tensor({4, c}, 21, -1.0f, 1.0f));
+  low.to(DType::kBF16);
+  auto wide_params = wide.named_parameters();
+  for (auto& [name, p] : low.named_parameters())
+    for (auto& [wname, w] : wide_params)
+      if (wname == name) w.copy_(p.to(DType::kF32));  // the bf16 values, widened
+  const Tensor x = random_tensor({n, c}, 8, -1.0f, 1.0f).to(DType::kBF16).to(DType::kF32);
+  Tensor x_low = x.to(DType::kBF16), x_wide = x.clone();
+  x_low.set_requires_grad(true);
+  x_wide.set_requires_grad(true);
+  Tensor out_low = low(x_low), out_wide = wide(x_wide);
+  EXPECT_EQ(out_low.dtype(), DType::kBF16);
+  EXPECT_EQ(low.stats().load, wide.stats().load);
+  EXPECT_EQ(low.aux_loss().dtype(), DType::kF32);
+  EXPECT_EQ(low.aux_loss().item(), wide.aux_loss().item());  // the same f32 routing maths
+  auto close = [](const Tensor& got, const Tensor& want, const char* what) {
+    const std::vector<float> g = values(got.to(DType::kF32)), w = values(want);
+    float scale = 0;
+    for (float v : w) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < g.size(); ++i)  // bf16 keeps 8 bits: a few roundings of ~0.4%
+      EXPECT_NEAR(g[i], w[i], 0.03f * scale) << what << "[" << i << "]";
+  };
+  close(out_low, out_wide, "output");
+  sum(out_low.to(DType::kF32)).backward();
+  sum(out_wide).backward();
+  close(x_low.grad(), x_wide.grad(), "input gradient");
+}
+
 TEST(MoE, GradientsMatchFiniteDifferences) {
   const int64_t c = 4;
   MoeOptions o;
