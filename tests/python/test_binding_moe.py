@@ -138,3 +138,35 @@ def test_dropless_over_its_receive_budget_falls_back_as_declared():
     np.testing.assert_allclose(numpy_of(x_grad), xt.grad.numpy(), rtol=RTOL, atol=ATOL)
     roomy = results[12.5 * row_mb][0]
     assert roomy.budget_capacity == -1 and roomy.dropped == 0 and roomy.load == [n, 0, 0, 0]
+
+
+def test_expert_parallel_layers_under_the_parallel_wrappers():
+    # One process (the world of one rank): DDP takes an expert-parallel MoE model (its experts
+    # left out of the averaging) and trains it as the plain layer; ZeRO refuses it by name; a
+    # batch group that is not DDP's group is refused.
+    import loom.distributed as dist
+
+    world = dist.world()
+    c, experts = 6, 4
+    x = loom.tensor(np.random.default_rng(1).uniform(-1, 1, size=(5, c)).astype(np.float32))
+    plain = nn.MoE(c, experts, 2).init_parameters(seed=3)
+    ep = nn.MoE(c, experts, 2, ep_group=world).init_parameters(seed=3)
+    ddp = dist.DistributedDataParallel(ep)
+    loss_plain = (plain(x) ** 2).mean() + plain.aux_loss
+    loss_plain.backward()
+    loss_ep = (ddp(x) ** 2).mean() + ep.aux_loss
+    ddp.backward(loss_ep)
+    ddp.finish()
+    assert loss_ep.item() == pytest.approx(loss_plain.item(), rel=1e-6)
+    for (name, p), (_, q) in zip(ep.named_parameters(), plain.named_parameters()):
+        np.testing.assert_allclose(numpy_of(p.grad), numpy_of(q.grad), rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+    with pytest.raises(ValueError, match="expert-parallel MoE layers"):
+        dist.ZeroRedundancyOptimizer(nn.MoE(c, experts, ep_group=world), lr=1e-3)
+    class Two(loom.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.MoE(c, experts, ep_group=world)
+            self.b = nn.MoE(c, experts, ep_group=world.split(color=0, key=0, name="other"))
+    with pytest.raises(ValueError, match="different ep groups"):
+        dist.DistributedDataParallel(Two())
