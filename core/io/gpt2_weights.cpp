@@ -2,6 +2,9 @@
 #include "core/io/gpt2_weights.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -38,6 +41,19 @@ constexpr LayerTensor kLayerTensors[] = {
     {"mlp.c_proj.bias", "mlp.proj.bias", 1, 0},
 };
 
+bool is_mlp(const LayerTensor& lt) { return std::strncmp(lt.hf, "mlp.", 4) == 0; }
+
+bool is_moe_block(const nn::MoeOptions& moe, int64_t layer) {
+  return moe.enabled() && layer % moe.every == 0;
+}
+
+// A double as metadata: the shortest text that reads back to the same value.
+std::string number_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 // Parses "h.{i}.{suffix}" into (i, suffix); false when the name is not of that form.
 bool split_layer_name(const std::string& name, int64_t* layer, std::string* suffix) {
   if (name.rfind("h.", 0) != 0) return false;
@@ -60,6 +76,64 @@ int64_t metadata_int(const std::string& path, const std::map<std::string, std::s
   LOOM_CHECK(ok && std::stoll(v) > 0, kWhat, " ", path, ": metadata ", key, " is '", v,
              "', expected a positive integer");
   return std::stoll(v);
+}
+
+// A floating metadata value, `fallback` when absent.
+double metadata_double(const std::string& path, const std::map<std::string, std::string>& meta,
+                       const std::string& key, double fallback) {
+  auto it = meta.find(key);
+  if (it == meta.end()) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  LOOM_CHECK(!it->second.empty() && end && *end == '\0' && std::isfinite(v), kWhat, " ", path,
+             ": metadata ", key, " is '", it->second, "', expected a number");
+  return v;
+}
+
+// The mixture-of-experts blocks of a file loom saved with --moe-experts (the layers holding
+// mlp.router.weight): the experts from the router's rows, the width from expert 0's c_fc, the
+// rest from the moe_* metadata (top_k is required: no shape shows it). Experts 0: none.
+nn::MoeOptions moe_from_file(const std::string& path, const std::map<std::string, Tensor>& hf,
+                             const std::map<std::string, std::string>& meta, const GptConfig& c) {
+  nn::MoeOptions m;
+  std::vector<int64_t> layers;
+  for (int64_t i = 0; i < c.layers; ++i)
+    if (hf.count("h." + std::to_string(i) + ".mlp.router.weight")) layers.push_back(i);
+  if (layers.empty()) return m;
+  const std::string first = "h." + std::to_string(layers[0]) + ".mlp.";
+  const Tensor& router = hf.at(first + "router.weight");
+  LOOM_CHECK(router.dim() == 2 && router.size(1) == c.channels, kWhat, " ", path, ": tensor ",
+             first, "router.weight has shape ", shape_str(router.shape()), ", expected [experts, ",
+             c.channels, "]");
+  m.experts = router.size(0);
+  auto fc = hf.find(first + "experts.0.c_fc.weight");
+  LOOM_CHECK(fc != hf.end() && fc->second.dim() == 2, kWhat, " ", path, ": tensor ", first,
+             "experts.0.c_fc.weight is missing or not a matrix");
+  m.hidden = fc->second.size(1) == 4 * c.channels ? 0 : fc->second.size(1);
+  m.top_k = metadata_int(path, meta, "moe_top_k");
+  LOOM_CHECK(m.top_k > 0, kWhat, " ", path,
+             ": it holds mixture-of-experts blocks but no "
+             "moe_top_k metadata (how many experts each token uses cannot be seen in the shapes)");
+  m.every = metadata_int(path, meta, "moe_every");
+  if (m.every == 0) m.every = layers.size() > 1 ? layers[1] - layers[0] : c.layers;
+  const int64_t experts_meta = metadata_int(path, meta, "moe_experts");
+  LOOM_CHECK(experts_meta == 0 || experts_meta == m.experts, kWhat, " ", path,
+             ": metadata moe_experts is ", experts_meta, " but the routers have ", m.experts,
+             " rows");
+  m.capacity_factor = metadata_double(path, meta, "moe_capacity_factor", 0.0);
+  m.aux_loss = metadata_double(path, meta, "moe_aux_loss", m.aux_loss);
+  m.z_loss = metadata_double(path, meta, "moe_z_loss", m.z_loss);
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    LOOM_FAIL(kWhat, " ", path, ": its mixture-of-experts metadata is invalid: ", e.what());
+  }
+  for (int64_t i = 0; i < c.layers; ++i)
+    LOOM_CHECK(
+        hf.count("h." + std::to_string(i) + ".mlp.router.weight") == size_t(i % m.every == 0),
+        kWhat, " ", path, ": block ", i, (i % m.every == 0 ? " has no" : " has a"),
+        " router, but every ", m.every, "-th block is a mixture of experts");
+  return m;
 }
 
 }  // namespace
@@ -148,6 +222,7 @@ GptWeights load_gpt2_safetensors(const std::string& path, int64_t heads_hint) {
 
   GptWeights w;
   w.config = c;
+  w.moe = moe_from_file(path, hf, meta, c);
   const int64_t C = c.channels;
   Tensor padded = Tensor::zeros({c.padded_vocab, C});
   padded.narrow(0, 0, c.vocab).copy_(wte);
@@ -156,7 +231,9 @@ GptWeights load_gpt2_safetensors(const std::string& path, int64_t heads_hint) {
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
     const std::string blocks = "blocks." + std::to_string(i) + ".";
+    const bool experts = is_moe_block(w.moe, i);
     for (const LayerTensor& lt : kLayerTensors) {
+      if (experts && is_mlp(lt)) continue;
       const std::string name = h + lt.hf;
       Tensor t = take(name);
       if (lt.cols) {
@@ -167,6 +244,28 @@ GptWeights load_gpt2_safetensors(const std::string& path, int64_t heads_hint) {
         w.params[blocks + lt.loom] = t.contiguous();
       }
     }
+    if (!experts) continue;
+    const int64_t H = w.moe.hidden > 0 ? w.moe.hidden : 4 * C;
+    Tensor router = take(h + "mlp.router.weight");
+    expect_shape(h + "mlp.router.weight", router, {w.moe.experts, C});
+    w.params[blocks + "mlp.router.weight"] = router.contiguous();
+    for (int64_t e = 0; e < w.moe.experts; ++e) {
+      const std::string from = h + "mlp.experts." + std::to_string(e) + ".";
+      const std::string to = blocks + "mlp.experts." + std::to_string(e) + ".";
+      const std::pair<const char*, Shape> matrices[] = {{"c_fc.weight", {C, H}},
+                                                        {"c_proj.weight", {H, C}}};
+      for (const auto& [name, shape] : matrices) {  // Conv1D (in, out): transposed
+        Tensor t = take(from + name);
+        expect_shape(from + name, t, shape);
+        w.params[to + (name[2] == 'f' ? "fc.weight" : "proj.weight")] =
+            t.transpose(0, 1).contiguous();
+      }
+      Tensor fc_bias = take(from + "c_fc.bias"), proj_bias = take(from + "c_proj.bias");
+      expect_shape(from + "c_fc.bias", fc_bias, {H});
+      expect_shape(from + "c_proj.bias", proj_bias, {C});
+      w.params[to + "fc.bias"] = fc_bias.contiguous();
+      w.params[to + "proj.bias"] = proj_bias.contiguous();
+    }
   }
   for (const char* name : {"ln_f.weight", "ln_f.bias"}) {
     Tensor t = take(name);
@@ -176,24 +275,37 @@ GptWeights load_gpt2_safetensors(const std::string& path, int64_t heads_hint) {
   LOOM_CHECK(hf.empty(), kWhat, " ", path, ": unexpected tensor ", hf.begin()->first,
              " (not a GPT-2 parameter", hf.size() > 1 ? ", and " : "",
              hf.size() > 1 ? std::to_string(hf.size() - 1) + " more" : std::string(), ")");
-  check_gpt_params(c, w.params, std::string("loading ") + kWhat + " " + path);
+  check_gpt_params(c, w.params, std::string("loading ") + kWhat + " " + path, w.moe);
   return w;
 }
 
 void save_gpt2_safetensors(const std::string& path, const GptConfig& config,
-                           const GptParams& params) {
+                           const GptParams& params, const nn::MoeOptions& moe) {
   const std::string context = std::string("saving ") + kWhat + " " + path;
   config.validate();
-  check_gpt_params(config, params, context);
+  check_gpt_params(config, params, context, moe);
   std::map<std::string, Tensor> hf;
   hf["wte.weight"] = host_f32(params.at("wte.weight")).narrow(0, 0, config.vocab).contiguous();
   hf["wpe.weight"] = host_f32(params.at("wpe.weight"));
   for (int64_t i = 0; i < config.layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
     const std::string blocks = "blocks." + std::to_string(i) + ".";
+    const bool experts = is_moe_block(moe, i);
     for (const LayerTensor& lt : kLayerTensors) {
+      if (experts && is_mlp(lt)) continue;
       Tensor t = host_f32(params.at(blocks + lt.loom));
       hf[h + lt.hf] = lt.cols ? t.transpose(0, 1).contiguous() : t;
+    }
+    if (!experts) continue;
+    hf[h + "mlp.router.weight"] = host_f32(params.at(blocks + "mlp.router.weight"));
+    for (int64_t e = 0; e < moe.experts; ++e) {
+      const std::string from = blocks + "mlp.experts." + std::to_string(e) + ".";
+      const std::string to = h + "mlp.experts." + std::to_string(e) + ".";
+      hf[to + "c_fc.weight"] = host_f32(params.at(from + "fc.weight")).transpose(0, 1).contiguous();
+      hf[to + "c_fc.bias"] = host_f32(params.at(from + "fc.bias"));
+      hf[to + "c_proj.weight"] =
+          host_f32(params.at(from + "proj.weight")).transpose(0, 1).contiguous();
+      hf[to + "c_proj.bias"] = host_f32(params.at(from + "proj.bias"));
     }
   }
   hf["ln_f.weight"] = host_f32(params.at("ln_f.weight"));
@@ -207,6 +319,15 @@ void save_gpt2_safetensors(const std::string& path, const GptConfig& config,
       {"vocab_size", std::to_string(config.vocab)},
       {"padded_vocab_size", std::to_string(config.padded_vocab)},
   };
+  if (moe.enabled()) {  // what the shapes cannot tell (See load_gpt2_safetensors)
+    meta["moe_experts"] = std::to_string(moe.experts);
+    meta["moe_top_k"] = std::to_string(moe.top_k);
+    meta["moe_every"] = std::to_string(moe.every);
+    meta["moe_hidden"] = std::to_string(moe.hidden > 0 ? moe.hidden : 4 * config.channels);
+    meta["moe_capacity_factor"] = number_str(moe.capacity_factor);
+    meta["moe_aux_loss"] = number_str(moe.aux_loss);
+    meta["moe_z_loss"] = number_str(moe.z_loss);
+  }
   write_safetensors(path, hf, meta);
 }
 

@@ -32,8 +32,14 @@ GptWeights load_gpt2_safetensors(const std::string& path, int64_t heads_hint = 0
 
 // Writes the unpadded vocab rows of wte, and metadata format=pt (which transformers requires),
 // n_head, n_layer, n_embd, n_positions, vocab_size and padded_vocab_size.
+// A model with mixture-of-experts blocks (`moe`, See gpt_param_specs) also writes, for each
+// MoE block i, h.{i}.mlp.router.weight [E, C] (as a Linear's, out x in) and
+// h.{i}.mlp.experts.{e}.c_fc.weight [C, H] / .c_fc.bias [H] / .c_proj.weight [H, C] /
+// .c_proj.bias [C] (Conv1D's layout, as the dense MLP's), in place of h.{i}.mlp.c_*, and
+// metadata moe_experts, moe_top_k, moe_every, moe_hidden, moe_capacity_factor, moe_aux_loss,
+// moe_z_loss; load_gpt2_safetensors reads them back into GptWeights::moe.
 void save_gpt2_safetensors(const std::string& path, const GptConfig& config,
-                           const GptParams& params);
+                           const GptParams& params, const nn::MoeOptions& moe = {});
 
 // The padded vocabulary llm.c would use: vocab rounded up to a multiple of 128.
 int64_t llmc_padded_vocab(int64_t vocab);

@@ -8,7 +8,7 @@
 
 namespace loom::io {
 
-std::vector<GptParamSpec> gpt_param_specs(const GptConfig& c) {
+std::vector<GptParamSpec> gpt_param_specs(const GptConfig& c, const nn::MoeOptions& moe) {
   const int64_t C = c.channels;
   std::vector<GptParamSpec> specs = {{"wte.weight", {c.padded_vocab, C}},
                                      {"wpe.weight", {c.max_seq_len, C}}};
@@ -22,6 +22,18 @@ std::vector<GptParamSpec> gpt_param_specs(const GptConfig& c) {
     specs.push_back({p + "attn.proj.bias", {C}});
     specs.push_back({p + "ln2.weight", {C}});
     specs.push_back({p + "ln2.bias", {C}});
+    if (moe.enabled() && i % moe.every == 0) {
+      const int64_t H = moe.hidden > 0 ? moe.hidden : 4 * C;
+      specs.push_back({p + "mlp.router.weight", {moe.experts, C}});
+      for (int64_t e = 0; e < moe.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        specs.push_back({x + "fc.weight", {H, C}});
+        specs.push_back({x + "fc.bias", {H}});
+        specs.push_back({x + "proj.weight", {C, H}});
+        specs.push_back({x + "proj.bias", {C}});
+      }
+      continue;
+    }
     specs.push_back({p + "mlp.fc.weight", {4 * C, C}});
     specs.push_back({p + "mlp.fc.bias", {4 * C}});
     specs.push_back({p + "mlp.proj.weight", {C, 4 * C}});
@@ -32,10 +44,10 @@ std::vector<GptParamSpec> gpt_param_specs(const GptConfig& c) {
   return specs;
 }
 
-void check_gpt_params(const GptConfig& config, const GptParams& params,
-                      const std::string& context) {
+void check_gpt_params(const GptConfig& config, const GptParams& params, const std::string& context,
+                      const nn::MoeOptions& moe) {
   std::set<std::string> expected;
-  for (const GptParamSpec& spec : gpt_param_specs(config)) {
+  for (const GptParamSpec& spec : gpt_param_specs(config, moe)) {
     expected.insert(spec.name);
     auto it = params.find(spec.name);
     LOOM_CHECK(it != params.end(), context, ": parameter ", spec.name, " is missing (",

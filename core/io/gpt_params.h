@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/nn/gpt_config.h"
+#include "core/nn/moe.h"
 #include "core/tensor.h"
 
 namespace loom::io {
@@ -19,6 +20,8 @@ using GptParams = std::map<std::string, Tensor>;
 struct GptWeights {
   GptConfig config;
   GptParams params;  // loom names -> CPU f32 tensors
+  // The mixture-of-experts blocks (experts 0: a dense model). `hidden` is the experts' width.
+  nn::MoeOptions moe;
 };
 
 struct GptParamSpec {
@@ -28,12 +31,16 @@ struct GptParamSpec {
 
 // Every parameter of a GPT with this config, in the order of Note [GPT parameter names]
 // (wte, wpe, then each block, then ln_f).
-std::vector<GptParamSpec> gpt_param_specs(const GptConfig& config);
+// With `moe` enabled, the MoE blocks (i % moe.every == 0) hold mlp.router.weight [E, C] and
+// mlp.experts.{e}.fc.weight [H, C] / .fc.bias [H] / .proj.weight [C, H] / .proj.bias [C]
+// (H: moe.hidden, or 4C) in place of the dense MLP.
+std::vector<GptParamSpec> gpt_param_specs(const GptConfig& config, const nn::MoeOptions& moe = {});
 
 // Checks that `params` holds exactly the parameters of gpt_param_specs(config), each with its
 // shape and a floating dtype. Throws loom::Error naming `context` (e.g. "saving model.bin") and
 // the first missing, unexpected or misshapen tensor.
-void check_gpt_params(const GptConfig& config, const GptParams& params, const std::string& context);
+void check_gpt_params(const GptConfig& config, const GptParams& params, const std::string& context,
+                      const nn::MoeOptions& moe = {});
 
 // The config as checkpoints record it ({"layers", "heads", "channels", "vocab", "padded_vocab",
 // "max_seq_len"}) and back. Reading throws naming `where` for a missing or non-integer field or an

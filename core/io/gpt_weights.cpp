@@ -111,10 +111,13 @@ GptWeights load_gpt_weights(const std::string& given, int64_t heads_hint, bool a
   return w;
 }
 
-void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params) {
+void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params,
+                      const nn::MoeOptions& moe) {
   const std::string ext = detail::extension_of(path);
+  LOOM_CHECK(!(ext == ".bin" && moe.enabled()), "cannot save ", path,
+             ": llm.c's format has no place for a mixture of experts; save to .safetensors");
   if (ext == ".bin") return save_llmc_checkpoint(path, config, params);
-  if (ext == ".safetensors") return save_gpt2_safetensors(path, config, params);
+  if (ext == ".safetensors") return save_gpt2_safetensors(path, config, params, moe);
   LOOM_FAIL("cannot tell which weight format to write to ", path, ": the extension is '", ext,
             "', expected .bin (llm.c) or .safetensors (Hugging Face GPT-2)");
 }

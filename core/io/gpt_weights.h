@@ -26,7 +26,9 @@ namespace loom::io {
 GptWeights load_gpt_weights(const std::string& path, int64_t heads_hint = 0,
                             bool allow_nonfinite = false);
 
-// Throws loom::Error for an extension other than .bin or .safetensors.
-void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params);
+// Throws loom::Error for an extension other than .bin or .safetensors, and for a model with
+// mixture-of-experts blocks (`moe`) in llm.c's format, which has no place for experts.
+void save_gpt_weights(const std::string& path, const GptConfig& config, const GptParams& params,
+                      const nn::MoeOptions& moe = {});
 
 }  // namespace loom::io

@@ -8,7 +8,7 @@
 namespace loom::gpt {
 
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
-    : config_(config) {
+    : config_(config), moe_options_(o.moe()) {
   nn::MoeFactory make_moe;
   if (o.moe_experts > 0 && mesh.dp_size() > 1) {
     // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
@@ -71,25 +71,56 @@ Tensor GptModel::logits(const Tensor& idx) const {
 }
 
 void GptModel::load(const io::GptParams& params) {
+  io::GptParams mine = params;
+  if (ep_ && ep_->size() > 1) {  // this rank holds only its experts: the others' are not its
+    mine.clear();
+    for (auto& [name, p] : module().named_parameters())
+      if (auto it = params.find(name); it != params.end()) mine.insert(*it);
+  }
   if (gpt_) {
-    gpt_->load_state_dict(params);
+    gpt_->load_state_dict(mine);
     return;
   }
-  parallel::load_full_state(*tp_gpt_, params);
+  parallel::load_full_state(*tp_gpt_, mine);
 }
 
 io::GptParams GptModel::full_params() const {
   io::GptParams out;
   if (gpt_) {
     for (auto& [name, t] : gpt_->named_parameters()) out[name] = t.detach().to(DType::kF32);
-    return out;
+  } else {
+    for (auto& [name, t] : parallel::gather_full_state(*tp_gpt_, *tp_)) {
+      Tensor v = t.to(DType::kF32);
+      // wte's rows past the single-process padding exist only for tp (See TpGPT::wte_rows).
+      out[name] = name == "wte.weight" ? v.narrow(0, 0, config_.padded_vocab).contiguous() : v;
+    }
   }
-  for (auto& [name, t] : parallel::gather_full_state(*tp_gpt_, *tp_)) {
-    Tensor v = t.to(DType::kF32);
-    // wte's rows past the single-process padding exist only for tp (See TpGPT::wte_rows).
-    out[name] = name == "wte.weight" ? v.narrow(0, 0, config_.padded_vocab).contiguous() : v;
-  }
+  if (ep_ && ep_->size() > 1) gather_experts(out);
   return out;
+}
+
+// Each MoE block's experts are split over the ep group (rank r holds E / ep from r E / ep):
+// every expert's tensors are broadcast from its holder, so every rank of the ep group (rank 0
+// of the job among them) ends with all of them, under their single-process names.
+void GptModel::gather_experts(io::GptParams& params) const {
+  const nn::MoeOptions& moe = moe_options_;
+  if (!moe.enabled()) return;
+  const int64_t local = moe.experts / ep_->size();
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    if (i % moe.every != 0) continue;
+    const std::string block = "blocks." + std::to_string(i) + ".mlp.experts.";
+    const std::string first = block + std::to_string(ep_->rank() * local) + ".";
+    for (const char* w : {"fc.weight", "fc.bias", "proj.weight", "proj.bias"}) {
+      const Shape shape = params.at(first + w).shape();
+      for (int64_t e = 0; e < moe.experts; ++e) {
+        const std::string name = block + std::to_string(e) + "." + w;
+        Tensor t =
+            params.count(name) ? params.at(name).contiguous() : Tensor::zeros(shape, DType::kF32);
+        ep_->broadcast(t, comm::BroadcastOptions{int(e / local)})->wait();
+        params[name] = t;
+      }
+    }
+  }
 }
 
 }  // namespace loom::gpt

@@ -45,13 +45,17 @@ class GptModel {
   void to(Device device);
   Device device() const { return device_; }
 
-  // Single-process weights in, each rank taking its slice.
+  // Single-process weights in, each rank taking its slice (its experts among them).
   void load(const io::GptParams& params);
-  // The single-process weights (f32, CPU). Collective over tp.
+  // The single-process weights (f32, CPU), every expert included. Collective over tp and ep.
   io::GptParams full_params() const;
+  const nn::MoeOptions& moe() const { return moe_options_; }
 
  private:
+  void gather_experts(io::GptParams& params) const;
+
   GptConfig config_;
+  nn::MoeOptions moe_options_;
   std::shared_ptr<comm::Communicator> tp_, ep_, expert_replicas_;
   Device device_ = Device::cpu();
   std::unique_ptr<nn::GPT> gpt_;

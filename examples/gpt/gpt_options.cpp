@@ -271,8 +271,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                               : o.checkpoint_activations               ? "--checkpoint-activations"
                               : o.dtype == "f16"                       ? "--dtype f16"
                               : !o.device.empty() && o.device != "cpu" ? "--device"
-                              : !o.save.empty()                        ? "--save"
-                              : !o.init_from.empty()                   ? "--init-from"
                                                                        : nullptr;
     LOOM_CHECK(
         unsupported == nullptr,

@@ -74,6 +74,28 @@ int64_t padded_vocab_for(int64_t vocab) {
 
 // The model shape: from the checkpoint when there is one (explicit flags must agree), else from
 // the flags and the data's vocabulary.
+std::string moe_str(const nn::MoeOptions& m, int64_t channels) {
+  if (!m.enabled()) return "none (dense blocks)";
+  return detail::str_cat(m.experts, " experts of width ", m.hidden > 0 ? m.hidden : 4 * channels,
+                         ", top-", m.top_k, ", every ", m.every, " block(s)");
+}
+
+// --init-from weights with mixture-of-experts blocks build only the model they were saved
+// from: the experts, their width, top-k and the MoE blocks must be the --moe-* flags' (the
+// capacity and the loss coefficients are training's, and may change).
+void check_init_moe(const GptOptions& o, const io::GptWeights& init) {
+  const nn::MoeOptions given = o.moe(), saved = init.moe;
+  const int64_t c = init.config.channels;
+  const bool same =
+      given.experts == saved.experts &&
+      (!given.enabled() ||
+       (given.top_k == saved.top_k && given.every == saved.every &&
+        (given.hidden > 0 ? given.hidden : 4 * c) == (saved.hidden > 0 ? saved.hidden : 4 * c)));
+  LOOM_CHECK(same, "loom-gpt: --init-from ", o.init_from, " holds mixture of experts ",
+             moe_str(saved, c), " but the --moe-* flags give ", moe_str(given, c),
+             "; pass the file's (--moe-experts, --moe-top-k, --moe-every, --moe-hidden)");
+}
+
 GptConfig resolve_config(const GptOptions& o, const GptData& data, const io::GptWeights* init,
                          const ResumePoint* resume) {
   GptConfig c;
@@ -224,6 +246,7 @@ int run(int argc, char** argv) {
   if (!o.init_from.empty())
     init = std::make_unique<io::GptWeights>(
         io::load_gpt_weights(o.init_from, o.was_set("heads") ? o.heads : 0));
+  if (init) check_init_moe(o, *init);
   const std::optional<ResumePoint> resume = cli::find_resume_point(o.checkpoints);
   GptData data = load_gpt_data(o);
   const GptConfig config = resolve_config(o, data, init.get(), resume ? &*resume : nullptr);
@@ -446,7 +469,7 @@ int run(int argc, char** argv) {
   if (!o.save.empty()) {
     const io::GptParams params = trainer->full_params();  // every rank takes part
     if (world->rank() == 0) {
-      io::save_gpt_weights(o.save, config, params);
+      io::save_gpt_weights(o.save, config, params, o.moe());
       std::printf("saved weights to %s\n", o.save.c_str());
     }
   }

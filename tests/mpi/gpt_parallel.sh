@@ -34,8 +34,8 @@ PY
 }
 # compare_weights NAME FILE: FILE's tensors equal the single-process weights within 1e-5 of each
 # tensor's scale (safetensors: an 8-byte header length, a JSON header, then the raw data).
-compare_weights() {
-  python3 - "$dir/single.safetensors" "$2" "$1" <<'PY'
+compare_weights() {  # name, file[, reference (default: the single-process SGD weights)]
+  python3 - "${3:-$dir/single.safetensors}" "$2" "$1" <<'PY'
 import array, json, struct, sys
 def load(path):
     raw = open(path, "rb").read()
@@ -193,6 +193,23 @@ a, b = float(sys.argv[1].split()[1]), float(sys.argv[2].split()[1])
 assert abs(a - b) <= 1e-5 * abs(a), f"--tp 2 --init-from: val_loss {b} vs single-process {a}"
 print(f"tp2 --init-from: val_loss {b} matches the single-process {a}")
 PY
+
+# MoE weights: --save writes the experts as h.{i}.mlp.router.weight and
+# h.{i}.mlp.experts.{e}.c_fc / c_proj (Conv1D layout) with moe_* metadata; dp 2 x tp 2 x ep 2
+# gathers each expert from its holder and saves the single-process weights, and --init-from
+# loads the file on one process and on dp 4 x ep 2 with the same held-out loss.
+moe_w=(--moe-experts 4 --moe-top-k 2 --moe-every 2 --moe-hidden 48)
+"$gpt" "${common[@]}" "${sgd[@]}" "${moe_w[@]}" --save "$dir/moe_single.safetensors" \
+  > "$dir/moe_single_save.log"
+"$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${sgd[@]}" "${moe_w[@]}" --dp 2 --tp 2 --ep 2 \
+  --save "$dir/moe_ep.safetensors" > "$dir/moe_ep_save.log"
+compare_weights "dp2_tp2_ep2 MoE --save" "$dir/moe_ep.safetensors" "$dir/moe_single.safetensors"
+moe_one=$("$gpt" "${common[@]}" "${moe_w[@]}" --init-from "$dir/moe_single.safetensors" \
+  --eval-only | grep val_loss)
+moe_ep=$("$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${moe_w[@]}" --dp 4 --ep 2 \
+  --init-from "$dir/moe_single.safetensors" --eval-only | grep val_loss)
+[ "$moe_one" = "$moe_ep" ] || { echo "MoE --init-from on dp 4 x ep 2: $moe_ep vs $moe_one"; exit 1; }
+echo "MoE --init-from on dp 4 x ep 2: $moe_ep, as on one process"
 
 # Pipelines.
 deep=(--steps 6 --batch 16 --layers 4 --dim 32 --heads 2 --eval-every 1000 --threads 1 --lr 1e-3

@@ -17,6 +17,7 @@
 #include "core/io/safetensors.h"
 #include "core/io/token_file.h"
 #include "testing/files.h"
+#include "testing/gradcheck.h"
 
 namespace loom::io {
 namespace {
@@ -484,6 +485,67 @@ TEST_F(WeightsTest, HuggingFaceGpt2SavesBackInItsLayout) {
   EXPECT_EQ(again.config.str(), w.config.str());
   for (const auto& [name, t] : w.params)
     EXPECT_EQ(again.params.at(name).to_vector<float>(), t.to_vector<float>()) << name;
+}
+
+// A model with mixture-of-experts blocks (every 2nd block, 3 experts 12 wide, top-2): the
+// experts are written as h.{i}.mlp.router.weight [E, C] and h.{i}.mlp.experts.{e}.c_fc.weight
+// [C, H] (Conv1D: transposed) ..., with the moe_* metadata, and read back exactly, MoE options
+// included; a file without moe_top_k is refused by name.
+TEST_F(WeightsTest, MixtureOfExpertsSavesUnderHuggingFaceNamesAndLoadsBack) {
+  GptConfig c;
+  c.layers = kL;
+  c.heads = kNH;
+  c.channels = kC;
+  c.vocab = kV;
+  c.padded_vocab = kVp;
+  c.max_seq_len = kT;
+  nn::MoeOptions moe;
+  moe.experts = 3;
+  moe.top_k = 2;
+  moe.every = 2;
+  moe.hidden = 12;
+  moe.capacity_factor = 1.25;
+  GptParams params;
+  uint64_t salt = 1;
+  for (const GptParamSpec& spec : gpt_param_specs(c, moe))
+    params[spec.name] = testing::random_tensor(spec.shape, salt++, -1.0f, 1.0f);
+  params.at("wte.weight").narrow(0, kV, kVp - kV).zero_();  // padding rows: not in the file
+  EXPECT_TRUE(params.count("blocks.0.mlp.experts.2.fc.weight"));
+  EXPECT_FALSE(params.count("blocks.1.mlp.router.weight"));  // block 1 is dense
+  save_gpt2_safetensors(path("moe.safetensors"), c, params, moe);
+
+  SafetensorsFile f = read_safetensors(path("moe.safetensors"));
+  EXPECT_EQ(f.tensors.at("h.0.mlp.router.weight").shape(), (Shape{3, kC}));
+  EXPECT_EQ(f.tensors.at("h.0.mlp.experts.1.c_fc.weight").shape(), (Shape{kC, 12}));
+  EXPECT_EQ(f.tensors.at("h.0.mlp.experts.1.c_fc.weight").to_vector<float>(),
+            params.at("blocks.0.mlp.experts.1.fc.weight")
+                .transpose(0, 1)
+                .contiguous()
+                .to_vector<float>());
+  EXPECT_EQ(f.tensors.at("h.0.mlp.experts.1.c_proj.weight").shape(), (Shape{12, kC}));
+  EXPECT_TRUE(f.tensors.count("h.1.mlp.c_fc.weight"));
+  EXPECT_FALSE(f.tensors.count("h.0.mlp.c_fc.weight"));
+  EXPECT_EQ(f.metadata.at("moe_top_k"), "2");
+  EXPECT_EQ(f.metadata.at("moe_hidden"), "12");
+
+  GptWeights back = load_gpt2_safetensors(path("moe.safetensors"));
+  EXPECT_EQ(back.moe.experts, 3);
+  EXPECT_EQ(back.moe.top_k, 2);
+  EXPECT_EQ(back.moe.every, 2);
+  EXPECT_EQ(back.moe.hidden, 12);
+  EXPECT_EQ(back.moe.capacity_factor, 1.25);
+  ASSERT_EQ(back.params.size(), params.size());
+  for (const auto& [name, t] : params)
+    EXPECT_EQ(back.params.at(name).to_vector<float>(), t.to_vector<float>()) << name;
+
+  std::map<std::string, Tensor> tensors = f.tensors;
+  std::map<std::string, std::string> meta = f.metadata;
+  meta.erase("moe_top_k");
+  write_safetensors(path("no_top_k.safetensors"), tensors, meta);
+  expect_error([&] { load_gpt2_safetensors(path("no_top_k.safetensors")); },
+               {"no_top_k.safetensors", "no moe_top_k metadata"});
+  expect_error([&] { save_gpt_weights(path("moe.bin"), c, params, moe); },
+               {"llm.c's format has no place for a mixture of experts"});
 }
 
 TEST_F(WeightsTest, HuggingFaceGpt2BadInput) {
