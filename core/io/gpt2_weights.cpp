@@ -245,7 +245,7 @@ GptWeights load_gpt2_safetensors(const std::string& path, int64_t heads_hint) {
       }
     }
     if (!experts) continue;
-    const int64_t H = w.moe.hidden > 0 ? w.moe.hidden : 4 * C;
+    const int64_t H = w.moe.expert_width(C);
     Tensor router = take(h + "mlp.router.weight");
     expect_shape(h + "mlp.router.weight", router, {w.moe.experts, C});
     w.params[blocks + "mlp.router.weight"] = router.contiguous();
@@ -323,7 +323,7 @@ void save_gpt2_safetensors(const std::string& path, const GptConfig& config,
     meta["moe_experts"] = std::to_string(moe.experts);
     meta["moe_top_k"] = std::to_string(moe.top_k);
     meta["moe_every"] = std::to_string(moe.every);
-    meta["moe_hidden"] = std::to_string(moe.hidden > 0 ? moe.hidden : 4 * config.channels);
+    meta["moe_hidden"] = std::to_string(moe.expert_width(config.channels));
     meta["moe_capacity_factor"] = number_str(moe.capacity_factor);
     meta["moe_aux_loss"] = number_str(moe.aux_loss);
     meta["moe_z_loss"] = number_str(moe.z_loss);

@@ -23,7 +23,7 @@ std::vector<GptParamSpec> gpt_param_specs(const GptConfig& c, const nn::MoeOptio
     specs.push_back({p + "ln2.weight", {C}});
     specs.push_back({p + "ln2.bias", {C}});
     if (moe.enabled() && i % moe.every == 0) {
-      const int64_t H = moe.hidden > 0 ? moe.hidden : 4 * C;
+      const int64_t H = moe.expert_width(C);
       specs.push_back({p + "mlp.router.weight", {moe.experts, C}});
       for (int64_t e = 0; e < moe.experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".";

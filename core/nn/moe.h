@@ -60,6 +60,7 @@ struct MoeOptions {
   // model the dense model's active parameters: k experts of 4C / k.
   int64_t hidden = 0;
   bool enabled() const { return experts > 0; }
+  int64_t expert_width(int64_t channels) const { return hidden > 0 ? hidden : 4 * channels; }
   void validate() const;  // throws loom::Error naming the bad field
 };
 

@@ -76,8 +76,8 @@ int64_t padded_vocab_for(int64_t vocab) {
 // the flags and the data's vocabulary.
 std::string moe_str(const nn::MoeOptions& m, int64_t channels) {
   if (!m.enabled()) return "none (dense blocks)";
-  return detail::str_cat(m.experts, " experts of width ", m.hidden > 0 ? m.hidden : 4 * channels,
-                         ", top-", m.top_k, ", every ", m.every, " block(s)");
+  return detail::str_cat(m.experts, " experts of width ", m.expert_width(channels), ", top-",
+                         m.top_k, ", every ", m.every, " block(s)");
 }
 
 // --init-from weights with mixture-of-experts blocks build only the model they were saved
@@ -88,9 +88,8 @@ void check_init_moe(const GptOptions& o, const io::GptWeights& init) {
   const int64_t c = init.config.channels;
   const bool same =
       given.experts == saved.experts &&
-      (!given.enabled() ||
-       (given.top_k == saved.top_k && given.every == saved.every &&
-        (given.hidden > 0 ? given.hidden : 4 * c) == (saved.hidden > 0 ? saved.hidden : 4 * c)));
+      (!given.enabled() || (given.top_k == saved.top_k && given.every == saved.every &&
+                            given.expert_width(c) == saved.expert_width(c)));
   LOOM_CHECK(same, "loom-gpt: --init-from ", o.init_from, " holds mixture of experts ",
              moe_str(saved, c), " but the --moe-* flags give ", moe_str(given, c),
              "; pass the file's (--moe-experts, --moe-top-k, --moe-every, --moe-hidden)");
@@ -324,8 +323,7 @@ int run(int argc, char** argv) {
     std::printf("moe: %" PRId64 " experts of hidden width %" PRId64 ", top-%" PRId64
                 " in every %" PRId64 " block(s), %s, aux loss %g, z-loss %g; %" PRId64
                 " parameters in all\n",
-                o.moe_experts, o.moe_hidden > 0 ? o.moe_hidden : 4 * config.channels, o.moe_top_k,
-                o.moe_every,
+                o.moe_experts, o.moe().expert_width(config.channels), o.moe_top_k, o.moe_every,
                 o.moe_capacity_factor > 0
                     ? detail::str_cat("capacity factor ", o.moe_capacity_factor).c_str()
                     : "dropless",
