@@ -126,7 +126,7 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   batch_->allgather(Tensor::from_vector(mine, {width}), all)->wait();
   const std::vector<int64_t> counts = all.to_vector<int64_t>();
   std::vector<int64_t> routed(static_cast<size_t>(e_count), 0), taken = routed;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  // this part's, over the batch group
   for (int64_t b = 0; b < b_size; ++b) {
     for (int64_t e = 0; e < e_count; ++e) {
       routed[size_t(e)] += counts[size_t(b * width + e)];
@@ -134,10 +134,15 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
     }
     tokens += counts[size_t(b * width + e_count)];
   }
-  int64_t capacity = nn::moe_capacity(options_, tokens);
+  // The batch this forward is part of (See Note [A batch in micro-batches] in core/nn/moe.h).
+  const nn::MoeBatchSplit::Part part = split_.next(routed, tokens, options_.aux_loss);
+  int64_t capacity = nn::moe_capacity(options_, part.tokens);
   stats_ = nn::MoeStats();
-  int64_t most = 0;    // dropless: the most rows a rank would receive
-  if (capacity < 0) {  // See Note [Dropless receive budget] in core/nn/moe.h
+  int64_t most = 0;  // dropless: the most rows a rank would receive
+  if (capacity >= 0) {
+    // Places count from the batch's first token: the earlier parts' assignments come first.
+    for (int64_t e = 0; e < e_count; ++e) taken[size_t(e)] += part.before[size_t(e)];
+  } else {  // See Note [Dropless receive budget] in core/nn/moe.h
     if (budget_rows_ == 0) learn_budget(c, device);
     if (budget_rows_ > 0 && (most = most_received(total(routed), counts)) > budget_rows_) {
       capacity =
@@ -149,8 +154,10 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   const nn::MoeAssignments assigned = nn::moe_assign(routing, options_, capacity, taken);
   stats_.tokens = tokens;
   for (int64_t e = 0; e < e_count; ++e) {
+    // Kept: this part's assignments within the places the earlier parts left (capacity mode).
     const int64_t r = routed[size_t(e)];
-    stats_.load.push_back(capacity < 0 ? r : std::min(r, capacity));
+    const int64_t earlier = stats_.budget_capacity < 0 ? part.before[size_t(e)] : 0;
+    stats_.load.push_back(capacity < 0 ? r : std::clamp(capacity - earlier, int64_t(0), r));
     stats_.dropped += r - stats_.load.back();
   }
   if (stats_.budget_capacity >= 0 && b_rank == 0)
@@ -222,9 +229,10 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   out = out.to(x.dtype());
   // This rank's share of the batch's losses, times the batch group's size: the term whose mean
   // over the group (what data parallelism averages) is one process's. See the header.
-  aux_loss_ =
-      scale(nn::moe_aux_loss(routing, options_, routed, tokens, &stats_.aux_loss, &stats_.z_loss),
-            double(b_size));
+  aux_loss_ = part.recording ? Tensor::zeros({}, DType::kF32, device)
+                             : scale(nn::moe_aux_loss(routing, options_, part.routed, part.tokens,
+                                                      &stats_.aux_loss, &stats_.z_loss),
+                                     double(b_size));
   stats_.aux_loss *= double(b_size);
   stats_.z_loss *= double(b_size);
   return (*drop)(out.reshape(x.shape()));

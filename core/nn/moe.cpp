@@ -86,6 +86,65 @@ void moe_warn_budget_fallback(int64_t rows, int64_t budget, int64_t cap, int64_t
                static_cast<long long>(count));
 }
 
+void MoeBatchSplit::begin(int64_t parts, bool record) {
+  LOOM_CHECK(parts >= 1, "MoE: a batch comes in at least one part, got ", parts);
+  parts_ = parts;
+  recording_ = record;
+  done_ = recorded_tokens_ = 0;
+  before_.clear();
+  recorded_.clear();
+}
+
+MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int64_t tokens,
+                                        double aux_loss) {
+  Part p;
+  p.tokens = tokens * parts_;
+  p.recording = recording_;
+  p.before = before_.empty() ? std::vector<int64_t>(routed.size(), 0) : before_;
+  if (!recording_ && !recorded_.empty()) {
+    LOOM_CHECK(recorded_tokens_ == p.tokens, "MoE: the batch's parts hold ", p.tokens,
+               " tokens in all, but its routing pass counted ", recorded_tokens_,
+               "; forward the same parts in both passes (See Note [A batch in micro-batches])");
+    p.routed = recorded_;
+  } else {
+    LOOM_CHECK(parts_ == 1 || recording_ || aux_loss == 0, "MoE: a batch split into ", parts_,
+               " parts needs the whole batch's routing counts for its load-balancing loss "
+               "(aux_loss ",
+               aux_loss,
+               "): begin the batch with a routing pass, moe_begin_batch(model, parts, "
+               "record = true), and forward every part once without gradients first (See Note "
+               "[A batch in micro-batches])");
+    p.routed = routed;  // the whole batch's when it is one part; unused by a zero aux_loss
+  }
+  if (before_.empty()) before_.assign(routed.size(), 0);
+  if (recording_ && recorded_.empty()) recorded_.assign(routed.size(), 0);
+  for (size_t e = 0; e < routed.size(); ++e) {
+    before_[e] += routed[e];
+    if (recording_) recorded_[e] += routed[e];
+  }
+  if (recording_) recorded_tokens_ += tokens;
+  if (++done_ < parts_) return p;
+  if (recording_) {  // the routing pass is over: the real one follows, with its counts
+    recording_ = false;
+    done_ = 0;
+    before_.clear();
+  } else {
+    begin(1, false);  // back to whole batches
+  }
+  return p;
+}
+
+int64_t moe_begin_batch(Module& model, int64_t parts, bool record) {
+  int64_t found = 0;
+  if (auto* layer = dynamic_cast<MoeLayer*>(&model)) {
+    layer->begin_batch(parts, record);
+    ++found;
+  }
+  for (const auto& [name, child] : model.children())
+    found += moe_begin_batch(*child, parts, record);
+  return found;
+}
+
 MoE::MoE(int64_t channels, const MoeOptions& options, double dropout, double proj_std)
     : options_(options) {
   options_.validate();
@@ -183,13 +242,18 @@ Tensor MoE::forward(const Tensor& x) {
   stats_ = MoeStats();
   stats_.load.assign(size_t(e_count), 0);
   if (n == 0) {  // nothing to route: no output, no loss
+    split_.next(stats_.load, 0, 0.0);
     aux_loss_ = Tensor::zeros({}, DType::kF32, x.device());
     return (*drop)(Tensor::zeros(x.shape(), x.dtype(), x.device()));
   }
   Tensor flat = x.reshape({n, c});
   const MoeRouting routing = moe_route(*router, flat, options_);
-  int64_t capacity = moe_capacity(options_, n);
-  if (capacity < 0) {  // dropless: within the receive budget, See Note [Dropless receive budget]
+  const MoeBatchSplit::Part part = split_.next(routing.routed, n, options_.aux_loss);
+  int64_t capacity = moe_capacity(options_, part.tokens);
+  std::vector<int64_t> taken;  // capacity's places count from the batch's first token
+  if (capacity >= 0) {
+    taken = part.before;
+  } else {  // dropless: within the receive budget, See Note [Dropless receive budget]
     if (budget_rows_ == 0)
       budget_rows_ = moe_receive_budget_rows(options_.receive_budget_mb, c, x.device());
     const int64_t rows = std::accumulate(routing.routed.begin(), routing.routed.end(), int64_t(0));
@@ -203,7 +267,7 @@ Tensor MoE::forward(const Tensor& x) {
       stats_.budget_capacity = capacity;
     }
   }
-  const MoeAssignments assigned = moe_assign(routing, options_, capacity);
+  const MoeAssignments assigned = moe_assign(routing, options_, capacity, taken);
   stats_.tokens = n;
   stats_.dropped = assigned.dropped;
   if (stats_.budget_capacity >= 0)
@@ -226,7 +290,9 @@ Tensor MoE::forward(const Tensor& x) {
     out = index_add_rows(out, rows, mul(y, g));
   }
   out = out.to(x.dtype());
-  aux_loss_ = moe_aux_loss(routing, options_, routing.routed, n, &stats_.aux_loss, &stats_.z_loss);
+  aux_loss_ = part.recording ? Tensor::zeros({}, DType::kF32, x.device())
+                             : moe_aux_loss(routing, options_, part.routed, part.tokens,
+                                            &stats_.aux_loss, &stats_.z_loss);
   return (*drop)(out.reshape(x.shape()));
 }
 

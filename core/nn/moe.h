@@ -123,6 +123,43 @@ void moe_warn_budget_fallback(int64_t rows, int64_t budget, int64_t cap, int64_t
 Tensor moe_aux_loss(const MoeRouting& routing, const MoeOptions& options,
                     const std::vector<int64_t>& routed, int64_t tokens, double* balance, double* z);
 
+// Note [A batch in micro-batches]
+// A batch may reach a MoE layer in parts (gradient accumulation's micro-batches), forwarded in
+// order: part p holds the batch's tokens after those of parts < p (with a batch group, all its
+// ranks' part p comes before any rank's part p + 1, each part in rank order). Capacity is the
+// whole batch's, ceil(k N c / E) of its N tokens (a part's tokens x parts), and each expert's
+// places count from the batch's first token, so the parts drop what one process drops. The
+// load-balancing loss needs f_e over the whole batch, known only once every part is routed; a
+// part's backward cannot wait for that. So a trainer that splits a batch while aux_loss > 0
+// forwards every part twice: first without gradients in recording mode (the routing pass: the
+// layers count the whole batch's assignments; their aux_loss() is zero), then for real, with the
+// recorded counts. The two passes route alike (the same tokens, the same dropout keys), so the
+// split batch's losses and gradients are one process's, for one more forward of the batch.
+// Megatron-Core and DeepSpeed take f_e over each micro-batch instead, which differs from the
+// whole batch's. The dropless receive budget applies to each forward: a part's rows are what
+// memory holds at once.
+// moe_begin_batch(model, parts, record) readies every MoE layer of a model for the next batch;
+// after its last part a layer turns to the real pass (after recording), or back to whole batches.
+class MoeBatchSplit {
+ public:
+  void begin(int64_t parts, bool record);
+  // What this forward's part is of its batch.
+  struct Part {
+    int64_t tokens = 0;           // the whole batch's
+    std::vector<int64_t> before;  // per expert: assignments routed in the earlier parts
+    std::vector<int64_t> routed;  // per expert: the whole batch's assignments (f_e's counts)
+    bool recording = false;       // the routing pass: no loss is needed
+  };
+  // From this part's routed counts and tokens (over the batch group); moves on to the next part.
+  // `aux_loss`: the layer's alpha (a split batch without recorded counts needs it 0).
+  Part next(const std::vector<int64_t>& routed, int64_t tokens, double aux_loss);
+
+ private:
+  int64_t parts_ = 1, done_ = 0, recorded_tokens_ = 0;
+  bool recording_ = false;
+  std::vector<int64_t> before_, recorded_;
+};
+
 // What a GPT block needs of a MoE layer, whoever computes it (this file's MoE on one process,
 // parallel::ExpertParallelMoE over an ep group).
 class MoeLayer : public Module {
@@ -132,7 +169,15 @@ class MoeLayer : public Module {
   // losses, See parallel/expert_parallel.h), and what it routed.
   virtual const Tensor& aux_loss() const = 0;
   virtual const MoeStats& stats() const = 0;
+  // See Note [A batch in micro-batches].
+  void begin_batch(int64_t parts, bool record) { split_.begin(parts, record); }
+
+ protected:
+  MoeBatchSplit split_;
 };
+// Readies every MoE layer under `model` for a batch forwarded in `parts` parts, recording first
+// when `record` (See Note [A batch in micro-batches]); returns how many layers it found.
+int64_t moe_begin_batch(Module& model, int64_t parts, bool record);
 // Builds a block's MoE layer (GptOptions::make_moe): channels, options, dropout, proj_std.
 using MoeFactory =
     std::function<std::shared_ptr<MoeLayer>(int64_t, const MoeOptions&, double, double)>;

@@ -267,14 +267,14 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     const char* unsupported = o.sequence_parallel                      ? "--sequence-parallel"
                               : o.pp > 1                               ? "--pp"
                               : o.zero > 0                             ? "--zero"
-                              : o.grad_accum > 1                       ? "--grad-accum"
                               : o.checkpoint_activations               ? "--checkpoint-activations"
                               : o.dtype == "f16"                       ? "--dtype f16"
                               : !o.device.empty() && o.device != "cpu" ? "--device"
                                                                        : nullptr;
     LOOM_CHECK(
         unsupported == nullptr,
-        "loom-gpt: --moe-experts trains with --dp, --ep and --tp only, in f32 or bf16 on the "
+        "loom-gpt: --moe-experts trains with --dp, --ep, --tp and --grad-accum only, in f32 or "
+        "bf16 on the "
         "CPU, without ",
         unsupported ? unsupported : "", " so far");
   }

@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "core/autograd.h"
 #include "core/nn/dropout.h"
+#include "core/nn/moe.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "optimizer/mixed_precision.h"
@@ -95,6 +97,8 @@ std::string DataParallelStep::str() const {
                          " dp ranks (--zero-shard-group ", o_.zero_shard_group,
                          "), replicated across them");
   if (o_.grad_accum > 1) s += detail::str_cat(", grad-accum ", o_.grad_accum);
+  if (o_.grad_accum > 1 && o_.moe_experts > 0 && o_.moe_aux_loss > 0)
+    s += " (MoE: a routing pass per step for the whole batch's load-balancing loss)";
   if (zero_ || ddp_) s += detail::str_cat(", buckets ", o_.bucket_mb, " MiB");
   if (scaler())
     s += detail::str_cat(", ", o_.dtype, " with f32 masters, loss scaling ", scaler()->str());
@@ -123,24 +127,46 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   if (model_.ep_group()) parallel::take_expert_exchange_seconds();  // count this step's alone
   double loss_sum = 0;  // this rank's share of the global mean loss
   StepResult result;
+  // Micro-batch k of dp rank r holds the batch's part k n + r: every rank's micro-batch k comes
+  // before any rank's k + 1, the order in which MoE layers count capacity over a split batch
+  // (See Note [A batch in micro-batches] in core/nn/moe.h).
+  auto micro_batch = [&](int64_t k, Tensor& inputs, Tensor& targets) {
+    const int64_t part = k * n + int64_t(dp_rank_);
+    inputs = global.inputs.narrow(0, part * rows, rows).contiguous();
+    targets = global.targets.narrow(0, part * rows, rows).contiguous();
+    return part;
+  };
+  const bool moe = !model_.moe_layers().empty();
+  if (moe && k_count > 1) {
+    // The load-balancing loss is over the whole batch: a routing pass without gradients first.
+    const bool record = o_.moe_aux_loss > 0;
+    nn::moe_begin_batch(model_.module(), k_count, record);
+    for (int64_t k = 0; record && k < k_count; ++k) {
+      NoGradGuard no_grad;
+      Tensor inputs, targets;
+      nn::set_dropout_batch_part({micro_batch(k, inputs, targets), n * k_count});
+      model_.loss(inputs, targets);
+      nn::set_dropout_batch_part({});
+    }
+  }
+  if (moe) result.moe_aux_loss = 0;
   for (int64_t k = 0; k < k_count; ++k) {
-    const int64_t first = (int64_t(dp_rank_) * k_count + k) * rows;
-    Tensor inputs = global.inputs.narrow(0, first, rows).contiguous();
-    Tensor targets = global.targets.narrow(0, first, rows).contiguous();
+    Tensor inputs, targets;
+    const int64_t part = micro_batch(k, inputs, targets);
     const int64_t mine = counted_targets(targets);
     LOOM_CHECK(mine > 0, "loom-gpt: micro-batch ", k + 1, " of dp rank ", dp_rank_,
                " has no targets to predict; use fewer ranks or micro-batches");
-    // These rows are part (rank k_count + k) of the step's batch: See Note [Dropout keys].
-    nn::set_dropout_batch_part({int64_t(dp_rank_) * k_count + k, n * k_count});
+    // These rows are part k n + r of the step's batch: See Note [Dropout keys].
+    nn::set_dropout_batch_part({part, n * k_count});
     Tensor loss = model_.loss(inputs, targets);
     nn::set_dropout_batch_part({});
     const std::vector<const nn::MoeLayer*> moes = model_.moe_layers();
     if (moes.empty()) {
       loss_sum += loss.item() * double(mine) / double(counted);
-    } else {  // report the cross-entropy and the routing (the whole batch's: see below for ep)
+    } else {  // report the cross-entropy and the routing (summed over the micro-batches)
       loss_sum += model_.last_lm_loss() * double(mine) / double(counted);
-      result.moe_aux_loss = loss.item() - model_.last_lm_loss();
-      result.moe_load.assign(moes.front()->stats().load.size(), 0);
+      result.moe_aux_loss += loss.item() - model_.last_lm_loss();
+      result.moe_load.resize(moes.front()->stats().load.size(), 0);
       for (const nn::MoeLayer* m : moes) {
         for (size_t e = 0; e < m->stats().load.size(); ++e)
           result.moe_load[e] += m->stats().load[e];
@@ -150,9 +176,10 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     // See Note [Loss weighting].
     const double weight = double(mine) * double(n) / double(counted);
     Tensor weighted = scale(loss, weight);
-    if (model_.ep_group()) {
-      // Each rank's aux_loss() is its term of the whole batch's auxiliary losses, whose dp mean
-      // is the batch's: weighted 1, not `weight` as the cross-entropy is.
+    if (moe) {
+      // Each part's aux_loss() is its term of the whole batch's auxiliary losses (with expert
+      // parallelism times the dp size, whose dp mean is the batch's): weighted 1, not `weight`
+      // as the cross-entropy is.
       Tensor aux = Tensor::zeros({});
       for (const nn::MoeLayer* m : model_.moe_layers()) aux = add(aux, m->aux_loss());
       weighted = add(weighted, scale(aux, 1.0 - weight));

@@ -108,21 +108,24 @@ echo "hybrid sharding: every stage gives the single-process losses; bad shard gr
 
 # Mixture of experts with expert parallelism: the experts split over groups of --ep dp ranks
 # (replicated across the groups when --ep < --dp), tokens exchanged by all-to-all; dropless
-# top-2 with experts 48 wide (--moe-hidden), and top-1 with capacity and dropout, on dp 2 / 4 with ep 2 / 4 / 1, and with tp 2 (the
-# experts whole on each tp rank) alone, with dp 2 x ep 2 and dp 2 x ep 1, give the single-process
-# losses (and the same per-expert loads).
+# top-2 with experts 48 wide (--moe-hidden), and top-1 with capacity and dropout, on dp 2 / 4
+# with ep 2 / 4 / 1, with tp 2 (the experts whole on each tp rank) alone, with dp 2 x ep 2 and
+# dp 2 x ep 1, and with gradient accumulation (one process, dp 2 x ep 2, dp 2 x ep 2 x tp 2),
+# give the single-process losses (and the same per-expert loads).
 for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
   tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')
   "$gpt" "${common[@]}" "${flags[@]}" --metrics-file "$dir/moe_$tag.jsonl" > "$dir/moe_$tag.log"
-  # ranks:ep:tp (ep < dp: expert replicas; tp: the dense parts tensor-parallel, experts whole)
-  for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2; do
-    IFS=: read -r np ep tp <<< "$layout"
-    dp=$((np / tp))
-    name="dp${dp}_ep${ep}_tp${tp}_$tag"
+  # ranks:ep:tp[:grad-accum] (ep < dp: expert replicas; tp: the dense parts tensor-parallel,
+  # experts whole; grad-accum: micro-batches after a routing pass, whose capacity and
+  # load-balancing loss are the whole batch's)
+  for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2 1:1:1:4 2:2:1:2 4:2:2:2; do
+    IFS=: read -r np ep tp accum <<< "$layout"
+    dp=$((np / tp)); accum=${accum:-1}
+    name="dp${dp}_ep${ep}_tp${tp}_accum${accum}_$tag"
     "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$dp" --ep "$ep" \
-      --tp "$tp" --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+      --tp "$tp" --grad-accum "$accum" --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     python3 - "$dir/moe_$tag.jsonl" "$dir/$name.jsonl" "$name" <<'PY'
 import json, sys

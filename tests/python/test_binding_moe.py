@@ -101,6 +101,59 @@ def test_moe_matches_pytorch(top_k, capacity_factor, hidden):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("capacity_factor", [0.0, 1.0])
+def test_micro_batches_after_a_routing_pass_match_pytorch_on_the_whole_batch(capacity_factor):
+    # Gradient accumulation over 3 micro-batches (loom.nn.utils.moe_begin_batch, a routing pass
+    # under no_grad, then each micro-batch with its aux_loss share) gives the PyTorch layer's
+    # whole-batch loads, drops, losses and gradients: capacity and f_e are the whole batch's.
+    experts, c, n, k = 4, 6, 15, 3
+    moe = nn.MoE(c, experts, 2, capacity_factor=capacity_factor, aux_loss_coef=0.1,
+                 z_loss_coef=0.01).init_parameters(seed=31)
+    rng = np.random.default_rng(32)
+    with loom.no_grad():
+        moe.router.weight.copy_(loom.tensor(rng.uniform(-1, 1, size=(experts, c))
+                                            .astype(np.float32)))
+    weights = {name: torch.tensor(numpy_of(p), requires_grad=True)
+               for name, p in moe.named_parameters()}
+    x_np = rng.uniform(-1, 1, size=(n, c)).astype(np.float32)
+    proj = rng.uniform(-1, 1, size=(n, c)).astype(np.float32)
+    xt = torch.tensor(x_np, requires_grad=True)
+    out_t, balance_t, z_t, load_t, dropped_t = torch_moe(xt, weights, experts, 2,
+                                                          capacity_factor, 0.1, 0.01)
+    ((out_t * torch.tensor(proj)).sum() + balance_t + z_t).backward()
+    if capacity_factor > 0:
+        assert dropped_t > 0, "the test needs an expert over its capacity"
+
+    x = loom.tensor(x_np).requires_grad_()
+    parts = [(x[i * n // k:(i + 1) * n // k], proj[i * n // k:(i + 1) * n // k]) for i in range(k)]
+    assert loom.nn.utils.moe_begin_batch(nn.Sequential(moe), k) == 1
+    with loom.no_grad():
+        for xi, _ in parts:
+            moe(xi)
+            assert moe.aux_loss.item() == 0.0
+    outs, load, dropped, aux = [], [0] * experts, 0, 0.0
+    for xi, pi in parts:
+        out = moe(xi)
+        outs.append(numpy_of(out))
+        load = [a + b for a, b in zip(load, moe.load)]
+        dropped += moe.dropped
+        aux += moe.aux_loss.item()
+        ((out * loom.tensor(pi)).sum() + moe.aux_loss).backward()
+    assert load == load_t and dropped == dropped_t
+    np.testing.assert_allclose(np.concatenate(outs), numpy_of(out_t), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(aux, float(balance_t + z_t), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(numpy_of(x.grad), numpy_of(xt.grad), rtol=RTOL, atol=ATOL)
+    for name, p in moe.named_parameters():
+        if weights[name].grad is None:
+            continue
+        np.testing.assert_allclose(numpy_of(p.grad), numpy_of(weights[name].grad), rtol=RTOL,
+                                   atol=ATOL, err_msg=name)
+    # Without the routing pass, the load-balancing loss cannot be the whole batch's: refused.
+    moe.begin_batch(2, record=False)
+    with pytest.raises(ValueError, match="begin the batch with a routing pass"):
+        moe(x[:4])
+
+
 def test_moe_bad_options_are_named():
     with pytest.raises(ValueError, match=r"top_k must be in \[1, experts = 2\]"):
         nn.MoE(4, 2, 3)

@@ -390,6 +390,100 @@ TEST(MoE, GptWithOneExpertPerBlockIsTheDenseGptBitForBit) {
     EXPECT_EQ(values(p.grad()), values(param(moe, moe_name(name)).grad())) << name;
 }
 
+// Note [A batch in micro-batches]: a batch forwarded in three parts after a routing pass gives
+// the whole batch's outputs, auxiliary losses, loads, drops and gradients (capacity counted from
+// the batch's first token, f_e over the whole batch), dropless and with capacity; afterwards the
+// layer takes whole batches again. Without the routing pass a split batch with a load-balancing
+// loss is refused; with aux_loss 0 it needs none.
+TEST(MoE, ABatchInPartsAfterARoutingPassIsTheWholeBatch) {
+  const int64_t c = 6, n = 12, parts = 3, rows = n / parts;
+  for (double capacity : {0.0, 1.0}) {
+    MoeOptions o;
+    o.experts = 4;
+    o.top_k = 2;
+    o.capacity_factor = capacity;  // 1.0: ceil(2 x 12 / 4) = 6 slots per expert
+    o.aux_loss = 0.05;
+    o.z_loss = 0.01;
+    MoE whole(c, o), split(c, o);
+    whole.init_parameters(21);
+    split.init_parameters(21);
+    Tensor xa = random_tensor({n, c}, 22), xb = xa.clone();
+    xa.set_requires_grad(true);
+    xb.set_requires_grad(true);
+    Tensor w = random_tensor({n, c}, 23);
+    Tensor one = Tensor::ones({});
+    Tensor out_a = whole(xa);
+    const double aux_a = whole.aux_loss().item();
+    autograd::backward({add(sum(mul(out_a, w)), whole.aux_loss())}, {one});
+
+    split.begin_batch(parts, /*record=*/true);
+    for (int64_t p = 0; p < parts; ++p) {  // the routing pass
+      NoGradGuard no_grad;
+      split(narrow(xb, 0, p * rows, rows));
+      EXPECT_EQ(split.aux_loss().item(), 0.0);
+    }
+    std::vector<float> out_b;
+    std::vector<int64_t> load(4, 0);
+    int64_t dropped = 0;
+    double aux_b = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      Tensor out = split(narrow(xb, 0, p * rows, rows));
+      const std::vector<float> v = values(out);
+      out_b.insert(out_b.end(), v.begin(), v.end());
+      for (size_t e = 0; e < 4; ++e) load[e] += split.stats().load[e];
+      dropped += split.stats().dropped;
+      aux_b += split.aux_loss().item();
+      autograd::backward({add(sum(mul(out, narrow(w, 0, p * rows, rows))), split.aux_loss())},
+                         {one});
+    }
+    EXPECT_EQ(load, whole.stats().load);
+    EXPECT_EQ(dropped, whole.stats().dropped);
+    if (capacity > 0) EXPECT_GT(dropped, 0) << "the test needs an expert over its capacity";
+    EXPECT_NEAR(aux_b, aux_a, 1e-6 * std::abs(aux_a));
+    // The same rows through the same experts, whose matrix products run over other row counts
+    // (Eigen may block them differently) and whose gradients sum in other groups: equal to f32
+    // rounding.
+    auto expect_near = [](const std::vector<float>& g, const std::vector<float>& v,
+                          const std::string& what) {
+      ASSERT_EQ(g.size(), v.size()) << what;
+      for (size_t i = 0; i < g.size(); ++i)
+        EXPECT_NEAR(g[i], v[i], 1e-5f * (1.0f + std::abs(v[i]))) << what << "[" << i << "]";
+    };
+    expect_near(out_b, values(out_a), "out");
+    expect_near(values(xb.grad()), values(xa.grad()), "x.grad");
+    for (auto& [name, p] : whole.named_parameters())
+      expect_near(values(param(split, name).grad()), values(p.grad()), name + ".grad");
+    // The batch is over: a whole batch again.
+    EXPECT_EQ(values(split(xb.detach())), values(whole(xa.detach())));
+  }
+  MoeOptions o;
+  o.experts = 4;
+  o.capacity_factor = 1.0;
+  MoE moe(c, o);
+  moe.init_parameters(3);
+  Tensor x = random_tensor({n, c}, 4);
+  moe.begin_batch(2, /*record=*/false);
+  try {
+    moe(narrow(x, 0, 0, n / 2));
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("begin the batch with a routing pass"), std::string::npos)
+        << e.what();
+  }
+  o.aux_loss = 0;  // nothing needs the whole batch's counts ahead: no routing pass
+  MoE plain(c, o), parted(c, o);
+  plain.init_parameters(3);
+  parted.init_parameters(3);
+  const std::vector<float> want = values(plain(x));
+  parted.begin_batch(2, /*record=*/false);
+  std::vector<float> got = values(parted(narrow(x, 0, 0, n / 2)));
+  const std::vector<float> rest = values(parted(narrow(x, 0, n / 2, n / 2)));
+  got.insert(got.end(), rest.begin(), rest.end());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << i;
+  EXPECT_EQ(moe_begin_batch(parted, 1, false), 1);
+}
+
 TEST(MoE, GptAddsTheAuxiliaryLosses) {
   GptConfig config;
   config.vocab = 11;

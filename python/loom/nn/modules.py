@@ -380,6 +380,16 @@ class MoE(_CppModule):
                     shard_group=self.ep_group if name.startswith("experts.") else None)
                 for name, p in self.named_parameters()}
 
+    def begin_batch(self, parts, record=True):
+        """The next batch comes in ``parts`` micro-batches (gradient accumulation), forwarded in
+        order; capacity and the load-balancing loss stay the whole batch's. The loss needs the
+        whole batch's routing counts before any micro-batch's backward, so with ``record`` (needed
+        when ``aux_loss_coef`` > 0) the script first forwards every micro-batch under
+        ``loom.no_grad()`` (the routing pass; ``aux_loss`` is then 0), then again for real. With
+        expert parallelism every rank's micro-batch k comes before any rank's k + 1. See
+        loom.nn.utils.moe_begin_batch and Note [A batch in micro-batches] in core/nn/moe.h."""
+        self._cpp.begin_batch(int(parts), bool(record))
+
     @property
     def first_expert(self):
         return getattr(self._cpp, "first_expert", 0)

@@ -100,3 +100,27 @@ def clip_grads_to_norm_(parameters, norm, max_norm):
     if isinstance(parameters, _loom.Tensor):
         parameters = [parameters]
     _loom.optim.scale_grads_to_norm(list(parameters), float(norm), float(max_norm))
+
+
+def moe_begin_batch(model, parts, record=True):
+    """Readies every loom.nn.MoE in ``model`` for a batch in ``parts`` micro-batches (MoE's
+    ``begin_batch``); returns how many it found. Gradient accumulation with MoE layers whose
+    load-balancing loss is the whole batch's, as one process computes it. Each micro-batch's
+    ``aux_loss`` is then its share of the whole batch's losses: add it as it is, not divided by
+    the micro-batch count as a mean cross-entropy is:
+
+        >>> moes = [m for m in model.modules() if isinstance(m, loom.nn.MoE)]
+        >>> loom.nn.utils.moe_begin_batch(model, k)
+        >>> with loom.no_grad():                    # the routing pass
+        ...     for x, y in micro_batches: model(x)
+        >>> for x, y in micro_batches:              # for real
+        ...     loss = F.cross_entropy(model(x), y) / k + sum(m.aux_loss for m in moes)
+        ...     loss.backward()
+    """
+    from loom.nn.modules import MoE
+    found = 0
+    for m in model.modules():
+        if isinstance(m, MoE):
+            m.begin_batch(parts, record)
+            found += 1
+    return found
