@@ -47,6 +47,10 @@ void timed_all_to_all(comm::Communicator& group, const Tensor& in, Tensor& out,
 
 }  // namespace
 
+bool is_expert_parameter(const std::string& name) {
+  return name.find(".mlp.experts.") != std::string::npos;
+}
+
 double take_expert_exchange_seconds() {
   const double s = exchange_seconds;
   exchange_seconds = 0;

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -78,6 +79,10 @@ class ExpertParallelMoE : public nn::MoeLayer {
   // assignments of the batch (counts: each batch rank's routed counts, width experts + 1).
   int64_t most_received(int64_t cap, const std::vector<int64_t>& counts) const;
 };
+
+// Whether a GPT parameter's name is a MoE expert's ("blocks.{i}.mlp.experts.{e}. ..."): the
+// parameters expert parallelism splits over ep, reduced over their replicas.
+bool is_expert_parameter(const std::string& name);
 
 // The variable-split all-to-all of rows as an autograd op: x [S, C], rank r sends its rows
 // [sum of send_rows[:j], + send_rows[j]) to rank j and receives recv_rows[i] rows from rank i,

@@ -7,32 +7,37 @@
 
 namespace loom::gpt {
 
+ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Communicator>& dp) {
+  ExpertGroups g;
+  if (o.moe_experts == 0 || dp->size() == 1) return g;
+  // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
+  // ranks, each group holding all of them, replicated across the groups. With tp, each tp
+  // rank's dp group does the same (the experts are whole over tp).
+  const int ep = int(o.ep), rank = dp->rank();
+  LOOM_CHECK(ep >= 1 && dp->size() % ep == 0, "loom-gpt: --ep ", ep,
+             " must divide the data-parallel ranks (", dp->size(), ")");
+  if (std::string(dp->backend()) == "planning") {  // a layout worked out, not running
+    g.ep = comm::make_planning_communicator(rank % ep, ep, dp->name() + ".ep");
+    g.replicas =
+        comm::make_planning_communicator(rank / ep, dp->size() / ep, dp->name() + ".experts");
+  } else {
+    g.ep = dp->split(rank / ep, rank, dp->name() + ".ep");
+    g.replicas = dp->split(rank % ep, rank, dp->name() + ".experts");
+  }
+  g.make_moe = [group = g.ep, dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
+                                  double proj_std) -> std::shared_ptr<nn::MoeLayer> {
+    return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, group, dp, dropout,
+                                                         proj_std);
+  };
+  return g;
+}
+
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
     : config_(config), moe_options_(o.moe()) {
-  nn::MoeFactory make_moe;
-  if (o.moe_experts > 0 && mesh.dp_size() > 1) {
-    // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
-    // ranks, each group holding all of them, replicated across the groups. With tp, each tp
-    // rank's dp group does the same (the experts are whole over tp).
-    const std::shared_ptr<comm::Communicator> dp = mesh.dp_ptr();
-    const int ep = int(o.ep), rank = dp->rank();
-    LOOM_CHECK(ep >= 1 && mesh.dp_size() % ep == 0, "loom-gpt: --ep ", ep,
-               " must divide the data-parallel ranks (", mesh.dp_size(), ")");
-    if (std::string(dp->backend()) == "planning") {  // a layout worked out, not running
-      ep_ = comm::make_planning_communicator(rank % ep, ep, dp->name() + ".ep");
-      expert_replicas_ =
-          comm::make_planning_communicator(rank / ep, mesh.dp_size() / ep, dp->name() + ".experts");
-    } else {
-      ep_ = dp->split(rank / ep, rank, dp->name() + ".ep");
-      expert_replicas_ = dp->split(rank % ep, rank, dp->name() + ".experts");
-    }
-    std::shared_ptr<comm::Communicator> group = ep_;
-    make_moe = [group, dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
-                           double proj_std) -> std::shared_ptr<nn::MoeLayer> {
-      return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, group, dp, dropout,
-                                                           proj_std);
-    };
-  }
+  const ExpertGroups groups = expert_groups(o, mesh.dp_ptr());
+  ep_ = groups.ep;
+  expert_replicas_ = groups.replicas;
+  const nn::MoeFactory& make_moe = groups.make_moe;
   if (mesh.tp_size() == 1 && !o.sequence_parallel) {
     nn::GptOptions g{o.dropout, o.checkpoint_activations, o.moe()};
     g.make_moe = make_moe;

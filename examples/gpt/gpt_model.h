@@ -15,6 +15,16 @@
 
 namespace loom::gpt {
 
+// Expert parallelism's groups over a dp group (--moe-experts with more than one dp rank): `ep`,
+// the --ep consecutive dp ranks the experts split over; `replicas`, the dp ranks holding the
+// same experts in the other ep groups; and the factory of the MoE layers over them (capacity and
+// the auxiliary losses over the whole dp group's batch). Empty otherwise. Collective over dp.
+struct ExpertGroups {
+  std::shared_ptr<comm::Communicator> ep, replicas;
+  nn::MoeFactory make_moe;
+};
+ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Communicator>& dp);
+
 class GptModel {
  public:
   GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh);

@@ -265,7 +265,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                " must divide by --ep ", o.ep);
     // The other layouts are the next steps of the MoE issue.
     const char* unsupported = o.sequence_parallel                      ? "--sequence-parallel"
-                              : o.pp > 1                               ? "--pp"
                               : o.zero > 0                             ? "--zero"
                               : o.checkpoint_activations               ? "--checkpoint-activations"
                               : o.dtype == "f16"                       ? "--dtype f16"
@@ -273,7 +272,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                                                                        : nullptr;
     LOOM_CHECK(
         unsupported == nullptr,
-        "loom-gpt: --moe-experts trains with --dp, --ep, --tp and --grad-accum only, in f32 or "
+        "loom-gpt: --moe-experts trains with --dp, --ep, --tp, --pp and --grad-accum only, in "
+        "f32 or "
         "bf16 on the "
         "CPU, without ",
         unsupported ? unsupported : "", " so far");

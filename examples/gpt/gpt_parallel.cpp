@@ -21,10 +21,6 @@ int64_t counted_targets(const Tensor& targets) {
   return n;
 }
 
-bool is_expert_parameter(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos;
-}
-
 parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp) {
   parallel::ZeroOptions z;
   z.stage = int(o.zero);
@@ -60,7 +56,7 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       d.grad_accum = int(o.grad_accum);
       d.overlap = !o.no_overlap;
       if (model.ep_group()) {  // each rank's experts: reduced over their replicas by finish()
-        d.own_parameters = is_expert_parameter;
+        d.own_parameters = parallel::is_expert_parameter;
         d.own_replicas = model.expert_replicas();
       }
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(module, dp_, d);
@@ -201,7 +197,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     wait_ms = ddp_->exposed_wait_seconds() * 1e3;
     if (model_.ep_group()) {
       for (auto& [name, p] : model_.module().named_parameters())
-        if (is_expert_parameter(name)) experts.push_back(p);
+        if (parallel::is_expert_parameter(name)) experts.push_back(p);
       result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
       Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
       dp_->allreduce_sync(aux, comm::ReduceOp::kAvg);  // the mean of the ranks' terms
@@ -219,7 +215,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     // once); the experts are whole over tp, so their local squares come out of it.
     std::vector<Tensor> shared;
     for (auto& [name, p] : model_.module().named_parameters())
-      if (!is_expert_parameter(name)) shared.push_back(p);
+      if (!parallel::is_expert_parameter(name)) shared.push_back(p);
     const double mine = optim::grad_sum_of_squares(experts);
     Tensor expert_squares = Tensor::full({1}, mine, DType::kF32);
     model_.ep_group()->allreduce(expert_squares)->wait();

@@ -5,9 +5,11 @@
 #include <set>
 
 #include "core/nn/dropout.h"
+#include "core/nn/moe.h"
 #include "core/ops.h"
 #include "optimizer/clip_grad.h"
 #include "parallel/checkpoint/training_state.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline/generators.h"
 #include "parallel/pipeline/validator.h"
 #include "parallel/tensor_parallel/tp_state.h"
@@ -61,11 +63,12 @@ void check_pipeline_options(const GptOptions& o) {
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
                                                    const parallel::pipeline::Schedule& schedule,
                                                    int pp_rank,
-                                                   std::shared_ptr<comm::Communicator> tp) {
+                                                   std::shared_ptr<comm::Communicator> tp,
+                                                   const nn::MoeFactory& make_moe) {
   std::vector<std::shared_ptr<GptStage>> stages;
   for (const auto& place : schedule.chunks.at(size_t(pp_rank)))
     stages.push_back(std::make_shared<GptStage>(config, place.stage, schedule.stages, o.dropout, tp,
-                                                o.sequence_parallel));
+                                                o.sequence_parallel, o.moe(), make_moe));
   return stages;
 }
 
@@ -95,14 +98,28 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
              schedule_.microbatches, " micro-batches");
   const int rank = pp_->rank();
   const auto pairs = parallel::pipeline::replica_pairs(schedule_, *pp_);
+  if (o.moe_experts > 0) {
+    // Each MoE layer counts its micro-batches in order, over the whole batch; Chimera's two
+    // pipelines would split them between two replicas of each layer.
+    LOOM_CHECK(schedule_.pipelines == 1, "loom-gpt: --moe-experts with schedule '", schedule_.name,
+               "' (", schedule_.pipelines,
+               " pipelines) is not supported yet; use gpipe, 1f1b or interleaved");
+    experts_ = expert_groups(o, dp_);
+  }
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
-  stages_ = make_stages(config, o, schedule_, rank, tp_);
+  stages_ = make_stages(config, o, schedule_, rank, tp_, experts_.make_moe);
   for (const auto& stage : stages_) {
     for (const Tensor& p : stage->parameters()) params.push_back(p);
     // ZeRO reduce-scatters over dp itself.
-    chunks.push_back(parallel::pipeline::stage_chunk(stage, pairs[size_t(stage->stage())],
-                                                     o.zero == 0 ? dp_ : nullptr));
+    StageChunk chunk = parallel::pipeline::stage_chunk(
+        stage, pairs[size_t(stage->stage())], o.zero == 0 ? dp_ : nullptr, experts_.replicas);
+    if (chunk.extra_loss)  // MoE: the routing's figures of each forward of the step
+      chunk.extra_loss = [this, raw = stage.get(), loss = chunk.extra_loss] {
+        record_moe_stats(*raw);
+        return loss();
+      };
+    chunks.push_back(std::move(chunk));
   }
   embedding_ = parallel::pipeline::embedding_group(schedule_, *pp_);
   if (o.sequence_parallel)
@@ -190,18 +207,26 @@ parallel::TrainingMemory PipelineStep::memory() const {
 // 0's copy; wte on the first stage), the squares summed over pp; dp replicas agree already.
 double PipelineStep::clip(double max_norm) {
   // With tp, a sharded parameter's squares add over tp too; a whole one's count once.
-  std::vector<Tensor> sharded, whole, all;
+  // With expert parallelism each rank holds its experts: their squares add over ep (whole over
+  // tp, they count once there).
+  std::vector<Tensor> sharded, whole, experts, all;
   for (size_t c = 0; c < stages_.size(); ++c) {
     const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
     for (const auto& [name, p] : stages_[c]->named_parameters()) {
       all.push_back(p);
       if (!counted_once(place, name)) continue;
-      (tp_ && stages_[c]->parameter_shard(name) ? sharded : whole).push_back(p);
+      if (experts_.ep && parallel::is_expert_parameter(name))
+        experts.push_back(p);
+      else
+        (tp_ && stages_[c]->parameter_shard(name) ? sharded : whole).push_back(p);
     }
   }
   Tensor tp_part = Tensor::full({1}, optim::grad_sum_of_squares(sharded), DType::kF32);
   if (tp_) tp_->allreduce(tp_part)->wait();
-  Tensor sq = Tensor::full({1}, tp_part.item() + optim::grad_sum_of_squares(whole), DType::kF32);
+  Tensor ep_part = Tensor::full({1}, optim::grad_sum_of_squares(experts), DType::kF32);
+  if (experts_.ep) experts_.ep->allreduce(ep_part)->wait();
+  Tensor sq = Tensor::full({1}, tp_part.item() + ep_part.item() + optim::grad_sum_of_squares(whole),
+                           DType::kF32);
   pp_->allreduce(sq)->wait();
   const double norm = std::sqrt(sq.item());
   optim::scale_grads_to_norm(all, norm, max_norm);
@@ -216,19 +241,47 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   nn::set_dropout_step(uint64_t(step));
   std::vector<Tensor> tokens, targets;
   std::vector<double> weights;
+  // Micro-batch k of dp rank r is part k dp + r of the step's batch: every rank's micro-batch k
+  // comes before any rank's k + 1, as DataParallelStep's (See Note [A batch in micro-batches]).
   for (int k = 0; k < m; ++k) {
-    const int64_t first = int64_t(dp_rank_) * per_dp + k * rows;
+    const int64_t first = (int64_t(k) * o_.dp + dp_rank_) * rows;
     tokens.push_back(global.inputs.narrow(0, first, rows).contiguous());
     targets.push_back(global.targets.narrow(0, first, rows).contiguous());
     // See Note [Loss weighting]: the dp average then gives the gradient of the global mean.
     weights.push_back(double(counted_targets(targets.back())) * double(o_.dp) / double(counted));
   }
-  // Micro-batch k of dp rank r holds rows [(r m + k) rows, ...) of the step's batch.
   executor_->set_before_forward([this, m](int k) {
-    nn::set_dropout_batch_part({int64_t(dp_rank_) * m + k, int64_t(o_.dp) * m});
+    nn::set_dropout_batch_part({int64_t(k) * o_.dp + dp_rank_, int64_t(o_.dp) * m});
   });
+  StepResult result{0, -1, -1, false};
+  const bool moe = o_.moe_experts > 0;
+  if (moe) {
+    moe_aux_ = 0;
+    moe_load_.assign(size_t(o_.moe_experts), 0);
+    moe_dropped_ = 0;
+    // The load-balancing loss is over the whole batch: a routing pass through the pipeline
+    // without gradients first (See Note [A batch in micro-batches] in core/nn/moe.h).
+    const bool record = o_.moe_aux_loss > 0;
+    nn::moe_begin_batch(*stage_set_, m, record);
+    if (record) executor_->forward_only(tokens);
+  }
   const double local = executor_->run(tokens, targets, weights);
   nn::set_dropout_batch_part({});
+  if (moe) {
+    // The stages' figures add over pp. Each rank's auxiliary term is (with expert parallelism)
+    // its share times dp, whose dp mean is the batch's; the loads are its dp group's already.
+    Tensor aux = Tensor::full({1}, moe_aux_, DType::kF32);
+    pp_->allreduce(aux)->wait();
+    if (experts_.ep) dp_->allreduce(aux, {comm::ReduceOp::kAvg})->wait();
+    std::vector<int64_t> counts = moe_load_;
+    counts.push_back(moe_dropped_);
+    Tensor c = Tensor::from_vector(counts, {int64_t(counts.size())});
+    pp_->allreduce(c)->wait();
+    counts = c.to_vector<int64_t>();
+    result.moe_aux_loss = aux.item();
+    result.moe_dropped = counts.back();
+    result.moe_load.assign(counts.begin(), counts.end() - 1);
+  }
   last_step_ = parallel::pipeline::gather_timelines(executor_->timeline(), *pp_);
   if (!o_.trace.empty() && writes_output_) trace_.add_step(step + 1, last_step_);
   std::vector<GptStage*> mine;
@@ -249,11 +302,23 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   opt_->zero_grad();
   Tensor total = Tensor::full({1}, executor_->mean_loss(local) / double(o_.dp), DType::kF32);
   dp_->allreduce(total)->wait();
-  return StepResult{total.item(), norm, -1, false};
+  result.loss = total.item();
+  result.grad_norm = norm;
+  return result;
+}
+
+void PipelineStep::record_moe_stats(const GptStage& stage) {
+  for (const nn::MoeLayer* m : stage.moe_layers()) {
+    moe_aux_ += m->stats().aux_loss + m->stats().z_loss;
+    for (size_t e = 0; e < m->stats().load.size(); ++e) moe_load_[e] += m->stats().load[e];
+    moe_dropped_ += m->stats().dropped;
+  }
 }
 
 io::GptParams PipelineStep::full_params() {
-  nn::GPT layout(config_);             // names and shapes, in the single-process order
+  nn::GptOptions shape;
+  shape.moe = o_.moe();
+  nn::GPT layout(config_, shape);      // names and shapes, in the single-process order
   std::map<std::string, Tensor> mine;  // whole parameters (gathered over tp)
   for (size_t c = 0; c < stages_.size(); ++c) {
     nn::StateDict whole =
@@ -261,6 +326,7 @@ io::GptParams PipelineStep::full_params() {
     for (auto& [name, t] : whole)
       mine.emplace(name, name == "wte.weight" ? t.narrow(0, 0, config_.padded_vocab) : t);
   }
+  if (experts_.ep && experts_.ep->size() > 1) gather_experts(mine, layout);
   io::GptParams out;
   for (const auto& [name, shape_of] : layout.named_parameters()) {
     const int owner = schedule_.holder(0, owner_stage(name, config_, schedule_.stages)).first;
@@ -270,6 +336,26 @@ io::GptParams PipelineStep::full_params() {
     out[name] = t;
   }
   return out;
+}
+
+void PipelineStep::gather_experts(std::map<std::string, Tensor>& mine,
+                                  const nn::GPT& layout) const {
+  // Expert e of a block is held by ep rank e / (experts / ep) of the stage's dp replica; every
+  // ep rank holds the same stages, so each takes part in the same broadcasts.
+  const int64_t local = o_.moe_experts / experts_.ep->size();
+  const std::string marker = ".mlp.experts.";
+  for (const auto& [name, shape_of] : layout.named_parameters()) {
+    const size_t at = name.find(marker);
+    if (at == std::string::npos) continue;
+    const int stage = owner_stage(name, config_, schedule_.stages);
+    if (schedule_.holder(0, stage).first != pp_->rank()) continue;
+    const int64_t e = std::stoll(name.substr(at + marker.size()));
+    auto it = mine.find(name);
+    Tensor t = it != mine.end() ? it->second.detach().contiguous().clone()
+                                : Tensor::empty(shape_of.shape());
+    experts_.ep->broadcast(t, {int(e / local)})->wait();
+    mine[name] = t;
+  }
 }
 
 void PipelineStep::finish() {

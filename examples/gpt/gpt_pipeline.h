@@ -15,6 +15,7 @@
 // under single-process names, so they reshard to and from any layout.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "core/io/batch_loader.h"
 #include "core/io/gpt_params.h"
 #include "core/nn/gpt.h"
+#include "gpt/gpt_model.h"
 #include "gpt/gpt_options.h"
 #include "gpt/gpt_parallel.h"
 #include "parallel/mesh.h"
@@ -38,10 +40,11 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o);
 void check_pipeline_options(const GptOptions& o);
 
 // The stages pipeline rank `pp_rank` holds (the schedule's chunks of it, in order), tensor-
-// parallel over `tp` when given: what PipelineStep builds, and loom-ckpt check plans.
+// parallel over `tp` when given: what PipelineStep builds, and loom-ckpt check plans. Their MoE
+// blocks (--moe-experts) are built by `make_moe` (empty: every expert on this rank).
 std::vector<std::shared_ptr<parallel::pipeline::GptStage>> make_stages(
     const GptConfig& config, const GptOptions& o, const parallel::pipeline::Schedule& schedule,
-    int pp_rank, std::shared_ptr<comm::Communicator> tp);
+    int pp_rank, std::shared_ptr<comm::Communicator> tp, const nn::MoeFactory& make_moe = {});
 
 // ZeRO-1 over dp as a pipeline runs it (gradients accumulated by the executor's backwards);
 // PipelineStep adds the tp and pp groups and the norm's counting.
@@ -74,11 +77,21 @@ class PipelineStep : public Trainer {
 
  private:
   double clip(double max_norm);
+  // --moe-experts: every expert of this rank's stages' MoE blocks from its holder over ep (See
+  // GptModel::full_params).
+  void gather_experts(std::map<std::string, Tensor>& mine, const nn::GPT& layout) const;
+  // The MoE layers' routing of the step so far: auxiliary losses (this rank's terms), loads and
+  // drops, summed over the forwards (See run).
+  void record_moe_stats(const parallel::pipeline::GptStage& stage);
 
   GptConfig config_;
   const GptOptions& o_;
   std::shared_ptr<comm::Communicator> pp_, dp_, tp_;  // tp_: null without tensor parallelism
   int dp_rank_;
+  ExpertGroups experts_;  // --moe-experts over dp > 1 (empty otherwise)
+  double moe_aux_ = 0;
+  std::vector<int64_t> moe_load_;
+  int64_t moe_dropped_ = 0;
   parallel::pipeline::Schedule schedule_;
   std::vector<std::shared_ptr<parallel::pipeline::GptStage>> stages_;  // per chunk
   std::shared_ptr<comm::Communicator> embedding_;  // ranks holding wte copies (null elsewhere)

@@ -318,8 +318,9 @@ int run(int argc, char** argv) {
               double(config.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
   if (o.moe_experts > 0) {
-    int64_t total = 0;
-    for (const Tensor& p : gpt->module().parameters()) total += p.numel();
+    int64_t total = 0;  // of the single-process model, whatever the layout holds here
+    for (const io::GptParamSpec& spec : io::gpt_param_specs(config, o.moe()))
+      total += shape_numel(spec.shape);
     std::printf("moe: %" PRId64 " experts of hidden width %" PRId64 ", top-%" PRId64
                 " in every %" PRId64 " block(s), %s, aux loss %g, z-loss %g; %" PRId64
                 " parameters in all\n",
@@ -401,7 +402,11 @@ int run(int argc, char** argv) {
       gpt->module().train();
       return em;
     }
-    if (!gathered) gathered = std::make_unique<nn::GPT>(config);
+    if (!gathered) {
+      nn::GptOptions shape;
+      shape.moe = o.moe();  // the trained model's blocks, MoE ones included
+      gathered = std::make_unique<nn::GPT>(config, shape);
+    }
     gathered->load_state_dict(trainer->full_params());
     gathered->eval();
     return evaluate_task([&](const Tensor& x) { return (*gathered)(x); }, *heldout, o.batch);

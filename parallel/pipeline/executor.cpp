@@ -1,5 +1,6 @@
 #include "parallel/pipeline/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -14,6 +15,7 @@ struct Slot {
   Tensor input;        // the received activation (a leaf requiring a gradient), or tokens
   Tensor output;       // the forward's output (last stage: the scaled loss)
   Tensor grad_output;  // the received gradient of the output
+  Tensor extra_loss;   // StageChunk::extra_loss of this forward
   comm::WorkPtr recv_activation, recv_grad;
 };
 
@@ -154,6 +156,7 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
           out = scale(loss, w);
         }
         slot.output = out;
+        if (chunk.extra_loss) slot.extra_loss = chunk.extra_loss();
         timeline_.push_back(TimedAction{a, compute_start, now()});
         break;
       }
@@ -169,13 +172,17 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
         if (place.stage != last)
           wait_timed(slot.recv_grad, grad_receives[{a.microbatch, a.chunk}], timeline_);
         const double compute_start = now();
-        if (place.stage == last)
-          slot.output.backward();
-        else
-          autograd::backward({slot.output}, {slot.grad_output});
+        std::vector<Tensor> roots{slot.output},
+            grads{place.stage == last ? Tensor::ones(slot.output.shape()) : slot.grad_output};
+        if (slot.extra_loss.defined()) {  // weight 1 (See StageChunk::extra_loss)
+          roots.push_back(slot.extra_loss);
+          grads.push_back(Tensor::ones(slot.extra_loss.shape()));
+        }
+        autograd::backward(roots, grads);
         timeline_.push_back(TimedAction{a, compute_start, now()});
         slot.output = Tensor();
         slot.grad_output = Tensor();
+        slot.extra_loss = Tensor();
         break;
       }
       case ActionKind::kSendGrad: {
@@ -205,8 +212,8 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
 }
 
 GradientSum::GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group,
-                         bool average)
-    : params_(std::move(params)), group_(std::move(group)), average_(average) {
+                         bool average, double scale)
+    : params_(std::move(params)), group_(std::move(group)), average_(average), scale_(scale) {
   LOOM_CHECK(group_ != nullptr, "GradientSum: the group is null");
 }
 
@@ -229,12 +236,55 @@ void GradientSum::wait() {
   if (!work_) return;
   work_->wait();
   work_ = nullptr;
+  if (scale_ != 1.0) flat_ = scale(flat_, scale_);
   int64_t offset = 0;
   for (Tensor p : params_) {
     p.set_grad(flat_.narrow(0, offset, p.numel()).reshape(p.shape()).contiguous());
     offset += p.numel();
   }
   flat_ = Tensor();
+}
+
+void PipelineExecutor::forward_only(const std::vector<Tensor>& tokens) {
+  const int m = schedule_.microbatches;
+  LOOM_CHECK(int(tokens.size()) == m, "PipelineExecutor: ", m,
+             " micro-batches in the schedule but ", tokens.size(), " token tensors given");
+  NoGradGuard no_grad;
+  const std::vector<ChunkPlace>& places = schedule_.chunks[size_t(rank_)];
+  const int last = schedule_.stages - 1;
+  // The schedule's forwards of this rank, and where each one's input comes from and output goes.
+  std::vector<Action> forwards;
+  std::map<std::pair<int, int>, int> from, to;  // (microbatch, chunk) -> peer
+  for (const Action& a : schedule_.actions[size_t(rank_)]) {
+    if (a.kind == ActionKind::kForward) forwards.push_back(a);
+    if (a.kind == ActionKind::kRecvActivation) from[{a.microbatch, a.chunk}] = a.peer;
+    if (a.kind == ActionKind::kSendActivation) to[{a.microbatch, a.chunk}] = a.peer;
+  }
+  // Micro-batch then stage order: each forward needs only earlier ones (its micro-batch's
+  // previous stage), so no rank waits on one that waits on it.
+  std::stable_sort(forwards.begin(), forwards.end(), [&](const Action& x, const Action& y) {
+    return std::make_pair(x.microbatch, places[size_t(x.chunk)].stage) <
+           std::make_pair(y.microbatch, places[size_t(y.chunk)].stage);
+  });
+  std::vector<comm::WorkPtr> sends;
+  std::vector<Tensor> in_flight;
+  for (const Action& a : forwards) {
+    const ChunkPlace& place = places[size_t(a.chunk)];
+    Tensor input = tokens[size_t(a.microbatch)];
+    if (place.stage > 0) {
+      input = Tensor::empty(activation_);
+      pp_->recv(input, from.at({a.microbatch, a.chunk}),
+                {tag(false, a.microbatch, place.pipeline, place.stage - 1)})
+          ->wait();
+    }
+    if (before_forward_) before_forward_(a.microbatch);
+    Tensor out = chunks_[size_t(a.chunk)].forward(input);
+    if (place.stage == last) continue;
+    in_flight.push_back(out.contiguous());
+    sends.push_back(pp_->send(in_flight.back(), to.at({a.microbatch, a.chunk}),
+                              {tag(false, a.microbatch, place.pipeline, place.stage)}));
+  }
+  comm::wait_all(sends);
 }
 
 double PipelineExecutor::mean_loss(double local) const {

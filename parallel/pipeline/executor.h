@@ -35,14 +35,20 @@ struct StageChunk {
   // step's actions are done. Either may be empty.
   std::function<void()> sync;
   std::function<void()> sync_wait;
+  // A scalar loss the forward made besides its output (MoE's auxiliary losses: See
+  // GptStage::moe_aux_loss), taken right after each forward and backpropagated with weight 1 by
+  // that micro-batch's B. Empty, or an undefined tensor: none.
+  std::function<Tensor()> extra_loss;
 };
 
 // The gradients of a set of parameters summed (or averaged) over a group, started and finished
 // separately (See StageChunk::sync): one allreduce of their packed gradients.
 class GradientSum {
  public:
+  // `scale`: a factor applied to the reduced gradients (e.g. 1 / dp for experts summed over
+  // their replicas, See GptStage's stage_chunk).
   GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Communicator> group,
-              bool average = false);
+              bool average = false, double scale = 1.0);
   void start();
   void wait();
 
@@ -50,6 +56,7 @@ class GradientSum {
   std::vector<Tensor> params_;
   std::shared_ptr<comm::Communicator> group_;
   bool average_;
+  double scale_;
   Tensor flat_;
   comm::WorkPtr work_;
 };
@@ -80,6 +87,11 @@ class PipelineExecutor {
   // micro-batches whose last stage is on this rank, 0 elsewhere (See mean_loss).
   double run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
              const std::vector<double>& weights = {});
+  // Every micro-batch's forward without gradients and without the loss, in micro-batch then
+  // stage order, the activations passed between the ranks as run() passes them (sends posted
+  // and waited at the end, so the pass is pipelined as GPipe's forwards). MoE's routing pass
+  // (See Note [A batch in micro-batches] in core/nn/moe.h). Collective over pp.
+  void forward_only(const std::vector<Tensor>& tokens);
   // The step's mean loss on every rank of the pipeline group: the sum over the ranks of what
   // run() returned (each micro-batch's loss is on its pipeline's last stage). Collective.
   double mean_loss(double local) const;

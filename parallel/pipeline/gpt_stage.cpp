@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel/tp_gpt.h"
 #include "parallel/tensor_parallel/vocab_parallel_cross_entropy.h"
 
@@ -106,7 +107,8 @@ std::vector<double> stage_costs(const GptConfig& config, int stages) {
 }
 
 GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropout,
-                   std::shared_ptr<comm::Communicator> tp, bool sequence_parallel)
+                   std::shared_ptr<comm::Communicator> tp, bool sequence_parallel,
+                   const nn::MoeOptions& moe, const nn::MoeFactory& make_moe)
     : config_(config),
       stage_(stage),
       stages_(stages),
@@ -118,7 +120,8 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
   const int64_t c = config.channels;
   const double proj_std = 0.02 / std::sqrt(2.0 * double(config.layers));
   const nn::Init wte_init = nn::Init::normal(0.02).with_zero_rows_from(config.vocab);
-  const parallel::TpGptOptions tp_options{dropout, sequence_parallel};
+  moe.validate();
+  const parallel::TpGptOptions tp_options{dropout, sequence_parallel, moe, make_moe};
   if (tp_) {
     per_rank("GptStage", "heads", config.heads, tp_->size());
     per_rank("GptStage", "dim", c, tp_->size());
@@ -141,10 +144,17 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
   }
   auto range = register_module("blocks", std::make_shared<BlockRange>());
   for (int64_t i = first; i < first + count; ++i) {
-    if (tp_)
-      blocks.push_back(std::make_shared<TpBlock>(c, config.heads, tp_, tp_options, proj_std));
-    else
-      blocks.push_back(std::make_shared<nn::Block>(c, config.heads, dropout, proj_std));
+    const bool use_moe = moe.enabled() && i % moe.every == 0;
+    if (tp_) {
+      auto block = std::make_shared<TpBlock>(c, config.heads, tp_, tp_options, proj_std, use_moe);
+      if (block->moe) moe_layers_.push_back(block->moe.get());
+      blocks.push_back(block);
+    } else {
+      auto block = std::make_shared<nn::Block>(c, config.heads, dropout, proj_std,
+                                               use_moe ? moe : nn::MoeOptions{}, make_moe);
+      if (block->moe) moe_layers_.push_back(block->moe.get());
+      blocks.push_back(block);
+    }
     range->add(i, blocks.back());
   }
   if (is_last()) {
@@ -153,6 +163,13 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
     else
       ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c));
   }
+}
+
+Tensor GptStage::moe_aux_loss() const {
+  Tensor total;
+  for (const nn::MoeLayer* m : moe_layers_)
+    total = total.defined() ? add(total, m->aux_loss()) : m->aux_loss();
+  return total;
 }
 
 Tensor GptStage::wte_weight() const {
@@ -237,28 +254,40 @@ std::vector<std::shared_ptr<comm::Communicator>> replica_pairs(const Schedule& s
 
 StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
                        std::shared_ptr<comm::Communicator> replica_pair,
-                       std::shared_ptr<comm::Communicator> dp_average) {
+                       std::shared_ptr<comm::Communicator> dp_average,
+                       std::shared_ptr<comm::Communicator> expert_replicas) {
   GptStage* raw = stage.get();
   StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
                    [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
                    {},
                    {}};
-  std::vector<Tensor> synced;
-  for (const auto& [name, p] : stage->named_parameters())
-    if (name != "wte.weight") synced.push_back(p);
-  std::shared_ptr<GradientSum> replicas, data;
+  if (!stage->moe_layers().empty()) chunk.extra_loss = [raw] { return raw->moe_aux_loss(); };
+  std::vector<Tensor> synced, experts;
+  for (const auto& [name, p] : stage->named_parameters()) {
+    if (name == "wte.weight") continue;
+    (expert_replicas && is_expert_parameter(name) ? experts : synced).push_back(p);
+  }
+  std::shared_ptr<GradientSum> replicas, data, expert;
   if (replica_pair) replicas = std::make_shared<GradientSum>(synced, std::move(replica_pair));
-  if (dp_average && dp_average->size() > 1)
+  const int dp = dp_average ? dp_average->size() : 1;
+  if (dp_average && dp > 1)
     data = std::make_shared<GradientSum>(synced, std::move(dp_average), /*average=*/true);
-  if (!replicas && !data) return chunk;
+  if (!experts.empty() && dp > 1)
+    expert = std::make_shared<GradientSum>(experts, std::move(expert_replicas),
+                                           /*average=*/false, 1.0 / double(dp));
+  if (!replicas && !data && !expert) return chunk;
   // The replica sum starts at SYNC; the dp average follows once it is done.
-  chunk.sync = [replicas, data] { (replicas ? replicas : data)->start(); };
-  chunk.sync_wait = [replicas, data] {
+  chunk.sync = [replicas, data, expert] {
+    if (expert) expert->start();
+    if (replicas || data) (replicas ? replicas : data)->start();
+  };
+  chunk.sync_wait = [replicas, data, expert] {
     if (replicas) {
       replicas->wait();
       if (data) data->start();
     }
     if (data) data->wait();
+    if (expert) expert->wait();
   };
   return chunk;
 }

@@ -45,8 +45,11 @@ std::vector<double> stage_costs(const GptConfig& config, int stages);
 
 class GptStage : public nn::Module {
  public:
+  // With `moe` enabled, block i's MLP is a mixture of experts when i % moe.every == 0 (i its
+  // single-process index), built by `make_moe` (empty: nn::MoE, every expert here).
   GptStage(const GptConfig& config, int stage, int stages, double dropout = 0.0,
-           std::shared_ptr<comm::Communicator> tp = nullptr, bool sequence_parallel = false);
+           std::shared_ptr<comm::Communicator> tp = nullptr, bool sequence_parallel = false,
+           const nn::MoeOptions& moe = {}, const nn::MoeFactory& make_moe = {});
 
   int stage() const { return stage_; }  // its index in the pipeline
   bool is_first() const { return stage_ == 0; }
@@ -58,6 +61,10 @@ class GptStage : public nn::Module {
   Tensor loss(const Tensor& logits, const Tensor& targets) const;
 
   const GptConfig& config() const { return config_; }
+  // The stage's MoE layers, in block order (empty: dense blocks).
+  std::vector<nn::MoeLayer*> moe_layers() const { return moe_layers_; }
+  // The sum of their auxiliary losses of the last forward (undefined without MoE layers).
+  Tensor moe_aux_loss() const;
   // wte's weight (this rank's vocabulary rows with tp), undefined on middle stages.
   Tensor wte_weight() const;
   // The activation one micro-batch of `rows` sequences of length `seq` passes to the next stage.
@@ -74,6 +81,7 @@ class GptStage : public nn::Module {
   int stage_, stages_;
   std::shared_ptr<comm::Communicator> tp_;
   bool sequence_parallel_;
+  std::vector<nn::MoeLayer*> moe_layers_;
 };
 
 // Chimera's replica pairs: for each stage k, a group of the two ranks holding its replicas (the
@@ -86,9 +94,14 @@ std::vector<std::shared_ptr<comm::Communicator>> replica_pairs(const Schedule& s
 // The executor's view of a stage: its forward and loss, and at SYNC its gradient reductions:
 // the sum over its replica pair (Chimera; null: none), then the average over `dp_average` (null:
 // none). wte is left out of both: its copies are summed by sync_tied_embedding after the actions.
+// With expert parallelism (`expert_replicas`: the dp ranks holding this rank's experts), the
+// experts' gradients are summed over expert_replicas and divided by dp_average's size instead
+// (See Note [Own parameters under data parallelism]). The chunk's extra loss is the stage's MoE
+// auxiliary losses (See GptStage::moe_aux_loss).
 StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
                        std::shared_ptr<comm::Communicator> replica_pair,
-                       std::shared_ptr<comm::Communicator> dp_average);
+                       std::shared_ptr<comm::Communicator> dp_average,
+                       std::shared_ptr<comm::Communicator> expert_replicas = nullptr);
 
 // A rank's stages under one module, for wrappers that take one (ZeroOptimizer): child k is
 // "chunk{k}", so the set's parameter names are unique even when two chunks hold the same
