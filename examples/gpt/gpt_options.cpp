@@ -264,16 +264,15 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     LOOM_CHECK(o.moe_experts % o.ep == 0, "loom-gpt: --moe-experts ", o.moe_experts,
                " must divide by --ep ", o.ep);
     // The other layouts are the next steps of the MoE issue.
-    const char* unsupported = o.sequence_parallel                      ? "--sequence-parallel"
-                              : o.zero > 0                             ? "--zero"
+    const char* unsupported = o.zero > 0                               ? "--zero"
                               : o.checkpoint_activations               ? "--checkpoint-activations"
                               : o.dtype == "f16"                       ? "--dtype f16"
                               : !o.device.empty() && o.device != "cpu" ? "--device"
                                                                        : nullptr;
     LOOM_CHECK(
         unsupported == nullptr,
-        "loom-gpt: --moe-experts trains with --dp, --ep, --tp, --pp and --grad-accum only, in "
-        "f32 or "
+        "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), --pp "
+        "and --grad-accum only, in f32 or "
         "bf16 on the "
         "CPU, without ",
         unsupported ? unsupported : "", " so far");

@@ -68,7 +68,8 @@ TpMLP::TpMLP(int64_t channels, GroupPtr tp, const TpGptOptions& o, double proj_s
 Tensor TpMLP::forward(const Tensor& x) { return (*drop)((*proj)(gelu((*fc)(x)))); }
 
 TpBlock::TpBlock(int64_t channels, int64_t heads, GroupPtr tp, const TpGptOptions& o,
-                 double proj_std, bool use_moe) {
+                 double proj_std, bool use_moe)
+    : tp_(tp), sequence_parallel_(o.sequence_parallel) {
   ln1 = register_module("ln1", std::make_shared<TpLayerNorm>(channels, tp, o.sequence_parallel));
   attn = register_module("attn", std::make_shared<TpAttention>(channels, heads, tp, o, proj_std));
   ln2 = register_module("ln2", std::make_shared<TpLayerNorm>(channels, tp, o.sequence_parallel));
@@ -83,7 +84,10 @@ TpBlock::TpBlock(int64_t channels, int64_t heads, GroupPtr tp, const TpGptOption
 Tensor TpBlock::forward(const Tensor& x) {
   Tensor h = add(x, (*attn)((*ln1)(x)));
   Tensor in = (*ln2)(h);
-  return add(h, moe ? (*moe)(in) : (*mlp)(in));
+  if (!moe) return add(h, (*mlp)(in));
+  if (!sequence_parallel_) return add(h, (*moe)(in));
+  // The whole sequence through the MoE, this rank's slice out (See the header comment).
+  return add(h, scatter_to_tp((*moe)(gather_from_tp(in, tp_, 1)), tp_, 1));
 }
 
 TpGPT::TpGPT(const GptConfig& config, GroupPtr tp, const TpGptOptions& options)
@@ -96,9 +100,6 @@ TpGPT::TpGPT(const GptConfig& config, GroupPtr tp, const TpGptOptions& options)
   per_rank("TpGPT", "dim", c, n);
   per_rank("TpGPT", "MLP hidden size (4 x dim)", 4 * c, n);
   options.moe.validate();
-  LOOM_CHECK(!options.moe.enabled() || !options.sequence_parallel,
-             "TpGPT: mixture-of-experts blocks do not run with sequence parallelism yet (their "
-             "routing would see a slice of the sequence)");
   wte_rows_ = (config.padded_vocab + n - 1) / n * n;
   const double proj_std = 0.02 / std::sqrt(2.0 * double(config.layers));
   wte = register_module(

@@ -22,7 +22,11 @@
 // feed-forward runs on the block's whole activations, the same on every tp rank, so each rank
 // routes and computes alike: no communication over tp, and the gradients that reach the MoE's
 // input are whole already). Expert parallelism splits them over dp ranks as without tp
-// (make_moe). Not with sequence parallelism yet.
+// (make_moe). Under sequence parallelism the MoE takes the whole sequence too: gather_from_tp
+// before it (its backward keeps this rank's slice of the gradient, which every rank computes
+// alike) and scatter_to_tp after it (its backward all-gathers the slices' gradients), so the
+// routing, capacity and auxiliary losses are those of the whole tokens, as without it (Megatron's
+// gather with tensor_parallel_output_grad off).
 #pragma once
 
 #include <memory>
@@ -93,6 +97,10 @@ class TpBlock : public nn::Module {
   std::shared_ptr<TpAttention> attn;
   std::shared_ptr<TpMLP> mlp;         // null in a MoE block
   std::shared_ptr<nn::MoeLayer> moe;  // null in a dense block
+
+ private:
+  GroupPtr tp_;
+  bool sequence_parallel_;
 };
 
 class TpGPT : public nn::Module {

@@ -7,11 +7,13 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "bindings.h"
 #include "core/io/gpt_weights.h"
 #include "core/io/safetensors.h"
+#include "core/nn/moe.h"
 
 namespace loom::python {
 
@@ -47,15 +49,18 @@ An llm.c model with NaN or infinite weights is refused unless `allow_nonfinite`.
       "Writes a dict name -> Tensor (any device or layout) to a .safetensors file.");
   m.def(
       "load_gpt",
-      [](const std::string& path, int64_t heads, bool allow_nonfinite) {
+      [](const std::string& path, int64_t heads, bool allow_nonfinite, bool with_moe) {
         io::GptWeights w;
         {
           py::gil_scoped_release release;
           w = io::load_gpt_weights(path, heads, allow_nonfinite);
         }
-        return py::make_tuple(w.config, w.params);
+        if (!with_moe) return py::make_tuple(w.config, w.params);
+        return py::make_tuple(w.config, w.params,
+                              w.moe.enabled() ? py::cast(w.moe) : py::object(py::none()));
       },
       py::arg("path"), py::arg("heads") = 0, py::arg("allow_nonfinite") = false,
+      py::arg("with_moe") = false,
       R"(GPT weights as loom-gpt reads them: (GPTConfig, state dict under loom's names).
 
 `path` is an llm.c model .bin, a Hugging Face GPT-2 .safetensors (with or without its
@@ -66,19 +71,25 @@ unless `allow_nonfinite`.
     config, state = loom.load_gpt("model.safetensors")   # e.g. written by loom-gpt --save
     model = loom.nn.GPT(config)
     model.load_state_dict(state)
+
+With `with_moe`, a third element: the file's mixture-of-experts blocks (loom.nn.MoEConfig; None
+for a dense model). loom.nn.GPT.from_file does all of it.
 )");
   m.def(
       "save_gpt",
       [](const std::string& path, const GptConfig& config,
-         const std::map<std::string, Tensor>& state) {
+         const std::map<std::string, Tensor>& state, std::optional<nn::MoeOptions> moe) {
         py::gil_scoped_release release;
-        io::save_gpt_weights(path, config, state);
+        io::save_gpt_weights(path, config, state, moe.value_or(nn::MoeOptions{}));
       },
-      py::arg("path"), py::arg("config"), py::arg("state"),
+      py::arg("path"), py::arg("config"), py::arg("state"), py::arg("moe") = py::none(),
       R"(Writes a GPT's weights as loom-gpt --save does: .bin (llm.c) or .safetensors (Hugging
 Face GPT-2 names), by the extension; loom-gpt --init-from reads either.
 
     loom.save_gpt("model.safetensors", model.config, model.state_dict())
+
+A model with MoE blocks passes them as `moe` (model.moe): the experts are written under
+h.{i}.mlp.experts.{e}.c_fc / c_proj, as loom-gpt --save writes them (.safetensors only).
 )");
 }
 

@@ -294,14 +294,58 @@ void init_nn(py::module_& m) {
       .def("num_parameters", &GptConfig::num_parameters)
       .def("__repr__", [](const GptConfig& c) { return "GPTConfig(" + c.str() + ")"; });
 
+  // A GPT's mixture-of-experts blocks (nn::MoeOptions; loom-gpt's --moe-* flags).
+  py::class_<nn::MoeOptions>(nn_m, "MoEConfig")
+      .def(py::init([](int64_t experts, int64_t top_k, int64_t every, double capacity_factor,
+                       double aux_loss_coef, double z_loss_coef, int64_t expert_hidden,
+                       double receive_budget_mb) {
+             const nn::MoeOptions o{experts,           top_k,         every,
+                                    capacity_factor,   aux_loss_coef, z_loss_coef,
+                                    receive_budget_mb, expert_hidden};
+             o.validate();
+             return o;
+           }),
+           py::arg("experts"), py::arg("top_k") = 1, py::arg("every") = 1,
+           py::arg("capacity_factor") = 0.0, py::arg("aux_loss_coef") = 0.01,
+           py::arg("z_loss_coef") = 0.001, py::arg("expert_hidden") = 0,
+           py::arg("receive_budget_mb") = 0.0,
+           "Block i's MLP is a MoE of `experts` GELU MLPs when i % every == 0 (loom-gpt's --moe-* "
+           "flags; core/nn/moe.h).")
+      .def_readonly("experts", &nn::MoeOptions::experts)
+      .def_readonly("top_k", &nn::MoeOptions::top_k)
+      .def_readonly("every", &nn::MoeOptions::every)
+      .def_readonly("capacity_factor", &nn::MoeOptions::capacity_factor)
+      .def_readonly("aux_loss_coef", &nn::MoeOptions::aux_loss)
+      .def_readonly("z_loss_coef", &nn::MoeOptions::z_loss)
+      .def_readonly("expert_hidden", &nn::MoeOptions::hidden)
+      .def_readonly("receive_budget_mb", &nn::MoeOptions::receive_budget_mb)
+      .def("__eq__",
+           [](const nn::MoeOptions& a, const nn::MoeOptions& b) {
+             return a.experts == b.experts && a.top_k == b.top_k && a.every == b.every &&
+                    a.capacity_factor == b.capacity_factor && a.aux_loss == b.aux_loss &&
+                    a.z_loss == b.z_loss && a.hidden == b.hidden &&
+                    a.receive_budget_mb == b.receive_budget_mb;
+           })
+      .def("__repr__", [](const nn::MoeOptions& o) {
+        return detail::str_cat("MoEConfig(experts=", o.experts, ", top_k=", o.top_k,
+                               ", every=", o.every, ", capacity_factor=", o.capacity_factor,
+                               ", aux_loss_coef=", o.aux_loss, ", z_loss_coef=", o.z_loss,
+                               ", expert_hidden=", o.hidden, ")");
+      });
+
   py::class_<nn::GPT, nn::Module, std::shared_ptr<nn::GPT>>(nn_m, "GPT")
-      .def(py::init([](const GptConfig& config, double dropout, bool checkpoint) {
+      .def(py::init([](const GptConfig& config, double dropout, bool checkpoint,
+                       std::optional<nn::MoeOptions> moe) {
              nn::GptOptions o;
              o.dropout = dropout;
              o.checkpoint = checkpoint;
+             if (moe) o.moe = *moe;
              return std::make_shared<nn::GPT>(config, o);
            }),
-           py::arg("config"), py::arg("dropout") = 0.0, py::arg("checkpoint") = false)
+           py::arg("config"), py::arg("dropout") = 0.0, py::arg("checkpoint") = false,
+           py::arg("moe") = py::none())
+      .def_property_readonly("last_lm_loss", &nn::GPT::last_lm_loss,
+                             "With MoE blocks: the cross-entropy of the last loss() alone.")
       .def("loss", &nn::GPT::loss, py::arg("idx"), py::arg("targets"), Release())
       .def_property_readonly("config", &nn::GPT::config)
       .def("set_checkpointing", &nn::GPT::set_checkpointing, py::arg("on"))

@@ -188,6 +188,20 @@ text=(--data "$dir/text.txt" --seq 16 --steps 6 --batch 4 --layers 2 --dim 32 --
 "$mpiexec" -np 2 "$@" "$gpt" "${text[@]}" --tp 2 --sequence-parallel \
   --metrics-file "$dir/text_sp.jsonl" > "$dir/text_sp.log"
 compare "tp2_sequence_parallel_dropout" "$dir/text_sp.jsonl" "$dir/text_single.jsonl"
+# MoE under sequence parallelism: each MoE block takes the whole sequence (gathered over tp,
+# computed alike on every tp rank), so capacity and the auxiliary losses are one process's:
+# tp 2, dp 2 x tp 2 x ep 2 and dp 2 x tp 2 x ep 2 x pp 2, all sequence-parallel, with dropout.
+moe_sp=(--moe-experts 4 --moe-top-k 2 --moe-capacity-factor 1.0)
+"$gpt" "${text[@]}" "${moe_sp[@]}" --metrics-file "$dir/text_moe.jsonl" > "$dir/text_moe.log"
+for layout in "2 --tp 2" "4 --dp 2 --tp 2 --ep 2" "8 --dp 2 --tp 2 --ep 2 --pp 2 --microbatches 2"; do
+  read -r np rest <<< "$layout"
+  read -r -a lflags <<< "$rest"
+  name="moe_sp_$(printf '%s' "$rest" | tr -d '-' | tr ' ' '_')"
+  "$mpiexec" -np "$np" "$@" "$gpt" "${text[@]}" "${moe_sp[@]}" "${lflags[@]}" --sequence-parallel \
+    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  compare "$name" "$dir/$name.jsonl" "$dir/text_moe.jsonl"
+  compare_loads "$name" "$dir/$name.jsonl" "$dir/text_moe.jsonl"
+done
 
 "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${sgd[@]}" --tp 2 \
   --save "$dir/tp2.safetensors" > "$dir/tp2_save.log"

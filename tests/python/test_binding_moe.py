@@ -223,3 +223,53 @@ def test_expert_parallel_layers_under_the_parallel_wrappers():
             self.b = nn.MoE(c, experts, ep_group=world.split(color=0, key=0, name="other"))
     with pytest.raises(ValueError, match="different ep groups"):
         dist.DistributedDataParallel(Two())
+
+
+def test_gpt_with_moe_blocks_saves_loads_and_accumulates_as_the_whole_batch(tmp_path):
+    # loom.nn.GPT(moe=MoEConfig(...)) builds loom-gpt's MoE model: its blocks' names, a file
+    # loom.save_gpt writes and GPT.from_file reads back (the MoE shape with it); two micro-batches
+    # after a routing pass (moe_begin_batch over the GPT) give the whole batch's loss and
+    # gradients: each micro-batch's cross-entropy halved, its auxiliary share added whole.
+    config = nn.GPTConfig(max_seq_len=8, vocab=11, layers=2, heads=2, channels=16)
+    moe = nn.MoEConfig(4, top_k=2, every=2, capacity_factor=1.0, aux_loss_coef=0.05,
+                       z_loss_coef=0.01)
+    model = nn.GPT(config, moe=moe, seed=3)
+    names = dict(model.named_parameters())
+    assert "blocks.0.mlp.experts.3.fc.weight" in names and "blocks.0.mlp.router.weight" in names
+    assert "blocks.1.mlp.fc.weight" in names  # every=2: block 1 is dense
+    assert len(model.moe_layers()) == 1
+    rng = np.random.default_rng(5)
+    idx = loom.tensor(rng.integers(0, 11, size=(4, 8)), dtype=loom.int64)
+    targets = loom.tensor(rng.integers(0, 11, size=(4, 8)), dtype=loom.int64)
+    whole = model.loss(idx, targets)
+    assert whole.item() > model.last_lm_loss  # the auxiliary losses are added
+    whole.backward()
+    want = {n: numpy_of(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    assert model.moe_layers()[0].dropped > 0, "the test needs capacity drops"
+
+    path = str(tmp_path / "moe.safetensors")
+    loom.save_gpt(path, config, model.state_dict(), moe=model.moe)
+    again = nn.GPT.from_file(path)
+    got_moe = again.moe
+    assert (got_moe.experts, got_moe.top_k, got_moe.every, got_moe.capacity_factor,
+            got_moe.aux_loss_coef, got_moe.z_loss_coef) == (4, 2, 2, 1.0, 0.05, 0.01)
+    for n, p in model.named_parameters():
+        np.testing.assert_array_equal(numpy_of(dict(again.named_parameters())[n]), numpy_of(p))
+
+    assert loom.nn.utils.moe_begin_batch(again, 2) == 1
+    halves = [(idx[:2], targets[:2]), (idx[2:], targets[2:])]
+    with loom.no_grad():  # the routing pass
+        for x, y in halves:
+            again.loss(x, y)
+    total = 0.0
+    for x, y in halves:
+        loss = again.loss(x, y)
+        aux = sum(m.aux_loss for m in again.moe_layers())
+        part = loss * 0.5 + aux * 0.5  # (cross-entropy) / 2 + aux
+        total += part.item()
+        part.backward()
+    np.testing.assert_allclose(total, whole.item(), rtol=RTOL, atol=ATOL)
+    for n, p in again.named_parameters():
+        if n in want:
+            np.testing.assert_allclose(numpy_of(p.grad), want[n], rtol=RTOL, atol=ATOL,
+                                       err_msg=n)

@@ -54,6 +54,7 @@ from loom.nn.modules import (  # noqa: F401
     Linear,
     MLP,
     MoE,
+    MoEConfig,
 )
 
 from loom.nn.tensor_parallel import (  # noqa: F401
@@ -72,7 +73,7 @@ __all__ = [
     "ParameterList", "ParameterDict", "Linear", "LayerNorm", "Embedding", "Dropout", "RMSNorm",
     "Identity", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Flatten",
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "BCEWithLogitsLoss",
-    "MLP", "MoE", "CausalSelfAttention", "Block", "GPT", "GPTConfig", "EmbeddingBagCollection",
+    "MLP", "MoE", "MoEConfig", "CausalSelfAttention", "Block", "GPT", "GPTConfig", "EmbeddingBagCollection",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
     "vocab_parallel_cross_entropy", "set_dropout_seed", "set_dropout_step", "dropout_step",
     "set_dropout_batch_part",

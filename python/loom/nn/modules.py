@@ -434,6 +434,7 @@ class Block(_CppModule):
 
 
 GPTConfig = _cpp.GPTConfig
+MoEConfig = _cpp.MoEConfig
 
 
 class GPT(_CppModule):
@@ -449,16 +450,41 @@ class GPT(_CppModule):
         (1, 3, 64)
         >>> loss = model.loss(idx, loom.tensor([[2, 3, 4]], dtype=loom.int64))
         >>> loss.backward()
+
+    ``moe`` (a loom.nn.MoEConfig) makes block i's MLP a mixture of experts when
+    i % moe.every == 0 (loom.nn.MoE, named blocks.{i}.mlp.router.weight and
+    blocks.{i}.mlp.experts.{e}.fc / .proj, as loom-gpt --moe-* builds it); ``loss`` then adds the
+    MoE layers' auxiliary losses (``last_lm_loss`` is the cross-entropy alone). A file written by
+    loom-gpt --save, MoE or not, loads with ``GPT.from_file(path)``.
     """
 
     _copy_by_rebuild = True
 
-    def __init__(self, config, *, dropout=0.0, checkpoint=False, seed=0):
-        super().__init__(_cpp.GPT(config, dropout, checkpoint), init_seed=seed)
+    def __init__(self, config, *, dropout=0.0, checkpoint=False, seed=0, moe=None):
+        super().__init__(_cpp.GPT(config, dropout, checkpoint, moe), init_seed=seed)
+        object.__setattr__(self, "moe", moe)
+
+    @classmethod
+    def from_file(cls, path, *, heads=0, dropout=0.0, allow_nonfinite=False):
+        """The GPT a weights file holds (llm.c .bin, Hugging Face GPT-2 .safetensors or
+        directory, loom-gpt --save's, with its MoE blocks), its weights loaded (loom.load_gpt)."""
+        config, state, moe = _loom.load_gpt(path, heads, allow_nonfinite, with_moe=True)
+        model = cls(config, dropout=dropout, moe=moe)
+        model.load_state_dict(state)
+        return model
 
     @property
     def config(self):
         return self._cpp.config
+
+    @property
+    def last_lm_loss(self):
+        """With MoE blocks: the cross-entropy of the last ``loss`` without the auxiliary losses."""
+        return self._cpp.last_lm_loss
+
+    def moe_layers(self):
+        """The MoE blocks' layers (loom.nn.MoE), in block order; empty for a dense model."""
+        return [m for m in self.modules() if isinstance(m, MoE)]
 
     def loss(self, idx, targets):
         """Mean next-token cross-entropy of forward(idx) against targets [B, T] (-100 ignored)."""
