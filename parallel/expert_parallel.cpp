@@ -9,6 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "parallel/tensor_parallel/layers.h"
 
 namespace loom::parallel {
 
@@ -22,9 +23,10 @@ Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
 // single-process names).
 class ExpertSet final : public nn::Module {
  public:
-  void add(int64_t index, std::shared_ptr<nn::MLP> expert) {
+  void add(int64_t index, std::shared_ptr<nn::Module> expert) {
     register_module(std::to_string(index), std::move(expert));
   }
+  using nn::Module::register_module;
 };
 
 int64_t total(const std::vector<int64_t>& v) {
@@ -86,8 +88,8 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
 ExpertParallelMoE::ExpertParallelMoE(int64_t channels, const nn::MoeOptions& options,
                                      std::shared_ptr<comm::Communicator> ep,
                                      std::shared_ptr<comm::Communicator> batch, double dropout,
-                                     double proj_std)
-    : options_(options), ep_(std::move(ep)), batch_(std::move(batch)) {
+                                     double proj_std, std::shared_ptr<comm::Communicator> tp)
+    : options_(options), ep_(std::move(ep)), batch_(std::move(batch)), tp_(std::move(tp)) {
   options_.validate();
   LOOM_CHECK(options_.enabled(), "ExpertParallelMoE: needs at least one expert");
   LOOM_CHECK(ep_ != nullptr && batch_ != nullptr, "ExpertParallelMoE: the ep and batch groups ",
@@ -102,9 +104,23 @@ ExpertParallelMoE::ExpertParallelMoE(int64_t channels, const nn::MoeOptions& opt
   router = register_module("router", std::make_shared<nn::Linear>(channels, options_.experts,
                                                                   /*bias=*/false));
   auto set = std::make_shared<ExpertSet>();
+  const int64_t hidden = options_.expert_width(channels);
   for (int64_t l = 0; l < local_; ++l) {
-    experts_.push_back(std::make_shared<nn::MLP>(channels, 0.0, proj_std, options_.hidden));
-    set->add(first_ + l, experts_.back());
+    if (!tp_) {
+      experts_.push_back(std::make_shared<nn::MLP>(channels, 0.0, proj_std, options_.hidden));
+      set->add(first_ + l, experts_.back());
+      continue;
+    }
+    // nn::MLP's parameters in tp slices, under its names (See Note [Experts split over tp]).
+    auto expert = std::make_shared<ExpertSet>();
+    auto fc = std::make_shared<ColumnParallelLinear>(channels, hidden, tp_);
+    RowParallelOptions row;
+    row.init_std = proj_std;
+    auto proj = std::make_shared<RowParallelLinear>(hidden, channels, tp_, row);
+    expert->register_module("fc", fc);
+    expert->register_module("proj", proj);
+    split_experts_.push_back({fc->weight, fc->bias, proj->weight, proj->bias});
+    set->add(first_ + l, expert);
   }
   experts = register_module<nn::Module>("experts", set);
   drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
@@ -198,6 +214,9 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   // (a bf16 model exchanges bf16 rows); the combine below sums in f32, as nn::MoE's.
   Tensor results =
       r_total == 0 ? narrow(received, 0, 0, 0) : Tensor::zeros({r_total, c}, DType::kF32, device);
+  // With tp, the received rows feed every tp rank's slices: their gradient sums the slices'.
+  const Tensor expert_input = tp_ && r_total > 0 ? copy_to_tp(received, tp_) : received;
+  std::vector<Tensor> wheres(static_cast<size_t>(local_));
   for (int64_t l = 0; l < local_; ++l) {
     std::vector<int64_t> at;  // positions of (s, l) blocks in the received rows
     int64_t offset = 0;
@@ -210,8 +229,18 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
       }
     if (at.empty()) continue;
     Tensor where = index_tensor(at, device);
-    Tensor y = (*experts_[size_t(l)])(embedding(received, where)).to(DType::kF32);
+    Tensor y = expert_rows(l, embedding(expert_input, where)).to(DType::kF32);
     results = index_add_rows(results, where, y);
+    wheres[size_t(l)] = where;
+  }
+  if (tp_ && r_total > 0) {  // the slices' partial outputs summed, then proj's whole bias
+    results = reduce_from_tp(results, tp_);
+    for (int64_t l = 0; l < local_; ++l) {
+      const Tensor& where = wheres[size_t(l)];
+      if (!where.defined()) continue;
+      Tensor bias = split_experts_[size_t(l)].proj_bias.to(DType::kF32).reshape({1, c});
+      results = index_add_rows(results, where, expand(bias, {where.numel(), c}));
+    }
   }
 
   // 4. Back to the ranks the rows came from, and combined in expert order.
@@ -240,6 +269,12 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   stats_.aux_loss *= double(b_size);
   stats_.z_loss *= double(b_size);
   return (*drop)(out.reshape(x.shape()));
+}
+
+Tensor ExpertParallelMoE::expert_rows(int64_t local, const Tensor& rows) {
+  if (!tp_) return (*experts_[size_t(local)])(rows);
+  const SplitExpert& e = split_experts_[size_t(local)];
+  return linear(gelu(linear(rows, e.fc_weight, e.fc_bias)), e.proj_weight);
 }
 
 void ExpertParallelMoE::learn_budget(int64_t channels, Device device) {

@@ -29,6 +29,19 @@
 // Parameter names are one process's: router.weight, experts.{e}.fc.weight, ... for the experts
 // e this rank holds, so init_parameters draws the single-process values. Only parallel/ knows
 // the groups; the layer's maths is core/nn/moe.h's.
+//
+// Note [Experts split over tp]
+// With a tp group whose ranks see the same tokens (tensor parallelism without sequence
+// parallelism, or with it once the MoE gathers the sequence), each expert can be split over tp as
+// Megatron's MLP is: fc's output rows (and bias) and proj's input columns in tp slices (ShardSpec
+// shards of the single-process parameters: init, --save and checkpoints see the whole). Every
+// tp rank exchanges the same rows with its ep peers, runs its slice of each local expert
+// (copy_to_tp on the received rows: their gradient sums the slices'), and the partial outputs of
+// all local rows are summed over tp by one allreduce per layer (reduce_from_tp) before proj's
+// whole bias is added and the rows go back: the layer's output is then whole, the same on every
+// tp rank, and so are the gates' and router's gradients. Each rank keeps 1 / tp of the experts'
+// weights and work; the sums over tp associate differently than one process's, so results agree
+// to rounding (as dense tensor parallelism's do).
 #pragma once
 
 #include <memory>
@@ -45,10 +58,12 @@ class ExpertParallelMoE : public nn::MoeLayer {
   // `ep`: the ranks that split the experts (experts must divide by its size). `batch`: the
   // ranks whose tokens form one batch (capacity and the auxiliary losses are over all of them);
   // it must contain the ep group's ranks (often the same group, or the dp group).
+  // `tp` (optional): each expert is split over it too, as Megatron's expert tensor parallelism
+  // (See Note [Experts split over tp]); every rank of `tp` must route the same tokens.
   ExpertParallelMoE(int64_t channels, const nn::MoeOptions& options,
                     std::shared_ptr<comm::Communicator> ep,
                     std::shared_ptr<comm::Communicator> batch, double dropout = 0.0,
-                    double proj_std = 0.02);
+                    double proj_std = 0.02, std::shared_ptr<comm::Communicator> tp = nullptr);
   Tensor forward(const Tensor& x) override;  // this rank's tokens [..., C] -> [..., C]
 
   const Tensor& aux_loss() const override { return aux_loss_; }  // this rank's term (above)
@@ -63,10 +78,18 @@ class ExpertParallelMoE : public nn::MoeLayer {
   std::shared_ptr<nn::Dropout> drop;
 
  private:
+  // One local expert's output rows: whole (nn::MLP), or with tp this rank's partial sum without
+  // proj's bias (See Note [Experts split over tp]).
+  Tensor expert_rows(int64_t local, const Tensor& rows);
+
   nn::MoeOptions options_;
-  std::shared_ptr<comm::Communicator> ep_, batch_;
+  std::shared_ptr<comm::Communicator> ep_, batch_, tp_;
   int64_t first_ = 0, local_ = 0;
-  std::vector<std::shared_ptr<nn::MLP>> experts_;  // this rank's, from first_
+  std::vector<std::shared_ptr<nn::MLP>> experts_;  // this rank's, from first_ (without tp)
+  struct SplitExpert {                             // with tp: this rank's slices
+    Tensor fc_weight, fc_bias, proj_weight, proj_bias;
+  };
+  std::vector<SplitExpert> split_experts_;
   Tensor aux_loss_;
   nn::MoeStats stats_;
   // Dropless receive budget (Note [Dropless receive budget] in core/nn/moe.h), set by the first

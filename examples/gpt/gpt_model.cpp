@@ -7,9 +7,11 @@
 
 namespace loom::gpt {
 
-ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Communicator>& dp) {
+ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Communicator>& dp,
+                           const std::shared_ptr<comm::Communicator>& tp) {
   ExpertGroups g;
-  if (o.moe_experts == 0 || dp->size() == 1) return g;
+  const bool split = o.expert_tp > 1;  // See Note [Experts split over tp]
+  if (o.moe_experts == 0 || (dp->size() == 1 && !split)) return g;
   // The dp ranks' tokens form the batch; the experts split over ep groups of consecutive dp
   // ranks, each group holding all of them, replicated across the groups. With tp, each tp
   // rank's dp group does the same (the experts are whole over tp).
@@ -24,17 +26,18 @@ ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Comm
     g.ep = dp->split(rank / ep, rank, dp->name() + ".ep");
     g.replicas = dp->split(rank % ep, rank, dp->name() + ".experts");
   }
-  g.make_moe = [group = g.ep, dp](int64_t channels, const nn::MoeOptions& moe, double dropout,
-                                  double proj_std) -> std::shared_ptr<nn::MoeLayer> {
+  g.make_moe = [group = g.ep, dp, tp = split ? tp : nullptr](
+                   int64_t channels, const nn::MoeOptions& moe, double dropout,
+                   double proj_std) -> std::shared_ptr<nn::MoeLayer> {
     return std::make_shared<parallel::ExpertParallelMoE>(channels, moe, group, dp, dropout,
-                                                         proj_std);
+                                                         proj_std, tp);
   };
   return g;
 }
 
 GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh)
     : config_(config), moe_options_(o.moe()) {
-  const ExpertGroups groups = expert_groups(o, mesh.dp_ptr());
+  const ExpertGroups groups = expert_groups(o, mesh.dp_ptr(), mesh.tp_ptr());
   ep_ = groups.ep;
   expert_replicas_ = groups.replicas;
   const nn::MoeFactory& make_moe = groups.make_moe;

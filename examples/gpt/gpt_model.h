@@ -18,12 +18,14 @@ namespace loom::gpt {
 // Expert parallelism's groups over a dp group (--moe-experts with more than one dp rank): `ep`,
 // the --ep consecutive dp ranks the experts split over; `replicas`, the dp ranks holding the
 // same experts in the other ep groups; and the factory of the MoE layers over them (capacity and
-// the auxiliary losses over the whole dp group's batch). Empty otherwise. Collective over dp.
+// the auxiliary losses over the whole dp group's batch; with --expert-tp, each expert split over
+// `tp`, also on one dp rank). Empty otherwise. Collective over dp.
 struct ExpertGroups {
   std::shared_ptr<comm::Communicator> ep, replicas;
   nn::MoeFactory make_moe;
 };
-ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Communicator>& dp);
+ExpertGroups expert_groups(const GptOptions& o, const std::shared_ptr<comm::Communicator>& dp,
+                           const std::shared_ptr<comm::Communicator>& tp);
 
 class GptModel {
  public:

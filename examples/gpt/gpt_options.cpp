@@ -35,6 +35,10 @@ void declare_gpt_flags(cli::Flags& f) {
   f.add_int("ep", 1,
             "MoE: expert-parallel ranks: the experts split over groups of this many dp ranks, "
             "replicated across the groups (must divide --dp)");
+  f.add_int("expert-tp", 1,
+            "MoE with --tp: 1 keeps each expert whole on every tp rank; --tp's value splits each "
+            "expert over the tp group (Megatron's expert tensor parallelism: 1/tp of the "
+            "experts' weights and work per rank)");
   f.add_string("data", "",
                "training data: an llm.c token file (.bin) or a text file (byte-level); "
                "empty: the built-in addition task");
@@ -135,6 +139,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.moe_hidden = f.get_int("moe-hidden");
   o.moe_receive_budget_mb = f.get_double("moe-receive-budget-mb");
   o.ep = f.get_int("ep");
+  o.expert_tp = f.get_int("expert-tp");
   o.data = f.get_string("data");
   o.digits = f.get_int("digits");
   o.batch = f.get_int("batch");
@@ -246,6 +251,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   }
   positive("grad-accum", o.grad_accum);
   LOOM_CHECK(o.ep == 1 || o.moe_experts > 0, "loom-gpt: --ep needs --moe-experts");
+  LOOM_CHECK(o.expert_tp == 1 || o.moe_experts > 0, "loom-gpt: --expert-tp needs --moe-experts");
   if (o.moe_experts != 0 || f.was_set("moe-top-k") || f.was_set("moe-every") ||
       f.was_set("moe-capacity-factor") || f.was_set("moe-receive-budget-mb") ||
       f.was_set("moe-hidden")) {
@@ -263,6 +269,13 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                "ranks)");
     LOOM_CHECK(o.moe_experts % o.ep == 0, "loom-gpt: --moe-experts ", o.moe_experts,
                " must divide by --ep ", o.ep);
+    LOOM_CHECK(o.expert_tp == 1 || o.expert_tp == o.tp, "loom-gpt: --expert-tp ", o.expert_tp,
+               " must be 1 (experts whole on every tp rank) or --tp ", o.tp,
+               " (each expert split over the tp group)");
+    const int64_t width = o.moe().expert_width(o.dim);
+    LOOM_CHECK(width % o.expert_tp == 0, "loom-gpt: --expert-tp ", o.expert_tp,
+               " must divide the experts' hidden width ", width,
+               o.moe_hidden > 0 ? " (--moe-hidden)" : " (4 x --dim)");
     // The other layouts are the next steps of the MoE issue.
     const char* unsupported = o.zero > 0                               ? "--zero"
                               : o.checkpoint_activations               ? "--checkpoint-activations"

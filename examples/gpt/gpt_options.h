@@ -27,6 +27,7 @@ struct GptOptions {
   double moe_capacity_factor, moe_aux_loss, moe_z_loss;
   double moe_receive_budget_mb;  // dropless: See Note [Dropless receive budget]
   int64_t moe_hidden;            // each expert's hidden width (0: 4 x dim)
+  int64_t expert_tp;             // 1: experts whole on every tp rank; --tp: split over tp
   // data
   std::string data;  // empty: the built-in addition task
   int64_t digits;

@@ -213,14 +213,19 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     // the ep group, which holds every expert once).
     // With tp, the shared parameters' squares are tp's (shards summed over tp, whole ones
     // once); the experts are whole over tp, so their local squares come out of it.
+    // With --expert-tp their slices' squares add over tp too (the tp sum counts each once).
     std::vector<Tensor> shared;
     for (auto& [name, p] : model_.module().named_parameters())
       if (!parallel::is_expert_parameter(name)) shared.push_back(p);
-    const double mine = optim::grad_sum_of_squares(experts);
+    const auto not_expert = [](const std::string& n) { return !parallel::is_expert_parameter(n); };
+    const double mine = model_.tp()
+                            ? parallel::tp_grad_sum_of_squares(model_.module(), *model_.tp(),
+                                                               parallel::is_expert_parameter)
+                            : optim::grad_sum_of_squares(experts);
     Tensor expert_squares = Tensor::full({1}, mine, DType::kF32);
     model_.ep_group()->allreduce(expert_squares)->wait();
     const double shared_squares =
-        model_.tp() ? parallel::tp_grad_sum_of_squares(model_.module(), *model_.tp()) - mine
+        model_.tp() ? parallel::tp_grad_sum_of_squares(model_.module(), *model_.tp(), not_expert)
                     : optim::grad_sum_of_squares(shared);
     norm = std::sqrt(shared_squares + expert_squares.item());
     optim::scale_grads_to_norm(model_.module().parameters(), norm, o_.grad_clip);

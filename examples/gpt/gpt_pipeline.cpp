@@ -104,7 +104,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
     LOOM_CHECK(schedule_.pipelines == 1, "loom-gpt: --moe-experts with schedule '", schedule_.name,
                "' (", schedule_.pipelines,
                " pipelines) is not supported yet; use gpipe, 1f1b or interleaved");
-    experts_ = expert_groups(o, dp_);
+    experts_ = expert_groups(o, dp_, mesh.tp_ptr());
   }
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
@@ -209,23 +209,30 @@ double PipelineStep::clip(double max_norm) {
   // With tp, a sharded parameter's squares add over tp too; a whole one's count once.
   // With expert parallelism each rank holds its experts: their squares add over ep (whole over
   // tp, they count once there).
-  std::vector<Tensor> sharded, whole, experts, all;
+  // (--expert-tp: their slices' squares add over tp first).
+  std::vector<Tensor> sharded, whole, expert_sharded, expert_whole, all;
   for (size_t c = 0; c < stages_.size(); ++c) {
     const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
     for (const auto& [name, p] : stages_[c]->named_parameters()) {
       all.push_back(p);
       if (!counted_once(place, name)) continue;
+      const bool shard = tp_ && stages_[c]->parameter_shard(name);
       if (experts_.ep && parallel::is_expert_parameter(name))
-        experts.push_back(p);
+        (shard ? expert_sharded : expert_whole).push_back(p);
       else
-        (tp_ && stages_[c]->parameter_shard(name) ? sharded : whole).push_back(p);
+        (shard ? sharded : whole).push_back(p);
     }
   }
-  Tensor tp_part = Tensor::full({1}, optim::grad_sum_of_squares(sharded), DType::kF32);
+  Tensor tp_part =
+      Tensor::from_vector(std::vector<float>{float(optim::grad_sum_of_squares(sharded)),
+                                             float(optim::grad_sum_of_squares(expert_sharded))},
+                          {2});
   if (tp_) tp_->allreduce(tp_part)->wait();
-  Tensor ep_part = Tensor::full({1}, optim::grad_sum_of_squares(experts), DType::kF32);
+  const std::vector<float> tp_sums = tp_part.to_vector<float>();
+  Tensor ep_part =
+      Tensor::full({1}, tp_sums[1] + optim::grad_sum_of_squares(expert_whole), DType::kF32);
   if (experts_.ep) experts_.ep->allreduce(ep_part)->wait();
-  Tensor sq = Tensor::full({1}, tp_part.item() + ep_part.item() + optim::grad_sum_of_squares(whole),
+  Tensor sq = Tensor::full({1}, tp_sums[0] + ep_part.item() + optim::grad_sum_of_squares(whole),
                            DType::kF32);
   pp_->allreduce(sq)->wait();
   const double norm = std::sqrt(sq.item());

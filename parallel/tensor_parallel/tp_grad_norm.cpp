@@ -7,9 +7,14 @@
 namespace loom::parallel {
 
 double tp_grad_sum_of_squares(const nn::Module& model, comm::Communicator& tp) {
+  return tp_grad_sum_of_squares(model, tp, [](const std::string&) { return true; });
+}
+
+double tp_grad_sum_of_squares(const nn::Module& model, comm::Communicator& tp,
+                              const std::function<bool(const std::string&)>& counted) {
   std::vector<Tensor> sharded, whole;
   for (const auto& [name, p] : model.named_parameters())
-    (model.parameter_shard(name) ? sharded : whole).push_back(p);
+    if (counted(name)) (model.parameter_shard(name) ? sharded : whole).push_back(p);
   Tensor parts = Tensor::full({1}, optim::grad_sum_of_squares(sharded), DType::kF32);
   tp.allreduce(parts)->wait();
   return parts.item() + optim::grad_sum_of_squares(whole);

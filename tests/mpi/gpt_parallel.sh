@@ -120,22 +120,25 @@ echo "hybrid sharding: every stage gives the single-process losses; bad shard gr
 # (replicated across the groups when --ep < --dp), tokens exchanged by all-to-all; dropless
 # top-2 with experts 48 wide (--moe-hidden), and top-1 with capacity and dropout, on dp 2 / 4
 # with ep 2 / 4 / 1, with tp 2 (the experts whole on each tp rank) alone, with dp 2 x ep 2 and
-# dp 2 x ep 1, and with gradient accumulation (one process, dp 2 x ep 2, dp 2 x ep 2 x tp 2),
-# give the single-process losses (and the same per-expert loads).
+# dp 2 x ep 1, with gradient accumulation (one process, dp 2 x ep 2, dp 2 x ep 2 x tp 2), and
+# with each expert split over tp (--expert-tp 2: tp 2, and dp 2 x ep 2 x tp 2 with
+# accumulation) give the single-process losses (and the same per-expert loads).
 for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
   tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')
   "$gpt" "${common[@]}" "${flags[@]}" --metrics-file "$dir/moe_$tag.jsonl" > "$dir/moe_$tag.log"
-  # ranks:ep:tp[:grad-accum] (ep < dp: expert replicas; tp: the dense parts tensor-parallel,
-  # experts whole; grad-accum: micro-batches after a routing pass, whose capacity and
-  # load-balancing loss are the whole batch's)
-  for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2 1:1:1:4 2:2:1:2 4:2:2:2; do
-    IFS=: read -r np ep tp accum <<< "$layout"
-    dp=$((np / tp)); accum=${accum:-1}
-    name="dp${dp}_ep${ep}_tp${tp}_accum${accum}_$tag"
+  # ranks:ep:tp[:grad-accum[:expert-tp]] (ep < dp: expert replicas; tp: the dense parts
+  # tensor-parallel, experts whole, or split over tp with expert-tp; grad-accum: micro-batches
+  # after a routing pass, whose capacity and load-balancing loss are the whole batch's)
+  for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2 1:1:1:4 2:2:1:2 4:2:2:2 2:1:2:1:2 \
+                4:2:2:2:2; do
+    IFS=: read -r np ep tp accum etp <<< "$layout"
+    dp=$((np / tp)); accum=${accum:-1}; etp=${etp:-1}
+    name="dp${dp}_ep${ep}_tp${tp}_accum${accum}_etp${etp}_$tag"
     "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$dp" --ep "$ep" \
-      --tp "$tp" --grad-accum "$accum" --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+      --tp "$tp" --grad-accum "$accum" --expert-tp "$etp" --metrics-file "$dir/$name.jsonl" \
+      > "$dir/$name.log"
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     compare_loads "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
   done
@@ -190,10 +193,12 @@ text=(--data "$dir/text.txt" --seq 16 --steps 6 --batch 4 --layers 2 --dim 32 --
 compare "tp2_sequence_parallel_dropout" "$dir/text_sp.jsonl" "$dir/text_single.jsonl"
 # MoE under sequence parallelism: each MoE block takes the whole sequence (gathered over tp,
 # computed alike on every tp rank), so capacity and the auxiliary losses are one process's:
-# tp 2, dp 2 x tp 2 x ep 2 and dp 2 x tp 2 x ep 2 x pp 2, all sequence-parallel, with dropout.
+# tp 2, dp 2 x tp 2 x ep 2 (experts whole and split over tp) and dp 2 x tp 2 x ep 2 x pp 2, all
+# sequence-parallel, with dropout.
 moe_sp=(--moe-experts 4 --moe-top-k 2 --moe-capacity-factor 1.0)
 "$gpt" "${text[@]}" "${moe_sp[@]}" --metrics-file "$dir/text_moe.jsonl" > "$dir/text_moe.log"
-for layout in "2 --tp 2" "4 --dp 2 --tp 2 --ep 2" "8 --dp 2 --tp 2 --ep 2 --pp 2 --microbatches 2"; do
+for layout in "2 --tp 2" "4 --dp 2 --tp 2 --ep 2" "4 --dp 2 --tp 2 --ep 2 --expert-tp 2" \
+              "8 --dp 2 --tp 2 --ep 2 --pp 2 --microbatches 2"; do
   read -r np rest <<< "$layout"
   read -r -a lflags <<< "$rest"
   name="moe_sp_$(printf '%s' "$rest" | tr -d '-' | tr ' ' '_')"
@@ -226,6 +231,10 @@ moe_w=(--moe-experts 4 --moe-top-k 2 --moe-every 2 --moe-hidden 48)
 "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${sgd[@]}" "${moe_w[@]}" --dp 2 --tp 2 --ep 2 \
   --save "$dir/moe_ep.safetensors" > "$dir/moe_ep_save.log"
 compare_weights "dp2_tp2_ep2 MoE --save" "$dir/moe_ep.safetensors" "$dir/moe_single.safetensors"
+"$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${sgd[@]}" "${moe_w[@]}" --dp 2 --tp 2 --ep 2 \
+  --expert-tp 2 --save "$dir/moe_etp.safetensors" > "$dir/moe_etp_save.log"
+compare_weights "dp2_tp2_ep2 --expert-tp 2 MoE --save" "$dir/moe_etp.safetensors" \
+  "$dir/moe_single.safetensors"
 moe_one=$("$gpt" "${common[@]}" "${moe_w[@]}" --init-from "$dir/moe_single.safetensors" \
   --eval-only | grep val_loss)
 moe_ep=$("$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${moe_w[@]}" --dp 4 --ep 2 \
@@ -280,7 +289,8 @@ for moe in "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.
   [[ $moe == *capacity* ]] && layouts+=("2 --pp 2 --schedule gpipe --microbatches 4"
     "2 --pp 2 --schedule 1f1b --microbatches 4"
     "2 --pp 2 --schedule interleaved --virtual-stages 2 --microbatches 4"
-    "8 --pp 2 --dp 2 --tp 2 --ep 2 --microbatches 2")
+    "8 --pp 2 --dp 2 --tp 2 --ep 2 --microbatches 2"
+    "8 --pp 2 --dp 2 --tp 2 --ep 2 --expert-tp 2 --microbatches 2")
   for layout in "${layouts[@]}"; do
     read -r np rest <<< "$layout"
     read -r -a lflags <<< "$rest"
