@@ -38,13 +38,32 @@ struct ZeroOptimizer::Prepared {
   Zero3Layout layout;  // stage 3
 };
 
+namespace {
+
+// The module's parameters that ZeRO shards (own = false) or leaves whole (own = true; See
+// ZeroOptions::own_parameters).
+NamedParams zero_parameters(nn::Module& module, const ZeroOptions& o, bool own) {
+  NamedParams params = module.named_parameters();
+  if (!o.own_parameters) return own ? NamedParams{} : params;
+  NamedParams out;
+  for (auto& p : params)
+    if (o.own_parameters(p.first) == own) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
 ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communicator* group,
                                                const ZeroOptions& o) {
   check_stage(o.stage);
   ZeroOptimizer::Prepared p;
-  p.params = agreed_parameters(module, group, o.check_replicas, owner_name(o.stage));
+  const char* owner = owner_name(o.stage);
+  LOOM_CHECK(!o.own_parameters || (!o.replicas && !o.external_backward), owner,
+             ": own parameters (expert parallelism) do not combine with hybrid sharding or "
+             "pipelines yet");
+  p.params = agreed_parameters(zero_parameters(module, o, false), group, o.check_replicas, owner);
   if (o.replicas)  // every shard group from the same start: replica rank 0's
-    agreed_parameters(module, o.replicas.get(), o.check_replicas, owner_name(o.stage));
+    agreed_parameters(module, o.replicas.get(), o.check_replicas, owner);
   plan_layout(module, o, p);
   return p;
 }
@@ -88,7 +107,7 @@ std::vector<ShardPiece> ZeroOptimizer::planned_pieces(nn::Module& module, const 
   LOOM_CHECK(group_size > 0 && rank >= 0 && rank < group_size, "ZeRO: rank ", rank,
              " outside a group of ", group_size);
   Prepared p;
-  p.params = module.named_parameters();
+  p.params = zero_parameters(module, o, false);
   plan_layout(module, o, p);
   return plan_buckets(p.params, p.reducer, group_size).shard_pieces(rank);
 }
@@ -147,7 +166,21 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
     stepped.push_back(piece.master);
     pieces_.push_back(std::move(piece));
   }
+  // Own parameters step whole beside the pieces (See ZeroOptions::own_parameters).
+  own_ = zero_parameters(module, options, true);
+  if (!own_.empty() && options.own_replicas && options.own_replicas->size() > 1)
+    own_ = agreed_parameters(std::move(own_), options.own_replicas.get(), options.check_replicas,
+                             owner_name(options.stage));
+  for (const auto& [name, p] : own_) {
+    LOOM_CHECK(p.dtype() == DType::kF32, name_, ": own parameter '", name, "' is ",
+               dtype_name(p.dtype()), "; own parameters train in f32 only for now");
+    own_tp_sharded_.push_back(char(module.parameter_shard(name) != nullptr));
+    stepped.push_back(p);
+  }
   const DType dtype = named.empty() ? DType::kF32 : named[0].second.dtype();
+  LOOM_CHECK(own_.empty() || !optim::is_low_precision(dtype), name_,
+             ": own parameters (expert parallelism) train in f32 only for now, got ",
+             dtype_name(dtype), " parameters");
   if (optim::is_low_precision(dtype)) {
     masters_ = std::make_unique<optim::MasterWeights>(stepped);
     stepped = masters_->masters();
@@ -168,6 +201,8 @@ std::unique_ptr<optim::Optimizer> ZeroOptimizer::make_inner(
     LOOM_CHECK(inner != nullptr, name_, ": the optimizer factory returned null");
     return inner;
   }
+  LOOM_CHECK(own_.empty(), name_,
+             ": parameter groups with own parameters (expert parallelism) are not supported yet");
   // Each parameter's group, by name; every parameter in exactly one.
   const NamedParams& named = reducer_.params();
   std::vector<size_t> group_of_param(named.size(), groups.size());
@@ -231,6 +266,7 @@ void ZeroOptimizer::finish_gradients() {
     reducer_.reduce_accumulated();
   else
     reducer_.finish();
+  reduce_own_gradients();
   // The wrapped optimizer's gradients: this rank's shard, none for a parameter no rank used.
   if (!masters_) {
     for (Piece& p : pieces_) p.master.set_grad(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
@@ -248,6 +284,20 @@ void ZeroOptimizer::finish_gradients() {
   found_nonfinite_ = flag.item() != 0;
 }
 
+void ZeroOptimizer::reduce_own_gradients() {
+  // See Note [Own parameters under data parallelism] in parallel/ddp.cpp: summed over the own
+  // parameter's replicas, divided by the group's size. Every replica takes part, with zeros for
+  // a parameter its rank's backward did not reach.
+  const bool replicated = options_.own_replicas && options_.own_replicas->size() > 1;
+  const double mean = 1.0 / double(reducer_.group().size());
+  for (auto& [name, p] : own_) {
+    Tensor g = p.grad().defined() ? p.grad().contiguous()
+                                  : Tensor::zeros(p.shape(), p.dtype(), p.device());
+    if (replicated) options_.own_replicas->allreduce(g)->wait();
+    p.set_grad(scale(g, mean));
+  }
+}
+
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   finish_gradients();
   const std::vector<Tensor>& mine = inner_->params();
@@ -260,9 +310,18 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
       continue;
     (options_.tp && tp_sharded_[param] ? sharded : whole).push_back(mine[i]);
   }
-  Tensor sums = Tensor::from_vector(std::vector<float>{float(optim::grad_sum_of_squares(sharded)),
-                                                       float(optim::grad_sum_of_squares(whole))},
-                                    {2});
+  // An own parameter is on every one of its replicas: its squares, summed over the group, count
+  // it that many times.
+  std::vector<Tensor> own_sharded, own_whole;
+  for (size_t i = 0; i < own_.size(); ++i)
+    (options_.tp && own_tp_sharded_[i] ? own_sharded : own_whole).push_back(own_[i].second);
+  const double copies = options_.own_replicas ? double(options_.own_replicas->size()) : 1.0;
+  Tensor sums = Tensor::from_vector(
+      std::vector<float>{float(optim::grad_sum_of_squares(sharded) +
+                               optim::grad_sum_of_squares(own_sharded) / copies),
+                         float(optim::grad_sum_of_squares(whole) +
+                               optim::grad_sum_of_squares(own_whole) / copies)},
+      {2});
   reducer_.group().allreduce(sums)->wait();
   if (options_.tp) {
     Tensor tp_part = sums.narrow(0, 0, 1).contiguous();
@@ -324,6 +383,10 @@ TrainingMemory ZeroOptimizer::memory() const {
   for (const Tensor& t : flat_params_) m.parameters += t.nbytes();
   if (sharded_) m.parameters = sharded_->resident_bytes();
   m.gradients = reducer_.gradient_bytes();
+  for (const auto& [name, p] : own_) {  // whole, with their gradients
+    m.parameters += p.nbytes();
+    m.gradients += p.nbytes();
+  }
   m.optimizer_state = state_bytes();  // the wrapped optimizer's and the f32 masters
   return m;
 }
@@ -365,6 +428,9 @@ std::map<std::string, Tensor> ZeroOptimizer::state_dict() const {
   LOOM_CHECK(!hybrid(), name_,
              ": state_dict of hybrid sharding (replicas) is not supported yet: every replica "
              "holds the same shards");
+  LOOM_CHECK(own_.empty(), name_,
+             ": state_dict with own parameters (expert parallelism's experts) is not supported "
+             "yet");
   std::map<std::string, Tensor> out = inner_->state_dict();
   if (masters_)
     for (size_t i = 0; i < masters_->masters().size(); ++i)

@@ -83,6 +83,16 @@ struct ZeroOptions {
   // Checkpoints of such a layout are refused (state_dict()) for now: every replica holds the
   // same pieces.
   std::shared_ptr<comm::Communicator> replicas;
+  // Own parameters (expert parallelism's experts: each rank holds its own, See Note [Own
+  // parameters under data parallelism] in parallel/ddp.cpp): the parameters `own_parameters`
+  // names stay whole and out of the buckets; after backward their gradients are summed over
+  // `own_replicas` (the ranks holding the same ones; null: none) and divided by the group's
+  // size, the wrapped optimizer steps them whole beside this rank's pieces, and clip_grad_norm
+  // counts each once. With own_replicas of size 1 (ep = dp) that is all the sharding they can
+  // have; with more, they are replicated over own_replicas rather than sharded (not yet). f32,
+  // stages 1-3, without hybrid sharding, pipelines or checkpoints (state_dict refuses) for now.
+  std::function<bool(const std::string& name)> own_parameters;
+  std::shared_ptr<comm::Communicator> own_replicas;
 };
 
 // Hybrid sharding's groups over `group` (See ZeroOptions::replicas): shard groups of
@@ -205,6 +215,9 @@ class ZeroOptimizer : public optim::Optimizer {
   std::unique_ptr<ShardedParameters> sharded_;  // stage 3
   std::vector<Piece> pieces_;
   std::vector<char> tp_sharded_;  // per parameter: a ShardSpec shard of a tp model
+  NamedParams own_;               // See ZeroOptions::own_parameters
+  std::vector<char> own_tp_sharded_;
+  void reduce_own_gradients();
   std::unique_ptr<optim::Optimizer> inner_;
   size_t group_count_ = 1;
   std::unique_ptr<optim::MasterWeights> masters_;  // bf16 / f16: f32 copies of the pieces

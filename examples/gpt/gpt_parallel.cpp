@@ -46,6 +46,10 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       shard_group = h.shards;
       z.replicas = h.replicas;
     }
+    if (model.ep_group()) {  // each rank's experts: whole, reduced over their replicas
+      z.own_parameters = parallel::is_expert_parameter;
+      z.own_replicas = model.expert_replicas();
+    }
     auto zero = std::make_unique<parallel::ZeroOptimizer>(module, shard_group, z, make_optimizer);
     zero_ = zero.get();
     opt_ = std::move(zero);
@@ -195,20 +199,21 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
   if (ddp_) {
     ddp_->finish();
     wait_ms = ddp_->exposed_wait_seconds() * 1e3;
-    if (model_.ep_group()) {
-      for (auto& [name, p] : model_.module().named_parameters())
-        if (parallel::is_expert_parameter(name)) experts.push_back(p);
-      result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
-      Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
-      dp_->allreduce_sync(aux, comm::ReduceOp::kAvg);  // the mean of the ranks' terms
-      result.moe_aux_loss = aux.item();
-    }
   } else if (zero_) {
-    zero_->finish_gradients();
+    zero_->finish_gradients();  // the experts' too (ZeroOptions::own_parameters)
     wait_ms = zero_->exposed_wait_seconds() * 1e3;
   }
+  if (model_.ep_group()) {
+    for (auto& [name, p] : model_.module().named_parameters())
+      if (parallel::is_expert_parameter(name)) experts.push_back(p);
+    result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
+    Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
+    dp_->allreduce_sync(aux, comm::ReduceOp::kAvg);  // the mean of the ranks' terms
+    result.moe_aux_loss = aux.item();
+  }
   double norm = -1;
-  if (o_.grad_clip > 0 && model_.ep_group()) {
+  // (ZeRO's clip counts each expert once itself, See ZeroOptions::own_parameters.)
+  if (o_.grad_clip > 0 && model_.ep_group() && !zero_) {
     // The global norm: the replicated parameters' squares once, each expert's once (summed over
     // the ep group, which holds every expert once).
     // With tp, the shared parameters' squares are tp's (shards summed over tp, whole ones

@@ -122,7 +122,9 @@ echo "hybrid sharding: every stage gives the single-process losses; bad shard gr
 # with ep 2 / 4 / 1, with tp 2 (the experts whole on each tp rank) alone, with dp 2 x ep 2 and
 # dp 2 x ep 1, with gradient accumulation (one process, dp 2 x ep 2, dp 2 x ep 2 x tp 2), and
 # with each expert split over tp (--expert-tp 2: tp 2, and dp 2 x ep 2 x tp 2 with
-# accumulation) give the single-process losses (and the same per-expert loads).
+# accumulation), and with ZeRO 1 / 2 / 3 (dp 2 x ep 2; dp 4 x ep 2 with accumulation; dp 4 x
+# ep 4; dp 2 x tp 2 x ep 2 with experts split over tp) give the single-process losses (and the
+# same per-expert loads).
 for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
@@ -131,14 +133,16 @@ for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
   # ranks:ep:tp[:grad-accum[:expert-tp]] (ep < dp: expert replicas; tp: the dense parts
   # tensor-parallel, experts whole, or split over tp with expert-tp; grad-accum: micro-batches
   # after a routing pass, whose capacity and load-balancing loss are the whole batch's)
+  # ranks:ep:tp:grad-accum:expert-tp:zero adds ZeRO (the experts whole, each rank's reduced
+  # over its replicas; the rest sharded over dp).
   for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2 1:1:1:4 2:2:1:2 4:2:2:2 2:1:2:1:2 \
-                4:2:2:2:2; do
-    IFS=: read -r np ep tp accum etp <<< "$layout"
-    dp=$((np / tp)); accum=${accum:-1}; etp=${etp:-1}
-    name="dp${dp}_ep${ep}_tp${tp}_accum${accum}_etp${etp}_$tag"
+                4:2:2:2:2 2:2:1:1:1:1 4:2:1:2:1:2 4:4:1:1:1:3 4:2:2:1:2:3; do
+    IFS=: read -r np ep tp accum etp zero <<< "$layout"
+    dp=$((np / tp)); accum=${accum:-1}; etp=${etp:-1}; zero=${zero:-0}
+    name="dp${dp}_ep${ep}_tp${tp}_accum${accum}_etp${etp}_zero${zero}_$tag"
     "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${flags[@]}" --dp "$dp" --ep "$ep" \
-      --tp "$tp" --grad-accum "$accum" --expert-tp "$etp" --metrics-file "$dir/$name.jsonl" \
-      > "$dir/$name.log"
+      --tp "$tp" --grad-accum "$accum" --expert-tp "$etp" --zero "$zero" --bucket-mb 0.01 \
+      --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     compare_loads "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
   done
@@ -234,6 +238,10 @@ compare_weights "dp2_tp2_ep2 MoE --save" "$dir/moe_ep.safetensors" "$dir/moe_sin
 "$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${sgd[@]}" "${moe_w[@]}" --dp 2 --tp 2 --ep 2 \
   --expert-tp 2 --save "$dir/moe_etp.safetensors" > "$dir/moe_etp_save.log"
 compare_weights "dp2_tp2_ep2 --expert-tp 2 MoE --save" "$dir/moe_etp.safetensors" \
+  "$dir/moe_single.safetensors"
+"$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${sgd[@]}" "${moe_w[@]}" --dp 4 --ep 2 --zero 3 \
+  --save "$dir/moe_zero3.safetensors" > "$dir/moe_zero3_save.log"
+compare_weights "dp4_ep2_zero3 MoE --save" "$dir/moe_zero3.safetensors" \
   "$dir/moe_single.safetensors"
 moe_one=$("$gpt" "${common[@]}" "${moe_w[@]}" --init-from "$dir/moe_single.safetensors" \
   --eval-only | grep val_loss)

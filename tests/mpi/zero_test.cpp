@@ -169,6 +169,48 @@ TEST(ZeRO, HybridShardingMatchesTheSingleProcessRun) {
       }
 }
 
+// Own parameters (ZeroOptions::own_parameters, expert parallelism's experts): here every block's
+// MLP, held whole by every rank and replicated over the whole world (own_replicas), so the sum
+// over the replicas divided by the group's size is the average DDP and ZeRO give shared ones:
+// the single-process run, with and without clipping (each own parameter counted once in the
+// norm), at every stage. Their checkpoints are refused for now.
+TEST(ZeRO, OwnParametersReducedOverTheirReplicasMatchTheSingleProcessRun) {
+  auto world = comm::world();
+  const RunResult want = single_process_run(), clipped = single_process_run(0.05);
+  for (int stage : {1, 2, 3})
+    for (double clip : {0.0, 0.05}) {
+      SCOPED_TRACE(detail::str_cat(world->size(), " ranks, stage ", stage, ", clip ", clip));
+      nn::GPT model(tiny_gpt_config());
+      model.init_parameters(kSeed);  // own parameters are not broadcast: every rank draws them
+      ZeroOptions o;
+      o.stage = stage;
+      o.bucket_mb = 0.002;
+      o.own_parameters = [](const std::string& name) {
+        return name.find(".mlp.") != std::string::npos;
+      };
+      o.own_replicas = world;
+      ZeroOptimizer opt(model, world, o, adamw_factory());
+      int steps = 0;
+      const RunResult got = split_batch_run(
+          *world, model, 1, [&](const Tensor& loss) { opt.backward(loss); },
+          [&] {
+            if (clip > 0) EXPECT_GT(opt.clip_grad_norm(clip), clip);
+            opt.step();
+            opt.zero_grad();
+            if (++steps == kSteps) opt.gather_parameters();
+          });
+      expect_same_run(got, clip > 0 ? clipped : want, 1e-5);
+      for (const auto& [name, p] : opt.named_parameters())
+        EXPECT_EQ(name.find(".mlp."), std::string::npos) << name << " is own, not sharded";
+      try {
+        (void)opt.state_dict();
+        ADD_FAILURE() << "a state_dict with own parameters must be refused";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("own parameters"), std::string::npos) << e.what();
+      }
+    }
+}
+
 TEST(ZeRO, OptimizerStateIsSharded) {
   auto world = comm::world();
   const int n = world->size();
