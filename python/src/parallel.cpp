@@ -268,7 +268,8 @@ void init_zero(py::module_& p) {
                       std::optional<std::vector<std::string>> counted_in_norm,
                       std::optional<std::vector<std::pair<std::vector<std::string>, OptimizerSpec>>>
                           param_groups,
-                      py::object shard_group) {
+                      py::object shard_group, std::vector<std::string> own_prefixes,
+                      GroupPtr own_replicas) {
             if (!module) throw py::type_error("ZeroRedundancyOptimizer: module is None");
             // Parameter groups (names, options), or one group of every parameter: `spec`.
             std::vector<parallel::ZeroParamGroup> groups;
@@ -293,6 +294,14 @@ void init_zero(py::module_& p) {
               o.counted_in_norm = [names](const std::string& name) {
                 return names.count(name) > 0;
               };
+            }
+            if (!own_prefixes.empty()) {  // the experts of expert-parallel MoE layers
+              o.own_parameters = [own_prefixes](const std::string& name) {
+                for (const std::string& prefix : own_prefixes)
+                  if (name.rfind(prefix, 0) == 0) return true;
+                return false;
+              };
+              o.own_replicas = std::move(own_replicas);
             }
             GroupPtr shards = group_or_world(std::move(group));
             if (!shard_group.is_none()) {  // hybrid sharding: See ZeroOptions::replicas
@@ -322,7 +331,8 @@ void init_zero(py::module_& p) {
           py::arg("check_replicas"), py::arg("tp"), py::arg("external_backward") = false,
           py::arg("pp") = nullptr, py::arg("counted_in_norm") = py::none(),
           py::arg("param_groups") = py::none(), py::arg("shard_group") = py::none(),
-          py::keep_alive<1, 2>())
+          py::arg("own_prefixes") = std::vector<std::string>{},
+          py::arg("own_replicas") = py::none(), py::keep_alive<1, 2>())
       .def_property_readonly("group_count", &ZeroOptimizer::group_count)
       .def(
           "group_optimizer",

@@ -545,9 +545,56 @@ def run_moe_ddp(ep):
         failures.append(f"MoE DDP ep {ep}: holds {len(held)} expert tensors")
 
 
+def run_moe_zero(ep, stage):
+    """The MoE model of run_moe_ddp under ZeroRedundancyOptimizer (the experts whole beside the
+    shards, reduced over their replicas) against one process: losses, clip norms and parameters
+    after 3 SGD steps."""
+    c, experts, per = 8, 2 * ep, 4
+    ep_group = comm if ep == size else comm.split(color=rank // ep, key=rank, name=f"ep{ep}")
+    rng = np.random.default_rng(12)
+    router = rng.uniform(-1, 1, size=(experts, c)).astype(np.float32)
+    one = MoeNet(c, experts).init_parameters(seed=SEED)
+    net = MoeNet(c, experts, ep_group).init_parameters(seed=SEED)
+    with loom.no_grad():
+        one.moe.router.weight.copy_(loom.tensor(router))
+        net.moe.router.weight.copy_(loom.tensor(router))
+    opt_one = loom.optim.SGD(one.parameters(), **SGD)
+    zero = dist.ZeroRedundancyOptimizer(net, comm, optimizer_class=loom.optim.SGD, stage=stage,
+                                        bucket_mb=0.02, **SGD)
+    mine = slice(rank * per, (rank + 1) * per)
+    name = f"MoE ZeRO-{stage} ep {ep}"
+    for step in range(STEPS):
+        x = rng.uniform(-1, 1, size=(per * size, c)).astype(np.float32)
+        y = rng.uniform(-1, 1, size=(per * size, 3)).astype(np.float32)
+        loss_one = ((one(loom.tensor(x)) - loom.tensor(y)) ** 2).mean() + one.moe.aux_loss
+        loss_one.backward()
+        norm_one = loom.nn.utils.clip_grad_norm_(one.parameters(), CLIP)
+        opt_one.step()
+        opt_one.zero_grad()
+        out = net(loom.tensor(np.ascontiguousarray(x[mine])))
+        loss = ((out - loom.tensor(np.ascontiguousarray(y[mine]))) ** 2).mean() + net.moe.aux_loss
+        zero.backward(loss)
+        zero.finish_gradients()
+        norm = loom.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        zero.step()
+        zero.zero_grad()
+        mean = loom.tensor([loss.item()])
+        comm.allreduce(mean, op="avg")
+        check_close(f"{name}: step {step + 1} loss", arr(mean)[0], loss_one.item())
+        check_close(f"{name}: step {step + 1} clip norm", norm.item(), norm_one.item())
+    zero.gather_parameters()
+    got = dict(net.named_parameters())
+    want = {n: p for n, p in one.named_parameters() if n in got}
+    check_params(f"{name}: parameters after {STEPS} steps", got, want)
+
+
 run_moe_ddp(size)
 if size >= 4:
     run_moe_ddp(2)
+for stage in (1, 2, 3):
+    run_moe_zero(size, stage)
+    if size >= 4:
+        run_moe_zero(2, stage)
 
 for f in failures:
     print(f"rank {rank}: {f}", file=sys.stderr)

@@ -195,8 +195,8 @@ def test_dropless_over_its_receive_budget_falls_back_as_declared():
 
 def test_expert_parallel_layers_under_the_parallel_wrappers():
     # One process (the world of one rank): DDP takes an expert-parallel MoE model (its experts
-    # left out of the averaging) and trains it as the plain layer; ZeRO refuses it by name; a
-    # batch group that is not DDP's group is refused.
+    # left out of the averaging) and trains it as the plain layer, so does ZeRO (the experts
+    # whole beside its shards); two ep groups are refused.
     import loom.distributed as dist
 
     world = dist.world()
@@ -214,8 +214,21 @@ def test_expert_parallel_layers_under_the_parallel_wrappers():
     for (name, p), (_, q) in zip(ep.named_parameters(), plain.named_parameters()):
         np.testing.assert_allclose(numpy_of(p.grad), numpy_of(q.grad), rtol=1e-6, atol=1e-7,
                                    err_msg=name)
-    with pytest.raises(ValueError, match="expert-parallel MoE layers"):
-        dist.ZeroRedundancyOptimizer(nn.MoE(c, experts, ep_group=world), lr=1e-3)
+    # ZeRO (every stage) keeps the experts whole beside its shards: one step is the plain one.
+    for stage in (1, 2, 3):
+        plain = nn.MoE(c, experts, 2).init_parameters(seed=3)
+        ep = nn.MoE(c, experts, 2, ep_group=world).init_parameters(seed=3)
+        opt_plain = loom.optim.SGD(plain.parameters(), lr=0.1)
+        zero = dist.ZeroRedundancyOptimizer(ep, optimizer_class=loom.optim.SGD, stage=stage,
+                                            lr=0.1)
+        ((plain(x) ** 2).mean() + plain.aux_loss).backward()
+        opt_plain.step()
+        zero.backward((ep(x) ** 2).mean() + ep.aux_loss)
+        zero.step()
+        zero.gather_parameters()
+        for (name, p), (_, q) in zip(ep.named_parameters(), plain.named_parameters()):
+            np.testing.assert_allclose(numpy_of(p), numpy_of(q), rtol=1e-6, atol=1e-7,
+                                       err_msg=f"stage {stage} {name}")
     class Two(loom.nn.Module):
         def __init__(self):
             super().__init__()

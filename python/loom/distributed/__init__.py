@@ -380,6 +380,14 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
     PyTorch's HSDP; the results are the single-process ones as with plain sharding, the memory
     per rank that of a group's size. Its state_dict() is refused for now.
 
+    Expert parallelism: the experts of each ``loom.nn.MoE(..., ep_group=...)`` in the module (its
+    batch group this group) stay whole on the rank holding them, beside its shards: their
+    gradients are summed over the ranks holding the same experts and divided by the group's size
+    (as DistributedDataParallel does), the optimizer steps them whole, and clipping counts each
+    once. With ep = the group that is all the sharding experts can have; with a smaller ep group
+    they are replicated over its copies rather than sharded. f32 only, and its state_dict() is
+    refused, for now.
+
     In stage 3 call ``gather_parameters()`` before reading the parameters outside a forward.
     ``state_dict()`` is this rank's shard (load it on the same rank of a group of the same
     size). Collective over group.
@@ -391,12 +399,10 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
                  shard_group=None, **optimizer_kwargs):
         owner = "ZeroRedundancyOptimizer"
         cpp = _as_cpp(module, owner)
-        from loom.nn import MoE
-        if any(isinstance(m, MoE) and m.ep_group is not None for m in module.modules()):
-            raise ValueError(f"{owner}: the module has expert-parallel MoE layers, whose experts "
-                             f"each rank holds alone; ZeRO does not shard them yet: use "
-                             f"DistributedDataParallel (which leaves them out of its averaging)")
         group = _check_group(group, owner)
+        # Expert-parallel MoE layers: each rank's experts stay whole beside its shards (See
+        # ZeroOptions::own_parameters), reduced over the ranks holding the same experts.
+        own_prefixes, own_replicas = _expert_parameters(module, group, owner)
         tp = _check_group(tp, owner, "tp")
         pp = _check_group(pp, owner, "pp")
         spec, hyper = _optimizer_spec(optimizer_class, optimizer_kwargs, owner)
@@ -410,7 +416,7 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
             bool(check_replicas), tp, bool(external_backward), pp,
             None if counted_in_norm is None else sorted(counted_in_norm),
             None if groups is None else [(names, group_spec) for names, group_spec, _, _ in groups],
-            shard_group)
+            shard_group, own_prefixes, own_replicas)
         self._module = module
         self._zero = impl
         _placement.register(self)  # clip_grad_norm_ of its module's parameters comes here
