@@ -129,6 +129,12 @@ ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 // x: [..., in], weight: [out, in], bias: [out] or undefined. Result [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// A linear per group of consecutive rows (a mixture of experts' rows sorted by expert): x [R, in]
+// in groups of row_counts[g] rows (adding up to R), weights[g] [out, in], biases[g] [out] (all
+// or none). Result [R, out]: group g's rows are linear(its rows, weights[g], biases[g]), bit for
+// bit on the CPU in f32; one grouped GEMM per product (See Note [Grouped linear]).
+Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& row_counts,
+                      const std::vector<Tensor>& weights, const std::vector<Tensor>& biases = {});
 
 // ---------------- neural-network functions ----------------
 Tensor softmax(const Tensor& x);  // over the last dim

@@ -53,6 +53,19 @@ bool is_expert_parameter(const std::string& name) {
   return name.find(".mlp.experts.") != std::string::npos;
 }
 
+namespace {
+
+// Each group's bias repeated over its rows: [sum of counts, c] (differentiable in the biases).
+Tensor grouped_bias_rows(const std::vector<Tensor>& biases, const std::vector<int64_t>& counts,
+                         int64_t c, Device device) {
+  std::vector<Tensor> parts;
+  for (size_t g = 0; g < biases.size(); ++g)
+    if (counts[g] > 0) parts.push_back(expand(biases[g].reshape({1, c}), {counts[g], c}));
+  return parts.size() == 1 ? parts[0] : cat(parts, 0);
+}
+
+}  // namespace
+
 double take_expert_exchange_seconds() {
   const double s = exchange_seconds;
   exchange_seconds = 0;
@@ -216,30 +229,35 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
       r_total == 0 ? narrow(received, 0, 0, 0) : Tensor::zeros({r_total, c}, DType::kF32, device);
   // With tp, the received rows feed every tp rank's slices: their gradient sums the slices'.
   const Tensor expert_input = tp_ && r_total > 0 ? copy_to_tp(received, tp_) : received;
-  std::vector<Tensor> wheres(static_cast<size_t>(local_));
+  // The received rows sorted by local expert (each expert's in rank order), through the local
+  // experts as one grouped MLP, and placed back where they were received.
+  std::vector<int64_t> order, rows_of(static_cast<size_t>(local_), 0);
   for (int64_t l = 0; l < local_; ++l) {
-    std::vector<int64_t> at;  // positions of (s, l) blocks in the received rows
-    int64_t offset = 0;
+    int64_t offset = 0;  // of the (s, j) block in the received rows
     for (int64_t s = 0; s < p; ++s)
       for (int64_t j = 0; j < local_; ++j) {
         const int64_t m = recv_counts[size_t(s * local_ + j)];
         if (j == l)
-          for (int64_t i = 0; i < m; ++i) at.push_back(offset + i);
+          for (int64_t i = 0; i < m; ++i) order.push_back(offset + i);
+        if (j == l) rows_of[size_t(l)] += m;
         offset += m;
       }
-    if (at.empty()) continue;
-    Tensor where = index_tensor(at, device);
-    Tensor y = expert_rows(l, embedding(expert_input, where)).to(DType::kF32);
-    results = index_add_rows(results, where, y);
-    wheres[size_t(l)] = where;
   }
-  if (tp_ && r_total > 0) {  // the slices' partial outputs summed, then proj's whole bias
-    results = reduce_from_tp(results, tp_);
-    for (int64_t l = 0; l < local_; ++l) {
-      const Tensor& where = wheres[size_t(l)];
-      if (!where.defined()) continue;
-      Tensor bias = split_experts_[size_t(l)].proj_bias.to(DType::kF32).reshape({1, c});
-      results = index_add_rows(results, where, expand(bias, {where.numel(), c}));
+  if (r_total > 0) {
+    Tensor where = index_tensor(order, device);
+    Tensor y = expert_rows(embedding(expert_input, where), rows_of).to(DType::kF32);
+    results = index_add_rows(results, where, y);
+    if (tp_) {  // the slices' partial outputs summed, then proj's whole bias
+      results = reduce_from_tp(results, tp_);
+      std::vector<Tensor> biases;
+      std::vector<int64_t> used;
+      for (size_t l = 0; l < split_experts_.size(); ++l)
+        if (rows_of[l] > 0) {
+          biases.push_back(split_experts_[l].proj_bias.to(DType::kF32));
+          used.push_back(rows_of[l]);
+        }
+      Tensor bias_rows = grouped_bias_rows(biases, used, c, device);
+      results = index_add_rows(results, where, bias_rows);
     }
   }
 
@@ -271,10 +289,18 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   return (*drop)(out.reshape(x.shape()));
 }
 
-Tensor ExpertParallelMoE::expert_rows(int64_t local, const Tensor& rows) {
-  if (!tp_) return (*experts_[size_t(local)])(rows);
-  const SplitExpert& e = split_experts_[size_t(local)];
-  return linear(gelu(linear(rows, e.fc_weight, e.fc_bias)), e.proj_weight);
+Tensor ExpertParallelMoE::expert_rows(const Tensor& rows, const std::vector<int64_t>& counts) {
+  if (!tp_) return nn::moe_experts_forward(experts_, rows, counts);
+  std::vector<Tensor> fc_w, fc_b, proj_w;
+  std::vector<int64_t> used;  // as nn::moe_experts_forward: experts without rows take no part
+  for (size_t l = 0; l < split_experts_.size(); ++l) {
+    if (counts[l] == 0) continue;
+    used.push_back(counts[l]);
+    fc_w.push_back(split_experts_[l].fc_weight);
+    fc_b.push_back(split_experts_[l].fc_bias);
+    proj_w.push_back(split_experts_[l].proj_weight);
+  }
+  return grouped_linear(gelu(grouped_linear(rows, used, fc_w, fc_b)), used, proj_w);
 }
 
 void ExpertParallelMoE::learn_budget(int64_t channels, Device device) {

@@ -78,9 +78,10 @@ class ExpertParallelMoE : public nn::MoeLayer {
   std::shared_ptr<nn::Dropout> drop;
 
  private:
-  // One local expert's output rows: whole (nn::MLP), or with tp this rank's partial sum without
-  // proj's bias (See Note [Experts split over tp]).
-  Tensor expert_rows(int64_t local, const Tensor& rows);
+  // The local experts' outputs for rows sorted by local expert (counts[l] of expert l): whole
+  // (nn::moe_experts_forward), or with tp this rank's partial sums without proj's bias (See
+  // Note [Experts split over tp]). One grouped linear per layer.
+  Tensor expert_rows(const Tensor& rows, const std::vector<int64_t>& counts);
 
   nn::MoeOptions options_;
   std::shared_ptr<comm::Communicator> ep_, batch_, tp_;

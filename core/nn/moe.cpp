@@ -210,6 +210,24 @@ MoeAssignments moe_assign(const MoeRouting& r, const MoeOptions& o, int64_t capa
   return a;
 }
 
+Tensor moe_experts_forward(const std::vector<std::shared_ptr<MLP>>& experts, const Tensor& rows,
+                           const std::vector<int64_t>& counts) {
+  // Only the experts that have rows take part: the others get no gradient, as an unused
+  // module's parameters get none (an optimizer then leaves them alone).
+  std::vector<Tensor> fc_w, fc_b, proj_w, proj_b;
+  std::vector<int64_t> used;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    used.push_back(counts[e]);
+    fc_w.push_back(experts[e]->fc->weight);
+    fc_b.push_back(experts[e]->fc->bias);
+    proj_w.push_back(experts[e]->proj->weight);
+    proj_b.push_back(experts[e]->proj->bias);
+  }
+  LOOM_CHECK(!used.empty(), "moe_experts_forward: no expert has rows");
+  return grouped_linear(gelu(grouped_linear(rows, used, fc_w, fc_b)), used, proj_w, proj_b);
+}
+
 int64_t moe_capacity(const MoeOptions& o, int64_t tokens) {
   if (o.capacity_factor <= 0) return -1;
   return int64_t(
@@ -277,17 +295,29 @@ Tensor MoE::forward(const Tensor& x) {
 
   // out = sum over experts, in index order, of gate * expert(x) at the expert's tokens, summed
   // in f32 (the experts run in the activations' dtype; a bf16 model's combine is widened).
+  // Every expert's rows, sorted by expert, through one grouped MLP (moe_experts_forward).
   Tensor out = Tensor::zeros({n, c}, DType::kF32, x.device());
+  std::vector<int64_t> order, counts;
   for (int64_t e = 0; e < e_count; ++e) {
     const std::vector<int64_t>& mine = assigned.tokens[size_t(e)];
     stats_.load[size_t(e)] = int64_t(mine.size());
-    if (mine.empty()) continue;
-    const auto m = int64_t(mine.size());
-    Tensor rows = Tensor::from_vector(mine, {m}).to(x.device());
-    Tensor where = Tensor::from_vector(assigned.slots[size_t(e)], {m}).to(x.device());
-    Tensor y = (*experts_[size_t(e)])(embedding(flat, rows)).to(DType::kF32);  // [m, C]
-    Tensor g = expand(embedding(routing.gates, where), {m, c});
-    out = index_add_rows(out, rows, mul(y, g));
+    order.insert(order.end(), mine.begin(), mine.end());
+    counts.push_back(int64_t(mine.size()));
+  }
+  if (!order.empty()) {
+    Tensor sorted =
+        embedding(flat, Tensor::from_vector(order, {int64_t(order.size())}).to(x.device()));
+    Tensor y = moe_experts_forward(experts_, sorted, counts).to(DType::kF32);  // [rows, C]
+    int64_t offset = 0;
+    for (int64_t e = 0; e < e_count; ++e) {  // combined per expert: each token once per call
+      const int64_t m = counts[size_t(e)];
+      if (m == 0) continue;
+      Tensor rows = Tensor::from_vector(assigned.tokens[size_t(e)], {m}).to(x.device());
+      Tensor where = Tensor::from_vector(assigned.slots[size_t(e)], {m}).to(x.device());
+      Tensor g = expand(embedding(routing.gates, where), {m, c});
+      out = index_add_rows(out, rows, mul(narrow(y, 0, offset, m), g));
+      offset += m;
+    }
   }
   out = out.to(x.dtype());
   aux_loss_ = part.recording ? Tensor::zeros({}, DType::kF32, x.device())

@@ -100,6 +100,13 @@ struct MoeAssignments {
 };
 MoeAssignments moe_assign(const MoeRouting& routing, const MoeOptions& options, int64_t capacity,
                           const std::vector<int64_t>& taken = {});
+// The experts' MLPs (fc, GELU, proj; no dropout) over rows sorted by expert: counts[e] rows of
+// experts[e], in order. One grouped linear per layer for all of them (Note [Grouped linear] in
+// core/ops/grouped_linear.cpp: one grouped GEMM on CUDA, each expert's own GEMMs on the CPU, so
+// the results are the experts' own bit for bit). Experts without rows take no part (their
+// parameters get no gradient). [rows, C] -> [rows, C].
+Tensor moe_experts_forward(const std::vector<std::shared_ptr<MLP>>& experts, const Tensor& rows,
+                           const std::vector<int64_t>& counts);
 // Slots per expert for a batch of `tokens` tokens in all: ceil(k x tokens x c / E); -1 when
 // dropless.
 int64_t moe_capacity(const MoeOptions& options, int64_t tokens);

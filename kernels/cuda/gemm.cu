@@ -48,6 +48,7 @@
 
 #include "kernels/cpu/gelu.h"  // gelu_minus_2u: loom's GELU formula
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.h"
 
@@ -59,7 +60,9 @@ constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 std::atomic<int64_t> gemm_bias_fallbacks{0};
 
-cublasHandle_t handle_for_current_device(Stream stream) {
+}  // namespace
+
+cublasHandle_t cublas_handle(Stream stream) {
   static std::mutex mutex;
   static std::vector<cublasHandle_t> handles;
   int device = 0;
@@ -79,6 +82,10 @@ cublasHandle_t handle_for_current_device(Stream stream) {
   LOOM_CUBLAS_CHECK(cublasSetStream(handle, stream));
   return handle;
 }
+
+namespace {
+
+cublasHandle_t handle_for_current_device(Stream stream) { return cublas_handle(stream); }
 
 // The cuBLASLt handle of the current device and the workspace of (device, stream); see
 // Note [Fused bias-GELU GEMM] for why the workspace is per stream and kept forever.
