@@ -90,7 +90,8 @@ struct ZeroOptions {
   // size, the wrapped optimizer steps them whole beside this rank's pieces, and clip_grad_norm
   // counts each once. With own_replicas of size 1 (ep = dp) that is all the sharding they can
   // have; with more, they are replicated over own_replicas rather than sharded (not yet). f32,
-  // stages 1-3, without hybrid sharding, pipelines or checkpoints (state_dict refuses) for now.
+  // stages 1-3, without hybrid sharding or pipelines for now. Checkpoints (parallel/checkpoint)
+  // hold them whole beside the pieces; state_dict() refuses them.
   std::function<bool(const std::string& name)> own_parameters;
   std::shared_ptr<comm::Communicator> own_replicas;
 };
@@ -162,6 +163,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // masters()).
   const NamedParams& named_parameters() const { return reducer_.params(); }
   std::vector<ShardPiece> own_pieces() const;
+  // The own parameters (ZeroOptions::own_parameters), whole: the wrapped optimizer steps them
+  // after this rank's pieces, in this order.
+  const NamedParams& own_parameters() const { return own_; }
   // own_pieces() of rank `rank` of a group of `group_size` over `module`, worked out without a
   // group and without touching the module: what a layout that is not running would hold
   // (loom-ckpt check). Its parameters are module.named_parameters().

@@ -277,11 +277,9 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                " must divide the experts' hidden width ", width,
                o.moe_hidden > 0 ? " (--moe-hidden)" : " (4 x --dim)");
     // The other layouts are the next steps of the MoE issue.
-    const bool checkpoints = !o.checkpoints.dir.empty() || resuming;
     const char* unsupported = o.zero > 0 && o.pp > 1                      ? "--zero with --pp"
                               : o.zero > 0 && o.dtype != "f32"            ? "--zero in bf16"
                               : o.zero > 0 && o.zero_shard_group != "all" ? "--zero-shard-group"
-                              : o.zero > 0 && checkpoints              ? "--zero with checkpoints"
                               : o.checkpoint_activations               ? "--checkpoint-activations"
                               : o.dtype == "f16"                       ? "--dtype f16"
                               : !o.device.empty() && o.device != "cpu" ? "--device"

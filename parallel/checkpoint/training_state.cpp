@@ -260,10 +260,24 @@ std::vector<ParamPlace> TrainingState::places() const {
   return places;
 }
 
-// ZeRO's piece i is elements [param_offset, +numel) of its parameter.
+// ZeRO's piece i is elements [param_offset, +numel) of its parameter; its own parameters
+// (ZeroOptions::own_parameters: expert parallelism's experts) follow, whole, in the order its
+// wrapped optimizer steps them.
 std::vector<ParamPlace> TrainingState::zero_places() const {
-  return checkpoint::zero_places(module_, zero_->named_parameters(), zero_->own_pieces(),
-                                 global_name_);
+  std::vector<ParamPlace> places = checkpoint::zero_places(module_, zero_->named_parameters(),
+                                                           zero_->own_pieces(), global_name_);
+  for (const auto& [name, p] : zero_->own_parameters())
+    places.push_back(
+        {global_name_ ? global_name_(name) : name, parameter_placement(module_, name)});
+  return places;
+}
+
+std::vector<Tensor> TrainingState::zero_values() const {
+  std::vector<Tensor> values;
+  const size_t pieces = zero_->own_pieces().size();
+  for (size_t i = 0; i < pieces; ++i) values.push_back(zero_->piece_values(i));
+  for (const auto& [name, p] : zero_->own_parameters()) values.push_back(p.detach());
+  return values;
 }
 
 // Note [Saving the live state]
@@ -287,8 +301,7 @@ std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const 
     return pieces;
   }
   const std::vector<ParamPlace> places = zero_places();
-  std::vector<Tensor> values, masters;
-  for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
+  std::vector<Tensor> values = zero_values(), masters;
   pieces = value_pieces(places, values);
   if (const optim::MasterWeights* m = zero_->masters()) {
     for (const Tensor& t : m->masters()) masters.push_back(t.detach().contiguous());
@@ -311,9 +324,7 @@ LoadStats TrainingState::load(const std::string& path, const io::CheckpointManif
   } else {
     // Each rank reads its own pieces of the parameters (1/N of them); stages 1 and 2, which keep
     // every parameter whole, all-gather the rest afterwards (parameters_changed).
-    std::vector<Tensor> values;
-    for (size_t i = 0; i < places.size(); ++i) values.push_back(zero_->piece_values(i));
-    pieces = value_pieces(places, values);
+    pieces = value_pieces(places, zero_values());
     if (const optim::MasterWeights* m = zero_->masters()) {
       std::vector<StatePiece> mp = value_pieces(places, m->masters(), "optim.");
       for (StatePiece& p : mp) p.name += ".master";

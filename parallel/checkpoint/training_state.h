@@ -103,7 +103,8 @@ class TrainingState {
 
  private:
   std::vector<ParamPlace> places() const;       // of module_.parameters()
-  std::vector<ParamPlace> zero_places() const;  // of the ZeRO pieces
+  std::vector<ParamPlace> zero_places() const;  // of the ZeRO pieces and own parameters
+  std::vector<Tensor> zero_values() const;      // the values zero_places() name
 
   nn::Module& module_;
   optim::Optimizer& optimizer_;

@@ -117,7 +117,8 @@ same_layout "1:" "2:--dp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 3 --grad-accum 
   "2:--dp 2 --zero 1 --dtype bf16" "2:--dp 2 --dtype f16" "2:--dp 2 --zero 3 --dtype f16" \
   "2:--dp 2 --zero 3 --async-save" "1:--async-save" "4:--dp 4 --zero 3 --zero-shard-group 2" \
   "2:--dp 2 --ep 2 --moe-experts 4 --moe-top-k 2" "4:--dp 2 --tp 2 --ep 2 --moe-experts 4" \
-  "4:--dp 2 --ep 2 --pp 2 --microbatches 2 --moe-experts 4 --moe-top-k 2"
+  "4:--dp 2 --ep 2 --pp 2 --microbatches 2 --moe-experts 4 --moe-top-k 2" \
+  "4:--dp 4 --ep 2 --zero 2 --moe-experts 4 --moe-top-k 2"
 
 # 2. Other layouts, from dp 2 x tp 2 with ZeRO-1.
 other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
@@ -128,9 +129,10 @@ other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
 # it, under their single-process names) resumes bit for bit (in same_layout below), and loads on
 # one process, on ep 4, on dp 4 with ep 2 (expert replicas), on tp 2, on dp 2 x tp 2 x ep 2
 # (experts whole over tp), on dp 2 x ep 2 x pp 2 and on dp 2 x ep 2 with gradient accumulation
-# (micro-batches after a routing pass), and on dp 2 x tp 2 x ep 2 with each expert split over
-# tp (--expert-tp 2): saved again at once bit-identical, training on with the single-process
-# losses. A checkpoint whose --moe-* flags differ is refused by name.
+# (micro-batches after a routing pass), on dp 2 x tp 2 x ep 2 with each expert split over tp
+# (--expert-tp 2), and on dp 4 x ep 4 with ZeRO-3 (experts whole beside the shards): saved again
+# at once bit-identical, training on with the single-process losses. dp 4 x ep 2 with ZeRO-2
+# resumes bit for bit (in same_layout). A checkpoint whose --moe-* flags differ is refused by name.
 moe=(--moe-experts 4 --moe-top-k 2)
 launch 1 "${moe[@]}" --metrics-file "$dir/moe_single.jsonl" > "$dir/moe_single.log"
 launch 2 --dp 2 --ep 2 "${moe[@]}" --checkpoint-dir "$dir/moe_src" --save-every 6 \
@@ -138,7 +140,7 @@ launch 2 --dp 2 --ep 2 "${moe[@]}" --checkpoint-dir "$dir/moe_src" --save-every 
 losses "moe ep 2 against one process" "$dir/moe_single.jsonl" "$dir/moe_src.jsonl" 1 1e-5
 for target in "1:" "4:--dp 4 --ep 4" "4:--dp 4 --ep 2" "2:--tp 2" "4:--dp 2 --tp 2 --ep 2" \
               "4:--dp 2 --ep 2 --pp 2 --microbatches 2" "2:--dp 2 --ep 2 --grad-accum 2" \
-              "4:--dp 2 --tp 2 --ep 2 --expert-tp 2"; do
+              "4:--dp 2 --tp 2 --ep 2 --expert-tp 2" "4:--dp 4 --ep 4 --zero 3"; do
   np=${target%%:*}; read -r -a flags <<< "${target#*:}"
   name="moe_to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-')"
   launch "$np" "${flags[@]}" "${moe[@]}" --resume-from "$dir/moe_src/step-00000006" --steps 6 \
