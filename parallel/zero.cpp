@@ -171,16 +171,13 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   if (!own_.empty() && options.own_replicas && options.own_replicas->size() > 1)
     own_ = agreed_parameters(std::move(own_), options.own_replicas.get(), options.check_replicas,
                              owner_name(options.stage));
-  for (const auto& [name, p] : own_) {
-    LOOM_CHECK(p.dtype() == DType::kF32, name_, ": own parameter '", name, "' is ",
-               dtype_name(p.dtype()), "; own parameters train in f32 only for now");
-    own_tp_sharded_.push_back(char(module.parameter_shard(name) != nullptr));
-    stepped.push_back(p);
-  }
   const DType dtype = named.empty() ? DType::kF32 : named[0].second.dtype();
-  LOOM_CHECK(own_.empty() || !optim::is_low_precision(dtype), name_,
-             ": own parameters (expert parallelism) train in f32 only for now, got ",
-             dtype_name(dtype), " parameters");
+  for (const auto& [name, p] : own_) {
+    LOOM_CHECK(p.dtype() == dtype, name_, ": own parameter '", name, "' is ", dtype_name(p.dtype()),
+               " but the sharded ones are ", dtype_name(dtype));
+    own_tp_sharded_.push_back(char(module.parameter_shard(name) != nullptr));
+    stepped.push_back(p);  // bf16 / f16: its f32 master below, as the pieces'
+  }
   if (optim::is_low_precision(dtype)) {
     masters_ = std::make_unique<optim::MasterWeights>(stepped);
     stepped = masters_->masters();
@@ -276,6 +273,7 @@ void ZeroOptimizer::finish_gradients() {
   // See Note [Skipping a step]: the decision is the group's, since each rank sees its shards.
   std::vector<Tensor> grads;
   for (Piece& p : pieces_) grads.push_back(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
+  for (const auto& [name, p] : own_) grads.push_back(p.grad());  // after the pieces, as stepped
   const bool finite = masters_->set_gradients(grads, 1.0 / scaler_.scale());
   Tensor flag = Tensor::full({1}, finite ? 0.0 : 1.0, DType::kI32);
   reducer_.group().allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
@@ -312,9 +310,11 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   }
   // An own parameter is on every one of its replicas: its squares, summed over the group, count
   // it that many times.
+  // (What the wrapped optimizer steps: the own parameters after the pieces, or their masters.)
   std::vector<Tensor> own_sharded, own_whole;
   for (size_t i = 0; i < own_.size(); ++i)
-    (options_.tp && own_tp_sharded_[i] ? own_sharded : own_whole).push_back(own_[i].second);
+    (options_.tp && own_tp_sharded_[i] ? own_sharded : own_whole)
+        .push_back(mine[pieces_.size() + i]);
   const double copies = options_.own_replicas ? double(options_.own_replicas->size()) : 1.0;
   Tensor sums = Tensor::from_vector(
       std::vector<float>{float(optim::grad_sum_of_squares(sharded) +

@@ -89,9 +89,10 @@ struct ZeroOptions {
   // `own_replicas` (the ranks holding the same ones; null: none) and divided by the group's
   // size, the wrapped optimizer steps them whole beside this rank's pieces, and clip_grad_norm
   // counts each once. With own_replicas of size 1 (ep = dp) that is all the sharding they can
-  // have; with more, they are replicated over own_replicas rather than sharded (not yet). f32,
-  // stages 1-3, without hybrid sharding or pipelines for now. Checkpoints (parallel/checkpoint)
-  // hold them whole beside the pieces; state_dict() refuses them.
+  // have; with more, they are replicated over own_replicas rather than sharded (not yet). In
+  // bf16 / f16 they step through f32 masters as the pieces do, and a step's skip is the group's
+  // decision over both. Stages 1-3, without hybrid sharding or pipelines for now. Checkpoints
+  // (parallel/checkpoint) hold them whole beside the pieces; state_dict() refuses them.
   std::function<bool(const std::string& name)> own_parameters;
   std::shared_ptr<comm::Communicator> own_replicas;
 };

@@ -278,7 +278,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                o.moe_hidden > 0 ? " (--moe-hidden)" : " (4 x --dim)");
     // The other layouts are the next steps of the MoE issue.
     const char* unsupported = o.zero > 0 && o.pp > 1                      ? "--zero with --pp"
-                              : o.zero > 0 && o.dtype != "f32"            ? "--zero in bf16"
                               : o.zero > 0 && o.zero_shard_group != "all" ? "--zero-shard-group"
                               : o.checkpoint_activations               ? "--checkpoint-activations"
                               : o.dtype == "f16"                       ? "--dtype f16"
@@ -287,7 +286,7 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     LOOM_CHECK(
         unsupported == nullptr,
         "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), --pp, "
-        "--grad-accum and --zero (f32) only, in f32 or "
+        "--grad-accum and --zero only, in f32 or "
         "bf16 on the "
         "CPU, without ",
         unsupported ? unsupported : "", " so far");

@@ -169,6 +169,12 @@ moe_bf16=(--moe-experts 4 --moe-top-k 2 --dtype bf16)
 "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_bf16[@]}" --dp 2 --ep 2 \
   --metrics-file "$dir/dp2_ep2_moe_bf16.jsonl" > "$dir/dp2_ep2_moe_bf16.log"
 TOLERANCE=2e-3 compare dp2_ep2_moe_bf16 "$dir/dp2_ep2_moe_bf16.jsonl" "$dir/moe_bf16.jsonl"
+for zero in 1 3; do  # ZeRO in bf16: the experts through f32 masters beside the pieces'
+  "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_bf16[@]}" --dp 2 --ep 2 --zero "$zero" \
+    --metrics-file "$dir/dp2_ep2_zero${zero}_moe_bf16.jsonl" > "$dir/dp2_ep2_zero${zero}_moe_bf16.log"
+  TOLERANCE=2e-3 compare "dp2_ep2_zero${zero}_moe_bf16" "$dir/dp2_ep2_zero${zero}_moe_bf16.jsonl" \
+    "$dir/moe_bf16.jsonl"
+done
 
 # The weights. With SGD: Adam divides the rounding noise of a gradient that is zero in exact
 # arithmetic (the key third of attn.qkv.bias, See tests/mpi/dp_reference.h) by sqrt(v) + 1e-8 and
