@@ -279,15 +279,16 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     // The other layouts are the next steps of the MoE issue.
     const char* unsupported = o.zero > 0 && o.pp > 1                      ? "--zero with --pp"
                               : o.zero > 0 && o.zero_shard_group != "all" ? "--zero-shard-group"
-                              : o.checkpoint_activations               ? "--checkpoint-activations"
-                              : o.dtype == "f16"                       ? "--dtype f16"
+                              : o.checkpoint_activations ? "--checkpoint-activations"
+                              : o.dtype == "f16" && o.dp > 1 && o.zero == 0
+                                  ? "--dtype f16 under DDP (use --zero)"
                               : !o.device.empty() && o.device != "cpu" ? "--device"
                                                                        : nullptr;
     LOOM_CHECK(
         unsupported == nullptr,
         "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), --pp, "
-        "--grad-accum and --zero only, in f32 or "
-        "bf16 on the "
+        "--grad-accum and --zero only, in f32, bf16 or f16 (f16 on one process or with "
+        "--zero) on the "
         "CPU, without ",
         unsupported ? unsupported : "", " so far");
   }
