@@ -168,7 +168,8 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
     tokens += counts[size_t(b * width + e_count)];
   }
   // The batch this forward is part of (See Note [A batch in micro-batches] in core/nn/moe.h).
-  const nn::MoeBatchSplit::Part part = split_.next(routed, tokens, options_.aux_loss);
+  const nn::MoeBatchSplit::Part part =
+      split_.next(routed, tokens, options_.aux_loss, options_.capacity_factor);
   int64_t capacity = nn::moe_capacity(options_, part.tokens);
   stats_ = nn::MoeStats();
   int64_t most = 0;  // dropless: the most rows a rank would receive

@@ -86,17 +86,37 @@ void moe_warn_budget_fallback(int64_t rows, int64_t budget, int64_t cap, int64_t
                static_cast<long long>(count));
 }
 
-void MoeBatchSplit::begin(int64_t parts, bool record) {
+void MoeBatchSplit::begin(int64_t parts, bool record, int64_t seen) {
   LOOM_CHECK(parts >= 1, "MoE: a batch comes in at least one part, got ", parts);
+  LOOM_CHECK(seen >= 0 && seen <= parts, "MoE: a layer sees ", seen, " of ", parts, " parts");
   parts_ = parts;
+  seen_ = seen > 0 ? seen : parts;
   recording_ = record;
   done_ = recorded_tokens_ = 0;
   before_.clear();
   recorded_.clear();
 }
 
+std::vector<int64_t> MoeBatchSplit::recorded() const {
+  std::vector<int64_t> out = recorded_;
+  out.push_back(recorded_tokens_);
+  return out;
+}
+
+void MoeBatchSplit::set_recorded(const std::vector<int64_t>& counts) {
+  LOOM_CHECK(!recorded_.empty() && counts.size() == recorded_.size() + 1 && !recording_,
+             "MoE: set_recorded after the routing pass takes ", recorded_.size() + 1,
+             " counts, got ", counts.size());
+  recorded_.assign(counts.begin(), counts.end() - 1);
+  recorded_tokens_ = counts.back();
+}
+
 MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int64_t tokens,
-                                        double aux_loss) {
+                                        double aux_loss, double capacity_factor) {
+  LOOM_CHECK(seen_ == parts_ || capacity_factor == 0, "MoE: a layer that sees ", seen_, " of ",
+             parts_,
+             " parts of a batch (replicated over pipelines) routes dropless only: capacity counts "
+             "each expert's places over every part");
   Part p;
   p.tokens = tokens * parts_;
   p.recording = recording_;
@@ -123,7 +143,7 @@ MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int6
     if (recording_) recorded_[e] += routed[e];
   }
   if (recording_) recorded_tokens_ += tokens;
-  if (++done_ < parts_) return p;
+  if (++done_ < seen_) return p;
   if (recording_) {  // the routing pass is over: the real one follows, with its counts
     recording_ = false;
     done_ = 0;
@@ -134,15 +154,20 @@ MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int6
   return p;
 }
 
-int64_t moe_begin_batch(Module& model, int64_t parts, bool record) {
-  int64_t found = 0;
-  if (auto* layer = dynamic_cast<MoeLayer*>(&model)) {
-    layer->begin_batch(parts, record);
-    ++found;
+std::vector<MoeLayer*> moe_layers_of(Module& model) {
+  std::vector<MoeLayer*> out;
+  if (auto* layer = dynamic_cast<MoeLayer*>(&model)) out.push_back(layer);
+  for (const auto& [name, child] : model.children()) {
+    const std::vector<MoeLayer*> inner = moe_layers_of(*child);
+    out.insert(out.end(), inner.begin(), inner.end());
   }
-  for (const auto& [name, child] : model.children())
-    found += moe_begin_batch(*child, parts, record);
-  return found;
+  return out;
+}
+
+int64_t moe_begin_batch(Module& model, int64_t parts, bool record, int64_t seen) {
+  const std::vector<MoeLayer*> layers = moe_layers_of(model);
+  for (MoeLayer* layer : layers) layer->begin_batch(parts, record, seen);
+  return int64_t(layers.size());
 }
 
 MoE::MoE(int64_t channels, const MoeOptions& options, double dropout, double proj_std)
@@ -266,7 +291,8 @@ Tensor MoE::forward(const Tensor& x) {
   }
   Tensor flat = x.reshape({n, c});
   const MoeRouting routing = moe_route(*router, flat, options_);
-  const MoeBatchSplit::Part part = split_.next(routing.routed, n, options_.aux_loss);
+  const MoeBatchSplit::Part part =
+      split_.next(routing.routed, n, options_.aux_loss, options_.capacity_factor);
   int64_t capacity = moe_capacity(options_, part.tokens);
   std::vector<int64_t> taken;  // capacity's places count from the batch's first token
   if (capacity >= 0) {

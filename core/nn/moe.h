@@ -149,7 +149,11 @@ Tensor moe_aux_loss(const MoeRouting& routing, const MoeOptions& options,
 // after its last part a layer turns to the real pass (after recording), or back to whole batches.
 class MoeBatchSplit {
  public:
-  void begin(int64_t parts, bool record);
+  // `seen`: how many of the parts this layer forwards (0: all of them; fewer where replicas of
+  // the layer share them, as Chimera's two pipelines do: then the replicas' recorded counts are
+  // added up with set_recorded before the real pass, and capacity is refused, since a part's
+  // place in each expert's queue would need the other replica's earlier parts).
+  void begin(int64_t parts, bool record, int64_t seen = 0);
   // What this forward's part is of its batch.
   struct Part {
     int64_t tokens = 0;           // the whole batch's
@@ -159,10 +163,15 @@ class MoeBatchSplit {
   };
   // From this part's routed counts and tokens (over the batch group); moves on to the next part.
   // `aux_loss`: the layer's alpha (a split batch without recorded counts needs it 0).
-  Part next(const std::vector<int64_t>& routed, int64_t tokens, double aux_loss);
+  Part next(const std::vector<int64_t>& routed, int64_t tokens, double aux_loss,
+            double capacity_factor = 0);
+  // The routing pass's counts (per expert, then the tokens), and their replacement by the sum
+  // over the layer's replicas (after the routing pass, before the real one).
+  std::vector<int64_t> recorded() const;
+  void set_recorded(const std::vector<int64_t>& counts);
 
  private:
-  int64_t parts_ = 1, done_ = 0, recorded_tokens_ = 0;
+  int64_t parts_ = 1, seen_ = 1, done_ = 0, recorded_tokens_ = 0;
   bool recording_ = false;
   std::vector<int64_t> before_, recorded_;
 };
@@ -177,14 +186,20 @@ class MoeLayer : public Module {
   virtual const Tensor& aux_loss() const = 0;
   virtual const MoeStats& stats() const = 0;
   // See Note [A batch in micro-batches].
-  void begin_batch(int64_t parts, bool record) { split_.begin(parts, record); }
+  void begin_batch(int64_t parts, bool record, int64_t seen = 0) {
+    split_.begin(parts, record, seen);
+  }
+  std::vector<int64_t> recorded_batch() const { return split_.recorded(); }
+  void set_recorded_batch(const std::vector<int64_t>& counts) { split_.set_recorded(counts); }
 
  protected:
   MoeBatchSplit split_;
 };
 // Readies every MoE layer under `model` for a batch forwarded in `parts` parts, recording first
 // when `record` (See Note [A batch in micro-batches]); returns how many layers it found.
-int64_t moe_begin_batch(Module& model, int64_t parts, bool record);
+int64_t moe_begin_batch(Module& model, int64_t parts, bool record, int64_t seen = 0);
+// Every MoE layer under `model`, in registration order.
+std::vector<MoeLayer*> moe_layers_of(Module& model);
 // Builds a block's MoE layer (GptOptions::make_moe): channels, options, dropout, proj_std.
 using MoeFactory =
     std::function<std::shared_ptr<MoeLayer>(int64_t, const MoeOptions&, double, double)>;

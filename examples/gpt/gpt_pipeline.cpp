@@ -1,5 +1,6 @@
 #include "gpt/gpt_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -99,13 +100,17 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   const int rank = pp_->rank();
   const auto pairs = parallel::pipeline::replica_pairs(schedule_, *pp_);
   if (o.moe_experts > 0) {
-    // Each MoE layer counts its micro-batches in order, over the whole batch; Chimera's two
-    // pipelines would split them between two replicas of each layer.
-    LOOM_CHECK(schedule_.pipelines == 1, "loom-gpt: --moe-experts with schedule '", schedule_.name,
-               "' (", schedule_.pipelines,
-               " pipelines) is not supported yet; use gpipe, 1f1b or interleaved");
+    // Each MoE layer counts its micro-batches in order, over the whole batch. Chimera's two
+    // pipelines split them between two replicas of each layer, whose routing-pass counts are
+    // added up (dropless: capacity would need each part's place among the other replica's).
+    LOOM_CHECK(schedule_.pipelines == 1 || o.moe_capacity_factor == 0,
+               "loom-gpt: --moe-capacity-factor with schedule '", schedule_.name, "' (",
+               schedule_.pipelines,
+               " pipelines, each MoE layer replicated over them) is not supported yet; route "
+               "dropless or use gpipe, 1f1b or interleaved");
     experts_ = expert_groups(o, dp_, mesh.tp_ptr());
   }
+  replica_pairs_ = pairs;
   std::vector<StageChunk> chunks;
   std::vector<Tensor> params;
   stages_ = make_stages(config, o, schedule_, rank, tp_, experts_.make_moe);
@@ -269,8 +274,16 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
     // The load-balancing loss is over the whole batch: a routing pass through the pipeline
     // without gradients first (See Note [A batch in micro-batches] in core/nn/moe.h).
     const bool record = o_.moe_aux_loss > 0;
-    nn::moe_begin_batch(*stage_set_, m, record);
-    if (record) executor_->forward_only(tokens);
+    for (size_t c = 0; c < stages_.size(); ++c) {  // each chunk sees its pipeline's micro-batches
+      const int pipeline = schedule_.chunks[size_t(pp_->rank())][c].pipeline;
+      const auto seen =
+          int64_t(std::count(schedule_.pipeline_of.begin(), schedule_.pipeline_of.end(), pipeline));
+      nn::moe_begin_batch(*stages_[c], m, record, schedule_.pipelines > 1 ? seen : 0);
+    }
+    if (record) {
+      executor_->forward_only(tokens);
+      if (schedule_.pipelines > 1) add_replica_counts();
+    }
   }
   const double local = executor_->run(tokens, targets, weights);
   nn::set_dropout_batch_part({});
@@ -312,6 +325,25 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   result.loss = total.item();
   result.grad_norm = norm;
   return result;
+}
+
+// Chimera: each MoE layer's two replicas (one per pipeline) recorded the routing of their
+// pipeline's micro-batches; the whole batch's counts are their sum over the replica pair.
+void PipelineStep::add_replica_counts() {
+  // In stage order, so the two ranks of every pair meet in the same order (each holds its two
+  // replicas in other chunk orders).
+  for (int stage = 0; stage < schedule_.stages; ++stage) {
+    const std::shared_ptr<comm::Communicator>& pair = replica_pairs_[size_t(stage)];
+    const auto it = std::find_if(stages_.begin(), stages_.end(),
+                                 [stage](const auto& s) { return s->stage() == stage; });
+    if (!pair || it == stages_.end()) continue;
+    for (nn::MoeLayer* layer : (*it)->moe_layers()) {
+      const std::vector<int64_t> mine = layer->recorded_batch();
+      Tensor t = Tensor::from_vector(mine, {int64_t(mine.size())});
+      pair->allreduce(t)->wait();
+      layer->set_recorded_batch(t.to_vector<int64_t>());
+    }
+  }
 }
 
 void PipelineStep::record_moe_stats(const GptStage& stage) {

@@ -83,6 +83,8 @@ class PipelineStep : public Trainer {
   // The MoE layers' routing of the step so far: auxiliary losses (this rank's terms), loads and
   // drops, summed over the forwards (See run).
   void record_moe_stats(const parallel::pipeline::GptStage& stage);
+  void add_replica_counts();                                        // Chimera: See the .cpp
+  std::vector<std::shared_ptr<comm::Communicator>> replica_pairs_;  // per stage (Chimera)
 
   GptConfig config_;
   const GptOptions& o_;

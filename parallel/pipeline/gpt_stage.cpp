@@ -267,8 +267,11 @@ StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
     if (name == "wte.weight") continue;
     (expert_replicas && is_expert_parameter(name) ? experts : synced).push_back(p);
   }
-  std::shared_ptr<GradientSum> replicas, data, expert;
-  if (replica_pair) replicas = std::make_shared<GradientSum>(synced, std::move(replica_pair));
+  std::shared_ptr<GradientSum> replicas, data, expert_pair, expert;
+  if (replica_pair) {
+    replicas = std::make_shared<GradientSum>(synced, replica_pair);
+    if (!experts.empty()) expert_pair = std::make_shared<GradientSum>(experts, replica_pair);
+  }
   const int dp = dp_average ? dp_average->size() : 1;
   if (dp_average && dp > 1)
     data = std::make_shared<GradientSum>(synced, std::move(dp_average), /*average=*/true);
@@ -276,15 +279,19 @@ StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
     expert = std::make_shared<GradientSum>(experts, std::move(expert_replicas),
                                            /*average=*/false, 1.0 / double(dp));
   if (!replicas && !data && !expert) return chunk;
-  // The replica sum starts at SYNC; the dp average follows once it is done.
-  chunk.sync = [replicas, data, expert] {
-    if (expert) expert->start();
+  // The replica sums (Chimera's pair) start at SYNC; the dp reductions follow once they are done.
+  chunk.sync = [replicas, data, expert_pair, expert] {
     if (replicas || data) (replicas ? replicas : data)->start();
+    if (expert_pair || expert) (expert_pair ? expert_pair : expert)->start();
   };
-  chunk.sync_wait = [replicas, data, expert] {
+  chunk.sync_wait = [replicas, data, expert_pair, expert] {
     if (replicas) {
       replicas->wait();
       if (data) data->start();
+    }
+    if (expert_pair) {
+      expert_pair->wait();
+      if (expert) expert->start();
     }
     if (data) data->wait();
     if (expert) expert->wait();

@@ -245,10 +245,13 @@ void init_nn(py::module_& m) {
           "budget_capacity", [](const nn::MoeLayer& m) { return m.stats().budget_capacity; },
           "The per-expert cap the last forward fell back to, over the receive budget (-1: "
           "none; See Note [Dropless receive budget] in core/nn/moe.h).")
-      .def("begin_batch", &nn::MoeLayer::begin_batch, py::arg("parts"), py::arg("record") = true,
-           "The next batch comes in `parts` micro-batches, forwarded in order (record: after a "
-           "routing pass of them all without gradients). See Note [A batch in micro-batches] "
-           "in core/nn/moe.h.");
+      .def(
+          "begin_batch",
+          [](nn::MoeLayer& m, int64_t parts, bool record) { m.begin_batch(parts, record); },
+          py::arg("parts"), py::arg("record") = true,
+          "The next batch comes in `parts` micro-batches, forwarded in order (record: after a "
+          "routing pass of them all without gradients). See Note [A batch in micro-batches] "
+          "in core/nn/moe.h.");
   py::class_<nn::MoE, nn::MoeLayer, std::shared_ptr<nn::MoE>>(nn_m, "MoE")
       .def(py::init([](int64_t channels, int64_t experts, int64_t top_k, double capacity_factor,
                        double aux_loss, double z_loss, double dropout, double proj_std,
