@@ -18,12 +18,7 @@ GradReducerOptions reducer_options(const DdpOptions& o) {
 
 // The module's parameters that are (own = false) or are not (own = true) shared by every rank.
 NamedParams parameters_of(nn::Module& module, const DdpOptions& o, bool own) {
-  NamedParams params = module.named_parameters();
-  if (!o.own_parameters) return own ? NamedParams{} : params;
-  NamedParams out;
-  for (auto& p : params)
-    if (o.own_parameters(p.first) == own) out.push_back(p);
-  return out;
+  return parameters_by_owner(module, o.own_parameters, own);
 }
 
 NamedParams agreed_own_parameters(nn::Module& module, const DdpOptions& o) {

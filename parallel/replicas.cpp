@@ -34,6 +34,16 @@ std::vector<int64_t> gather_rows(const std::vector<uint64_t>& mine, comm::Commun
 
 }  // namespace
 
+NamedParams parameters_by_owner(nn::Module& module,
+                                const std::function<bool(const std::string&)>& own, bool own_side) {
+  NamedParams params = module.named_parameters();
+  if (!own) return own_side ? NamedParams{} : params;
+  NamedParams out;
+  for (auto& p : params)
+    if (own(p.first) == own_side) out.push_back(p);
+  return out;
+}
+
 NamedParams agreed_parameters(nn::Module& module, comm::Communicator* group, bool check_replicas,
                               const char* owner) {
   return agreed_parameters(module.named_parameters(), group, check_replicas, owner);

@@ -2,6 +2,9 @@
 // when they wrap a model. All are collective over the group.
 #pragma once
 
+#include <functional>
+#include <string>
+
 #include "collectives/communicator.h"
 #include "core/nn/module.h"
 #include "parallel/bucket_plan.h"
@@ -16,6 +19,12 @@ NamedParams agreed_parameters(nn::Module& module, comm::Communicator* group, boo
 // The same for a given list (a module's parameters less those a rank holds alone).
 NamedParams agreed_parameters(NamedParams params, comm::Communicator* group, bool check_replicas,
                               const char* owner);
+
+// The module's parameters that `own` names (own_side true) or does not (false); with no `own`,
+// all of them are shared (DdpOptions / ZeroOptions::own_parameters: a rank's own parameters,
+// expert parallelism's experts, are not replicas of the other ranks').
+NamedParams parameters_by_owner(nn::Module& module,
+                                const std::function<bool(const std::string&)>& own, bool own_side);
 
 // Every rank must hold the same parameter list: the same names, shapes and dtypes in the same
 // order. Throws on every rank, naming the first rank and parameter that differ from rank 0.

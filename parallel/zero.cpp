@@ -43,12 +43,7 @@ namespace {
 // The module's parameters that ZeRO shards (own = false) or leaves whole (own = true; See
 // ZeroOptions::own_parameters).
 NamedParams zero_parameters(nn::Module& module, const ZeroOptions& o, bool own) {
-  NamedParams params = module.named_parameters();
-  if (!o.own_parameters) return own ? NamedParams{} : params;
-  NamedParams out;
-  for (auto& p : params)
-    if (o.own_parameters(p.first) == own) out.push_back(p);
-  return out;
+  return parameters_by_owner(module, o.own_parameters, own);
 }
 
 }  // namespace

@@ -62,13 +62,12 @@ void run_grouped(bool trans_b, const std::vector<int64_t>& rows, int64_t n, int6
                                bp.data(), ldb, beta, c.data<float>(), n);
     return;
   }
-  Tensor workspace =
-      Tensor::empty({int64_t(kernels::cuda::grouped_gemm_workspace_bytes(groups))}, DType::kU8,
-                    c.device());
-  LOOM_IF_CUDA(kernels::cuda::grouped_gemm(
-      trans_b, rows.data(), groups, n, k, 1.0f, a.data<float>(), k, bp.data(), ldb, beta,
-      c.data<float>(), n, workspace.data_ptr(), size_t(workspace.numel()),
-      cuda_stream(c.device())));
+  Tensor workspace = Tensor::empty({int64_t(kernels::cuda::grouped_gemm_workspace_bytes(groups))},
+                                   DType::kU8, c.device());
+  LOOM_IF_CUDA(kernels::cuda::grouped_gemm(trans_b, rows.data(), groups, n, k, 1.0f,
+                                           a.data<float>(), k, bp.data(), ldb, beta,
+                                           c.data<float>(), n, workspace.data_ptr(),
+                                           size_t(workspace.numel()), cuda_stream(c.device())));
 }
 
 void run_grouped_tn(const std::vector<int64_t>& rows, int64_t m, int64_t n, const Tensor& a,
@@ -80,9 +79,8 @@ void run_grouped_tn(const std::vector<int64_t>& rows, int64_t m, int64_t n, cons
                                   b.data<float>(), n, 0.0f, cp.data(), n);
     return;
   }
-  Tensor workspace =
-      Tensor::empty({int64_t(kernels::cuda::grouped_gemm_workspace_bytes(groups))}, DType::kU8,
-                    a.device());
+  Tensor workspace = Tensor::empty({int64_t(kernels::cuda::grouped_gemm_workspace_bytes(groups))},
+                                   DType::kU8, a.device());
   LOOM_IF_CUDA(kernels::cuda::grouped_gemm_tn(
       rows.data(), groups, m, n, 1.0f, a.data<float>(), m, b.data<float>(), n, 0.0f, cp.data(), n,
       workspace.data_ptr(), size_t(workspace.numel()), cuda_stream(a.device())));
@@ -95,8 +93,8 @@ Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& row_counts,
   const size_t groups = weights.size();
   LOOM_CHECK(x.defined() && x.dim() == 2, "grouped_linear: 'x' must be [rows, in], got ",
              x.defined() ? shape_str(x.shape()) : "undefined");
-  LOOM_CHECK(groups > 0 && row_counts.size() == groups,
-             "grouped_linear: ", row_counts.size(), " row counts for ", groups, " weights");
+  LOOM_CHECK(groups > 0 && row_counts.size() == groups, "grouped_linear: ", row_counts.size(),
+             " row counts for ", groups, " weights");
   LOOM_CHECK(biases.empty() || biases.size() == groups, "grouped_linear: ", biases.size(),
              " biases for ", groups, " weights (give one per weight, or none)");
   int64_t total = 0;
@@ -157,8 +155,8 @@ Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& row_counts,
   const bool has_bias = !biases.empty();
   autograd::record(
       out, "grouped_linear", inputs, saved,
-      [xc = need_w ? xc : Tensor(), ws = need_x ? ws : std::vector<Tensor>(), row_counts,
-       need_x, need_w, need_b, has_bias, in, out_features, total](const Tensor& grad) {
+      [xc = need_w ? xc : Tensor(), ws = need_x ? ws : std::vector<Tensor>(), row_counts, need_x,
+       need_w, need_b, has_bias, in, out_features, total](const Tensor& grad) {
         const Tensor g = grad.contiguous();
         const size_t count = row_counts.size();
         std::vector<Tensor> grads;
@@ -189,12 +187,10 @@ Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& row_counts,
               const float* src = g.data<float>() + first * out_features;
               if (row_counts[i] > 0) {
                 if (g.device().is_cpu()) {
-                  kernels::cpu::sum_dim(src, db.data<float>(), 1, row_counts[i], out_features,
-                                        1.0);
+                  kernels::cpu::sum_dim(src, db.data<float>(), 1, row_counts[i], out_features, 1.0);
                 } else {
                   LOOM_IF_CUDA(kernels::cuda::sum_dim(src, db.data<float>(), 1, row_counts[i],
-                                                      out_features, 1.0,
-                                                      cuda_stream(g.device())));
+                                                      out_features, 1.0, cuda_stream(g.device())));
                 }
               }
             }

@@ -31,9 +31,9 @@ struct Groups {
   std::vector<const void*> a, b;
   std::vector<void*> c;
 
-  void add(cublasOperation_t ta, cublasOperation_t tb, int64_t mm, int64_t nn, int64_t kk,
-           float al, const float* pa, int64_t la, const float* pb, int64_t lb, float be,
-           float* pc, int64_t lc) {
+  void add(cublasOperation_t ta, cublasOperation_t tb, int64_t mm, int64_t nn, int64_t kk, float al,
+           const float* pa, int64_t la, const float* pb, int64_t lb, float be, float* pc,
+           int64_t lc) {
     trans_a.push_back(ta);
     trans_b.push_back(tb);
     m.push_back(to_int("m", mm));
@@ -68,7 +68,8 @@ struct Groups {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(workspace, host.data(), need, cudaMemcpyHostToDevice, stream));
     const void* const* da = static_cast<const void* const*>(workspace);
     const void* const* db = da + count;
-    void* const* dc = const_cast<void* const*>(reinterpret_cast<const void* const*>(da + 2 * count));
+    void* const* dc =
+        const_cast<void* const*>(reinterpret_cast<const void* const*>(da + 2 * count));
     LOOM_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         cublas_handle(stream), trans_a.data(), trans_b.data(), m.data(), n.data(), k.data(),
         alpha.data(), da, CUDA_R_32F, lda.data(), db, CUDA_R_32F, ldb.data(), beta.data(), dc,
@@ -114,14 +115,14 @@ void grouped_gemm_tn(const int64_t* rows, int64_t groups, int64_t m, int64_t n, 
     if (m > 0 && n > 0) {
       if (rows[i] > 0) {
         // C_i^T [n, m] = B_i^T [n, rows] A_i [rows, m].
-        g.add(CUBLAS_OP_N, CUBLAS_OP_T, n, m, rows[i], alpha, b + first * ldb, ldb,
-              a + first * lda, lda, beta, c[i], ldc);
+        g.add(CUBLAS_OP_N, CUBLAS_OP_T, n, m, rows[i], alpha, b + first * ldb, ldb, a + first * lda,
+              lda, beta, c[i], ldc);
       } else if (beta == 0.0f) {  // an empty sum
         LOOM_CUDA_CHECK(cudaMemset2DAsync(c[i], size_t(ldc) * sizeof(float), 0,
                                           size_t(n) * sizeof(float), size_t(m), stream));
       } else {
-        LOOM_CHECK(beta == 1.0f, "cuda grouped_gemm_tn: group ", i,
-                   " has no rows and beta is ", beta, " (only 0 or 1 are supported there)");
+        LOOM_CHECK(beta == 1.0f, "cuda grouped_gemm_tn: group ", i, " has no rows and beta is ",
+                   beta, " (only 0 or 1 are supported there)");
       }
     }
     first += rows[i];

@@ -36,6 +36,16 @@
 namespace loom::python {
 namespace {
 
+// Whether a parameter's name starts with one of `prefixes` (the experts of expert-parallel MoE
+// layers, as loom.distributed names them: DdpOptions / ZeroOptions::own_parameters).
+std::function<bool(const std::string&)> under_prefixes(std::vector<std::string> prefixes) {
+  return [prefixes = std::move(prefixes)](const std::string& name) {
+    for (const std::string& prefix : prefixes)
+      if (name.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+}
+
 using comm::Communicator;
 using parallel::GroupPtr;
 using Release = py::call_guard<py::gil_scoped_release>;
@@ -217,11 +227,7 @@ void init_ddp(py::module_& p) {
              o.overlap = overlap;
              o.check_replicas = check_replicas;
              if (!own_prefixes.empty()) {  // the experts of expert-parallel MoE layers
-               o.own_parameters = [own_prefixes](const std::string& name) {
-                 for (const std::string& prefix : own_prefixes)
-                   if (name.rfind(prefix, 0) == 0) return true;
-                 return false;
-               };
+               o.own_parameters = under_prefixes(own_prefixes);
                o.own_replicas = std::move(own_replicas);
              }
              auto out = std::make_unique<PyDdp>();
@@ -296,11 +302,7 @@ void init_zero(py::module_& p) {
               };
             }
             if (!own_prefixes.empty()) {  // the experts of expert-parallel MoE layers
-              o.own_parameters = [own_prefixes](const std::string& name) {
-                for (const std::string& prefix : own_prefixes)
-                  if (name.rfind(prefix, 0) == 0) return true;
-                return false;
-              };
+              o.own_parameters = under_prefixes(own_prefixes);
               o.own_replicas = std::move(own_replicas);
             }
             GroupPtr shards = group_or_world(std::move(group));

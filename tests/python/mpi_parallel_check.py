@@ -499,59 +499,16 @@ class MoeNet(loom.nn.Module):
         return self.out(h + self.moe(h))
 
 
-def run_moe_ddp(ep):
-    """A Python MoE model under DistributedDataParallel with the experts split over ep groups of
-    `ep` ranks (replicated across them when ep < size) against one process: each step's loss
-    (the ranks' mean, auxiliary losses included), clip_grad_norm_'s norm, and after 3 SGD steps
-    every parameter, the experts this rank holds included. Each rank's loss is its rows' mean
-    plus the layer's aux_loss term, as one process writes it."""
+def run_moe(ep, stage=0):
+    """A Python MoE model with the experts split over ep groups of `ep` ranks (replicated across
+    them when ep < size) under DistributedDataParallel (stage 0) or ZeroRedundancyOptimizer
+    (stages 1-3: the experts whole beside the shards) against one process: each step's loss (the
+    ranks' mean, auxiliary losses included), clip_grad_norm_'s norm, and after 3 SGD steps every
+    parameter, the experts this rank holds included. Each rank's loss is its rows' mean plus the
+    layer's aux_loss term, as one process writes it."""
     c, experts, per = 8, 2 * ep, 4
     ep_group = comm if ep == size else comm.split(color=rank // ep, key=rank, name=f"ep{ep}")
-    rng = np.random.default_rng(11)
-    router = rng.uniform(-1, 1, size=(experts, c)).astype(np.float32)
-    one = MoeNet(c, experts).init_parameters(seed=SEED)
-    net = MoeNet(c, experts, ep_group).init_parameters(seed=SEED)
-    with loom.no_grad():
-        one.moe.router.weight.copy_(loom.tensor(router))
-        net.moe.router.weight.copy_(loom.tensor(router))
-    ddp = dist.DistributedDataParallel(net, comm)
-    opt_one = loom.optim.SGD(one.parameters(), **SGD)
-    opt = loom.optim.SGD(net.parameters(), **SGD)
-    mine = slice(rank * per, (rank + 1) * per)
-    for step in range(STEPS):
-        x = rng.uniform(-1, 1, size=(per * size, c)).astype(np.float32)
-        y = rng.uniform(-1, 1, size=(per * size, 3)).astype(np.float32)
-        loss_one = ((one(loom.tensor(x)) - loom.tensor(y)) ** 2).mean() + one.moe.aux_loss
-        loss_one.backward()
-        norm_one = loom.nn.utils.clip_grad_norm_(one.parameters(), CLIP)
-        opt_one.step()
-        opt_one.zero_grad()
-        out = ddp(loom.tensor(np.ascontiguousarray(x[mine])))
-        loss = ((out - loom.tensor(np.ascontiguousarray(y[mine]))) ** 2).mean() + net.moe.aux_loss
-        ddp.backward(loss)
-        ddp.finish()
-        norm = loom.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        mean = loom.tensor([loss.item()])
-        comm.allreduce(mean, op="avg")
-        check_close(f"MoE DDP ep {ep}: step {step + 1} loss", arr(mean)[0], loss_one.item())
-        check_close(f"MoE DDP ep {ep}: step {step + 1} clip norm", norm.item(), norm_one.item())
-    got = dict(net.named_parameters())
-    want = {n: p for n, p in one.named_parameters() if n in got}
-    check_params(f"MoE DDP ep {ep}: parameters after {STEPS} steps", got, want)
-    held = [n for n in got if n.startswith("moe.experts.")]
-    if len(held) != 4 * (experts // ep):
-        failures.append(f"MoE DDP ep {ep}: holds {len(held)} expert tensors")
-
-
-def run_moe_zero(ep, stage):
-    """The MoE model of run_moe_ddp under ZeroRedundancyOptimizer (the experts whole beside the
-    shards, reduced over their replicas) against one process: losses, clip norms and parameters
-    after 3 SGD steps."""
-    c, experts, per = 8, 2 * ep, 4
-    ep_group = comm if ep == size else comm.split(color=rank // ep, key=rank, name=f"ep{ep}")
-    rng = np.random.default_rng(12)
+    rng = np.random.default_rng(11 + stage)
     router = rng.uniform(-1, 1, size=(experts, c)).astype(np.float32)
     one = MoeNet(c, experts).init_parameters(seed=SEED)
     net = MoeNet(c, experts, ep_group).init_parameters(seed=SEED)
@@ -559,10 +516,15 @@ def run_moe_zero(ep, stage):
         one.moe.router.weight.copy_(loom.tensor(router))
         net.moe.router.weight.copy_(loom.tensor(router))
     opt_one = loom.optim.SGD(one.parameters(), **SGD)
-    zero = dist.ZeroRedundancyOptimizer(net, comm, optimizer_class=loom.optim.SGD, stage=stage,
-                                        bucket_mb=0.02, **SGD)
+    if stage == 0:
+        name = f"MoE DDP ep {ep}"
+        ddp = dist.DistributedDataParallel(net, comm)
+        opt = loom.optim.SGD(net.parameters(), **SGD)
+    else:
+        name = f"MoE ZeRO-{stage} ep {ep}"
+        opt = dist.ZeroRedundancyOptimizer(net, comm, optimizer_class=loom.optim.SGD, stage=stage,
+                                           bucket_mb=0.02, **SGD)
     mine = slice(rank * per, (rank + 1) * per)
-    name = f"MoE ZeRO-{stage} ep {ep}"
     for step in range(STEPS):
         x = rng.uniform(-1, 1, size=(per * size, c)).astype(np.float32)
         y = rng.uniform(-1, 1, size=(per * size, 3)).astype(np.float32)
@@ -573,28 +535,33 @@ def run_moe_zero(ep, stage):
         opt_one.zero_grad()
         out = net(loom.tensor(np.ascontiguousarray(x[mine])))
         loss = ((out - loom.tensor(np.ascontiguousarray(y[mine]))) ** 2).mean() + net.moe.aux_loss
-        zero.backward(loss)
-        zero.finish_gradients()
+        if stage == 0:
+            ddp.backward(loss)
+            ddp.finish()
+        else:
+            opt.backward(loss)
+            opt.finish_gradients()
         norm = loom.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
-        zero.step()
-        zero.zero_grad()
+        opt.step()
+        opt.zero_grad()
         mean = loom.tensor([loss.item()])
         comm.allreduce(mean, op="avg")
         check_close(f"{name}: step {step + 1} loss", arr(mean)[0], loss_one.item())
         check_close(f"{name}: step {step + 1} clip norm", norm.item(), norm_one.item())
-    zero.gather_parameters()
+    if stage:
+        opt.gather_parameters()
     got = dict(net.named_parameters())
     want = {n: p for n, p in one.named_parameters() if n in got}
     check_params(f"{name}: parameters after {STEPS} steps", got, want)
+    held = [n for n in got if n.startswith("moe.experts.")]
+    if len(held) != 4 * (experts // ep):
+        failures.append(f"{name}: holds {len(held)} expert tensors")
 
 
-run_moe_ddp(size)
-if size >= 4:
-    run_moe_ddp(2)
-for stage in (1, 2, 3):
-    run_moe_zero(size, stage)
+for stage in (0, 1, 2, 3):
+    run_moe(size, stage)
     if size >= 4:
-        run_moe_zero(2, stage)
+        run_moe(2, stage)
 
 for f in failures:
     print(f"rank {rank}: {f}", file=sys.stderr)

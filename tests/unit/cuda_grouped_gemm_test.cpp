@@ -65,22 +65,22 @@ TEST(CudaGroupedGemm, ForwardAndInputGradientMatchTheCpuTwin) {
   for (bool trans_b : {true, false})
     for (float beta : {0.0f, 1.0f}) {
       const std::vector<float> a = random_floats(size_t(total * k), 1);
-      std::vector<std::vector<float>> b;
+      std::vector<std::vector<float> > b;
       for (int64_t g = 0; g < groups; ++g) b.push_back(random_floats(size_t(n * k), 10 + g));
       const std::vector<float> c0 = random_floats(size_t(total * n), 3);
       const int64_t ldb = trans_b ? k : n;
       // The CPU twin, and it again on |inputs| for the tolerance's scale.
       std::vector<float> want = c0, scale = absolute(c0);
       std::vector<const float*> bp, bap;
-      std::vector<std::vector<float>> babs;
+      std::vector<std::vector<float> > babs;
       for (auto& v : b) {
         bp.push_back(v.data());
         babs.push_back(absolute(v));
         bap.push_back(babs.back().data());
       }
       const std::vector<float> aabs = absolute(a);
-      cpu::grouped_gemm(trans_b, rows.data(), groups, n, k, 0.5f, a.data(), k, bp.data(), ldb,
-                        beta, want.data(), n);
+      cpu::grouped_gemm(trans_b, rows.data(), groups, n, k, 0.5f, a.data(), k, bp.data(), ldb, beta,
+                        want.data(), n);
       cpu::grouped_gemm(trans_b, rows.data(), groups, n, k, 0.5f, aabs.data(), k, bap.data(), ldb,
                         beta, scale.data(), n);
       Buffer da(a), dc(c0), workspace(cuda::grouped_gemm_workspace_bytes(groups));
@@ -91,15 +91,13 @@ TEST(CudaGroupedGemm, ForwardAndInputGradientMatchTheCpuTwin) {
         dbp.push_back(db.back().as<float>());
       }
       cuda::grouped_gemm(trans_b, rows.data(), groups, n, k, 0.5f, da.as<float>(), k, dbp.data(),
-                         ldb, beta, dc.as<float>(), n, workspace.get(), workspace.bytes(),
-                         kStream);
+                         ldb, beta, dc.as<float>(), n, workspace.get(), workspace.bytes(), kStream);
       const std::vector<float> got = dc.read<float>(c0.size());
       expect_close(got, want, scale, "grouped_gemm trans_b " + std::to_string(trans_b));
       // Deterministic: a second run from the same C gives the same bits.
       dc.write(c0);
       cuda::grouped_gemm(trans_b, rows.data(), groups, n, k, 0.5f, da.as<float>(), k, dbp.data(),
-                         ldb, beta, dc.as<float>(), n, workspace.get(), workspace.bytes(),
-                         kStream);
+                         ldb, beta, dc.as<float>(), n, workspace.get(), workspace.bytes(), kStream);
       const std::vector<float> again = dc.read<float>(c0.size());
       EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0);
     }
@@ -112,20 +110,20 @@ TEST(CudaGroupedGemm, WeightGradientMatchesTheCpuTwin) {
   const std::vector<float> a = random_floats(size_t(total * m), 4);
   const std::vector<float> b = random_floats(size_t(total * n), 5);
   for (float beta : {0.0f, 1.0f}) {
-    std::vector<std::vector<float>> want, scale;
+    std::vector<std::vector<float> > want, scale;
     std::vector<float*> wp, sp;
     for (int64_t g = 0; g < groups; ++g) {
       want.push_back(random_floats(size_t(m * n), 20 + g));
       scale.push_back(absolute(want.back()));
     }
-    std::vector<std::vector<float>> start = want;
+    std::vector<std::vector<float> > start = want;
     for (int64_t g = 0; g < groups; ++g) {
       wp.push_back(want[size_t(g)].data());
       sp.push_back(scale[size_t(g)].data());
     }
     const std::vector<float> aabs = absolute(a), babs = absolute(b);
-    cpu::grouped_gemm_tn(rows.data(), groups, m, n, 1.0f, a.data(), m, b.data(), n, beta,
-                         wp.data(), n);
+    cpu::grouped_gemm_tn(rows.data(), groups, m, n, 1.0f, a.data(), m, b.data(), n, beta, wp.data(),
+                         n);
     cpu::grouped_gemm_tn(rows.data(), groups, m, n, 1.0f, aabs.data(), m, babs.data(), n, beta,
                          sp.data(), n);
     Buffer da(a), dbuf(b), workspace(cuda::grouped_gemm_workspace_bytes(groups));
@@ -139,8 +137,7 @@ TEST(CudaGroupedGemm, WeightGradientMatchesTheCpuTwin) {
                           beta, dcp.data(), n, workspace.get(), workspace.bytes(), kStream);
     for (int64_t g = 0; g < groups; ++g)
       expect_close(dc[size_t(g)].read<float>(size_t(m * n)), want[size_t(g)], scale[size_t(g)],
-                   "grouped_gemm_tn group " + std::to_string(g) + " beta " +
-                       std::to_string(beta));
+                   "grouped_gemm_tn group " + std::to_string(g) + " beta " + std::to_string(beta));
   }
 }
 

@@ -89,8 +89,8 @@ TEST(GroupedLinear, TnKernelAgainstASumInDouble) {
   const int64_t m = 3, n = 2, total = 5;
   const std::vector<float> a = values(random_tensor({total, m}, 6));
   const std::vector<float> b = values(random_tensor({total, n}, 7));
-  std::vector<std::vector<float>> c(3, std::vector<float>(size_t(m * n),
-                                                          std::numeric_limits<float>::quiet_NaN()));
+  std::vector<std::vector<float>> c(
+      3, std::vector<float>(size_t(m * n), std::numeric_limits<float>::quiet_NaN()));
   std::vector<float*> cp{c[0].data(), c[1].data(), c[2].data()};
   kernels::cpu::grouped_gemm_tn(rows.data(), 3, m, n, 1.0f, a.data(), m, b.data(), n, 0.0f,
                                 cp.data(), n);
@@ -126,10 +126,16 @@ TEST(GroupedLinear, BadArgumentsAreNamed) {
   };
   expect_error([&] { grouped_linear(x, {1, 2}, ws); }, "the row counts add up to 3");
   expect_error([&] { grouped_linear(x, {4}, ws); }, "1 row counts for 2 weights");
-  expect_error([&] { grouped_linear(x, {2, 2}, {ws[0], random_tensor({2, 4}, 11)}); },
-               "weight 1 must be [2, 3]");
-  expect_error([&] { grouped_linear(x, {2, 2}, ws, {random_tensor({2}, 12)}); },
-               "1 biases for 2 weights");
+  expect_error(
+      [&] {
+        grouped_linear(x, {2, 2}, {ws[0], random_tensor({2, 4}, 11)});
+      },
+      "weight 1 must be [2, 3]");
+  expect_error(
+      [&] {
+        grouped_linear(x, {2, 2}, ws, {random_tensor({2}, 12)});
+      },
+      "1 biases for 2 weights");
 }
 
 }  // namespace
