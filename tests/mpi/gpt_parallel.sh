@@ -297,7 +297,7 @@ done
 # MoE in pipelines: each MoE layer takes the step's micro-batches in order after a routing pass
 # through the pipeline without gradients, so capacity and the load-balancing loss are the whole
 # batch's. Top-1 with capacity and dropout (blocks 0 and 2 MoE) on --pp 2 with gpipe, 1f1b and
-# interleaved, with --dp 2 --ep 2, and with --dp 2 --tp 2 --ep 2 (8 ranks); dropless top-2 on
+# interleaved, on --pp 4, with --dp 2 --ep 2, and with --dp 2 --tp 2 --ep 2 (8 ranks); dropless top-2 on
 # --dp 2 --ep 2 --pp 2, and with Chimera (each MoE layer's two replicas add up their routing
 # pass's counts) on pp 2 and dp 2 x ep 2 x pp 2: the single-process losses and per-expert loads.
 # --save on dp 2 x tp 2 x pp 2 x ep 2 gathers every expert: the single-process SGD weights.
@@ -313,6 +313,7 @@ for moe in "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.
   [[ $moe == *capacity* ]] && layouts+=("2 --pp 2 --schedule gpipe --microbatches 4"
     "2 --pp 2 --schedule 1f1b --microbatches 4"
     "2 --pp 2 --schedule interleaved --virtual-stages 2 --microbatches 4"
+    "4 --pp 4 --schedule 1f1b --microbatches 4"
     "8 --pp 2 --dp 2 --tp 2 --ep 2 --microbatches 2"
     "8 --pp 2 --dp 2 --tp 2 --ep 2 --expert-tp 2 --microbatches 2")
   for layout in "${layouts[@]}"; do
