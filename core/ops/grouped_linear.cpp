@@ -62,12 +62,13 @@ void run_grouped(bool trans_b, const std::vector<int64_t>& rows, int64_t n, int6
                                bp.data(), ldb, beta, c.data<float>(), n);
     return;
   }
-  Tensor workspace = Tensor::empty({int64_t(kernels::cuda::grouped_gemm_workspace_bytes(groups))},
-                                   DType::kU8, c.device());
-  LOOM_IF_CUDA(kernels::cuda::grouped_gemm(trans_b, rows.data(), groups, n, k, 1.0f,
-                                           a.data<float>(), k, bp.data(), ldb, beta,
-                                           c.data<float>(), n, workspace.data_ptr(),
-                                           size_t(workspace.numel()), cuda_stream(c.device())));
+  LOOM_IF_CUDA({
+    const size_t bytes = kernels::cuda::grouped_gemm_workspace_bytes(groups);
+    Tensor ws = cuda_workspace(c.device(), bytes);
+    kernels::cuda::grouped_gemm(trans_b, rows.data(), groups, n, k, 1.0f, a.data<float>(), k,
+                                bp.data(), ldb, beta, c.data<float>(), n, ws.data_ptr(), bytes,
+                                cuda_stream(c.device()));
+  });
 }
 
 void run_grouped_tn(const std::vector<int64_t>& rows, int64_t m, int64_t n, const Tensor& a,
@@ -79,11 +80,13 @@ void run_grouped_tn(const std::vector<int64_t>& rows, int64_t m, int64_t n, cons
                                   b.data<float>(), n, 0.0f, cp.data(), n);
     return;
   }
-  Tensor workspace = Tensor::empty({int64_t(kernels::cuda::grouped_gemm_workspace_bytes(groups))},
-                                   DType::kU8, a.device());
-  LOOM_IF_CUDA(kernels::cuda::grouped_gemm_tn(
-      rows.data(), groups, m, n, 1.0f, a.data<float>(), m, b.data<float>(), n, 0.0f, cp.data(), n,
-      workspace.data_ptr(), size_t(workspace.numel()), cuda_stream(a.device())));
+  LOOM_IF_CUDA({
+    const size_t bytes = kernels::cuda::grouped_gemm_workspace_bytes(groups);
+    Tensor ws = cuda_workspace(a.device(), bytes);
+    kernels::cuda::grouped_gemm_tn(rows.data(), groups, m, n, 1.0f, a.data<float>(), m,
+                                   b.data<float>(), n, 0.0f, cp.data(), n, ws.data_ptr(), bytes,
+                                   cuda_stream(a.device()));
+  });
 }
 
 }  // namespace
