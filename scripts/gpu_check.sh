@@ -96,7 +96,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 
 # The CUDA tests: the cuda_* binaries, and the CPU test binaries that hold CUDA-vs-CPU twins of
 # newer ops (they skip those cases without a GPU); unit_rest runs everything else.
-CUDA_TESTS='^(cuda_|embedding_bag_cuda|compare_test$|generate_test$|integer_test$|linalg_test$|math_test$|optimizer_test$|tensor_test$)'
+CUDA_TESTS='^(cuda_|embedding_bag_cuda|compare_test$|generate_test$|integer_test$|linalg_test$|math_test$|moe_test$|optimizer_test$|tensor_test$)'
 
 remaining() { echo $((BUDGET - (SECONDS - START))); }
 
@@ -287,18 +287,23 @@ phase_gpt() {
   fi
   # Random GPT-2 tokens: 16 batches of 8 x 1024, so the loader never wraps.
   python3 "$REPO/scripts/random_gpt2_tokens.py" "$work/tokens.bin"
-  local dtype rc_all=0 secs=0
-  for dtype in f32 bf16; do
-    echo "== loom-gpt --dtype $dtype" >>"$log"
-    run_phase "gpt_$dtype" 90 "$log" "$gpt" --device cuda --dtype "$dtype" --layers 12 --dim 768 \
-      --heads 12 --seq 1024 --batch 8 --data "$work/tokens.bin" --steps "$STEPS" \
-      --lr 3e-4 --lr-schedule constant --warmup-steps 0 --metrics-file "$work/metrics_$dtype.jsonl"
+  local variant dtype extra rc_all=0 secs=0
+  # bf16_moe: every block's MLP a mixture of 8 experts, top-2, dropless (the grouped GEMM path).
+  for variant in f32 bf16 bf16_moe; do
+    dtype="${variant%%_*}"
+    extra=()
+    [[ "$variant" == *_moe ]] && extra=(--moe-experts 8 --moe-top-k 2)
+    echo "== loom-gpt --dtype $dtype ${extra[*]}" >>"$log"
+    run_phase "gpt_$variant" 90 "$log" "$gpt" --device cuda --dtype "$dtype" --layers 12 \
+      --dim 768 --heads 12 --seq 1024 --batch 8 --data "$work/tokens.bin" --steps "$STEPS" \
+      --lr 3e-4 --lr-schedule constant --warmup-steps 0 "${extra[@]}" \
+      --metrics-file "$work/metrics_$variant.jsonl"
     local rc=$PHASE_RC
     secs=$((secs + PHASE_S))
     ((rc_all == 0)) && rc_all=$rc
     {
-      echo "-- metrics ($dtype): median over steps after the first 3"
-      python3 - "$work/metrics_$dtype.jsonl" "$dtype" 2>&1 <<'EOF'
+      echo "-- metrics ($variant): median over steps after the first 3"
+      python3 - "$work/metrics_$variant.jsonl" "$variant" 2>&1 <<'EOF'
 import json, statistics, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -315,7 +320,7 @@ mfu_text = f"MFU {statistics.median(mfu) * 100:.1f}%" if mfu else "MFU n/a (GPU 
 print(f"RESULT loom-gpt GPT-2 124M {sys.argv[2]}: step {ms:.1f} ms, {tps:.0f} tokens/s, {mfu_text} "
       f"(median of {len(timed)} steps; first loss {steps[0]['loss']:.4f}, last {steps[-1]['loss']:.4f})")
 EOF
-      cat "$work/metrics_$dtype.jsonl" 2>/dev/null
+      cat "$work/metrics_$variant.jsonl" 2>/dev/null
     } >>"$log"
   done
   grep -E '^(RESULT|device:|model:|loom-gpt:.*error|.*rror)' "$log" | head -n 12

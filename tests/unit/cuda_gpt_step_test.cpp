@@ -78,10 +78,10 @@ Step train_step(nn::GPT& gpt, optim::AdamW& opt, const Tensor& idx, const Tensor
   return s;
 }
 
-TEST(CudaGptStep, OneTrainingStepEqualsTheCpuStep) {
-  LOOM_SKIP_WITHOUT_CUDA();
+// Two training steps of the GPT built with `options` on the CPU and on CUDA, compared.
+void expect_steps_equal(const nn::GptOptions& options) {
   const GptConfig c = small_config();
-  nn::GPT cpu(c), gpu(c);
+  nn::GPT cpu(c, options), gpu(c, options);
   cpu.init_parameters(7);
   gpu.init_parameters(7);
   gpu.to(Device::cuda(0));
@@ -107,6 +107,13 @@ TEST(CudaGptStep, OneTrainingStepEqualsTheCpuStep) {
     const Step b = train_step(gpu, opt_gpu, idx.to(Device::cuda(0)), targets.to(Device::cuda(0)));
     EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::fabs(a.loss)) << "step " << step;
     EXPECT_NEAR(a.norm, b.norm, 1e-4 * a.norm) << "step " << step;
+    // MoE blocks: the same tokens went to the same experts (routing is f32 on both devices).
+    const auto ma = cpu.moe_layers(), mb = gpu.moe_layers();
+    ASSERT_EQ(ma.size(), mb.size());
+    for (size_t l = 0; l < ma.size(); ++l) {
+      EXPECT_EQ(ma[l]->stats().load, mb[l]->stats().load) << "step " << step << " moe " << l;
+      EXPECT_EQ(ma[l]->stats().dropped, mb[l]->stats().dropped) << "step " << step;
+    }
     const auto pa = cpu.named_parameters(), pb = gpu.named_parameters();
     ASSERT_EQ(pa.size(), pb.size());
     for (size_t i = 0; i < pa.size(); ++i) {
@@ -115,6 +122,24 @@ TEST(CudaGptStep, OneTrainingStepEqualsTheCpuStep) {
       expect_close(pa[i].second, pb[i].second, "step " + std::to_string(step) + " " + pa[i].first);
     }
   }
+}
+
+TEST(CudaGptStep, OneTrainingStepEqualsTheCpuStep) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  expect_steps_equal(nn::GptOptions{});
+}
+
+// Mixture-of-experts blocks (router, dispatch, the grouped GEMM, combine, both auxiliary losses)
+// in a whole step, with capacity drops.
+TEST(CudaGptStep, AMoeTrainingStepEqualsTheCpuStep) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  nn::GptOptions options;
+  options.moe.experts = 4;
+  options.moe.top_k = 2;
+  options.moe.capacity_factor = 1.0;
+  options.moe.aux_loss = 0.01;
+  options.moe.z_loss = 0.001;
+  expect_steps_equal(options);
 }
 
 TEST(CudaGptStep, AWarmLoopTakesNoNewDeviceMemory) {

@@ -13,6 +13,7 @@
 #include "core/nn/gpt.h"
 #include "core/nn/moe.h"
 #include "core/ops.h"
+#include "testing/device_buffer.h"
 #include "testing/gradcheck.h"
 
 namespace loom::nn {
@@ -525,6 +526,97 @@ TEST(MoE, GptAddsTheAuxiliaryLosses) {
     EXPECT_NE(std::string(e.what()).find("top_k must be in [1, experts = 4]"), std::string::npos)
         << e.what();
   }
+}
+
+// The layer on a GPU (the router, the dispatch, the grouped GEMM of kernels/cuda/grouped_gemm.h,
+// the combine) against the same layer on the CPU: the same routing and loads, outputs, losses and
+// every gradient equal to f32 rounding (the GEMMs sum in other orders), and two GPU runs equal bit
+// for bit (the combine adds in expert order, with no atomics).
+TEST(MoECuda, MatchesTheCpuAndIsBitwiseDeterministic) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const int64_t c = 16, n = 40;
+  for (double capacity : {0.0, 1.0}) {
+    MoeOptions o;
+    o.experts = 4;
+    o.top_k = 2;
+    o.capacity_factor = capacity;
+    o.aux_loss = 0.05;
+    o.z_loss = 0.01;
+    MoE cpu(c, o), gpu(c, o);
+    cpu.init_parameters(5);
+    gpu.init_parameters(5);
+    gpu.to(Device::cuda(0));
+    const Tensor x = random_tensor({n, c}, 6), w = random_tensor({n, c}, 7);
+    struct Run {
+      std::vector<float> out, x_grad;
+      std::vector<std::pair<std::string, std::vector<float>>> grads;
+      MoeStats stats;
+      double aux = 0;
+    };
+    auto run = [&](MoE& moe, Device device) {
+      moe.zero_grad();
+      Tensor xi = x.to(device);
+      xi.set_requires_grad(true);
+      Tensor out = moe(xi);
+      Run r;
+      r.out = values(out.to(Device::cpu()));
+      r.stats = moe.stats();
+      r.aux = moe.aux_loss().item();
+      autograd::backward({add(sum(mul(out, w.to(device))), moe.aux_loss())},
+                         {Tensor::ones({}, DType::kF32, device)});
+      r.x_grad = values(xi.grad().to(Device::cpu()));
+      for (auto& [name, p] : moe.named_parameters())
+        r.grads.emplace_back(name, values(p.grad().to(Device::cpu())));
+      return r;
+    };
+    const Run want = run(cpu, Device::cpu()), got = run(gpu, Device::cuda(0));
+    EXPECT_EQ(got.stats.load, want.stats.load) << "capacity " << capacity;
+    EXPECT_EQ(got.stats.dropped, want.stats.dropped);
+    if (capacity > 0) EXPECT_GT(want.stats.dropped, 0) << "the test needs an expert over capacity";
+    EXPECT_NEAR(got.aux, want.aux, 1e-6 * (1 + std::abs(want.aux)));
+    auto expect_near = [](const std::vector<float>& g, const std::vector<float>& v,
+                          const std::string& what) {
+      ASSERT_EQ(g.size(), v.size()) << what;
+      for (size_t i = 0; i < g.size(); ++i)
+        EXPECT_NEAR(g[i], v[i], 1e-5f * (1.0f + std::abs(v[i]))) << what << "[" << i << "]";
+    };
+    expect_near(got.out, want.out, "out");
+    expect_near(got.x_grad, want.x_grad, "x.grad");
+    ASSERT_EQ(got.grads.size(), want.grads.size());
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      expect_near(got.grads[i].second, want.grads[i].second, got.grads[i].first + ".grad");
+    const Run again = run(gpu, Device::cuda(0));
+    EXPECT_EQ(again.out, got.out);
+    EXPECT_EQ(again.x_grad, got.x_grad);
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      EXPECT_EQ(again.grads[i].second, got.grads[i].second) << got.grads[i].first;
+  }
+}
+
+// bf16 experts on a GPU against bf16 experts on the CPU: the routing is f32 on both (the same
+// loads), the expert GEMMs round their bf16 products in other orders.
+TEST(MoECuda, Bf16MatchesTheCpuWithinRounding) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const int64_t c = 16, n = 24;
+  MoeOptions o;
+  o.experts = 4;
+  o.top_k = 2;
+  MoE cpu(c, o), gpu(c, o);
+  cpu.init_parameters(8);
+  gpu.init_parameters(8);
+  cpu.to(DType::kBF16);
+  gpu.to(DType::kBF16);
+  gpu.to(Device::cuda(0));
+  const Tensor x = random_tensor({n, c}, 9, -1.0f, 1.0f).to(DType::kBF16);
+  const std::vector<float> want = values(cpu(x).to(DType::kF32));
+  const std::vector<float> got =
+      values(gpu(x.to(Device::cuda(0))).to(DType::kF32).to(Device::cpu()));
+  EXPECT_EQ(gpu.stats().load, cpu.stats().load);
+  float scale = 0;
+  for (float v : want) scale = std::max(scale, std::fabs(v));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)  // bf16 keeps 8 bits: a few roundings of ~0.4%
+    EXPECT_NEAR(got[i], want[i], 0.03f * scale) << i;
 }
 
 }  // namespace
