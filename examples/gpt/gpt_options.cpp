@@ -282,15 +282,12 @@ GptOptions read_gpt_options(const cli::Flags& f) {
                               : o.checkpoint_activations ? "--checkpoint-activations"
                               : o.dtype == "f16" && o.dp > 1 && o.zero == 0
                                   ? "--dtype f16 under DDP (use --zero)"
-                              : !o.device.empty() && o.device != "cpu" ? "--device"
-                                                                       : nullptr;
-    LOOM_CHECK(
-        unsupported == nullptr,
-        "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), --pp, "
-        "--grad-accum and --zero only, in f32, bf16 or f16 (f16 on one process or with "
-        "--zero) on the "
-        "CPU, without ",
-        unsupported ? unsupported : "", " so far");
+                                  : nullptr;
+    LOOM_CHECK(unsupported == nullptr,
+               "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), "
+               "--pp, --grad-accum and --zero only, in f32, bf16 or f16 (f16 on one process or "
+               "with --zero), without ",
+               unsupported ? unsupported : "", " so far");
   }
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);

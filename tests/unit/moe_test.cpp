@@ -555,7 +555,7 @@ TEST(MoECuda, MatchesTheCpuAndIsBitwiseDeterministic) {
     };
     auto run = [&](MoE& moe, Device device) {
       moe.zero_grad();
-      Tensor xi = x.to(device);
+      Tensor xi = x.detach().to(device);
       xi.set_requires_grad(true);
       Tensor out = moe(xi);
       Run r;
