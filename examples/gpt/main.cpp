@@ -317,18 +317,24 @@ int run(int argc, char** argv) {
               config.num_parameters(),
               double(config.num_parameters()) * double(dtype_size(dtype)) / 1e6, dtype_name(dtype),
               o.dropout > 0 ? detail::str_cat(", dropout ", o.dropout).c_str() : "");
+  // The parameters a token passes through, for MFU: a MoE block's top-k experts, not all of them.
+  int64_t active_parameters = config.num_parameters();
   if (o.moe_experts > 0) {
     int64_t total = 0;  // of the single-process model, whatever the layout holds here
     for (const io::GptParamSpec& spec : io::gpt_param_specs(config, o.moe()))
       total += shape_numel(spec.shape);
+    const int64_t c = config.channels, width = o.moe().expert_width(c);
+    const int64_t expert = 2 * c * width + width + c;  // fc and proj, with biases
+    const int64_t moe_blocks = (config.layers + o.moe_every - 1) / o.moe_every;
+    active_parameters = total - moe_blocks * (o.moe_experts - o.moe_top_k) * expert;
     std::printf("moe: %" PRId64 " experts of hidden width %" PRId64 ", top-%" PRId64
                 " in every %" PRId64 " block(s), %s, aux loss %g, z-loss %g; %" PRId64
-                " parameters in all\n",
-                o.moe_experts, o.moe().expert_width(config.channels), o.moe_top_k, o.moe_every,
+                " parameters in all, %" PRId64 " active per token\n",
+                o.moe_experts, width, o.moe_top_k, o.moe_every,
                 o.moe_capacity_factor > 0
                     ? detail::str_cat("capacity factor ", o.moe_capacity_factor).c_str()
                     : "dropless",
-                o.moe_aux_loss, o.moe_z_loss, total);
+                o.moe_aux_loss, o.moe_z_loss, total, active_parameters);
   }
 
   if (!trainer) trainer = std::make_unique<DataParallelStep>(*gpt, o, mesh, optimizer_factory);
@@ -350,10 +356,11 @@ int run(int argc, char** argv) {
     std::printf("placement: %d nodes\n  %s", mesh.nodes().nodes(), where.c_str());
   }
   std::printf("memory per rank: %s\n", trainer->memory().str().c_str());
-  // MFU: model FLOPs per token (6N + attention) at the measured tokens/s over every GPU's peak.
+  // MFU: model FLOPs per token (6N + attention, N the active parameters) at the measured tokens/s
+  // over every GPU's peak.
   const cli::GpuPeak peak = device.is_cuda() ? cli::gpu_peak(device.index, dtype) : cli::GpuPeak{};
   const double flops_per_token = cli::gpt_flops_per_token(
-      double(config.num_parameters()), int(config.layers), int(config.channels), int(o.seq));
+      double(active_parameters), int(config.layers), int(config.channels), int(o.seq));
   if (device.is_cuda())
     std::printf("device: %s (%s); MFU against %.1f TFLOP/s per GPU (%s)\n", device.str().c_str(),
                 peak.gpu.c_str(), peak.flops / 1e12, peak.basis.c_str());
