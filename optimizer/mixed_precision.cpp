@@ -31,6 +31,7 @@ bool MixedPrecisionOptimizer::unscale_gradients() {
   std::vector<Tensor> grads;
   for (const Tensor& p : params_) grads.push_back(p.grad());
   found_nonfinite_ = !masters_.set_gradients(grads, 1.0 / scaler_.scale());
+  if (any_rank_) found_nonfinite_ = any_rank_(found_nonfinite_);
   unscaled_ = true;
   return !found_nonfinite_;
 }

@@ -1,6 +1,7 @@
 #include "gpt/gpt_options.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -91,6 +92,9 @@ void declare_gpt_flags(cli::Flags& f) {
                "parameter and activation dtype; bf16 and f16 train with f32 master weights (f16 "
                "with dynamic loss scaling)",
                {"f32", "bf16", "f16"});
+  f.add_double("loss-scale", 65536.0,
+               "f16: the dynamic loss scale's start (halved on each overflow, doubled after 2000 "
+               "good steps)");
   f.add_string("device", "cpu",
                "where the model trains: cpu, cuda (under mpirun each rank takes the GPU of its "
                "local rank) or cuda:N");
@@ -169,6 +173,11 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.trace = f.get_string("trace");
   o.sequence_parallel = f.get_bool("sequence-parallel");
   o.dtype = f.get_string("dtype");
+  o.loss_scale = f.get_double("loss-scale");
+  LOOM_CHECK(!f.was_set("loss-scale") || o.dtype == "f16",
+             "loom-gpt: --loss-scale is for --dtype f16 (bf16 and f32 train unscaled)");
+  LOOM_CHECK(o.loss_scale > 0 && std::isfinite(o.loss_scale),
+             "loom-gpt: --loss-scale must be a positive number, got ", o.loss_scale);
   o.device = f.get_string("device");
   o.grad_accum = f.get_int("grad-accum");
   o.bucket_mb = f.get_double("bucket-mb");
@@ -280,13 +289,10 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     const char* unsupported = o.zero > 0 && o.pp > 1                      ? "--zero with --pp"
                               : o.zero > 0 && o.zero_shard_group != "all" ? "--zero-shard-group"
                               : o.checkpoint_activations ? "--checkpoint-activations"
-                              : o.dtype == "f16" && o.dp > 1 && o.zero == 0
-                                  ? "--dtype f16 under DDP (use --zero)"
-                                  : nullptr;
+                                                         : nullptr;
     LOOM_CHECK(unsupported == nullptr,
                "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), "
-               "--pp, --grad-accum and --zero only, in f32, bf16 or f16 (f16 on one process or "
-               "with --zero), without ",
+               "--pp, --grad-accum and --zero, in f32, bf16 or f16, without ",
                unsupported ? unsupported : "", " so far");
   }
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);

@@ -36,6 +36,7 @@ struct GptOptions {
   double lr, min_lr_ratio, weight_decay, momentum, grad_clip;
   std::string optimizer, lr_schedule;
   std::string dtype;   // f32, bf16 or f16
+  double loss_scale;   // f16: the dynamic loss scale's start
   std::string device;  // cpu, cuda or cuda:N (Device::parse)
   int64_t warmup_steps;
   uint64_t seed;

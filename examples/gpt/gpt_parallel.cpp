@@ -21,6 +21,13 @@ int64_t counted_targets(const Tensor& targets) {
   return n;
 }
 
+// f16's dynamic loss scaling, from --loss-scale.
+optim::LossScalerOptions f16_scaling(const GptOptions& o) {
+  optim::LossScalerOptions s;
+  s.init_scale = o.loss_scale;
+  return s;
+}
+
 parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp) {
   parallel::ZeroOptions z;
   z.stage = int(o.zero);
@@ -28,6 +35,7 @@ parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Co
   z.grad_accum = int(o.grad_accum);
   z.overlap = !o.no_overlap;
   z.tp = std::move(tp);
+  if (o.dtype == "f16") z.loss_scaling = f16_scaling(o);
   return z;
 }
 
@@ -72,8 +80,17 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
                  "1, 2 or 3 for now (the plain mixed-precision optimizer clips without tp)");
       auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(
           module.parameters(), make_optimizer,
-          dtype == DType::kF16 ? optim::LossScaler() : optim::LossScaler::none());
+          dtype == DType::kF16 ? optim::LossScaler(f16_scaling(o)) : optim::LossScaler::none());
       mixed_ = mp.get();
+      if (model.ep_group() && o.dp > 1) {
+        // Each rank's own experts' gradients are summed over their replicas only: an inf there
+        // is not every rank's, so the ranks agree on the skip (the largest flag over dp).
+        mp->set_skip_agreement([dp = dp_](bool found) {
+          Tensor flag = Tensor::full({1}, found ? 1.0 : 0.0, DType::kF32);
+          dp->allreduce_sync(flag, comm::ReduceOp::kMax);
+          return flag.item() > 0;
+        });
+      }
       opt_ = std::move(mp);
     } else {
       opt_ = make_optimizer(module.parameters());
@@ -195,7 +212,6 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     }
   }
   double wait_ms = -1;
-  std::vector<Tensor> experts;  // this rank's own experts' parameters (--ep)
   if (ddp_) {
     ddp_->finish();
     wait_ms = ddp_->exposed_wait_seconds() * 1e3;
@@ -204,8 +220,6 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     wait_ms = zero_->exposed_wait_seconds() * 1e3;
   }
   if (model_.ep_group()) {
-    for (auto& [name, p] : model_.module().named_parameters())
-      if (parallel::is_expert_parameter(name)) experts.push_back(p);
     result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
     Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);
     dp_->allreduce_sync(aux, comm::ReduceOp::kAvg);  // the mean of the ranks' terms
@@ -219,21 +233,26 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     // With tp, the shared parameters' squares are tp's (shards summed over tp, whole ones
     // once); the experts are whole over tp, so their local squares come out of it.
     // With --expert-tp their slices' squares add over tp too (the tp sum counts each once).
-    std::vector<Tensor> shared;
+    // bf16/f16: the norm of the unscaled f32 gradients of the masters (which follow the
+    // parameters' order), clipped there (mixed precision with tp and a clip is refused above).
+    if (mixed_) mixed_->unscale_gradients();
+    const std::vector<Tensor> clipped = mixed_ ? mixed_->masters() : model_.module().parameters();
+    std::vector<Tensor> shared, own;
+    size_t at = 0;
     for (auto& [name, p] : model_.module().named_parameters())
-      if (!parallel::is_expert_parameter(name)) shared.push_back(p);
+      (parallel::is_expert_parameter(name) ? own : shared).push_back(clipped.at(at++));
     const auto not_expert = [](const std::string& n) { return !parallel::is_expert_parameter(n); };
     const double mine = model_.tp()
                             ? parallel::tp_grad_sum_of_squares(model_.module(), *model_.tp(),
                                                                parallel::is_expert_parameter)
-                            : optim::grad_sum_of_squares(experts);
+                            : optim::grad_sum_of_squares(own);
     Tensor expert_squares = Tensor::full({1}, mine, DType::kF32);
     model_.ep_group()->allreduce(expert_squares)->wait();
     const double shared_squares =
         model_.tp() ? parallel::tp_grad_sum_of_squares(model_.module(), *model_.tp(), not_expert)
                     : optim::grad_sum_of_squares(shared);
     norm = std::sqrt(shared_squares + expert_squares.item());
-    optim::scale_grads_to_norm(model_.module().parameters(), norm, o_.grad_clip);
+    optim::scale_grads_to_norm(clipped, norm, o_.grad_clip);
   } else if (o_.grad_clip > 0)
     norm = zero_         ? zero_->clip_grad_norm(o_.grad_clip)
            : mixed_      ? mixed_->clip_grad_norm(o_.grad_clip)

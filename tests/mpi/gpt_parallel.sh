@@ -169,13 +169,33 @@ moe_bf16=(--moe-experts 4 --moe-top-k 2 --dtype bf16)
 "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_bf16[@]}" --dp 2 --ep 2 \
   --metrics-file "$dir/dp2_ep2_moe_bf16.jsonl" > "$dir/dp2_ep2_moe_bf16.log"
 TOLERANCE=2e-3 compare dp2_ep2_moe_bf16 "$dir/dp2_ep2_moe_bf16.jsonl" "$dir/moe_bf16.jsonl"
-# f16 (loss scaling): one process, and dp 2 x ep 2 with ZeRO-2, whose skip decision covers the
-# experts too (DDP refuses f16 MoE: its ranks could skip differently).
+# f16 (loss scaling): one process, and dp 2 x ep 2 with ZeRO-2 and under DDP, whose skip
+# decisions cover the experts too (each rank's experts' gradients are its own: the ranks agree on
+# a skip, or they would step differently), and DDP dp 4 x ep 2 (the experts replicated twice).
+# A start of 2^20 (--loss-scale) overflows the first 3 steps' gradients (the scale halves to
+# 2^17) and trains the other 3: the dp 2 layouts must skip the same steps. (Each rank's gradient
+# is the mean over its own rows, whose largest elements can exceed one process's: fewer rows
+# average out less. At dp 4 a rank overflowed at 2^17 where one process did not, as it could
+# under PyTorch's DDP, so that layout runs at the default start, where nothing overflows.)
 "$gpt" "${common[@]}" --moe-experts 4 --moe-top-k 2 --dtype f16 \
   --metrics-file "$dir/moe_f16.jsonl" > "$dir/moe_f16.log"
-"$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" --moe-experts 4 --moe-top-k 2 --dtype f16 --dp 2 \
-  --ep 2 --zero 2 --metrics-file "$dir/dp2_ep2_zero2_moe_f16.jsonl" > "$dir/dp2_ep2_zero2_moe_f16.log"
-TOLERANCE=2e-3 compare dp2_ep2_zero2_moe_f16 "$dir/dp2_ep2_zero2_moe_f16.jsonl" "$dir/moe_f16.jsonl"
+moe_f16=(--moe-experts 4 --moe-top-k 2 --dtype f16 --loss-scale 1048576)
+"$gpt" "${common[@]}" "${moe_f16[@]}" --metrics-file "$dir/moe_f16_skips.jsonl" \
+  > "$dir/moe_f16_skips.log"
+skips="$(grep -o 'skipped [0-9]* step' "$dir/moe_f16_skips.log")"
+[[ "$skips" == "skipped 3 step" ]] ||
+  { echo "FAIL: the f16 MoE run should skip 3 of its 6 steps, got '${skips:-none}'"; exit 1; }
+for zero in 2 0; do
+  name="dp2_ep2_zero${zero}_moe_f16_skips"
+  "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_f16[@]}" --dp 2 --ep 2 --zero "$zero" \
+    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  TOLERANCE=2e-3 compare "$name" "$dir/$name.jsonl" "$dir/moe_f16_skips.jsonl"
+  got="$(grep -o 'skipped [0-9]* step' "$dir/$name.log" | head -n 1)"
+  [[ "$got" == "$skips" ]] || { echo "FAIL: $name: '$got', one process '$skips'"; exit 1; }
+done
+"$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --moe-experts 4 --moe-top-k 2 --dtype f16 --dp 4 \
+  --ep 2 --metrics-file "$dir/dp4_ep2_moe_f16.jsonl" > "$dir/dp4_ep2_moe_f16.log"
+TOLERANCE=2e-3 compare dp4_ep2_moe_f16 "$dir/dp4_ep2_moe_f16.jsonl" "$dir/moe_f16.jsonl"
 for zero in 1 3; do  # ZeRO in bf16: the experts through f32 masters beside the pieces'
   "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_bf16[@]}" --dp 2 --ep 2 --zero "$zero" \
     --metrics-file "$dir/dp2_ep2_zero${zero}_moe_bf16.jsonl" > "$dir/dp2_ep2_zero${zero}_moe_bf16.log"

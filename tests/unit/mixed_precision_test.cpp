@@ -122,5 +122,31 @@ TEST(MixedPrecision, AnInfGradientSkipsTheStepAndBacksOff) {
   EXPECT_EQ(opt.scaler().skipped_steps(), 1);
 }
 
+// Expert parallelism: another rank found an inf in gradients this rank never sees. The agreement
+// says so, and this rank skips too (its own gradients finite), as every rank must.
+TEST(MixedPrecision, TheSkipAgreementSkipsWhenAnotherRankFoundAnInf) {
+  Tensor p = bf16_param({0.5f});
+  optim::MixedPrecisionOptimizer opt({p}, sgd(0.1), LossScaler());
+  std::vector<bool> asked;
+  bool other_rank_found = true;
+  opt.set_skip_agreement([&](bool found) {
+    asked.push_back(found);
+    return found || other_rank_found;
+  });
+  p.set_grad(Tensor::full({1}, 65536.0, DType::kBF16));
+  EXPECT_FALSE(opt.unscale_gradients());
+  opt.step();
+  opt.zero_grad();
+  EXPECT_EQ(asked, std::vector<bool>{false}) << "asked once, with this rank's finite answer";
+  EXPECT_EQ(p.item(), 0.5) << "skipped: nothing changed";
+  EXPECT_EQ(opt.scaler().skipped_steps(), 1);
+  EXPECT_EQ(opt.scaler().scale(), 32768.0);
+  other_rank_found = false;  // every rank finite: the step runs
+  p.set_grad(Tensor::full({1}, 32768.0, DType::kBF16));
+  opt.step();
+  EXPECT_FLOAT_EQ(opt.inner().params()[0].item(), 0.4f);
+  EXPECT_EQ(opt.scaler().skipped_steps(), 1);
+}
+
 }  // namespace
 }  // namespace loom
