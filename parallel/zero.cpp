@@ -171,7 +171,13 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
     LOOM_CHECK(p.dtype() == dtype, name_, ": own parameter '", name, "' is ", dtype_name(p.dtype()),
                " but the sharded ones are ", dtype_name(dtype));
     own_tp_sharded_.push_back(char(module.parameter_shard(name) != nullptr));
-    stepped.push_back(p);  // bf16 / f16: its f32 master below, as the pieces'
+  }
+  // bf16 / f16: each stepped own tensor gets its f32 master below, as the pieces do.
+  if (!own_.empty() && options.own_replicas && options.own_replicas->size() > 1) {
+    shard_own_parameters();
+    for (const OwnPiece& op : own_pieces_) stepped.push_back(op.value);
+  } else {
+    for (const auto& [name, p] : own_) stepped.push_back(p);
   }
   if (optim::is_low_precision(dtype)) {
     masters_ = std::make_unique<optim::MasterWeights>(stepped);
@@ -228,11 +234,68 @@ optim::Optimizer& ZeroOptimizer::group_optimizer(size_t g) const {
   return *inner_;
 }
 
+// Note [Own parameters sharded over their replicas]
+// Expert parallelism with ep < dp holds each expert on R = dp / ep ranks (own_replicas). Their
+// training state is sharded over those R ranks the way stages 1 and 2 shard the rest over the
+// group: the own parameters are laid end to end in one flat tensor of R x S elements (S = their
+// total / R, rounded up; the parameters become views of it), rank q of own_replicas steps
+// elements [q S, (q + 1) S) (the parts of parameters that fall there: own_pieces_), so it keeps
+// the optimizer state and f32 masters of those alone. After backward the flat gradients are
+// reduce-scattered over the replicas (the sum of Note [Own parameters under data parallelism],
+// divided by the group's size as before), and after the step the updated shards are
+// all-gathered back into the flat tensor, so every replica's parameters are whole again. The
+// parameters stay whole at every stage; what shrinks is their state: 12/R bytes per f32 element
+// with AdamW instead of 12.
+void ZeroOptimizer::shard_own_parameters() {
+  NoGradGuard no_grad;
+  const comm::Communicator& replicas = *options_.own_replicas;
+  const int64_t count = replicas.size(), rank = replicas.rank();
+  int64_t total = 0;
+  for (const auto& [name, p] : own_) total += p.numel();
+  own_shard_numel_ = (total + count - 1) / count;
+  const Tensor& first = own_.front().second;
+  own_flat_ = Tensor::zeros({own_shard_numel_ * count}, first.dtype(), first.device());
+  own_grad_shard_ = Tensor::zeros({own_shard_numel_}, first.dtype(), first.device());
+  const int64_t begin = rank * own_shard_numel_, end = std::min(total, begin + own_shard_numel_);
+  int64_t at = 0;
+  for (size_t i = 0; i < own_.size(); ++i) {
+    Tensor p = own_[i].second;
+    const int64_t n = p.numel();
+    Tensor view = own_flat_.narrow(0, at, n).reshape(p.shape());
+    view.copy_(p.detach());
+    p.set_data(view);
+    const int64_t lo = std::max(at, begin), hi = std::min(at + n, end);
+    if (lo < hi)
+      own_pieces_.push_back({i, lo - at, hi - lo, lo - begin, own_flat_.narrow(0, lo, hi - lo)});
+    at += n;
+  }
+}
+
+void ZeroOptimizer::allgather_own() {
+  const int64_t rank = options_.own_replicas->rank();
+  Tensor mine = own_flat_.narrow(0, rank * own_shard_numel_, own_shard_numel_);
+  own_flat_.storage()->bump_version();  // as allgather_shards: a write autograd must see
+  options_.own_replicas->allgather(mine, own_flat_)->wait();
+}
+
+std::vector<ZeroOptimizer::OwnPlace> ZeroOptimizer::own_places() const {
+  std::vector<OwnPlace> out;
+  if (own_sharded()) {
+    for (const OwnPiece& op : own_pieces_)
+      out.push_back({own_[op.param].first, op.param_offset, op.numel,
+                     op.numel == own_[op.param].second.numel(), op.value});
+  } else {
+    for (const auto& [name, p] : own_) out.push_back({name, 0, p.numel(), true, p.detach()});
+  }
+  return out;
+}
+
 std::vector<ShardPiece> ZeroOptimizer::own_pieces() const {
   return reducer_.plan().shard_pieces(reducer_.group().rank());
 }
 
 void ZeroOptimizer::parameters_changed() {
+  if (own_sharded()) allgather_own();
   if (sharded_)
     sharded_->release_all();
   else
@@ -268,7 +331,11 @@ void ZeroOptimizer::finish_gradients() {
   // See Note [Skipping a step]: the decision is the group's, since each rank sees its shards.
   std::vector<Tensor> grads;
   for (Piece& p : pieces_) grads.push_back(reducer_.used_anywhere(p.param) ? p.grad : Tensor());
-  for (const auto& [name, p] : own_) grads.push_back(p.grad());  // after the pieces, as stepped
+  if (own_sharded()) {  // after the pieces, as stepped
+    for (const OwnPiece& op : own_pieces_) grads.push_back(op.value.grad());
+  } else {
+    for (const auto& [name, p] : own_) grads.push_back(p.grad());
+  }
   const bool finite = masters_->set_gradients(grads, 1.0 / scaler_.scale());
   Tensor flag = Tensor::full({1}, finite ? 0.0 : 1.0, DType::kI32);
   reducer_.group().allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
@@ -283,6 +350,19 @@ void ZeroOptimizer::reduce_own_gradients() {
   // a parameter its rank's backward did not reach.
   const bool replicated = options_.own_replicas && options_.own_replicas->size() > 1;
   const double mean = 1.0 / double(reducer_.group().size());
+  if (own_sharded()) {  // See Note [Own parameters sharded over their replicas]
+    NoGradGuard no_grad;
+    Tensor flat = Tensor::zeros(own_flat_.shape(), own_flat_.dtype(), own_flat_.device());
+    int64_t at = 0;
+    for (auto& [name, p] : own_) {
+      if (p.grad().defined()) flat.narrow(0, at, p.numel()).copy_(p.grad().reshape({p.numel()}));
+      at += p.numel();
+    }
+    options_.own_replicas->reduce_scatter(flat, own_grad_shard_)->wait();
+    Tensor shard = scale(own_grad_shard_, mean);
+    for (OwnPiece& op : own_pieces_) op.value.set_grad(shard.narrow(0, op.shard_offset, op.numel));
+    return;
+  }
   for (auto& [name, p] : own_) {
     Tensor g = p.grad().defined() ? p.grad().contiguous()
                                   : Tensor::zeros(p.shape(), p.dtype(), p.device());
@@ -303,19 +383,24 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
       continue;
     (options_.tp && tp_sharded_[param] ? sharded : whole).push_back(mine[i]);
   }
-  // An own parameter is on every one of its replicas: its squares, summed over the group, count
-  // it that many times.
+  // An own parameter whole on every one of its replicas: its squares, summed over the group,
+  // count it that many times. Sharded over its replicas (See Note [Own parameters sharded over
+  // their replicas]), each element is stepped by one replica: counted once.
   // (What the wrapped optimizer steps: the own parameters after the pieces, or their masters.)
-  std::vector<Tensor> own_sharded, own_whole;
-  for (size_t i = 0; i < own_.size(); ++i)
-    (options_.tp && own_tp_sharded_[i] ? own_sharded : own_whole)
+  const bool split = own_sharded();
+  std::vector<Tensor> own_tp_split, own_tp_whole;
+  for (size_t i = 0; i < (split ? own_pieces_.size() : own_.size()); ++i) {
+    const size_t param = split ? own_pieces_[i].param : i;
+    (options_.tp && own_tp_sharded_[param] ? own_tp_split : own_tp_whole)
         .push_back(mine[pieces_.size() + i]);
-  const double copies = options_.own_replicas ? double(options_.own_replicas->size()) : 1.0;
+  }
+  const double copies =
+      options_.own_replicas && !split ? double(options_.own_replicas->size()) : 1.0;
   Tensor sums = Tensor::from_vector(
       std::vector<float>{float(optim::grad_sum_of_squares(sharded) +
-                               optim::grad_sum_of_squares(own_sharded) / copies),
+                               optim::grad_sum_of_squares(own_tp_split) / copies),
                          float(optim::grad_sum_of_squares(whole) +
-                               optim::grad_sum_of_squares(own_whole) / copies)},
+                               optim::grad_sum_of_squares(own_tp_whole) / copies)},
       {2});
   reducer_.group().allreduce(sums)->wait();
   if (options_.tp) {
@@ -339,12 +424,14 @@ void ZeroOptimizer::step() {
     inner_->step();
   }
   for (Piece& p : pieces_) p.master.set_grad(Tensor());
+  for (OwnPiece& op : own_pieces_) op.value.set_grad(Tensor());
   if (masters_) {
     masters_->clear_gradients();
     if (!skip) masters_->copy_to_model();  // rounded into this rank's shard of the parameters
   }
   scaler_.update(skip);
   if (skip) return;  // parameters and optimizer state as they were (See Note [Skipping a step])
+  if (own_sharded()) allgather_own();
   if (sharded_) {
     sharded_->release_all();  // a gathered copy (gather_parameters) is stale now
     return;                   // the next forward gathers the updated shards
@@ -379,8 +466,12 @@ TrainingMemory ZeroOptimizer::memory() const {
   if (sharded_) m.parameters = sharded_->resident_bytes();
   m.gradients = reducer_.gradient_bytes();
   for (const auto& [name, p] : own_) {  // whole, with their gradients
-    m.parameters += p.nbytes();
+    m.parameters += own_sharded() ? 0 : p.nbytes();
     m.gradients += p.nbytes();
+  }
+  if (own_sharded()) {  // views of the flat tensor (with its padding), and the reduced shard
+    m.parameters += own_flat_.nbytes();
+    m.gradients += own_grad_shard_.nbytes();
   }
   m.optimizer_state = state_bytes();  // the wrapped optimizer's and the f32 masters
   return m;

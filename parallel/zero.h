@@ -87,12 +87,16 @@ struct ZeroOptions {
   // parameters under data parallelism] in parallel/ddp.cpp): the parameters `own_parameters`
   // names stay whole and out of the buckets; after backward their gradients are summed over
   // `own_replicas` (the ranks holding the same ones; null: none) and divided by the group's
-  // size, the wrapped optimizer steps them whole beside this rank's pieces, and clip_grad_norm
-  // counts each once. With own_replicas of size 1 (ep = dp) that is all the sharding they can
-  // have; with more, they are replicated over own_replicas rather than sharded (not yet). In
-  // bf16 / f16 they step through f32 masters as the pieces do, and a step's skip is the group's
-  // decision over both. Stages 1-3, without hybrid sharding or pipelines for now. Checkpoints
-  // (parallel/checkpoint) hold them whole beside the pieces; state_dict() refuses them.
+  // size, the wrapped optimizer steps them beside this rank's pieces, and clip_grad_norm counts
+  // each once. With own_replicas of size 1 (ep = dp) they step whole. With R > 1 replicas their
+  // training state is sharded over own_replicas as ZeRO shards the rest over the group (See Note
+  // [Own parameters sharded over their replicas] in zero.cpp): gradients reduce-scattered, each
+  // replica stepping 1/R of the elements (its optimizer state and f32 masters 1/R), the updated
+  // values all-gathered into the whole parameters (whole at every stage: stage 3 does not shard
+  // the own parameters themselves). In bf16 / f16 they step through f32 masters as the pieces
+  // do, and a step's skip is the group's decision over both. Stages 1-3, without hybrid sharding
+  // or pipelines for now. Checkpoints (parallel/checkpoint) hold what each rank steps of them
+  // (own_places()) beside the pieces; state_dict() refuses them.
   std::function<bool(const std::string& name)> own_parameters;
   std::shared_ptr<comm::Communicator> own_replicas;
 };
@@ -164,9 +168,18 @@ class ZeroOptimizer : public optim::Optimizer {
   // masters()).
   const NamedParams& named_parameters() const { return reducer_.params(); }
   std::vector<ShardPiece> own_pieces() const;
-  // The own parameters (ZeroOptions::own_parameters), whole: the wrapped optimizer steps them
-  // after this rank's pieces, in this order.
+  // The own parameters (ZeroOptions::own_parameters), whole.
   const NamedParams& own_parameters() const { return own_; }
+  // What the wrapped optimizer steps of the own parameters, after this rank's pieces and in this
+  // order: elements [offset, offset + numel) of parameter `name` (all of it when not sharded over
+  // own_replicas), held in `value` (the parameter's dtype; bf16 / f16 step through masters()).
+  struct OwnPlace {
+    std::string name;
+    int64_t offset = 0, numel = 0;
+    bool whole = true;  // numel is all of the parameter
+    Tensor value;
+  };
+  std::vector<OwnPlace> own_places() const;
   // own_pieces() of rank `rank` of a group of `group_size` over `module`, worked out without a
   // group and without touching the module: what a layout that is not running would hold
   // (loom-ckpt check). Its parameters are module.named_parameters().
@@ -222,6 +235,21 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<char> tp_sharded_;  // per parameter: a ShardSpec shard of a tp model
   NamedParams own_;               // See ZeroOptions::own_parameters
   std::vector<char> own_tp_sharded_;
+  // Own parameters sharded over own_replicas (See Note [Own parameters sharded over their
+  // replicas]): their flat copy (own_replicas' size x own_shard_numel_, padded), the parts of
+  // this rank's shard of it, and the gradients' reduce-scatter buffers.
+  struct OwnPiece {
+    size_t param;                 // in own_
+    int64_t param_offset, numel;  // elements of that parameter
+    int64_t shard_offset;         // where they sit in this rank's shard
+    Tensor value;                 // view into own_flat_
+  };
+  std::vector<OwnPiece> own_pieces_;
+  Tensor own_flat_, own_grad_flat_, own_grad_shard_;
+  int64_t own_shard_numel_ = 0;
+  bool own_sharded() const { return own_flat_.defined(); }
+  void shard_own_parameters();  // the constructor's: the layout and the flat copy
+  void allgather_own();         // every replica's updated shard into the whole own parameters
   void reduce_own_gradients();
   std::unique_ptr<optim::Optimizer> inner_;
   size_t group_count_ = 1;

@@ -260,15 +260,17 @@ std::vector<ParamPlace> TrainingState::places() const {
   return places;
 }
 
-// ZeRO's piece i is elements [param_offset, +numel) of its parameter; its own parameters
-// (ZeroOptions::own_parameters: expert parallelism's experts) follow, whole, in the order its
-// wrapped optimizer steps them.
+// ZeRO's piece i is elements [param_offset, +numel) of its parameter; what it steps of its own
+// parameters (ZeroOptions::own_parameters: expert parallelism's experts; whole, or this rank's
+// elements of them when sharded over their replicas) follows, in the order it steps them.
 std::vector<ParamPlace> TrainingState::zero_places() const {
   std::vector<ParamPlace> places = checkpoint::zero_places(module_, zero_->named_parameters(),
                                                            zero_->own_pieces(), global_name_);
-  for (const auto& [name, p] : zero_->own_parameters())
-    places.push_back(
-        {global_name_ ? global_name_(name) : name, parameter_placement(module_, name)});
+  for (const ZeroOptimizer::OwnPlace& own : zero_->own_places()) {
+    Placement placement = parameter_placement(module_, own.name);
+    if (!own.whole) placement = placement.slice(own.offset, own.numel);
+    places.push_back({global_name_ ? global_name_(own.name) : own.name, placement});
+  }
   return places;
 }
 
@@ -276,7 +278,7 @@ std::vector<Tensor> TrainingState::zero_values() const {
   std::vector<Tensor> values;
   const size_t pieces = zero_->own_pieces().size();
   for (size_t i = 0; i < pieces; ++i) values.push_back(zero_->piece_values(i));
-  for (const auto& [name, p] : zero_->own_parameters()) values.push_back(p.detach());
+  for (const ZeroOptimizer::OwnPlace& own : zero_->own_places()) values.push_back(own.value);
   return values;
 }
 

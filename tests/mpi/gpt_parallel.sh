@@ -123,8 +123,9 @@ echo "hybrid sharding: every stage gives the single-process losses; bad shard gr
 # dp 2 x ep 1, with gradient accumulation (one process, dp 2 x ep 2, dp 2 x ep 2 x tp 2), and
 # with each expert split over tp (--expert-tp 2: tp 2, and dp 2 x ep 2 x tp 2 with
 # accumulation), and with ZeRO 1 / 2 / 3 (dp 2 x ep 2; dp 4 x ep 2 with accumulation; dp 4 x
-# ep 4; dp 2 x tp 2 x ep 2 with experts split over tp) give the single-process losses (and the
-# same per-expert loads).
+# ep 4; dp 2 x tp 2 x ep 2 with experts split over tp; and with the experts' state sharded over
+# their replicas: dp 4 x ep 2 at ZeRO-2 with accumulation and ZeRO-3, dp 4 x ep 1 at ZeRO-1)
+# give the single-process losses (and the same per-expert loads).
 for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
            "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1"; do
   read -r -a flags <<< "$moe"
@@ -133,10 +134,11 @@ for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
   # ranks:ep:tp[:grad-accum[:expert-tp]] (ep < dp: expert replicas; tp: the dense parts
   # tensor-parallel, experts whole, or split over tp with expert-tp; grad-accum: micro-batches
   # after a routing pass, whose capacity and load-balancing loss are the whole batch's)
-  # ranks:ep:tp:grad-accum:expert-tp:zero adds ZeRO (the experts whole, each rank's reduced
-  # over its replicas; the rest sharded over dp).
+  # ranks:ep:tp:grad-accum:expert-tp:zero adds ZeRO (the experts whole, their state sharded over
+  # their replicas; the rest sharded over dp).
   for layout in 2:2:1 4:4:1 4:2:1 2:1:1 2:1:2 4:2:2 4:1:2 1:1:1:4 2:2:1:2 4:2:2:2 2:1:2:1:2 \
-                4:2:2:2:2 2:2:1:1:1:1 4:2:1:2:1:2 4:4:1:1:1:3 4:2:2:1:2:3; do
+                4:2:2:2:2 2:2:1:1:1:1 4:2:1:2:1:2 4:4:1:1:1:3 4:2:2:1:2:3 4:2:1:1:1:3 \
+                4:1:1:1:1:1; do
     IFS=: read -r np ep tp accum etp zero <<< "$layout"
     dp=$((np / tp)); accum=${accum:-1}; etp=${etp:-1}; zero=${zero:-0}
     name="dp${dp}_ep${ep}_tp${tp}_accum${accum}_etp${etp}_zero${zero}_$tag"

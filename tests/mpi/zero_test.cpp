@@ -173,7 +173,10 @@ TEST(ZeRO, HybridShardingMatchesTheSingleProcessRun) {
 // MLP, held whole by every rank and replicated over the whole world (own_replicas), so the sum
 // over the replicas divided by the group's size is the average DDP and ZeRO give shared ones:
 // the single-process run, with and without clipping (each own parameter counted once in the
-// norm), at every stage. Their checkpoints are refused for now.
+// norm), at every stage. Their optimizer state is sharded over the replicas (each element's AdamW
+// moments on exactly one rank, See Note [Own parameters sharded over their replicas]), their
+// parameters stay whole on every rank. state_dict() refuses them (checkpoints take them through
+// parallel/checkpoint).
 TEST(ZeRO, OwnParametersReducedOverTheirReplicasMatchTheSingleProcessRun) {
   auto world = comm::world();
   const RunResult want = single_process_run(), clipped = single_process_run(0.05);
@@ -202,6 +205,16 @@ TEST(ZeRO, OwnParametersReducedOverTheirReplicasMatchTheSingleProcessRun) {
       expect_same_run(got, clip > 0 ? clipped : want, 1e-5);
       for (const auto& [name, p] : opt.named_parameters())
         EXPECT_EQ(name.find(".mlp."), std::string::npos) << name << " is own, not sharded";
+      int64_t mine = 0, own_numel = 0;
+      for (const auto& [name, t] : opt.state()) mine += t.numel();
+      for (const auto& [name, p] : opt.own_parameters()) own_numel += p.numel();
+      Tensor total = Tensor::full({1}, double(mine), DType::kI64);
+      world->allreduce(total)->wait();
+      EXPECT_EQ(total.item(), 2.0 * double(model.num_parameters()))
+          << "every element's moments, own ones included, on exactly one rank";
+      int64_t stepped_own = 0;
+      for (const ZeroOptimizer::OwnPlace& place : opt.own_places()) stepped_own += place.numel;
+      EXPECT_LE(stepped_own, own_numel / world->size() + 1) << "1/R of the own elements";
       try {
         (void)opt.state_dict();
         ADD_FAILURE() << "a state_dict with own parameters must be refused";
