@@ -53,9 +53,6 @@ ZeroOptimizer::Prepared ZeroOptimizer::prepare(nn::Module& module, comm::Communi
   check_stage(o.stage);
   ZeroOptimizer::Prepared p;
   const char* owner = owner_name(o.stage);
-  LOOM_CHECK(!o.own_parameters || (!o.replicas && !o.external_backward), owner,
-             ": own parameters (expert parallelism) do not combine with hybrid sharding or "
-             "pipelines yet");
   p.params = agreed_parameters(zero_parameters(module, o, false), group, o.check_replicas, owner);
   if (o.replicas)  // every shard group from the same start: replica rank 0's
     agreed_parameters(module, o.replicas.get(), o.check_replicas, owner);
@@ -346,10 +343,12 @@ void ZeroOptimizer::finish_gradients() {
 
 void ZeroOptimizer::reduce_own_gradients() {
   // See Note [Own parameters under data parallelism] in parallel/ddp.cpp: summed over the own
-  // parameter's replicas, divided by the group's size. Every replica takes part, with zeros for
-  // a parameter its rank's backward did not reach.
+  // parameter's replicas, divided by the data-parallel size (the group's, times the hybrid
+  // replicas' count). Every replica takes part, with zeros for a parameter its rank's backward
+  // did not reach.
   const bool replicated = options_.own_replicas && options_.own_replicas->size() > 1;
-  const double mean = 1.0 / double(reducer_.group().size());
+  const double mean = 1.0 / (double(reducer_.group().size()) *
+                             double(options_.replicas ? options_.replicas->size() : 1));
   if (own_sharded()) {  // See Note [Own parameters sharded over their replicas]
     NoGradGuard no_grad;
     Tensor flat = Tensor::zeros(own_flat_.shape(), own_flat_.dtype(), own_flat_.device());
@@ -383,34 +382,40 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
       continue;
     (options_.tp && tp_sharded_[param] ? sharded : whole).push_back(mine[i]);
   }
-  // An own parameter whole on every one of its replicas: its squares, summed over the group,
-  // count it that many times. Sharded over its replicas (See Note [Own parameters sharded over
-  // their replicas]), each element is stepped by one replica: counted once.
+  // An own parameter whole on every one of its replicas: its squares, summed over every
+  // data-parallel rank, count it that many times. Sharded over its replicas (See Note [Own
+  // parameters sharded over their replicas]), each element is stepped by one replica: counted
+  // once. (Under hybrid sharding the pieces' squares sum over the shard group alone, which holds
+  // each once, and the own ones' over its replicas too, which hold other experts.)
   // (What the wrapped optimizer steps: the own parameters after the pieces, or their masters.)
   const bool split = own_sharded();
   std::vector<Tensor> own_tp_split, own_tp_whole;
   for (size_t i = 0; i < (split ? own_pieces_.size() : own_.size()); ++i) {
     const size_t param = split ? own_pieces_[i].param : i;
+    if (options_.counted_in_norm && !options_.counted_in_norm(own_[param].first)) continue;
     (options_.tp && own_tp_sharded_[param] ? own_tp_split : own_tp_whole)
         .push_back(mine[pieces_.size() + i]);
   }
   const double copies =
       options_.own_replicas && !split ? double(options_.own_replicas->size()) : 1.0;
-  Tensor sums = Tensor::from_vector(
-      std::vector<float>{float(optim::grad_sum_of_squares(sharded) +
-                               optim::grad_sum_of_squares(own_tp_split) / copies),
-                         float(optim::grad_sum_of_squares(whole) +
-                               optim::grad_sum_of_squares(own_tp_whole) / copies)},
-      {2});
-  reducer_.group().allreduce(sums)->wait();
-  if (options_.tp) {
-    Tensor tp_part = sums.narrow(0, 0, 1).contiguous();
-    options_.tp->allreduce(tp_part)->wait();
-    sums.narrow(0, 0, 1).copy_(tp_part);
-  }
-  if (options_.pp) options_.pp->allreduce(sums)->wait();
-  const std::vector<float> s = sums.to_vector<float>();
-  const double norm = std::sqrt(double(s[0]) + double(s[1]));
+  // [pieces split over tp, pieces whole over tp, own split over tp, own whole over tp]
+  std::vector<float> s = {float(optim::grad_sum_of_squares(sharded)),
+                          float(optim::grad_sum_of_squares(whole)),
+                          float(optim::grad_sum_of_squares(own_tp_split) / copies),
+                          float(optim::grad_sum_of_squares(own_tp_whole) / copies)};
+  auto sum_over = [&s](comm::Communicator& group, const std::vector<size_t>& entries) {
+    std::vector<float> part;
+    for (size_t i : entries) part.push_back(s[i]);
+    Tensor t = Tensor::from_vector(part, {int64_t(part.size())});
+    group.allreduce(t)->wait();
+    const std::vector<float> summed = t.to_vector<float>();
+    for (size_t k = 0; k < entries.size(); ++k) s[entries[k]] = summed[k];
+  };
+  sum_over(reducer_.group(), {0, 1, 2, 3});
+  if (options_.replicas && !own_.empty()) sum_over(*options_.replicas, {2, 3});
+  if (options_.tp) sum_over(*options_.tp, {0, 2});
+  if (options_.pp) sum_over(*options_.pp, {0, 1, 2, 3});
+  const double norm = std::sqrt(double(s[0]) + double(s[1]) + double(s[2]) + double(s[3]));
   optim::scale_grads_to_norm(mine, norm, max_norm);
   return norm;
 }

@@ -94,9 +94,9 @@ struct ZeroOptions {
   // replica stepping 1/R of the elements (its optimizer state and f32 masters 1/R), the updated
   // values all-gathered into the whole parameters (whole at every stage: stage 3 does not shard
   // the own parameters themselves). In bf16 / f16 they step through f32 masters as the pieces
-  // do, and a step's skip is the group's decision over both. Stages 1-3, without hybrid sharding
-  // or pipelines for now. Checkpoints (parallel/checkpoint) hold what each rank steps of them
-  // (own_places()) beside the pieces; state_dict() refuses them.
+  // do, and a step's skip is the group's decision over both. Stages 1-3, external_backward too
+  // (pipelines), not hybrid sharding yet. Checkpoints (parallel/checkpoint) hold what each rank
+  // steps of them (own_places()) beside the pieces; state_dict() refuses them.
   std::function<bool(const std::string& name)> own_parameters;
   std::shared_ptr<comm::Communicator> own_replicas;
 };

@@ -116,7 +116,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   stages_ = make_stages(config, o, schedule_, rank, tp_, experts_.make_moe);
   for (const auto& stage : stages_) {
     for (const Tensor& p : stage->parameters()) params.push_back(p);
-    // ZeRO reduce-scatters over dp itself.
+    // ZeRO reduces over dp itself (the experts over their replicas too, ZeroOptions::own_*).
     StageChunk chunk = parallel::pipeline::stage_chunk(
         stage, pairs[size_t(stage->stage())], o.zero == 0 ? dp_ : nullptr, experts_.replicas);
     if (chunk.extra_loss)  // MoE: the routing's figures of each forward of the step
@@ -152,6 +152,10 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       if (counted_once(place, name)) counted.insert("chunk" + std::to_string(k) + "." + name);
   }
   z.counted_in_norm = [counted](const std::string& name) { return counted.count(name) > 0; };
+  if (experts_.replicas) {  // each rank's experts: whole, reduced over their replicas by ZeRO
+    z.own_parameters = parallel::is_expert_parameter;
+    z.own_replicas = experts_.replicas;
+  }
   std::shared_ptr<comm::Communicator> shard_group = dp_;
   if (o.zero_shard_group != "all") {  // hybrid sharding, as DataParallelStep's
     const parallel::HybridGroups h = parallel::hybrid_groups(

@@ -150,6 +150,23 @@ for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
   done
 done
 
+# Hybrid sharding with experts: the dense state sharded inside groups of --zero-shard-group dp
+# ranks and replicated across them, each expert's state sharded over its replicas (which span the
+# groups), its gradients divided by all of dp and the clip's squares summed over both.
+moe_hybrid=(--moe-experts 4 --moe-top-k 2 --moe-hidden 48)
+tag=$(printf '%s' "${moe_hybrid[*]}" | tr -d '-' | tr ' .' '__')
+for layout in "4 --dp 4 --ep 2 --zero 2 --zero-shard-group 2" \
+              "4 --dp 4 --ep 1 --zero 3 --zero-shard-group 2" \
+              "8 --dp 8 --ep 2 --zero 1 --zero-shard-group 4"; do
+  read -r np rest <<< "$layout"
+  read -r -a lflags <<< "$rest"
+  name="moe_$(printf '%s' "$rest" | tr -d '-' | tr ' ' '_')"
+  "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${moe_hybrid[@]}" "${lflags[@]}" \
+    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
+  compare_loads "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
+done
+
 # bf16 and f16 (f32 masters; f16 with loss scaling): dp 2 against one process in the same dtype.
 # Each rank's gradient is rounded before the average (See tests/mpi/dp_mixed_precision_test.cpp),
 # so the losses agree to 2e-3 relative rather than 1e-5.
@@ -319,9 +336,11 @@ done
 # MoE in pipelines: each MoE layer takes the step's micro-batches in order after a routing pass
 # through the pipeline without gradients, so capacity and the load-balancing loss are the whole
 # batch's. Top-1 with capacity and dropout (blocks 0 and 2 MoE) on --pp 2 with gpipe, 1f1b and
-# interleaved, on --pp 4, with --dp 2 --ep 2, and with --dp 2 --tp 2 --ep 2 (8 ranks); dropless top-2 on
-# --dp 2 --ep 2 --pp 2, and with Chimera (each MoE layer's two replicas add up their routing
-# pass's counts) on pp 2 and dp 2 x ep 2 x pp 2: the single-process losses and per-expert loads.
+# interleaved, on --pp 4, with --dp 2 --ep 2, and with --dp 2 --tp 2 --ep 2 (8 ranks; with ZeRO-1
+# too); dropless top-2 on --dp 2 --ep 2 --pp 2, and with Chimera (each MoE layer's two replicas
+# add up their routing pass's counts) on pp 2 and dp 2 x ep 2 x pp 2; ZeRO-1 (the experts beside
+# the dense shards, their state sharded over their replicas) on dp 2 x ep 2 x pp 2 with 1f1b and
+# Chimera and dp 4 x ep 2 x pp 2: the single-process losses and per-expert loads.
 # --save on dp 2 x tp 2 x pp 2 x ep 2 gathers every expert: the single-process SGD weights.
 # Chimera with capacity (a part's place would need the other replica's parts) is refused.
 for moe in "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.1" \
@@ -329,15 +348,19 @@ for moe in "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.
   read -r -a flags <<< "$moe"
   tag=$(printf '%s' "$moe" | tr -d '-' | tr ' .' '__')
   "$gpt" "${deep[@]}" "${flags[@]}" --metrics-file "$dir/deep_$tag.jsonl" > "$dir/deep_$tag.log"
-  layouts=("4 --pp 2 --dp 2 --ep 2 --microbatches 2")
+  layouts=("4 --pp 2 --dp 2 --ep 2 --microbatches 2"
+    "4 --pp 2 --dp 2 --ep 2 --zero 1 --microbatches 2")
   [[ $moe == *top-k* ]] && layouts+=("2 --pp 2 --schedule chimera --microbatches 4"
-    "4 --pp 2 --dp 2 --ep 2 --schedule chimera --microbatches 2")
+    "4 --pp 2 --dp 2 --ep 2 --schedule chimera --microbatches 2"
+    "4 --pp 2 --dp 2 --ep 2 --schedule chimera --zero 1 --microbatches 2"
+    "8 --pp 2 --dp 4 --ep 2 --zero 1 --microbatches 2")
   [[ $moe == *capacity* ]] && layouts+=("2 --pp 2 --schedule gpipe --microbatches 4"
     "2 --pp 2 --schedule 1f1b --microbatches 4"
     "2 --pp 2 --schedule interleaved --virtual-stages 2 --microbatches 4"
     "4 --pp 4 --schedule 1f1b --microbatches 4"
     "8 --pp 2 --dp 2 --tp 2 --ep 2 --microbatches 2"
-    "8 --pp 2 --dp 2 --tp 2 --ep 2 --expert-tp 2 --microbatches 2")
+    "8 --pp 2 --dp 2 --tp 2 --ep 2 --expert-tp 2 --microbatches 2"
+    "8 --pp 2 --dp 2 --tp 2 --ep 2 --zero 1 --microbatches 2")
   for layout in "${layouts[@]}"; do
     read -r np rest <<< "$layout"
     read -r -a lflags <<< "$rest"
