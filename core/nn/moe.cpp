@@ -95,6 +95,20 @@ void MoeBatchSplit::begin(int64_t parts, bool record, int64_t seen) {
   done_ = recorded_tokens_ = 0;
   before_.clear();
   recorded_.clear();
+  recorded_parts_.clear();
+  part_places_.clear();
+}
+
+void MoeBatchSplit::plan(int64_t parts, const std::vector<int64_t>& recorded,
+                         std::vector<std::vector<int64_t>> before) {
+  LOOM_CHECK(!before.empty() && int64_t(before.size()) <= parts && recorded.size() >= 2,
+             "MoE: plan a batch of ", parts, " parts with the places of 1 to ", parts,
+             " of them and the whole batch's counts, got ", before.size(), " places and ",
+             recorded.size(), " counts");
+  begin(parts, /*record=*/false, int64_t(before.size()));
+  recorded_.assign(recorded.begin(), recorded.end() - 1);
+  recorded_tokens_ = recorded.back();
+  part_places_ = std::move(before);
 }
 
 std::vector<int64_t> MoeBatchSplit::recorded() const {
@@ -113,14 +127,17 @@ void MoeBatchSplit::set_recorded(const std::vector<int64_t>& counts) {
 
 MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int64_t tokens,
                                         double aux_loss, double capacity_factor) {
-  LOOM_CHECK(seen_ == parts_ || capacity_factor == 0, "MoE: a layer that sees ", seen_, " of ",
-             parts_,
-             " parts of a batch (replicated over pipelines) routes dropless only: capacity counts "
-             "each expert's places over every part");
+  LOOM_CHECK(seen_ == parts_ || capacity_factor == 0 || recording_ || !part_places_.empty(),
+             "MoE: a layer that sees ", seen_, " of ", parts_,
+             " parts of a batch (replicated over pipelines) needs each part's place in the "
+             "experts' queues for capacity: plan the batch (MoeBatchSplit::plan) from a routing "
+             "pass that saw every part");
   Part p;
   p.tokens = tokens * parts_;
   p.recording = recording_;
-  p.before = before_.empty() ? std::vector<int64_t>(routed.size(), 0) : before_;
+  p.before = !part_places_.empty() ? part_places_.at(size_t(done_))
+             : before_.empty()     ? std::vector<int64_t>(routed.size(), 0)
+                                   : before_;
   if (!recording_ && !recorded_.empty()) {
     LOOM_CHECK(recorded_tokens_ == p.tokens, "MoE: the batch's parts hold ", p.tokens,
                " tokens in all, but its routing pass counted ", recorded_tokens_,
@@ -142,7 +159,10 @@ MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int6
     before_[e] += routed[e];
     if (recording_) recorded_[e] += routed[e];
   }
-  if (recording_) recorded_tokens_ += tokens;
+  if (recording_) {
+    recorded_tokens_ += tokens;
+    recorded_parts_.push_back(routed);
+  }
   if (++done_ < seen_) return p;
   if (recording_) {  // the routing pass is over: the real one follows, with its counts
     recording_ = false;

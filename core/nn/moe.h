@@ -151,8 +151,9 @@ class MoeBatchSplit {
  public:
   // `seen`: how many of the parts this layer forwards (0: all of them; fewer where replicas of
   // the layer share them, as Chimera's two pipelines do: then the replicas' recorded counts are
-  // added up with set_recorded before the real pass, and capacity is refused, since a part's
-  // place in each expert's queue would need the other replica's earlier parts).
+  // added up with set_recorded before the real pass; with capacity, each part's place in the
+  // experts' queues counts the other replica's earlier parts too, and the trainer sets the real
+  // pass up with plan()).
   void begin(int64_t parts, bool record, int64_t seen = 0);
   // What this forward's part is of its batch.
   struct Part {
@@ -169,11 +170,20 @@ class MoeBatchSplit {
   // over the layer's replicas (after the routing pass, before the real one).
   std::vector<int64_t> recorded() const;
   void set_recorded(const std::vector<int64_t>& counts);
+  // The routing pass's counts of each part this layer forwarded, in its order (per expert).
+  const std::vector<std::vector<int64_t>>& recorded_parts() const { return recorded_parts_; }
+  // The real pass of a batch in `parts` parts whose routing pass ran elsewhere (Chimera with
+  // capacity: every part through one replica of the layer, in order): the whole batch's counts
+  // (recorded()'s form) and, for each part this layer forwards, in its order, the assignments
+  // routed to each expert in the batch's earlier parts (Part::before), whoever forwards them.
+  void plan(int64_t parts, const std::vector<int64_t>& recorded,
+            std::vector<std::vector<int64_t>> before);
 
  private:
   int64_t parts_ = 1, seen_ = 1, done_ = 0, recorded_tokens_ = 0;
   bool recording_ = false;
   std::vector<int64_t> before_, recorded_;
+  std::vector<std::vector<int64_t>> recorded_parts_, part_places_;
 };
 
 // What a GPT block needs of a MoE layer, whoever computes it (this file's MoE on one process,
@@ -191,6 +201,13 @@ class MoeLayer : public Module {
   }
   std::vector<int64_t> recorded_batch() const { return split_.recorded(); }
   void set_recorded_batch(const std::vector<int64_t>& counts) { split_.set_recorded(counts); }
+  const std::vector<std::vector<int64_t>>& recorded_parts() const {
+    return split_.recorded_parts();
+  }
+  void plan_batch(int64_t parts, const std::vector<int64_t>& recorded,
+                  std::vector<std::vector<int64_t>> before) {
+    split_.plan(parts, recorded, std::move(before));
+  }
 
  protected:
   MoeBatchSplit split_;

@@ -102,12 +102,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   if (o.moe_experts > 0) {
     // Each MoE layer counts its micro-batches in order, over the whole batch. Chimera's two
     // pipelines split them between two replicas of each layer, whose routing-pass counts are
-    // added up (dropless: capacity would need each part's place among the other replica's).
-    LOOM_CHECK(schedule_.pipelines == 1 || o.moe_capacity_factor == 0,
-               "loom-gpt: --moe-capacity-factor with schedule '", schedule_.name, "' (",
-               schedule_.pipelines,
-               " pipelines, each MoE layer replicated over them) is not supported yet; route "
-               "dropless or use gpipe, 1f1b or interleaved");
+    // added up (add_replica_counts).
     experts_ = expert_groups(o, dp_, mesh.tp_ptr());
   }
   replica_pairs_ = pairs;
@@ -277,14 +272,23 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
     moe_dropped_ = 0;
     // The load-balancing loss is over the whole batch: a routing pass through the pipeline
     // without gradients first (See Note [A batch in micro-batches] in core/nn/moe.h).
-    const bool record = o_.moe_aux_loss > 0;
+    // Chimera with capacity needs the pass for each part's place in the experts' queues too,
+    // through pipeline 0 alone (See plan_replicas_from_pipeline0).
+    const bool one_route = schedule_.pipelines > 1 && o_.moe_capacity_factor > 0;
+    const bool record = o_.moe_aux_loss > 0 || one_route;
     for (size_t c = 0; c < stages_.size(); ++c) {  // each chunk sees its pipeline's micro-batches
       const int pipeline = schedule_.chunks[size_t(pp_->rank())][c].pipeline;
       const auto seen =
           int64_t(std::count(schedule_.pipeline_of.begin(), schedule_.pipeline_of.end(), pipeline));
-      nn::moe_begin_batch(*stages_[c], m, record, schedule_.pipelines > 1 ? seen : 0);
+      if (one_route)  // pipeline 0 records every part; the others are planned from it
+        nn::moe_begin_batch(*stages_[c], m, pipeline == 0, pipeline == 0 ? 0 : seen);
+      else
+        nn::moe_begin_batch(*stages_[c], m, record, schedule_.pipelines > 1 ? seen : 0);
     }
-    if (record) {
+    if (one_route) {
+      executor_->forward_only(tokens, /*through_pipeline=*/0);
+      plan_replicas_from_pipeline0();
+    } else if (record) {
       executor_->forward_only(tokens);
       if (schedule_.pipelines > 1) add_replica_counts();
     }
@@ -346,6 +350,53 @@ void PipelineStep::add_replica_counts() {
       Tensor t = Tensor::from_vector(mine, {int64_t(mine.size())});
       pair->allreduce(t)->wait();
       layer->set_recorded_batch(t.to_vector<int64_t>());
+    }
+  }
+}
+
+// Chimera with capacity: a micro-batch's place in each expert's queue counts every earlier
+// micro-batch of the step, whichever pipeline forwards it, and in the routing pass an upstream
+// MoE layer's drops shape what the layers after it route. So the routing pass ran every
+// micro-batch through pipeline 0 (PipelineExecutor::forward_only's through_pipeline): each of
+// its MoE layers saw the whole batch in order and dropped what one process's drops. Each layer's
+// pipeline-0 replica now hands its pair the per-micro-batch counts and the batch's totals, and
+// both replicas plan their real pass from them: their own micro-batches' places, in order.
+void PipelineStep::plan_replicas_from_pipeline0() {
+  const int64_t m = schedule_.microbatches, experts = o_.moe_experts;
+  for (int stage = 0; stage < schedule_.stages; ++stage) {  // as add_replica_counts
+    const std::shared_ptr<comm::Communicator>& pair = replica_pairs_[size_t(stage)];
+    const auto it = std::find_if(stages_.begin(), stages_.end(),
+                                 [stage](const auto& s) { return s->stage() == stage; });
+    if (!pair || it == stages_.end()) continue;
+    const int pipeline =
+        schedule_.chunks[size_t(pp_->rank())][size_t(it - stages_.begin())].pipeline;
+    std::vector<int64_t> mine;  // the micro-batches this replica forwards, in order
+    for (int64_t k = 0; k < m; ++k)
+      if (schedule_.pipeline_of[size_t(k)] == pipeline) mine.push_back(k);
+    for (nn::MoeLayer* layer : (*it)->moe_layers()) {
+      // [micro-batch k's counts per expert for every k, then the batch's counts and tokens]:
+      // pipeline 0's replica fills it, the other adds zeros.
+      std::vector<int64_t> table(size_t(m * experts + experts + 1), 0);
+      if (pipeline == 0) {
+        const std::vector<std::vector<int64_t>>& parts = layer->recorded_parts();
+        LOOM_ASSERT(int64_t(parts.size()) == m, parts.size(), " parts recorded of ", m);
+        for (int64_t k = 0; k < m; ++k)
+          std::copy(parts[size_t(k)].begin(), parts[size_t(k)].end(), table.begin() + k * experts);
+        const std::vector<int64_t> whole = layer->recorded_batch();
+        std::copy(whole.begin(), whole.end(), table.begin() + m * experts);
+      }
+      Tensor t = Tensor::from_vector(table, {int64_t(table.size())});
+      pair->allreduce(t)->wait();
+      table = t.to_vector<int64_t>();
+      std::vector<std::vector<int64_t>> places;
+      for (int64_t k : mine) {
+        std::vector<int64_t> before(size_t(experts), 0);
+        for (int64_t j = 0; j < k; ++j)
+          for (int64_t e = 0; e < experts; ++e) before[size_t(e)] += table[size_t(j * experts + e)];
+        places.push_back(std::move(before));
+      }
+      layer->plan_batch(m, std::vector<int64_t>(table.begin() + m * experts, table.end()),
+                        std::move(places));
     }
   }
 }

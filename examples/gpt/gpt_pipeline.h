@@ -83,7 +83,8 @@ class PipelineStep : public Trainer {
   // The MoE layers' routing of the step so far: auxiliary losses (this rank's terms), loads and
   // drops, summed over the forwards (See run).
   void record_moe_stats(const parallel::pipeline::GptStage& stage);
-  void add_replica_counts();                                        // Chimera: See the .cpp
+  void add_replica_counts();            // Chimera: See the .cpp
+  void plan_replicas_from_pipeline0();  // Chimera with capacity: See the .cpp
   std::vector<std::shared_ptr<comm::Communicator>> replica_pairs_;  // per stage (Chimera)
 
   GptConfig config_;

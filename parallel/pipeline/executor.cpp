@@ -245,20 +245,40 @@ void GradientSum::wait() {
   flat_ = Tensor();
 }
 
-void PipelineExecutor::forward_only(const std::vector<Tensor>& tokens) {
+void PipelineExecutor::forward_only(const std::vector<Tensor>& tokens, int through_pipeline) {
   const int m = schedule_.microbatches;
   LOOM_CHECK(int(tokens.size()) == m, "PipelineExecutor: ", m,
              " micro-batches in the schedule but ", tokens.size(), " token tensors given");
+  LOOM_CHECK(through_pipeline < schedule_.pipelines, "PipelineExecutor: pipeline ",
+             through_pipeline, " of a schedule of ", schedule_.pipelines);
   NoGradGuard no_grad;
   const std::vector<ChunkPlace>& places = schedule_.chunks[size_t(rank_)];
   const int last = schedule_.stages - 1;
   // The schedule's forwards of this rank, and where each one's input comes from and output goes.
   std::vector<Action> forwards;
   std::map<std::pair<int, int>, int> from, to;  // (microbatch, chunk) -> peer
-  for (const Action& a : schedule_.actions[size_t(rank_)]) {
-    if (a.kind == ActionKind::kForward) forwards.push_back(a);
-    if (a.kind == ActionKind::kRecvActivation) from[{a.microbatch, a.chunk}] = a.peer;
-    if (a.kind == ActionKind::kSendActivation) to[{a.microbatch, a.chunk}] = a.peer;
+  if (through_pipeline < 0) {
+    for (const Action& a : schedule_.actions[size_t(rank_)]) {
+      if (a.kind == ActionKind::kForward) forwards.push_back(a);
+      if (a.kind == ActionKind::kRecvActivation) from[{a.microbatch, a.chunk}] = a.peer;
+      if (a.kind == ActionKind::kSendActivation) to[{a.microbatch, a.chunk}] = a.peer;
+    }
+  } else {  // every micro-batch through this rank's chunks of the one pipeline
+    for (size_t c = 0; c < places.size(); ++c) {
+      const ChunkPlace& place = places[c];
+      if (place.pipeline != through_pipeline) continue;
+      for (int k = 0; k < m; ++k) {
+        Action a;
+        a.kind = ActionKind::kForward;
+        a.microbatch = k;
+        a.chunk = int(c);
+        forwards.push_back(a);
+        if (place.stage > 0)
+          from[{k, int(c)}] = schedule_.holder(through_pipeline, place.stage - 1).first;
+        if (place.stage < last)
+          to[{k, int(c)}] = schedule_.holder(through_pipeline, place.stage + 1).first;
+      }
+    }
   }
   // Micro-batch then stage order: each forward needs only earlier ones (its micro-batch's
   // previous stage), so no rank waits on one that waits on it.

@@ -91,7 +91,10 @@ class PipelineExecutor {
   // stage order, the activations passed between the ranks as run() passes them (sends posted
   // and waited at the end, so the pass is pipelined as GPipe's forwards). MoE's routing pass
   // (See Note [A batch in micro-batches] in core/nn/moe.h). Collective over pp.
-  void forward_only(const std::vector<Tensor>& tokens);
+  // through_pipeline >= 0 (schedules of several pipelines, as Chimera's): every micro-batch
+  // through that one pipeline's chunks instead of its own, so each of that pipeline's chunks
+  // sees the whole batch in micro-batch order; the other pipelines' chunks forward nothing.
+  void forward_only(const std::vector<Tensor>& tokens, int through_pipeline = -1);
   // The step's mean loss on every rank of the pipeline group: the sum over the ranks of what
   // run() returned (each micro-batch's loss is on its pipeline's last stage). Collective.
   double mean_loss(double local) const;

@@ -485,6 +485,69 @@ TEST(MoE, ABatchInPartsAfterARoutingPassIsTheWholeBatch) {
   EXPECT_EQ(moe_begin_batch(parted, 1, false), 1);
 }
 
+// Chimera's two replicas of a layer with capacity: one replica's routing pass over every part
+// (MoeBatchSplit::recorded_parts), then each replica's real pass of its own parts planned from
+// those counts (plan_batch) drops what the whole batch drops, with the whole batch's outputs,
+// loads and auxiliary loss.
+TEST(MoE, ReplicasPlannedFromOneRoutingPassAreTheWholeBatch) {
+  const int64_t c = 6, n = 16, parts = 4, rows = n / parts;
+  MoeOptions o;
+  o.experts = 4;
+  o.top_k = 2;
+  o.capacity_factor = 1.0;  // ceil(2 x 16 / 4) = 8 places per expert
+  o.aux_loss = 0.05;
+  o.z_loss = 0.01;
+  MoE whole(c, o), first(c, o), second(c, o);
+  for (MoE* m : {&whole, &first, &second}) m->init_parameters(31);
+  const Tensor x = random_tensor({n, c}, 32);
+  const std::vector<float> want = values(whole(x));
+  ASSERT_GT(whole.stats().dropped, 0) << "the test needs an expert over its capacity";
+
+  first.begin_batch(parts, /*record=*/true);
+  for (int64_t p = 0; p < parts; ++p) {  // the routing pass, every part through one replica
+    NoGradGuard no_grad;
+    first(narrow(x, 0, p * rows, rows));
+  }
+  const std::vector<std::vector<int64_t>> counts = first.recorded_parts();
+  ASSERT_EQ(int64_t(counts.size()), parts);
+  std::vector<std::vector<int64_t>> places;
+  std::vector<int64_t> before(4, 0);
+  for (const std::vector<int64_t>& part : counts) {
+    places.push_back(before);
+    for (size_t e = 0; e < 4; ++e) before[e] += part[e];
+  }
+  const std::vector<int64_t> totals = first.recorded_batch();
+  first.plan_batch(parts, totals, {places[0], places[1]});
+  second.plan_batch(parts, totals, {places[2], places[3]});
+  std::vector<float> got;
+  std::vector<int64_t> load(4, 0);
+  int64_t dropped = 0;
+  double aux = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    MoE& replica = p < 2 ? first : second;
+    const std::vector<float> v = values(replica(narrow(x, 0, p * rows, rows)));
+    got.insert(got.end(), v.begin(), v.end());
+    for (size_t e = 0; e < 4; ++e) load[e] += replica.stats().load[e];
+    dropped += replica.stats().dropped;
+    aux += replica.aux_loss().item();
+  }
+  EXPECT_EQ(load, whole.stats().load);
+  EXPECT_EQ(dropped, whole.stats().dropped);
+  EXPECT_NEAR(aux, whole.aux_loss().item(), 1e-6 * std::abs(whole.aux_loss().item()));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << i;
+  // Without a plan, a replica that sees some of the parts refuses capacity.
+  MoE lone(c, o);
+  lone.init_parameters(31);
+  lone.begin_batch(parts, /*record=*/false, /*seen=*/2);
+  try {
+    lone(narrow(x, 0, 0, rows));
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan the batch"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MoE, GptAddsTheAuxiliaryLosses) {
   GptConfig config;
   config.vocab = 11;
