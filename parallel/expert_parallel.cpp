@@ -53,6 +53,12 @@ bool is_expert_parameter(const std::string& name) {
   return name.find(".mlp.experts.") != std::string::npos;
 }
 
+std::string expert_layer_of(const std::string& name) {
+  const size_t at = name.find(".mlp.experts.");
+  LOOM_CHECK(at != std::string::npos, "expert_layer_of: '", name, "' is not an expert parameter");
+  return name.substr(0, at + 4);  // up to and with ".mlp"
+}
+
 namespace {
 
 // Each group's bias repeated over its rows: [sum of counts, c] (differentiable in the biases).

@@ -107,6 +107,9 @@ class ExpertParallelMoE : public nn::MoeLayer {
 // Whether a GPT parameter's name is a MoE expert's ("blocks.{i}.mlp.experts.{e}. ..."): the
 // parameters expert parallelism splits over ep, reduced over their replicas.
 bool is_expert_parameter(const std::string& name);
+// The MoE layer holding expert parameter `name`: its path ("blocks.3.mlp"), whose forward reads
+// it (ZeroOptions::own_unit).
+std::string expert_layer_of(const std::string& name);
 
 // The variable-split all-to-all of rows as an autograd op: x [S, C], rank r sends its rows
 // [sum of send_rows[:j], + send_rows[j]) to rank j and receives recv_rows[i] rows from rank i,

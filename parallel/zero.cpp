@@ -171,7 +171,10 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& module, std::shared_ptr<comm::Communica
   }
   // bf16 / f16: each stepped own tensor gets its f32 master below, as the pieces do.
   if (!own_.empty() && options.own_replicas && options.own_replicas->size() > 1) {
-    shard_own_parameters();
+    if (options.stage == 3 && options.own_unit)
+      shard_own_parameters_stage3(module);
+    else
+      shard_own_parameters();
     for (const OwnPiece& op : own_pieces_) stepped.push_back(op.value);
   } else {
     for (const auto& [name, p] : own_) stepped.push_back(p);
@@ -240,9 +243,12 @@ optim::Optimizer& ZeroOptimizer::group_optimizer(size_t g) const {
 // the optimizer state and f32 masters of those alone. After backward the flat gradients are
 // reduce-scattered over the replicas (the sum of Note [Own parameters under data parallelism],
 // divided by the group's size as before), and after the step the updated shards are
-// all-gathered back into the flat tensor, so every replica's parameters are whole again. The
-// parameters stay whole at every stage; what shrinks is their state: 12/R bytes per f32 element
-// with AdamW instead of 12.
+// all-gathered back into the flat tensor, so every replica's parameters are whole again: what
+// shrinks is their state, 12/R bytes per f32 element with AdamW instead of 12. Stage 3 given
+// ZeroOptions::own_unit (the module whose forward reads each one: an expert's MoE layer) shards
+// the parameters themselves instead: a bucket per unit, sharded over the replicas and gathered
+// around the unit's forward and backward by a ShardedParameters of its own (over a split of
+// own_replicas), as the rest are around their modules; the same reduce-scatter per bucket.
 void ZeroOptimizer::shard_own_parameters() {
   NoGradGuard no_grad;
   const comm::Communicator& replicas = *options_.own_replicas;
@@ -252,23 +258,88 @@ void ZeroOptimizer::shard_own_parameters() {
   own_shard_numel_ = (total + count - 1) / count;
   const Tensor& first = own_.front().second;
   own_flat_ = Tensor::zeros({own_shard_numel_ * count}, first.dtype(), first.device());
-  own_grad_shard_ = Tensor::zeros({own_shard_numel_}, first.dtype(), first.device());
+  own_grad_shards_.assign(1, Tensor());
+  Bucket bucket;  // the flat tensor: every own parameter end to end
+  bucket.numel = total;
+  bucket.padded = own_shard_numel_ * count;
   const int64_t begin = rank * own_shard_numel_, end = std::min(total, begin + own_shard_numel_);
   int64_t at = 0;
   for (size_t i = 0; i < own_.size(); ++i) {
     Tensor p = own_[i].second;
     const int64_t n = p.numel();
+    bucket.slots.push_back({i, at, n});
     Tensor view = own_flat_.narrow(0, at, n).reshape(p.shape());
     view.copy_(p.detach());
     p.set_data(view);
     const int64_t lo = std::max(at, begin), hi = std::min(at + n, end);
     if (lo < hi)
-      own_pieces_.push_back({i, lo - at, hi - lo, lo - begin, own_flat_.narrow(0, lo, hi - lo)});
+      own_pieces_.push_back({i, lo - at, hi - lo, 0, lo - begin, own_flat_.narrow(0, lo, hi - lo)});
     at += n;
   }
+  own_buckets_.push_back(std::move(bucket));
+}
+
+namespace {
+
+// The module at `path` ("a.b.0"; "" is `root`) in `root`'s tree, or an error naming the path.
+nn::Module* module_at(nn::Module& root, const std::string& path, const char* owner) {
+  nn::Module* at = &root;
+  size_t begin = 0;
+  while (!path.empty() && begin <= path.size()) {
+    const size_t dot = std::min(path.find('.', begin), path.size());
+    const std::string name = path.substr(begin, dot - begin);
+    nn::Module* next = nullptr;
+    for (const auto& [child_name, child] : at->children())
+      if (child_name == name) next = child.get();
+    LOOM_CHECK(next != nullptr, owner, ": own_unit named module '", path,
+               "', which the model does not have (no child '", name, "')");
+    at = next;
+    begin = dot + 1;
+  }
+  return at;
+}
+
+}  // namespace
+
+// Stage 3 with ZeroOptions::own_unit: the own parameters themselves sharded over their replicas,
+// one bucket per unit module (its own parameters), gathered around the unit's forward and again
+// for its backward by a ShardedParameters of their own, as the rest are around theirs. What each
+// rank steps is its shard of every unit (See Note [Own parameters sharded over their replicas]).
+void ZeroOptimizer::shard_own_parameters_stage3(nn::Module& module) {
+  const char* owner = owner_name(options_.stage);
+  comm::Communicator& replicas = *options_.own_replicas;
+  std::vector<std::string> paths;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < own_.size(); ++i) {
+    const std::string path = options_.own_unit(own_[i].first);
+    size_t g = 0;
+    while (g < paths.size() && paths[g] != path) ++g;
+    if (g == paths.size()) {
+      paths.push_back(path);
+      groups.emplace_back();
+    }
+    groups[g].push_back(i);
+  }
+  std::vector<nn::Module*> units;
+  for (const std::string& path : paths) units.push_back(module_at(module, path, owner));
+  std::vector<Tensor> tensors;
+  for (const auto& [name, p] : own_) tensors.push_back(p);
+  const BucketPlan plan(tensors, groups, replicas.size());
+  own_buckets_ = plan.buckets();
+  own_grad_shards_.assign(own_buckets_.size(), Tensor());
+  own_params_ = std::make_unique<ShardedParameters>(
+      own_, plan, units,
+      options_.own_replicas->split(0, replicas.rank(), replicas.name() + ".zero3_gather"));
+  for (const ShardPiece& sp : plan.shard_pieces(replicas.rank()))
+    own_pieces_.push_back({sp.param, sp.param_offset, sp.numel, sp.bucket, sp.shard_offset,
+                           own_params_->shard(sp.bucket).narrow(0, sp.shard_offset, sp.numel)});
 }
 
 void ZeroOptimizer::allgather_own() {
+  if (own_params_) {  // stage 3: the next forward gathers the updated shards
+    own_params_->release_all();
+    return;
+  }
   const int64_t rank = options_.own_replicas->rank();
   Tensor mine = own_flat_.narrow(0, rank * own_shard_numel_, own_shard_numel_);
   own_flat_.storage()->bump_version();  // as allgather_shards: a write autograd must see
@@ -307,9 +378,11 @@ void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
     reducer_.backward(loss);
   } catch (...) {
     sharded_->release_all();
+    if (own_params_) own_params_->release_all();
     throw;
   }
   sharded_->release_all();
+  if (own_params_) own_params_->release_all();
 }
 
 void ZeroOptimizer::finish_gradients() {
@@ -351,15 +424,21 @@ void ZeroOptimizer::reduce_own_gradients() {
                              double(options_.replicas ? options_.replicas->size() : 1));
   if (own_sharded()) {  // See Note [Own parameters sharded over their replicas]
     NoGradGuard no_grad;
-    Tensor flat = Tensor::zeros(own_flat_.shape(), own_flat_.dtype(), own_flat_.device());
-    int64_t at = 0;
-    for (auto& [name, p] : own_) {
-      if (p.grad().defined()) flat.narrow(0, at, p.numel()).copy_(p.grad().reshape({p.numel()}));
-      at += p.numel();
+    const Tensor& first = own_.front().second;
+    const int64_t count = options_.own_replicas->size();
+    for (size_t b = 0; b < own_buckets_.size(); ++b) {
+      const Bucket& bucket = own_buckets_[b];
+      Tensor flat = Tensor::zeros({bucket.padded}, first.dtype(), first.device());
+      for (const BucketSlot& slot : bucket.slots) {
+        const Tensor g = own_[slot.param].second.grad();
+        if (g.defined()) flat.narrow(0, slot.offset, slot.numel).copy_(g.reshape({slot.numel}));
+      }
+      Tensor shard = Tensor::empty({bucket.padded / count}, first.dtype(), first.device());
+      options_.own_replicas->reduce_scatter(flat, shard)->wait();
+      own_grad_shards_[b] = scale(shard, mean);
     }
-    options_.own_replicas->reduce_scatter(flat, own_grad_shard_)->wait();
-    Tensor shard = scale(own_grad_shard_, mean);
-    for (OwnPiece& op : own_pieces_) op.value.set_grad(shard.narrow(0, op.shard_offset, op.numel));
+    for (OwnPiece& op : own_pieces_)
+      op.value.set_grad(own_grad_shards_[op.bucket].narrow(0, op.shard_offset, op.numel));
     return;
   }
   for (auto& [name, p] : own_) {
@@ -463,6 +542,7 @@ void ZeroOptimizer::allgather_shards() {
 
 void ZeroOptimizer::gather_parameters() {
   if (sharded_) sharded_->gather_all();
+  if (own_params_) own_params_->gather_all();
 }
 
 TrainingMemory ZeroOptimizer::memory() const {
@@ -474,10 +554,13 @@ TrainingMemory ZeroOptimizer::memory() const {
     m.parameters += own_sharded() ? 0 : p.nbytes();
     m.gradients += p.nbytes();
   }
-  if (own_sharded()) {  // views of the flat tensor (with its padding), and the reduced shard
-    m.parameters += own_flat_.nbytes();
-    m.gradients += own_grad_shard_.nbytes();
-  }
+  // Sharded: views of the flat tensor (with its padding), or stage 3's shards and gathered
+  // units; and the reduced gradient shards.
+  if (own_flat_.defined()) m.parameters += own_flat_.nbytes();
+  if (own_params_) m.parameters += own_params_->resident_bytes();
+  for (const Bucket& b : own_buckets_)
+    m.gradients +=
+        size_t(b.padded / options_.own_replicas->size()) * dtype_size(own_.front().second.dtype());
   m.optimizer_state = state_bytes();  // the wrapped optimizer's and the f32 masters
   return m;
 }

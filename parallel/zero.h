@@ -85,20 +85,25 @@ struct ZeroOptions {
   std::shared_ptr<comm::Communicator> replicas;
   // Own parameters (expert parallelism's experts: each rank holds its own, See Note [Own
   // parameters under data parallelism] in parallel/ddp.cpp): the parameters `own_parameters`
-  // names stay whole and out of the buckets; after backward their gradients are summed over
-  // `own_replicas` (the ranks holding the same ones; null: none) and divided by the group's
-  // size, the wrapped optimizer steps them beside this rank's pieces, and clip_grad_norm counts
-  // each once. With own_replicas of size 1 (ep = dp) they step whole. With R > 1 replicas their
-  // training state is sharded over own_replicas as ZeRO shards the rest over the group (See Note
-  // [Own parameters sharded over their replicas] in zero.cpp): gradients reduce-scattered, each
-  // replica stepping 1/R of the elements (its optimizer state and f32 masters 1/R), the updated
-  // values all-gathered into the whole parameters (whole at every stage: stage 3 does not shard
-  // the own parameters themselves). In bf16 / f16 they step through f32 masters as the pieces
-  // do, and a step's skip is the group's decision over both. Stages 1-3, external_backward too
-  // (pipelines), not hybrid sharding yet. Checkpoints (parallel/checkpoint) hold what each rank
-  // steps of them (own_places()) beside the pieces; state_dict() refuses them.
+  // names stay out of the buckets; after backward their gradients are summed over
+  // `own_replicas` (the ranks holding the same ones; null: none) and divided by the
+  // data-parallel size, the wrapped optimizer steps them beside this rank's pieces, and
+  // clip_grad_norm counts each once. With own_replicas of size 1 (ep = dp) they step whole. With R
+  // > 1 replicas their training state is sharded over own_replicas as ZeRO shards the rest over the
+  // group (See Note [Own parameters sharded over their replicas] in zero.cpp): gradients
+  // reduce-scattered, each replica stepping 1/R of the elements (its optimizer state and f32
+  // masters 1/R), the updated values all-gathered into the whole parameters; at stage 3 with
+  // own_unit the parameters themselves are sharded too. In bf16 / f16 they step through f32 masters
+  // as the pieces do, and a step's skip is the group's decision over both. Stages 1-3, with
+  // external_backward (pipelines) and hybrid sharding (gradients divided by the group's size times
+  // the replicas'). Checkpoints (parallel/checkpoint) hold what each rank steps of them
+  // (own_places()) beside the pieces; state_dict() refuses them.
   std::function<bool(const std::string& name)> own_parameters;
   std::shared_ptr<comm::Communicator> own_replicas;
+  // Stage 3: the module (its path in the model, "" for the root) whose forward reads an own
+  // parameter. Given, stage 3 shards the own parameters themselves over own_replicas, gathered
+  // around each such module as ZeRO-3 gathers the rest around theirs; not given, they stay whole.
+  std::function<std::string(const std::string& name)> own_unit;
 };
 
 // Hybrid sharding's groups over `group` (See ZeroOptions::replicas): shard groups of
@@ -241,15 +246,20 @@ class ZeroOptimizer : public optim::Optimizer {
   struct OwnPiece {
     size_t param;                 // in own_
     int64_t param_offset, numel;  // elements of that parameter
-    int64_t shard_offset;         // where they sit in this rank's shard
-    Tensor value;                 // view into own_flat_
+    size_t bucket;                // of own_buckets_
+    int64_t shard_offset;         // where they sit in this rank's shard of the bucket
+    Tensor value;                 // view into own_flat_ (stage 3: into the bucket's shard)
   };
   std::vector<OwnPiece> own_pieces_;
-  Tensor own_flat_, own_grad_flat_, own_grad_shard_;
+  std::vector<Bucket> own_buckets_;  // one (the flat tensor), or stage 3's one per unit
+  Tensor own_flat_;
+  std::vector<Tensor> own_grad_shards_;  // per bucket: this rank's reduced shard
   int64_t own_shard_numel_ = 0;
-  bool own_sharded() const { return own_flat_.defined(); }
-  void shard_own_parameters();  // the constructor's: the layout and the flat copy
-  void allgather_own();         // every replica's updated shard into the whole own parameters
+  std::unique_ptr<ShardedParameters> own_params_;  // stage 3 with own_unit
+  bool own_sharded() const { return !own_buckets_.empty(); }
+  void shard_own_parameters();  // the constructor's: the layout and the flat copy (stages 1-2)
+  void shard_own_parameters_stage3(nn::Module& module);
+  void allgather_own();  // every replica's updated shard into the whole own parameters
   void reduce_own_gradients();
   std::unique_ptr<optim::Optimizer> inner_;
   size_t group_count_ = 1;

@@ -54,9 +54,10 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       shard_group = h.shards;
       z.replicas = h.replicas;
     }
-    if (model.ep_group()) {  // each rank's experts: whole, reduced over their replicas
+    if (model.ep_group()) {  // each rank's experts: reduced over, and sharded over, their replicas
       z.own_parameters = parallel::is_expert_parameter;
       z.own_replicas = model.expert_replicas();
+      z.own_unit = parallel::expert_layer_of;  // ZeRO-3 gathers them around their MoE layer
     }
     auto zero = std::make_unique<parallel::ZeroOptimizer>(module, shard_group, z, make_optimizer);
     zero_ = zero.get();

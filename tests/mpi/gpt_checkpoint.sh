@@ -132,8 +132,9 @@ other_layouts "4:--dp 2 --tp 2 --zero 1" "4:--dp 4 --zero 3" "1:" "4:--tp 4" \
 # one process, on ep 4, on dp 4 with ep 2 (expert replicas), on tp 2, on dp 2 x tp 2 x ep 2
 # (experts whole over tp), on dp 2 x ep 2 x pp 2 and on dp 2 x ep 2 with gradient accumulation
 # (micro-batches after a routing pass), on dp 2 x tp 2 x ep 2 with each expert split over tp
-# (--expert-tp 2), on dp 4 x ep 4 with ZeRO-3 (experts whole beside the shards) and on dp 4 x
-# ep 2 with ZeRO-1 (the experts' state sharded over their 2 replicas): saved again at once
+# (--expert-tp 2), on dp 4 x ep 4 with ZeRO-3 (experts whole beside the shards), on dp 4 x ep 2
+# with ZeRO-1 (the experts' state sharded over their 2 replicas) and ZeRO-3 (the experts
+# themselves sharded over them): saved again at once
 # bit-identical, training on with the single-process losses. dp 4 x ep 2 with ZeRO-2 (also
 # hybrid-sharded over groups of 2), and with pp 2 and ZeRO-1, resume bit for bit (in same_layout). A checkpoint whose --moe-* flags differ is refused by name.
 moe=(--moe-experts 4 --moe-top-k 2)
@@ -144,7 +145,7 @@ losses "moe ep 2 against one process" "$dir/moe_single.jsonl" "$dir/moe_src.json
 for target in "1:" "4:--dp 4 --ep 4" "4:--dp 4 --ep 2" "2:--tp 2" "4:--dp 2 --tp 2 --ep 2" \
               "4:--dp 2 --ep 2 --pp 2 --microbatches 2" "2:--dp 2 --ep 2 --grad-accum 2" \
               "4:--dp 2 --tp 2 --ep 2 --expert-tp 2" "4:--dp 4 --ep 4 --zero 3" \
-              "4:--dp 4 --ep 2 --zero 1"; do
+              "4:--dp 4 --ep 2 --zero 1" "4:--dp 4 --ep 2 --zero 3"; do
   np=${target%%:*}; read -r -a flags <<< "${target#*:}"
   name="moe_to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-')"
   launch "$np" "${flags[@]}" "${moe[@]}" --resume-from "$dir/moe_src/step-00000006" --steps 6 \
