@@ -88,11 +88,11 @@ struct ZeroOptions {
   // names stay out of the buckets; after backward their gradients are summed over
   // `own_replicas` (the ranks holding the same ones; null: none) and divided by the
   // data-parallel size, the wrapped optimizer steps them beside this rank's pieces, and
-  // clip_grad_norm counts each once. With own_replicas of size 1 (ep = dp) they step whole. With R
-  // > 1 replicas their training state is sharded over own_replicas as ZeRO shards the rest over the
-  // group (See Note [Own parameters sharded over their replicas] in zero.cpp): gradients
-  // reduce-scattered, each replica stepping 1/R of the elements (its optimizer state and f32
-  // masters 1/R), the updated values all-gathered into the whole parameters; at stage 3 with
+  // clip_grad_norm counts each once. With own_replicas of size 1 (ep = dp) they step whole. With
+  // R of 2 or more replicas their training state is sharded over own_replicas as ZeRO shards the
+  // rest over the group (See Note [Own parameters sharded over their replicas] in zero.cpp):
+  // gradients reduce-scattered, each replica stepping 1/R of the elements (its optimizer state and
+  // f32 masters 1/R), the updated values all-gathered into the whole parameters; at stage 3 with
   // own_unit the parameters themselves are sharded too. In bf16 / f16 they step through f32 masters
   // as the pieces do, and a step's skip is the group's decision over both. Stages 1-3, with
   // external_backward (pipelines) and hybrid sharding (gradients divided by the group's size times
