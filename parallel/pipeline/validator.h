@@ -17,6 +17,17 @@
 // one of the rank's chunks has run and whose backward (and W, when split) has not, counted per
 // chunk. With unit costs GPipe and 1F1B give bubble (p-1)/(m+p-1); GPipe keeps m activations,
 // 1F1B at most p on the first stage.
+//
+// Note [Expert parallelism and the schedule]
+// A MoE layer's all-to-alls run inside the F and B of its chunk, over its ep group. That group is
+// carved from the dp ranks of one pp rank (loom-gpt's expert_groups: ep consecutive dp ranks),
+// and every dp replica of a pp rank runs that rank's one action list, so the members of an ep
+// group reach their all-to-alls (and the routing pass's, and the experts' reductions over their
+// replicas, and Chimera's replica-pair sums) in the same order by construction: there is no
+// interleaving across ranks for a schedule to get wrong, and nothing of it for this validator,
+// which checks one action list per pp rank, to refuse. What could break it (an ep group spanning
+// pp ranks, dp replicas of a pp rank running different lists) is not a layout loom builds. The
+// all-to-alls' cost is part of the F and B costs the validator is given.
 #pragma once
 
 #include <string>
