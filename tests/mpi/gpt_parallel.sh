@@ -16,6 +16,7 @@
 # usage: gpt_parallel.sh LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
 gpt=$1; mpiexec=$2; shift 2
+mpi_flags=("$@")
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 common=(--steps 6 --batch 16 --layers 2 --dim 32 --heads 2 --eval-every 1000 --threads 1
         --lr 1e-3 --warmup-steps 0)
@@ -66,6 +67,20 @@ want, got = load(sys.argv[1]), load(sys.argv[2])
 assert want and got == want, f"{sys.argv[3]}: per-expert loads {got} vs {want}"
 print(f"{sys.argv[3]}: per-expert loads equal the single-process run's")
 PY
+}
+# moe_layout REFERENCE SUFFIX "NP FLAGS..." MODEL_FLAGS...: loom-gpt with MODEL_FLAGS and FLAGS on
+# NP ranks gives REFERENCE's losses and per-expert loads.
+moe_layout() {
+  local reference=$1 suffix=$2 np rest name
+  local -a lflags
+  read -r np rest <<< "$3"
+  shift 3
+  read -r -a lflags <<< "$rest"
+  name="moe_$(printf '%s' "$rest" | tr -d '-' | tr ' ' '_')$suffix"
+  "$mpiexec" -np "$np" "${mpi_flags[@]}" "$gpt" "$@" "${lflags[@]}" \
+    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
+  compare "$name" "$dir/$name.jsonl" "$reference"
+  compare_loads "$name" "$dir/$name.jsonl" "$reference"
 }
 for zero in 0 1 2 3; do
   for accum in 1 2; do
@@ -158,13 +173,7 @@ tag=$(printf '%s' "${moe_hybrid[*]}" | tr -d '-' | tr ' .' '__')
 for layout in "4 --dp 4 --ep 2 --zero 2 --zero-shard-group 2" \
               "4 --dp 4 --ep 1 --zero 3 --zero-shard-group 2" \
               "8 --dp 8 --ep 2 --zero 1 --zero-shard-group 4"; do
-  read -r np rest <<< "$layout"
-  read -r -a lflags <<< "$rest"
-  name="moe_$(printf '%s' "$rest" | tr -d '-' | tr ' ' '_')"
-  "$mpiexec" -np "$np" "$@" "$gpt" "${common[@]}" "${moe_hybrid[@]}" "${lflags[@]}" \
-    --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
-  compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
-  compare_loads "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
+  moe_layout "$dir/moe_$tag.jsonl" "" "$layout" "${common[@]}" "${moe_hybrid[@]}"
 done
 
 # bf16 and f16 (f32 masters; f16 with loss scaling): dp 2 against one process in the same dtype.
@@ -368,13 +377,7 @@ for moe in "--moe-experts 4 --moe-capacity-factor 1.0 --moe-every 2 --dropout 0.
     "4 --pp 2 --dp 2 --ep 2 --schedule chimera --microbatches 2"
     "4 --pp 4 --schedule chimera --microbatches 8")
   for layout in "${layouts[@]}"; do
-    read -r np rest <<< "$layout"
-    read -r -a lflags <<< "$rest"
-    name="moe_$(printf '%s' "$rest" | tr -d '-' | tr ' ' '_')_$tag"
-    "$mpiexec" -np "$np" "$@" "$gpt" "${deep[@]}" "${flags[@]}" "${lflags[@]}" \
-      --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
-    compare "$name" "$dir/$name.jsonl" "$dir/deep_$tag.jsonl"
-    compare_loads "$name" "$dir/$name.jsonl" "$dir/deep_$tag.jsonl"
+    moe_layout "$dir/deep_$tag.jsonl" "_$tag" "$layout" "${deep[@]}" "${flags[@]}"
   done
 done
 moe_pp=(--moe-experts 4 --moe-top-k 2 --moe-every 2 --moe-hidden 48)
