@@ -304,6 +304,15 @@ void init_zero(py::module_& p) {
             if (!own_prefixes.empty()) {  // the experts of expert-parallel MoE layers
               o.own_parameters = under_prefixes(own_prefixes);
               o.own_replicas = std::move(own_replicas);
+              // Stage 3 gathers them around their MoE layer: "a.moe.experts." -> "a.moe".
+              o.own_unit = [prefixes = own_prefixes](const std::string& name) {
+                for (const std::string& prefix : prefixes)
+                  if (name.rfind(prefix, 0) == 0) {
+                    const std::string layer = prefix.substr(0, prefix.size() - 8);  // "experts."
+                    return layer.empty() ? layer : layer.substr(0, layer.size() - 1);
+                  }
+                return std::string();
+              };
             }
             GroupPtr shards = group_or_world(std::move(group));
             if (!shard_group.is_none()) {  // hybrid sharding: See ZeroOptions::replicas

@@ -502,7 +502,8 @@ class MoeNet(loom.nn.Module):
 def run_moe(ep, stage=0):
     """A Python MoE model with the experts split over ep groups of `ep` ranks (replicated across
     them when ep < size) under DistributedDataParallel (stage 0) or ZeroRedundancyOptimizer
-    (stages 1-3: the experts whole beside the shards) against one process: each step's loss (the
+    (stages 1-3: the experts beside the shards, their state sharded over their replicas, at stage
+    3 the experts themselves) against one process: each step's loss (the
     ranks' mean, auxiliary losses included), clip_grad_norm_'s norm, and after 3 SGD steps every
     parameter, the experts this rank holds included. Each rank's loss is its rows' mean plus the
     layer's aux_loss term, as one process writes it."""
@@ -548,6 +549,17 @@ def run_moe(ep, stage=0):
         comm.allreduce(mean, op="avg")
         check_close(f"{name}: step {step + 1} loss", arr(mean)[0], loss_one.item())
         check_close(f"{name}: step {step + 1} clip norm", norm.item(), norm_one.item())
+    if stage == 3 and ep < size:
+        # The experts themselves are sharded over their size / ep replicas: outside a forward
+        # this rank holds its shards, under 1/2 of its experts' bytes (plus its dense shards).
+        experts_bytes = sum(p.numel() * 4 for n, p in net.named_parameters()
+                            if n.startswith("moe.experts."))
+        dense_bytes = sum(p.numel() * 4 for n, p in net.named_parameters()
+                          if not n.startswith("moe.experts."))
+        held_bytes = opt.memory().parameters
+        if held_bytes > dense_bytes + experts_bytes // 2 + 64:
+            failures.append(f"{name}: holds {held_bytes} parameter bytes, experts {experts_bytes}, "
+                            f"dense {dense_bytes}: the experts are not sharded")
     if stage:
         opt.gather_parameters()
     got = dict(net.named_parameters())
