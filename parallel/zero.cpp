@@ -299,6 +299,36 @@ nn::Module* module_at(nn::Module& root, const std::string& path, const char* own
   return at;
 }
 
+// How the own parameters `own` are laid out over their replicas (See Note [Own parameters
+// sharded over their replicas]): one bucket of them all in order (the flat tensor), or at stage 3
+// with own_unit one per unit module (`paths`: each unit's path, in the buckets' order).
+std::vector<std::vector<size_t>> own_groups(const NamedParams& own, const ZeroOptions& o,
+                                            std::vector<std::string>* paths) {
+  std::vector<std::vector<size_t>> groups;
+  if (o.stage != 3 || !o.own_unit) {
+    groups.emplace_back(own.size());
+    for (size_t i = 0; i < own.size(); ++i) groups[0][i] = i;
+    return groups;
+  }
+  for (size_t i = 0; i < own.size(); ++i) {
+    const std::string path = o.own_unit(own[i].first);
+    size_t g = 0;
+    while (g < paths->size() && (*paths)[g] != path) ++g;
+    if (g == paths->size()) {
+      paths->push_back(path);
+      groups.emplace_back();
+    }
+    groups[g].push_back(i);
+  }
+  return groups;
+}
+
+std::vector<Tensor> tensors_of(const NamedParams& named) {
+  std::vector<Tensor> out;
+  for (const auto& [name, p] : named) out.push_back(p);
+  return out;
+}
+
 }  // namespace
 
 // Stage 3 with ZeroOptions::own_unit: the own parameters themselves sharded over their replicas,
@@ -309,22 +339,10 @@ void ZeroOptimizer::shard_own_parameters_stage3(nn::Module& module) {
   const char* owner = owner_name(options_.stage);
   comm::Communicator& replicas = *options_.own_replicas;
   std::vector<std::string> paths;
-  std::vector<std::vector<size_t>> groups;
-  for (size_t i = 0; i < own_.size(); ++i) {
-    const std::string path = options_.own_unit(own_[i].first);
-    size_t g = 0;
-    while (g < paths.size() && paths[g] != path) ++g;
-    if (g == paths.size()) {
-      paths.push_back(path);
-      groups.emplace_back();
-    }
-    groups[g].push_back(i);
-  }
+  const std::vector<std::vector<size_t>> groups = own_groups(own_, options_, &paths);
   std::vector<nn::Module*> units;
   for (const std::string& path : paths) units.push_back(module_at(module, path, owner));
-  std::vector<Tensor> tensors;
-  for (const auto& [name, p] : own_) tensors.push_back(p);
-  const BucketPlan plan(tensors, groups, replicas.size());
+  const BucketPlan plan(tensors_of(own_), groups, replicas.size());
   own_buckets_ = plan.buckets();
   own_grad_shards_.assign(own_buckets_.size(), Tensor());
   own_params_ = std::make_unique<ShardedParameters>(
@@ -333,6 +351,28 @@ void ZeroOptimizer::shard_own_parameters_stage3(nn::Module& module) {
   for (const ShardPiece& sp : plan.shard_pieces(replicas.rank()))
     own_pieces_.push_back({sp.param, sp.param_offset, sp.numel, sp.bucket, sp.shard_offset,
                            own_params_->shard(sp.bucket).narrow(0, sp.shard_offset, sp.numel)});
+}
+
+std::vector<ZeroOptimizer::OwnPlace> ZeroOptimizer::planned_own_places(nn::Module& module,
+                                                                       const ZeroOptions& o,
+                                                                       int replica_rank,
+                                                                       int replicas) {
+  check_stage(o.stage);
+  LOOM_CHECK(replicas > 0 && replica_rank >= 0 && replica_rank < replicas, "ZeRO: replica rank ",
+             replica_rank, " outside ", replicas, " replicas");
+  const NamedParams own = zero_parameters(module, o, true);
+  std::vector<OwnPlace> out;
+  if (own.empty()) return out;
+  if (replicas == 1) {  // each stepped whole, as the constructor does
+    for (const auto& [name, p] : own) out.push_back({name, 0, p.numel(), true, Tensor()});
+    return out;
+  }
+  std::vector<std::string> paths;
+  const BucketPlan plan(tensors_of(own), own_groups(own, o, &paths), replicas);
+  for (const ShardPiece& sp : plan.shard_pieces(replica_rank))
+    out.push_back({own[sp.param].first, sp.param_offset, sp.numel,
+                   sp.numel == own[sp.param].second.numel(), Tensor()});
+  return out;
 }
 
 void ZeroOptimizer::allgather_own() {

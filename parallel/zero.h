@@ -185,6 +185,10 @@ class ZeroOptimizer : public optim::Optimizer {
     Tensor value;
   };
   std::vector<OwnPlace> own_places() const;
+  // own_places() of rank `replica_rank` of `replicas` ranks holding `module`'s own parameters,
+  // worked out without a group (loom-ckpt check); the values are left undefined.
+  static std::vector<OwnPlace> planned_own_places(nn::Module& module, const ZeroOptions& options,
+                                                  int replica_rank, int replicas);
   // own_pieces() of rank `rank` of a group of `group_size` over `module`, worked out without a
   // group and without touching the module: what a layout that is not running would hold
   // (loom-ckpt check). Its parameters are module.named_parameters().

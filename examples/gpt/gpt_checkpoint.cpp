@@ -6,6 +6,7 @@
 #include "gpt/gpt_parallel.h"
 #include "gpt/gpt_pipeline.h"
 #include "parallel/checkpoint/training_state.h"
+#include "parallel/replicas.h"
 
 namespace loom::gpt {
 
@@ -117,11 +118,21 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
     GptModel model(config, o, mesh);
     nn::Module& module = model.module();
     if (dtype != DType::kF32) module.to(dtype);
-    places = o.zero == 0 ? ckpt::parameter_places(module)
-                         : ckpt::zero_places(
-                               module, module.named_parameters(),
-                               parallel::ZeroOptimizer::planned_pieces(
-                                   module, zero_options(o, model.tp()), shard_rank, shard_size));
+    if (o.zero == 0) {
+      places = ckpt::parameter_places(module);
+    } else {
+      const parallel::ZeroOptions z = zero_options(o, model);
+      places = ckpt::zero_places(
+          module, parallel::parameters_by_owner(module, z.own_parameters, false),
+          parallel::ZeroOptimizer::planned_pieces(module, z, shard_rank, shard_size));
+      if (z.own_replicas)  // the experts: what this rank steps of them, as the optimizer does
+        for (const auto& own : parallel::ZeroOptimizer::planned_own_places(
+                 module, z, z.own_replicas->rank(), z.own_replicas->size())) {
+          ckpt::Placement placement = ckpt::parameter_placement(module, own.name);
+          places.push_back(
+              {own.name, own.whole ? placement : placement.slice(own.offset, own.numel)});
+        }
+    }
   }
   return ckpt::planned_requests(places, dtype, manifest);
 }

@@ -28,14 +28,19 @@ optim::LossScalerOptions f16_scaling(const GptOptions& o) {
   return s;
 }
 
-parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp) {
+parallel::ZeroOptions zero_options(const GptOptions& o, const GptModel& model) {
   parallel::ZeroOptions z;
   z.stage = int(o.zero);
   z.bucket_mb = o.bucket_mb;
   z.grad_accum = int(o.grad_accum);
   z.overlap = !o.no_overlap;
-  z.tp = std::move(tp);
+  z.tp = model.tp();
   if (o.dtype == "f16") z.loss_scaling = f16_scaling(o);
+  if (model.ep_group()) {  // each rank's experts: reduced over, and sharded over, their replicas
+    z.own_parameters = parallel::is_expert_parameter;
+    z.own_replicas = model.expert_replicas();
+    z.own_unit = parallel::expert_layer_of;  // ZeRO-3 gathers them around their MoE layer
+  }
   return z;
 }
 
@@ -46,18 +51,13 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
   nn::Module& module = model.module();
   if (o.zero > 0) {
     std::shared_ptr<comm::Communicator> shard_group = dp_;
-    parallel::ZeroOptions z = zero_options(o, model.tp());
+    parallel::ZeroOptions z = zero_options(o, model);
     if (o.zero_shard_group != "all") {  // hybrid sharding: a node's dp ranks, or N consecutive
       const parallel::HybridGroups h = parallel::hybrid_groups(
           dp_, o.zero_shard_group == "node" ? 0 : std::stoi(o.zero_shard_group),
           "loom-gpt: --zero-shard-group " + o.zero_shard_group);
       shard_group = h.shards;
       z.replicas = h.replicas;
-    }
-    if (model.ep_group()) {  // each rank's experts: reduced over, and sharded over, their replicas
-      z.own_parameters = parallel::is_expert_parameter;
-      z.own_replicas = model.expert_replicas();
-      z.own_unit = parallel::expert_layer_of;  // ZeRO-3 gathers them around their MoE layer
     }
     auto zero = std::make_unique<parallel::ZeroOptimizer>(module, shard_group, z, make_optimizer);
     zero_ = zero.get();

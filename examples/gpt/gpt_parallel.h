@@ -72,9 +72,10 @@ class Trainer {
                                                           comm::Communicator& world);
 };
 
-// The ZeRO options of --zero, --bucket-mb, --grad-accum and --no-overlap, over a model whose
-// tensor-parallel group is `tp` (null without).
-parallel::ZeroOptions zero_options(const GptOptions& o, std::shared_ptr<comm::Communicator> tp);
+// The ZeRO options of --zero, --bucket-mb, --grad-accum, --no-overlap and --loss-scale over
+// `model` (its tensor-parallel group; its experts, with expert parallelism, as own parameters:
+// See ZeroOptions::own_parameters).
+parallel::ZeroOptions zero_options(const GptOptions& o, const GptModel& model);
 
 class DataParallelStep : public Trainer {
  public:

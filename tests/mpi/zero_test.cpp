@@ -174,8 +174,9 @@ TEST(ZeRO, HybridShardingMatchesTheSingleProcessRun) {
 // over the replicas divided by the group's size is the average DDP and ZeRO give shared ones:
 // the single-process run, with and without clipping (each own parameter counted once in the
 // norm), at every stage. Their optimizer state is sharded over the replicas (each element's AdamW
-// moments on exactly one rank, See Note [Own parameters sharded over their replicas]), their
-// parameters stay whole on every rank. state_dict() refuses them (checkpoints take them through
+// moments on exactly one rank, See Note [Own parameters sharded over their replicas]), at stage 3
+// the parameters themselves too (gathered around each MLP), and planned_own_places (loom-ckpt
+// check) is what each rank steps. state_dict() refuses them (checkpoints take them through
 // parallel/checkpoint).
 TEST(ZeRO, OwnParametersReducedOverTheirReplicasMatchTheSingleProcessRun) {
   auto world = comm::world();
@@ -192,7 +193,20 @@ TEST(ZeRO, OwnParametersReducedOverTheirReplicasMatchTheSingleProcessRun) {
         return name.find(".mlp.") != std::string::npos;
       };
       o.own_replicas = world;
+      // Stage 3 shards the MLPs themselves, gathered around each block's MLP.
+      o.own_unit = [](const std::string& name) { return name.substr(0, name.find(".mlp.") + 4); };
       ZeroOptimizer opt(model, world, o, adamw_factory());
+      // What loom-ckpt check plans for this rank is what it steps.
+      const auto planned =
+          ZeroOptimizer::planned_own_places(model, o, world->rank(), world->size());
+      const auto running = opt.own_places();
+      ASSERT_EQ(planned.size(), running.size());
+      for (size_t i = 0; i < planned.size(); ++i) {
+        EXPECT_EQ(planned[i].name, running[i].name) << i;
+        EXPECT_EQ(planned[i].offset, running[i].offset) << i;
+        EXPECT_EQ(planned[i].numel, running[i].numel) << i;
+        EXPECT_EQ(planned[i].whole, running[i].whole) << i;
+      }
       int steps = 0;
       const RunResult got = split_batch_run(
           *world, model, 1, [&](const Tensor& loss) { opt.backward(loss); },
@@ -214,7 +228,9 @@ TEST(ZeRO, OwnParametersReducedOverTheirReplicasMatchTheSingleProcessRun) {
           << "every element's moments, own ones included, on exactly one rank";
       int64_t stepped_own = 0;
       for (const ZeroOptimizer::OwnPlace& place : opt.own_places()) stepped_own += place.numel;
-      EXPECT_LE(stepped_own, own_numel / world->size() + 1) << "1/R of the own elements";
+      // 1/R of the own elements, each bucket padded (one bucket; stage 3: one per block's MLP).
+      EXPECT_LE(stepped_own, own_numel / world->size() + model.config().layers)
+          << "1/R of the own elements";
       try {
         (void)opt.state_dict();
         ADD_FAILURE() << "a state_dict with own parameters must be refused";
