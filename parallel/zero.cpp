@@ -249,36 +249,6 @@ optim::Optimizer& ZeroOptimizer::group_optimizer(size_t g) const {
 // the parameters themselves instead: a bucket per unit, sharded over the replicas and gathered
 // around the unit's forward and backward by a ShardedParameters of its own (over a split of
 // own_replicas), as the rest are around their modules; the same reduce-scatter per bucket.
-void ZeroOptimizer::shard_own_parameters() {
-  NoGradGuard no_grad;
-  const comm::Communicator& replicas = *options_.own_replicas;
-  const int64_t count = replicas.size(), rank = replicas.rank();
-  int64_t total = 0;
-  for (const auto& [name, p] : own_) total += p.numel();
-  own_shard_numel_ = (total + count - 1) / count;
-  const Tensor& first = own_.front().second;
-  own_flat_ = Tensor::zeros({own_shard_numel_ * count}, first.dtype(), first.device());
-  own_grad_shards_.assign(1, Tensor());
-  Bucket bucket;  // the flat tensor: every own parameter end to end
-  bucket.numel = total;
-  bucket.padded = own_shard_numel_ * count;
-  const int64_t begin = rank * own_shard_numel_, end = std::min(total, begin + own_shard_numel_);
-  int64_t at = 0;
-  for (size_t i = 0; i < own_.size(); ++i) {
-    Tensor p = own_[i].second;
-    const int64_t n = p.numel();
-    bucket.slots.push_back({i, at, n});
-    Tensor view = own_flat_.narrow(0, at, n).reshape(p.shape());
-    view.copy_(p.detach());
-    p.set_data(view);
-    const int64_t lo = std::max(at, begin), hi = std::min(at + n, end);
-    if (lo < hi)
-      own_pieces_.push_back({i, lo - at, hi - lo, 0, lo - begin, own_flat_.narrow(0, lo, hi - lo)});
-    at += n;
-  }
-  own_buckets_.push_back(std::move(bucket));
-}
-
 namespace {
 
 // The module at `path` ("a.b.0"; "" is `root`) in `root`'s tree, or an error naming the path.
@@ -331,6 +301,26 @@ std::vector<Tensor> tensors_of(const NamedParams& named) {
 
 }  // namespace
 
+void ZeroOptimizer::shard_own_parameters() {
+  NoGradGuard no_grad;
+  const comm::Communicator& replicas = *options_.own_replicas;
+  std::vector<std::string> paths;
+  const BucketPlan plan(tensors_of(own_), own_groups(own_, options_, &paths), replicas.size());
+  own_buckets_ = plan.buckets();  // one: every own parameter end to end
+  const Tensor& first = own_.front().second;
+  own_flat_ = Tensor::zeros({own_buckets_[0].padded}, first.dtype(), first.device());
+  for (const BucketSlot& slot : own_buckets_[0].slots) {
+    Tensor p = own_[slot.param].second;
+    Tensor view = own_flat_.narrow(0, slot.offset, slot.numel).reshape(p.shape());
+    view.copy_(p.detach());
+    p.set_data(view);
+  }
+  const int64_t shard = plan.shard_numel(0), rank = replicas.rank();
+  for (const ShardPiece& sp : plan.shard_pieces(int(rank)))
+    own_pieces_.push_back({sp.param, sp.param_offset, sp.numel, sp.bucket, sp.shard_offset,
+                           own_flat_.narrow(0, rank * shard + sp.shard_offset, sp.numel)});
+}
+
 // Stage 3 with ZeroOptions::own_unit: the own parameters themselves sharded over their replicas,
 // one bucket per unit module (its own parameters), gathered around the unit's forward and again
 // for its backward by a ShardedParameters of their own, as the rest are around theirs. What each
@@ -344,7 +334,6 @@ void ZeroOptimizer::shard_own_parameters_stage3(nn::Module& module) {
   for (const std::string& path : paths) units.push_back(module_at(module, path, owner));
   const BucketPlan plan(tensors_of(own_), groups, replicas.size());
   own_buckets_ = plan.buckets();
-  own_grad_shards_.assign(own_buckets_.size(), Tensor());
   own_params_ = std::make_unique<ShardedParameters>(
       own_, plan, units,
       options_.own_replicas->split(0, replicas.rank(), replicas.name() + ".zero3_gather"));
@@ -380,8 +369,9 @@ void ZeroOptimizer::allgather_own() {
     own_params_->release_all();
     return;
   }
-  const int64_t rank = options_.own_replicas->rank();
-  Tensor mine = own_flat_.narrow(0, rank * own_shard_numel_, own_shard_numel_);
+  const int64_t rank = options_.own_replicas->rank(),
+                shard = own_flat_.numel() / options_.own_replicas->size();
+  Tensor mine = own_flat_.narrow(0, rank * shard, shard);
   own_flat_.storage()->bump_version();  // as allgather_shards: a write autograd must see
   options_.own_replicas->allgather(mine, own_flat_)->wait();
 }
@@ -466,6 +456,7 @@ void ZeroOptimizer::reduce_own_gradients() {
     NoGradGuard no_grad;
     const Tensor& first = own_.front().second;
     const int64_t count = options_.own_replicas->size();
+    std::vector<Tensor> shards;  // per bucket: this rank's reduced part
     for (size_t b = 0; b < own_buckets_.size(); ++b) {
       const Bucket& bucket = own_buckets_[b];
       Tensor flat = Tensor::zeros({bucket.padded}, first.dtype(), first.device());
@@ -475,10 +466,10 @@ void ZeroOptimizer::reduce_own_gradients() {
       }
       Tensor shard = Tensor::empty({bucket.padded / count}, first.dtype(), first.device());
       options_.own_replicas->reduce_scatter(flat, shard)->wait();
-      own_grad_shards_[b] = scale(shard, mean);
+      shards.push_back(scale(shard, mean));
     }
     for (OwnPiece& op : own_pieces_)
-      op.value.set_grad(own_grad_shards_[op.bucket].narrow(0, op.shard_offset, op.numel));
+      op.value.set_grad(shards[op.bucket].narrow(0, op.shard_offset, op.numel));
     return;
   }
   for (auto& [name, p] : own_) {

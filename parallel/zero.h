@@ -245,8 +245,8 @@ class ZeroOptimizer : public optim::Optimizer {
   NamedParams own_;               // See ZeroOptions::own_parameters
   std::vector<char> own_tp_sharded_;
   // Own parameters sharded over own_replicas (See Note [Own parameters sharded over their
-  // replicas]): their flat copy (own_replicas' size x own_shard_numel_, padded), the parts of
-  // this rank's shard of it, and the gradients' reduce-scatter buffers.
+  // replicas]): their buckets (one flat tensor, or stage 3's one per unit) and the parts of this
+  // rank's shards of them, which the wrapped optimizer steps.
   struct OwnPiece {
     size_t param;                 // in own_
     int64_t param_offset, numel;  // elements of that parameter
@@ -256,9 +256,7 @@ class ZeroOptimizer : public optim::Optimizer {
   };
   std::vector<OwnPiece> own_pieces_;
   std::vector<Bucket> own_buckets_;  // one (the flat tensor), or stage 3's one per unit
-  Tensor own_flat_;
-  std::vector<Tensor> own_grad_shards_;  // per bucket: this rank's reduced shard
-  int64_t own_shard_numel_ = 0;
+  Tensor own_flat_;                  // stages 1-2: the parameters view it
   std::unique_ptr<ShardedParameters> own_params_;  // stage 3 with own_unit
   bool own_sharded() const { return !own_buckets_.empty(); }
   void shard_own_parameters();  // the constructor's: the layout and the flat copy (stages 1-2)

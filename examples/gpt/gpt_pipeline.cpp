@@ -147,7 +147,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       if (counted_once(place, name)) counted.insert("chunk" + std::to_string(k) + "." + name);
   }
   z.counted_in_norm = [counted](const std::string& name) { return counted.count(name) > 0; };
-  if (experts_.replicas) {  // each rank's experts: whole, reduced over their replicas by ZeRO
+  if (experts_.replicas) {  // each rank's experts: reduced over, and sharded over, their replicas
     z.own_parameters = parallel::is_expert_parameter;
     z.own_replicas = experts_.replicas;
   }
@@ -338,19 +338,25 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
 // Chimera: each MoE layer's two replicas (one per pipeline) recorded the routing of their
 // pipeline's micro-batches; the whole batch's counts are their sum over the replica pair.
 void PipelineStep::add_replica_counts() {
+  for_each_replica_pair([this](size_t chunk, comm::Communicator& pair) {
+    for (nn::MoeLayer* layer : stages_[chunk]->moe_layers()) {
+      const std::vector<int64_t> mine = layer->recorded_batch();
+      Tensor t = Tensor::from_vector(mine, {int64_t(mine.size())});
+      pair.allreduce(t)->wait();
+      layer->set_recorded_batch(t.to_vector<int64_t>());
+    }
+  });
+}
+
+void PipelineStep::for_each_replica_pair(
+    const std::function<void(size_t chunk, comm::Communicator& pair)>& fn) {
   // In stage order, so the two ranks of every pair meet in the same order (each holds its two
   // replicas in other chunk orders).
   for (int stage = 0; stage < schedule_.stages; ++stage) {
     const std::shared_ptr<comm::Communicator>& pair = replica_pairs_[size_t(stage)];
     const auto it = std::find_if(stages_.begin(), stages_.end(),
                                  [stage](const auto& s) { return s->stage() == stage; });
-    if (!pair || it == stages_.end()) continue;
-    for (nn::MoeLayer* layer : (*it)->moe_layers()) {
-      const std::vector<int64_t> mine = layer->recorded_batch();
-      Tensor t = Tensor::from_vector(mine, {int64_t(mine.size())});
-      pair->allreduce(t)->wait();
-      layer->set_recorded_batch(t.to_vector<int64_t>());
-    }
+    if (pair && it != stages_.end()) fn(size_t(it - stages_.begin()), *pair);
   }
 }
 
@@ -363,17 +369,12 @@ void PipelineStep::add_replica_counts() {
 // both replicas plan their real pass from them: their own micro-batches' places, in order.
 void PipelineStep::plan_replicas_from_pipeline0() {
   const int64_t m = schedule_.microbatches, experts = o_.moe_experts;
-  for (int stage = 0; stage < schedule_.stages; ++stage) {  // as add_replica_counts
-    const std::shared_ptr<comm::Communicator>& pair = replica_pairs_[size_t(stage)];
-    const auto it = std::find_if(stages_.begin(), stages_.end(),
-                                 [stage](const auto& s) { return s->stage() == stage; });
-    if (!pair || it == stages_.end()) continue;
-    const int pipeline =
-        schedule_.chunks[size_t(pp_->rank())][size_t(it - stages_.begin())].pipeline;
+  for_each_replica_pair([&](size_t chunk, comm::Communicator& pair) {
+    const int pipeline = schedule_.chunks[size_t(pp_->rank())][chunk].pipeline;
     std::vector<int64_t> mine;  // the micro-batches this replica forwards, in order
     for (int64_t k = 0; k < m; ++k)
       if (schedule_.pipeline_of[size_t(k)] == pipeline) mine.push_back(k);
-    for (nn::MoeLayer* layer : (*it)->moe_layers()) {
+    for (nn::MoeLayer* layer : stages_[chunk]->moe_layers()) {
       // [micro-batch k's counts per expert for every k, then the batch's counts and tokens]:
       // pipeline 0's replica fills it, the other adds zeros.
       std::vector<int64_t> table(size_t(m * experts + experts + 1), 0);
@@ -386,7 +387,7 @@ void PipelineStep::plan_replicas_from_pipeline0() {
         std::copy(whole.begin(), whole.end(), table.begin() + m * experts);
       }
       Tensor t = Tensor::from_vector(table, {int64_t(table.size())});
-      pair->allreduce(t)->wait();
+      pair.allreduce(t)->wait();
       table = t.to_vector<int64_t>();
       std::vector<std::vector<int64_t>> places;
       for (int64_t k : mine) {
@@ -398,7 +399,7 @@ void PipelineStep::plan_replicas_from_pipeline0() {
       layer->plan_batch(m, std::vector<int64_t>(table.begin() + m * experts, table.end()),
                         std::move(places));
     }
-  }
+  });
 }
 
 void PipelineStep::record_moe_stats(const GptStage& stage) {

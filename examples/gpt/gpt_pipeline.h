@@ -15,6 +15,7 @@
 // under single-process names, so they reshard to and from any layout.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -85,6 +86,9 @@ class PipelineStep : public Trainer {
   void record_moe_stats(const parallel::pipeline::GptStage& stage);
   void add_replica_counts();            // Chimera: See the .cpp
   void plan_replicas_from_pipeline0();  // Chimera with capacity: See the .cpp
+  // fn(chunk, pair) for each of this rank's chunks whose stage is replicated over a pair of
+  // ranks (Chimera), in stage order.
+  void for_each_replica_pair(const std::function<void(size_t chunk, comm::Communicator& pair)>& fn);
   std::vector<std::shared_ptr<comm::Communicator>> replica_pairs_;  // per stage (Chimera)
 
   GptConfig config_;
