@@ -111,9 +111,9 @@ int run(int argc, char** argv) {
   if (root)
     std::printf(
         "loom-bench-pp: pp %d, GPT layers %lld dim %lld heads %lld, batch %lld x seq %lld, "
-        "%d micro-batches, f32, AdamW, 1 thread per rank, median of %d steps\n",
+        "%lld micro-batches, f32, AdamW, 1 thread per rank, median of %lld steps\n",
         p, (long long)a.layers, (long long)a.dim, (long long)a.heads, (long long)a.batch,
-        (long long)a.seq, a.microbatches, a.steps);
+        (long long)a.seq, (long long)a.microbatches, (long long)a.steps);
   for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
     if (name == "chimera" && p % 2 != 0) continue;
     const Schedule s = make_schedule(name, p, a.microbatches, name == "interleaved" ? 2 : 1);

@@ -72,6 +72,10 @@ class Simulator {
   }
 
  private:
+  static double extra(const std::vector<double>& per_stage, int stage) {
+    return per_stage.empty() ? 0.0 : per_stage[size_t(stage)];
+  }
+
   std::string where(int r, size_t i) const {
     return detail::str_cat("schedule '", s_.name, "': rank ", r, " action ", i, " (",
                            s_.actions[size_t(r)][i].str(), ")");
@@ -130,7 +134,7 @@ class Simulator {
         require(place.stage == 0 || ra_[size_t(r)].count(mc), r, i,
                 "has no input: no receive of its activation (RA) comes before it");
         require(!f_[size_t(r)].count(mc), r, i, "repeats a forward");
-        compute(r, cost_.forward * scale_);
+        compute(r, cost_.forward * scale_ + extra(cost_.stage_forward_extra, place.stage));
         f_[size_t(r)].insert(mc);
         add_live(r, 1);
         break;
@@ -139,7 +143,7 @@ class Simulator {
         require(place.stage == last || rg_[size_t(r)].count(mc), r, i,
                 "has no output gradient: no receive of it (RG) comes before it");
         require(!b_[size_t(r)].count(mc), r, i, "repeats a backward");
-        compute(r, cost_.backward * scale_);
+        compute(r, cost_.backward * scale_ + extra(cost_.stage_backward_extra, place.stage));
         b_[size_t(r)].insert(mc);
         if (!has_w_[size_t(r)].count(mc)) add_live(r, -1);
         break;
@@ -243,6 +247,12 @@ Simulation validate(const Schedule& schedule, const CostModel& cost) {
   LOOM_CHECK(cost.forward >= 0 && cost.backward >= 0 && cost.weight_grad >= 0 && cost.transfer >= 0,
              "validate: costs must be >= 0");
   check_well_formed(schedule);
+  for (const auto* extra : {&cost.stage_forward_extra, &cost.stage_backward_extra}) {
+    LOOM_CHECK(extra->empty() || extra->size() == size_t(schedule.stages),
+               "validate: per-stage extra costs need one entry per stage (", schedule.stages,
+               "), got ", extra->size());
+    for (double x : *extra) LOOM_CHECK(x >= 0, "validate: costs must be >= 0");
+  }
   return Simulator(schedule, cost).run();
 }
 

@@ -42,6 +42,11 @@ struct CostModel {  // unit costs by default
   double backward = 1.0;     // B (with the weight gradient unless split into W)
   double weight_grad = 1.0;  // W
   double transfer = 0.0;     // from a send's posting to its arrival
+  // Extra cost of F / B on the chunk holding stage i (of either pipeline), beside its share: a
+  // GPT's first stage also embeds, its last computes the logits and the loss (the planner's
+  // costs). Empty, or one entry per stage.
+  std::vector<double> stage_forward_extra;
+  std::vector<double> stage_backward_extra;
 };
 
 struct RankStats {

@@ -77,6 +77,29 @@ TEST(Validator, ChimeraHasThePapersBubbleAndActivationBalance) {
     }
 }
 
+// Per-stage extras (a GPT's embedding on the first stage, logits and loss on the last): with
+// forward and backward 1, the last stage's extra x_f + x_b lies on the critical path of every
+// micro-batch in 1F1B's steady state, GPipe's last stage runs all m forwards and backwards:
+// makespan 2(m + p - 1) + m (x_f + x_b) for both, and the refusal of a wrongly sized list.
+TEST(Validator, StageExtrasAddToTheirStagesCriticalPath) {
+  const int p = 4, m = 8;
+  const double xf = 0.5, xb = 0.25;
+  CostModel cost;
+  cost.stage_forward_extra.assign(size_t(p), 0.0);
+  cost.stage_backward_extra.assign(size_t(p), 0.0);
+  cost.stage_forward_extra.back() = xf;
+  cost.stage_backward_extra.back() = xb;
+  for (const Schedule& s : {gpipe(p, m), one_f_one_b(p, m)}) {
+    SCOPED_TRACE(s.name);
+    const Simulation sim = validate(s, cost);
+    EXPECT_DOUBLE_EQ(sim.makespan, 2.0 * (m + p - 1) + m * (xf + xb));
+    EXPECT_DOUBLE_EQ(sim.ranks.back().busy, m * (2.0 + xf + xb));
+    EXPECT_DOUBLE_EQ(sim.ranks.front().busy, m * 2.0);
+  }
+  cost.stage_forward_extra.pop_back();
+  expect_error([&] { validate(one_f_one_b(p, m), cost); }, {"one entry per stage (4), got 3"});
+}
+
 TEST(Validator, ReportHasOneLinePerRank) {
   const Simulation sim = validate(one_f_one_b(4, 8));
   EXPECT_EQ(sim.report(),

@@ -1,0 +1,185 @@
+// loom-plan: chooses a parallel layout for training a GPT on a cluster, and predicts its step.
+//
+//   loom-plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 \
+//             --global-batch 1536 --gpus 1024 --gpus-per-node 8 --gpu a100-80gb
+//   loom-plan ... --evaluate "tp=8,pp=8,v=3,mb=1,schedule=interleaved,recompute=selective,sp=1"
+//
+// Ranks every valid layout that fits in memory by predicted step time (planner/search.h), prints
+// the best with its step, tokens/s, TFLOP/s per GPU, MFU, bubble, communication share and memory
+// per GPU, and says why each runner-up lost. --json prints the same records as JSON.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/flags.h"
+#include "core/error.h"
+#include "planner/search.h"
+
+namespace loom::planner {
+namespace {
+
+nlohmann::json to_json(const Prediction& p) {
+  nlohmann::json j;
+  j["layout"] = p.layout.str();
+  if (!p.problem.empty()) {
+    j["problem"] = p.problem;
+    return j;
+  }
+  j["step_s"] = p.step_s;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["model_tflops_per_gpu"] = p.model_tflops_per_gpu;
+  j["hardware_tflops_per_gpu"] = p.hardware_tflops_per_gpu;
+  j["mfu"] = p.mfu;
+  j["bubble"] = p.bubble;
+  j["comm_s"] = p.comm_s;
+  j["pipeline_s"] = p.pipeline_s;
+  j["dp_exposed_s"] = p.step.dp_exposed;
+  j["optimizer_s"] = p.step.optimizer;
+  j["memory_bytes"] = {{"parameters", p.memory.parameters},
+                       {"gradients", p.memory.gradients},
+                       {"optimizer_state", p.memory.optimizer_state},
+                       {"activations", p.memory.activations},
+                       {"reserved", p.memory.reserved},
+                       {"total", p.memory.total()},
+                       {"pipeline_rank", p.memory_rank}};
+  j["oom"] = p.oom;
+  return j;
+}
+
+void print_prediction(const char* label, const Prediction& p) {
+  std::printf("%s %s\n", label, p.layout.str().c_str());
+  if (!p.problem.empty()) {
+    std::printf("  invalid: %s\n", p.problem.c_str());
+    return;
+  }
+  std::printf(
+      "  step %.4f s, %.0f tokens/s, %.1f TFLOP/s per GPU (model), %.1f (hardware), MFU "
+      "%.1f%%\n",
+      p.step_s, p.tokens_per_s, p.model_tflops_per_gpu, p.hardware_tflops_per_gpu, 100 * p.mfu);
+  std::printf(
+      "  pipeline %.4f s (bubble %.1f%%), communication %.4f s (%.1f%%), data-parallel "
+      "exposed %.4f s, optimizer %.4f s\n",
+      p.pipeline_s, 100 * p.bubble, p.comm_s, 100 * p.comm_s / p.step_s, p.step.dp_exposed,
+      p.step.optimizer);
+  std::printf("  memory per GPU (pipeline rank %d): %s%s\n", p.memory_rank, p.memory.str().c_str(),
+              p.oom ? "  OUT OF MEMORY" : "");
+}
+
+int run(int argc, char** argv) {
+  cli::Flags f("loom-plan",
+               "Chooses dp x tp x pp, schedule, micro-batch, ZeRO stage, recomputation and\n"
+               "sequence parallelism for training a GPT on a cluster, and predicts the step.");
+  f.add_int("layers", 0, "transformer layers");
+  f.add_int("hidden", 0, "hidden size");
+  f.add_int("heads", 0, "attention heads");
+  f.add_int("seq", 2048, "sequence length");
+  f.add_int("vocab", 51200, "vocabulary size");
+  f.add_int("global-batch", 0, "sequences per optimizer step");
+  f.add_int("gpus", 0, "GPUs in all");
+  f.add_int("gpus-per-node", 8, "GPUs per node (tp stays inside one)");
+  f.add_string("gpu", "h100-sxm", "GPU preset: a100-80gb, h100-sxm, h200");
+  f.add_double("peak-tflops", 0, "override: dense 16-bit peak TFLOP/s per GPU");
+  f.add_double("memory-gb", 0, "override: GPU memory in GB");
+  f.add_double("intra-gbps", 0, "override: GB/s per GPU and direction inside a node");
+  f.add_double("inter-gbps", 0, "override: GB/s per GPU and direction between nodes");
+  f.add_string("profile", "", "a profile JSON (planner/cluster.h) overriding the preset's rates");
+  f.add_string("execution", "loom", "whose runtime executes the plan", {"loom", "megatron"});
+  f.add_string("evaluate", "",
+               "predict one layout: dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,"
+               "zero=..,recompute=none|selective|full,sp=0|1");
+  f.add_int("top", 5, "plans to print");
+  f.add_bool("json", "print JSON instead of text");
+  if (!f.parse(argc, argv)) return 0;
+
+  Workload w;
+  w.model.layers = f.get_int("layers");
+  w.model.hidden = f.get_int("hidden");
+  w.model.heads = f.get_int("heads");
+  w.model.seq = f.get_int("seq");
+  w.model.vocab = f.get_int("vocab");
+  w.global_batch = f.get_int("global-batch");
+  for (const char* required : {"layers", "hidden", "heads", "global-batch", "gpus"})
+    LOOM_CHECK(f.was_set(required), "loom-plan: --", required, " is required (see --help)");
+  w.check();
+  LOOM_CHECK(f.get_int("top") >= 1, "loom-plan: --top must be at least 1");
+
+  Cluster c;
+  c.gpus = int(f.get_int("gpus"));
+  c.gpus_per_node = int(f.get_int("gpus-per-node"));
+  c.device = device_preset(f.get_string("gpu"));
+  c.intra = intra_preset(f.get_string("gpu"));
+  c.inter = inter_preset(f.get_string("gpu"));
+  if (!f.get_string("profile").empty()) c = read_profile(f.get_string("profile"), c);
+  auto positive = [&](const char* name) {
+    LOOM_CHECK(f.get_double(name) > 0, "loom-plan: --", name, " must be positive");
+    return f.get_double(name);
+  };
+  if (f.was_set("peak-tflops")) c.device.peak_flops = positive("peak-tflops") * 1e12;
+  if (f.was_set("memory-gb")) c.device.memory_bytes = positive("memory-gb") * 1e9;
+  if (f.was_set("intra-gbps")) c.intra.bandwidth = positive("intra-gbps") * 1e9;
+  if (f.was_set("inter-gbps")) c.inter.bandwidth = positive("inter-gbps") * 1e9;
+  c.check();
+  const Execution e = execution_preset(f.get_string("execution"));
+  const bool json = f.get_bool("json");
+
+  if (!f.get_string("evaluate").empty()) {
+    const Prediction p = evaluate(w, parse_layout(f.get_string("evaluate"), c.gpus), c, e);
+    if (json) {
+      std::printf("%s\n", to_json(p).dump(2).c_str());
+    } else {
+      std::printf("model: %s, global batch %lld\ncluster: %s\n", w.model.str().c_str(),
+                  (long long)w.global_batch, c.str().c_str());
+      print_prediction("layout", p);
+    }
+    return p.problem.empty() ? 0 : 1;
+  }
+
+  SearchOptions o;
+  o.top = int(f.get_int("top"));
+  const SearchResult r = search(w, c, e, o);
+  if (json) {
+    nlohmann::json j;
+    j["plans"] = nlohmann::json::array();
+    for (const Prediction& p : r.ranked) j["plans"].push_back(to_json(p));
+    j["candidates"] = r.candidates;
+    j["invalid"] = r.invalid;
+    j["oom"] = r.oom;
+    j["simulated"] = r.simulated;
+    j["pruned"] = r.pruned;
+    j["search_s"] = r.seconds;
+    std::printf("%s\n", j.dump(2).c_str());
+    return r.ranked.empty() ? 1 : 0;
+  }
+  std::printf("model: %s, global batch %lld\ncluster: %s\n", w.model.str().c_str(),
+              (long long)w.global_batch, c.str().c_str());
+  std::printf(
+      "searched %ld layouts in %.2f s: %ld invalid, %ld out of memory, %ld simulated, "
+      "%ld pruned by their lower bound\n",
+      r.candidates, r.seconds, r.invalid, r.oom, r.simulated, r.pruned);
+  LOOM_CHECK(!r.ranked.empty(), "loom-plan: no layout fits in memory",
+             r.any_oom && r.fastest_oom.problem.empty()
+                 ? " (the fastest needs " + std::to_string(r.fastest_oom.memory.total() / 1e9) +
+                       " GB: " + r.fastest_oom.layout.str() + ")"
+                 : std::string());
+  print_prediction("best:", r.ranked.front());
+  for (size_t i = 1; i < r.ranked.size(); ++i) {
+    char label[32];
+    std::snprintf(label, sizeof label, "#%zu:", i + 1);
+    print_prediction(label, r.ranked[i]);
+    std::printf("  slower by %s\n", why_slower(r.ranked.front(), r.ranked[i]).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom::planner
+
+int main(int argc, char** argv) {
+  try {
+    return loom::planner::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom-plan: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,157 @@
+#include "planner/cost_model.h"
+
+#include <algorithm>
+
+#include "planner/memory_model.h"
+
+namespace loom::planner {
+
+double gemm_seconds(double flops, const DeviceRates& d) {
+  if (flops <= 0) return 0;
+  return (flops + d.gemm_half_flops) / (d.peak_flops * d.gemm_efficiency);
+}
+
+double allreduce_seconds(double bytes, int n, const LinkLevel& link) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) * (link.latency_s + bytes / (double(n) * link.bandwidth));
+}
+
+double reduce_scatter_seconds(double bytes, int n, const LinkLevel& link) {
+  return allreduce_seconds(bytes, n, link) / 2.0;
+}
+
+double all_gather_seconds(double bytes, int n, const LinkLevel& link) {
+  return allreduce_seconds(bytes, n, link) / 2.0;
+}
+
+const LinkLevel& tp_link(const Layout& l, const Cluster& c) {
+  return l.tp <= c.gpus_per_node ? c.intra : c.inter;
+}
+
+const LinkLevel& dp_link(const Layout& l, const Cluster& c) {
+  return l.tp * l.dp <= c.gpus_per_node ? c.intra : c.inter;
+}
+
+const LinkLevel& pp_link(const Layout& l, const Cluster& c) {
+  return l.gpus() <= c.gpus_per_node ? c.intra : c.inter;
+}
+
+namespace {
+
+// One layer's forward GEMMs for a micro-batch of b sequences, each tp rank's share.
+double layer_gemms_forward(const TransformerShape& m, int mb, int tp, const DeviceRates& d) {
+  const double s = double(m.seq), b = double(mb), h = double(m.hidden), t = double(tp);
+  const double bsh2 = b * s * h * h / t, bs2h = b * s * s * h / t;
+  return gemm_seconds(6 * bsh2, d) + 2 * gemm_seconds(2 * bs2h, d) + gemm_seconds(2 * bsh2, d) +
+         2 * gemm_seconds(8 * bsh2, d);
+}
+
+// The attention's scores and context GEMMs alone (what selective recomputation redoes).
+double attention_gemms_forward(const TransformerShape& m, int mb, int tp, const DeviceRates& d) {
+  const double bs2h = double(mb) * double(m.seq) * double(m.seq) * double(m.hidden) / tp;
+  return 2 * gemm_seconds(2 * bs2h, d);
+}
+
+}  // namespace
+
+ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
+  const TransformerShape& m = w.model;
+  const DeviceRates& d = c.device;
+  const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
+  const double layers = double(m.layers) / l.pp;  // one rank's share of one pipeline
+
+  const double stored = layer_activation_bytes(m, l.mb, l.tp, l.sp, Recompute::kNone);
+  const double scores = 5.0 * double(m.heads) * s * s * b / t;
+  const double elementwise_f = 2.0 * stored / d.memory_bandwidth;
+  const double gemm_f = layer_gemms_forward(m, l.mb, l.tp, d);
+  const double activation_bytes = b * s * h * e.param_bytes;
+  const double tp_f = 2.0 * allreduce_seconds(activation_bytes, l.tp, tp_link(l, c));
+
+  const double layer_f = gemm_f + elementwise_f + tp_f;
+  double layer_recompute = 0;
+  if (l.recompute == Recompute::kSelective)
+    layer_recompute = attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / d.memory_bandwidth;
+  else if (l.recompute == Recompute::kFull)
+    layer_recompute = layer_f;
+  const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + layer_recompute;
+
+  ActionCosts a;
+  a.forward = layers * layer_f;
+  a.backward = layers * layer_b;
+  a.recompute = layers * layer_recompute;
+  a.tp_comm = layers * (2.0 * tp_f + (l.recompute == Recompute::kFull ? tp_f : 0.0));
+
+  // ZeRO per micro-batch: stage 3 gathers the weights for the forward and again for the
+  // backward; stages 2 and 3 reduce-scatter the backward's gradients. Prefetching overlaps them
+  // with the compute, so an action takes the longer of the two.
+  const double layer_params = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
+  const double params = layers * layer_params;
+  if (l.dp > 1 && l.zero >= 2) {
+    const LinkLevel& link = dp_link(l, c);
+    const double gather = l.zero >= 3 ? all_gather_seconds(params * e.param_bytes, l.dp, link) : 0;
+    const double scatter = reduce_scatter_seconds(params * e.grad_bytes, l.dp, link);
+    a.zero_comm = 2.0 * gather + scatter;
+    a.forward = std::max(a.forward, gather);
+    a.backward = std::max(a.backward, gather + scatter);
+  }
+
+  // The first stage looks up b s tokens (vocab-parallel: an all-reduce of the result), the last
+  // computes the logits (one GEMM of 2 b s h V / t) and the loss over f32 logits (written, read
+  // for the softmax, the gradient written: 3 * 4 b s V / t bytes), each twice in the backward.
+  const double vocab_t = double(m.vocab) / t;
+  a.embed_forward = activation_bytes / d.memory_bandwidth +
+                    allreduce_seconds(activation_bytes, l.tp, tp_link(l, c));
+  a.embed_backward = 2.0 * activation_bytes / d.memory_bandwidth;
+  const double logits_flops = 2.0 * b * s * h * vocab_t;
+  const double loss_bytes = 3.0 * 4.0 * b * s * vocab_t;
+  a.head_forward = gemm_seconds(logits_flops, d) + loss_bytes / d.memory_bandwidth;
+  a.head_backward = 2.0 * gemm_seconds(logits_flops, d) + loss_bytes / d.memory_bandwidth;
+
+  if (l.pp > 1) {
+    const double sent = e.scatter_gather_p2p ? activation_bytes / t : activation_bytes;
+    a.p2p = pp_link(l, c).latency_s + sent / pp_link(l, c).bandwidth;
+  }
+  return a;
+}
+
+StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e,
+                     double rank_params, double last_backward) {
+  StepCosts s;
+  const LinkLevel& link = dp_link(l, c);
+  const double grads = rank_params * e.grad_bytes, weights = rank_params * e.param_bytes;
+  if (l.dp > 1) {
+    double hidden_part = 0, after = 0;  // what may overlap the backward, what follows the step
+    switch (l.zero) {
+      case 0:
+        hidden_part = allreduce_seconds(grads, l.dp, link);
+        break;
+      case 1:
+        hidden_part = reduce_scatter_seconds(grads, l.dp, link);
+        after = all_gather_seconds(weights, l.dp, link);
+        break;
+      case 2:  // the reduce-scatters ran with each micro-batch (action_costs)
+        after = all_gather_seconds(weights, l.dp, link);
+        break;
+      default:  // stage 3: gathered per micro-batch, nothing after the step
+        break;
+    }
+    s.dp_comm = hidden_part + after;
+    double exposed = hidden_part;
+    if (e.overlap_grad_reduce && hidden_part > 0) {
+      // Buckets launch as the last backward fills them; the last bucket always follows it.
+      const double last_bucket = hidden_part * std::min(1.0, e.bucket_bytes / grads);
+      exposed = std::max(last_bucket, hidden_part - last_backward);
+    }
+    s.dp_exposed = exposed + after;
+  }
+  if (l.pp > 1) {
+    const double table = double(w.model.vocab) * double(w.model.hidden) / l.tp;
+    s.tied_embedding = allreduce_seconds(table * e.grad_bytes, 2, pp_link(l, c));
+  }
+  const double shard = rank_params / (l.zero >= 1 ? double(l.dp) : 1.0);
+  const double traffic = e.param_bytes + e.grad_bytes + 2.0 * e.optimizer_bytes;
+  s.optimizer = shard * traffic / c.device.memory_bandwidth;
+  return s;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,74 @@
+// How long each piece of a training step takes on a cluster: the per-micro-batch actions the
+// pipeline schedule is simulated with, and the once-per-step data-parallel reduction and
+// optimizer update.
+//
+//   GEMMs        a GEMM of f FLOPs takes (f + gemm_half_flops) / (peak * gemm_efficiency): the
+//                efficiency curve of DeviceRates, so small GEMMs (a thin tp shard, a short
+//                micro-batch) pay a fixed cost that large ones amortise. Six per layer forward
+//                (QKV, scores, context, projection, MLP in and out), two per GEMM backward.
+//   element-wise LayerNorms, GELU, softmax, dropouts, residual adds: memory-bound; they move
+//                twice the bytes the forward stores (Korthikanti's count, written then read) at
+//                the GPU's memory bandwidth, twice that in the backward.
+//   collectives  ring algorithms on the slowest link level the group spans, alpha-beta:
+//                all-reduce 2(n-1) (latency + bytes / (n bandwidth)), reduce-scatter and
+//                all-gather half of that. Tensor parallelism: two all-reduces (or with sp an
+//                all-gather and a reduce-scatter each) of b s h activations per layer forward,
+//                two per backward, not overlapped (loom's and Megatron's default).
+//   pipeline     one activation (b s h, 16-bit) per micro-batch and stage boundary, latency +
+//                bytes / bandwidth on the link between neighbouring pipeline ranks.
+//   recompute    selective: the scores and context GEMMs and the softmax again in the backward;
+//                full: the whole forward again, its collectives included.
+//   ZeRO         stage 3 gathers a rank's weights before each micro-batch's forward and backward,
+//                stages 2 and 3 reduce-scatter each micro-batch's gradients, overlapped with that
+//                compute by prefetching (an action takes the longer of the two); stages 0 and 1
+//                reduce once per step, stages 1 and 2 then all-gather the updated weights.
+//   optimizer    memory-bound: weights, gradients, masters and moments read and written.
+#pragma once
+
+#include "planner/cluster.h"
+#include "planner/execution.h"
+#include "planner/layout.h"
+#include "planner/workload.h"
+
+namespace loom::planner {
+
+// Seconds of one GEMM of `flops` (the efficiency curve above).
+double gemm_seconds(double flops, const DeviceRates& d);
+// Ring collectives over n ranks of a buffer of `bytes` (the whole buffer, not a shard).
+double allreduce_seconds(double bytes, int n, const LinkLevel& link);
+double reduce_scatter_seconds(double bytes, int n, const LinkLevel& link);
+double all_gather_seconds(double bytes, int n, const LinkLevel& link);
+
+// The link level each group of the layout crosses, given the mesh order (layout.h): a group
+// spanning consecutive ranks stays inside a node while it spans at most gpus_per_node.
+const LinkLevel& tp_link(const Layout& l, const Cluster& c);
+const LinkLevel& dp_link(const Layout& l, const Cluster& c);
+const LinkLevel& pp_link(const Layout& l, const Cluster& c);
+
+// One micro-batch through one pipeline rank's share of one pipeline (layers / pp layers; the
+// schedule validator divides it among interleaved chunks), in seconds.
+struct ActionCosts {
+  double forward = 0;
+  double backward = 0;                           // with the weight gradients and any recomputation
+  double embed_forward = 0, embed_backward = 0;  // extra on the first stage
+  double head_forward = 0, head_backward = 0;    // extra on the last: logits and the loss
+  double p2p = 0;                                // one activation or gradient between stages
+  double tp_comm = 0;                            // the tp collectives inside forward + backward
+  double zero_comm = 0;  // ZeRO-3 gathers / ZeRO-2+ reduce-scatters per micro-batch (hidden
+                         // up to the compute they overlap)
+  double recompute = 0;  // the recomputation inside backward
+};
+ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e);
+
+struct StepCosts {
+  double dp_comm = 0;         // the step's data-parallel reduction (and ZeRO 1/2's gather)
+  double dp_exposed = 0;      // what of it no backward hides
+  double tied_embedding = 0;  // summing the embedding's two copies' gradients (pp > 1)
+  double optimizer = 0;
+};
+// rank_params: the parameters of the rank whose reduction is largest; last_backward: the
+// backward its reduction can overlap.
+StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e,
+                     double rank_params, double last_backward);
+
+}  // namespace loom::planner

@@ -1,0 +1,116 @@
+#include "planner/evaluate.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "parallel/pipeline/generators.h"
+#include "parallel/pipeline/validator.h"
+
+namespace loom::planner {
+
+namespace pl = parallel::pipeline;
+
+std::string Prediction::summary() const {
+  if (!problem.empty()) return layout.str() + ": invalid: " + problem;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "%s: step %.3f s, %.0f tokens/s, %.1f TFLOP/s/GPU (MFU %.1f%%), bubble %.1f%%, "
+                "comm %.1f%%, memory %.1f GB%s",
+                layout.str().c_str(), step_s, tokens_per_s, model_tflops_per_gpu, 100 * mfu,
+                100 * bubble, 100 * comm_s / step_s, memory.total() / 1e9,
+                oom ? " (out of memory)" : "");
+  return buf;
+}
+
+namespace {
+
+// Model FLOPs recomputation adds to a step: selective, the attention scores and context
+// (4 s^2 h per layer and sequence); full, every layer's forward again.
+double recompute_flops(const Workload& w, Recompute r) {
+  const TransformerShape& m = w.model;
+  const double per_layer =
+      r == Recompute::kFull
+          ? m.layer_forward_flops()
+          : (r == Recompute::kSelective ? 4.0 * double(m.seq) * double(m.seq) * double(m.hidden)
+                                        : 0.0);
+  return per_layer * double(m.layers) * double(w.global_batch);
+}
+
+}  // namespace
+
+Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
+  Prediction p;
+  p.layout = l;
+  w.check();
+  c.check();
+  p.problem = layout_problem(l, w, c);
+  if (!p.problem.empty()) return p;
+
+  const int m = int(l.microbatches(w));
+  p.actions = action_costs(w, l, c, e);
+  const ActionCosts& a = p.actions;
+  const pl::Schedule schedule = pl::make_schedule(l.schedule, l.pp, m, l.v);
+  pl::CostModel cost;
+  cost.forward = a.forward;
+  cost.backward = a.backward;
+  cost.weight_grad = 0;
+  cost.transfer = a.p2p;
+  cost.stage_forward_extra.assign(size_t(schedule.stages), 0.0);
+  cost.stage_backward_extra.assign(size_t(schedule.stages), 0.0);
+  cost.stage_forward_extra.front() += a.embed_forward;
+  cost.stage_backward_extra.front() += a.embed_backward;
+  cost.stage_forward_extra.back() += a.head_forward;
+  cost.stage_backward_extra.back() += a.head_backward;
+  const pl::Simulation sim = pl::validate(schedule, cost);
+  p.pipeline_s = sim.makespan;
+  for (const auto& r : sim.ranks) p.bubble += r.bubble / double(sim.ranks.size());
+
+  double largest_params = 0;
+  for (int r = 0; r < l.pp; ++r) {
+    const MemoryBreakdown mem = rank_memory(w, l, c, e, r, sim.ranks[size_t(r)].peak_activations);
+    if (r == 0 || mem.total() > p.memory.total()) {
+      p.memory = mem;
+      p.memory_rank = r;
+    }
+    largest_params = std::max(largest_params, rank_parameters(w.model, l, r));
+  }
+  p.oom = p.memory.total() > c.device.memory_bytes;
+
+  const double chunk_backward = a.backward * double(l.pp) / double(schedule.stages);
+  p.step = step_costs(w, l, c, e, largest_params, chunk_backward);
+  p.step_s = p.pipeline_s + p.step.dp_exposed + p.step.tied_embedding + p.step.optimizer;
+  p.comm_s = double(m) * (a.tp_comm + (l.pp > 1 ? 2.0 * a.p2p : 0.0)) + p.step.dp_exposed +
+             p.step.tied_embedding;
+
+  const double tokens = double(w.global_batch) * double(w.model.seq);
+  const double model_flops = w.model.step_model_flops(w.global_batch);
+  p.tokens_per_s = tokens / p.step_s;
+  p.model_tflops_per_gpu = model_flops / p.step_s / c.gpus / 1e12;
+  p.hardware_tflops_per_gpu =
+      (model_flops + recompute_flops(w, l.recompute)) / p.step_s / c.gpus / 1e12;
+  p.mfu = p.model_tflops_per_gpu * 1e12 / c.device.peak_flops;
+  return p;
+}
+
+double step_lower_bound(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
+  if (!layout_problem(l, w, c).empty()) return 0;
+  const ActionCosts a = action_costs(w, l, c, e);
+  double params = 0;
+  for (int r : {0, l.pp - 1}) params = std::max(params, rank_parameters(w.model, l, r));
+  // The widest overlap window evaluate could give the reduction (a whole rank share's backward),
+  // so the exposed part is at least this.
+  const StepCosts s = step_costs(w, l, c, e, params, a.backward);
+  // The pipeline: with every cost but F and B set to zero the validator gives exactly
+  // (m + p - 1)(F + B) for GPipe and 1F1B and (m + (p - 1) / v)(F + B) for interleaved (See
+  // pipeline_validator_test); sends, the extras of the first and last stages only add to it.
+  // Chimera: at least m (F + B), every rank busy throughout.
+  const double m = double(l.microbatches(w)), fb = a.forward + a.backward;
+  double pipeline = m * fb;
+  if (l.schedule == "gpipe" || l.schedule == "1f1b")
+    pipeline = (m + l.pp - 1) * fb;
+  else if (l.schedule == "interleaved")
+    pipeline = (m + double(l.pp - 1) / l.v) * fb;
+  return pipeline + s.dp_exposed + s.tied_embedding + s.optimizer;
+}
+
+}  // namespace loom::planner

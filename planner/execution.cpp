@@ -1,0 +1,26 @@
+#include "planner/execution.h"
+
+#include "core/error.h"
+
+namespace loom::planner {
+
+Execution execution_preset(const std::string& name) {
+  Execution e;
+  e.name = name;
+  if (name == "loom") {
+    // MixedPrecisionOptimizer / ZeRO in bf16: gradients in the parameters' dtype, f32 masters;
+    // GradReducer's buckets overlap the backward; point-to-point sends carry whole activations.
+    return e;
+  }
+  if (name == "megatron") {
+    // Narayanan et al. (SC'21) and Korthikanti et al. (2022): f32 gradient accumulation buffers,
+    // the data-parallel all-reduce after the backward, scatter/gather pipeline sends.
+    e.grad_bytes = 4.0;
+    e.overlap_grad_reduce = false;
+    e.scatter_gather_p2p = true;
+    return e;
+  }
+  LOOM_FAIL("planner: unknown execution '", name, "' (loom, megatron)");
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,30 @@
+// How the runtime being planned for executes a layout: the choices that change a step's time or
+// memory without changing the layout. loom's own, and Megatron-LM's as its papers describe it
+// (for predicting their published runs).
+#pragma once
+
+#include <string>
+
+namespace loom::planner {
+
+struct Execution {
+  std::string name;
+  double param_bytes = 2.0;       // bf16 weights
+  double grad_bytes = 2.0;        // gradient buffer per parameter (Megatron: f32, 4)
+  double optimizer_bytes = 12.0;  // f32 master + Adam's two moments
+  // Data-parallel gradient reductions overlap the last micro-batch's backward (loom's buckets
+  // launch as they fill); without it they all follow the last backward.
+  bool overlap_grad_reduce = true;
+  double bucket_bytes = 25.0 * 1024 * 1024;
+  // Pipeline sends of a tp group carry 1/tp of the activation each and all-gather it inside the
+  // receiving node (Narayanan et al.'s scatter/gather optimisation).
+  bool scatter_gather_p2p = false;
+  // The attention scores are materialised (5 a s^2 b bytes per layer, Korthikanti et al.'s
+  // count): true for Megatron's 2021-22 kernels and for loom's GEMM attention.
+  bool materialised_scores = true;
+};
+
+// "loom" or "megatron"; an unknown name lists both.
+Execution execution_preset(const std::string& name);
+
+}  // namespace loom::planner

@@ -1,0 +1,146 @@
+#include "planner/memory_model.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace loom::planner {
+
+std::string MemoryBreakdown::str() const {
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "params %.2f GB, grads %.2f GB, optimizer %.2f GB, activations %.2f GB, reserved "
+                "%.2f GB: %.2f GB",
+                parameters / 1e9, gradients / 1e9, optimizer_state / 1e9, activations / 1e9,
+                reserved / 1e9, total() / 1e9);
+  return buf;
+}
+
+namespace {
+
+// The two parts of Korthikanti's count for one layer and micro-batch: `linear` (the 34 s b h of
+// the inputs to the GEMMs, LayerNorms, GELU and dropouts) and `scores` (the 5 a s^2 b of the
+// attention scores, softmax and its dropout mask), already divided by what tp / sp shard.
+struct LayerBytes {
+  double linear = 0;
+  double scores = 0;
+};
+
+LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp) {
+  const double s = double(m.seq), b = double(mb), h = double(m.hidden), a = double(m.heads);
+  const double t = double(tp);
+  LayerBytes out;
+  // Without sp, the LayerNorms' inputs and the dropouts after attention and MLP (10 s b h) are
+  // replicated on every tp rank; sp splits them along the sequence.
+  out.linear = sp ? s * b * h * 34.0 / t : s * b * h * (10.0 + 24.0 / t);
+  out.scores = 5.0 * a * s * s * b / t;
+  return out;
+}
+
+struct RankChunks {
+  int chunks = 1;            // chunks on the rank
+  int64_t chunk_layers = 0;  // layers per chunk
+  bool first = false;        // holds a first stage (the embedding)
+  bool last = false;         // holds a last stage (the output layer)
+  int output_copies = 0;     // tied output-layer copies beside the embedding (0 when pp == 1)
+  int embeddings = 0;        // embedding tables held
+};
+
+RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
+  RankChunks rc;
+  const int p = l.pp;
+  if (l.schedule == "chimera") {
+    rc.chunks = 2;
+    rc.chunk_layers = m.layers / p;
+    // Stage r of the down pipeline and stage p-1-r of the up one: ranks 0 and p-1 hold a first
+    // and a last stage, each of its own replica.
+    rc.first = rc.last = rank == 0 || rank == p - 1;
+    rc.embeddings = rc.first ? 1 : 0;
+    rc.output_copies = rc.last ? 1 : 0;
+    return rc;
+  }
+  rc.chunks = l.v;
+  rc.chunk_layers = m.layers / (int64_t(p) * l.v);
+  rc.first = rank == 0;
+  rc.last = rank == p - 1;
+  rc.embeddings = rc.first ? 1 : 0;
+  rc.output_copies = rc.last && p > 1 ? 1 : 0;  // one process ties them in one table
+  return rc;
+}
+
+}  // namespace
+
+double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r) {
+  const LayerBytes lb = layer_bytes(m, mb, tp, sp);
+  switch (r) {
+    case Recompute::kNone:
+      return lb.linear + lb.scores;
+    case Recompute::kSelective:
+      return lb.linear;
+    case Recompute::kFull: {
+      const double input = 2.0 * double(m.seq) * mb * double(m.hidden);
+      return sp ? input / tp : input;
+    }
+  }
+  return 0;
+}
+
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r) {
+  const LayerBytes lb = layer_bytes(m, mb, tp, sp);
+  switch (r) {
+    case Recompute::kNone:
+      return 0;
+    case Recompute::kSelective:
+      return lb.scores;
+    case Recompute::kFull:
+      return lb.linear + lb.scores;
+  }
+  return 0;
+}
+
+double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
+  const RankChunks rc = rank_chunks(m, l, rank);
+  const double h = double(m.hidden), t = double(l.tp);
+  // Per layer: QKV, projection and MLP weights and the column-parallel biases are split over tp
+  // (12h^2 + 7h); the row-parallel biases and the LayerNorms are whole on every tp rank (6h).
+  const double layer = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
+  double n = double(rc.chunks) * double(rc.chunk_layers) * layer;
+  const double table = double(m.vocab) * h / t;  // vocab-parallel
+  n += rc.embeddings * (table + double(m.seq) * h);
+  n += rc.output_copies * table;
+  if (rc.last) n += 2.0 * h;  // the final LayerNorm
+  return n;
+}
+
+MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c,
+                            const Execution& e, int rank, int peak_in_flight) {
+  LOOM_ASSERT(rank >= 0 && rank < l.pp, "rank_memory: rank ", rank, " of pp ", l.pp);
+  const TransformerShape& m = w.model;
+  const RankChunks rc = rank_chunks(m, l, rank);
+  const double n = rank_parameters(m, l, rank);
+  const double d = double(l.dp);
+  MemoryBreakdown mem;
+  mem.parameters = n * e.param_bytes / (l.zero >= 3 ? d : 1.0);
+  mem.gradients = n * e.grad_bytes / (l.zero >= 2 ? d : 1.0);
+  mem.optimizer_state = n * e.optimizer_bytes / (l.zero >= 1 ? d : 1.0);
+  if (l.zero >= 3) {  // one layer gathered, and the next prefetched
+    const double h = double(m.hidden);
+    mem.parameters += 2.0 * ((12.0 * h * h + 7.0 * h) / l.tp + 6.0 * h) * e.param_bytes;
+  }
+  const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
+  double act = double(peak_in_flight) * double(rc.chunk_layers) *
+               layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute);
+  act += recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute);
+  if (rc.first) {  // the embedding's dropout mask, per micro-batch in flight on its chunk
+    const int on_first = std::max(1, peak_in_flight / rc.chunks);
+    act += on_first * s * b * h / (l.sp ? t : 1.0);
+  }
+  if (rc.last) act += 4.0 * s * b * h / t + 4.0 * s * b * double(m.vocab) / t;
+  mem.activations = act;
+  const double used = mem.parameters + mem.gradients + mem.optimizer_state + mem.activations;
+  mem.reserved = c.device.reserved_bytes + c.device.fragmentation * used;
+  return mem;
+}
+
+}  // namespace loom::planner

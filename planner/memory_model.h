@@ -1,0 +1,57 @@
+// What one GPU holds for a layout: the training state by ZeRO stage, and the activations the
+// schedule keeps in flight.
+//
+// Activations follow Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer
+// Models", 2022, section 4): one layer's forward stores, per micro-batch of b sequences of s
+// tokens (16-bit activations, 1-byte dropout masks),
+//   no parallelism                  s b h (34 + 5 a s / h)
+//   tensor parallel t               s b h (10 + 24/t + 5 a s / (h t))
+//   tensor + sequence parallel      s b h / t (34 + 5 a s / h)
+//   selective recomputation         the 5 a s / h term (scores, softmax, its dropout) recomputed
+//   full recomputation              the layer's input only: 2 s b h (/t with sequence parallel)
+// and recomputation materialises one layer's full set again during its backward. A pipeline rank
+// keeps that for each micro-batch-chunk in flight: the schedule validator's peak_activations
+// (1F1B: p on the first stage, so s b h L (34 + 5as/h) / t in all; interleaved:
+// (1 + (p-1)/(p v)) times that). The first stage also keeps the embedding's dropout mask
+// (s b h per micro-batch, /t with sp), the last the output layer's input and the f32 logits of
+// one micro-batch (4 s b h / t + 4 s b V / t).
+//
+// State per parameter (Execution): weights, gradients and optimizer state (f32 masters and Adam's
+// moments), divided over dp by ZeRO stage 3, >= 2 and >= 1 respectively; ZeRO-3 also gathers
+// one layer's weights at a time.
+#pragma once
+
+#include <string>
+
+#include "planner/cluster.h"
+#include "planner/execution.h"
+#include "planner/layout.h"
+#include "planner/workload.h"
+
+namespace loom::planner {
+
+struct MemoryBreakdown {
+  double parameters = 0;
+  double gradients = 0;
+  double optimizer_state = 0;
+  double activations = 0;
+  double reserved = 0;  // the device's reserved bytes + fragmentation of the rest
+  double total() const { return parameters + gradients + optimizer_state + activations + reserved; }
+  std::string str() const;  // "params 1.2 GB, grads ..., total 71.3 GB"
+};
+
+// Bytes one layer's forward keeps until its backward, per micro-batch (Korthikanti, above).
+double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r);
+// The extra bytes recomputation materialises during one layer's backward (0 without it).
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r);
+
+// Parameters on pipeline rank `rank` of `layout` (its layers' tp shards, and the embedding or the
+// tied output layer when it holds the first or last stage).
+double rank_parameters(const TransformerShape& m, const Layout& layout, int rank);
+
+// What pipeline rank `rank` of `layout` holds; peak_in_flight: the validator's peak_activations
+// of that rank (micro-batch-chunks whose backward has not run).
+MemoryBreakdown rank_memory(const Workload& w, const Layout& layout, const Cluster& c,
+                            const Execution& e, int rank, int peak_in_flight);
+
+}  // namespace loom::planner

@@ -1,0 +1,283 @@
+// The planner (planner/) against closed forms and published runs: parameter counts against the
+// sizes Narayanan et al. print, the model-FLOPs formula, Korthikanti et al.'s activation counts
+// and ZeRO's state bytes, the simulation against hand-summed step times, the search against an
+// exhaustive one, and predicted iteration times against Korthikanti et al.'s measured Table 5.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "planner/search.h"
+#include "testing/files.h"
+
+namespace loom::planner {
+namespace {
+
+using loom::testing::expect_error;
+
+TransformerShape shape(int64_t layers, int64_t hidden, int64_t heads, int64_t seq = 2048,
+                       int64_t vocab = 51200) {
+  return {layers, hidden, heads, seq, vocab};
+}
+
+nlohmann::json published_runs() {
+  std::ifstream in("planner/data/published_runs.json");
+  EXPECT_TRUE(in.good()) << "planner/data/published_runs.json (run from the source tree)";
+  return nlohmann::json::parse(in);
+}
+
+// Narayanan et al., Table 1: every row's parameter count from its shape, within the printed
+// precision (0.1 B: 1.7B is 1.652B).
+TEST(PlannerWorkload, ParameterCountsMatchNarayananTable1) {
+  int rows = 0;
+  const nlohmann::json runs = published_runs();
+  for (const auto& r : runs["runs"]) {
+    if (r["id"].get<std::string>().rfind("narayanan2021_t1_", 0) != 0) continue;
+    const auto& m = r["model"];
+    const TransformerShape s =
+        shape(m["layers"], m["hidden"], m["heads"], m["seq_len"], m["vocab"]);
+    const double printed = m["params_billion"].get<double>() * 1e9;
+    EXPECT_NEAR(s.parameters(), printed, 0.05e9) << r["id"];  // printed to 0.1 B
+    ++rows;
+  }
+  EXPECT_EQ(rows, 10);
+}
+
+TEST(PlannerWorkload, StepFlopsAreNarayanansFormula) {
+  const TransformerShape m = shape(96, 12288, 96);
+  const double B = 1536, s = 2048, l = 96, h = 12288, V = 51200;
+  const double narayanan = 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+  EXPECT_NEAR(m.step_model_flops(1536) / narayanan, 1.0, 1e-12);
+}
+
+TEST(PlannerMemory, ActivationsAreKorthikantisCounts) {
+  const TransformerShape m = shape(96, 12288, 96);
+  const double s = 2048, b = 2, h = 12288, a = 96, t = 8;
+  const double sbh = s * b * h;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 1, false, Recompute::kNone),
+                   sbh * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kNone),
+                   sbh * (10 + 24 / t + 5 * a * s / (h * t)));
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kNone),
+                   sbh / t * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kSelective), sbh / t * 34);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kSelective),
+                   sbh * (10 + 24 / t));
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kFull), 2 * sbh);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kFull), 2 * sbh / t);
+}
+
+// 1F1B keeps p micro-batches on the first stage, each of L/p layers: Korthikanti's
+// s b h L (34 + 5as/h) / t for the whole model, whatever p is (their section 4.2.3).
+TEST(PlannerMemory, OneFOneBFirstStageHoldsTheWholeModelsActivations) {
+  const Workload w{shape(32, 4096, 32), 512};
+  const Cluster c = cluster_preset("h100-sxm", 64, 8);
+  const Execution e = execution_preset("loom");
+  for (int pp : {2, 4, 8}) {
+    Layout l;
+    l.tp = 8, l.pp = pp, l.dp = 64 / (8 * pp), l.sp = true, l.mb = 1;
+    const Prediction p = evaluate(w, l, c, e);
+    ASSERT_TRUE(p.problem.empty()) << p.problem;
+    const MemoryBreakdown first = rank_memory(w, l, c, e, 0, pp);
+    const double s = 2048, h = 4096, a = 32, t = 8;
+    const double layers = s * h * 32 * (34 + 5 * a * s / h) / t;
+    const double embedding_mask = pp * s * h / t;
+    EXPECT_NEAR(first.activations, layers + embedding_mask, 1e-6 * layers);
+  }
+}
+
+// Bytes per parameter with Adam in mixed precision (2 weights + 2 gradients + 12 masters and
+// moments), as ZeRO's paper states them: 16, 4 + 12/N, 2 + 14/N, 16/N.
+TEST(PlannerMemory, ZeroStagesDivideTheStateAsThePaperSays) {
+  const Workload w{shape(8, 1024, 16), 64};
+  const Cluster c = cluster_preset("a100-80gb", 8, 8);
+  const Execution e = execution_preset("loom");
+  Layout l;
+  l.dp = 8;
+  const double n = rank_parameters(w.model, l, 0);
+  EXPECT_DOUBLE_EQ(n, w.model.parameters());  // pp 1, tp 1: the whole model, one tied table
+  const double want[4] = {16, 4 + 12.0 / 8, 2 + 14.0 / 8, 16.0 / 8};
+  for (int zero = 0; zero <= 3; ++zero) {
+    l.zero = zero;
+    const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
+    double state = m.parameters + m.gradients + m.optimizer_state;
+    if (zero == 3)
+      state -= 2 * (12.0 * 1024 * 1024 + 7 * 1024 + 6 * 1024) * 2;  // 2 gathered layers
+    EXPECT_NEAR(state / n, want[zero], 1e-9) << "zero " << zero;
+  }
+}
+
+// Split over pp ranks and tp shards, the parameters add up to the model, plus the output layer's
+// tied copy on the last stage and the per-tp-rank copies of what tp does not split.
+TEST(PlannerMemory, RankParametersAddUpToTheModel) {
+  const TransformerShape m = shape(24, 2048, 16);
+  const double h = 2048;
+  for (const char* schedule : {"1f1b", "interleaved", "chimera"}) {
+    Layout l;
+    l.tp = 4, l.pp = 4, l.schedule = schedule, l.v = std::string(schedule) == "interleaved" ? 2 : 1;
+    double sum = 0;
+    for (int r = 0; r < l.pp; ++r) sum += rank_parameters(m, l, r);
+    const double copies = std::string(schedule) == "chimera" ? 2.0 : 1.0;
+    // The exact sum: per layer (12h^2 + 7h)/4 + 6h on each of 4 tp-shard holders; the embedding
+    // V h / 4 + s h; the tied copy V h / 4; the final LayerNorm 2h.
+    const double layer = (12 * h * h + 7 * h) / 4 + 6 * h;
+    const double exact =
+        copies * (24 * layer + (m.vocab * h / 4 + m.seq * h) + m.vocab * h / 4 + 2 * h);
+    EXPECT_NEAR(sum / exact, 1.0, 1e-12) << schedule;
+  }
+}
+
+// With pp 1 the schedule is a chain: the step is m micro-batches of forward, backward, embedding
+// and head, then the reduction and the optimizer (every piece from the cost model).
+TEST(PlannerEvaluate, OneStageStepIsTheSumOfItsActions) {
+  const Workload w{shape(12, 768, 12, 1024, 50304), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Execution e = execution_preset("loom");
+  Layout l;
+  l.dp = 2, l.tp = 4, l.mb = 4, l.sp = true;
+  const Prediction p = evaluate(w, l, c, e);
+  ASSERT_TRUE(p.problem.empty()) << p.problem;
+  const ActionCosts& a = p.actions;
+  const double m = 64.0 / (2 * 4);
+  const double per_mb = a.forward + a.backward + a.embed_forward + a.embed_backward +
+                        a.head_forward + a.head_backward;
+  EXPECT_NEAR(p.pipeline_s, m * per_mb, 1e-12 * p.pipeline_s);
+  EXPECT_NEAR(p.step_s, p.pipeline_s + p.step.dp_exposed + p.step.optimizer, 1e-12 * p.step_s);
+  EXPECT_NEAR(p.bubble, 0.0, 1e-12);
+  EXPECT_NEAR(p.tokens_per_s, 64.0 * 1024 / p.step_s, 1e-9 * p.tokens_per_s);
+}
+
+TEST(PlannerLayout, ParsesPrintsAndRefusesWithReasons) {
+  const Layout l =
+      parse_layout("tp=8,pp=8,v=3,mb=1,schedule=interleaved,zero=1,recompute=selective,sp=1", 1024);
+  EXPECT_EQ(l.dp, 16);
+  EXPECT_EQ(parse_layout(l.str(), 1024).str(), l.str());
+  expect_error([] { parse_layout("tp=8,foo=1", 8); }, {"unknown layout key 'foo'"});
+  expect_error([] { parse_layout("tp=x", 8); }, {"'tp' must be a non-negative integer"});
+  expect_error([] { parse_layout("recompute=some", 8); }, {"none, selective or full"});
+  const Workload w{shape(96, 12288, 96), 1536};
+  const Cluster c = cluster_preset("a100-80gb", 1024, 8);
+  EXPECT_NE(layout_problem(parse_layout("tp=7", 1024), w, c).find("not the 1024 GPUs"),
+            std::string::npos);
+  EXPECT_NE(layout_problem(parse_layout("tp=8,pp=5", 1024), w, c).find("GPUs"), std::string::npos);
+  EXPECT_NE(layout_problem(parse_layout("tp=8,pp=8,dp=16,v=5,schedule=interleaved", 1024), w, c)
+                .find("does not divide the 96 layers"),
+            std::string::npos);
+  EXPECT_NE(layout_problem(parse_layout("tp=8,pp=8,v=2", 1024), w, c).find("interleaved"),
+            std::string::npos);
+  EXPECT_EQ(layout_problem(l, w, c), "");
+  expect_error([] { device_preset("tpu"); }, {"unknown GPU 'tpu'", "h100-sxm"});
+}
+
+// The pruned search finds the layout an exhaustive evaluation of every valid one finds.
+TEST(PlannerSearch, FindsTheExhaustiveBest) {
+  const Workload w{shape(16, 2048, 16, 2048, 51200), 64};
+  const Cluster c = cluster_preset("a100-80gb", 16, 8);
+  const Execution e = execution_preset("loom");
+  SearchOptions o;
+  o.top = 3;
+  const SearchResult r = search(w, c, e, o);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_GT(r.pruned, 0);
+  double best = 1e300;
+  Layout best_layout;
+  for (int tp : {1, 2, 4, 8})
+    for (int pp : {1, 2, 4, 8, 16}) {
+      if (16 % (tp * pp) != 0) continue;
+      for (int mb : {1, 2, 4, 8, 16})
+        for (const char* s : {"1f1b", "gpipe", "interleaved", "chimera"})
+          for (int v = 1; v <= 8; ++v)
+            for (int zero = 0; zero <= 3; ++zero)
+              for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+                for (int sp = 0; sp <= 1; ++sp) {
+                  Layout l;
+                  l.tp = tp, l.pp = pp, l.dp = 16 / (tp * pp), l.mb = mb, l.schedule = s, l.v = v;
+                  l.zero = zero, l.recompute = rc, l.sp = sp;
+                  if (l.dp == 1 && zero > 0) continue;
+                  if (pp == 1 && std::string(s) != "1f1b") continue;
+                  const Prediction p = evaluate(w, l, c, e);
+                  if (!p.ok()) continue;
+                  if (p.step_s < best) best = p.step_s, best_layout = l;
+                }
+    }
+  EXPECT_NEAR(r.ranked.front().step_s, best, 1e-12 * best)
+      << r.ranked.front().layout.str() << " vs " << best_layout.str();
+  for (size_t i = 1; i < r.ranked.size(); ++i) {
+    EXPECT_LE(r.ranked[i - 1].step_s, r.ranked[i].step_s);
+    EXPECT_FALSE(why_slower(r.ranked.front(), r.ranked[i]).empty());
+  }
+}
+
+// Korthikanti et al., Table 5: iteration times of four models with full recomputation and with
+// selective recomputation + sequence parallelism on A100 80GB (Table 3's layouts: tp 8; pp 1, 8,
+// 35, 64; micro-batch 4 for 22B, 1 otherwise; the 175B and 530B interleaved with 3 chunks). The
+// GEMM efficiency is calibrated on one point (175B selective, 13.75 s); every other row is a
+// prediction. The goal of the planner's issue (median 10%, worst 20%) is asserted.
+TEST(PlannerPublished, KorthikantiTable5IterationTimes) {
+  struct Row {
+    std::string id;
+    Workload w;
+    Layout l;
+    double measured = 0;
+  };
+  std::vector<Row> rows;
+  const nlohmann::json runs = published_runs();
+  for (const auto& r : runs["runs"]) {
+    const std::string id = r["id"];
+    if (r["source"] != "korthikanti2022" || !r.contains("global_batch") ||
+        !r.contains("micro_batch") || !r["measured"].contains("iteration_time_s"))
+      continue;
+    Row row;
+    row.id = id;
+    const auto& m = r["model"];
+    row.w = {shape(m["layers"], m["hidden"], m["heads"], m["seq_len"], m["vocab"]),
+             r["global_batch"].get<int64_t>()};
+    row.l.tp = r["tp"], row.l.pp = r["pp"], row.l.dp = r["dp"], row.l.mb = r["micro_batch"];
+    row.l.recompute = parse_recompute(r["recompute"]);
+    row.l.sp = r["sequence_parallel"].get<bool>();
+    if (r.contains("virtual_stages_per_pipeline_rank")) {
+      row.l.schedule = "interleaved";
+      row.l.v = r["virtual_stages_per_pipeline_rank"];
+    }
+    row.measured = r["measured"]["iteration_time_s"];
+    rows.push_back(row);
+  }
+  ASSERT_EQ(rows.size(), 8u);
+  const Execution e = execution_preset("megatron");
+  auto predict = [&](const Row& row, double efficiency) {
+    Cluster c = cluster_preset("a100-80gb", row.l.gpus(), 8);
+    c.device.gemm_efficiency = efficiency;
+    const Prediction p = evaluate(row.w, row.l, c, e);
+    EXPECT_TRUE(p.problem.empty()) << row.id << ": " << p.problem;
+    return p;
+  };
+  // Calibrate: the step is nearly inversely proportional to the efficiency; three fixed-point
+  // rounds settle it.
+  const Row& anchor = *std::find_if(rows.begin(), rows.end(), [](const Row& r) {
+    return r.id == "korthikanti2022_175B_selective_sp";
+  });
+  double eff = 0.8;
+  for (int i = 0; i < 6; ++i)
+    eff = std::min(1.0, eff * predict(anchor, eff).step_s / anchor.measured);
+  std::vector<double> errors;
+  for (const Row& row : rows) {
+    const Prediction p = predict(row, eff);
+    const double err = std::abs(p.step_s - row.measured) / row.measured;
+    std::printf("%-40s measured %7.2f s predicted %7.2f s (%+.1f%%) memory %.1f GB%s\n",
+                row.id.c_str(), row.measured, p.step_s, 100 * (p.step_s / row.measured - 1),
+                p.memory.total() / 1e9, p.oom ? " OOM" : "");
+    if (row.id != anchor.id) errors.push_back(err);
+  }
+  std::sort(errors.begin(), errors.end());
+  const double median = errors[errors.size() / 2];
+  std::printf("calibrated GEMM efficiency %.3f; median error %.1f%%, worst %.1f%% over %zu rows\n",
+              eff, 100 * median, 100 * errors.back(), errors.size());
+  EXPECT_LE(median, 0.10);
+  EXPECT_LE(errors.back(), 0.20);
+}
+
+}  // namespace
+}  // namespace loom::planner
