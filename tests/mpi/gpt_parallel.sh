@@ -204,9 +204,12 @@ TOLERANCE=2e-3 compare dp2_ep2_moe_bf16 "$dir/dp2_ep2_moe_bf16.jsonl" "$dir/moe_
 # 2^17) and trains the other 3: the dp 2 layouts must skip the same steps. (Each rank's gradient
 # is the mean over its own rows, whose largest elements can exceed one process's: fewer rows
 # average out less. At dp 4 a rank overflowed at 2^17 where one process did not, as it could
-# under PyTorch's DDP, so that layout runs at the default start, where nothing overflows.)
-"$gpt" "${common[@]}" --moe-experts 4 --moe-top-k 2 --dtype f16 \
-  --metrics-file "$dir/moe_f16.jsonl" > "$dir/moe_f16.log"
+# under PyTorch's DDP, so that layout starts at 2^12, far from any overflow: at the default 2^16
+# an emulated-cluster run once overflowed a step one process did not, its reductions summing in
+# another order. Neither run may skip a step; the check below says so if one does.)
+moe_f16_start=(--moe-experts 4 --moe-top-k 2 --dtype f16 --loss-scale 4096)
+"$gpt" "${common[@]}" "${moe_f16_start[@]}" --metrics-file "$dir/moe_f16.jsonl" \
+  > "$dir/moe_f16.log"
 moe_f16=(--moe-experts 4 --moe-top-k 2 --dtype f16 --loss-scale 1048576)
 "$gpt" "${common[@]}" "${moe_f16[@]}" --metrics-file "$dir/moe_f16_skips.jsonl" \
   > "$dir/moe_f16_skips.log"
@@ -221,8 +224,12 @@ for zero in 2 0; do
   got="$(grep -o 'skipped [0-9]* step' "$dir/$name.log" | head -n 1)"
   [[ "$got" == "$skips" ]] || { echo "FAIL: $name: '$got', one process '$skips'"; exit 1; }
 done
-"$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" --moe-experts 4 --moe-top-k 2 --dtype f16 --dp 4 \
-  --ep 2 --metrics-file "$dir/dp4_ep2_moe_f16.jsonl" > "$dir/dp4_ep2_moe_f16.log"
+"$mpiexec" -np 4 "$@" "$gpt" "${common[@]}" "${moe_f16_start[@]}" --dp 4 --ep 2 \
+  --metrics-file "$dir/dp4_ep2_moe_f16.jsonl" > "$dir/dp4_ep2_moe_f16.log"
+for log in moe_f16 dp4_ep2_moe_f16; do
+  ! grep -q 'skipped [0-9]* step' "$dir/$log.log" ||
+    { echo "FAIL: $log skipped a step at loss scale 2^12: $(grep 'skipped' "$dir/$log.log")"; exit 1; }
+done
 TOLERANCE=2e-3 compare dp4_ep2_moe_f16 "$dir/dp4_ep2_moe_f16.jsonl" "$dir/moe_f16.jsonl"
 for zero in 1 3; do  # ZeRO in bf16: the experts through f32 masters beside the pieces'
   "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" "${moe_bf16[@]}" --dp 2 --ep 2 --zero "$zero" \
