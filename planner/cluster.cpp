@@ -144,8 +144,12 @@ void write_profile(const std::string& path, const Cluster& c) {
                  {"gemm_half_flops", c.device.gemm_half_flops},
                  {"reserved_bytes", c.device.reserved_bytes},
                  {"fragmentation", c.device.fragmentation}};
-  j["intra"] = {{"latency_s", c.intra.latency_s}, {"bandwidth", c.intra.bandwidth}};
-  j["inter"] = {{"latency_s", c.inter.latency_s}, {"bandwidth", c.inter.bandwidth}};
+  // A level with no bandwidth was not measured (calibrating on one rank): left out, so reading
+  // the profile keeps the preset's.
+  if (c.intra.bandwidth > 0)
+    j["intra"] = {{"latency_s", c.intra.latency_s}, {"bandwidth", c.intra.bandwidth}};
+  if (c.inter.bandwidth > 0)
+    j["inter"] = {{"latency_s", c.inter.latency_s}, {"bandwidth", c.inter.bandwidth}};
   std::ofstream out(path);
   LOOM_CHECK(out.good(), "planner: cannot write the profile '", path, "'");
   out << j.dump(2) << "\n";

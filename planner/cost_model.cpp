@@ -36,15 +36,18 @@ const LinkLevel& pp_link(const Layout& l, const Cluster& c) {
   return l.gpus() <= c.gpus_per_node ? c.intra : c.inter;
 }
 
-namespace {
-
-// One layer's forward GEMMs for a micro-batch of b sequences, each tp rank's share.
 double layer_gemms_forward(const TransformerShape& m, int mb, int tp, const DeviceRates& d) {
   const double s = double(m.seq), b = double(mb), h = double(m.hidden), t = double(tp);
   const double bsh2 = b * s * h * h / t, bs2h = b * s * s * h / t;
   return gemm_seconds(6 * bsh2, d) + 2 * gemm_seconds(2 * bs2h, d) + gemm_seconds(2 * bsh2, d) +
          2 * gemm_seconds(8 * bsh2, d);
 }
+
+double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp) {
+  return 2.0 * layer_activation_bytes(m, mb, tp, sp, Recompute::kNone);
+}
+
+namespace {
 
 // The attention's scores and context GEMMs alone (what selective recomputation redoes).
 double attention_gemms_forward(const TransformerShape& m, int mb, int tp, const DeviceRates& d) {
@@ -60,9 +63,9 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   const double layers = double(m.layers) / l.pp;  // one rank's share of one pipeline
 
-  const double stored = layer_activation_bytes(m, l.mb, l.tp, l.sp, Recompute::kNone);
   const double scores = 5.0 * double(m.heads) * s * s * b / t;
-  const double elementwise_f = 2.0 * stored / d.memory_bandwidth;
+  const double elementwise_f =
+      layer_elementwise_bytes_forward(m, l.mb, l.tp, l.sp) / d.memory_bandwidth;
   const double gemm_f = layer_gemms_forward(m, l.mb, l.tp, d);
   const double activation_bytes = b * s * h * e.param_bytes;
   const double tp_f = 2.0 * allreduce_seconds(activation_bytes, l.tp, tp_link(l, c));
@@ -91,8 +94,13 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
     const double gather = l.zero >= 3 ? all_gather_seconds(params * e.param_bytes, l.dp, link) : 0;
     const double scatter = reduce_scatter_seconds(params * e.grad_bytes, l.dp, link);
     a.zero_comm = 2.0 * gather + scatter;
-    a.forward = std::max(a.forward, gather);
-    a.backward = std::max(a.backward, gather + scatter);
+    if (e.comm_overlaps_compute) {
+      a.forward = std::max(a.forward, gather);
+      a.backward = std::max(a.backward, gather + scatter);
+    } else {
+      a.forward += gather;
+      a.backward += gather + scatter;
+    }
   }
 
   // The first stage looks up b s tokens (vocab-parallel: an all-reduce of the result), the last
@@ -137,7 +145,7 @@ StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const
     }
     s.dp_comm = hidden_part + after;
     double exposed = hidden_part;
-    if (e.overlap_grad_reduce && hidden_part > 0) {
+    if (e.overlap_grad_reduce && e.comm_overlaps_compute && hidden_part > 0) {
       // Buckets launch as the last backward fills them; the last bucket always follows it.
       const double last_bucket = hidden_part * std::min(1.0, e.bucket_bytes / grads);
       exposed = std::max(last_bucket, hidden_part - last_backward);

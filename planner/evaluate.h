@@ -31,7 +31,8 @@ struct Prediction {
   StepCosts step;
   MemoryBreakdown memory;  // the fullest pipeline rank's
   int memory_rank = 0;
-  bool oom = false;  // memory.total() > the GPU's memory
+  std::vector<MemoryBreakdown> memory_per_rank;  // [pipeline rank]
+  bool oom = false;                              // memory.total() > the GPU's memory
   bool ok() const { return problem.empty() && !oom; }
   // One line: "dp=..: step 13.7 s, 152 TFLOP/s/GPU (MFU 48.7%), bubble 8.1%, comm 6.2%,
   // memory 61.2 GB".

@@ -12,6 +12,19 @@ Execution execution_preset(const std::string& name) {
     // GradReducer's buckets overlap the backward; point-to-point sends carry whole activations.
     return e;
   }
+  if (name == "loom-f32") {  // f32 training: weights, gradients, Adam's two moments, no masters
+    e.param_bytes = 4.0;
+    e.grad_bytes = 4.0;
+    e.optimizer_bytes = 8.0;
+    return e;
+  }
+  if (name == "loom-cpu") {
+    e = execution_preset("loom-f32");
+    e.name = name;
+    e.overlap_grad_reduce = false;
+    e.comm_overlaps_compute = false;
+    return e;
+  }
   if (name == "megatron") {
     // Narayanan et al. (SC'21) and Korthikanti et al. (2022): f32 gradient accumulation buffers,
     // the data-parallel all-reduce after the backward, scatter/gather pipeline sends.
@@ -20,7 +33,7 @@ Execution execution_preset(const std::string& name) {
     e.scatter_gather_p2p = true;
     return e;
   }
-  LOOM_FAIL("planner: unknown execution '", name, "' (loom, megatron)");
+  LOOM_FAIL("planner: unknown execution '", name, "' (loom, loom-f32, loom-cpu, megatron)");
 }
 
 }  // namespace loom::planner

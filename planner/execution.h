@@ -15,6 +15,9 @@ struct Execution {
   // Data-parallel gradient reductions overlap the last micro-batch's backward (loom's buckets
   // launch as they fill); without it they all follow the last backward.
   bool overlap_grad_reduce = true;
+  // Collectives progress while the rank computes (a GPU's copy engines and NCCL's kernels beside
+  // the compute stream). A CPU rank on one thread either computes or communicates: nothing hides.
+  bool comm_overlaps_compute = true;
   double bucket_bytes = 25.0 * 1024 * 1024;
   // Pipeline sends of a tp group carry 1/tp of the activation each and all-gather it inside the
   // receiving node (Narayanan et al.'s scatter/gather optimisation).
@@ -24,7 +27,8 @@ struct Execution {
   bool materialised_scores = true;
 };
 
-// "loom" or "megatron"; an unknown name lists both.
+// "loom" (bf16 with f32 masters), "loom-f32" (f32 throughout), "loom-cpu" (f32, CPU ranks: no
+// overlap of collectives with compute) or "megatron"; an unknown name lists them.
 Execution execution_preset(const std::string& name);
 
 }  // namespace loom::planner

@@ -8,12 +8,12 @@
 namespace loom::planner {
 
 std::string MemoryBreakdown::str() const {
-  char buf[200];
+  char buf[240];
   std::snprintf(buf, sizeof buf,
-                "params %.2f GB, grads %.2f GB, optimizer %.2f GB, activations %.2f GB, reserved "
-                "%.2f GB: %.2f GB",
+                "params %.2f GB, grads %.2f GB, optimizer %.2f GB, activations %.2f GB, gathered "
+                "%.2f GB, reserved %.2f GB: %.2f GB",
                 parameters / 1e9, gradients / 1e9, optimizer_state / 1e9, activations / 1e9,
-                reserved / 1e9, total() / 1e9);
+                gathered / 1e9, reserved / 1e9, total() / 1e9);
   return buf;
 }
 
@@ -126,7 +126,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   mem.optimizer_state = n * e.optimizer_bytes / (l.zero >= 1 ? d : 1.0);
   if (l.zero >= 3) {  // one layer gathered, and the next prefetched
     const double h = double(m.hidden);
-    mem.parameters += 2.0 * ((12.0 * h * h + 7.0 * h) / l.tp + 6.0 * h) * e.param_bytes;
+    mem.gathered = 2.0 * ((12.0 * h * h + 7.0 * h) / l.tp + 6.0 * h) * e.param_bytes;
   }
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   double act = double(peak_in_flight) * double(rc.chunk_layers) *
@@ -138,7 +138,8 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   }
   if (rc.last) act += 4.0 * s * b * h / t + 4.0 * s * b * double(m.vocab) / t;
   mem.activations = act;
-  const double used = mem.parameters + mem.gradients + mem.optimizer_state + mem.activations;
+  const double used =
+      mem.parameters + mem.gradients + mem.optimizer_state + mem.activations + mem.gathered;
   mem.reserved = c.device.reserved_bytes + c.device.fragmentation * used;
   return mem;
 }

@@ -35,8 +35,11 @@ struct MemoryBreakdown {
   double gradients = 0;
   double optimizer_state = 0;
   double activations = 0;
+  double gathered = 0;  // ZeRO-3: the whole weights of the layer in use and the prefetched one
   double reserved = 0;  // the device's reserved bytes + fragmentation of the rest
-  double total() const { return parameters + gradients + optimizer_state + activations + reserved; }
+  double total() const {
+    return parameters + gradients + optimizer_state + activations + gathered + reserved;
+  }
   std::string str() const;  // "params 1.2 GB, grads ..., total 71.3 GB"
 };
 

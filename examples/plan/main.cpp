@@ -3,16 +3,20 @@
 //   loom-plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 \
 //             --global-batch 1536 --gpus 1024 --gpus-per-node 8 --gpu a100-80gb
 //   loom-plan ... --evaluate "tp=8,pp=8,v=3,mb=1,schedule=interleaved,recompute=selective,sp=1"
+//   mpirun -np 2 loom-plan --calibrate cpu.json     # this machine's rates, for --profile
 //
 // Ranks every valid layout that fits in memory by predicted step time (planner/search.h), prints
 // the best with its step, tokens/s, TFLOP/s per GPU, MFU, bubble, communication share and memory
 // per GPU, and says why each runner-up lost. --json prints the same records as JSON.
+#include <unistd.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/flags.h"
 #include "core/error.h"
+#include "planner/calibrate.h"
 #include "planner/search.h"
 
 namespace loom::planner {
@@ -39,9 +43,17 @@ nlohmann::json to_json(const Prediction& p) {
                        {"gradients", p.memory.gradients},
                        {"optimizer_state", p.memory.optimizer_state},
                        {"activations", p.memory.activations},
+                       {"gathered", p.memory.gathered},
                        {"reserved", p.memory.reserved},
                        {"total", p.memory.total()},
                        {"pipeline_rank", p.memory_rank}};
+  j["memory_per_pipeline_rank"] = nlohmann::json::array();
+  for (const MemoryBreakdown& m : p.memory_per_rank)
+    j["memory_per_pipeline_rank"].push_back({{"parameters", m.parameters},
+                                             {"gradients", m.gradients},
+                                             {"optimizer_state", m.optimizer_state},
+                                             {"activations", m.activations},
+                                             {"total", m.total()}});
   j["oom"] = p.oom;
   return j;
 }
@@ -65,6 +77,54 @@ void print_prediction(const char* label, const Prediction& p) {
               p.oom ? "  OUT OF MEMORY" : "");
 }
 
+int calibrate_command(const cli::Flags& f) {
+  auto world = comm::world();
+  Cluster base;
+  base.gpus = world->size();
+  base.gpus_per_node = world->size();
+  const bool on_cpu = f.get_string("device") == "cpu";
+  if (!on_cpu || f.was_set("gpu")) {
+    base.device = device_preset(f.get_string("gpu"));
+    base.intra = intra_preset(f.get_string("gpu"));
+    base.inter = inter_preset(f.get_string("gpu"));
+  }
+  CalibrationOptions o;
+  o.device = Device::parse(f.get_string("device"));
+  o.dtype = on_cpu ? DType::kF32 : DType::kBF16;
+  o.max_gemm = on_cpu ? 1024 : 8192;
+  o.peak_flops = on_cpu ? 0.0 : base.device.peak_flops;
+  if (on_cpu) {  // no datasheet: a rank may use its share of the machine's memory
+    base.device.name = "cpu";
+    base.device.memory_bytes =
+        double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / world->size();
+    base.device.reserved_bytes = 0;
+    base.device.fragmentation = 0.05;
+  }
+  // The block the element-wise term is fitted on: the planned model's layer shape when given.
+  if (f.was_set("hidden")) o.block.hidden = f.get_int("hidden");
+  if (f.was_set("heads")) o.block.heads = f.get_int("heads");
+  if (f.was_set("seq")) o.block.seq = f.get_int("seq");
+  if (f.was_set("vocab")) o.block.vocab = f.get_int("vocab");
+  o.block_batch = int(f.get_int("calibrate-batch"));
+  const Cluster c = calibrate(base, world, o);
+  if (world->rank() == 0) {
+    write_profile(f.get_string("calibrate"), c);
+    std::printf(
+        "calibrated on %d rank(s) (%s): GEMM %.1f GFLOP/s at large sizes, half of it at "
+        "%.0f MFLOP; element-wise %.1f GB/s; ",
+        world->size(), f.get_string("device").c_str(),
+        c.device.peak_flops * c.device.gemm_efficiency / 1e9, c.device.gemm_half_flops / 1e6,
+        c.device.memory_bandwidth / 1e9);
+    if (world->size() > 1)
+      std::printf("all-reduce latency %.1f us, bandwidth %.2f GB/s\n", c.intra.latency_s * 1e6,
+                  c.intra.bandwidth / 1e9);
+    else
+      std::printf("all-reduce not measured (one rank: run under mpirun for it)\n");
+    std::printf("wrote %s\n", f.get_string("calibrate").c_str());
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   cli::Flags f("loom-plan",
                "Chooses dp x tp x pp, schedule, micro-batch, ZeRO stage, recomputation and\n"
@@ -83,13 +143,23 @@ int run(int argc, char** argv) {
   f.add_double("intra-gbps", 0, "override: GB/s per GPU and direction inside a node");
   f.add_double("inter-gbps", 0, "override: GB/s per GPU and direction between nodes");
   f.add_string("profile", "", "a profile JSON (planner/cluster.h) overriding the preset's rates");
-  f.add_string("execution", "loom", "whose runtime executes the plan", {"loom", "megatron"});
+  f.add_string("execution", "loom", "whose runtime executes the plan",
+               {"loom", "loom-f32", "loom-cpu", "megatron"});
   f.add_string("evaluate", "",
                "predict one layout: dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,"
                "zero=..,recompute=none|selective|full,sp=0|1");
   f.add_int("top", 5, "plans to print");
+  f.add_string("calibrate", "",
+               "measure this machine (GEMM curve, memory bandwidth, and under mpirun the "
+               "all-reduce) into this profile file, then exit");
+  f.add_string("device", "cpu", "--calibrate: where to measure (cpu, cuda, cuda:N)");
+  f.add_int("calibrate-batch", 4,
+            "--calibrate: sequences per micro-batch of the block it fits the element-wise term on "
+            "(--hidden, --heads, --seq, --vocab give its shape)");
   f.add_bool("json", "print JSON instead of text");
   if (!f.parse(argc, argv)) return 0;
+
+  if (!f.get_string("calibrate").empty()) return calibrate_command(f);
 
   Workload w;
   w.model.layers = f.get_int("layers");

@@ -103,9 +103,10 @@ TEST(PlannerMemory, ZeroStagesDivideTheStateAsThePaperSays) {
   for (int zero = 0; zero <= 3; ++zero) {
     l.zero = zero;
     const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
-    double state = m.parameters + m.gradients + m.optimizer_state;
-    if (zero == 3)
-      state -= 2 * (12.0 * 1024 * 1024 + 7 * 1024 + 6 * 1024) * 2;  // 2 gathered layers
+    const double state = m.parameters + m.gradients + m.optimizer_state;
+    // ZeRO-3 gathers the layer in use and the next: two layers' whole weights beside the shards.
+    EXPECT_DOUBLE_EQ(m.gathered,
+                     zero == 3 ? 2 * (12.0 * 1024 * 1024 + 7 * 1024 + 6 * 1024) * 2 : 0);
     EXPECT_NEAR(state / n, want[zero], 1e-9) << "zero " << zero;
   }
 }

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""loom-plan's predictions against loom-gpt's measured runs on this machine.
+
+Calibrates the machine with `loom-plan --calibrate` on the same number of ranks (so the GEMM and
+element-wise rates are those of ranks sharing the cores), then for every layout of a small GPT on
+--ranks ranks (1: one process, gradient accumulation, recomputation; 2: dp with ZeRO 0/1/3, tp
+with and without sequence parallelism, pp with GPipe, 1F1B and Chimera) trains loom-gpt, takes the
+median step after --warmup steps and the "memory per rank" line, and asks `loom-plan --evaluate`
+for the same layout with that profile. Prints one row per layout (measured, predicted, error;
+training-state bytes measured and predicted), the median and worst error, and whether the layout
+the planner ranks first is within 5% of the measured best.
+
+  python3 benchmarks/plan_vs_measured.py --ranks 2
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+BIN = os.path.join(ROOT, "build", "bin")
+MPI = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+       "--mca", "btl_vader_single_copy_mechanism", "none", "--mca", "oob_tcp_if_include", "lo"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+
+LAYOUTS = {
+    1: ["dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=2", "dp=1,mb=8,recompute=full"],
+    2: ["dp=2,mb=4", "dp=2,mb=4,zero=1", "dp=2,mb=4,zero=3", "dp=2,mb=2", "tp=2,mb=8",
+        "tp=2,mb=8,sp=1", "pp=2,mb=2,schedule=1f1b", "pp=2,mb=2,schedule=gpipe",
+        "pp=2,mb=1,schedule=1f1b", "pp=2,mb=2,schedule=chimera"],
+}
+
+
+def run(cmd, ranks):
+    full = (MPI + ["-np", str(ranks)] + cmd) if ranks > 1 else cmd
+    proc = subprocess.run(full, capture_output=True, text=True, env=ENV)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(full)}\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+def gpt_flags(layout, batch):
+    f = dict(kv.split("=") for kv in layout.split(","))
+    dp, tp, pp, mb = (int(f.get(k, 1)) for k in ("dp", "tp", "pp", "mb"))
+    flags = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--zero", f.get("zero", "0")]
+    accum = batch // (dp * mb)
+    if pp > 1:
+        flags += ["--microbatches", str(accum), "--schedule", f.get("schedule", "1f1b")]
+    elif accum > 1:
+        flags += ["--grad-accum", str(accum)]
+    if f.get("recompute") == "full":
+        flags.append("--checkpoint-activations")
+    if f.get("sp") == "1":
+        flags.append("--sequence-parallel")
+    return flags
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=2, choices=sorted(LAYOUTS))
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tokens = np.random.default_rng(0).integers(0, args.vocab, size=64 * args.batch * args.seq)
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = [20240520, 1, len(tokens)]
+        data = os.path.join(d, "tokens.bin")
+        with open(data, "wb") as f:
+            f.write(header.tobytes() + tokens.astype(np.uint16).tobytes())
+        profile = os.path.join(d, "profile.json")
+        print(run([os.path.join(BIN, "loom-plan"), "--calibrate", profile], args.ranks).strip())
+        model = ["--layers", str(args.layers), "--heads", str(args.heads), "--seq", str(args.seq),
+                 "--vocab", str(args.vocab)]
+        rows = []
+        for layout in LAYOUTS[args.ranks]:
+            metrics = os.path.join(d, "metrics.jsonl")
+            if os.path.exists(metrics):
+                os.remove(metrics)
+            out = run([os.path.join(BIN, "loom-gpt"), "--data", data, "--dim", str(args.dim),
+                       "--batch", str(args.batch), "--steps", str(args.steps), "--threads", "1",
+                       "--eval-every", "100000", "--lr-schedule", "constant", "--warmup-steps", "0",
+                       "--metrics-file", metrics] + model + gpt_flags(layout, args.batch),
+                      args.ranks)
+            steps = [json.loads(l)["step_ms"] for l in open(metrics) if '"step_ms"' in l]
+            measured = statistics.median(steps[args.warmup:]) / 1e3
+            state = re.search(r"memory per rank: parameters ([\d.]+) MB, gradients ([\d.]+) MB, "
+                              r"optimizer state ([\d.]+) MB", out)
+            measured_state = sum(float(x) for x in state.groups()) if state else float("nan")
+            pred = json.loads(run([os.path.join(BIN, "loom-plan"), "--hidden", str(args.dim),
+                                   "--global-batch", str(args.batch), "--gpus", str(args.ranks),
+                                   "--gpus-per-node", str(args.ranks), "--profile", profile,
+                                   "--execution", "loom-cpu", "--evaluate", layout, "--json"]
+                                  + model, 1))
+            rank0 = pred["memory_per_pipeline_rank"][0]
+            predicted_state = (rank0["parameters"] + rank0["gradients"] +
+                               rank0["optimizer_state"]) / 1e6
+            rows.append((layout, measured, pred["step_s"], measured_state, predicted_state))
+            print(f"{layout:34s} measured {measured * 1e3:8.1f} ms predicted "
+                  f"{pred['step_s'] * 1e3:8.1f} ms ({100 * (pred['step_s'] / measured - 1):+6.1f}%)"
+                  f"  state rank 0: measured {measured_state:7.2f} MB predicted "
+                  f"{predicted_state:7.2f} MB", flush=True)
+    errors = sorted(abs(r[2] / r[1] - 1) for r in rows)
+    best_measured = min(r[1] for r in rows)
+    pick = min(rows, key=lambda r: r[2])
+    print(f"{len(rows)} layouts on {args.ranks} rank(s): median error {100 * statistics.median(errors):.1f}%, "
+          f"worst {100 * errors[-1]:.1f}%; the planner's pick {pick[0]} measured "
+          f"{pick[1] * 1e3:.1f} ms, the measured best {best_measured * 1e3:.1f} ms "
+          f"({100 * (pick[1] / best_measured - 1):+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()

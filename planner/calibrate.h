@@ -1,0 +1,42 @@
+// Measures the rates the cost model divides by, on the machine it runs on: the GEMM efficiency
+// curve (loom's matmul at a layer's shapes and transposes, at several sizes, fitted to
+// t = (f + half) / rate), the element-wise bandwidth (what one of loom's transformer blocks spends
+// beyond its GEMMs, per byte of the cost model's element-wise traffic; See CalibrationOptions) and,
+// when the communicator has more than one rank, the ring all-reduce's latency and bandwidth (two
+// sizes, fitted to cost_model.h's formula). All ranks take part (sharing the machine as a run
+// would); every rank returns rank 0's figures.
+//
+// A profile from one node measures one link level: both `intra` and `inter` get it (run it across
+// nodes, one rank per node, and keep that run's `inter` for the other).
+#pragma once
+
+#include <memory>
+
+#include "collectives/communicator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "planner/cluster.h"
+#include "planner/workload.h"
+
+namespace loom::planner {
+
+struct CalibrationOptions {
+  Device device = Device::cpu();
+  DType dtype = DType::kF32;
+  int repeats = 5;          // timed runs per measurement (the median is kept)
+  int64_t max_gemm = 1024;  // GEMMs of 4n x n by n x n for n = 64, 128, ... up to max_gemm / 2
+  // The peak the GEMM rate is stated against (MFU's denominator): 0 takes the fitted large-GEMM
+  // rate itself (efficiency 1), as on a CPU without a datasheet figure.
+  double peak_flops = 0;
+  // The element-wise term is fitted on loom's own transformer block at this shape (hidden, heads,
+  // seq; vocab for the model around it) and micro-batch: one block's measured forward + backward,
+  // less the GEMM curve's time for its GEMMs, is what its element-wise bytes cost. Calibrate at
+  // the shape you plan for when you can.
+  TransformerShape block{1, 256, 4, 128, 256};  // layers: unused
+  int block_batch = 4;
+};
+
+Cluster calibrate(Cluster base, const std::shared_ptr<comm::Communicator>& comm,
+                  const CalibrationOptions& o = {});
+
+}  // namespace loom::planner
