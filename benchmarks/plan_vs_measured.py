@@ -7,8 +7,8 @@ element-wise rates are those of ranks sharing the cores), then for every layout 
 with and without sequence parallelism, pp with GPipe, 1F1B and Chimera) trains loom-gpt, takes the
 median step after --warmup steps and the "memory per rank" line, and asks `loom-plan --evaluate`
 for the same layout with that profile. Prints one row per layout (measured, predicted, error;
-training-state bytes measured and predicted), the median and worst error, and whether the layout
-the planner ranks first is within 5% of the measured best.
+rank 0's training-state bytes and its allocator's peak, measured / predicted), the median and
+worst errors, and whether the layout the planner ranks first is within 5% of the measured best.
 
   python3 benchmarks/plan_vs_measured.py --ranks 2
 """
@@ -100,6 +100,8 @@ def main():
             state = re.search(r"memory per rank: parameters ([\d.]+) MB, gradients ([\d.]+) MB, "
                               r"optimizer state ([\d.]+) MB", out)
             measured_state = sum(float(x) for x in state.groups()) if state else float("nan")
+            peak = re.search(r"peak memory on rank 0: ([\d.]+) MB", out)
+            measured_peak = float(peak.group(1)) if peak else float("nan")
             pred = json.loads(run([os.path.join(BIN, "loom-plan"), "--hidden", str(args.dim),
                                    "--global-batch", str(args.batch), "--gpus", str(args.ranks),
                                    "--gpus-per-node", str(args.ranks), "--profile", profile,
@@ -108,18 +110,23 @@ def main():
             rank0 = pred["memory_per_pipeline_rank"][0]
             predicted_state = (rank0["parameters"] + rank0["gradients"] +
                                rank0["optimizer_state"]) / 1e6
-            rows.append((layout, measured, pred["step_s"], measured_state, predicted_state))
+            predicted_peak = rank0["total"] / 1e6
+            rows.append((layout, measured, pred["step_s"], measured_state, predicted_state,
+                         measured_peak, predicted_peak))
             print(f"{layout:34s} measured {measured * 1e3:8.1f} ms predicted "
                   f"{pred['step_s'] * 1e3:8.1f} ms ({100 * (pred['step_s'] / measured - 1):+6.1f}%)"
-                  f"  state rank 0: measured {measured_state:7.2f} MB predicted "
-                  f"{predicted_state:7.2f} MB", flush=True)
+                  f"  rank 0 state {measured_state:6.2f} / {predicted_state:6.2f} MB, peak "
+                  f"{measured_peak:6.1f} / {predicted_peak:6.1f} MB "
+                  f"({100 * (predicted_peak / measured_peak - 1):+.1f}%)", flush=True)
     errors = sorted(abs(r[2] / r[1] - 1) for r in rows)
+    memory_errors = sorted(abs(r[6] / r[5] - 1) for r in rows)
     best_measured = min(r[1] for r in rows)
     pick = min(rows, key=lambda r: r[2])
     print(f"{len(rows)} layouts on {args.ranks} rank(s): median error {100 * statistics.median(errors):.1f}%, "
           f"worst {100 * errors[-1]:.1f}%; the planner's pick {pick[0]} measured "
           f"{pick[1] * 1e3:.1f} ms, the measured best {best_measured * 1e3:.1f} ms "
-          f"({100 * (pick[1] / best_measured - 1):+.1f}%)")
+          f"({100 * (pick[1] / best_measured - 1):+.1f}%); peak memory of rank 0: median error "
+          f"{100 * statistics.median(memory_errors):.1f}%, worst {100 * memory_errors[-1]:.1f}%")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include "core/nn/gpt.h"
 #include "core/ops.h"
 #include "planner/cost_model.h"
+#include "planner/execution.h"
 
 namespace loom::planner {
 
@@ -139,7 +140,10 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
   fitted.gemm_efficiency = 1.0;
   fitted.gemm_half_flops = std::max(0.0, intercept * rate);
   const double gemm_s = 3.0 * layer_gemms_forward(o.block, o.block_batch, 1, fitted);
-  const double bytes = 3.0 * layer_elementwise_bytes_forward(o.block, o.block_batch, 1, false);
+  Execution loom = execution_preset("loom");  // loom's blocks: masks regenerated, never stored
+  loom.activation_bytes = double(dtype_size(o.dtype));
+  const double bytes =
+      3.0 * layer_elementwise_bytes_forward(o.block, o.block_batch, 1, false, loom);
   // A block no slower than its GEMMs (noise) keeps the kernels' figure.
   if (block_s > gemm_s * 1.05) bandwidth = bytes / (block_s - gemm_s);
 

@@ -43,8 +43,9 @@ double layer_gemms_forward(const TransformerShape& m, int mb, int tp, const Devi
          2 * gemm_seconds(8 * bsh2, d);
 }
 
-double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp) {
-  return 2.0 * layer_activation_bytes(m, mb, tp, sp, Recompute::kNone);
+double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp,
+                                       const Execution& e) {
+  return 2.0 * layer_activation_bytes(m, mb, tp, sp, Recompute::kNone, e);
 }
 
 namespace {
@@ -63,9 +64,9 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   const double layers = double(m.layers) / l.pp;  // one rank's share of one pipeline
 
-  const double scores = 5.0 * double(m.heads) * s * s * b / t;
+  const double scores = double(m.heads) * s * s * b * (2 * e.activation_bytes + e.mask_bytes) / t;
   const double elementwise_f =
-      layer_elementwise_bytes_forward(m, l.mb, l.tp, l.sp) / d.memory_bandwidth;
+      layer_elementwise_bytes_forward(m, l.mb, l.tp, l.sp, e) / d.memory_bandwidth;
   const double gemm_f = layer_gemms_forward(m, l.mb, l.tp, d);
   const double activation_bytes = b * s * h * e.param_bytes;
   const double tp_f = 2.0 * allreduce_seconds(activation_bytes, l.tp, tp_link(l, c));

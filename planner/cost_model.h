@@ -42,7 +42,8 @@ double all_gather_seconds(double bytes, int n, const LinkLevel& link);
 // One layer's forward GEMMs for a micro-batch of mb sequences, one tp rank's share (the
 // backward's are twice these), and the bytes its element-wise ops move (the backward's: twice).
 double layer_gemms_forward(const TransformerShape& m, int mb, int tp, const DeviceRates& d);
-double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp);
+double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp,
+                                       const Execution& e);
 
 // The link level each group of the layout crosses, given the mesh order (layout.h): a group
 // spanning consecutive ranks stays inside a node while it spans at most gpus_per_node.

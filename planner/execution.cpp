@@ -16,6 +16,7 @@ Execution execution_preset(const std::string& name) {
     e.param_bytes = 4.0;
     e.grad_bytes = 4.0;
     e.optimizer_bytes = 8.0;
+    e.activation_bytes = 4.0;
     return e;
   }
   if (name == "loom-cpu") {
@@ -29,6 +30,7 @@ Execution execution_preset(const std::string& name) {
     // Narayanan et al. (SC'21) and Korthikanti et al. (2022): f32 gradient accumulation buffers,
     // the data-parallel all-reduce after the backward, scatter/gather pipeline sends.
     e.grad_bytes = 4.0;
+    e.mask_bytes = 1.0;  // Korthikanti et al.'s count: 1-byte dropout masks
     e.overlap_grad_reduce = false;
     e.scatter_gather_p2p = true;
     return e;

@@ -12,6 +12,10 @@ struct Execution {
   double param_bytes = 2.0;       // bf16 weights
   double grad_bytes = 2.0;        // gradient buffer per parameter (Megatron: f32, 4)
   double optimizer_bytes = 12.0;  // f32 master + Adam's two moments
+  // What the forward stores for the backward: activations of this many bytes per element, and
+  // dropout masks of mask_bytes (0: loom's counter-based dropout regenerates them).
+  double activation_bytes = 2.0;
+  double mask_bytes = 0.0;
   // Data-parallel gradient reductions overlap the last micro-batch's backward (loom's buckets
   // launch as they fill); without it they all follow the last backward.
   bool overlap_grad_reduce = true;

@@ -19,22 +19,23 @@ std::string MemoryBreakdown::str() const {
 
 namespace {
 
-// The two parts of Korthikanti's count for one layer and micro-batch: `linear` (the 34 s b h of
-// the inputs to the GEMMs, LayerNorms, GELU and dropouts) and `scores` (the 5 a s^2 b of the
-// attention scores, softmax and its dropout mask), already divided by what tp / sp shard.
+// The two parts of Korthikanti's count for one layer and micro-batch, for activations of E bytes
+// and masks of M: `linear`, s b h (16E + 2M) (34 s b h at E = 2, M = 1: the inputs of the GEMMs,
+// LayerNorms, GELU and the two dropouts), of which s b h (4E + 2M) (the LayerNorms' and the first
+// GEMMs' inputs, the masks) is whole on every tp rank unless sp splits it; and `scores`,
+// a s^2 b (2E + M) (5 a s^2 b: the softmax's output, its dropout's and mask), split over tp.
 struct LayerBytes {
   double linear = 0;
   double scores = 0;
 };
 
-LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp) {
+LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const Execution& e) {
   const double s = double(m.seq), b = double(mb), h = double(m.hidden), a = double(m.heads);
-  const double t = double(tp);
+  const double t = double(tp), E = e.activation_bytes, M = e.mask_bytes;
+  const double replicated = 4 * E + 2 * M, split = 12 * E;
   LayerBytes out;
-  // Without sp, the LayerNorms' inputs and the dropouts after attention and MLP (10 s b h) are
-  // replicated on every tp rank; sp splits them along the sequence.
-  out.linear = sp ? s * b * h * 34.0 / t : s * b * h * (10.0 + 24.0 / t);
-  out.scores = 5.0 * a * s * s * b / t;
+  out.linear = sp ? s * b * h * (replicated + split) / t : s * b * h * (replicated + split / t);
+  out.scores = a * s * s * b * (2 * E + M) / t;
   return out;
 }
 
@@ -71,23 +72,25 @@ RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
 
 }  // namespace
 
-double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r) {
-  const LayerBytes lb = layer_bytes(m, mb, tp, sp);
+double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                              const Execution& e) {
+  const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
   switch (r) {
     case Recompute::kNone:
       return lb.linear + lb.scores;
     case Recompute::kSelective:
       return lb.linear;
     case Recompute::kFull: {
-      const double input = 2.0 * double(m.seq) * mb * double(m.hidden);
+      const double input = e.activation_bytes * double(m.seq) * mb * double(m.hidden);
       return sp ? input / tp : input;
     }
   }
   return 0;
 }
 
-double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r) {
-  const LayerBytes lb = layer_bytes(m, mb, tp, sp);
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                               const Execution& e) {
+  const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
   switch (r) {
     case Recompute::kNone:
       return 0;
@@ -130,13 +133,14 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   }
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   double act = double(peak_in_flight) * double(rc.chunk_layers) *
-               layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute);
-  act += recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute);
+               layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
+  act += recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
   if (rc.first) {  // the embedding's dropout mask, per micro-batch in flight on its chunk
     const int on_first = std::max(1, peak_in_flight / rc.chunks);
-    act += on_first * s * b * h / (l.sp ? t : 1.0);
+    act += on_first * e.mask_bytes * s * b * h / (l.sp ? t : 1.0);
   }
-  if (rc.last) act += 4.0 * s * b * h / t + 4.0 * s * b * double(m.vocab) / t;
+  // The final LayerNorm's and the output layer's inputs, and one micro-batch's f32 logits.
+  if (rc.last) act += 2.0 * e.activation_bytes * s * b * h / t + 4.0 * s * b * double(m.vocab) / t;
   mem.activations = act;
   const double used =
       mem.parameters + mem.gradients + mem.optimizer_state + mem.activations + mem.gathered;

@@ -3,7 +3,8 @@
 //
 // Activations follow Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer
 // Models", 2022, section 4): one layer's forward stores, per micro-batch of b sequences of s
-// tokens (16-bit activations, 1-byte dropout masks),
+// tokens (their count: 16-bit activations, 1-byte dropout masks; Execution gives other sizes, as
+// loom's f32 activations and its masks, which are never stored),
 //   no parallelism                  s b h (34 + 5 a s / h)
 //   tensor parallel t               s b h (10 + 24/t + 5 a s / (h t))
 //   tensor + sequence parallel      s b h / t (34 + 5 a s / h)
@@ -13,8 +14,8 @@
 // keeps that for each micro-batch-chunk in flight: the schedule validator's peak_activations
 // (1F1B: p on the first stage, so s b h L (34 + 5as/h) / t in all; interleaved:
 // (1 + (p-1)/(p v)) times that). The first stage also keeps the embedding's dropout mask
-// (s b h per micro-batch, /t with sp), the last the output layer's input and the f32 logits of
-// one micro-batch (4 s b h / t + 4 s b V / t).
+// (s b h mask bytes per micro-batch, /t with sp), the last the final LayerNorm's and the output
+// layer's inputs and the f32 logits of one micro-batch (4 s b h / t + 4 s b V / t at 16 bits).
 //
 // State per parameter (Execution): weights, gradients and optimizer state (f32 masters and Adam's
 // moments), divided over dp by ZeRO stage 3, >= 2 and >= 1 respectively; ZeRO-3 also gathers
@@ -44,9 +45,11 @@ struct MemoryBreakdown {
 };
 
 // Bytes one layer's forward keeps until its backward, per micro-batch (Korthikanti, above).
-double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r);
+double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                              const Execution& e);
 // The extra bytes recomputation materialises during one layer's backward (0 without it).
-double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r);
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                               const Execution& e);
 
 // Parameters on pipeline rank `rank` of `layout` (its layers' tp shards, and the embedding or the
 // tied output layer when it holds the first or last stage).

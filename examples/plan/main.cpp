@@ -17,46 +17,11 @@
 #include "common/flags.h"
 #include "core/error.h"
 #include "planner/calibrate.h"
+#include "planner/report.h"
 #include "planner/search.h"
 
 namespace loom::planner {
 namespace {
-
-nlohmann::json to_json(const Prediction& p) {
-  nlohmann::json j;
-  j["layout"] = p.layout.str();
-  if (!p.problem.empty()) {
-    j["problem"] = p.problem;
-    return j;
-  }
-  j["step_s"] = p.step_s;
-  j["tokens_per_s"] = p.tokens_per_s;
-  j["model_tflops_per_gpu"] = p.model_tflops_per_gpu;
-  j["hardware_tflops_per_gpu"] = p.hardware_tflops_per_gpu;
-  j["mfu"] = p.mfu;
-  j["bubble"] = p.bubble;
-  j["comm_s"] = p.comm_s;
-  j["pipeline_s"] = p.pipeline_s;
-  j["dp_exposed_s"] = p.step.dp_exposed;
-  j["optimizer_s"] = p.step.optimizer;
-  j["memory_bytes"] = {{"parameters", p.memory.parameters},
-                       {"gradients", p.memory.gradients},
-                       {"optimizer_state", p.memory.optimizer_state},
-                       {"activations", p.memory.activations},
-                       {"gathered", p.memory.gathered},
-                       {"reserved", p.memory.reserved},
-                       {"total", p.memory.total()},
-                       {"pipeline_rank", p.memory_rank}};
-  j["memory_per_pipeline_rank"] = nlohmann::json::array();
-  for (const MemoryBreakdown& m : p.memory_per_rank)
-    j["memory_per_pipeline_rank"].push_back({{"parameters", m.parameters},
-                                             {"gradients", m.gradients},
-                                             {"optimizer_state", m.optimizer_state},
-                                             {"activations", m.activations},
-                                             {"total", m.total()}});
-  j["oom"] = p.oom;
-  return j;
-}
 
 void print_prediction(const char* label, const Prediction& p) {
   std::printf("%s %s\n", label, p.layout.str().c_str());
@@ -195,7 +160,7 @@ int run(int argc, char** argv) {
   if (!f.get_string("evaluate").empty()) {
     const Prediction p = evaluate(w, parse_layout(f.get_string("evaluate"), c.gpus), c, e);
     if (json) {
-      std::printf("%s\n", to_json(p).dump(2).c_str());
+      std::printf("%s\n", prediction_json(p).dump(2).c_str());
     } else {
       std::printf("model: %s, global batch %lld\ncluster: %s\n", w.model.str().c_str(),
                   (long long)w.global_batch, c.str().c_str());
@@ -208,15 +173,7 @@ int run(int argc, char** argv) {
   o.top = int(f.get_int("top"));
   const SearchResult r = search(w, c, e, o);
   if (json) {
-    nlohmann::json j;
-    j["plans"] = nlohmann::json::array();
-    for (const Prediction& p : r.ranked) j["plans"].push_back(to_json(p));
-    j["candidates"] = r.candidates;
-    j["invalid"] = r.invalid;
-    j["oom"] = r.oom;
-    j["simulated"] = r.simulated;
-    j["pruned"] = r.pruned;
-    j["search_s"] = r.seconds;
+    const nlohmann::json j = search_json(r);
     std::printf("%s\n", j.dump(2).c_str());
     return r.ranked.empty() ? 1 : 0;
   }

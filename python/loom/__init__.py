@@ -165,6 +165,7 @@ _tensor_methods.install()
 from loom import _scans  # noqa: E402
 from loom._scans import cumprod, cumsum, einsum, norm, prod  # noqa: E402,F401
 from loom import linalg  # noqa: E402,F401
+from loom.planner import plan  # noqa: E402,F401
 
 _scans.install()
 
@@ -196,4 +197,5 @@ __all__ = [
     "numel", "rand_like", "randint_like", "randn_like", "randperm", "reciprocal", "sign", "sort",
     "split", "square", "unbind", "floor", "ceil", "round", "trunc", "cumsum", "cumprod", "prod",
     "norm", "einsum", "linalg", "gather", "scatter", "scatter_add", "index_add", "index_add_rows",
+    "plan",
 ]

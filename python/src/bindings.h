@@ -34,6 +34,7 @@ void init_pipeline(py::module_& m);     // pipeline.cpp: schedules, validator, e
 void init_data(py::module_& m);         // data.cpp: built-in datasets, batch loader, lr schedules
 void init_sharded(py::module_& m);      // sharded.cpp: sharded embedding-bag collections
 void init_checkpoint(py::module_& m);   // checkpoint.cpp: distributed checkpoints
+void init_plan(py::module_& m);         // plan.cpp: the parallel planner (loom.plan)
 
 // A loom.dtype, or its name ("float32", "bfloat16", ... or loom's "f32", "bf16", ...).
 DType dtype_arg(py::handle obj);

@@ -20,4 +20,5 @@ PYBIND11_MODULE(_loom, m) {
   loom::python::init_data(m);
   loom::python::init_sharded(m);
   loom::python::init_checkpoint(m);
+  loom::python::init_plan(m);
 }

@@ -55,19 +55,20 @@ TEST(PlannerWorkload, StepFlopsAreNarayanansFormula) {
 
 TEST(PlannerMemory, ActivationsAreKorthikantisCounts) {
   const TransformerShape m = shape(96, 12288, 96);
+  const Execution e = execution_preset("megatron");  // their sizes: 16-bit, 1-byte masks
   const double s = 2048, b = 2, h = 12288, a = 96, t = 8;
   const double sbh = s * b * h;
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 1, false, Recompute::kNone),
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 1, false, Recompute::kNone, e),
                    sbh * (34 + 5 * a * s / h));
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kNone),
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kNone, e),
                    sbh * (10 + 24 / t + 5 * a * s / (h * t)));
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kNone),
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kNone, e),
                    sbh / t * (34 + 5 * a * s / h));
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kSelective), sbh / t * 34);
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kSelective),
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kSelective, e), sbh / t * 34);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kSelective, e),
                    sbh * (10 + 24 / t));
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kFull), 2 * sbh);
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kFull), 2 * sbh / t);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, false, Recompute::kFull, e), 2 * sbh);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2, 8, true, Recompute::kFull, e), 2 * sbh / t);
 }
 
 // 1F1B keeps p micro-batches on the first stage, each of L/p layers: Korthikanti's
@@ -75,7 +76,7 @@ TEST(PlannerMemory, ActivationsAreKorthikantisCounts) {
 TEST(PlannerMemory, OneFOneBFirstStageHoldsTheWholeModelsActivations) {
   const Workload w{shape(32, 4096, 32), 512};
   const Cluster c = cluster_preset("h100-sxm", 64, 8);
-  const Execution e = execution_preset("loom");
+  const Execution e = execution_preset("megatron");  // Korthikanti's byte sizes
   for (int pp : {2, 4, 8}) {
     Layout l;
     l.tp = 8, l.pp = pp, l.dp = 64 / (8 * pp), l.sp = true, l.mb = 1;

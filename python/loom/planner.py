@@ -1,0 +1,32 @@
+"""loom.plan: the parallel planner from Python (planner/, the same as ``loom-plan``).
+
+    import loom
+    best = loom.plan(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200,
+                     global_batch=1536, gpus=1024, gpu="a100-80gb")["plans"][0]
+    print(best["layout"], best["step_s"], best["mfu"])
+    one = loom.plan(layers=96, hidden=12288, heads=96, global_batch=64, gpus=64,
+                    gpu="a100-80gb", evaluate="tp=8,pp=8,v=3,schedule=interleaved,"
+                    "recompute=selective,sp=1")
+"""
+import json
+
+from loom import _loom
+
+
+def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gpus_per_node=8,
+         gpu="h100-sxm", profile=None, execution="loom", top=5, evaluate=None):
+    """Ranks the layouts of a GPT on a cluster by predicted step time, or predicts one.
+
+    Returns ``loom-plan --json``'s records as dicts: without ``evaluate``, ``{"plans": [...],
+    "why_slower": [...], "candidates", "invalid", "oom", "simulated", "pruned", "search_s"}``
+    with the ``top`` fastest layouts that fit in memory, best first; with ``evaluate`` (a layout
+    as ``"dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,zero=..,recompute=none|selective|full,sp=0|1"``)
+    that layout's record (``"problem"`` says why it cannot run). ``gpu`` is a preset
+    (``a100-80gb``, ``h100-sxm``, ``h200``); ``profile`` a file from ``loom-plan --calibrate``
+    overriding its rates; ``execution`` whose runtime runs the plan (``loom``, ``loom-f32``,
+    ``loom-cpu``, ``megatron``). Bad arguments raise ValueError naming them.
+    """
+    text = _loom._plan(int(layers), int(hidden), int(heads), int(seq), int(vocab),
+                       int(global_batch), int(gpus), int(gpus_per_node), str(gpu),
+                       profile or "", str(execution), int(top), evaluate or "")
+    return json.loads(text)

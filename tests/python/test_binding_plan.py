@@ -1,0 +1,44 @@
+"""loom.plan (planner/ through python/src/plan.cpp): the same records as `loom-plan --json`.
+Korthikanti et al.'s 175B layout predicts their measured 13.75 s (the point the A100 preset is
+calibrated on; planner_test predicts their other seven steps from it); a search returns fitting
+plans, best first, with a reason for each runner-up; bad input raises ValueError naming it."""
+import pytest
+
+import loom
+
+GPT3 = dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, global_batch=64, gpus=64,
+            gpu="a100-80gb", execution="megatron")
+
+
+def test_evaluate_predicts_korthikantis_step():
+    p = loom.plan(**GPT3, evaluate="tp=8,pp=8,v=3,mb=1,schedule=interleaved,"
+                                   "recompute=selective,sp=1")
+    assert p["layout"] == ("dp=1,tp=8,pp=8,v=3,mb=1,schedule=interleaved,zero=0,"
+                           "recompute=selective,sp=1")
+    assert abs(p["step_s"] / 13.75 - 1) < 0.05, p["step_s"]
+    assert not p["oom"] and len(p["memory_per_pipeline_rank"]) == 8
+    assert p["memory_bytes"]["total"] == max(r["total"] for r in p["memory_per_pipeline_rank"])
+
+
+def test_an_invalid_layout_says_why():
+    p = loom.plan(**GPT3, evaluate="tp=8,pp=8,v=5,schedule=interleaved")
+    assert "does not divide the 96 layers" in p["problem"]
+
+
+def test_search_ranks_fitting_plans():
+    r = loom.plan(layers=24, hidden=2048, heads=16, global_batch=128, gpus=16, top=3)
+    steps = [p["step_s"] for p in r["plans"]]
+    assert len(steps) == 3 and steps == sorted(steps)
+    assert not any(p["oom"] for p in r["plans"]) and len(r["why_slower"]) == 2
+    assert r["simulated"] >= 3 and r["candidates"] > r["simulated"]
+
+
+def test_bad_input_raises_value_error():
+    with pytest.raises(ValueError, match="unknown GPU 'tpu'"):
+        loom.plan(**{**GPT3, "gpu": "tpu"})
+    with pytest.raises(ValueError, match="unknown layout key 'pq'"):
+        loom.plan(**GPT3, evaluate="pq=1")
+    with pytest.raises(ValueError, match=r"heads \(5\) must divide hidden \(64\)"):
+        loom.plan(layers=2, hidden=64, heads=5, global_batch=8, gpus=8)
+    with pytest.raises(ValueError, match="cannot open the profile"):
+        loom.plan(**GPT3, profile="/nonexistent/profile.json")
