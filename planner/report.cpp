@@ -48,6 +48,7 @@ nlohmann::json search_json(const SearchResult& r) {
   }
   j["candidates"] = r.candidates;
   j["invalid"] = r.invalid;
+  j["unsupported"] = r.unsupported;
   j["oom"] = r.oom;
   j["simulated"] = r.simulated;
   j["pruned"] = r.pruned;

@@ -62,6 +62,10 @@ SearchResult search(const Workload& w, const Cluster& c, const Execution& e,
                     ++res.invalid;
                     continue;
                   }
+                  if (o.unsupported && !o.unsupported(l).empty()) {
+                    ++res.unsupported;
+                    continue;
+                  }
                   if (state_overflows(w, l, c, e)) {
                     ++res.oom;
                     res.any_oom = true;

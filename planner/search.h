@@ -9,6 +9,7 @@
 // that bound passes the top-K's slowest.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,18 +22,22 @@ struct SearchOptions {
   int max_mb = 16;  // micro-batch sizes 1, 2, 4, ... up to this
   int max_v = 8;    // virtual stages tried for interleaved
   std::vector<std::string> schedules = {"1f1b", "interleaved", "gpipe", "chimera"};
+  // Why the runtime cannot run a layout ("" when it can): such layouts are skipped, counted as
+  // unsupported. Empty: every valid layout.
+  std::function<std::string(const Layout&)> unsupported;
 };
 
 struct SearchResult {
   std::vector<Prediction> ranked;  // the fastest fitting layouts, best first (at most top)
   Prediction fastest_oom;          // the fastest layout that did not fit (problem set if none)
   bool any_oom = false;
-  long candidates = 0;  // layouts enumerated
-  long invalid = 0;     // refused by layout_problem
-  long oom = 0;         // out of memory (by state alone, or after simulation)
-  long simulated = 0;   // schedules simulated
-  long pruned = 0;      // skipped: their lower bound was no better than the top-K
-  double seconds = 0;   // the search's own time
+  long candidates = 0;   // layouts enumerated
+  long invalid = 0;      // refused by layout_problem
+  long unsupported = 0;  // refused by SearchOptions::unsupported
+  long oom = 0;          // out of memory (by state alone, or after simulation)
+  long simulated = 0;    // schedules simulated
+  long pruned = 0;       // skipped: their lower bound was no better than the top-K
+  double seconds = 0;    // the search's own time
 };
 
 SearchResult search(const Workload& w, const Cluster& c, const Execution& e,

@@ -78,6 +78,13 @@ void declare_gpt_flags(cli::Flags& f) {
              "simulate the schedule on one process (unit costs), print one line per rank "
              "(`rank R bubble F peak_activations A`) and exit");
   f.add_bool("print-schedule", "print the schedule in its text form and exit");
+  f.add_string("plan", "none",
+               "auto: let the planner (loom-plan) choose dp, tp, pp, the schedule, micro-batches, "
+               "ZeRO stage, recomputation and sequence parallelism for the ranks launched",
+               {"none", "auto"});
+  f.add_string("plan-profile", "",
+               "--plan auto: this machine's rates (loom-plan --calibrate); default: measure them "
+               "first");
   f.add_string("trace", "",
                "with --pp: write a Chrome trace (chrome://tracing, Perfetto) of every step, one "
                "track per pipeline rank, and print the measured bubble");
@@ -170,6 +177,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
   o.schedule_file = f.get_string("schedule-file");
   o.validate_schedule = f.get_bool("validate-schedule");
   o.print_schedule = f.get_bool("print-schedule");
+  o.plan = f.get_string("plan");
+  o.plan_profile = f.get_string("plan-profile");
   o.trace = f.get_string("trace");
   o.sequence_parallel = f.get_bool("sequence-parallel");
   o.dtype = f.get_string("dtype");
@@ -240,6 +249,15 @@ GptOptions read_gpt_options(const cli::Flags& f) {
              o.momentum);
   LOOM_CHECK(o.optimizer == "sgd" || !f.was_set("momentum"),
              "loom-gpt: --momentum applies to --optimizer sgd only");
+  LOOM_CHECK(o.plan == "auto" || !f.was_set("plan-profile"),
+             "loom-gpt: --plan-profile applies to --plan auto");
+  if (o.plan == "auto") {
+    for (const char* flag :
+         {"dp", "tp", "pp", "schedule", "virtual-stages", "microbatches", "grad-accum", "zero",
+          "sequence-parallel", "checkpoint-activations", "schedule-file"})
+      LOOM_CHECK(!f.was_set(flag), "loom-gpt: --", flag,
+                 " conflicts with --plan auto, which chooses the layout (drop one of them)");
+  }
   LOOM_CHECK(o.dp >= 0, "loom-gpt: --dp must be >= 0 (0 = every rank launched), got ", o.dp);
   LOOM_CHECK(o.tp >= 1, "loom-gpt: --tp must be >= 1, got ", o.tp);
   LOOM_CHECK(o.pp >= 1, "loom-gpt: --pp must be >= 1, got ", o.pp);

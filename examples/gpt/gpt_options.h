@@ -47,6 +47,7 @@ struct GptOptions {
   // pipeline parallelism
   int64_t pp, microbatches, virtual_stages;
   std::string schedule, schedule_file;
+  std::string plan, plan_profile;  // --plan auto: See gpt_plan.h
   bool validate_schedule, print_schedule;
   std::string trace;  // Chrome trace of the pipeline's steps
   double bucket_mb;

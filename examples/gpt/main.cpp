@@ -36,6 +36,7 @@
 #include "gpt/gpt_options.h"
 #include "gpt/gpt_parallel.h"
 #include "gpt/gpt_pipeline.h"
+#include "gpt/gpt_plan.h"
 #include "kernels/cuda/runtime.h"
 #include "optimizer/adamw.h"
 #include "optimizer/clip_grad.h"
@@ -226,6 +227,15 @@ int run(int argc, char** argv) {
                            {"save", o.save},
                            {"trace", o.trace},
                            {"checkpoint-dir", o.checkpoints.dir, /*directory=*/true}});
+  std::unique_ptr<io::GptWeights> init;
+  if (!o.init_from.empty())
+    init = std::make_unique<io::GptWeights>(
+        io::load_gpt_weights(o.init_from, o.was_set("heads") ? o.heads : 0));
+  if (init) check_init_moe(o, *init);
+  const std::optional<ResumePoint> resume = cli::find_resume_point(o.checkpoints);
+  GptData data = load_gpt_data(o);
+  const GptConfig config = resolve_config(o, data, init.get(), resume ? &*resume : nullptr);
+  if (o.plan == "auto") plan_layout(o, config, world, training_device(o));
   const int64_t model_ranks = o.tp * o.pp;
   if (o.dp == 0) {
     LOOM_CHECK(world->size() % model_ranks == 0, "loom-gpt: --tp ", o.tp, " x --pp ", o.pp,
@@ -241,14 +251,6 @@ int run(int argc, char** argv) {
              " (it is the global batch: each rank takes batch / dp rows, in grad-accum "
              "micro-batches)");
 
-  std::unique_ptr<io::GptWeights> init;
-  if (!o.init_from.empty())
-    init = std::make_unique<io::GptWeights>(
-        io::load_gpt_weights(o.init_from, o.was_set("heads") ? o.heads : 0));
-  if (init) check_init_moe(o, *init);
-  const std::optional<ResumePoint> resume = cli::find_resume_point(o.checkpoints);
-  GptData data = load_gpt_data(o);
-  const GptConfig config = resolve_config(o, data, init.get(), resume ? &*resume : nullptr);
   io::check_token_range(data.tokens, config.vocab, o.data.empty() ? "addition task" : o.data);
   io::BatchLoader loader(std::move(data.tokens), o.batch, o.seq, o.data);
   // A bad prompt fails now, not after training.
