@@ -8,7 +8,8 @@ with and without sequence parallelism, pp with GPipe, 1F1B and Chimera) trains l
 median step after --warmup steps and the "memory per rank" line, and asks `loom-plan --evaluate`
 for the same layout with that profile. Prints one row per layout (measured, predicted, error;
 rank 0's training-state bytes and its allocator's peak, measured / predicted), the median and
-worst errors, and whether the layout the planner ranks first is within 5% of the measured best.
+worst errors, the rank correlation of predicted and measured steps, and whether the layout the
+planner ranks first is within 5% of the measured best.
 
   python3 benchmarks/plan_vs_measured.py --ranks 2
 """
@@ -60,6 +61,26 @@ def gpt_flags(layout, batch):
     if f.get("sp") == "1":
         flags.append("--sequence-parallel")
     return flags
+
+
+def spearman(xs, ys):
+    """Rank correlation (ties get their mean rank)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
 def main():
@@ -125,7 +146,8 @@ def main():
     print(f"{len(rows)} layouts on {args.ranks} rank(s): median error {100 * statistics.median(errors):.1f}%, "
           f"worst {100 * errors[-1]:.1f}%; the planner's pick {pick[0]} measured "
           f"{pick[1] * 1e3:.1f} ms, the measured best {best_measured * 1e3:.1f} ms "
-          f"({100 * (pick[1] / best_measured - 1):+.1f}%); peak memory of rank 0: median error "
+          f"({100 * (pick[1] / best_measured - 1):+.1f}%), rank correlation "
+          f"{spearman([r[1] for r in rows], [r[2] for r in rows]):.2f}; peak memory of rank 0: median error "
           f"{100 * statistics.median(memory_errors):.1f}%, worst {100 * memory_errors[-1]:.1f}%")
 
 
