@@ -2,6 +2,20 @@
 
 namespace loom::planner {
 
+namespace {
+
+nlohmann::json memory_json(const MemoryBreakdown& m) {
+  return {{"parameters", m.parameters},
+          {"gradients", m.gradients},
+          {"optimizer_state", m.optimizer_state},
+          {"activations", m.activations},
+          {"gathered", m.gathered},
+          {"reserved", m.reserved},
+          {"total", m.total()}};
+}
+
+}  // namespace
+
 nlohmann::json prediction_json(const Prediction& p) {
   nlohmann::json j;
   j["layout"] = p.layout.str();
@@ -19,21 +33,11 @@ nlohmann::json prediction_json(const Prediction& p) {
   j["pipeline_s"] = p.pipeline_s;
   j["dp_exposed_s"] = p.step.dp_exposed;
   j["optimizer_s"] = p.step.optimizer;
-  j["memory_bytes"] = {{"parameters", p.memory.parameters},
-                       {"gradients", p.memory.gradients},
-                       {"optimizer_state", p.memory.optimizer_state},
-                       {"activations", p.memory.activations},
-                       {"gathered", p.memory.gathered},
-                       {"reserved", p.memory.reserved},
-                       {"total", p.memory.total()},
-                       {"pipeline_rank", p.memory_rank}};
+  j["memory_bytes"] = memory_json(p.memory);
+  j["memory_bytes"]["pipeline_rank"] = p.memory_rank;
   j["memory_per_pipeline_rank"] = nlohmann::json::array();
   for (const MemoryBreakdown& m : p.memory_per_rank)
-    j["memory_per_pipeline_rank"].push_back({{"parameters", m.parameters},
-                                             {"gradients", m.gradients},
-                                             {"optimizer_state", m.optimizer_state},
-                                             {"activations", m.activations},
-                                             {"total", m.total()}});
+    j["memory_per_pipeline_rank"].push_back(memory_json(m));
   j["oom"] = p.oom;
   return j;
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "planner/calibrate.h"
 #include "planner/search.h"
 #include "testing/files.h"
 
@@ -172,6 +173,53 @@ TEST(PlannerLayout, ParsesPrintsAndRefusesWithReasons) {
             std::string::npos);
   EXPECT_EQ(layout_problem(l, w, c), "");
   expect_error([] { device_preset("tpu"); }, {"unknown GPU 'tpu'", "h100-sxm"});
+}
+
+// A profile file carries every rate; a field left out keeps the base's, a malformed one is
+// refused naming the file and the field; a level without bandwidth (one rank calibrated) is left
+// out so the preset's stays.
+class PlannerProfile : public loom::testing::TempDirTest {};
+
+TEST_F(PlannerProfile, RoundTripsAndRefusesBadFields) {
+  Cluster c = cluster_preset("h100-sxm", 16, 8);
+  c.device.gemm_efficiency = 0.61;
+  c.device.memory_bandwidth = 1.5e12;
+  c.inter = {2e-5, 12.5e9};
+  const std::string path = this->path("p.json");
+  write_profile(path, c);
+  const Cluster back = read_profile(path, cluster_preset("a100-80gb", 16, 8));
+  EXPECT_EQ(back.device.name, "h100-sxm");
+  EXPECT_DOUBLE_EQ(back.device.gemm_efficiency, 0.61);
+  EXPECT_DOUBLE_EQ(back.device.memory_bandwidth, 1.5e12);
+  EXPECT_DOUBLE_EQ(back.device.peak_flops, 989.4e12);
+  EXPECT_DOUBLE_EQ(back.inter.bandwidth, 12.5e9);
+  EXPECT_DOUBLE_EQ(back.intra.bandwidth, 450e9);
+  c.intra.bandwidth = 0;  // not measured
+  write_profile(path, c);
+  EXPECT_DOUBLE_EQ(read_profile(path, cluster_preset("a100-80gb", 16, 8)).intra.bandwidth, 300e9);
+  loom::testing::write_bytes(path, R"({"device": {"peak_flops": "fast"}})");
+  expect_error([&] { read_profile(path, c); }, {"p.json: device", "'peak_flops' must be a number"});
+  expect_error([&] { read_profile(this->path("none.json"), c); }, {"cannot open the profile"});
+}
+
+// Calibrating one process: positive rates, and the fitted large-GEMM rate is the peak times the
+// efficiency (a CPU has no datasheet peak: the fitted rate is the peak). Not a timing test: the
+// figures are whatever this machine gives.
+TEST(PlannerCluster, CalibratingOneProcessGivesConsistentRates) {
+  Cluster base = cluster_preset("a100-80gb", 1, 1);
+  CalibrationOptions o;
+  o.repeats = 1;
+  o.max_gemm = 256;
+  o.block = shape(1, 64, 2, 32, 64);
+  o.block_batch = 2;
+  const Cluster c = calibrate(base, nullptr, o);
+  EXPECT_EQ(c.device.name, "calibrated-cpu");
+  EXPECT_GT(c.device.peak_flops, 0);
+  EXPECT_DOUBLE_EQ(c.device.gemm_efficiency, 1.0);
+  EXPECT_GE(c.device.gemm_half_flops, 0);
+  EXPECT_GT(c.device.memory_bandwidth, 0);
+  EXPECT_DOUBLE_EQ(c.intra.bandwidth, base.intra.bandwidth);  // one rank: not measured
+  EXPECT_NO_THROW(c.check());
 }
 
 // The pruned search finds the layout an exhaustive evaluation of every valid one finds.
