@@ -23,7 +23,7 @@ namespace loom::planner {
 struct CalibrationOptions {
   Device device = Device::cpu();
   DType dtype = DType::kF32;
-  int repeats = 5;          // timed runs per measurement (the median is kept)
+  int repeats = 5;  // timed runs per measurement (GEMMs keep the fastest, the rest the median)
   int64_t max_gemm = 1024;  // GEMMs of 4n x n by n x n for n = 64, 128, ... up to max_gemm / 2
   // The peak the GEMM rate is stated against (MFU's denominator): 0 takes the fitted large-GEMM
   // rate itself (efficiency 1), as on a CPU without a datasheet figure.
