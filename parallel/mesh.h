@@ -54,6 +54,7 @@ class DeviceMesh {
   comm::Communicator& tp() const { return *tp_group_; }
   comm::Communicator& dp() const { return *dp_group_; }
   comm::Communicator& pp() const { return *pp_group_; }
+  std::shared_ptr<comm::Communicator> world_ptr() const { return world_; }
   std::shared_ptr<comm::Communicator> tp_ptr() const { return tp_group_; }
   std::shared_ptr<comm::Communicator> dp_ptr() const { return dp_group_; }
   std::shared_ptr<comm::Communicator> pp_ptr() const { return pp_group_; }

@@ -441,6 +441,10 @@ void ZeroOptimizer::finish_gradients() {
   reducer_.group().allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
   if (options_.replicas)
     options_.replicas->allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
+  // tp ranks hold other shards, pp ranks other stages: one skips only if every rank does.
+  for (const auto& other : {options_.tp, options_.pp})
+    if (other && other->size() > 1)
+      other->allreduce(flag, comm::AllreduceOptions{comm::ReduceOp::kMax})->wait();
   found_nonfinite_ = flag.item() != 0;
 }
 

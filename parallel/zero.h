@@ -29,8 +29,10 @@
 // With bf16 or f16 parameters the wrapped optimizer steps f32 masters of this rank's pieces (so
 // the masters, like the rest of the optimizer state, are sharded: 12/N bytes per parameter with
 // Adam). A rank sees only its shards of the gradient, so whether a step holds an inf or nan is
-// agreed over the group (one max-allreduce of a flag): then every rank skips the step, leaving
-// parameters and optimizer state unchanged, and its loss scaler backs off and counts the skip.
+// agreed over the group (one max-allreduce of a flag; then over the hybrid replicas, the tp
+// group and the pipeline, whose ranks hold other shards and stages): then every rank skips the
+// step, leaving parameters and optimizer state unchanged, and its loss scaler backs off and
+// counts the skip.
 //
 // Note [Sharded state]
 // A ZeRO rank's optimizer state covers only the elements of its shards, whose boundaries depend

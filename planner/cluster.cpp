@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "core/error.h"
 
 namespace loom::planner {
@@ -61,6 +63,17 @@ void read_field(const nlohmann::json& j, const char* key, double& out, const std
 }  // namespace
 
 DeviceRates device_preset(const std::string& name) { return find_preset(name).device; }
+
+DeviceRates cpu_device(int ranks_per_node) {
+  LOOM_CHECK(ranks_per_node > 0, "cpu_device: ", ranks_per_node, " ranks per node");
+  DeviceRates d;
+  d.name = "cpu";
+  d.memory_bytes =
+      double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(ranks_per_node);
+  d.reserved_bytes = 0;
+  d.fragmentation = 0.05;
+  return d;
+}
 LinkLevel intra_preset(const std::string& name) { return find_preset(name).intra; }
 LinkLevel inter_preset(const std::string& name) { return find_preset(name).inter; }
 

@@ -102,8 +102,10 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
     check_pipeline_options(o);
     auto tp = o.tp > 1 || o.sequence_parallel ? mesh.tp_ptr() : nullptr;
     parallel::pipeline::StageSet set;
-    for (auto& stage : make_stages(config, o, schedule_from(o), mesh.coords().pp, tp))
+    for (auto& stage : make_stages(config, o, schedule_from(o), mesh.coords().pp, tp)) {
+      if (dtype != DType::kF32) stage->to(dtype);
       set.add(std::move(stage));
+    }
     const auto global = parallel::pipeline::StageSet::single_process_name;
     if (o.zero == 0) {
       places = ckpt::parameter_places(set);

@@ -56,9 +56,9 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
 }
 
 void check_pipeline_options(const GptOptions& o) {
-  LOOM_CHECK(o.zero <= 1 && o.dtype == "f32" && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp, --tp and --zero 1 only so far (not with --zero ",
-             "2 or 3, --dtype bf16/f16, --grad-accum or --checkpoint-activations)");
+  LOOM_CHECK(o.zero <= 1 && o.dtype != "f16" && o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp, --tp, --zero 1 and --dtype bf16 only so far (not ",
+             "with --zero 2 or 3, --dtype f16, --grad-accum or --checkpoint-activations)");
 }
 
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
@@ -83,13 +83,15 @@ parallel::ZeroOptions pipeline_zero_options(const GptOptions& o) {
 
 PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
                            const parallel::DeviceMesh& mesh, parallel::pipeline::Schedule schedule,
-                           const parallel::OptimizerFactory& make_optimizer)
+                           const parallel::OptimizerFactory& make_optimizer,
+                           const io::GptParams* init)
     : config_(config),
       o_(o),
       pp_(mesh.pp_ptr()),
       dp_(mesh.dp_ptr()),
       dp_rank_(mesh.coords().dp),
       schedule_(std::move(schedule)),
+      dtype_(parse_dtype(o.dtype)),
       writes_output_(mesh.world().rank() == 0) {
   check_pipeline_options(o);
   if (o.tp > 1 || o.sequence_parallel) tp_ = mesh.tp_ptr();
@@ -107,10 +109,14 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   }
   replica_pairs_ = pairs;
   std::vector<StageChunk> chunks;
-  std::vector<Tensor> params;
   stages_ = make_stages(config, o, schedule_, rank, tp_, experts_.make_moe);
+  if (init)
+    load(*init);
+  else
+    for (auto& s : stages_) s->init_parameters(o.seed);
+  for (auto& s : stages_)
+    if (dtype_ != DType::kF32) s->to(dtype_);  // initialised in f32, then rounded
   for (const auto& stage : stages_) {
-    for (const Tensor& p : stage->parameters()) params.push_back(p);
     // ZeRO reduces over dp itself (the experts over their replicas too, ZeroOptions::own_*).
     StageChunk chunk = parallel::pipeline::stage_chunk(
         stage, pairs[size_t(stage->stage())], o.zero == 0 ? dp_ : nullptr, experts_.replicas);
@@ -127,12 +133,36 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
                " for --sequence-parallel");
   executor_ = std::make_unique<parallel::pipeline::PipelineExecutor>(
       schedule_, pp_, std::move(chunks),
-      stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq));
+      stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq), dtype_);
   // The stages in one module (each keeping its own names, so initialisation and dropout are the
   // single-process ones): what ZeRO-1 and checkpoints see.
   for (const auto& stage : stages_) stage_set_->add(stage);
+  build_optimizer(mesh, make_optimizer);
+}
+
+void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
+                                   const parallel::OptimizerFactory& make_optimizer) {
+  const GptOptions& o = o_;
+  const int rank = pp_->rank();
   if (o.zero == 0) {
-    opt_ = make_optimizer(params);
+    std::vector<Tensor> params;
+    for (const auto& stage : stages_)
+      for (const Tensor& p : stage->parameters()) params.push_back(p);
+    if (dtype_ == DType::kF32) {
+      opt_ = make_optimizer(params);
+      return;
+    }
+    auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(params, make_optimizer,
+                                                               optim::LossScaler::none());
+    // A non-finite gradient skips the step; each rank sees only its stages' (and tp shards' and
+    // experts') gradients, so every rank of the job agrees on the skip, as one process skips.
+    mp->set_skip_agreement([world = mesh.world_ptr()](bool found) {
+      Tensor flag = Tensor::full({1}, found ? 1.0 : 0.0, DType::kF32);
+      world->allreduce_sync(flag, comm::ReduceOp::kMax);
+      return flag.item() > 0;
+    });
+    mixed_ = mp.get();
+    opt_ = std::move(mp);
     return;
   }
   // ZeRO-1 over dp, gradients taken from the executor's backwards.
@@ -165,10 +195,6 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   opt_ = std::move(zero);
 }
 
-void PipelineStep::init_parameters(uint64_t seed) {
-  for (auto& s : stages_) s->init_parameters(seed);
-}
-
 void PipelineStep::load(const io::GptParams& params) {
   for (auto& s : stages_) {
     io::GptParams mine;  // the stage's own parameters out of the whole model's
@@ -194,7 +220,8 @@ std::string PipelineStep::str() const {
                             "), replicated across them")
           : std::string(),
       " x pp ", schedule_.ranks, ", schedule ", schedule_.name, ", ", schedule_.microbatches,
-      " micro-batches", o_.sequence_parallel ? ", sequence parallel" : "");
+      " micro-batches", o_.sequence_parallel ? ", sequence parallel" : "",
+      dtype_ != DType::kF32 ? detail::str_cat(", ", o_.dtype, " with f32 masters") : std::string());
 }
 
 parallel::TrainingMemory PipelineStep::memory() const {
@@ -214,10 +241,20 @@ double PipelineStep::clip(double max_norm) {
   // With expert parallelism each rank holds its experts: their squares add over ep (whole over
   // tp, they count once there).
   // (--expert-tp: their slices' squares add over tp first).
+  // bf16: the norm of the f32 gradients the masters hold (MixedPrecisionOptimizer::
+  // clip_grad_norm's), not of the bf16 ones; the masters' gradients are the ones clipped.
+  std::map<const void*, Tensor> master_of;
+  if (mixed_) {
+    mixed_->unscale_gradients();
+    size_t i = 0;
+    for (const auto& stage : stages_)
+      for (const Tensor& p : stage->parameters()) master_of[p.data_ptr()] = mixed_->masters()[i++];
+  }
   std::vector<Tensor> sharded, whole, expert_sharded, expert_whole, all;
   for (size_t c = 0; c < stages_.size(); ++c) {
     const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
-    for (const auto& [name, p] : stages_[c]->named_parameters()) {
+    for (const auto& [name, param] : stages_[c]->named_parameters()) {
+      const Tensor& p = mixed_ ? master_of.at(param.data_ptr()) : param;
       all.push_back(p);
       if (!counted_once(place, name)) continue;
       const bool shard = tp_ && stages_[c]->parameter_shard(name);
@@ -426,7 +463,7 @@ io::GptParams PipelineStep::full_params() {
   for (const auto& [name, shape_of] : layout.named_parameters()) {
     const int owner = schedule_.holder(0, owner_stage(name, config_, schedule_.stages)).first;
     Tensor t = pp_->rank() == owner ? mine.at(name).detach().contiguous().clone()
-                                    : Tensor::empty(shape_of.shape());
+                                    : Tensor::empty(shape_of.shape(), dtype_);
     pp_->broadcast(t, {owner})->wait();
     out[name] = t;
   }
@@ -447,7 +484,7 @@ void PipelineStep::gather_experts(std::map<std::string, Tensor>& mine,
     const int64_t e = std::stoll(name.substr(at + marker.size()));
     auto it = mine.find(name);
     Tensor t = it != mine.end() ? it->second.detach().contiguous().clone()
-                                : Tensor::empty(shape_of.shape());
+                                : Tensor::empty(shape_of.shape(), dtype_);
     experts_.ep->broadcast(t, {int(e / local)})->wait();
     mine[name] = t;
   }

@@ -9,10 +9,12 @@
 // over dp (the executor accumulates each step's gradients in the parameters; ZeRO reduce-scatters
 // them after the actions). Not combined yet: --zero 2 and 3 (they keep only gradient shards
 // between micro-batches, which needs the reduction inside each micro-batch's backward), --dtype
-// other than f32, --grad-accum (micro-batches do its
-// work) and activation checkpointing. Evaluation and --save gather the whole model onto every
-// rank (the owner of each parameter broadcasts it over pp). Checkpoints hold each rank's stages
-// under single-process names, so they reshard to and from any layout.
+// f16 (its loss scale would have to scale every micro-batch's loss), --grad-accum (micro-batches
+// do its work) and activation checkpointing. With --dtype bf16 the stages hold bf16 parameters
+// and pass bf16 activations and gradients; the optimizer steps f32 masters (a
+// MixedPrecisionOptimizer, or ZeRO-1's), as DataParallelStep's. Evaluation and --save gather the
+// whole model onto every rank (the owner of each parameter broadcasts it over pp). Checkpoints hold
+// each rank's stages under single-process names, so they reshard to and from any layout.
 #pragma once
 
 #include <functional>
@@ -53,13 +55,12 @@ parallel::ZeroOptions pipeline_zero_options(const GptOptions& o);
 
 class PipelineStep : public Trainer {
  public:
-  // Collective over the mesh's pp and dp groups.
+  // Collective over the mesh's pp and dp groups. The stages start from `init` (single-process
+  // weights; each stage takes its own) or, when it is null, from --seed's initialisation; then
+  // they are rounded to --dtype and the optimizer takes them (its f32 masters are copies).
   PipelineStep(const GptConfig& config, const GptOptions& o, const parallel::DeviceMesh& mesh,
                parallel::pipeline::Schedule schedule,
-               const parallel::OptimizerFactory& make_optimizer);
-
-  void init_parameters(uint64_t seed);
-  void load(const io::GptParams& params);  // single-process weights; each stage takes its own
+               const parallel::OptimizerFactory& make_optimizer, const io::GptParams* init);
   StepResult run(const io::Batch& global, int64_t step, double lr) override;
   // The single-process weights on every rank. Collective over pp.
   io::GptParams full_params() override;
@@ -77,6 +78,11 @@ class PipelineStep : public Trainer {
                                                   comm::Communicator& world) override;
 
  private:
+  void load(const io::GptParams& params);
+  // opt_ over the stages as they are now (ZeRO-1, a MixedPrecisionOptimizer for bf16, or the
+  // factory's own).
+  void build_optimizer(const parallel::DeviceMesh& mesh,
+                       const parallel::OptimizerFactory& make_optimizer);
   double clip(double max_norm);
   // --moe-experts: every expert of this rank's stages' MoE blocks from its holder over ep (See
   // GptModel::full_params).
@@ -106,7 +112,9 @@ class PipelineStep : public Trainer {
   // With --zero 1: the stages under one module for the ZeroOptimizer.
   std::shared_ptr<parallel::pipeline::StageSet> stage_set_ =
       std::make_shared<parallel::pipeline::StageSet>();
+  DType dtype_;  // the stages' parameters, activations and gradients (--dtype)
   parallel::ZeroOptimizer* zero_ = nullptr;
+  optim::MixedPrecisionOptimizer* mixed_ = nullptr;  // bf16 without ZeRO
   std::unique_ptr<optim::Optimizer> opt_;
   parallel::pipeline::ChromeTrace trace_;
   parallel::pipeline::Timelines last_step_;

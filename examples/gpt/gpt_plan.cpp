@@ -1,7 +1,5 @@
 #include "gpt/gpt_plan.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 
@@ -54,10 +52,7 @@ planner::Cluster plan_cluster(const GptOptions& o, const GptConfig& config,
   calib.block = {1, config.channels, config.heads, o.seq > 0 ? o.seq : config.max_seq_len, 256};
   calib.block_batch = int(std::min<int64_t>(4, o.batch));
   if (device.is_cpu()) {
-    c.device.name = "cpu";
-    c.device.memory_bytes =
-        double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / c.gpus_per_node;
-    c.device.fragmentation = 0.05;
+    c.device = planner::cpu_device(c.gpus_per_node);
     c.intra = c.inter = {1e-6, 1e10};  // replaced by the measured all-reduce with 2+ ranks
     calib.dtype = parse_dtype(o.dtype);
   } else {
@@ -88,7 +83,7 @@ std::string unsupported_by_loom_gpt(const planner::Layout& l, const GptOptions& 
   if (l.pp > 1) {
     if (!device.is_cpu()) return "a pipeline on CUDA";
     if (l.zero > 1) return "a pipeline with ZeRO 2 or 3";
-    if (o.dtype != "f32") return "a pipeline in " + o.dtype;
+    if (o.dtype == "f16") return "a pipeline in f16";
     if (l.recompute != Recompute::kNone) return "a pipeline with recomputation";
   }
   return "";

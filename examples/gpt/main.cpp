@@ -274,13 +274,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer;
   if (o.pp > 1) {
     LOOM_CHECK(!o.eval_only, "loom-gpt: --eval-only runs without --pp");
-    auto pipeline =
-        std::make_unique<PipelineStep>(config, o, mesh, schedule_from(o), optimizer_factory);
-    if (init)
-      pipeline->load(init->params);
-    else
-      pipeline->init_parameters(o.seed);
-    trainer = std::move(pipeline);
+    trainer = std::make_unique<PipelineStep>(config, o, mesh, schedule_from(o), optimizer_factory,
+                                             init ? &init->params : nullptr);
   } else {
     gpt = std::make_unique<GptModel>(config, o, mesh);
     if (init)

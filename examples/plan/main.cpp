@@ -8,7 +8,6 @@
 // Ranks every valid layout that fits in memory by predicted step time (planner/search.h), prints
 // the best with its step, tokens/s, TFLOP/s per GPU, MFU, bubble, communication share and memory
 // per GPU, and says why each runner-up lost. --json prints the same records as JSON.
-#include <unistd.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -58,13 +57,7 @@ int calibrate_command(const cli::Flags& f) {
   o.dtype = on_cpu ? DType::kF32 : DType::kBF16;
   o.max_gemm = on_cpu ? 1024 : 8192;
   o.peak_flops = on_cpu ? 0.0 : base.device.peak_flops;
-  if (on_cpu) {  // no datasheet: a rank may use its share of the machine's memory
-    base.device.name = "cpu";
-    base.device.memory_bytes =
-        double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / world->size();
-    base.device.reserved_bytes = 0;
-    base.device.fragmentation = 0.05;
-  }
+  if (on_cpu) base.device = cpu_device(world->size());  // no datasheet: rates calibrated below
   // The block the element-wise term is fitted on: the planned model's layer shape when given.
   if (f.was_set("hidden")) o.block.hidden = f.get_int("hidden");
   if (f.was_set("heads")) o.block.heads = f.get_int("heads");

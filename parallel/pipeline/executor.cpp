@@ -60,11 +60,12 @@ std::vector<int> receive_posts(const std::vector<Action>& actions) {
 }
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::shared_ptr<comm::Communicator> pp,
-                                   std::vector<StageChunk> chunks, Shape activation)
+                                   std::vector<StageChunk> chunks, Shape activation, DType dtype)
     : schedule_(std::move(schedule)),
       pp_(std::move(pp)),
       chunks_(std::move(chunks)),
-      activation_(std::move(activation)) {
+      activation_(std::move(activation)),
+      dtype_(dtype) {
   LOOM_CHECK(pp_ != nullptr, "PipelineExecutor: the pipeline group is null");
   LOOM_CHECK(pp_->size() == schedule_.ranks, "PipelineExecutor: schedule '", schedule_.name,
              "' is for ", schedule_.ranks, " ranks but the pipeline group has ", pp_->size());
@@ -108,12 +109,12 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
     const ChunkPlace& place = places[size_t(a.chunk)];
     Slot& slot = slots[{a.microbatch, a.chunk}];
     if (a.kind == ActionKind::kRecvActivation) {
-      slot.input = Tensor::empty(activation_);
+      slot.input = Tensor::empty(activation_, dtype_);
       slot.recv_activation = pp_->recv(slot.input, a.peer,
                                        {tag(false, a.microbatch, place.pipeline, place.stage - 1)});
       receives[{a.microbatch, a.chunk}] = a;
     } else {
-      slot.grad_output = Tensor::empty(activation_);
+      slot.grad_output = Tensor::empty(activation_, dtype_);
       slot.recv_grad = pp_->recv(slot.grad_output, a.peer,
                                  {tag(true, a.microbatch, place.pipeline, place.stage + 1)});
       grad_receives[{a.microbatch, a.chunk}] = a;
@@ -173,10 +174,11 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
           wait_timed(slot.recv_grad, grad_receives[{a.microbatch, a.chunk}], timeline_);
         const double compute_start = now();
         std::vector<Tensor> roots{slot.output},
-            grads{place.stage == last ? Tensor::ones(slot.output.shape()) : slot.grad_output};
+            grads{place.stage == last ? Tensor::ones(slot.output.shape(), slot.output.dtype())
+                                      : slot.grad_output};
         if (slot.extra_loss.defined()) {  // weight 1 (See StageChunk::extra_loss)
           roots.push_back(slot.extra_loss);
-          grads.push_back(Tensor::ones(slot.extra_loss.shape()));
+          grads.push_back(Tensor::ones(slot.extra_loss.shape(), slot.extra_loss.dtype()));
         }
         autograd::backward(roots, grads);
         timeline_.push_back(TimedAction{a, compute_start, now()});
@@ -225,7 +227,8 @@ void GradientSum::start() {
   int64_t offset = 0;
   for (const Tensor& p : params_) {
     if (p.grad().defined())
-      flat_.narrow(0, offset, p.numel()).copy_(p.grad().detach().reshape({p.numel()}));
+      flat_.narrow(0, offset, p.numel())
+          .copy_(p.grad().detach().reshape({p.numel()}).to(DType::kF32));
     offset += p.numel();
   }
   work_ = group_->allreduce(
@@ -239,7 +242,8 @@ void GradientSum::wait() {
   if (scale_ != 1.0) flat_ = scale(flat_, scale_);
   int64_t offset = 0;
   for (Tensor p : params_) {
-    p.set_grad(flat_.narrow(0, offset, p.numel()).reshape(p.shape()).contiguous());
+    // Summed in f32; a bf16 parameter's gradient is rounded back to its dtype, as DDP's.
+    p.set_grad(flat_.narrow(0, offset, p.numel()).reshape(p.shape()).to(p.dtype()).contiguous());
     offset += p.numel();
   }
   flat_ = Tensor();
@@ -292,7 +296,7 @@ void PipelineExecutor::forward_only(const std::vector<Tensor>& tokens, int throu
     const ChunkPlace& place = places[size_t(a.chunk)];
     Tensor input = tokens[size_t(a.microbatch)];
     if (place.stage > 0) {
-      input = Tensor::empty(activation_);
+      input = Tensor::empty(activation_, dtype_);
       pp_->recv(input, from.at({a.microbatch, a.chunk}),
                 {tag(false, a.microbatch, place.pipeline, place.stage - 1)})
           ->wait();

@@ -77,9 +77,11 @@ std::vector<int> receive_posts(const std::vector<Action>& actions);
 class PipelineExecutor {
  public:
   // `pp`: the pipeline group (rank i runs schedule.actions[i]). chunks[c] runs this rank's chunk
-  // c. `activation`: the shape of one micro-batch's activation between stages ([rows, T, C], f32).
+  // c. `activation`: the shape of one micro-batch's activation between stages ([rows, T, C]),
+  // `dtype` its element type (the stages' parameters': bf16 stages pass bf16 activations and
+  // gradients).
   PipelineExecutor(Schedule schedule, std::shared_ptr<comm::Communicator> pp,
-                   std::vector<StageChunk> chunks, Shape activation);
+                   std::vector<StageChunk> chunks, Shape activation, DType dtype = DType::kF32);
 
   // One step: tokens and targets per micro-batch (only the first and last stages read them).
   // Micro-batch k's loss is multiplied by weights[k] before its backward (default 1 / m: the
@@ -116,6 +118,7 @@ class PipelineExecutor {
   std::shared_ptr<comm::Communicator> pp_;
   std::vector<StageChunk> chunks_;
   Shape activation_;
+  DType dtype_;
   int rank_;
   std::vector<TimedAction> timeline_;
   std::function<void(int)> before_forward_;
