@@ -24,6 +24,51 @@ double all_gather_seconds(double bytes, int n, const LinkLevel& link) {
   return allreduce_seconds(bytes, n, link) / 2.0;
 }
 
+double ring_seconds(CollectiveOp op, double bytes, int n, const LinkLevel& link) {
+  switch (op) {
+    case CollectiveOp::kAllreduce:
+      return allreduce_seconds(bytes, n, link);
+    case CollectiveOp::kReduceScatter:
+      return reduce_scatter_seconds(bytes, n, link);
+    case CollectiveOp::kAllGather:
+      return all_gather_seconds(bytes, n, link);
+  }
+  return 0;
+}
+
+DpSpan dp_span(const Layout& l, const Cluster& c) {
+  if (l.tp * l.dp <= c.gpus_per_node) return {l.dp, 1};
+  // Consecutive dp ranks are tp ranks apart: a node holds gpus_per_node / tp of them.
+  if (l.tp < c.gpus_per_node && c.gpus_per_node % l.tp == 0) {
+    const int local = c.gpus_per_node / l.tp;
+    if (l.dp % local == 0) return {local, l.dp / local};
+  }
+  return {1, l.dp};
+}
+
+double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                             const Execution& e) {
+  const double flat = ring_seconds(op, bytes, l.dp, dp_link(l, c));
+  const DpSpan span = dp_span(l, c);
+  if (!e.hierarchical_collectives || span.nodes < 2 || span.local < 2) return flat;
+  // Inside the node on the whole buffer; across nodes on this rank's 1/L of it.
+  const double across = bytes / span.local;
+  double two_level = 0;
+  switch (op) {
+    case CollectiveOp::kAllreduce:
+      two_level = reduce_scatter_seconds(bytes, span.local, c.intra) +
+                  allreduce_seconds(across, span.nodes, c.inter) +
+                  all_gather_seconds(bytes, span.local, c.intra);
+      break;
+    case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kAllGather:
+      two_level = ring_seconds(op, bytes, span.local, c.intra) +
+                  ring_seconds(op, across, span.nodes, c.inter);
+      break;
+  }
+  return std::min(flat, two_level);
+}
+
 const LinkLevel& tp_link(const Layout& l, const Cluster& c) {
   return l.tp <= c.gpus_per_node ? c.intra : c.inter;
 }
@@ -91,9 +136,11 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   const double layer_params = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
   const double params = layers * layer_params;
   if (l.dp > 1 && l.zero >= 2) {
-    const LinkLevel& link = dp_link(l, c);
-    const double gather = l.zero >= 3 ? all_gather_seconds(params * e.param_bytes, l.dp, link) : 0;
-    const double scatter = reduce_scatter_seconds(params * e.grad_bytes, l.dp, link);
+    const double gather = l.zero >= 3 ? dp_collective_seconds(CollectiveOp::kAllGather,
+                                                              params * e.param_bytes, l, c, e)
+                                      : 0;
+    const double scatter =
+        dp_collective_seconds(CollectiveOp::kReduceScatter, params * e.grad_bytes, l, c, e);
     a.zero_comm = 2.0 * gather + scatter;
     if (e.comm_overlaps_compute) {
       a.forward = std::max(a.forward, gather);
@@ -126,20 +173,22 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
 StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e,
                      double rank_params, double last_backward) {
   StepCosts s;
-  const LinkLevel& link = dp_link(l, c);
   const double grads = rank_params * e.grad_bytes, weights = rank_params * e.param_bytes;
   if (l.dp > 1) {
+    auto dp = [&](CollectiveOp op, double bytes) {
+      return dp_collective_seconds(op, bytes, l, c, e);
+    };
     double hidden_part = 0, after = 0;  // what may overlap the backward, what follows the step
     switch (l.zero) {
       case 0:
-        hidden_part = allreduce_seconds(grads, l.dp, link);
+        hidden_part = dp(CollectiveOp::kAllreduce, grads);
         break;
       case 1:
-        hidden_part = reduce_scatter_seconds(grads, l.dp, link);
-        after = all_gather_seconds(weights, l.dp, link);
+        hidden_part = dp(CollectiveOp::kReduceScatter, grads);
+        after = dp(CollectiveOp::kAllGather, weights);
         break;
       case 2:  // the reduce-scatters ran with each micro-batch (action_costs)
-        after = all_gather_seconds(weights, l.dp, link);
+        after = dp(CollectiveOp::kAllGather, weights);
         break;
       default:  // stage 3: gathered per micro-batch, nothing after the step
         break;

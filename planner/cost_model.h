@@ -14,6 +14,12 @@
 //                all-gather half of that. Tensor parallelism: two all-reduces (or with sp an
 //                all-gather and a reduce-scatter each) of b s h activations per layer forward,
 //                two per backward, not overlapped (loom's and Megatron's default).
+//                A data-parallel group spanning nodes with L > 1 of its ranks in each may run
+//                in two levels instead (Execution::hierarchical_collectives, BlueConnect as
+//                loom's collectives/hierarchical.h runs it): all-reduce = reduce-scatter inside
+//                the node + all-reduce of 1/L of the bytes across nodes + all-gather inside;
+//                reduce-scatter and all-gather = their node and across-node halves. The faster
+//                form is taken, as loom's LOOM_COLL_ALGO=auto picks per call.
 //   pipeline     one activation (b s h, 16-bit) per micro-batch and stage boundary, latency +
 //                bytes / bandwidth on the link between neighbouring pipeline ranks.
 //   recompute    selective: the scores and context GEMMs and the softmax again in the backward;
@@ -38,6 +44,23 @@ double gemm_seconds(double flops, const DeviceRates& d);
 double allreduce_seconds(double bytes, int n, const LinkLevel& link);
 double reduce_scatter_seconds(double bytes, int n, const LinkLevel& link);
 double all_gather_seconds(double bytes, int n, const LinkLevel& link);
+
+enum class CollectiveOp { kAllreduce, kReduceScatter, kAllGather };
+// A ring collective of a `bytes` buffer over n ranks on one link level.
+double ring_seconds(CollectiveOp op, double bytes, int n, const LinkLevel& link);
+
+// How the layout's data-parallel group sits on the nodes (tp innermost, then dp): `local` of its
+// ranks in each of `nodes` nodes; local 1 when they do not split evenly (two levels then do not
+// apply and loom stays flat).
+struct DpSpan {
+  int local = 1;
+  int nodes = 1;
+};
+DpSpan dp_span(const Layout& l, const Cluster& c);
+// A data-parallel collective of a `bytes` buffer as the execution runs it: flat on dp_link, or
+// (hierarchical_collectives, across nodes) the faster of flat and two levels.
+double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                             const Execution& e);
 
 // One layer's forward GEMMs for a micro-batch of mb sequences, one tp rank's share (the
 // backward's are twice these), and the bytes its element-wise ops move (the backward's: twice).

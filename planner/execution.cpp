@@ -33,6 +33,7 @@ Execution execution_preset(const std::string& name) {
     e.mask_bytes = 1.0;  // Korthikanti et al.'s count: 1-byte dropout masks
     e.overlap_grad_reduce = false;
     e.scatter_gather_p2p = true;
+    e.hierarchical_collectives = false;  // as the papers model it: NCCL's rings
     return e;
   }
   LOOM_FAIL("planner: unknown execution '", name, "' (loom, loom-f32, loom-cpu, megatron)");

@@ -26,6 +26,10 @@ struct Execution {
   // Pipeline sends of a tp group carry 1/tp of the activation each and all-gather it inside the
   // receiving node (Narayanan et al.'s scatter/gather optimisation).
   bool scatter_gather_p2p = false;
+  // A data-parallel group that spans nodes runs each collective flat (one ring on the slowest
+  // link) or in two levels (inside the node, then across nodes over 1/L of the bytes), whichever
+  // is faster: loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp). false: flat always.
+  bool hierarchical_collectives = true;
   // The attention scores are materialised (5 a s^2 b bytes per layer, Korthikanti et al.'s
   // count): true for Megatron's 2021-22 kernels and for loom's GEMM attention.
   bool materialised_scores = true;

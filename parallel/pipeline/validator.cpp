@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <set>
-#include <tuple>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -16,19 +15,29 @@ namespace {
 struct Message {
   bool gradient;
   int microbatch, pipeline, from;
-  bool operator<(const Message& o) const {
-    return std::tie(gradient, microbatch, pipeline, from) <
-           std::tie(o.gradient, o.microbatch, o.pipeline, o.from);
-  }
 };
 
 struct Posted {
-  int rank, index;
-  double time;
-  bool received = false;
+  int rank = -1, index = -1;
+  double time = 0;
+  bool sent = false, received = false;
 };
 
-using Done = std::set<std::pair<int, int>>;  // (microbatch, chunk)
+// Which (microbatch, chunk) pairs of one rank an action kind has done: a flag per pair (the
+// planner simulates thousands of schedules, so lookups are an index, not a tree search).
+class Done {
+ public:
+  Done(int microbatches, int chunks) : chunks_(chunks), done_(size_t(microbatches * chunks), 0) {}
+  bool count(const std::pair<int, int>& mc) const { return done_[index(mc)] != 0; }
+  void insert(const std::pair<int, int>& mc) { done_[index(mc)] = 1; }
+
+ private:
+  size_t index(const std::pair<int, int>& mc) const {
+    return size_t(mc.first * chunks_ + mc.second);
+  }
+  int chunks_;
+  std::vector<char> done_;
+};
 
 class Simulator {
  public:
@@ -36,17 +45,18 @@ class Simulator {
     const int r = s.ranks;
     pc_.assign(size_t(r), 0);
     clock_.assign(size_t(r), 0.0);
-    f_.resize(size_t(r));
-    b_.resize(size_t(r));
-    w_.resize(size_t(r));
-    ra_.resize(size_t(r));
-    rg_.resize(size_t(r));
+    const Done none(s.microbatches, s.chunks_per_rank());
+    for (auto* done : {&f_, &b_, &w_, &ra_, &rg_, &has_w_}) done->assign(size_t(r), none);
     live_.assign(size_t(r), 0);
     stats_.resize(size_t(r));
-    has_w_.resize(size_t(r));
     for (int rank = 0; rank < r; ++rank)
       for (const Action& a : s.actions[size_t(rank)])
         if (a.kind == ActionKind::kWeightGrad) has_w_[size_t(rank)].insert({a.microbatch, a.chunk});
+    holder_.assign(size_t(s.pipelines * s.stages), -1);
+    for (int rank = 0; rank < r; ++rank)
+      for (const ChunkPlace& place : s.chunks[size_t(rank)])
+        holder_[size_t(place.pipeline * s.stages + place.stage)] = rank;
+    posted_.resize(size_t(2 * s.microbatches * s.pipelines * s.stages));
     scale_ = double(s.ranks) / double(s.stages);
   }
 
@@ -58,8 +68,9 @@ class Simulator {
     }
     for (int r = 0; r < s_.ranks; ++r)
       if (pc_[size_t(r)] < s_.actions[size_t(r)].size()) deadlock();
-    for (const auto& [m, p] : posted_)
-      LOOM_CHECK(p.received, where(p.rank, p.index), " sends a message no rank receives");
+    for (const Posted& p : posted_)
+      LOOM_CHECK(!p.sent || p.received, where(p.rank, p.index),
+                 " sends a message no rank receives");
     Simulation sim;
     for (int r = 0; r < s_.ranks; ++r) sim.makespan = std::max(sim.makespan, clock_[size_t(r)]);
     for (int r = 0; r < s_.ranks; ++r) {
@@ -85,13 +96,27 @@ class Simulator {
   void check_peer(int r, size_t i, const Action& a, int pipeline, int stage) const {
     LOOM_CHECK(stage >= 0 && stage < s_.stages, where(r, i), " has no stage ", stage,
                " to talk to (pipeline ", pipeline, " has stages 0..", s_.stages - 1, ")");
-    const int holder = s_.holder(pipeline, stage).first;
-    LOOM_CHECK(a.peer == holder, where(r, i), " names rank ", a.peer, " but stage ", stage,
-               " of pipeline ", pipeline, " is on rank ", holder);
+    const int holder = holder_[size_t(pipeline * s_.stages + stage)];
+    if (a.peer != holder)
+      fail(r, i,
+           detail::str_cat("names rank ", a.peer, " but stage ", stage, " of pipeline ", pipeline,
+                           " is on rank ", holder));
   }
 
-  void require(bool ok, int r, size_t i, const std::string& what) const {
-    LOOM_CHECK(ok, where(r, i), " ", what);
+  // Messages are built only for a failure: the planner validates thousands of schedules.
+  void require(bool ok, int r, size_t i, const char* what) const {
+    if (!ok) fail(r, i, what);
+  }
+  [[noreturn]] void fail(int r, size_t i, const std::string& what) const {
+    LOOM_FAIL(where(r, i), " ", what);
+  }
+
+  // The message slot of (gradient, microbatch, pipeline, from).
+  Posted& posted(const Message& m) {
+    return posted_[size_t(
+        ((int(m.gradient) * s_.microbatches + m.microbatch) * s_.pipelines + m.pipeline) *
+            s_.stages +
+        m.from)];
   }
 
   void compute(int r, double cost) {
@@ -114,21 +139,22 @@ class Simulator {
       const ChunkPlace& place = s_.chunks[size_t(r)][size_t(a.chunk)];
       for (int mb = 0; mb < s_.microbatches; ++mb) {
         if (s_.pipeline_of[size_t(mb)] != place.pipeline) continue;
-        require(b_[size_t(r)].count({mb, a.chunk}) &&
-                    (!has_w_[size_t(r)].count({mb, a.chunk}) || w_[size_t(r)].count({mb, a.chunk})),
-                r, i,
-                detail::str_cat("comes before the backward of micro-batch ", mb, " on chunk ",
-                                a.chunk, " is done"));
+        if (!b_[size_t(r)].count({mb, a.chunk}) ||
+            (has_w_[size_t(r)].count({mb, a.chunk}) && !w_[size_t(r)].count({mb, a.chunk})))
+          fail(r, i,
+               detail::str_cat("comes before the backward of micro-batch ", mb, " on chunk ",
+                               a.chunk, " is done"));
       }
       ++pc_[size_t(r)];
       return true;
     }
     const ChunkPlace& place = s_.chunks[size_t(r)][size_t(a.chunk)];
     const int last = s_.stages - 1;
-    require(s_.pipeline_of[size_t(a.microbatch)] == place.pipeline, r, i,
-            detail::str_cat("runs micro-batch ", a.microbatch, " of pipeline ",
-                            s_.pipeline_of[size_t(a.microbatch)], " on a chunk of pipeline ",
-                            place.pipeline));
+    if (s_.pipeline_of[size_t(a.microbatch)] != place.pipeline)
+      fail(r, i,
+           detail::str_cat("runs micro-batch ", a.microbatch, " of pipeline ",
+                           s_.pipeline_of[size_t(a.microbatch)], " on a chunk of pipeline ",
+                           place.pipeline));
     switch (a.kind) {
       case ActionKind::kForward:
         require(place.stage == 0 || ra_[size_t(r)].count(mc), r, i,
@@ -161,9 +187,9 @@ class Simulator {
                 grad ? "sends a gradient its backward has not produced yet"
                      : "sends an activation its forward has not produced yet");
         check_peer(r, i, a, place.pipeline, grad ? place.stage - 1 : place.stage + 1);
-        const Message m{grad, a.microbatch, place.pipeline, place.stage};
-        require(!posted_.count(m), r, i, "sends a message that was already sent");
-        posted_[m] = Posted{r, int(i), clock_[size_t(r)]};
+        Posted& p = posted(Message{grad, a.microbatch, place.pipeline, place.stage});
+        require(!p.sent, r, i, "sends a message that was already sent");
+        p = Posted{r, int(i), clock_[size_t(r)], true};
         break;
       }
       case ActionKind::kRecvActivation:
@@ -171,12 +197,11 @@ class Simulator {
         const bool grad = a.kind == ActionKind::kRecvGrad;
         const int from = grad ? place.stage + 1 : place.stage - 1;
         check_peer(r, i, a, place.pipeline, from);
-        const Message m{grad, a.microbatch, place.pipeline, from};
-        auto it = posted_.find(m);
-        if (it == posted_.end()) return false;  // blocked until the peer sends
-        require(!it->second.received, r, i, "receives a message a second time");
-        it->second.received = true;
-        clock_[size_t(r)] = std::max(clock_[size_t(r)], it->second.time + cost_.transfer);
+        Posted& p = posted(Message{grad, a.microbatch, place.pipeline, from});
+        if (!p.sent) return false;  // blocked until the peer sends
+        require(!p.received, r, i, "receives a message a second time");
+        p.received = true;
+        clock_[size_t(r)] = std::max(clock_[size_t(r)], p.time + cost_.transfer);
         (grad ? rg_ : ra_)[size_t(r)].insert(mc);
         break;
       }
@@ -227,7 +252,8 @@ class Simulator {
   std::vector<Done> f_, b_, w_, ra_, rg_, has_w_;
   std::vector<int> live_;
   std::vector<RankStats> stats_;
-  std::map<Message, Posted> posted_;
+  std::vector<int> holder_;     // [pipeline * stages + stage]: the rank holding it
+  std::vector<Posted> posted_;  // See posted()
 };
 
 }  // namespace

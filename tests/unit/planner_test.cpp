@@ -153,6 +153,54 @@ TEST(PlannerEvaluate, OneStageStepIsTheSumOfItsActions) {
   EXPECT_NEAR(p.tokens_per_s, 64.0 * 1024 / p.step_s, 1e-9 * p.tokens_per_s);
 }
 
+// A dp group across nodes in two levels (BlueConnect, loom's LOOM_COLL_ALGO=auto): with a free
+// node (intra links of no cost) a 16-rank all-reduce over 2 nodes of 8 sends 1/8 of the bytes
+// across, on a ring of 2: 15 times less than the flat ring's 2 x 15/16 of them.
+TEST(PlannerCost, DataParallelAcrossNodesInTwoLevels) {
+  Cluster c = cluster_preset("h100-sxm", 32, 8);
+  c.intra = {0.0, 1e30};
+  c.inter = {0.0, 25e9};
+  Layout l;
+  l.dp = 16;
+  const DpSpan span = dp_span(l, c);
+  EXPECT_EQ(span.local, 8);
+  EXPECT_EQ(span.nodes, 2);
+  const double bytes = 1e9;
+  Execution flat = execution_preset("loom");
+  flat.hierarchical_collectives = false;
+  const Execution loom = execution_preset("loom");
+  const double f = dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, flat);
+  EXPECT_NEAR(f, 2.0 * 15 / 16 * bytes / 25e9, 1e-12 * f);
+  const double h = dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, loom);
+  EXPECT_NEAR(f / h, 15.0, 1e-9);
+  // Reduce-scatter and all-gather: the across-node half over 1/8 of the bytes.
+  EXPECT_NEAR(dp_collective_seconds(CollectiveOp::kReduceScatter, bytes, l, c, loom),
+              bytes / 8 / 2 / 25e9, 1e-12);
+  // Megatron's papers: NCCL rings, flat.
+  EXPECT_FALSE(execution_preset("megatron").hierarchical_collectives);
+  // tp 2: 4 of the dp group's ranks per node; tp 8 fills a node, so one per node and flat.
+  l.tp = 2;
+  l.dp = 8;
+  EXPECT_EQ(dp_span(l, c).local, 4);
+  l.tp = 8;
+  l.dp = 4;
+  EXPECT_EQ(dp_span(l, c).local, 1);
+  EXPECT_EQ(dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, loom),
+            dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, flat));
+  // Inside one node nothing changes: one level.
+  l.tp = 1;
+  l.dp = 8;
+  EXPECT_EQ(dp_span(l, c).nodes, 1);
+  EXPECT_EQ(dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, loom),
+            dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, flat));
+  // With a slow node and a fast network the flat ring wins, and is taken.
+  c.intra = {1e-3, 1e9};
+  c.inter = {0.0, 1e30};
+  l.dp = 16;
+  EXPECT_EQ(dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, loom),
+            dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, flat));
+}
+
 TEST(PlannerLayout, ParsesPrintsAndRefusesWithReasons) {
   const Layout l =
       parse_layout("tp=8,pp=8,v=3,mb=1,schedule=interleaved,zero=1,recompute=selective,sp=1", 1024);
