@@ -30,6 +30,14 @@ void wait_timed(const comm::WorkPtr& work, const Action& receive, std::vector<Ti
   out.push_back(TimedAction{receive, start, now()});
 }
 
+// Polls a just-posted send for up to 200 us (See Note [Progress between actions]): a peer
+// already waiting for it takes it now, not after this rank's next compute action.
+void push_briefly(const comm::WorkPtr& send) {
+  const double until = now() + 200e-6;
+  while (!send->test() && now() < until) {
+  }
+}
+
 bool is_compute(ActionKind kind) {
   return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
          kind == ActionKind::kWeightGrad;
@@ -37,6 +45,20 @@ bool is_compute(ActionKind kind) {
 
 }  // namespace
 
+// Note [Progress between actions]
+// MPI moves a large message only inside MPI calls on both ranks (over shared memory without a
+// single-copy mechanism, every fragment is copied in by the sender and out by the receiver), so a
+// send posted before a forward would sit until the sender's next wait, and a receive posted
+// early until the receiver's: measured on 2 ranks of the development VM, GPipe's first
+// activation reached the next stage only after all four forwards (bubble 0.50 against the
+// validator's 0.20; 1F1B 0.25-0.35). So before every action the executor tests each posted send
+// and receive not yet known complete (one pass of MPI's progress, which moves what the peer is
+// ready for), and after posting a send it polls it for up to 200 us, so a peer already waiting
+// takes the message at once. On those 2 ranks (GPT 4 x 256, 4 micro-batches) a GPipe step went
+// from 435-468 ms to 299-307 and a 1F1B step from 301-322 to 278-297, against 290 and 280 with
+// Open MPI's single-copy transfers (CMA) on. A progress thread would also move data during a
+// compute action; this keeps MPI's thread level.
+//
 // Note [Receives posted early]
 // A schedule places each receive (RA, RG) just before the compute that consumes it, which is
 // where the data must be there. Posted only there, the transfer could not overlap anything: the
@@ -97,8 +119,8 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
   const std::vector<ChunkPlace>& places = schedule_.chunks[size_t(rank_)];
   const int last = schedule_.stages - 1;
   std::map<std::pair<int, int>, Slot> slots;  // (microbatch, chunk)
-  std::vector<comm::WorkPtr> sends;
-  std::vector<Tensor> in_flight;  // buffers of posted sends
+  std::vector<comm::WorkPtr> sends, pending;  // pending: posted, not known complete
+  std::vector<Tensor> in_flight;              // buffers of posted sends
   double loss_sum = 0;
   timeline_.clear();
   std::map<std::pair<int, int>, Action> receives;  // (microbatch, chunk) -> its RA / RG
@@ -112,11 +134,13 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
       slot.input = Tensor::empty(activation_, dtype_);
       slot.recv_activation = pp_->recv(slot.input, a.peer,
                                        {tag(false, a.microbatch, place.pipeline, place.stage - 1)});
+      pending.push_back(slot.recv_activation);
       receives[{a.microbatch, a.chunk}] = a;
     } else {
       slot.grad_output = Tensor::empty(activation_, dtype_);
       slot.recv_grad = pp_->recv(slot.grad_output, a.peer,
                                  {tag(true, a.microbatch, place.pipeline, place.stage + 1)});
+      pending.push_back(slot.recv_grad);
       grad_receives[{a.microbatch, a.chunk}] = a;
     }
   };
@@ -126,6 +150,10 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
     if (post_before[r] >= 0) posted_at[size_t(post_before[r])].push_back(int(r));
   for (size_t i = 0; i < actions.size(); ++i) {
     for (int r : posted_at[i]) post_receive(actions[size_t(r)]);
+    // See Note [Progress between actions]: completed ones leave the list (their buffers too).
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [](const comm::WorkPtr& w) { return w->test(); }),
+                  pending.end());
     const Action& a = actions[i];
     const double start = now();
     if (a.kind == ActionKind::kGradSync) {
@@ -166,6 +194,8 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
         in_flight.push_back(buffer);
         sends.push_back(
             pp_->send(buffer, a.peer, {tag(false, a.microbatch, place.pipeline, place.stage)}));
+        push_briefly(sends.back());
+        pending.push_back(sends.back());
         timeline_.push_back(TimedAction{a, start, now()});
         break;
       }
@@ -194,6 +224,8 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
         in_flight.push_back(buffer);
         sends.push_back(
             pp_->send(buffer, a.peer, {tag(true, a.microbatch, place.pipeline, place.stage)}));
+        push_briefly(sends.back());
+        pending.push_back(sends.back());
         timeline_.push_back(TimedAction{a, start, now()});
         slot.input = Tensor();
         break;
