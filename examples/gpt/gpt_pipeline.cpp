@@ -369,7 +369,14 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   dp_->allreduce(total)->wait();
   result.loss = total.item();
   result.grad_norm = norm;
+  result.skipped = scaler() && scaler()->last_step_skipped();
   return result;
+}
+
+const optim::LossScaler* PipelineStep::scaler() const {
+  if (dtype_ == DType::kF32) return nullptr;
+  if (zero_) return &zero_->scaler();
+  return mixed_ ? &mixed_->scaler() : nullptr;
 }
 
 // Chimera: each MoE layer's two replicas (one per pipeline) recorded the routing of their

@@ -67,6 +67,7 @@ class PipelineStep : public Trainer {
   parallel::TrainingMemory memory() const override;
   std::string str() const override;  // "dp 2 x pp 2, schedule 1f1b, 4 micro-batches"
   const char* optimizer_name() const override { return opt_->name(); }
+  const optim::LossScaler* scaler() const override;  // bf16: the masters' skips; f32: null
   // Writes --trace and prints the last step's measured bubble beside the validator's.
   void finish() override;
   // Every chunk's parameters and optimizer state under their single-process names: the tied
