@@ -102,6 +102,21 @@ other_layouts() {
   done
 }
 
+# resaved_on SOURCE PREFIX TARGET...: each TARGET ("ranks:flags") loads SOURCE and saves it again
+# at once: every tensor bit-identical, read in the bytes `loom-ckpt check` plans.
+resaved_on() {
+  local src=$1 prefix=$2 target name np
+  local -a flags
+  shift 2
+  for target in "$@"; do
+    np=${target%%:*}; read -r -a flags <<< "${target#*:}"
+    name="${prefix}_to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
+    launch "$np" "${flags[@]}" --resume-from "$src" --steps 6 --checkpoint-dir "$dir/$name" \
+      > "$dir/$name.log"
+    tensors same "$src" "$dir/$name/step-00000006" --except-layout
+    planned_reads "$src" "$dir/$name.log" "${flags[@]}"
+  done
+}
 if [ "$part" = pipelines ]; then
   same_layout "2:--pp 2 --schedule gpipe" "2:--pp 2 --schedule 1f1b" \
     "2:--pp 2 --schedule interleaved --virtual-stages 2" "4:--pp 4 --schedule chimera" \
@@ -109,15 +124,8 @@ if [ "$part" = pipelines ]; then
     "2:--pp 2 --dtype bf16" "4:--dp 2 --pp 2 --zero 1 --dtype bf16"
   # A bf16 pipeline's checkpoint (f32 masters under MixedPrecisionOptimizer) reloads onto one
   # process in bf16 and onto dp 2 x pp 2 with ZeRO-1 (the masters sharded), bit for bit.
-  src="$dir/np2_pp_2_dtype_bf16.full/step-00000006"
-  for target in "1:--dtype bf16" "4:--dp 2 --pp 2 --zero 1 --dtype bf16"; do
-    np=${target%%:*}; read -r -a flags <<< "${target#*:}"
-    name="bf16_pp_to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
-    launch "$np" "${flags[@]}" --resume-from "$src" --steps 6 --checkpoint-dir "$dir/$name" \
-      > "$dir/$name.log"
-    tensors same "$src" "$dir/$name/step-00000006" --except-layout
-    planned_reads "$src" "$dir/$name.log" "${flags[@]}"
-  done
+  resaved_on "$dir/np2_pp_2_dtype_bf16.full/step-00000006" bf16_pp "1:--dtype bf16" \
+    "4:--dp 2 --pp 2 --zero 1 --dtype bf16"
   other_layouts "8:--dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b" "4:--dp 4 --zero 3" "1:" \
     "8:--tp 4 --pp 2 --schedule interleaved --virtual-stages 2" "4:--pp 4 --schedule chimera"
   echo "gpt_checkpoint pipelines: all checks passed"
@@ -183,14 +191,7 @@ echo "moe: other --moe-* flags refused"
 # and onto ZeRO-3 with its masters kept, bit for bit; an f32 layout takes its parameters from the
 # masters (See Note [Masters across dtypes]).
 src="$dir/np2_dp_2_zero_1_dtype_bf16.full/step-00000006"
-for target in "1:--dtype bf16" "2:--dp 2 --zero 3 --dtype bf16"; do
-  np=${target%%:*}; read -r -a flags <<< "${target#*:}"
-  name="bf16_to_np${np}$(printf '_%s' "${flags[@]}" | tr -d '-' | tr ' ' '_')"
-  launch "$np" "${flags[@]}" --resume-from "$src" --steps 6 --checkpoint-dir "$dir/$name" \
-    > "$dir/$name.log"
-  tensors same "$src" "$dir/$name/step-00000006" --except-layout
-  planned_reads "$src" "$dir/$name.log" "${flags[@]}"
-done
+resaved_on "$src" bf16 "1:--dtype bf16" "2:--dp 2 --zero 3 --dtype bf16"
 launch 1 --resume-from "$src" --steps 6 --checkpoint-dir "$dir/bf16_to_f32" > "$dir/bf16_to_f32.log"
 tensors masters-are-parameters "$src" "$dir/bf16_to_f32/step-00000006"
 planned_reads "$src" "$dir/bf16_to_f32.log" --dtype f32
