@@ -34,6 +34,7 @@ Execution execution_preset(const std::string& name) {
     e.overlap_grad_reduce = false;
     e.scatter_gather_p2p = true;
     e.hierarchical_collectives = false;  // as the papers model it: NCCL's rings
+    e.materialised_scores = true;        // their 2021-22 attention (no FlashAttention)
     return e;
   }
   LOOM_FAIL("planner: unknown execution '", name, "' (loom, loom-f32, loom-cpu, megatron)");

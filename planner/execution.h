@@ -30,9 +30,11 @@ struct Execution {
   // link) or in two levels (inside the node, then across nodes over 1/L of the bytes), whichever
   // is faster: loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp). false: flat always.
   bool hierarchical_collectives = true;
-  // The attention scores are materialised (5 a s^2 b bytes per layer, Korthikanti et al.'s
-  // count): true for Megatron's 2021-22 kernels and for loom's GEMM attention.
-  bool materialised_scores = true;
+  // The attention keeps its scores for the backward (5 a s^2 b bytes per layer, Korthikanti et
+  // al.'s count): true for Megatron's 2021-22 kernels. loom's attention (CPU and CUDA, the flash
+  // kernels and the GEMM path alike) keeps only its output and the log-sum-exps and recomputes
+  // the scores in the backward (planner/memory_model.cpp).
+  bool materialised_scores = false;
 };
 
 // "loom" (bf16 with f32 masters), "loom-f32" (f32 throughout), "loom-cpu" (f32, CPU ranks: no

@@ -24,6 +24,10 @@ namespace {
 // LayerNorms, GELU and the two dropouts), of which s b h (4E + 2M) (the LayerNorms' and the first
 // GEMMs' inputs, the masks) is whole on every tp rank unless sp splits it; and `scores`,
 // a s^2 b (2E + M) (5 a s^2 b: the softmax's output, its dropout's and mask), split over tp.
+// Without materialised scores (Execution::materialised_scores false: loom's attention keeps, as
+// FlashAttention does, its output and one f32 log-sum-exp per query row, and recomputes the
+// scores in its backward) `scores` is s b h E (that output, beside the projection's own copy of
+// its input) + a s b 4 (the log-sum-exps), over tp.
 struct LayerBytes {
   double linear = 0;
   double scores = 0;
@@ -35,7 +39,8 @@ LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const
   const double replicated = 4 * E + 2 * M, split = 12 * E;
   LayerBytes out;
   out.linear = sp ? s * b * h * (replicated + split) / t : s * b * h * (replicated + split / t);
-  out.scores = a * s * s * b * (2 * E + M) / t;
+  out.scores = e.materialised_scores ? a * s * s * b * (2 * E + M) / t
+                                     : (s * b * h * E + a * s * b * 4.0) / t;
   return out;
 }
 

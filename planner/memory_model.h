@@ -10,7 +10,10 @@
 //   tensor + sequence parallel      s b h / t (34 + 5 a s / h)
 //   selective recomputation         the 5 a s / h term (scores, softmax, its dropout) recomputed
 //   full recomputation              the layer's input only: 2 s b h (/t with sequence parallel)
-// and recomputation materialises one layer's full set again during its backward. A pipeline rank
+// and recomputation materialises one layer's full set again during its backward. An attention
+// that does not keep its scores (Execution::materialised_scores false: loom's, as
+// FlashAttention) replaces the 5 a s / h term by its output and the log-sum-exps, s b h + a s b
+// (f32), over tp. A pipeline rank
 // keeps that for each micro-batch-chunk in flight: the schedule validator's peak_activations
 // (1F1B: p on the first stage, so s b h L (34 + 5as/h) / t in all; interleaved:
 // (1 + (p-1)/(p v)) times that). The first stage also keeps the embedding's dropout mask
