@@ -21,6 +21,14 @@ int64_t counted_targets(const Tensor& targets) {
   return n;
 }
 
+std::function<bool(bool)> any_rank_of(std::shared_ptr<comm::Communicator> group) {
+  return [group = std::move(group)](bool found) {
+    Tensor flag = Tensor::full({1}, found ? 1.0 : 0.0, DType::kF32);
+    group->allreduce_sync(flag, comm::ReduceOp::kMax);
+    return flag.item() > 0;
+  };
+}
+
 // f16's dynamic loss scaling, from --loss-scale.
 optim::LossScalerOptions f16_scaling(const GptOptions& o) {
   optim::LossScalerOptions s;
@@ -86,11 +94,7 @@ DataParallelStep::DataParallelStep(GptModel& model, const GptOptions& o,
       if (model.ep_group() && o.dp > 1) {
         // Each rank's own experts' gradients are summed over their replicas only: an inf there
         // is not every rank's, so the ranks agree on the skip (the largest flag over dp).
-        mp->set_skip_agreement([dp = dp_](bool found) {
-          Tensor flag = Tensor::full({1}, found ? 1.0 : 0.0, DType::kF32);
-          dp->allreduce_sync(flag, comm::ReduceOp::kMax);
-          return flag.item() > 0;
-        });
+        mp->set_skip_agreement(any_rank_of(dp_));
       }
       opt_ = std::move(mp);
     } else {

@@ -13,6 +13,7 @@
 // summed over ranks.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ namespace loom::gpt {
 
 // Targets that count in the loss (not the ignore index): the weights of Note [Loss weighting].
 int64_t counted_targets(const Tensor& targets);
+
+// For MixedPrecisionOptimizer::set_skip_agreement: whether any rank of `group` found an inf or
+// nan (the largest flag over it), for ranks that see gradients the others do not.
+std::function<bool(bool)> any_rank_of(std::shared_ptr<comm::Communicator> group);
 
 struct StepResult {
   double loss;          // over the whole global batch

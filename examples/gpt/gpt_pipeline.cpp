@@ -156,11 +156,7 @@ void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
                                                                optim::LossScaler::none());
     // A non-finite gradient skips the step; each rank sees only its stages' (and tp shards' and
     // experts') gradients, so every rank of the job agrees on the skip, as one process skips.
-    mp->set_skip_agreement([world = mesh.world_ptr()](bool found) {
-      Tensor flag = Tensor::full({1}, found ? 1.0 : 0.0, DType::kF32);
-      world->allreduce_sync(flag, comm::ReduceOp::kMax);
-      return flag.item() > 0;
-    });
+    mp->set_skip_agreement(any_rank_of(mesh.world_ptr()));
     mixed_ = mp.get();
     opt_ = std::move(mp);
     return;
@@ -221,7 +217,9 @@ std::string PipelineStep::str() const {
           : std::string(),
       " x pp ", schedule_.ranks, ", schedule ", schedule_.name, ", ", schedule_.microbatches,
       " micro-batches", o_.sequence_parallel ? ", sequence parallel" : "",
-      dtype_ != DType::kF32 ? detail::str_cat(", ", o_.dtype, " with f32 masters") : std::string());
+      scaler()
+          ? detail::str_cat(", ", o_.dtype, " with f32 masters, loss scaling ", scaler()->str())
+          : std::string());
 }
 
 parallel::TrainingMemory PipelineStep::memory() const {
@@ -243,18 +241,14 @@ double PipelineStep::clip(double max_norm) {
   // (--expert-tp: their slices' squares add over tp first).
   // bf16: the norm of the f32 gradients the masters hold (MixedPrecisionOptimizer::
   // clip_grad_norm's), not of the bf16 ones; the masters' gradients are the ones clipped.
-  std::map<const void*, Tensor> master_of;
-  if (mixed_) {
-    mixed_->unscale_gradients();
-    size_t i = 0;
-    for (const auto& stage : stages_)
-      for (const Tensor& p : stage->parameters()) master_of[p.data_ptr()] = mixed_->masters()[i++];
-  }
+  // (The masters are in the stages' parameter order, which named_parameters() walks too.)
+  if (mixed_) mixed_->unscale_gradients();
+  size_t index = 0;
   std::vector<Tensor> sharded, whole, expert_sharded, expert_whole, all;
   for (size_t c = 0; c < stages_.size(); ++c) {
     const auto& place = schedule_.chunks[size_t(pp_->rank())][c];
     for (const auto& [name, param] : stages_[c]->named_parameters()) {
-      const Tensor& p = mixed_ ? master_of.at(param.data_ptr()) : param;
+      const Tensor& p = mixed_ ? mixed_->masters()[index++] : param;
       all.push_back(p);
       if (!counted_once(place, name)) continue;
       const bool shard = tp_ && stages_[c]->parameter_shard(name);
