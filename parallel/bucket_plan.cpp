@@ -78,6 +78,38 @@ std::vector<ShardPiece> BucketPlan::shard_pieces(int shard) const {
   return pieces;
 }
 
+std::vector<std::vector<size_t>> bucket_groups_by_unit(const std::vector<Tensor>& params,
+                                                       const std::vector<int>& unit_of,
+                                                       size_t bucket_bytes) {
+  LOOM_CHECK(bucket_bytes > 0, "BucketPlan: bucket size must be positive");
+  LOOM_CHECK(unit_of.size() == params.size(), "BucketPlan: ", unit_of.size(), " units for ",
+             params.size(), " parameters");
+  std::vector<int> units(unit_of.begin(), unit_of.end());
+  std::sort(units.begin(), units.end(),
+            [](int a, int b) { return (a < 0) != (b < 0) ? b < 0 : a < b; });
+  units.erase(std::unique(units.begin(), units.end()), units.end());
+  std::vector<std::vector<size_t>> groups;
+  for (int unit : units) {
+    LOOM_CHECK(unit >= -1, "BucketPlan: unit ", unit, " (units are >= 0, or -1)");
+    std::vector<size_t> current;
+    size_t current_bytes = 0;
+    for (size_t k = params.size(); k-- > 0;) {
+      if (unit_of[k] != unit) continue;
+      LOOM_CHECK(params[k].defined(), "BucketPlan: parameter ", k, " is undefined");
+      const size_t bytes = params[k].nbytes();
+      if (!current.empty() && current_bytes + bytes > bucket_bytes) {
+        groups.push_back(std::move(current));
+        current.clear();
+        current_bytes = 0;
+      }
+      current.push_back(k);
+      current_bytes += bytes;
+    }
+    if (!current.empty()) groups.push_back(std::move(current));
+  }
+  return groups;
+}
+
 int64_t BucketPlan::total_padded() const {
   int64_t total = 0;
   for (const Bucket& b : buckets_) total += b.padded;

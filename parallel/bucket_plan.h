@@ -66,4 +66,12 @@ class BucketPlan {
   int64_t pad_to_;
 };
 
+// Buckets that never span two units (a pipeline's chunks, which finish their backwards at
+// different times): the units in ascending order, -1 last; within each, the unit's parameters in
+// reverse registration order packed into buckets of at most `bucket_bytes` as BucketPlan packs
+// them. unit_of[k] is parameter k's unit (>= -1). The groups for BucketPlan's second constructor.
+std::vector<std::vector<size_t>> bucket_groups_by_unit(const std::vector<Tensor>& params,
+                                                       const std::vector<int>& unit_of,
+                                                       size_t bucket_bytes);
+
 }  // namespace loom::parallel

@@ -21,6 +21,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// With bucket_units (ZeRO-2 in a pipeline): the buckets a rank keeps in flight before it waits
+// for the oldest. Two let one reduce while the next fills.
+constexpr size_t kUnitBucketsInFlight = 2;
+
 }  // namespace
 
 BucketPlan plan_buckets(const NamedParams& params, const GradReducerOptions& o, int group_size) {
@@ -50,6 +54,11 @@ GradReducer::GradReducer(const char* owner, NamedParams params,
   LOOM_CHECK(group_ != nullptr, owner_, ": the group communicator is null");
   LOOM_CHECK(options_.grad_accum >= 1, owner_, ": grad_accum must be >= 1, got ",
              options_.grad_accum);
+  const bool units = !options_.bucket_units.empty();
+  LOOM_CHECK(!units || (options_.hooks && options_.mode == GradMode::kShardOnly &&
+                        options_.bucket_units.size() == options_.bucket_groups.size()),
+             owner_, ": bucket_units need hooks, kShardOnly and one unit per bucket group (",
+             options_.bucket_units.size(), " for ", options_.bucket_groups.size(), ")");
   const size_t n = params_.size();
   for (size_t i = 0; i < n; ++i) {
     const Tensor& p = params_[i].second;
@@ -78,10 +87,25 @@ GradReducer::GradReducer(const char* owner, NamedParams params,
   ready_.assign(n, 0);
   used_.assign(n, 0);
   used_anywhere_.assign(n, 0);
+  if (units) {  // BucketPlan keeps bucket_groups' order: bucket g is group g
+    unit_of_bucket_ = options_.bucket_units;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const int u = unit_of_bucket_[b];
+      LOOM_CHECK(u >= -1, owner_, ": bucket unit ", u, " (units are >= 0, or -1)");
+      if (u < 0) continue;
+      if (unit_buckets_.size() <= size_t(u)) unit_buckets_.resize(size_t(u) + 1);
+      unit_buckets_[size_t(u)].push_back(b);
+    }
+    unit_next_.assign(unit_buckets_.size(), 0);
+  }
   for (size_t i = 0; i < n && options_.hooks; ++i) {
     std::weak_ptr<bool> alive = alive_;
-    Tensor(params_[i].second).register_grad_ready_hook([this, alive, i](const Tensor&) {
-      if (alive.lock()) on_gradient(i);
+    Tensor(params_[i].second).register_grad_ready_hook([this, alive, units, i](const Tensor&) {
+      if (!alive.lock()) return;
+      if (units)
+        on_unit_gradient(i);
+      else
+        on_gradient(i);
     });
   }
 }
@@ -99,15 +123,93 @@ bool GradReducer::reduces_this_micro_batch() const {
   return options_.mode == GradMode::kShardOnly || micro_ == options_.grad_accum - 1;
 }
 
-void GradReducer::reduce_accumulated() {
-  LOOM_CHECK(!options_.hooks, owner_, ": reduce_accumulated() is for a reducer without hooks");
+void GradReducer::start_external_step() {
+  if (external_started_) return;
+  external_started_ = true;
   std::fill(used_.begin(), used_.end(), 0);
-  std::fill(ready_.begin(), ready_.end(), 0);
   if (options_.mode == GradMode::kShardOnly)
     for (Tensor& s : shard_grads_) s.zero_();
+}
+
+void GradReducer::on_unit_gradient(size_t i) {
+  const size_t b = plan_.bucket_of(i);
+  const int unit = unit_of_bucket_[b];
+  if (unit < 0) return;  // accumulates in the parameter; reduced at the step's end
+  start_external_step();
+  // What earlier backwards launched is done by now, or is waited here, before this backward's
+  // buckets fill: their temporary buckets go (in launch order), so no more than one backward's
+  // are held at a time.
+  size_t done = 0;
+  while (done < pending_.size() && pending_[done].backward < unit_backwards_)
+    complete(pending_[done++]);
+  pending_.erase(pending_.begin(), pending_.begin() + int64_t(done));
+  LOOM_CHECK(!ready_[i], owner_, ": parameter ", describe(i),
+             " received two gradients in one backward of its chunk");
+  ready_[i] = used_[i] = 1;
+  stage_gradient(i);
+  if (++ready_in_bucket_[b] == int(plan_.buckets()[b].slots.size())) launch_ready_in_unit(unit);
+  complete_finished();
+}
+
+void GradReducer::launch_ready_in_unit(int unit) {
+  const std::vector<size_t>& mine = unit_buckets_[size_t(unit)];
+  size_t& next = unit_next_[size_t(unit)];
+  while (next < mine.size() &&
+         ready_in_bucket_[mine[next]] == int(plan_.buckets()[mine[next]].slots.size())) {
+    launch(mine[next++]);
+    pending_.back().backward = unit_backwards_;
+    // ZeRO-2's point is memory: at most kUnitBucketsInFlight temporary buckets at a time.
+    while (pending_.size() > kUnitBucketsInFlight) {
+      complete(pending_.front());
+      pending_.erase(pending_.begin());
+    }
+  }
+}
+
+void GradReducer::complete_finished() {
+  size_t done = 0;
+  while (done < pending_.size() && pending_[done].work->test()) complete(pending_[done++]);
+  pending_.erase(pending_.begin(), pending_.begin() + int64_t(done));
+}
+
+void GradReducer::end_unit_backward(int unit) {
+  LOOM_CHECK(!unit_of_bucket_.empty(), owner_,
+             ": end_unit_backward() needs GradReducerOptions::bucket_units");
+  LOOM_CHECK(unit >= 0, owner_, ": end_unit_backward(", unit, ")");
+  start_external_step();
+  if (size_t(unit) < unit_buckets_.size()) {
+    const std::vector<size_t>& mine = unit_buckets_[size_t(unit)];
+    for (size_t k = unit_next_[size_t(unit)]; k < mine.size(); ++k) {  // not launched yet
+      const size_t b = mine[k];
+      ready_in_bucket_[b] = int(plan_.buckets()[b].slots.size());
+      if (!staging_[b].defined())  // no gradient reached it: it reduces zeros
+        staging_[b] = Tensor::zeros({plan_.buckets()[b].padded}, shard_grads_[b].dtype(),
+                                    shard_grads_[b].device());
+    }
+    launch_ready_in_unit(unit);
+    // The next backward of the unit starts afresh.
+    unit_next_[size_t(unit)] = 0;
+    for (size_t b : mine) {
+      ready_in_bucket_[b] = 0;
+      for (const BucketSlot& s : plan_.buckets()[b].slots) ready_[s.param] = 0;
+    }
+  }
+  ++unit_backwards_;
+}
+
+void GradReducer::reduce_accumulated() {
+  const bool units = !unit_of_bucket_.empty();
+  LOOM_CHECK(!options_.hooks || units, owner_,
+             ": reduce_accumulated() is for a reducer without hooks, or with bucket_units");
+  start_external_step();
+  std::fill(ready_.begin(), ready_.end(), 0);
   next_launch_ = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].second.grad().defined()) continue;
+    LOOM_CHECK(!units || unit_of_bucket_[plan_.bucket_of(i)] < 0, owner_, ": parameter ",
+               describe(i),
+               " holds a gradient its chunk's hooks did not take (a backward outside the "
+               "executor's, or end_unit_backward missing)");
     ready_[i] = used_[i] = 1;
     stage_gradient(i);
   }
@@ -117,9 +219,9 @@ void GradReducer::reduce_accumulated() {
 }
 
 void GradReducer::backward(const Tensor& loss) {
-  LOOM_CHECK(options_.hooks, owner_,
-             ": this reducer has no hooks; reduce the accumulated gradients with "
-             "reduce_accumulated()");
+  LOOM_CHECK(options_.hooks && unit_of_bucket_.empty(), owner_,
+             ": this reducer takes gradients from backwards run elsewhere (a pipeline's); finish "
+             "the step with reduce_accumulated()");
   LOOM_CHECK(micro_ < options_.grad_accum, owner_, ": backward() for micro-batch ", micro_ + 1,
              " but a step has ", options_.grad_accum,
              " (grad_accum); call finish() / step() after the last micro-batch");
@@ -199,6 +301,7 @@ void GradReducer::flush_micro_batch() {
   const auto& buckets = plan_.buckets();
   for (; next_launch_ < buckets.size(); ++next_launch_) {
     const size_t b = next_launch_;
+    if (!unit_of_bucket_.empty() && unit_of_bucket_[b] >= 0) continue;  // end_unit_backward's
     for (const BucketSlot& s : buckets[b].slots) {
       if (ready_[s.param]) continue;
       if (options_.mode == GradMode::kShardOnly) continue;  // staging starts zeroed
@@ -217,7 +320,7 @@ void GradReducer::flush_micro_batch() {
 }
 
 void GradReducer::launch(size_t b) {
-  Pending p{b, nullptr, Tensor(), Tensor()};
+  Pending p{b, 0, nullptr, Tensor(), Tensor()};
   switch (options_.mode) {
     case GradMode::kAllreduce:
       p.work = group_->allreduce(buckets_[b], comm::AllreduceOptions{comm::ReduceOp::kAvg});
@@ -302,6 +405,8 @@ void GradReducer::finish() {
   }
   micro_ = 0;
   finished_ = true;
+  external_started_ = false;
+  unit_backwards_ = 0;
 }
 
 }  // namespace loom::parallel

@@ -43,6 +43,13 @@ struct GradReducerOptions {
   // false: no grad-ready hooks; the step's gradients are accumulated in the parameters' .grad by
   // someone else (a pipeline executor's backwards) and reduce_accumulated() reduces them.
   bool hooks = true;
+  // kShardOnly with hooks, backwards run by someone else one unit at a time (a pipeline's chunks;
+  // See Note [ZeRO-2 in a pipeline] in zero.cpp): bucket_units[g] is the unit of bucket_groups[g]
+  // (>= 0), or -1 for a bucket whose gradients accumulate in the parameters and are reduced by
+  // reduce_accumulated() at the step's end. A unit's gradients are staged as they arrive, each
+  // bucket launched once full (a unit's buckets in order), and end_unit_backward(u) closes each
+  // backward of unit u. Empty: no units.
+  std::vector<int> bucket_units;
   // Hybrid sharding (sharded modes only): the ranks holding the same shards in the other shard
   // groups (MiCS, PyTorch's HSDP: sharded inside a node, replicated across nodes). finish()
   // averages each shard gradient over them after the group's reduce-scatter, so the result is
@@ -74,8 +81,14 @@ class GradReducer {
   // (kShard*) shard_grad(b) holds this rank's shard of the averaged bucket b.
   void finish();
   // With hooks off: reduces the gradients the parameters hold now (none: zeros, as an unused
-  // parameter), then finishes the step as finish() does.
+  // parameter), then finishes the step as finish() does. With bucket_units: those of the buckets
+  // of unit -1 (the others were reduced after each backward).
   void reduce_accumulated();
+  // With bucket_units, after each backward of unit u (on every rank of the group after the same
+  // backwards, in the same order): launches the unit's buckets a parameter without a gradient
+  // kept waiting (it reduces as zeros). The next backward's first gradient waits for what this
+  // one launched, so a rank holds at most one backward's buckets in flight.
+  void end_unit_backward(int unit);
   // With hooks off: the next step's gradients are being accumulated (finished() turns false).
   void begin_step() { finished_ = false; }
 
@@ -97,6 +110,7 @@ class GradReducer {
  private:
   struct Pending {
     size_t bucket;
+    int64_t backward = 0;  // bucket_units: the unit backward that launched it
     comm::WorkPtr work;
     Tensor input, output;  // kShardOnly: the temporary bucket and its reduced shard
   };
@@ -108,6 +122,12 @@ class GradReducer {
   void complete(Pending& pending);
   void poll();
   bool reduces_this_micro_batch() const;
+  // bucket_units: the first gradient of a step resets its state; completed reductions (oldest
+  // first, so each shard adds them in launch order) free their temporary buckets.
+  void start_external_step();
+  void on_unit_gradient(size_t param);
+  void launch_ready_in_unit(int unit);
+  void complete_finished();
   std::string describe(size_t param) const;
 
   const char* owner_;
@@ -124,6 +144,13 @@ class GradReducer {
   std::vector<char> ready_;  // param got its gradient in this micro-batch
   std::vector<char> used_;   // param got a gradient in this step on this rank
   std::vector<char> used_anywhere_;
+  // bucket_units: each bucket's unit, each unit's buckets in order and the next to launch, and
+  // the unit backwards ended so far in this step.
+  std::vector<int> unit_of_bucket_;
+  std::vector<std::vector<size_t>> unit_buckets_;
+  std::vector<size_t> unit_next_;
+  int64_t unit_backwards_ = 0;
+  bool external_started_ = false;
   size_t next_launch_ = 0;
   std::vector<Pending> pending_;
   bool in_backward_ = false;

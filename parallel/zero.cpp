@@ -75,6 +75,22 @@ void ZeroOptimizer::plan_layout(nn::Module& module, const ZeroOptions& o, Prepar
     p.layout = zero3_layout(module, p.params);
     p.reducer.bucket_groups = p.layout.parameters;
   }
+  if (o.chunk_of) {  // See Note [ZeRO-2 in a pipeline]
+    LOOM_CHECK(o.stage == 2 && o.external_backward, owner,
+               ": chunk_of is for stage 2 in a pipeline (external_backward)");
+    std::vector<Tensor> tensors;
+    std::vector<int> chunk;
+    for (const auto& [name, t] : p.params) {
+      tensors.push_back(t);
+      chunk.push_back(o.chunk_of(name));
+      LOOM_CHECK(chunk.back() >= -1, owner, ": chunk_of('", name, "') is ", chunk.back(),
+                 " (a chunk >= 0, or -1 for the step's end)");
+    }
+    p.reducer.bucket_groups = bucket_groups_by_unit(tensors, chunk, p.reducer.bucket_bytes);
+    for (const std::vector<size_t>& group : p.reducer.bucket_groups)
+      p.reducer.bucket_units.push_back(chunk[group.front()]);
+    p.reducer.hooks = true;  // each chunk's gradients staged as its backward produces them
+  }
 }
 
 HybridGroups hybrid_groups(std::shared_ptr<comm::Communicator> group, int shard_size,
@@ -413,6 +429,32 @@ void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
   }
   sharded_->release_all();
   if (own_params_) own_params_->release_all();
+}
+
+// Note [ZeRO-2 in a pipeline]
+// A pipeline's executor runs each chunk's backward for every micro-batch itself
+// (external_backward). Accumulated in the parameters and reduced at the step's end, the
+// gradients would be whole on every rank throughout the step: ZeRO-1's gradient memory. With
+// chunk_of, stage 2 buckets each chunk's parameters apart (a bucket spanning two chunks would
+// fill at two different moments) and the reducer's grad-ready hooks take each gradient as the
+// chunk's backward produces it: copied into its bucket and dropped from the parameter; a full
+// bucket is reduce-scattered over the group (averaged) while the backward goes on, and this rank's
+// shard added into its shard gradient when it completes. reduce_chunk(c), after each backward of
+// chunk c, launches the buckets an unused parameter held back; the next backward's first
+// gradient waits for what earlier backwards launched, so a rank keeps its shards plus at most one
+// backward's buckets in flight, as stage 2 without a pipeline does. Every dp rank runs the same
+// actions on the same graph, so the group's ranks launch the same buckets in the same order; a
+// blocking wait at the same point of every dp replica's identical schedule cannot deadlock the
+// pipeline, whose sends are posted without blocking. Parameters with chunk -1 accumulate whole
+// and are reduced at the step's end (reduce_accumulated): copies of one parameter that must be
+// summed first (the tied embedding's two copies; Chimera's replicated stages). The experts (own
+// parameters) are not bucketed and are reduced at the step's end as in stage 1. Each shard adds
+// the per-backward averages in launch order: the single-process gradient up to rounding, the same
+// bits on every run.
+void ZeroOptimizer::reduce_chunk(int chunk) {
+  LOOM_CHECK(options_.chunk_of != nullptr, name_,
+             ": reduce_chunk() needs ZeroOptions::chunk_of (stage 2 in a pipeline)");
+  reducer_.end_unit_backward(chunk);
 }
 
 void ZeroOptimizer::finish_gradients() {

@@ -4,7 +4,8 @@
 //            step; each rank updates only its shard of the parameters; the updated shards are
 //            all-gathered back into every rank's full parameters.
 //   stage 2: as 1, and each rank keeps only its shard of the gradients: every micro-batch's
-//            gradient buckets are reduce-scattered as they fill and then dropped.
+//            gradient buckets are reduce-scattered as they fill and then dropped (in a pipeline,
+//            after each backward of a chunk: See ZeroOptions::chunk_of).
 //   stage 3: as 2, and each rank keeps only its shard of the parameters: a module's parameters
 //            are all-gathered just before its forward and again before its backward, released
 //            after each, and the next module is prefetched (See ShardedParameters). Call the model
@@ -75,6 +76,13 @@ struct ZeroOptions {
   // then also sums over `pp`, counting only the parameters `counted_in_norm` names (one copy of
   // each: not a tied or replicated second copy).
   bool external_backward = false;
+  // Stage 2 with external_backward (See Note [ZeRO-2 in a pipeline] in zero.cpp): the pipeline
+  // chunk each parameter belongs to, or -1 for one reduced only at the step's end (a tied copy
+  // whose gradient is summed with its other copies first). Buckets then never span two chunks,
+  // each chunk's gradients are reduce-scattered and dropped as its backwards produce them, and
+  // reduce_chunk(c) closes each backward of chunk c. Not given: every gradient is reduced at the
+  // step's end.
+  std::function<int(const std::string& name)> chunk_of;
   std::shared_ptr<comm::Communicator> pp;
   std::function<bool(const std::string& name)> counted_in_norm;
   // Hybrid sharding (MiCS / HSDP): `group` is a shard group (a node's dp ranks, say) and
@@ -147,6 +155,11 @@ class ZeroOptimizer : public optim::Optimizer {
   void backward(const Tensor& loss);
   // Waits for the step's gradient reductions (step() does it when you have not).
   void finish_gradients();
+  // Stage 2 with ZeroOptions::chunk_of, after each backward of pipeline chunk `chunk` (the
+  // executor's B): launches the chunk's reductions still waiting and frees what earlier backwards
+  // reduced (See Note [ZeRO-2 in a pipeline]). Collective over the group (every rank calls it
+  // after the same backwards).
+  void reduce_chunk(int chunk);
   // Clips the global gradient norm (every shard of every parameter, counted once) to
   // max_norm, as optim::clip_grad_norm does for the whole model on one process. Returns the
   // norm before clipping.

@@ -56,9 +56,9 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
 }
 
 void check_pipeline_options(const GptOptions& o) {
-  LOOM_CHECK(o.zero <= 1 && o.dtype != "f16" && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp, --tp, --zero 1 and --dtype bf16 only so far (not ",
-             "with --zero 2 or 3, --dtype f16, --grad-accum or --checkpoint-activations)");
+  LOOM_CHECK(o.zero <= 2 && o.dtype != "f16" && o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp, --tp, --zero 1 or 2 and --dtype bf16 only so far ",
+             "(not with --zero 3, --dtype f16, --grad-accum or --checkpoint-activations)");
 }
 
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
@@ -73,11 +73,24 @@ std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, cons
   return stages;
 }
 
-parallel::ZeroOptions pipeline_zero_options(const GptOptions& o) {
+parallel::ZeroOptions pipeline_zero_options(const GptOptions& o,
+                                            const parallel::pipeline::Schedule& schedule) {
   parallel::ZeroOptions z;
-  z.stage = 1;
+  z.stage = int(o.zero);
   z.bucket_mb = o.bucket_mb;
   z.external_backward = true;
+  if (z.stage == 2) {
+    // See Note [ZeRO-2 in a pipeline]: each chunk's gradients reduce-scattered as its backwards
+    // produce them, except the copies summed at the step's end (the tied wte's, and under Chimera
+    // every stage's, whose replica pairs sum them) and the experts, which are not bucketed.
+    const bool replicated = schedule.pipelines > 1;
+    z.chunk_of = [replicated](const std::string& name) {
+      // A StageSet's parameter: "chunk{k}.<single-process name>".
+      const size_t dot = name.find('.');
+      if (replicated || name.compare(dot + 1, std::string::npos, "wte.weight") == 0) return -1;
+      return std::stoi(name.substr(5, dot - 5));
+    };
+  }
   return z;
 }
 
@@ -120,6 +133,8 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
     // ZeRO reduces over dp itself (the experts over their replicas too, ZeroOptions::own_*).
     StageChunk chunk = parallel::pipeline::stage_chunk(
         stage, pairs[size_t(stage->stage())], o.zero == 0 ? dp_ : nullptr, experts_.replicas);
+    if (o.zero == 2)  // See Note [ZeRO-2 in a pipeline]
+      chunk.after_backward = [this, c = chunks.size()](int) { zero_->reduce_chunk(int(c)); };
     if (chunk.extra_loss)  // MoE: the routing's figures of each forward of the step
       chunk.extra_loss = [this, raw = stage.get(), loss = chunk.extra_loss] {
         record_moe_stats(*raw);
@@ -135,7 +150,7 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
       schedule_, pp_, std::move(chunks),
       stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq), dtype_);
   // The stages in one module (each keeping its own names, so initialisation and dropout are the
-  // single-process ones): what ZeRO-1 and checkpoints see.
+  // single-process ones): what ZeRO and checkpoints see.
   for (const auto& stage : stages_) stage_set_->add(stage);
   build_optimizer(mesh, make_optimizer);
 }
@@ -161,8 +176,9 @@ void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
     opt_ = std::move(mp);
     return;
   }
-  // ZeRO-1 over dp, gradients taken from the executor's backwards.
-  parallel::ZeroOptions z = pipeline_zero_options(o);
+  // ZeRO-1 or 2 over dp, gradients taken from the executor's backwards (stage 2: as they come,
+  // See the constructor's after_backward).
+  parallel::ZeroOptions z = pipeline_zero_options(o, schedule_);
   z.tp = tp_;
   z.pp = pp_;
   // One copy of each parameter in the norm: pipeline 0's, and wte's on the first stage.
@@ -209,7 +225,7 @@ void PipelineStep::load(const io::GptParams& params) {
 std::string PipelineStep::str() const {
   return detail::str_cat(
       "dp ", o_.dp, tp_ ? detail::str_cat(" x tp ", o_.tp) : std::string(),
-      zero_ ? " (ZeRO-1)" : "",
+      zero_ ? detail::str_cat(" (ZeRO-", zero_->stage(), ")") : std::string(),
       zero_ && zero_->hybrid()
           ? detail::str_cat(" sharded over groups of ", zero_->shard_group_size(),
                             " dp ranks (--zero-shard-group ", o_.zero_shard_group,

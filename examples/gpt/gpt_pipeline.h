@@ -7,14 +7,17 @@
 //
 // With --tp each stage is tensor-parallel too (dp x tp x pp); --zero 1 shards the optimizer state
 // over dp (the executor accumulates each step's gradients in the parameters; ZeRO reduce-scatters
-// them after the actions). Not combined yet: --zero 2 and 3 (they keep only gradient shards
-// between micro-batches, which needs the reduction inside each micro-batch's backward), --dtype
-// f16 (its loss scale would have to scale every micro-batch's loss), --grad-accum (micro-batches
-// do its work) and activation checkpointing. With --dtype bf16 the stages hold bf16 parameters
-// and pass bf16 activations and gradients; the optimizer steps f32 masters (a
-// MixedPrecisionOptimizer, or ZeRO-1's), as DataParallelStep's. Evaluation and --save gather the
-// whole model onto every rank (the owner of each parameter broadcasts it over pp). Checkpoints hold
-// each rank's stages under single-process names, so they reshard to and from any layout.
+// them after the actions); --zero 2 also keeps only gradient shards between micro-batches: each
+// chunk's gradients are reduce-scattered after each of its backwards (See Note [ZeRO-2 in a
+// pipeline] in parallel/zero.cpp; the tied wte, Chimera's replicated stages and the experts are
+// reduced at the step's end). Not combined yet: --zero 3 (it would gather every chunk around
+// each micro-batch's forward and backward), --dtype f16 (its loss scale would have to scale every
+// micro-batch's loss), --grad-accum (micro-batches do its work) and activation checkpointing.
+// With --dtype bf16 the stages hold bf16 parameters and pass bf16 activations and gradients; the
+// optimizer steps f32 masters (a MixedPrecisionOptimizer, or ZeRO's), as DataParallelStep's.
+// Evaluation and --save gather the whole model onto every rank (the owner of each parameter
+// broadcasts it over pp). Checkpoints hold each rank's stages under single-process names, so they
+// reshard to and from any layout.
 #pragma once
 
 #include <functional>
@@ -49,9 +52,12 @@ std::vector<std::shared_ptr<parallel::pipeline::GptStage>> make_stages(
     const GptConfig& config, const GptOptions& o, const parallel::pipeline::Schedule& schedule,
     int pp_rank, std::shared_ptr<comm::Communicator> tp, const nn::MoeFactory& make_moe = {});
 
-// ZeRO-1 over dp as a pipeline runs it (gradients accumulated by the executor's backwards);
-// PipelineStep adds the tp and pp groups and the norm's counting.
-parallel::ZeroOptions pipeline_zero_options(const GptOptions& o);
+// ZeRO (--zero 1 or 2) over dp as a pipeline runs it (gradients accumulated by the executor's
+// backwards; stage 2 reduce-scatters each chunk's after each of its backwards, See Note [ZeRO-2 in
+// a pipeline] in parallel/zero.cpp); PipelineStep adds the tp and pp groups and the norm's
+// counting.
+parallel::ZeroOptions pipeline_zero_options(const GptOptions& o,
+                                            const parallel::pipeline::Schedule& schedule);
 
 class PipelineStep : public Trainer {
  public:
@@ -80,7 +86,7 @@ class PipelineStep : public Trainer {
 
  private:
   void load(const io::GptParams& params);
-  // opt_ over the stages as they are now (ZeRO-1, a MixedPrecisionOptimizer for bf16, or the
+  // opt_ over the stages as they are now (ZeRO-1 or 2, a MixedPrecisionOptimizer for bf16, or the
   // factory's own).
   void build_optimizer(const parallel::DeviceMesh& mesh,
                        const parallel::OptimizerFactory& make_optimizer);
@@ -110,7 +116,7 @@ class PipelineStep : public Trainer {
   std::vector<std::shared_ptr<parallel::pipeline::GptStage>> stages_;  // per chunk
   std::shared_ptr<comm::Communicator> embedding_;  // ranks holding wte copies (null elsewhere)
   std::unique_ptr<parallel::pipeline::PipelineExecutor> executor_;
-  // With --zero 1: the stages under one module for the ZeroOptimizer.
+  // With --zero: the stages under one module for the ZeroOptimizer.
   std::shared_ptr<parallel::pipeline::StageSet> stage_set_ =
       std::make_shared<parallel::pipeline::StageSet>();
   DType dtype_;  // the stages' parameters, activations and gradients (--dtype)

@@ -397,6 +397,11 @@ int run(int argc, char** argv) {
   });
   bool reached = false;
   if (gpt) gpt->module().train();
+  // The steps' own peak apart from the setup's (the initial weights, a loaded checkpoint): what
+  // the layout needs to train.
+  Allocator& allocator = allocator_for(device);
+  const size_t setup_peak = allocator.peak_bytes();
+  allocator.reset_peak();
   // Held-out evaluation: on the model itself, or with a pipeline on a gathered copy.
   std::unique_ptr<nn::GPT> gathered;
   auto evaluate_heldout = [&] {
@@ -466,9 +471,12 @@ int run(int argc, char** argv) {
   saver.at_end(steps_done, progress);
   trainer->finish();
   const double elapsed = seconds_since(start);
+  const size_t steps_peak = allocator.peak_bytes();
   std::printf("trained %" PRId64 " steps in %s; peak memory on rank 0: %.2f MB (%s allocator)\n",
               steps_done, cli::format_duration(elapsed).c_str(),
-              double(allocator_for(device).peak_bytes()) / 1e6, device.is_cpu() ? "CPU" : "CUDA");
+              double(std::max(setup_peak, steps_peak)) / 1e6, device.is_cpu() ? "CPU" : "CUDA");
+  std::printf("peak memory on rank 0 in the steps: %.2f MB (the setup's excluded)\n",
+              double(steps_peak) / 1e6);
   if (const optim::LossScaler* scaler = trainer->scaler(); scaler && scaler->skipped_steps() > 0)
     std::printf("skipped %" PRId64 " step(s) with an inf or nan gradient; loss scaling %s\n",
                 scaler->skipped_steps(), scaler->str().c_str());

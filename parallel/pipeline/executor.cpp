@@ -211,6 +211,7 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
           grads.push_back(Tensor::ones(slot.extra_loss.shape(), slot.extra_loss.dtype()));
         }
         autograd::backward(roots, grads);
+        if (chunk.after_backward) chunk.after_backward(a.microbatch);
         timeline_.push_back(TimedAction{a, compute_start, now()});
         slot.output = Tensor();
         slot.grad_output = Tensor();

@@ -8,7 +8,8 @@
 //             loss, scaled by 1 / microbatches so the step's gradient is that of the mean
 //   SA / SG   post the send of the output / of the input's gradient and go on
 //   B         backward from the output with the received gradient (last stage: from the loss);
-//             gradients accumulate in the parameters over the step's micro-batches
+//             gradients accumulate in the parameters over the step's micro-batches (or the
+//             chunk's after_backward takes them)
 //   SYNC      the chunk's gradients are complete: runs the chunk's sync callback (data
 //             parallelism's reduction, Chimera's replica pair)
 // Messages carry a tag naming (kind, micro-batch, pipeline, stage), so each receive matches its
@@ -39,6 +40,9 @@ struct StageChunk {
   // GptStage::moe_aux_loss), taken right after each forward and backpropagated with weight 1 by
   // that micro-batch's B. Empty, or an undefined tensor: none.
   std::function<Tensor()> extra_loss;
+  // After each B of the chunk, with its micro-batch: that backward's gradients are in the
+  // parameters (ZeRO-2 reduce-scatters them there, See ZeroOptimizer::reduce_chunk). Empty: none.
+  std::function<void(int microbatch)> after_backward;
 };
 
 // The gradients of a set of parameters summed (or averaged) over a group, started and finished

@@ -257,10 +257,9 @@ StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
                        std::shared_ptr<comm::Communicator> dp_average,
                        std::shared_ptr<comm::Communicator> expert_replicas) {
   GptStage* raw = stage.get();
-  StageChunk chunk{[raw](const Tensor& x) { return (*raw)(x); },
-                   [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); },
-                   {},
-                   {}};
+  StageChunk chunk;
+  chunk.forward = [raw](const Tensor& x) { return (*raw)(x); };
+  chunk.loss = [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); };
   if (!stage->moe_layers().empty()) chunk.extra_loss = [raw] { return raw->moe_aux_loss(); };
   std::vector<Tensor> synced, experts;
   for (const auto& [name, p] : stage->named_parameters()) {
