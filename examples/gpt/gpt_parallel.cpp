@@ -29,7 +29,6 @@ std::function<bool(bool)> any_rank_of(std::shared_ptr<comm::Communicator> group)
   };
 }
 
-// f16's dynamic loss scaling, from --loss-scale.
 optim::LossScalerOptions f16_scaling(const GptOptions& o) {
   optim::LossScalerOptions s;
   s.init_scale = o.loss_scale;

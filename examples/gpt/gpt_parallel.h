@@ -82,6 +82,9 @@ class Trainer {
 // See ZeroOptions::own_parameters).
 parallel::ZeroOptions zero_options(const GptOptions& o, const GptModel& model);
 
+// f16's dynamic loss scaling, starting at --loss-scale.
+optim::LossScalerOptions f16_scaling(const GptOptions& o);
+
 class DataParallelStep : public Trainer {
  public:
   // Collective over the mesh's dp group (the wrappers broadcast its rank 0's parameters).

@@ -56,9 +56,9 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
 }
 
 void check_pipeline_options(const GptOptions& o) {
-  LOOM_CHECK(o.zero <= 2 && o.dtype != "f16" && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp, --tp, --zero 1 or 2 and --dtype bf16 only so far ",
-             "(not with --zero 3, --dtype f16, --grad-accum or --checkpoint-activations)");
+  LOOM_CHECK(o.zero <= 2 && o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp combines with --dp, --tp, --zero 1 or 2 and --dtype bf16 or f16 only ",
+             "so far (not with --zero 3, --grad-accum or --checkpoint-activations)");
 }
 
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
@@ -167,8 +167,9 @@ void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
       opt_ = make_optimizer(params);
       return;
     }
-    auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(params, make_optimizer,
-                                                               optim::LossScaler::none());
+    auto mp = std::make_unique<optim::MixedPrecisionOptimizer>(
+        params, make_optimizer,
+        dtype_ == DType::kF16 ? optim::LossScaler(f16_scaling(o)) : optim::LossScaler::none());
     // A non-finite gradient skips the step; each rank sees only its stages' (and tp shards' and
     // experts') gradients, so every rank of the job agrees on the skip, as one process skips.
     mp->set_skip_agreement(any_rank_of(mesh.world_ptr()));
@@ -179,6 +180,7 @@ void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
   // ZeRO-1 or 2 over dp, gradients taken from the executor's backwards (stage 2: as they come,
   // See the constructor's after_backward).
   parallel::ZeroOptions z = pipeline_zero_options(o, schedule_);
+  if (dtype_ == DType::kF16) z.loss_scaling = f16_scaling(o);
   z.tp = tp_;
   z.pp = pp_;
   // One copy of each parameter in the norm: pipeline 0's, and wte's on the first stage.
@@ -340,6 +342,9 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
       if (schedule_.pipelines > 1) add_replica_counts();
     }
   }
+  // f16: every micro-batch backpropagates its loss times the scale; the optimizer divides it out
+  // of the f32 gradients and skips the step, backing off, when any rank's overflowed.
+  executor_->set_loss_scale(scaler() ? scaler()->scale() : 1.0);
   const double local = executor_->run(tokens, targets, weights);
   nn::set_dropout_batch_part({});
   if (moe) {

@@ -11,10 +11,12 @@
 // chunk's gradients are reduce-scattered after each of its backwards (See Note [ZeRO-2 in a
 // pipeline] in parallel/zero.cpp; the tied wte, Chimera's replicated stages and the experts are
 // reduced at the step's end). Not combined yet: --zero 3 (it would gather every chunk around
-// each micro-batch's forward and backward), --dtype f16 (its loss scale would have to scale every
-// micro-batch's loss), --grad-accum (micro-batches do its work) and activation checkpointing.
-// With --dtype bf16 the stages hold bf16 parameters and pass bf16 activations and gradients; the
-// optimizer steps f32 masters (a MixedPrecisionOptimizer, or ZeRO's), as DataParallelStep's.
+// each micro-batch's forward and backward), --grad-accum (micro-batches do its work) and
+// activation checkpointing. With --dtype bf16 or f16 the stages hold bf16 / f16 parameters and
+// pass activations and gradients in it; the optimizer steps f32 masters (a
+// MixedPrecisionOptimizer, or ZeRO's), as DataParallelStep's. f16 scales every micro-batch's loss
+// by the dynamic loss scale (PipelineExecutor::set_loss_scale); every rank skips a step whose
+// gradients overflowed on any rank, and the scale backs off.
 // Evaluation and --save gather the whole model onto every rank (the owner of each parameter
 // broadcasts it over pp). Checkpoints hold each rank's stages under single-process names, so they
 // reshard to and from any layout.
@@ -73,7 +75,7 @@ class PipelineStep : public Trainer {
   parallel::TrainingMemory memory() const override;
   std::string str() const override;  // "dp 2 x pp 2, schedule 1f1b, 4 micro-batches"
   const char* optimizer_name() const override { return opt_->name(); }
-  const optim::LossScaler* scaler() const override;  // bf16: the masters' skips; f32: null
+  const optim::LossScaler* scaler() const override;  // bf16 / f16: the masters'; f32: null
   // Writes --trace and prints the last step's measured bubble beside the validator's.
   void finish() override;
   // Every chunk's parameters and optimizer state under their single-process names: the tied
@@ -86,8 +88,8 @@ class PipelineStep : public Trainer {
 
  private:
   void load(const io::GptParams& params);
-  // opt_ over the stages as they are now (ZeRO-1 or 2, a MixedPrecisionOptimizer for bf16, or the
-  // factory's own).
+  // opt_ over the stages as they are now (ZeRO-1 or 2, a MixedPrecisionOptimizer for bf16 / f16, or
+  // the factory's own).
   void build_optimizer(const parallel::DeviceMesh& mesh,
                        const parallel::OptimizerFactory& make_optimizer);
   double clip(double max_norm);
@@ -121,7 +123,7 @@ class PipelineStep : public Trainer {
       std::make_shared<parallel::pipeline::StageSet>();
   DType dtype_;  // the stages' parameters, activations and gradients (--dtype)
   parallel::ZeroOptimizer* zero_ = nullptr;
-  optim::MixedPrecisionOptimizer* mixed_ = nullptr;  // bf16 without ZeRO
+  optim::MixedPrecisionOptimizer* mixed_ = nullptr;  // bf16 / f16 without ZeRO
   std::unique_ptr<optim::Optimizer> opt_;
   parallel::pipeline::ChromeTrace trace_;
   parallel::pipeline::Timelines last_step_;

@@ -86,7 +86,6 @@ std::string unsupported_by_loom_gpt(const planner::Layout& l, const GptOptions& 
     // loom's Chimera sums its replicated stages' gradients at the step's end, where the cost
     // model reduce-scatters each micro-batch's (See Note [ZeRO-2 in a pipeline]).
     if (l.zero == 2 && l.schedule == "chimera") return "Chimera with ZeRO 2";
-    if (o.dtype == "f16") return "a pipeline in f16";
     if (l.recompute != Recompute::kNone) return "a pipeline with recomputation";
   }
   return "";

@@ -204,11 +204,13 @@ double PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vecto
           wait_timed(slot.recv_grad, grad_receives[{a.microbatch, a.chunk}], timeline_);
         const double compute_start = now();
         std::vector<Tensor> roots{slot.output},
-            grads{place.stage == last ? Tensor::ones(slot.output.shape(), slot.output.dtype())
-                                      : slot.grad_output};
+            grads{place.stage == last
+                      ? Tensor::full(slot.output.shape(), loss_scale_, slot.output.dtype())
+                      : slot.grad_output};
         if (slot.extra_loss.defined()) {  // weight 1 (See StageChunk::extra_loss)
           roots.push_back(slot.extra_loss);
-          grads.push_back(Tensor::ones(slot.extra_loss.shape(), slot.extra_loss.dtype()));
+          grads.push_back(
+              Tensor::full(slot.extra_loss.shape(), loss_scale_, slot.extra_loss.dtype()));
         }
         autograd::backward(roots, grads);
         if (chunk.after_backward) chunk.after_backward(a.microbatch);

@@ -111,6 +111,11 @@ class PipelineExecutor {
     before_forward_ = std::move(hook);
   }
 
+  // f16's loss scale (See optim::LossScaler): every micro-batch's loss, and its extra loss,
+  // backpropagates multiplied by it, so the gradients are the scaled ones; the losses run()
+  // returns are not scaled. 1 by default.
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
+
   const Schedule& schedule() const { return schedule_; }
   // The last run()'s actions with their times (See TimedAction).
   const std::vector<TimedAction>& timeline() const { return timeline_; }
@@ -126,6 +131,7 @@ class PipelineExecutor {
   int rank_;
   std::vector<TimedAction> timeline_;
   std::function<void(int)> before_forward_;
+  double loss_scale_ = 1.0;
 };
 
 }  // namespace loom::parallel::pipeline
