@@ -57,8 +57,9 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
 
 void check_pipeline_options(const GptOptions& o) {
   LOOM_CHECK(o.zero <= 2 && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp combines with --dp, --tp, --zero 1 or 2 and --dtype bf16 or f16 only ",
-             "so far (not with --zero 3, --grad-accum or --checkpoint-activations)");
+             "loom-gpt: --pp does not combine with --zero 3, --grad-accum or "
+             "--checkpoint-activations yet (it does with --dp, --tp, --zero 1 or 2 and every "
+             "--dtype)");
 }
 
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,

@@ -106,8 +106,9 @@ def losses(name, a, b, first, tol):
     for s in steps:
         assert abs(got[s] - want[s]) <= tol * abs(want[s]), \
             f"{name}: step {s} loss {got[s]!r} vs {want[s]!r}"
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
     print(f"{name}: losses of steps {steps[0]}-{steps[-1]} match"
-          + (" bit for bit" if tol == 0 else f" within {tol}"))
+          + (" bit for bit" if tol == 0 else f" within {tol} (worst {worst:.1e})"))
 
 
 def main():
