@@ -172,7 +172,12 @@ void init_schedules(py::module_& p) {
       "validate",
       [](const pp::Schedule& s, double forward, double backward, double weight_grad,
          double transfer) {
-        return pp::validate(s, pp::CostModel{forward, backward, weight_grad, transfer});
+        pp::CostModel costs;
+        costs.forward = forward;
+        costs.backward = backward;
+        costs.weight_grad = weight_grad;
+        costs.transfer = transfer;
+        return pp::validate(s, costs);
       },
       py::arg("schedule"), py::kw_only(), py::arg("forward") = 1.0, py::arg("backward") = 1.0,
       py::arg("weight_grad") = 1.0, py::arg("transfer") = 0.0, Release(),
