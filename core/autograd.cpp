@@ -23,6 +23,7 @@ namespace {
 
 std::atomic<uint64_t> next_sequence_nr{0};
 thread_local bool grad_mode = true;
+thread_local int recompute_depth = 0;  // See recomputing()
 
 class FunctionNode final : public Node {
  public:
@@ -373,6 +374,8 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
   }
 }
 
+bool recomputing() { return recompute_depth > 0; }
+
 Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                   const std::vector<Tensor>& inputs) {
   if (!needs_grad(inputs)) {
@@ -404,6 +407,10 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
     Tensor recomputed;
     {
       EnableGradGuard enable;
+      struct Recomputing {  // recomputing() while fn runs again, even if it throws
+        Recomputing() { ++recompute_depth; }
+        ~Recomputing() { --recompute_depth; }
+      } recomputing;
       recomputed = fn(fresh);
     }
     if (recomputed.grad_fn() || recomputed.requires_grad()) backward({recomputed}, {g});

@@ -151,6 +151,10 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
 // gradients during the recomputation's backward.
 Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                   const std::vector<Tensor>& inputs);
+// Whether this thread is inside checkpoint's recomputation of a forward (in backward). A layer
+// whose forward counts or decides something once per forward (MoE's routing statistics and its
+// place in a split batch) replays the first forward's decision instead of making it again.
+bool recomputing();
 
 }  // namespace loom::autograd
 

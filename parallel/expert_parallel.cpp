@@ -175,9 +175,10 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   }
   // The batch this forward is part of (See Note [A batch in micro-batches] in core/nn/moe.h).
   const nn::MoeBatchSplit::Part part =
-      split_.next(routed, tokens, options_.aux_loss, options_.capacity_factor);
+      next_part(routed, tokens, options_.aux_loss, options_.capacity_factor);
   int64_t capacity = nn::moe_capacity(options_, part.tokens);
-  stats_ = nn::MoeStats();
+  // What this forward routed, kept as stats() unless it is a recomputation (next_part).
+  nn::MoeStats stats;
   int64_t most = 0;  // dropless: the most rows a rank would receive
   if (capacity >= 0) {
     // Places count from the batch's first token: the earlier parts' assignments come first.
@@ -188,20 +189,20 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
       capacity =
           nn::moe_budget_capacity(budget_rows_, *std::max_element(routed.begin(), routed.end()),
                                   [&](int64_t cap) { return most_received(cap, counts); });
-      stats_.budget_capacity = capacity;
+      stats.budget_capacity = capacity;
     }
   }
   const nn::MoeAssignments assigned = nn::moe_assign(routing, options_, capacity, taken);
-  stats_.tokens = tokens;
+  stats.tokens = tokens;
   for (int64_t e = 0; e < e_count; ++e) {
     // Kept: this part's assignments within the places the earlier parts left (capacity mode).
     const int64_t r = routed[size_t(e)];
-    const int64_t earlier = stats_.budget_capacity < 0 ? part.before[size_t(e)] : 0;
-    stats_.load.push_back(capacity < 0 ? r : std::clamp(capacity - earlier, int64_t(0), r));
-    stats_.dropped += r - stats_.load.back();
+    const int64_t earlier = stats.budget_capacity < 0 ? part.before[size_t(e)] : 0;
+    stats.load.push_back(capacity < 0 ? r : std::clamp(capacity - earlier, int64_t(0), r));
+    stats.dropped += r - stats.load.back();
   }
-  if (stats_.budget_capacity >= 0 && b_rank == 0)
-    nn::moe_warn_budget_fallback(most, budget_rows_, capacity, stats_.dropped);
+  if (!autograd::recomputing() && stats.budget_capacity >= 0 && b_rank == 0)
+    nn::moe_warn_budget_fallback(most, budget_rows_, capacity, stats.dropped);
 
   // 2. Dispatch: expert e's rows to ep rank e / local_, in expert then token order.
   const int64_t p = ep_->size();
@@ -289,10 +290,11 @@ Tensor ExpertParallelMoE::forward(const Tensor& x) {
   // over the group (what data parallelism averages) is one process's. See the header.
   aux_loss_ = part.recording ? Tensor::zeros({}, DType::kF32, device)
                              : scale(nn::moe_aux_loss(routing, options_, part.routed, part.tokens,
-                                                      &stats_.aux_loss, &stats_.z_loss),
+                                                      &stats.aux_loss, &stats.z_loss),
                                      double(b_size));
-  stats_.aux_loss *= double(b_size);
-  stats_.z_loss *= double(b_size);
+  stats.aux_loss *= double(b_size);
+  stats.z_loss *= double(b_size);
+  if (!autograd::recomputing()) stats_ = std::move(stats);
   return (*drop)(out.reshape(x.shape()));
 }
 

@@ -18,9 +18,6 @@ GPT::GPT(const GptConfig& config, const GptOptions& options) : config_(config), 
   drop = register_module("drop", std::make_shared<Dropout>(options.dropout));
   blocks = register_module("blocks", std::make_shared<ModuleList>());
   options.moe.validate();
-  LOOM_CHECK(!options.moe.enabled() || !options.checkpoint,
-             "GPT: activation checkpointing of MoE blocks is not supported yet (their auxiliary "
-             "losses come from the first forward)");
   for (int64_t i = 0; i < config.layers; ++i) {
     const bool moe = options.moe.enabled() && i % options.moe.every == 0;
     blocks_.push_back(std::make_shared<Block>(c, config.heads, options.dropout, proj_std,
@@ -54,26 +51,59 @@ void GPT::check_tokens(const Tensor& idx) const {
   }
 }
 
+// Note [Checkpointed MoE blocks]
+// A checkpointed block runs its forward without recording and again in backward. For a MoE block
+// two things differ from a dense one. Its auxiliary losses join the loss outside the block, and
+// their gradient must reach the router through the recomputation: so the checkpointed function
+// returns the block's output and the layer's auxiliary loss packed into one f32 vector (exact for
+// f32, bf16 and f16 outputs), whose two parts the loss and the next block use; the packed
+// gradient carries both into the recomputation's backward. And the layer's forward counts and
+// decides once per forward (its place in a split batch, Note [A batch in micro-batches]; the
+// statistics the trainer reports): in the recomputation it replays the first forward's part
+// (MoeLayer::next_part) and keeps its statistics, so it routes, drops and exchanges (with expert
+// parallelism, every rank recomputes the same blocks in the same order) exactly as the forward
+// did, and the gradients are those without checkpointing, bit for bit.
 Tensor GPT::forward(const Tensor& idx) {
   check_tokens(idx);
   const int64_t t = idx.size(1);
   Tensor pos = Tensor::arange(t, DType::kI64, idx.device());
   Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C]
-  for (const auto& block : blocks_) {
-    if (options_.checkpoint && autograd::grad_enabled()) {
-      // The recomputation runs in backward, possibly after the training loop has moved the
-      // dropout step on: pin the step and batch part this forward used. See Note [Dropout keys].
-      const uint64_t step = dropout_step();
-      const DropoutBatchPart rows = dropout_batch_part();
+  checkpointed_aux_.assign(blocks_.size(), Tensor());
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const std::shared_ptr<Block>& block = blocks_[i];
+    if (!options_.checkpoint || !autograd::grad_enabled()) {
+      x = (*block)(x);
+      continue;
+    }
+    // The recomputation runs in backward, possibly after the training loop has moved the
+    // dropout step on: pin the step and batch part this forward used. See Note [Dropout keys].
+    const uint64_t step = dropout_step();
+    const DropoutBatchPart rows = dropout_batch_part();
+    if (!block->moe) {
       x = autograd::checkpoint(
           [block, step, rows](const std::vector<Tensor>& in) {
             DropoutStepGuard guard(step, rows);
             return (*block)(in[0]);
           },
           {x});
-    } else {
-      x = (*block)(x);
+      continue;
     }
+    // See Note [Checkpointed MoE blocks].
+    const Shape shape = x.shape();
+    const DType dtype = x.dtype();
+    const int64_t n = x.numel();
+    MoeLayer* moe = block->moe.get();
+    Tensor packed = autograd::checkpoint(
+        [block, moe, step, rows](const std::vector<Tensor>& in) {
+          DropoutStepGuard guard(step, rows);
+          Tensor y = (*block)(in[0]);
+          return cat({reshape(y.to(DType::kF32), {y.numel()}),
+                      reshape(moe->aux_loss().to(DType::kF32), {1})},
+                     0);
+        },
+        {x});
+    x = reshape(narrow(packed, 0, 0, n), shape).to(dtype);
+    checkpointed_aux_[i] = reshape(narrow(packed, 0, n, 1), Shape{});
   }
   x = (*ln_f)(x);
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
@@ -99,6 +129,22 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) {
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
 }
 
+std::vector<Tensor> GPT::aux_terms() const {
+  std::vector<Tensor> terms;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (!blocks_[i]->moe) continue;
+    const bool checkpointed = i < checkpointed_aux_.size() && checkpointed_aux_[i].defined();
+    terms.push_back(checkpointed ? checkpointed_aux_[i] : blocks_[i]->moe->aux_loss());
+  }
+  return terms;
+}
+
+Tensor GPT::aux_loss() const {
+  Tensor total = Tensor::zeros({}, DType::kF32, wte->weight.device());
+  for (const Tensor& term : aux_terms()) total = add(total, term);
+  return total;
+}
+
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   LOOM_CHECK(targets.defined() && idx.defined() && targets.shape() == idx.shape(),
              "GPT::loss: targets ", targets.defined() ? shape_str(targets.shape()) : "undefined",
@@ -113,7 +159,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   if (moes.empty()) return lm;
   last_lm_loss_ = lm.item();
   Tensor total = lm;
-  for (const MoeLayer* m : moes) total = add(total, m->aux_loss());
+  for (const Tensor& term : aux_terms()) total = add(total, term);
   return total;
 }
 

@@ -8,7 +8,8 @@
 //
 // Activation checkpointing (per block) keeps only each block's input in forward and recomputes
 // the block in backward; results and gradients are bit-identical to running without it (dropout
-// masks are re-drawn from the same key, See Note [Dropout keys]).
+// masks are re-drawn from the same key, See Note [Dropout keys]; MoE blocks replay their routing,
+// See Note [Checkpointed MoE blocks] in gpt.cpp).
 #pragma once
 
 #include <memory>
@@ -41,6 +42,11 @@ class GPT : public Module {
   double last_lm_loss() const { return last_lm_loss_; }
   // The MoE blocks (in block order; empty for a dense model), for their stats() and aux_loss().
   std::vector<const MoeLayer*> moe_layers() const;
+  // The MoE blocks' auxiliary losses of the last forward, summed (a scalar; 0 for a dense model):
+  // what loss() adds to the cross-entropy. Use it rather than the layers' aux_loss() to weigh
+  // them: a checkpointed block's gradient reaches its router only through this one (See Note
+  // [Checkpointed MoE blocks] in gpt.cpp).
+  Tensor aux_loss() const;
   // Logits [B, T, Vp] of idx [B, T] as positions cache.length() .. + T - 1 of sequences whose
   // earlier positions are in `cache` (made with make_kv_cache), which it then extends by T. On an
   // empty cache it computes forward(idx); afterwards each position attends to the cached ones,
@@ -65,7 +71,11 @@ class GPT : public Module {
 
   GptConfig config_;
   GptOptions options_;
+  std::vector<Tensor> aux_terms() const;  // each MoE block's, in block order
   double last_lm_loss_ = 0;
+  // Per block, the auxiliary loss a checkpointed MoE block's forward returned beside its output
+  // (undefined for the others): what loss() adds, so that its gradient reaches the recomputation.
+  std::vector<Tensor> checkpointed_aux_;
   std::vector<std::shared_ptr<Block>> blocks_;  // the same modules as `blocks`, typed
 };
 

@@ -125,6 +125,13 @@ void MoeBatchSplit::set_recorded(const std::vector<int64_t>& counts) {
   recorded_tokens_ = counts.back();
 }
 
+MoeBatchSplit::Part MoeLayer::next_part(const std::vector<int64_t>& routed, int64_t tokens,
+                                        double aux_loss, double capacity_factor) {
+  if (autograd::recomputing()) return forward_part_;
+  forward_part_ = split_.next(routed, tokens, aux_loss, capacity_factor);
+  return forward_part_;
+}
+
 MoeBatchSplit::Part MoeBatchSplit::next(const std::vector<int64_t>& routed, int64_t tokens,
                                         double aux_loss, double capacity_factor) {
   LOOM_CHECK(seen_ == parts_ || capacity_factor == 0 || recording_ || !part_places_.empty(),
@@ -302,17 +309,19 @@ Tensor MoE::forward(const Tensor& x) {
              router->in_features(), " channels");
   LOOM_CHECK(is_floating(x.dtype()), "MoE: floating inputs only, got ", dtype_name(x.dtype()));
   const int64_t c = x.size(-1), n = x.numel() / c, e_count = options_.experts;
-  stats_ = MoeStats();
-  stats_.load.assign(size_t(e_count), 0);
+  // What this forward routed, kept as stats() unless it is a recomputation (next_part).
+  MoeStats stats;
+  stats.load.assign(size_t(e_count), 0);
   if (n == 0) {  // nothing to route: no output, no loss
-    split_.next(stats_.load, 0, 0.0);
+    next_part(stats.load, 0, 0.0, 0.0);
     aux_loss_ = Tensor::zeros({}, DType::kF32, x.device());
+    if (!autograd::recomputing()) stats_ = std::move(stats);
     return (*drop)(Tensor::zeros(x.shape(), x.dtype(), x.device()));
   }
   Tensor flat = x.reshape({n, c});
   const MoeRouting routing = moe_route(*router, flat, options_);
   const MoeBatchSplit::Part part =
-      split_.next(routing.routed, n, options_.aux_loss, options_.capacity_factor);
+      next_part(routing.routed, n, options_.aux_loss, options_.capacity_factor);
   int64_t capacity = moe_capacity(options_, part.tokens);
   std::vector<int64_t> taken;  // capacity's places count from the batch's first token
   if (capacity >= 0) {
@@ -328,13 +337,13 @@ Tensor MoE::forward(const Tensor& x) {
         for (int64_t r : routing.routed) kept += std::min(r, cap);
         return kept;
       });
-      stats_.budget_capacity = capacity;
+      stats.budget_capacity = capacity;
     }
   }
   const MoeAssignments assigned = moe_assign(routing, options_, capacity, taken);
-  stats_.tokens = n;
-  stats_.dropped = assigned.dropped;
-  if (stats_.budget_capacity >= 0)
+  stats.tokens = n;
+  stats.dropped = assigned.dropped;
+  if (!autograd::recomputing() && stats.budget_capacity >= 0)
     moe_warn_budget_fallback(
         std::accumulate(routing.routed.begin(), routing.routed.end(), int64_t(0)), budget_rows_,
         capacity, assigned.dropped);
@@ -346,7 +355,7 @@ Tensor MoE::forward(const Tensor& x) {
   std::vector<int64_t> order, counts;
   for (int64_t e = 0; e < e_count; ++e) {
     const std::vector<int64_t>& mine = assigned.tokens[size_t(e)];
-    stats_.load[size_t(e)] = int64_t(mine.size());
+    stats.load[size_t(e)] = int64_t(mine.size());
     order.insert(order.end(), mine.begin(), mine.end());
     counts.push_back(int64_t(mine.size()));
   }
@@ -368,7 +377,8 @@ Tensor MoE::forward(const Tensor& x) {
   out = out.to(x.dtype());
   aux_loss_ = part.recording ? Tensor::zeros({}, DType::kF32, x.device())
                              : moe_aux_loss(routing, options_, part.routed, part.tokens,
-                                            &stats_.aux_loss, &stats_.z_loss);
+                                            &stats.aux_loss, &stats.z_loss);
+  if (!autograd::recomputing()) stats_ = std::move(stats);
   return (*drop)(out.reshape(x.shape()));
 }
 

@@ -210,7 +210,15 @@ class MoeLayer : public Module {
   }
 
  protected:
+  // split_.next() for a forward; when activation checkpointing recomputes that forward in
+  // backward (autograd::recomputing()), the part it had instead: the recomputation routes,
+  // drops and weighs the auxiliary losses as the forward did, and counts nothing again.
+  MoeBatchSplit::Part next_part(const std::vector<int64_t>& routed, int64_t tokens, double aux_loss,
+                                double capacity_factor);
   MoeBatchSplit split_;
+
+ private:
+  MoeBatchSplit::Part forward_part_;  // the last forward's (not a recomputation's)
 };
 // Readies every MoE layer under `model` for a batch forwarded in `parts` parts, recording first
 // when `record` (See Note [A batch in micro-batches]); returns how many layers it found.

@@ -69,6 +69,13 @@ Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
   return gpt_ ? gpt_->loss(i, t) : tp_gpt_->loss(i, t);
 }
 
+Tensor GptModel::aux_loss() const {
+  if (gpt_) return gpt_->aux_loss();
+  Tensor total = Tensor::zeros({}, DType::kF32, device_);
+  for (const nn::MoeLayer* m : tp_gpt_->moe_layers()) total = add(total, m->aux_loss());
+  return total;
+}
+
 std::vector<const nn::MoeLayer*> GptModel::moe_layers() const {
   return gpt_ ? gpt_->moe_layers() : tp_gpt_->moe_layers();
 }

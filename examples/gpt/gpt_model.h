@@ -42,6 +42,8 @@ class GptModel {
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   double last_lm_loss() const { return gpt_ ? gpt_->last_lm_loss() : tp_gpt_->last_lm_loss(); }
   std::vector<const nn::MoeLayer*> moe_layers() const;  // empty for a dense model
+  // The MoE blocks' auxiliary losses of the last forward, summed (See nn::GPT::aux_loss).
+  Tensor aux_loss() const;
   // With MoE blocks and dp > 1: the ep group this rank's experts are split over (--ep
   // consecutive dp ranks), and the ranks holding the same experts in the other ep groups.
   std::shared_ptr<comm::Communicator> ep_group() const { return ep_; }

@@ -303,11 +303,6 @@ GptOptions read_gpt_options(const cli::Flags& f) {
     LOOM_CHECK(width % o.expert_tp == 0, "loom-gpt: --expert-tp ", o.expert_tp,
                " must divide the experts' hidden width ", width,
                o.moe_hidden > 0 ? " (--moe-hidden)" : " (4 x --dim)");
-    // Recomputing a MoE block would route again (and count again) in its backward.
-    LOOM_CHECK(!o.checkpoint_activations,
-               "loom-gpt: --moe-experts trains with --dp, --ep, --tp (with --sequence-parallel), "
-               "--pp, --grad-accum and --zero, in f32, bf16 or f16, without "
-               "--checkpoint-activations so far");
   }
   LOOM_CHECK(o.bucket_mb > 0, "loom-gpt: --bucket-mb must be positive, got ", o.bucket_mb);
   LOOM_CHECK(o.threads >= 0, "loom-gpt: --threads must be >= 0, got ", o.threads);

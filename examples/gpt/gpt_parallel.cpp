@@ -201,9 +201,7 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
       // Each part's aux_loss() is its term of the whole batch's auxiliary losses (with expert
       // parallelism times the dp size, whose dp mean is the batch's): weighted 1, not `weight`
       // as the cross-entropy is.
-      Tensor aux = Tensor::zeros({}, DType::kF32, loss.device());
-      for (const nn::MoeLayer* m : model_.moe_layers()) aux = add(aux, m->aux_loss());
-      weighted = add(weighted, scale(aux, 1.0 - weight));
+      weighted = add(weighted, scale(model_.aux_loss(), 1.0 - weight));
     }
     if (zero_) {
       zero_->backward(weighted);  // applies the loss scale itself

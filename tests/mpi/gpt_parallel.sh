@@ -163,6 +163,17 @@ for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     compare_loads "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
   done
+  # Activation checkpointing of the MoE blocks (Note [Checkpointed MoE blocks] in core/nn/gpt.cpp):
+  # one process gives the same losses bit for bit, and dp 2 x ep 2 with gradient accumulation
+  # (each micro-batch's recomputation replays its routing and all-to-alls) and at ZeRO-3 the
+  # single-process losses and loads.
+  "$gpt" "${common[@]}" "${flags[@]}" --checkpoint-activations \
+    --metrics-file "$dir/moe_recompute_$tag.jsonl" > "$dir/moe_recompute_$tag.log"
+  TOLERANCE=0 compare "moe_recompute_$tag" "$dir/moe_recompute_$tag.jsonl" "$dir/moe_$tag.jsonl"
+  for layout in "2 --dp 2 --ep 2 --grad-accum 2 --checkpoint-activations" \
+                "2 --dp 2 --ep 2 --zero 3 --checkpoint-activations"; do
+    moe_layout "$dir/moe_$tag.jsonl" "_$tag" "$layout" "${common[@]}" "${flags[@]}"
+  done
 done
 
 # Hybrid sharding with experts: the dense state sharded inside groups of --zero-shard-group dp
