@@ -21,9 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// With bucket_units (ZeRO-2 in a pipeline): the buckets a rank keeps in flight before it waits
-// for the oldest. Two let one reduce while the next fills.
-constexpr size_t kUnitBucketsInFlight = 2;
+// With bucket_units (ZeRO-2 and 3 in a pipeline): the buckets a rank keeps in flight before it
+// waits for the oldest. One: a bucket reduces while the next fills, and a full one waits for it.
+constexpr size_t kUnitBucketsInFlight = 1;
 
 }  // namespace
 
@@ -158,7 +158,8 @@ void GradReducer::launch_ready_in_unit(int unit) {
          ready_in_bucket_[mine[next]] == int(plan_.buckets()[mine[next]].slots.size())) {
     launch(mine[next++]);
     pending_.back().backward = unit_backwards_;
-    // ZeRO-2's point is memory: at most kUnitBucketsInFlight temporary buckets at a time.
+    // ZeRO-2's point is memory: at most kUnitBucketsInFlight temporary buckets besides the one
+    // filling.
     while (pending_.size() > kUnitBucketsInFlight) {
       complete(pending_.front());
       pending_.erase(pending_.begin());
@@ -170,6 +171,11 @@ void GradReducer::complete_finished() {
   size_t done = 0;
   while (done < pending_.size() && pending_[done].work->test()) complete(pending_[done++]);
   pending_.erase(pending_.begin(), pending_.begin() + int64_t(done));
+}
+
+const std::vector<size_t>& GradReducer::unit_buckets(int unit) const {
+  static const std::vector<size_t> none;
+  return unit >= 0 && size_t(unit) < unit_buckets_.size() ? unit_buckets_[size_t(unit)] : none;
 }
 
 void GradReducer::end_unit_backward(int unit) {

@@ -47,8 +47,8 @@ struct GradReducerOptions {
   // See Note [ZeRO-2 in a pipeline] in zero.cpp): bucket_units[g] is the unit of bucket_groups[g]
   // (>= 0), or -1 for a bucket whose gradients accumulate in the parameters and are reduced by
   // reduce_accumulated() at the step's end. A unit's gradients are staged as they arrive, each
-  // bucket launched once full (a unit's buckets in order), and end_unit_backward(u) closes each
-  // backward of unit u. Empty: no units.
+  // bucket launched once full (a unit's buckets in order; the one before it waited first), and
+  // end_unit_backward(u) closes each backward of unit u. Empty: no units.
   std::vector<int> bucket_units;
   // Hybrid sharding (sharded modes only): the ranks holding the same shards in the other shard
   // groups (MiCS, PyTorch's HSDP: sharded inside a node, replicated across nodes). finish()
@@ -101,6 +101,10 @@ class GradReducer {
   bool used_anywhere(size_t i) const { return used_anywhere_.at(i) != 0; }
   // kShard*: this rank's shard of bucket b's averaged gradient (shard_numel(b) elements).
   const Tensor& shard_grad(size_t b) const { return shard_grads_.at(b); }
+  // With bucket_units: unit u's buckets, in order (none for a unit without any), and bucket b's
+  // unit (-1: reduced by reduce_accumulated, as every bucket is without units).
+  const std::vector<size_t>& unit_buckets(int unit) const;
+  int bucket_unit(size_t b) const { return unit_of_bucket_.empty() ? -1 : unit_of_bucket_.at(b); }
   // Bytes of the gradient buffers this reducer keeps between steps (buckets or shards).
   size_t gradient_bytes() const;
   // Seconds finish() spent waiting for reductions in the last step: the part of the

@@ -54,6 +54,41 @@ Zero3Layout zero3_layout(nn::Module& root, const NamedParams& params) {
   return layout;
 }
 
+Zero3Layout zero3_layout_by_child(nn::Module& root, const NamedParams& params) {
+  std::map<const TensorImpl*, size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index[params[i].second.impl().get()] = i;
+  std::vector<char> claimed(params.size(), 0);
+  Zero3Layout layout;
+  for (const auto& [name, child] : root.children()) {
+    NamedParams mine;  // the child's, in the order of `params`
+    std::vector<size_t> global;
+    std::vector<char> in_child(params.size(), 0);
+    for (const Tensor& p : child->parameters()) {
+      auto it = index.find(p.impl().get());
+      if (it != index.end()) in_child[it->second] = 1;
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!in_child[i]) continue;
+      mine.push_back(params[i]);
+      global.push_back(i);
+      claimed[i] = 1;
+    }
+    if (mine.empty()) continue;
+    Zero3Layout part = zero3_layout(*child, mine);
+    for (size_t u = 0; u < part.units.size(); ++u) {
+      layout.units.push_back(part.units[u]);
+      std::vector<size_t> ids;
+      for (size_t k : part.parameters[u]) ids.push_back(global[k]);
+      layout.parameters.push_back(std::move(ids));
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    LOOM_CHECK(claimed[i], "ZeRO-3: parameter '", params[i].first,
+               "' belongs to no child module of the wrapped module (by child, each child is laid "
+               "out apart)");
+  return layout;
+}
+
 ShardedParameters::ShardedParameters(const NamedParams& params, const BucketPlan& plan,
                                      std::vector<nn::Module*> units,
                                      std::shared_ptr<comm::Communicator> gather_group)
@@ -179,7 +214,12 @@ void ShardedParameters::pre_backward(size_t b) {
 }
 
 void ShardedParameters::on_gradient(size_t b) {
-  if (++grads_seen_[b] == grads_expected_[b]) release(b);
+  // Each backward through the unit brings every parameter's gradient once (a pipeline's chunk
+  // sees one backward per micro-batch before release_all).
+  if (++grads_seen_[b] == grads_expected_[b]) {
+    grads_seen_[b] = 0;
+    release(b);
+  }
 }
 
 void ShardedParameters::release_all() {

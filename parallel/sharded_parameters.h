@@ -57,6 +57,10 @@ struct Zero3Layout {
   std::vector<std::vector<size_t>> parameters;  // per unit
 };
 Zero3Layout zero3_layout(nn::Module& root, const NamedParams& params);
+// zero3_layout of each child of `root` in turn (a pipeline's chunks: StageSet), so no unit spans
+// two children; `root` itself may own no parameter. Each child is a unit for the parameters its
+// ModuleLists' entries do not own, and is called through its operator() (the hooks gather there).
+Zero3Layout zero3_layout_by_child(nn::Module& root, const NamedParams& params);
 
 class ShardedParameters {
  public:

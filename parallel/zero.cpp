@@ -68,27 +68,41 @@ void ZeroOptimizer::plan_layout(nn::Module& module, const ZeroOptions& o, Prepar
   p.reducer.overlap = o.overlap;
   p.reducer.hooks = !o.external_backward;
   p.reducer.replicas = o.replicas;
-  LOOM_CHECK(!o.external_backward || o.stage < 3, owner,
-             ": stage 3 gathers parameters around each module and cannot take gradients "
-             "accumulated outside its backward (external_backward)");
+  LOOM_CHECK(!o.external_backward || o.stage < 3 || o.chunk_of, owner,
+             ": stage 3 with external_backward (a pipeline) needs chunk_of: its gradients must "
+             "be reduced as each chunk's backward produces them");
+  LOOM_CHECK(!o.chunk_of || (o.stage >= 2 && o.external_backward), owner,
+             ": chunk_of is for stages 2 and 3 in a pipeline (external_backward)");
+  LOOM_CHECK(o.chunk_sums.empty() || o.chunk_of, owner, ": chunk_sums needs chunk_of");
+  std::vector<int> chunk;  // chunk_of's, per parameter
+  for (const auto& [name, t] : p.params) {
+    if (!o.chunk_of) break;
+    chunk.push_back(o.chunk_of(name));
+    LOOM_CHECK(chunk.back() >= -1, owner, ": chunk_of('", name, "') is ", chunk.back(),
+               " (a chunk >= 0, or -1 for the step's end)");
+  }
   if (o.stage == 3) {
-    p.layout = zero3_layout(module, p.params);
+    p.layout =
+        o.chunk_of ? zero3_layout_by_child(module, p.params) : zero3_layout(module, p.params);
     p.reducer.bucket_groups = p.layout.parameters;
+  } else if (o.chunk_of) {
+    std::vector<Tensor> tensors;
+    for (const auto& [name, t] : p.params) tensors.push_back(t);
+    p.reducer.bucket_groups = bucket_groups_by_unit(tensors, chunk, p.reducer.bucket_bytes);
   }
   if (o.chunk_of) {  // See Note [ZeRO-2 in a pipeline]
-    LOOM_CHECK(o.stage == 2 && o.external_backward, owner,
-               ": chunk_of is for stage 2 in a pipeline (external_backward)");
-    std::vector<Tensor> tensors;
-    std::vector<int> chunk;
-    for (const auto& [name, t] : p.params) {
-      tensors.push_back(t);
-      chunk.push_back(o.chunk_of(name));
-      LOOM_CHECK(chunk.back() >= -1, owner, ": chunk_of('", name, "') is ", chunk.back(),
-                 " (a chunk >= 0, or -1 for the step's end)");
+    for (const std::vector<size_t>& group : p.reducer.bucket_groups) {
+      // Stage 3's buckets are its units (a chunk, or a block of one): one holding a parameter
+      // reduced at the step's end is reduced there whole.
+      int unit = chunk[group.front()];
+      for (size_t i : group) {
+        LOOM_CHECK(chunk[i] == -1 || unit == -1 || chunk[i] == unit, owner, ": parameters '",
+                   p.params[group.front()].first, "' and '", p.params[i].first,
+                   "' share a bucket but chunk_of puts them in chunks ", unit, " and ", chunk[i]);
+        if (chunk[i] == -1) unit = -1;
+      }
+      p.reducer.bucket_units.push_back(unit);
     }
-    p.reducer.bucket_groups = bucket_groups_by_unit(tensors, chunk, p.reducer.bucket_bytes);
-    for (const std::vector<size_t>& group : p.reducer.bucket_groups)
-      p.reducer.bucket_units.push_back(chunk[group.front()]);
     p.reducer.hooks = true;  // each chunk's gradients staged as its backward produces them
   }
 }
@@ -447,13 +461,58 @@ void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
 // blocking wait at the same point of every dp replica's identical schedule cannot deadlock the
 // pipeline, whose sends are posted without blocking. Parameters with chunk -1 accumulate whole
 // and are reduced at the step's end (reduce_accumulated): copies of one parameter that must be
-// summed first (the tied embedding's two copies; Chimera's replicated stages). The experts (own
-// parameters) are not bucketed and are reduced at the step's end as in stage 1. Each shard adds
+// summed first (the tied embedding's copies, on two stages, or four under Chimera). A chunk
+// another rank holds too (Chimera's two pipelines each hold every stage) has its buckets laid out
+// alike on both ranks, so its copies are summed shard by shard after the reduction
+// (ZeroOptions::chunk_sums). The experts (own parameters) are not bucketed and are reduced at the
+// step's end as in stage 1. Each shard adds
 // the per-backward averages in launch order: the single-process gradient up to rounding, the same
-// bits on every run.
+// bits on every run. Stage 3 in a pipeline works the same way over its units (each chunk's blocks
+// and the rest of the chunk, See zero3_layout_by_child): ShardedParameters gathers a unit around
+// every micro-batch's forward and backward through it and releases it once the backward gave
+// each of its parameters a gradient; a unit holding a parameter reduced at the step's end (the
+// chunk's embeddings, beside wte) is reduced there whole.
+
+// ZeroOptions::chunk_sums: each chunk's shard gradients summed over the ranks holding its other
+// copies (Chimera's replica pairs), one allreduce of them packed, in the order given.
+void ZeroOptimizer::sum_chunk_copies() {
+  NoGradGuard no_grad;
+  for (const auto& [chunk, group] : options_.chunk_sums) {
+    const std::vector<size_t>& buckets = reducer_.unit_buckets(chunk);
+    std::vector<Tensor> shards;
+    int64_t n = 0;
+    for (size_t b : buckets) {
+      shards.push_back(reducer_.shard_grad(b));
+      n += shards.back().numel();
+    }
+    if (n == 0) continue;  // the same on every copy: their layouts are alike
+    Tensor flat = Tensor::empty({n}, shards.front().dtype(), shards.front().device());
+    int64_t at = 0;
+    for (const Tensor& s : shards) {
+      flat.narrow(0, at, s.numel()).copy_(s);
+      at += s.numel();
+    }
+    group->allreduce(flat)->wait();
+    at = 0;
+    for (Tensor s : shards) {
+      s.copy_(flat.narrow(0, at, s.numel()));
+      at += s.numel();
+    }
+  }
+}
+
+bool ZeroOptimizer::reduced_at_step_end(const std::string& name) const {
+  const NamedParams& named = reducer_.params();
+  for (size_t i = 0; i < named.size(); ++i)
+    if (named[i].first == name) {
+      return reducer_.bucket_unit(reducer_.plan().bucket_of(i)) < 0;
+    }
+  return false;
+}
+
 void ZeroOptimizer::reduce_chunk(int chunk) {
   LOOM_CHECK(options_.chunk_of != nullptr, name_,
-             ": reduce_chunk() needs ZeroOptions::chunk_of (stage 2 in a pipeline)");
+             ": reduce_chunk() needs ZeroOptions::chunk_of (stage 2 or 3 in a pipeline)");
   reducer_.end_unit_backward(chunk);
 }
 
@@ -463,6 +522,7 @@ void ZeroOptimizer::finish_gradients() {
     reducer_.reduce_accumulated();
   else
     reducer_.finish();
+  sum_chunk_copies();
   reduce_own_gradients();
   // The wrapped optimizer's gradients: this rank's shard, none for a parameter no rank used.
   if (!masters_) {

@@ -71,18 +71,25 @@ struct ZeroOptions {
   // The model's tensor-parallel group, when it has one (dp x tp): clip_grad_norm then adds the
   // squares of tp-sharded parameters (those with a ShardSpec) over it, and counts whole ones once.
   std::shared_ptr<comm::Communicator> tp;
-  // Pipelines (stages 1 and 2): the gradients are accumulated in the parameters by the
-  // executor's backwards, not through backward(); finish_gradients() reduces them. clip_grad_norm
+  // Pipelines: the gradients come from the executor's backwards, not through backward()
+  // (stages 2 and 3 take them as they come with chunk_of, which stage 3 needs);
+  // finish_gradients() reduces what the parameters accumulated. clip_grad_norm
   // then also sums over `pp`, counting only the parameters `counted_in_norm` names (one copy of
   // each: not a tied or replicated second copy).
   bool external_backward = false;
-  // Stage 2 with external_backward (See Note [ZeRO-2 in a pipeline] in zero.cpp): the pipeline
-  // chunk each parameter belongs to, or -1 for one reduced only at the step's end (a tied copy
-  // whose gradient is summed with its other copies first). Buckets then never span two chunks,
-  // each chunk's gradients are reduce-scattered and dropped as its backwards produce them, and
-  // reduce_chunk(c) closes each backward of chunk c. Not given: every gradient is reduced at the
-  // step's end.
+  // Stages 2 and 3 with external_backward (See Note [ZeRO-2 in a pipeline] in zero.cpp): the
+  // pipeline chunk each parameter belongs to, or -1 for one reduced only at the step's end (a
+  // tied copy whose gradient is summed with its other copies first). Buckets then never span two
+  // chunks (stage 3: its units are each chunk's blocks and the rest of it, the module's children
+  // being the chunks, See zero3_layout_by_child), each chunk's gradients are reduce-scattered and
+  // dropped as its backwards produce them, and reduce_chunk(c) closes each backward of chunk c.
+  // Not given: every gradient is reduced at the step's end (stages 1 and 2).
   std::function<int(const std::string& name)> chunk_of;
+  // With chunk_of: after the reduction, the shard gradients of each (chunk, group)'s buckets are
+  // summed over the group, in the order given: ranks holding another copy of that chunk with the
+  // same parameters in the same order (Chimera's replica pairs), whose buckets of it are laid out
+  // alike, so their shards hold the same elements.
+  std::vector<std::pair<int, std::shared_ptr<comm::Communicator>>> chunk_sums;
   std::shared_ptr<comm::Communicator> pp;
   std::function<bool(const std::string& name)> counted_in_norm;
   // Hybrid sharding (MiCS / HSDP): `group` is a shard group (a node's dp ranks, say) and
@@ -155,7 +162,11 @@ class ZeroOptimizer : public optim::Optimizer {
   void backward(const Tensor& loss);
   // Waits for the step's gradient reductions (step() does it when you have not).
   void finish_gradients();
-  // Stage 2 with ZeroOptions::chunk_of, after each backward of pipeline chunk `chunk` (the
+  // With ZeroOptions::chunk_of: whether the module's parameter `name` is reduced only at the
+  // step's end (its bucket holds a parameter chunk_of gives -1), its gradient accumulating whole
+  // until then; false for one reduced as it comes, or not bucketed (an own parameter).
+  bool reduced_at_step_end(const std::string& name) const;
+  // Stages 2 and 3 with ZeroOptions::chunk_of, after each backward of pipeline chunk `chunk` (the
   // executor's B): launches the chunk's reductions still waiting and frees what earlier backwards
   // reduced (See Note [ZeRO-2 in a pipeline]). Collective over the group (every rank calls it
   // after the same backwards).
@@ -278,6 +289,7 @@ class ZeroOptimizer : public optim::Optimizer {
   void shard_own_parameters_stage3(nn::Module& module);
   void allgather_own();  // every replica's updated shard into the whole own parameters
   void reduce_own_gradients();
+  void sum_chunk_copies();  // See ZeroOptions::chunk_sums
   std::unique_ptr<optim::Optimizer> inner_;
   size_t group_count_ = 1;
   std::unique_ptr<optim::MasterWeights> masters_;  // bf16 / f16: f32 copies of the pieces

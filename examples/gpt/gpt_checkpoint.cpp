@@ -111,11 +111,10 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
       places = ckpt::parameter_places(set);
       for (ckpt::ParamPlace& p : places) p.name = global(p.name);
     } else {
-      places = ckpt::zero_places(
-          set, set.named_parameters(),
-          parallel::ZeroOptimizer::planned_pieces(set, pipeline_zero_options(o, schedule_from(o)),
-                                                  shard_rank, shard_size),
-          global);
+      places = ckpt::zero_places(set, set.named_parameters(),
+                                 parallel::ZeroOptimizer::planned_pieces(
+                                     set, pipeline_zero_options(o), shard_rank, shard_size),
+                                 global);
     }
   } else {  // as main and DataParallelStep build them
     GptModel model(config, o, mesh);

@@ -56,10 +56,9 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
 }
 
 void check_pipeline_options(const GptOptions& o) {
-  LOOM_CHECK(o.zero <= 2 && o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp does not combine with --zero 3, --grad-accum or "
-             "--checkpoint-activations yet (it does with --dp, --tp, --zero 1 or 2 and every "
-             "--dtype)");
+  LOOM_CHECK(o.grad_accum == 1 && !o.checkpoint_activations,
+             "loom-gpt: --pp does not combine with --grad-accum or --checkpoint-activations yet "
+             "(it does with --dp, --tp, every --zero stage and every --dtype)");
 }
 
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
@@ -74,24 +73,25 @@ std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, cons
   return stages;
 }
 
-parallel::ZeroOptions pipeline_zero_options(const GptOptions& o,
-                                            const parallel::pipeline::Schedule& schedule) {
+parallel::ZeroOptions pipeline_zero_options(const GptOptions& o) {
   parallel::ZeroOptions z;
   z.stage = int(o.zero);
   z.bucket_mb = o.bucket_mb;
   z.external_backward = true;
-  if (z.stage == 2) {
+  if (z.stage >= 2) {
     // See Note [ZeRO-2 in a pipeline]: each chunk's gradients reduce-scattered as its backwards
-    // produce them, except the copies summed at the step's end (the tied wte's, and under Chimera
-    // every stage's, whose replica pairs sum them) and the experts, which are not bucketed.
-    const bool replicated = schedule.pipelines > 1;
-    z.chunk_of = [replicated](const std::string& name) {
+    // produce them, except the tied wte's copies, summed at the step's end (and at stage 3 the
+    // rest of its chunk's unit), and the experts, which are not bucketed. Stage 3 shards the
+    // parameters too, each chunk's blocks and the rest of it gathered around their forward and
+    // backward (See zero3_layout_by_child). Chimera's replicas sum their shards (chunk_sums).
+    z.chunk_of = [](const std::string& name) {
       // A StageSet's parameter: "chunk{k}.<single-process name>".
       const size_t dot = name.find('.');
-      if (replicated || name.compare(dot + 1, std::string::npos, "wte.weight") == 0) return -1;
+      if (name.compare(dot + 1, std::string::npos, "wte.weight") == 0) return -1;
       return std::stoi(name.substr(5, dot - 5));
     };
   }
+
   return z;
 }
 
@@ -130,11 +130,23 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
     for (auto& s : stages_) s->init_parameters(o.seed);
   for (auto& s : stages_)
     if (dtype_ != DType::kF32) s->to(dtype_);  // initialised in f32, then rounded
+  // The stages in one module (each keeping its own names, so initialisation and dropout are the
+  // single-process ones): what ZeRO and checkpoints see.
+  for (const auto& stage : stages_) stage_set_->add(stage);
+  build_optimizer(mesh, make_optimizer);
   for (const auto& stage : stages_) {
-    // ZeRO reduces over dp itself (the experts over their replicas too, ZeroOptions::own_*).
-    StageChunk chunk = parallel::pipeline::stage_chunk(
-        stage, pairs[size_t(stage->stage())], o.zero == 0 ? dp_ : nullptr, experts_.replicas);
-    if (o.zero == 2)  // See Note [ZeRO-2 in a pipeline]
+    // ZeRO reduces over dp itself (the experts over their replicas too, ZeroOptions::own_*);
+    // at stages 2 and 3 Chimera's pairs sum the shards of what it reduced as it came.
+    std::function<bool(const std::string&)> summed_at_sync;
+    if (o.zero >= 2)
+      summed_at_sync = [this, prefix = "chunk" + std::to_string(chunks.size()) +
+                                       "."](const std::string& name) {
+        return zero_->reduced_at_step_end(prefix + name);
+      };
+    StageChunk chunk = parallel::pipeline::stage_chunk(stage, pairs[size_t(stage->stage())],
+                                                       o.zero == 0 ? dp_ : nullptr,
+                                                       experts_.replicas, summed_at_sync);
+    if (o.zero >= 2)  // See Note [ZeRO-2 in a pipeline]
       chunk.after_backward = [this, c = chunks.size()](int) { zero_->reduce_chunk(int(c)); };
     if (chunk.extra_loss)  // MoE: the routing's figures of each forward of the step
       chunk.extra_loss = [this, raw = stage.get(), loss = chunk.extra_loss] {
@@ -150,10 +162,6 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
   executor_ = std::make_unique<parallel::pipeline::PipelineExecutor>(
       schedule_, pp_, std::move(chunks),
       stages_.front()->activation_shape(per_dp / schedule_.microbatches, o.seq), dtype_);
-  // The stages in one module (each keeping its own names, so initialisation and dropout are the
-  // single-process ones): what ZeRO and checkpoints see.
-  for (const auto& stage : stages_) stage_set_->add(stage);
-  build_optimizer(mesh, make_optimizer);
 }
 
 void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
@@ -178,20 +186,18 @@ void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
     opt_ = std::move(mp);
     return;
   }
-  // ZeRO-1 or 2 over dp, gradients taken from the executor's backwards (stage 2: as they come,
+  // ZeRO over dp, gradients taken from the executor's backwards (stages 2 and 3: as they come,
   // See the constructor's after_backward).
-  parallel::ZeroOptions z = pipeline_zero_options(o, schedule_);
+  parallel::ZeroOptions z = pipeline_zero_options(o);
+  if (z.chunk_of)  // Chimera: each replicated stage's shards summed over its pair, in stage order
+    for (int stage = 0; stage < schedule_.stages; ++stage)
+      for (size_t c = 0; c < stages_.size(); ++c)
+        if (stages_[c]->stage() == stage && replica_pairs_[size_t(stage)])
+          z.chunk_sums.emplace_back(int(c), replica_pairs_[size_t(stage)]);
   if (dtype_ == DType::kF16) z.loss_scaling = f16_scaling(o);
   z.tp = tp_;
   z.pp = pp_;
-  // One copy of each parameter in the norm: pipeline 0's, and wte's on the first stage.
-  std::set<std::string> counted;
-  for (size_t k = 0; k < stages_.size(); ++k) {
-    const auto& place = schedule_.chunks[size_t(rank)][k];
-    for (const auto& [name, p] : stages_[k]->named_parameters())
-      if (counted_once(place, name)) counted.insert("chunk" + std::to_string(k) + "." + name);
-  }
-  z.counted_in_norm = [counted](const std::string& name) { return counted.count(name) > 0; };
+  z.counted_in_norm = one_copy();
   if (experts_.replicas) {  // each rank's experts: reduced over, and sharded over, their replicas
     z.own_parameters = parallel::is_expert_parameter;
     z.own_replicas = experts_.replicas;
@@ -239,6 +245,16 @@ std::string PipelineStep::str() const {
       scaler()
           ? detail::str_cat(", ", o_.dtype, " with f32 masters, loss scaling ", scaler()->str())
           : std::string());
+}
+
+std::function<bool(const std::string&)> PipelineStep::one_copy() const {
+  std::set<std::string> counted;  // StageSet names: "chunk{k}.<name>"
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    const auto& place = schedule_.chunks[size_t(pp_->rank())][k];
+    for (const auto& [name, p] : stages_[k]->named_parameters())
+      if (counted_once(place, name)) counted.insert("chunk" + std::to_string(k) + "." + name);
+  }
+  return [counted](const std::string& name) { return counted.count(name) > 0; };
 }
 
 parallel::TrainingMemory PipelineStep::memory() const {
@@ -473,8 +489,9 @@ void PipelineStep::record_moe_stats(const GptStage& stage) {
 io::GptParams PipelineStep::full_params() {
   nn::GptOptions shape;
   shape.moe = o_.moe();
-  nn::GPT layout(config_, shape);      // names and shapes, in the single-process order
-  std::map<std::string, Tensor> mine;  // whole parameters (gathered over tp)
+  nn::GPT layout(config_, shape);         // names and shapes, in the single-process order
+  std::map<std::string, Tensor> mine;     // whole parameters (gathered over tp)
+  if (zero_) zero_->gather_parameters();  // ZeRO-3: whole until the next forward
   for (size_t c = 0; c < stages_.size(); ++c) {
     nn::StateDict whole =
         tp_ ? parallel::gather_full_state(*stages_[c], *tp_) : stages_[c]->state_dict();
@@ -534,8 +551,9 @@ namespace loom::gpt {
 
 std::vector<parallel::checkpoint::StatePiece> PipelineStep::checkpoint_pieces(
     nlohmann::json& state) const {
-  return parallel::checkpoint::TrainingState(*stage_set_, *opt_,
-                                             parallel::pipeline::StageSet::single_process_name)
+  // One copy of each parameter written (See TrainingState's `saves`).
+  return parallel::checkpoint::TrainingState(
+             *stage_set_, *opt_, parallel::pipeline::StageSet::single_process_name, one_copy())
       .save_pieces(state);
 }
 

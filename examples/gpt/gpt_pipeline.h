@@ -8,18 +8,19 @@
 // With --tp each stage is tensor-parallel too (dp x tp x pp); --zero 1 shards the optimizer state
 // over dp (the executor accumulates each step's gradients in the parameters; ZeRO reduce-scatters
 // them after the actions); --zero 2 also keeps only gradient shards between micro-batches: each
-// chunk's gradients are reduce-scattered after each of its backwards (See Note [ZeRO-2 in a
-// pipeline] in parallel/zero.cpp; the tied wte, Chimera's replicated stages and the experts are
-// reduced at the step's end). Not combined yet: --zero 3 (it would gather every chunk around
-// each micro-batch's forward and backward), --grad-accum (micro-batches do its work) and
-// activation checkpointing. With --dtype bf16 or f16 the stages hold bf16 / f16 parameters and
-// pass activations and gradients in it; the optimizer steps f32 masters (a
-// MixedPrecisionOptimizer, or ZeRO's), as DataParallelStep's. f16 scales every micro-batch's loss
-// by the dynamic loss scale (PipelineExecutor::set_loss_scale); every rank skips a step whose
-// gradients overflowed on any rank, and the scale backs off.
-// Evaluation and --save gather the whole model onto every rank (the owner of each parameter
-// broadcasts it over pp). Checkpoints hold each rank's stages under single-process names, so they
-// reshard to and from any layout.
+// chunk's gradients are reduce-scattered as its backwards produce them (See Note [ZeRO-2 in a
+// pipeline] in parallel/zero.cpp; the tied wte and the experts are reduced at the step's end,
+// and Chimera's replicas sum their shards after the reduction); --zero 3 also shards the
+// parameters, each chunk's blocks and the rest of it gathered around every micro-batch's forward
+// and backward (the experts stay whole). Not combined yet: --grad-accum (micro-batches do its work)
+// and activation checkpointing. With
+// --dtype bf16 or f16 the stages hold bf16 / f16 parameters and pass activations and gradients in
+// it; the optimizer steps f32 masters (a MixedPrecisionOptimizer, or ZeRO's), as
+// DataParallelStep's. f16 scales every micro-batch's loss by the dynamic loss scale
+// (PipelineExecutor::set_loss_scale); every rank skips a step whose gradients overflowed on any
+// rank, and the scale backs off. Evaluation and --save gather the whole model onto every rank (the
+// owner of each parameter broadcasts it over pp). Checkpoints hold each rank's stages under
+// single-process names, so they reshard to and from any layout.
 #pragma once
 
 #include <functional>
@@ -58,8 +59,7 @@ std::vector<std::shared_ptr<parallel::pipeline::GptStage>> make_stages(
 // backwards; stage 2 reduce-scatters each chunk's after each of its backwards, See Note [ZeRO-2 in
 // a pipeline] in parallel/zero.cpp); PipelineStep adds the tp and pp groups and the norm's
 // counting.
-parallel::ZeroOptions pipeline_zero_options(const GptOptions& o,
-                                            const parallel::pipeline::Schedule& schedule);
+parallel::ZeroOptions pipeline_zero_options(const GptOptions& o);
 
 class PipelineStep : public Trainer {
  public:
@@ -93,6 +93,9 @@ class PipelineStep : public Trainer {
   void build_optimizer(const parallel::DeviceMesh& mesh,
                        const parallel::OptimizerFactory& make_optimizer);
   double clip(double max_norm);
+  // Whether a parameter of the StageSet (its "chunk{k}.<name>") is the one copy the gradient
+  // norm counts and a checkpoint writes: pipeline 0's, and of wte the first stage's.
+  std::function<bool(const std::string&)> one_copy() const;
   // --moe-experts: every expert of this rank's stages' MoE blocks from its holder over ep (See
   // GptModel::full_params).
   void gather_experts(std::map<std::string, Tensor>& mine, const nn::GPT& layout) const;

@@ -82,10 +82,6 @@ std::string unsupported_by_loom_gpt(const planner::Layout& l, const GptOptions& 
     return "selective recomputation (loom-gpt recomputes whole blocks: --checkpoint-activations)";
   if (l.pp > 1) {
     if (!device.is_cpu()) return "a pipeline on CUDA";
-    if (l.zero > 2) return "a pipeline with ZeRO 3";
-    // loom's Chimera sums its replicated stages' gradients at the step's end, where the cost
-    // model reduce-scatters each micro-batch's (See Note [ZeRO-2 in a pipeline]).
-    if (l.zero == 2 && l.schedule == "chimera") return "Chimera with ZeRO 2";
     if (l.recompute != Recompute::kNone) return "a pipeline with recomputation";
   }
   return "";

@@ -151,10 +151,11 @@ std::optional<std::vector<int64_t>> update_counts_of(const optim::Optimizer& opt
   return counts;
 }
 
-// add_optimizer_state, with the live state tensors when `copy` is false.
+// add_optimizer_state, with the live state tensors when `copy` is false, leaving out the places
+// `written` (when given) marks 0.
 void add_optimizer_pieces(std::vector<StatePiece>& pieces, nlohmann::json& state,
                           const optim::Optimizer& optimizer, const std::vector<ParamPlace>& places,
-                          bool copy) {
+                          bool copy, const std::vector<char>* written = nullptr) {
   LOOM_ASSERT(optimizer.params().size() == places.size(), "checkpoint: ", places.size(),
               " places for the ", optimizer.params().size(), " parameters of ", optimizer.name());
   // state_dict()'s entries (Note [Optimizer state dict]): copies, or the live tensors and the
@@ -177,6 +178,7 @@ void add_optimizer_pieces(std::vector<StatePiece>& pieces, nlohmann::json& state
     LOOM_CHECK(optim::split_state_key(key, i, kind) && i < places.size(),
                "checkpoint: ", optimizer.name(), "'s state key '", key,
                "' is not '{parameter}.{kind}' (an optimizer loom cannot checkpoint yet)");
+    if (written && !(*written)[i]) continue;
     const std::string& name = places[i].name;
     if (kind == "step") {
       const int64_t n = t.to_vector<int64_t>().at(0);
@@ -247,11 +249,26 @@ void OptimizerStateLoad::finish(const nlohmann::json& state) {
 }
 
 TrainingState::TrainingState(nn::Module& module, optim::Optimizer& optimizer,
-                             GlobalName global_name)
+                             GlobalName global_name, Saves saves)
     : module_(module),
       optimizer_(optimizer),
       zero_(dynamic_cast<ZeroOptimizer*>(&optimizer)),
-      global_name_(std::move(global_name)) {}
+      global_name_(std::move(global_name)),
+      saves_(std::move(saves)) {}
+
+std::vector<char> TrainingState::written() const {
+  std::vector<std::string> owners;  // the module's own name of each place
+  if (!zero_) {
+    for (const auto& [name, p] : module_.named_parameters()) owners.push_back(name);
+  } else {
+    const NamedParams& named = zero_->named_parameters();
+    for (const ShardPiece& sp : zero_->own_pieces()) owners.push_back(named[sp.param].first);
+    for (const ZeroOptimizer::OwnPlace& own : zero_->own_places()) owners.push_back(own.name);
+  }
+  std::vector<char> out;
+  for (const std::string& name : owners) out.push_back(char(!saves_ || saves_(name)));
+  return out;
+}
 
 std::vector<ParamPlace> TrainingState::places() const {
   std::vector<ParamPlace> places = parameter_places(module_);
@@ -294,24 +311,34 @@ std::vector<StatePiece> TrainingState::save_pieces(nlohmann::json& state) const 
         {"scale", s.scale}, {"good_in_a_row", s.good_in_a_row}, {"skipped", s.skipped}};
   }
   std::vector<StatePiece> pieces;
+  const std::vector<char> written = this->written();
+  // value_pieces of the written places alone.
+  auto written_pieces = [&written](const std::vector<ParamPlace>& places,
+                                   const std::vector<Tensor>& values, const std::string& prefix) {
+    std::vector<ParamPlace> p;
+    std::vector<Tensor> v;
+    for (size_t i = 0; i < places.size(); ++i)
+      if (written[i]) p.push_back(places[i]), v.push_back(values[i]);
+    return value_pieces(p, v, prefix);
+  };
   if (!zero_) {
     const std::vector<ParamPlace> places = this->places();
     std::vector<Tensor> values;
     for (const Tensor& p : module_.parameters()) values.push_back(p.detach().contiguous());
-    pieces = value_pieces(places, values);
-    add_optimizer_pieces(pieces, state, optimizer_, places, /*copy=*/false);
+    pieces = written_pieces(places, values, "model.");
+    add_optimizer_pieces(pieces, state, optimizer_, places, /*copy=*/false, &written);
     return pieces;
   }
   const std::vector<ParamPlace> places = zero_places();
   std::vector<Tensor> values = zero_values(), masters;
-  pieces = value_pieces(places, values);
+  pieces = written_pieces(places, values, "model.");
   if (const optim::MasterWeights* m = zero_->masters()) {
     for (const Tensor& t : m->masters()) masters.push_back(t.detach().contiguous());
-    std::vector<StatePiece> mp = value_pieces(places, masters, "optim.");
+    std::vector<StatePiece> mp = written_pieces(places, masters, "optim.");
     for (StatePiece& p : mp) p.name += ".master";
     pieces.insert(pieces.end(), mp.begin(), mp.end());
   }
-  add_optimizer_pieces(pieces, state, zero_->inner(), places, /*copy=*/false);
+  add_optimizer_pieces(pieces, state, zero_->inner(), places, /*copy=*/false, &written);
   return pieces;
 }
 

@@ -92,7 +92,13 @@ class TrainingState {
   // `optimizer` steps `module`'s parameters: directly, through MixedPrecisionOptimizer, or as a
   // ZeroOptimizer over `module`. `global_name` (default: the same name) maps the module's names
   // to the single-process ones (a pipeline's StageSet prefixes each stage with "chunk{k}.").
-  TrainingState(nn::Module& module, optim::Optimizer& optimizer, GlobalName global_name = {});
+  // `saves` (default: every one) names the module's parameters whose values and optimizer state
+  // a save writes; the others are copies of one that is written, holding the same values (a
+  // pipeline's tied wte on its last stage, Chimera's second pipeline), which under ZeRO are
+  // sharded in other bucket layouts and would overlap the written pieces. Loads read them all.
+  using Saves = std::function<bool(const std::string& name)>;
+  TrainingState(nn::Module& module, optim::Optimizer& optimizer, GlobalName global_name = {},
+                Saves saves = {});
 
   // The pieces and per-rank state to save: views of the live tensors, valid until training
   // changes them (checkpoint::save and AsyncCheckpointer::start copy or write them first).
@@ -105,11 +111,14 @@ class TrainingState {
   std::vector<ParamPlace> places() const;       // of module_.parameters()
   std::vector<ParamPlace> zero_places() const;  // of the ZeRO pieces and own parameters
   std::vector<Tensor> zero_values() const;      // the values zero_places() name
+  // Per place (places() or zero_places()), whether a save writes it (See `saves`).
+  std::vector<char> written() const;
 
   nn::Module& module_;
   optim::Optimizer& optimizer_;
   ZeroOptimizer* zero_;
   GlobalName global_name_;
+  Saves saves_;
 };
 
 }  // namespace loom::parallel::checkpoint

@@ -15,8 +15,9 @@ using parallel::TpBlock;
 using parallel::TpLayerNorm;
 using parallel::VocabParallelEmbedding;
 
-// The "blocks" container of a stage: children named by their global block index.
-class BlockRange : public nn::Module {
+// The "blocks" container of a stage: children named by their global block index. A ModuleList,
+// so ZeRO-3 makes each block a unit of its own (See zero3_layout), as in the whole GPT.
+class BlockRange : public nn::ModuleList {
  public:
   void add(int64_t index, std::shared_ptr<nn::Module> block) {
     register_module(std::to_string(index), std::move(block));
@@ -255,20 +256,23 @@ std::vector<std::shared_ptr<comm::Communicator>> replica_pairs(const Schedule& s
 StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
                        std::shared_ptr<comm::Communicator> replica_pair,
                        std::shared_ptr<comm::Communicator> dp_average,
-                       std::shared_ptr<comm::Communicator> expert_replicas) {
+                       std::shared_ptr<comm::Communicator> expert_replicas,
+                       const std::function<bool(const std::string&)>& summed_at_sync) {
   GptStage* raw = stage.get();
   StageChunk chunk;
   chunk.forward = [raw](const Tensor& x) { return (*raw)(x); };
   chunk.loss = [raw](const Tensor& y, const Tensor& t) { return raw->loss(y, t); };
   if (!stage->moe_layers().empty()) chunk.extra_loss = [raw] { return raw->moe_aux_loss(); };
-  std::vector<Tensor> synced, experts;
+  std::vector<Tensor> synced, experts, paired;  // paired: the synced ones SYNC sums over the pair
   for (const auto& [name, p] : stage->named_parameters()) {
     if (name == "wte.weight") continue;
-    (expert_replicas && is_expert_parameter(name) ? experts : synced).push_back(p);
+    const bool expert = expert_replicas && is_expert_parameter(name);
+    (expert ? experts : synced).push_back(p);
+    if (!expert && (!summed_at_sync || summed_at_sync(name))) paired.push_back(p);
   }
   std::shared_ptr<GradientSum> replicas, data, expert_pair, expert;
   if (replica_pair) {
-    replicas = std::make_shared<GradientSum>(synced, replica_pair);
+    if (!paired.empty()) replicas = std::make_shared<GradientSum>(paired, replica_pair);
     if (!experts.empty()) expert_pair = std::make_shared<GradientSum>(experts, replica_pair);
   }
   const int dp = dp_average ? dp_average->size() : 1;

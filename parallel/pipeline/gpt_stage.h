@@ -97,11 +97,14 @@ std::vector<std::shared_ptr<comm::Communicator>> replica_pairs(const Schedule& s
 // With expert parallelism (`expert_replicas`: the dp ranks holding this rank's experts), the
 // experts' gradients are summed over expert_replicas and divided by dp_average's size instead
 // (See Note [Own parameters under data parallelism]). The chunk's extra loss is the stage's MoE
-// auxiliary losses (See GptStage::moe_aux_loss).
+// auxiliary losses (See GptStage::moe_aux_loss). `summed_at_sync` (default: every one) names
+// the stage's parameters (its own names) whose gradients SYNC sums over the replica pair; the
+// others are summed by someone else (ZeRO-2 and 3 sum their shards, See ZeroOptions::chunk_sums).
 StageChunk stage_chunk(const std::shared_ptr<GptStage>& stage,
                        std::shared_ptr<comm::Communicator> replica_pair,
                        std::shared_ptr<comm::Communicator> dp_average,
-                       std::shared_ptr<comm::Communicator> expert_replicas = nullptr);
+                       std::shared_ptr<comm::Communicator> expert_replicas = nullptr,
+                       const std::function<bool(const std::string&)>& summed_at_sync = {});
 
 // A rank's stages under one module, for wrappers that take one (ZeroOptimizer): child k is
 // "chunk{k}", so the set's parameter names are unique even when two chunks hold the same

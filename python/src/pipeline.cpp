@@ -320,10 +320,17 @@ void init_gpt_stages(py::module_& p) {
       py::arg("schedule"), py::arg("pp_group"), Release(),
       "Per stage: the group of the two ranks holding its replicas (Chimera), else None. "
       "Collective over pp_group.");
-  p.def("stage_chunk", &pp::stage_chunk, py::arg("stage"), py::arg("replica_pair") = py::none(),
-        py::arg("dp_average") = py::none(), py::arg("expert_replicas") = py::none(),
-        "The executor's chunk of a GptStage (C++ forward, loss and gradient reductions; with "
-        "expert_replicas, the experts' gradients summed over it and divided by dp).");
+  p.def(
+      "stage_chunk",
+      [](const std::shared_ptr<pp::GptStage>& stage, CommPtr replica_pair, CommPtr dp_average,
+         CommPtr expert_replicas) {
+        return pp::stage_chunk(stage, std::move(replica_pair), std::move(dp_average),
+                               std::move(expert_replicas));
+      },
+      py::arg("stage"), py::arg("replica_pair") = py::none(), py::arg("dp_average") = py::none(),
+      py::arg("expert_replicas") = py::none(),
+      "The executor's chunk of a GptStage (C++ forward, loss and gradient reductions; with "
+      "expert_replicas, the experts' gradients summed over it and divided by dp).");
   p.def(
       "sync_tied_embedding",
       [](const std::vector<std::shared_ptr<pp::GptStage>>& stages, CommPtr group) {

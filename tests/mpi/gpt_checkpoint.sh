@@ -16,11 +16,11 @@
 # 3. Mistakes are clear errors: resuming with another --batch, --layers or --seed, from a
 #    directory without a committed checkpoint, or with --resume but no --checkpoint-dir.
 # 4. Pipelines: every schedule (GPipe, 1F1B, interleaved, Chimera), dp 2 x pp 2 with ZeRO-1,
-#    dp 2 x pp 2 interleaved with ZeRO-2 and dp 2 x tp 2 x pp 2 resume bit for bit, and so do pp 2
+#    dp 2 x pp 2 interleaved with ZeRO-2 and ZeRO-3 and dp 2 x tp 2 x pp 2 resume bit for bit, and so do pp 2
 #    and dp 2 x pp 2 ZeRO-1 in bf16 (whose checkpoint reloads bit-identically on one process and on
 #    the other) and pp 2 in f16 (its loss scale too); the dp 2 x tp 2 x pp 2 ZeRO-1 1F1B checkpoint reloads bit-identically on
-#    dp 4 with ZeRO-3, one process, tp 4 x pp 2 interleaved, pp 4 Chimera and dp 2 x pp 2 with
-#    ZeRO-2, and continues with the single-process losses.
+#    dp 4 with ZeRO-3, one process, tp 4 x pp 2 interleaved, pp 4 Chimera, dp 2 x pp 2 with
+#    ZeRO-2 and dp 2 x pp 2 Chimera with ZeRO-3, and continues with the single-process losses.
 # 5. `loom-ckpt check` plans each target layout's load from the manifest alone: the bytes it
 #    predicts, in all and on the busiest rank, are exactly what the resumed ranks read (2, 4 and
 #    the bf16 targets), and it refuses --tp 3 for 4 heads as the resume does.
@@ -123,14 +123,15 @@ if [ "$part" = pipelines ]; then
     "2:--pp 2 --schedule interleaved --virtual-stages 2" "4:--pp 4 --schedule chimera" \
     "4:--dp 2 --pp 2 --zero 1" "8:--dp 2 --tp 2 --pp 2 --schedule chimera" \
     "2:--pp 2 --dtype bf16" "4:--dp 2 --pp 2 --zero 1 --dtype bf16" \
-    "4:--dp 2 --pp 2 --zero 2 --schedule interleaved --virtual-stages 2" "2:--pp 2 --dtype f16"
+    "4:--dp 2 --pp 2 --zero 2 --schedule interleaved --virtual-stages 2" "2:--pp 2 --dtype f16" \
+    "4:--dp 2 --pp 2 --zero 3 --schedule interleaved --virtual-stages 2"
   # A bf16 pipeline's checkpoint (f32 masters under MixedPrecisionOptimizer) reloads onto one
   # process in bf16 and onto dp 2 x pp 2 with ZeRO-1 (the masters sharded), bit for bit.
   resaved_on "$dir/np2_pp_2_dtype_bf16.full/step-00000006" bf16_pp "1:--dtype bf16" \
     "4:--dp 2 --pp 2 --zero 1 --dtype bf16"
   other_layouts "8:--dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b" "4:--dp 4 --zero 3" "1:" \
     "8:--tp 4 --pp 2 --schedule interleaved --virtual-stages 2" "4:--pp 4 --schedule chimera" \
-    "4:--dp 2 --pp 2 --zero 2"
+    "4:--dp 2 --pp 2 --zero 2" "4:--dp 2 --pp 2 --zero 3 --schedule chimera"
   echo "gpt_checkpoint pipelines: all checks passed"
   exit 0
 fi

@@ -2,7 +2,7 @@
 # Pipelines in bf16 and f16 (--pp with --dtype bf16 / f16: stages, activations and gradients in
 # that dtype, f32 masters stepped by the optimizer) against one process in the same dtype, the
 # equivalence principle in the training dtype.
-# - bf16: every schedule on --pp 2, dp 2 x pp 2 under DDP, ZeRO-1 and ZeRO-2, dp 2 x tp 2 x pp 2
+# - bf16: every schedule on --pp 2, dp 2 x pp 2 under DDP and ZeRO-1/2/3, dp 2 x tp 2 x pp 2
 #   with ZeRO-1, and a mixture-of-experts model on dp 2 x ep 2 x pp 2 (DDP and ZeRO-1) print the
 #   single-process losses within 2e-4 relative: each micro-batch's gradients are rounded to bf16
 #   before they are summed over micro-batches, stages' replicas and dp ranks, where one process
@@ -10,7 +10,7 @@
 #   are deterministic). The same model in f32 ends 3.5e-4 from bf16, so a pipeline that silently
 #   trained in f32 would fail too.
 # - f16 (every micro-batch's loss multiplied by the dynamic loss scale): 1F1B and Chimera on
-#   --pp 2, dp 2 x pp 2 under DDP, ZeRO-1 and ZeRO-2, and the MoE model on dp 2 x ep 2 x pp 2.
+#   --pp 2, dp 2 x pp 2 under DDP and ZeRO-1/2/3, and the MoE model on dp 2 x ep 2 x pp 2.
 #   Started at 2^12 no run skips a step; started at 2^20 every run skips exactly the single
 #   process's 3 steps (the scale halves to 2^17) and trains the other 3. Both within 1e-4 of one
 #   process in f16 (f16 rounds to 2^-11 where bf16 rounds to 2^-8; measured worst 1.0e-5): a
@@ -56,7 +56,7 @@ for l in "2 --pp 2 --schedule gpipe --microbatches 4" "2 --pp 2 --schedule 1f1b 
          "2 --pp 2 --schedule interleaved --virtual-stages 2 --microbatches 4" \
          "2 --pp 2 --schedule chimera --microbatches 4" "4 --dp 2 --pp 2 --microbatches 2" \
          "4 --dp 2 --pp 2 --zero 1 --microbatches 2" "4 --dp 2 --pp 2 --zero 2 --microbatches 2" \
-         "8 --dp 2 --tp 2 --pp 2 --zero 1 --microbatches 2"; do
+         "4 --dp 2 --pp 2 --zero 3 --microbatches 2" "8 --dp 2 --tp 2 --pp 2 --zero 1 --microbatches 2"; do
   layout "$dir/bf16" 2e-4 "$l --dtype bf16"
 done
 single moe_bf16 --dtype bf16 "${moe[@]}"
@@ -77,7 +77,7 @@ for start in 4096 1048576; do
   done
   for l in "2 --pp 2 --schedule 1f1b --microbatches 4" "2 --pp 2 --schedule chimera --microbatches 4" \
            "4 --dp 2 --pp 2 --microbatches 2" "4 --dp 2 --pp 2 --zero 1 --microbatches 2" \
-           "4 --dp 2 --pp 2 --zero 2 --microbatches 2"; do
+           "4 --dp 2 --pp 2 --zero 2 --microbatches 2" "4 --dp 2 --pp 2 --zero 3 --microbatches 2"; do
     layout "$dir/f16_$start" 1e-4 "$l ${f16[*]}"
   done
   layout "$dir/moe_f16_$start" 1e-4 "4 --dp 2 --ep 2 --pp 2 --microbatches 2 ${f16[*]} ${moe[*]}"
