@@ -548,7 +548,8 @@ TEST(MoE, ReplicasPlannedFromOneRoutingPassAreTheWholeBatch) {
   }
 }
 
-TEST(MoE, GptAddsTheAuxiliaryLosses) {
+// A GPT of 3 blocks of 8 channels over 11 tokens (padded to 16), 6 positions.
+GptConfig tiny_gpt() {
   GptConfig config;
   config.vocab = 11;
   config.padded_vocab = 16;
@@ -556,6 +557,11 @@ TEST(MoE, GptAddsTheAuxiliaryLosses) {
   config.heads = 2;
   config.channels = 8;
   config.max_seq_len = 6;
+  return config;
+}
+
+TEST(MoE, GptAddsTheAuxiliaryLosses) {
+  const GptConfig config = tiny_gpt();
   GptOptions options;
   options.moe.experts = 4;
   options.moe.top_k = 2;
@@ -595,13 +601,7 @@ TEST(MoE, GptAddsTheAuxiliaryLosses) {
 // statistics equal the run without checkpointing bit for bit: the recomputation replays each
 // forward's routing and counts nothing again.
 TEST(MoE, CheckpointedGptIsTheUncheckpointedGptBitForBit) {
-  GptConfig config;
-  config.vocab = 11;
-  config.padded_vocab = 16;
-  config.layers = 3;
-  config.heads = 2;
-  config.channels = 8;
-  config.max_seq_len = 6;
+  const GptConfig config = tiny_gpt();
   std::vector<int64_t> ids(24), next(24);
   for (int64_t i = 0; i < 24; ++i) ids[size_t(i)] = (i * 7) % 11, next[size_t(i)] = (i * 3) % 11;
   const Tensor idx = Tensor::from_vector(ids, {4, 6}), targets = Tensor::from_vector(next, {4, 6});
