@@ -86,8 +86,8 @@ class GradReducer {
   void reduce_accumulated();
   // With bucket_units, after each backward of unit u (on every rank of the group after the same
   // backwards, in the same order): launches the unit's buckets a parameter without a gradient
-  // kept waiting (it reduces as zeros). The next backward's first gradient waits for what this
-  // one launched, so a rank holds at most one backward's buckets in flight.
+  // kept waiting (it reduces as zeros). What it launched is waited by the next full bucket, or the
+  // next backward's first gradient: one bucket reduces while the next fills.
   void end_unit_backward(int unit);
   // With hooks off: the next step's gradients are being accumulated (finished() turns false).
   void begin_step() { finished_ = false; }

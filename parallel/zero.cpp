@@ -75,12 +75,12 @@ void ZeroOptimizer::plan_layout(nn::Module& module, const ZeroOptions& o, Prepar
              ": chunk_of is for stages 2 and 3 in a pipeline (external_backward)");
   LOOM_CHECK(o.chunk_sums.empty() || o.chunk_of, owner, ": chunk_sums needs chunk_of");
   std::vector<int> chunk;  // chunk_of's, per parameter
-  for (const auto& [name, t] : p.params) {
-    if (!o.chunk_of) break;
-    chunk.push_back(o.chunk_of(name));
-    LOOM_CHECK(chunk.back() >= -1, owner, ": chunk_of('", name, "') is ", chunk.back(),
-               " (a chunk >= 0, or -1 for the step's end)");
-  }
+  if (o.chunk_of)
+    for (const auto& [name, t] : p.params) {
+      chunk.push_back(o.chunk_of(name));
+      LOOM_CHECK(chunk.back() >= -1, owner, ": chunk_of('", name, "') is ", chunk.back(),
+                 " (a chunk >= 0, or -1 for the step's end)");
+    }
   if (o.stage == 3) {
     p.layout =
         o.chunk_of ? zero3_layout_by_child(module, p.params) : zero3_layout(module, p.params);
@@ -453,10 +453,10 @@ void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
 // fill at two different moments) and the reducer's grad-ready hooks take each gradient as the
 // chunk's backward produces it: copied into its bucket and dropped from the parameter; a full
 // bucket is reduce-scattered over the group (averaged) while the backward goes on, and this rank's
-// shard added into its shard gradient when it completes. reduce_chunk(c), after each backward of
-// chunk c, launches the buckets an unused parameter held back; the next backward's first
-// gradient waits for what earlier backwards launched, so a rank keeps its shards plus at most one
-// backward's buckets in flight, as stage 2 without a pipeline does. Every dp rank runs the same
+// shard added into its shard gradient when it completes. A full bucket first waits for the one
+// before it, so a rank keeps its shards plus one bucket reducing and one filling.
+// reduce_chunk(c), after each backward of chunk c, launches the buckets an unused parameter held
+// back. Every dp rank runs the same
 // actions on the same graph, so the group's ranks launch the same buckets in the same order; a
 // blocking wait at the same point of every dp replica's identical schedule cannot deadlock the
 // pipeline, whose sends are posted without blocking. Parameters with chunk -1 accumulate whole
@@ -465,13 +465,13 @@ void ZeroOptimizer::backward(const Tensor& unscaled_loss) {
 // another rank holds too (Chimera's two pipelines each hold every stage) has its buckets laid out
 // alike on both ranks, so its copies are summed shard by shard after the reduction
 // (ZeroOptions::chunk_sums). The experts (own parameters) are not bucketed and are reduced at the
-// step's end as in stage 1. Each shard adds
-// the per-backward averages in launch order: the single-process gradient up to rounding, the same
-// bits on every run. Stage 3 in a pipeline works the same way over its units (each chunk's blocks
-// and the rest of the chunk, See zero3_layout_by_child): ShardedParameters gathers a unit around
-// every micro-batch's forward and backward through it and releases it once the backward gave
-// each of its parameters a gradient; a unit holding a parameter reduced at the step's end (the
-// chunk's embeddings, beside wte) is reduced there whole.
+// step's end as in stage 1. Each shard adds the per-backward averages in launch order: the
+// single-process gradient up to rounding, the same bits on every run. Stage 3 in a pipeline works
+// the same way over its units (each chunk's blocks and the rest of the chunk, See
+// zero3_layout_by_child): ShardedParameters gathers a unit around every micro-batch's forward and
+// backward through it and releases it once the backward gave each of its parameters a gradient; a
+// unit holding a parameter reduced at the step's end (the chunk's embeddings, beside wte) is
+// reduced there whole.
 
 // ZeroOptions::chunk_sums: each chunk's shard gradients summed over the ranks holding its other
 // copies (Chimera's replica pairs), one allreduce of them packed, in the order given.

@@ -167,7 +167,6 @@ PipelineStep::PipelineStep(const GptConfig& config, const GptOptions& o,
 void PipelineStep::build_optimizer(const parallel::DeviceMesh& mesh,
                                    const parallel::OptimizerFactory& make_optimizer) {
   const GptOptions& o = o_;
-  const int rank = pp_->rank();
   if (o.zero == 0) {
     std::vector<Tensor> params;
     for (const auto& stage : stages_)
