@@ -51,60 +51,14 @@ void GPT::check_tokens(const Tensor& idx) const {
   }
 }
 
-// Note [Checkpointed MoE blocks]
-// A checkpointed block runs its forward without recording and again in backward. For a MoE block
-// two things differ from a dense one. Its auxiliary losses join the loss outside the block, and
-// their gradient must reach the router through the recomputation: so the checkpointed function
-// returns the block's output and the layer's auxiliary loss packed into one f32 vector (exact for
-// f32, bf16 and f16 outputs), whose two parts the loss and the next block use; the packed
-// gradient carries both into the recomputation's backward. And the layer's forward counts and
-// decides once per forward (its place in a split batch, Note [A batch in micro-batches]; the
-// statistics the trainer reports): in the recomputation it replays the first forward's part
-// (MoeLayer::next_part) and keeps its statistics, so it routes, drops and exchanges (with expert
-// parallelism, every rank recomputes the same blocks in the same order) exactly as the forward
-// did, and the gradients are those without checkpointing, bit for bit.
 Tensor GPT::forward(const Tensor& idx) {
   check_tokens(idx);
   const int64_t t = idx.size(1);
   Tensor pos = Tensor::arange(t, DType::kI64, idx.device());
   Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C]
-  checkpointed_aux_.assign(blocks_.size(), Tensor());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const std::shared_ptr<Block>& block = blocks_[i];
-    if (!options_.checkpoint || !autograd::grad_enabled()) {
-      x = (*block)(x);
-      continue;
-    }
-    // The recomputation runs in backward, possibly after the training loop has moved the
-    // dropout step on: pin the step and batch part this forward used. See Note [Dropout keys].
-    const uint64_t step = dropout_step();
-    const DropoutBatchPart rows = dropout_batch_part();
-    if (!block->moe) {
-      x = autograd::checkpoint(
-          [block, step, rows](const std::vector<Tensor>& in) {
-            DropoutStepGuard guard(step, rows);
-            return (*block)(in[0]);
-          },
-          {x});
-      continue;
-    }
-    // See Note [Checkpointed MoE blocks].
-    const Shape shape = x.shape();
-    const DType dtype = x.dtype();
-    const int64_t n = x.numel();
-    MoeLayer* moe = block->moe.get();
-    Tensor packed = autograd::checkpoint(
-        [block, moe, step, rows](const std::vector<Tensor>& in) {
-          DropoutStepGuard guard(step, rows);
-          Tensor y = (*block)(in[0]);
-          return cat({reshape(y.to(DType::kF32), {y.numel()}),
-                      reshape(moe->aux_loss().to(DType::kF32), {1})},
-                     0);
-        },
-        {x});
-    x = reshape(narrow(packed, 0, 0, n), shape).to(dtype);
-    checkpointed_aux_[i] = reshape(narrow(packed, 0, n, 1), Shape{});
-  }
+  checkpointing_.begin(blocks_.size());
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = checkpointing_.run(i, blocks_[i], blocks_[i]->moe.get(), x, options_.checkpoint);
   x = (*ln_f)(x);
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
 }
@@ -132,9 +86,7 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) {
 std::vector<Tensor> GPT::aux_terms() const {
   std::vector<Tensor> terms;
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    if (!blocks_[i]->moe) continue;
-    const bool checkpointed = i < checkpointed_aux_.size() && checkpointed_aux_[i].defined();
-    terms.push_back(checkpointed ? checkpointed_aux_[i] : blocks_[i]->moe->aux_loss());
+    if (blocks_[i]->moe) terms.push_back(checkpointing_.aux_loss(i, *blocks_[i]->moe));
   }
   return terms;
 }

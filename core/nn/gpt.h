@@ -9,13 +9,14 @@
 // Activation checkpointing (per block) keeps only each block's input in forward and recomputes
 // the block in backward; results and gradients are bit-identical to running without it (dropout
 // masks are re-drawn from the same key, See Note [Dropout keys]; MoE blocks replay their routing,
-// See Note [Checkpointed MoE blocks] in gpt.cpp).
+// See Note [Checkpointed MoE blocks] in block_checkpointing.h).
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "core/nn/block.h"
+#include "core/nn/block_checkpointing.h"
 #include "core/nn/embedding.h"
 #include "core/nn/gpt_config.h"
 
@@ -45,7 +46,7 @@ class GPT : public Module {
   // The MoE blocks' auxiliary losses of the last forward, summed (a scalar; 0 for a dense model):
   // what loss() adds to the cross-entropy. Use it rather than the layers' aux_loss() to weigh
   // them: a checkpointed block's gradient reaches its router only through this one (See Note
-  // [Checkpointed MoE blocks] in gpt.cpp).
+  // [Checkpointed MoE blocks] in block_checkpointing.h).
   Tensor aux_loss() const;
   // Logits [B, T, Vp] of idx [B, T] as positions cache.length() .. + T - 1 of sequences whose
   // earlier positions are in `cache` (made with make_kv_cache), which it then extends by T. On an
@@ -73,9 +74,7 @@ class GPT : public Module {
   GptOptions options_;
   std::vector<Tensor> aux_terms() const;  // each MoE block's, in block order
   double last_lm_loss_ = 0;
-  // Per block, the auxiliary loss a checkpointed MoE block's forward returned beside its output
-  // (undefined for the others): what loss() adds, so that its gradient reaches the recomputation.
-  std::vector<Tensor> checkpointed_aux_;
+  BlockCheckpointing checkpointing_;            // of the last forward's blocks
   std::vector<std::shared_ptr<Block>> blocks_;  // the same modules as `blocks`, typed
 };
 

@@ -208,6 +208,12 @@ class MoeLayer : public Module {
                   std::vector<std::vector<int64_t>> before) {
     split_.plan(parts, recorded, std::move(before));
   }
+  // The last forward's part of its batch, and the part the next recomputation replays: a
+  // checkpointed block keeps its forward's, since other forwards (a pipeline's later
+  // micro-batches) may pass through the layer before its backward (See Note [Checkpointed MoE
+  // blocks] in core/nn/block_checkpointing.h).
+  const MoeBatchSplit::Part& forward_part() const { return forward_part_; }
+  void replay_part(MoeBatchSplit::Part part) { forward_part_ = std::move(part); }
 
  protected:
   // split_.next() for a forward; when activation checkpointing recomputes that forward in
@@ -218,7 +224,7 @@ class MoeLayer : public Module {
   MoeBatchSplit split_;
 
  private:
-  MoeBatchSplit::Part forward_part_;  // the last forward's (not a recomputation's)
+  MoeBatchSplit::Part forward_part_;  // the last forward's (not a recomputation's), or replayed
 };
 // Readies every MoE layer under `model` for a batch forwarded in `parts` parts, recording first
 // when `record` (See Note [A batch in micro-batches]); returns how many layers it found.

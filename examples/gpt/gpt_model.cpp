@@ -47,10 +47,9 @@ GptModel::GptModel(const GptConfig& config, const GptOptions& o, const parallel:
     gpt_ = std::make_unique<nn::GPT>(config, g);
     return;
   }
-  LOOM_CHECK(!o.checkpoint_activations,
-             "loom-gpt: --checkpoint-activations is not supported with --tp yet");
   tp_ = mesh.tp_ptr();
-  parallel::TpGptOptions t{o.dropout, o.sequence_parallel, o.moe(), make_moe};
+  parallel::TpGptOptions t{o.dropout, o.sequence_parallel, o.moe(), make_moe,
+                           o.checkpoint_activations};
   tp_gpt_ = std::make_unique<parallel::TpGPT>(config, tp_, t);
 }
 
@@ -69,12 +68,7 @@ Tensor GptModel::loss(const Tensor& idx, const Tensor& targets) const {
   return gpt_ ? gpt_->loss(i, t) : tp_gpt_->loss(i, t);
 }
 
-Tensor GptModel::aux_loss() const {
-  if (gpt_) return gpt_->aux_loss();
-  Tensor total = Tensor::zeros({}, DType::kF32, device_);
-  for (const nn::MoeLayer* m : tp_gpt_->moe_layers()) total = add(total, m->aux_loss());
-  return total;
-}
+Tensor GptModel::aux_loss() const { return gpt_ ? gpt_->aux_loss() : tp_gpt_->aux_loss(); }
 
 std::vector<const nn::MoeLayer*> GptModel::moe_layers() const {
   return gpt_ ? gpt_->moe_layers() : tp_gpt_->moe_layers();

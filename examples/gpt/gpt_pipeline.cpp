@@ -56,9 +56,10 @@ parallel::pipeline::Schedule schedule_from(const GptOptions& o) {
 }
 
 void check_pipeline_options(const GptOptions& o) {
-  LOOM_CHECK(o.grad_accum == 1 && !o.checkpoint_activations,
-             "loom-gpt: --pp does not combine with --grad-accum or --checkpoint-activations yet "
-             "(it does with --dp, --tp, every --zero stage and every --dtype)");
+  LOOM_CHECK(
+      o.grad_accum == 1,
+      "loom-gpt: --pp does not combine with --grad-accum: its micro-batches (--microbatches) "
+      "accumulate the gradients");
 }
 
 std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, const GptOptions& o,
@@ -67,9 +68,11 @@ std::vector<std::shared_ptr<GptStage>> make_stages(const GptConfig& config, cons
                                                    std::shared_ptr<comm::Communicator> tp,
                                                    const nn::MoeFactory& make_moe) {
   std::vector<std::shared_ptr<GptStage>> stages;
-  for (const auto& place : schedule.chunks.at(size_t(pp_rank)))
+  for (const auto& place : schedule.chunks.at(size_t(pp_rank))) {
     stages.push_back(std::make_shared<GptStage>(config, place.stage, schedule.stages, o.dropout, tp,
                                                 o.sequence_parallel, o.moe(), make_moe));
+    stages.back()->set_checkpointing(o.checkpoint_activations);
+  }
   return stages;
 }
 

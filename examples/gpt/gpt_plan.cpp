@@ -80,10 +80,7 @@ std::string unsupported_by_loom_gpt(const planner::Layout& l, const GptOptions& 
                                     const Device& device) {
   if (l.recompute == Recompute::kSelective)
     return "selective recomputation (loom-gpt recomputes whole blocks: --checkpoint-activations)";
-  if (l.pp > 1) {
-    if (!device.is_cpu()) return "a pipeline on CUDA";
-    if (l.recompute != Recompute::kNone) return "a pipeline with recomputation";
-  }
+  if (l.pp > 1 && !device.is_cpu()) return "a pipeline on CUDA";
   return "";
 }
 

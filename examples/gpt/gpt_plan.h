@@ -17,9 +17,9 @@
 namespace loom::gpt {
 
 // Why loom-gpt cannot run `layout` with the options' dtype and device ("" when it can): pipelines
-// run f32, bf16 or f16 with every ZeRO stage and without recomputation, on the CPU;
-// recomputation is full or none (--checkpoint-activations); the planner's selective recomputation
-// is not loom-gpt's.
+// run on the CPU (f32, bf16 or f16, every ZeRO stage); recomputation is full or none
+// (--checkpoint-activations, with every dp, tp and pp); the planner's selective recomputation is
+// not loom-gpt's.
 std::string unsupported_by_loom_gpt(const planner::Layout& layout, const GptOptions& o,
                                     const Device& device);
 

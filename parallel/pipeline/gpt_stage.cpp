@@ -148,14 +148,15 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
     const bool use_moe = moe.enabled() && i % moe.every == 0;
     if (tp_) {
       auto block = std::make_shared<TpBlock>(c, config.heads, tp_, tp_options, proj_std, use_moe);
-      if (block->moe) moe_layers_.push_back(block->moe.get());
+      block_moe_.push_back(block->moe.get());
       blocks.push_back(block);
     } else {
       auto block = std::make_shared<nn::Block>(c, config.heads, dropout, proj_std,
                                                use_moe ? moe : nn::MoeOptions{}, make_moe);
-      if (block->moe) moe_layers_.push_back(block->moe.get());
+      block_moe_.push_back(block->moe.get());
       blocks.push_back(block);
     }
+    if (block_moe_.back()) moe_layers_.push_back(block_moe_.back());
     range->add(i, blocks.back());
   }
   if (is_last()) {
@@ -168,8 +169,11 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
 
 Tensor GptStage::moe_aux_loss() const {
   Tensor total;
-  for (const nn::MoeLayer* m : moe_layers_)
-    total = total.defined() ? add(total, m->aux_loss()) : m->aux_loss();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!block_moe_[i]) continue;
+    const Tensor term = checkpointing_.aux_loss(i, *block_moe_[i]);
+    total = total.defined() ? add(total, term) : term;
+  }
   return total;
 }
 
@@ -192,7 +196,9 @@ Tensor GptStage::forward(const Tensor& x) {
     if (sequence_parallel_) h = scatter_to_tp(h, tp_, 1);
     h = (*drop)(h);
   }
-  for (const auto& block : blocks) h = (*block)(h);
+  checkpointing_.begin(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i)
+    h = checkpointing_.run(i, blocks[i], block_moe_[i], h, checkpoint_);
   if (!is_last()) return h;
   h = (*ln_f)(h);
   if (tp_) h = sequence_parallel_ ? gather_sequence(h, tp_, 1) : copy_to_tp(h, tp_);

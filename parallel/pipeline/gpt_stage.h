@@ -18,6 +18,7 @@
 
 #include "collectives/communicator.h"
 #include "core/nn/block.h"
+#include "core/nn/block_checkpointing.h"
 #include "core/nn/dropout.h"
 #include "core/nn/embedding.h"
 #include "core/nn/gpt_config.h"
@@ -63,8 +64,12 @@ class GptStage : public nn::Module {
   const GptConfig& config() const { return config_; }
   // The stage's MoE layers, in block order (empty: dense blocks).
   std::vector<nn::MoeLayer*> moe_layers() const { return moe_layers_; }
-  // The sum of their auxiliary losses of the last forward (undefined without MoE layers).
+  // The sum of their auxiliary losses of the last forward (undefined without MoE layers); a
+  // checkpointed block's gradient reaches its router only through this one.
   Tensor moe_aux_loss() const;
+  // Activation checkpointing of every block (See core/nn/block_checkpointing.h): each block keeps
+  // its input and is recomputed in its micro-batch's backward; the same results, bit for bit.
+  void set_checkpointing(bool on) { checkpoint_ = on; }
   // wte's weight (this rank's vocabulary rows with tp), undefined on middle stages.
   Tensor wte_weight() const;
   // The activation one micro-batch of `rows` sequences of length `seq` passes to the next stage.
@@ -82,6 +87,9 @@ class GptStage : public nn::Module {
   std::shared_ptr<comm::Communicator> tp_;
   bool sequence_parallel_;
   std::vector<nn::MoeLayer*> moe_layers_;
+  std::vector<nn::MoeLayer*> block_moe_;  // per block: its MoE layer, or null
+  bool checkpoint_ = false;
+  nn::BlockCheckpointing checkpointing_;  // of the last forward's blocks
 };
 
 // Chimera's replica pairs: for each stage k, a group of the two ranks holding its replicas (the

@@ -129,7 +129,9 @@ Tensor TpGPT::forward(const Tensor& idx) {
   Tensor x = add((*wte)(idx), (*wpe)(pos));  // [B, T, C], the same on every rank
   if (options_.sequence_parallel) x = scatter_to_tp(x, tp_, 1);  // [B, T/tp, C]
   x = (*drop)(x);
-  for (const auto& block : blocks_) x = (*block)(x);
+  checkpointing_.begin(blocks_.size());
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = checkpointing_.run(i, blocks_[i], blocks_[i]->moe.get(), x, options_.checkpoint);
   x = (*ln_f)(x);
   x = options_.sequence_parallel ? gather_sequence(x, tp_, 1) : copy_to_tp(x, tp_);
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, rows/tp]
@@ -160,11 +162,23 @@ Tensor TpGPT::loss(const Tensor& idx, const Tensor& targets) {
   const int64_t n = idx.size(0) * idx.size(1);
   Tensor lm = vocab_parallel_cross_entropy(reshape(logits, {n, logits.size(2)}),
                                            reshape(targets, {n}), tp_, config_.vocab);
-  const std::vector<const nn::MoeLayer*> moes = moe_layers();
-  if (moes.empty()) return lm;
+  if (moe_layers().empty()) return lm;
   last_lm_loss_ = lm.item();
-  Tensor total = lm;
-  for (const nn::MoeLayer* m : moes) total = add(total, m->aux_loss());
+  Tensor total = lm;  // the terms added in GPT::loss's order
+  for (const Tensor& term : aux_terms()) total = add(total, term);
+  return total;
+}
+
+std::vector<Tensor> TpGPT::aux_terms() const {
+  std::vector<Tensor> terms;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (blocks_[i]->moe) terms.push_back(checkpointing_.aux_loss(i, *blocks_[i]->moe));
+  return terms;
+}
+
+Tensor TpGPT::aux_loss() const {
+  Tensor total = Tensor::zeros({}, DType::kF32, wpe->weight.device());
+  for (const Tensor& term : aux_terms()) total = add(total, term);
   return total;
 }
 

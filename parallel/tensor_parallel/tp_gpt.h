@@ -27,11 +27,17 @@
 // alike) and scatter_to_tp after it (its backward all-gathers the slices' gradients), so the
 // routing, capacity and auxiliary losses are those of the whole tokens, as without it (Megatron's
 // gather with tensor_parallel_output_grad off).
+//
+// Activation checkpointing (TpGptOptions::checkpoint) keeps each block's input and recomputes the
+// block in backward, its tp collectives included (every tp rank recomputes the same blocks in the
+// same order), as nn::GPT does (See core/nn/block_checkpointing.h): the same results, bit for
+// bit, as without it.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "core/nn/block_checkpointing.h"
 #include "core/nn/dropout.h"
 #include "core/nn/embedding.h"
 #include "core/nn/gpt_config.h"
@@ -46,6 +52,7 @@ struct TpGptOptions {
   bool sequence_parallel = false;  // T must then divide by tp
   nn::MoeOptions moe;              // experts > 0: block i's MLP is a MoE when i % moe.every == 0
   nn::MoeFactory make_moe;         // builds those MoE layers (empty: nn::MoE, experts whole)
+  bool checkpoint = false;         // activation checkpointing of every block
 };
 
 // LayerNorm over the last dim with whole parameters; under sequence parallelism its gradients
@@ -124,6 +131,9 @@ class TpGPT : public nn::Module {
   // The cross-entropy of the last loss() alone (its MoE losses excluded), as GPT::last_lm_loss.
   double last_lm_loss() const { return last_lm_loss_; }
   std::vector<const nn::MoeLayer*> moe_layers() const;
+  // The MoE blocks' auxiliary losses of the last forward, summed (a scalar; 0 for a dense model),
+  // as GPT::aux_loss: what loss() adds, and what a trainer weighing them must use.
+  Tensor aux_loss() const;
 
   const GptConfig& config() const { return config_; }
   comm::Communicator& tp() const { return *tp_; }
@@ -143,6 +153,8 @@ class TpGPT : public nn::Module {
   GroupPtr tp_;
   int64_t wte_rows_;
   std::vector<std::shared_ptr<TpBlock>> blocks_;
+  std::vector<Tensor> aux_terms() const;  // each MoE block's, in block order
+  nn::BlockCheckpointing checkpointing_;  // of the last forward's blocks
   double last_lm_loss_ = 0;
 };
 

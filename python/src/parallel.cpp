@@ -441,16 +441,17 @@ void init_tensor_parallel(py::module_& p) {
   py::class_<parallel::TpBlock, nn::Module, std::shared_ptr<parallel::TpBlock>>(p, "TpBlock");
 
   py::class_<TpGPT, nn::Module, std::shared_ptr<TpGPT>>(p, "TpGPT")
-      .def(py::init(
-               [](const GptConfig& config, GroupPtr tp, double dropout, bool sequence_parallel) {
-                 parallel::TpGptOptions o;
-                 o.dropout = dropout;
-                 o.sequence_parallel = sequence_parallel;
-                 return std::shared_ptr<TpGPT>(std::make_shared<TpGPT>(
-                     config, required_group(std::move(tp), "TensorParallelGPT"), o));
-               }),
+      .def(py::init([](const GptConfig& config, GroupPtr tp, double dropout, bool sequence_parallel,
+                       bool checkpoint) {
+             parallel::TpGptOptions o;
+             o.dropout = dropout;
+             o.sequence_parallel = sequence_parallel;
+             o.checkpoint = checkpoint;
+             return std::shared_ptr<TpGPT>(std::make_shared<TpGPT>(
+                 config, required_group(std::move(tp), "TensorParallelGPT"), o));
+           }),
            py::arg("config"), py::arg("group"), py::arg("dropout") = 0.0,
-           py::arg("sequence_parallel") = false)
+           py::arg("sequence_parallel") = false, py::arg("checkpoint") = false)
       .def("loss", &TpGPT::loss, py::arg("idx"), py::arg("targets"), Release())
       .def(
           "logits", [](TpGPT& self, const Tensor& idx) { return self.full_logits(idx); },

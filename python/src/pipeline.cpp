@@ -285,9 +285,16 @@ Note [Python callables in the executor].
 
 void init_gpt_stages(py::module_& p) {
   py::class_<pp::GptStage, nn::Module, std::shared_ptr<pp::GptStage>>(p, "GptStage")
-      .def(py::init<const GptConfig&, int, int, double, CommPtr, bool>(), py::arg("config"),
-           py::arg("stage"), py::arg("stages"), py::arg("dropout") = 0.0,
-           py::arg("tp") = py::none(), py::arg("sequence_parallel") = false, Release())
+      .def(py::init([](const GptConfig& config, int stage, int stages, double dropout, CommPtr tp,
+                       bool sequence_parallel, bool checkpoint) {
+             auto s = std::make_shared<pp::GptStage>(config, stage, stages, dropout, std::move(tp),
+                                                     sequence_parallel);
+             s->set_checkpointing(checkpoint);
+             return s;
+           }),
+           py::arg("config"), py::arg("stage"), py::arg("stages"), py::arg("dropout") = 0.0,
+           py::arg("tp") = py::none(), py::arg("sequence_parallel") = false,
+           py::arg("checkpoint") = false, Release())
       .def_property_readonly("is_first", &pp::GptStage::is_first)
       .def_property_readonly("is_last", &pp::GptStage::is_last)
       .def_property_readonly("config", &pp::GptStage::config)

@@ -163,7 +163,7 @@ for moe in "--moe-experts 4 --moe-top-k 2 --moe-hidden 48" \
     compare "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
     compare_loads "$name" "$dir/$name.jsonl" "$dir/moe_$tag.jsonl"
   done
-  # Activation checkpointing of the MoE blocks (Note [Checkpointed MoE blocks] in core/nn/gpt.cpp):
+  # Activation checkpointing of the MoE blocks (Note [Checkpointed MoE blocks] in core/nn/block_checkpointing.h):
   # one process gives the same losses bit for bit, and dp 2 x ep 2 with gradient accumulation
   # (each micro-batch's recomputation replays its routing and all-to-alls) and at ZeRO-3 the
   # single-process losses and loads.

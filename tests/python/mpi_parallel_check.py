@@ -12,7 +12,8 @@ average of the gradients is the gradient of the global mean.
   TensorParallelGPT over a DeviceMesh(dp=size/2, tp=2), with and without sequence parallelism,
   gradients clipped by tp_clip_grad_norm_ and loom.nn.utils.clip_grad_norm_ on alternate steps
   (the norm compared too), DDP over dp when dp > 1; and with dp > 1, ZeRO stage 1 over dp with tp
-  given (loom.nn.utils.clip_grad_norm_ over dp x tp).
+  given (loom.nn.utils.clip_grad_norm_ over dp x tp); with sequence parallelism and
+  ``checkpoint=True``, the uncheckpointed run's losses, norms and parameters bit for bit.
   A model written in Python around ColumnParallelLinear / RowParallelLinear and a whole
   LayerNorm: loom.nn.utils.clip_grad_norm_ equals tp_clip_grad_norm_ (the C++ tree's shard flags)
   and the norm of the gathered gradients.
@@ -231,12 +232,12 @@ def run_zero(stage, accum, sgd=False, make=None, shard_group=None):
     return losses, dict(model.named_parameters())
 
 
-def run_tp(sequence_parallel, zero):
+def run_tp(sequence_parallel, zero, checkpoint=False):
     """TensorParallelGPT over tp=2, data parallel over the rest (DDP, or ZeRO stage 1)."""
     mesh = dist.DeviceMesh(tp=2)
     tp, dp = mesh.tp_group, mesh.dp_group
     model = loom.nn.TensorParallelGPT(loom.nn.GPTConfig(**CONFIG), tp, seed=SEED,
-                                      sequence_parallel=sequence_parallel)
+                                      sequence_parallel=sequence_parallel, checkpoint=checkpoint)
     if zero:
         opt = dist.ZeroRedundancyOptimizer(model, dp, stage=1, tp=tp, bucket_mb=0.02, **ADAMW)
         ddp = None
@@ -398,6 +399,12 @@ for sequence_parallel, zero in variants:
         check_close(f"{what}: gradient norm of step {step}", g, w)
     idx, _ = batch(0)
     check_params(f"{what}: logits", {"logits": logits}, {"logits": ref_model(t64(idx[:2]))})
+    if sequence_parallel and not zero:
+        # Activation checkpointing recomputes each block (its tp collectives too): the same run.
+        ck_losses, ck_norms, ck_full, _ = run_tp(sequence_parallel, zero, checkpoint=True)
+        if (ck_losses, ck_norms) != (losses, norms) or any(
+                not np.array_equal(arr(ck_full[k]), arr(full[k])) for k in full):
+            failures.append(f"{what} checkpointed: not the uncheckpointed run bit for bit")
 
 
 

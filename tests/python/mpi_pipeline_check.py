@@ -4,7 +4,8 @@ compares its own stages against it:
 
   * a GPT cut into GPTStage chunks (stage_chunk, replica_pairs, sync_tied_embedding over
     embedding_group) under gpipe, 1f1b, interleaved (2 chunks per rank) and chimera: the mean
-    loss and every stage parameter's gradient equal loom.nn.GPT's within 1e-5;
+    loss and every stage parameter's gradient equal loom.nn.GPT's within 1e-5; with
+    ``checkpoint=True`` (1f1b, interleaved) the uncheckpointed run's bit for bit;
   * a model whose stages are Python-defined loom.nn.Module subclasses under 1f1b (and gpipe):
     the same against the stages chained in one process;
   * GradientSum against its closed form; gathered timelines, measured bubbles and the Chrome
@@ -75,13 +76,17 @@ ref_loss.backward()
 ref_grads = {n: p.grad.numpy() for n, p in full.named_parameters()}
 ref_loss = ref_loss.item()
 
-for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("chimera", 1)):
+plain = {}  # per schedule, the uncheckpointed run's loss and gradients
+for name, v, checkpoint in (("gpipe", 1, False), ("1f1b", 1, False), ("1f1b", 1, True),
+                             ("interleaved", 2, False), ("interleaved", 2, True),
+                             ("chimera", 1, False)):
     s = pipelining.schedule(name, P, M, virtual_stages=v)
     pipelining.validate(s)
     pairs = pipelining.replica_pairs(s, world)
     stages, chunks = [], []
     for place in s.chunks[R]:
-        stage = pipelining.GPTStage(config, place.stage, s.stages).init_parameters(seed=SEED)
+        stage = pipelining.GPTStage(config, place.stage, s.stages,
+                                    checkpoint=checkpoint).init_parameters(seed=SEED)
         stages.append(stage)
         chunks.append(pipelining.stage_chunk(stage, pairs[place.stage]))
     ex = pipelining.PipelineExecutor(s, world, chunks, stages[0].activation_shape(ROWS, T))
@@ -91,12 +96,21 @@ for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("chimera", 1)):
     pipelining.sync_tied_embedding(stages, pipelining.embedding_group(s, world))
     loss = ex.mean_loss(local)
     check_close(f"{name}: loss", loss, ref_loss)
+    grads = {}
     for k, stage in enumerate(stages):
         for pname, p in stage.named_parameters():
             if p.grad is None:
                 fail(f"{name}: chunk {k} {pname} has no gradient")
                 continue
+            grads[(k, pname)] = p.grad.numpy()
             check_close(f"{name}: chunk {k} {pname} gradient", p.grad.numpy(), ref_grads[pname])
+    if checkpoint:  # recomputed blocks: the uncheckpointed run's loss and gradients bit for bit
+        want_loss, want_grads = plain[name]
+        if loss != want_loss or grads.keys() != want_grads.keys() or any(
+                not np.array_equal(g, want_grads[key]) for key, g in grads.items()):
+            fail(f"{name} checkpointed: not the uncheckpointed loss and gradients bit for bit")
+        continue
+    plain[name] = (loss, grads)
     timelines = pipelining.gather_timelines(ex.timeline, world)
     bubbles = pipelining.measured_bubbles(timelines)
     if len(timelines) != P or not all(0.0 <= b < 1.0 for b in bubbles):

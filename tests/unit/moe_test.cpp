@@ -594,12 +594,12 @@ TEST(MoE, GptAddsTheAuxiliaryLosses) {
   }
 }
 
-// Activation checkpointing of MoE blocks (Note [Checkpointed MoE blocks] in core/nn/gpt.cpp):
-// with capacity drops, dropout and both auxiliary losses, and with the batch in two parts after a
-// routing pass (Note [A batch in micro-batches]), the losses, every gradient (the routers' too,
-// which only the auxiliary losses' gradient reaches through the recomputation) and the layers'
-// statistics equal the run without checkpointing bit for bit: the recomputation replays each
-// forward's routing and counts nothing again.
+// Activation checkpointing of MoE blocks (Note [Checkpointed MoE blocks] in
+// core/nn/block_checkpointing.h): with capacity drops, dropout and both auxiliary losses, and with
+// the batch in two parts after a routing pass (Note [A batch in micro-batches]), the losses, every
+// gradient (the routers' too, which only the auxiliary losses' gradient reaches through the
+// recomputation) and the layers' statistics equal the run without checkpointing bit for bit: the
+// recomputation replays each forward's routing and counts nothing again.
 TEST(MoE, CheckpointedGptIsTheUncheckpointedGptBitForBit) {
   const GptConfig config = tiny_gpt();
   std::vector<int64_t> ids(24), next(24);

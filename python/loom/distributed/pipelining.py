@@ -101,6 +101,8 @@ class GPTStage(_modules._CppModule):
     ``forward``: token ids [B, T] (first stage) or hidden [B, T, C] -> hidden, or the logits on
     the last stage; ``loss(logits, targets)`` on the last stage. ``tp``: a tensor-parallel group
     (Megatron blocks, vocab-parallel wte and loss); ``sequence_parallel`` needs one.
+    ``checkpoint``: activation checkpointing of every block, each recomputed in its
+    micro-batch's backward (the same results, bit for bit).
 
     Example::
 
@@ -111,9 +113,10 @@ class GPTStage(_modules._CppModule):
     """
 
     def __init__(self, config, stage, stages, *, dropout=0.0, tp=None, sequence_parallel=False,
-                 seed=0, pipeline=0):
-        super().__init__(_pl.GptStage(config, stage, stages, dropout, tp, sequence_parallel),
-                         init_seed=seed)
+                 checkpoint=False, seed=0, pipeline=0):
+        super().__init__(
+            _pl.GptStage(config, stage, stages, dropout, tp, sequence_parallel, checkpoint),
+            init_seed=seed)
         # For loom.nn.utils.clip_grad_norm_ (Note [One clip_grad_norm_]): this stage's place
         # (``pipeline``: the ChunkPlace's, 1 for Chimera's second pipeline) and tp group.
         object.__setattr__(self, "_place", (stage, stages, pipeline, tp))

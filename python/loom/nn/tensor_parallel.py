@@ -125,6 +125,8 @@ class TensorParallelGPT(_TensorParallel):
     ``forward(idx)`` returns this rank's vocabulary columns of the logits [B, T, wte_rows / tp];
     ``logits(idx)`` the whole logits [B, T, padded_vocab] (gathered, as loom.nn.GPT's forward);
     ``loss(idx, targets)`` the single-process mean cross-entropy without gathering the logits.
+    ``checkpoint``: activation checkpointing of every block (recomputed in backward, its tp
+    collectives too), as loom.nn.GPT's: the same results, bit for bit.
 
     Example::
 
@@ -136,9 +138,10 @@ class TensorParallelGPT(_TensorParallel):
         full = loom.distributed.gather_full_state(model, mesh.tp_group)   # loom.nn.GPT's layout
     """
 
-    def __init__(self, config, group, *, dropout=0.0, sequence_parallel=False, seed=0):
+    def __init__(self, config, group, *, dropout=0.0, sequence_parallel=False, checkpoint=False,
+                 seed=0):
         self_group = _group(group, "TensorParallelGPT")
-        super().__init__(_tp.TpGPT(config, self_group, dropout, sequence_parallel),
+        super().__init__(_tp.TpGPT(config, self_group, dropout, sequence_parallel, checkpoint),
                          init_seed=seed)
         object.__setattr__(self, "_group", self_group)
         self._place_over(self_group)
