@@ -4,8 +4,9 @@
 Calibrates the machine with `loom-plan --calibrate` on the same number of ranks (so the GEMM and
 element-wise rates are those of ranks sharing the cores), then for every layout of a small GPT on
 --ranks ranks (1: one process, gradient accumulation, recomputation; 2: dp with ZeRO 0/1/3, tp
-with and without sequence parallelism, pp with GPipe, 1F1B and Chimera; 4: dp with ZeRO 0/1/3,
-dp x tp with and without sp, tp 4, dp x pp, tp x pp and pp 4; 8: dp, dp x tp, dp x pp, tp x pp
+with and without sequence parallelism, pp with GPipe, 1F1B and Chimera, tp and pp with full
+recomputation; 4: dp with ZeRO 0/1/3, dp x tp with and without sp, tp 4, dp x pp, tp x pp and
+pp 4, dp x tp and tp x pp with full recomputation; 8: dp, dp x tp, dp x pp, tp x pp
 and dp x tp x pp) trains loom-gpt, takes the
 median step after --warmup steps and the "memory per rank" line, and asks `loom-plan --evaluate`
 for the same layout with that profile. Prints one row per layout (measured, predicted, error;
@@ -37,11 +38,13 @@ LAYOUTS = {
     1: ["dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=2", "dp=1,mb=8,recompute=full"],
     2: ["dp=2,mb=4", "dp=2,mb=4,zero=1", "dp=2,mb=4,zero=3", "dp=2,mb=2", "tp=2,mb=8",
         "tp=2,mb=8,sp=1", "pp=2,mb=2,schedule=1f1b", "pp=2,mb=2,schedule=gpipe",
-        "pp=2,mb=1,schedule=1f1b", "pp=2,mb=2,schedule=chimera"],
+        "pp=2,mb=1,schedule=1f1b", "pp=2,mb=2,schedule=chimera", "tp=2,mb=8,recompute=full",
+        "tp=2,mb=8,sp=1,recompute=full", "pp=2,mb=2,schedule=1f1b,recompute=full"],
     # 4 ranks: on a 2-core machine they share the cores (the calibration runs on 4 ranks too).
     4: ["dp=4,mb=2", "dp=4,mb=2,zero=1", "dp=4,mb=2,zero=3", "dp=4,mb=1", "dp=2,tp=2,mb=4",
         "dp=2,tp=2,mb=4,sp=1", "tp=4,mb=8", "dp=2,pp=2,mb=2,schedule=1f1b",
-        "tp=2,pp=2,mb=2,schedule=1f1b", "pp=4,mb=1,schedule=1f1b", "pp=4,mb=2,schedule=gpipe"],
+        "tp=2,pp=2,mb=2,schedule=1f1b", "pp=4,mb=1,schedule=1f1b", "pp=4,mb=2,schedule=gpipe",
+        "dp=2,tp=2,mb=4,sp=1,recompute=full", "tp=2,pp=2,mb=2,schedule=1f1b,recompute=full"],
     8: ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=8,mb=1,zero=3", "dp=4,tp=2,mb=2", "dp=2,tp=4,mb=4",
         "dp=4,pp=2,mb=1,schedule=1f1b", "dp=2,pp=4,mb=1,schedule=1f1b",
         "dp=2,tp=2,pp=2,mb=2,schedule=1f1b", "tp=4,pp=2,mb=2,schedule=1f1b",
