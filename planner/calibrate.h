@@ -32,7 +32,7 @@ struct CalibrationOptions {
   // seq; vocab for the model around it) and micro-batch: one block's measured forward + backward,
   // less the GEMM curve's time for its GEMMs, is what its element-wise bytes cost. Calibrate at
   // the shape you plan for when you can.
-  TransformerShape block{1, 256, 4, 128, 256};  // layers: unused
+  TransformerShape block{1, 256, 4, 128, 256, {}};  // layers: unused
   int block_batch = 4;
 };
 

@@ -24,6 +24,11 @@ double all_gather_seconds(double bytes, int n, const LinkLevel& link) {
   return allreduce_seconds(bytes, n, link) / 2.0;
 }
 
+double all_to_all_seconds(double bytes, int n, const LinkLevel& link) {
+  if (n <= 1) return 0;
+  return double(n - 1) * (link.latency_s + bytes / (double(n) * link.bandwidth));
+}
+
 double ring_seconds(CollectiveOp op, double bytes, int n, const LinkLevel& link) {
   switch (op) {
     case CollectiveOp::kAllreduce:
@@ -77,6 +82,10 @@ const LinkLevel& dp_link(const Layout& l, const Cluster& c) {
   return l.tp * l.dp <= c.gpus_per_node ? c.intra : c.inter;
 }
 
+const LinkLevel& ep_link(const Layout& l, const Cluster& c) {
+  return l.tp * l.ep <= c.gpus_per_node ? c.intra : c.inter;
+}
+
 const LinkLevel& pp_link(const Layout& l, const Cluster& c) {
   return l.gpus() <= c.gpus_per_node ? c.intra : c.inter;
 }
@@ -103,6 +112,44 @@ double attention_gemms_forward(const TransformerShape& m, int mb, int tp, const 
 
 }  // namespace
 
+MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const Cluster& c,
+                              const Execution& e, double attention_recompute) {
+  const DeviceRates& d = c.device;
+  const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
+  const double experts = double(m.moe.experts), k = double(m.moe.top_k);
+  const double f = double(m.expert_width());
+  const double bsh2 = b * s * h * h / t, bs2h = b * s * s * h / t;
+  const double attention =
+      gemm_seconds(6 * bsh2, d) + 2 * gemm_seconds(2 * bs2h, d) + gemm_seconds(2 * bsh2, d);
+  const double router = gemm_seconds(2.0 * b * s * h * experts, d);
+  // Balanced routing: the ep group's k b s ep rows each, spread over the experts / ep local
+  // experts, through two GEMMs each.
+  const double local = experts / l.ep, rows = k * b * s * l.ep / experts;
+  const double expert_gemms = local * 2.0 * gemm_seconds(2.0 * rows * h * f, d);
+  const double gemms = attention + router + expert_gemms;
+  const double elementwise = 2.0 *
+                             moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, Recompute::kNone, e) /
+                             d.memory_bandwidth;
+  // tp: the attention's all-reduce each way (with sp its all-gather and reduce-scatter, and the
+  // MoE's gather of the whole sequence and scatter back).
+  const double allreduce = allreduce_seconds(b * s * h * e.param_bytes, l.tp, tp_link(l, c));
+  const double tp = l.sp ? 2.0 * allreduce : allreduce;
+  // ep: the routed rows out to their experts and back (k b s h each way), and the counts (an
+  // all-gather over dp, an all-to-all over ep) first.
+  const double rows_bytes = k * b * s * h * e.activation_bytes;
+  const double exchange = 2.0 * all_to_all_seconds(rows_bytes, l.ep, ep_link(l, c));
+  const double counts = all_gather_seconds(8.0 * (experts + 1) * l.dp, l.dp, dp_link(l, c)) +
+                        all_to_all_seconds(8.0 * experts, l.ep, ep_link(l, c));
+  MoeLayerCosts out;
+  out.forward = gemms + elementwise + tp + exchange + counts;
+  out.recompute = l.recompute == Recompute::kFull ? out.forward : attention_recompute;
+  out.backward = 2.0 * gemms + 2.0 * elementwise + tp + exchange + out.recompute;
+  const bool full = l.recompute == Recompute::kFull;
+  out.tp_comm = (full ? 3.0 : 2.0) * tp;
+  out.ep_comm = (full ? 3.0 : 2.0) * exchange + (full ? 2.0 : 1.0) * counts;
+  return out;
+}
+
 ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
   const TransformerShape& m = w.model;
   const DeviceRates& d = c.device;
@@ -123,18 +170,32 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   else if (l.recompute == Recompute::kFull)
     layer_recompute = layer_f;
   const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + layer_recompute;
+  const double layer_tp = 2.0 * tp_f + (l.recompute == Recompute::kFull ? tp_f : 0.0);
 
   ActionCosts a;
-  a.forward = layers * layer_f;
-  a.backward = layers * layer_b;
-  a.recompute = layers * layer_recompute;
-  a.tp_comm = layers * (2.0 * tp_f + (l.recompute == Recompute::kFull ? tp_f : 0.0));
+  // The MoE layers (one rank's share, on average) in place of dense ones: See moe_layer_costs.
+  const double moes = double(m.moe_layers()) / l.pp;
+  const double dense = layers - moes;
+  a.forward = dense * layer_f;
+  a.backward = dense * layer_b;
+  a.recompute = dense * layer_recompute;
+  a.tp_comm = dense * layer_tp;
+  if (moes > 0) {
+    const MoeLayerCosts moe = moe_layer_costs(m, l, c, e, layer_recompute);
+    a.forward += moes * moe.forward;
+    a.backward += moes * moe.backward;
+    a.recompute += moes * moe.recompute;
+    a.tp_comm += moes * moe.tp_comm;
+    a.ep_comm = moes * moe.ep_comm;
+  }
 
   // ZeRO per micro-batch: stage 3 gathers the weights for the forward and again for the
   // backward; stages 2 and 3 reduce-scatter the backward's gradients. Prefetching overlaps them
   // with the compute, so an action takes the longer of the two.
+  // (The experts are not in the buckets: loom reduces them after the backward.)
   const double layer_params = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
-  const double params = layers * layer_params;
+  const double moe_layer_params = (4.0 * h * h + 3.0 * h) / t + 5.0 * h + h * double(m.moe.experts);
+  const double params = dense * layer_params + moes * moe_layer_params;
   if (l.dp > 1 && l.zero >= 2) {
     const double gather = l.zero >= 3 ? dp_collective_seconds(CollectiveOp::kAllGather,
                                                               params * e.param_bytes, l, c, e)
@@ -171,9 +232,10 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
 }
 
 StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e,
-                     double rank_params, double last_backward) {
+                     double rank_params, double last_backward, double rank_experts) {
   StepCosts s;
-  const double grads = rank_params * e.grad_bytes, weights = rank_params * e.param_bytes;
+  const double bucketed = rank_params - rank_experts;
+  const double grads = bucketed * e.grad_bytes, weights = bucketed * e.param_bytes;
   if (l.dp > 1) {
     auto dp = [&](CollectiveOp op, double bytes) {
       return dp_collective_seconds(op, bytes, l, c, e);
@@ -202,11 +264,22 @@ StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const
     }
     s.dp_exposed = exposed + after;
   }
+  const int replicas = l.dp / l.ep;
+  if (rank_experts > 0 && replicas > 1) {  // summed over the replicas after the backward
+    const double bytes = rank_experts * e.grad_bytes;
+    const double experts =
+        l.zero == 0 ? allreduce_seconds(bytes, replicas, dp_link(l, c))
+                    : reduce_scatter_seconds(bytes, replicas, dp_link(l, c)) +
+                          all_gather_seconds(rank_experts * e.param_bytes, replicas, dp_link(l, c));
+    s.dp_comm += experts;
+    s.dp_exposed += experts;
+  }
   if (l.pp > 1) {
     const double table = double(w.model.vocab) * double(w.model.hidden) / l.tp;
     s.tied_embedding = allreduce_seconds(table * e.grad_bytes, 2, pp_link(l, c));
   }
-  const double shard = rank_params / (l.zero >= 1 ? double(l.dp) : 1.0);
+  const double shard = bucketed / (l.zero >= 1 ? double(l.dp) : 1.0) +
+                       rank_experts / (l.zero >= 1 ? double(replicas) : 1.0);
   const double traffic = e.param_bytes + e.grad_bytes + 2.0 * e.optimizer_bytes;
   s.optimizer = shard * traffic / c.device.memory_bandwidth;
   return s;

@@ -29,6 +29,14 @@
 //                compute by prefetching (an action takes the longer of the two); stages 0 and 1
 //                reduce once per step, stages 1 and 2 then all-gather the updated weights.
 //   optimizer    memory-bound: weights, gradients, masters and moments read and written.
+//   MoE          a MoE layer (workload.h) is a dense layer's attention, the router's GEMM and,
+//                with balanced routing, k b s rows per rank through its experts / ep local
+//                experts (two GEMMs each, of k b s ep / experts rows); element-wise bytes as a
+//                dense layer's (memory_model.h's MoE count); two all-to-alls of the k b s h
+//                routed rows over the ep group each way (and the routing counts: an all-gather
+//                over dp and an all-to-all over ep, latency-bound), not overlapped. The
+//                experts' gradients are summed over their dp / ep replicas after the backward
+//                (all-reduce, or with ZeRO reduce-scatter + all-gather), exposed.
 #pragma once
 
 #include "planner/cluster.h"
@@ -46,6 +54,9 @@ double reduce_scatter_seconds(double bytes, int n, const LinkLevel& link);
 double all_gather_seconds(double bytes, int n, const LinkLevel& link);
 
 enum class CollectiveOp { kAllreduce, kReduceScatter, kAllGather };
+// An all-to-all in which each of n ranks holds `bytes` for the group: n - 1 exchanges of
+// bytes / n each.
+double all_to_all_seconds(double bytes, int n, const LinkLevel& link);
 // A ring collective of a `bytes` buffer over n ranks on one link level.
 double ring_seconds(CollectiveOp op, double bytes, int n, const LinkLevel& link);
 
@@ -73,6 +84,8 @@ double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp
 const LinkLevel& tp_link(const Layout& l, const Cluster& c);
 const LinkLevel& dp_link(const Layout& l, const Cluster& c);
 const LinkLevel& pp_link(const Layout& l, const Cluster& c);
+// An expert-parallel group: ep consecutive dp ranks, tp apart.
+const LinkLevel& ep_link(const Layout& l, const Cluster& c);
 
 // One micro-batch through one pipeline rank's share of one pipeline (layers / pp layers; the
 // schedule validator divides it among interleaved chunks), in seconds.
@@ -86,7 +99,16 @@ struct ActionCosts {
   double zero_comm = 0;  // ZeRO-3 gathers / ZeRO-2+ reduce-scatters per micro-batch (hidden
                          // up to the compute they overlap)
   double recompute = 0;  // the recomputation inside backward
+  double ep_comm = 0;    // the MoE layers' all-to-alls inside forward + backward
 };
+// One MoE layer's micro-batch (See the header comment's MoE): forward, backward (with any
+// recomputation: the whole forward again for full, `attention_recompute` for selective), and
+// the tp and ep communication inside them.
+struct MoeLayerCosts {
+  double forward = 0, backward = 0, recompute = 0, tp_comm = 0, ep_comm = 0;
+};
+MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const Cluster& c,
+                              const Execution& e, double attention_recompute);
 ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e);
 
 struct StepCosts {
@@ -95,9 +117,9 @@ struct StepCosts {
   double tied_embedding = 0;  // summing the embedding's two copies' gradients (pp > 1)
   double optimizer = 0;
 };
-// rank_params: the parameters of the rank whose reduction is largest; last_backward: the
-// backward its reduction can overlap.
+// rank_params: the parameters of the rank whose reduction is largest (rank_experts of them
+// experts, reduced over their replicas); last_backward: the backward its reduction can overlap.
 StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e,
-                     double rank_params, double last_backward);
+                     double rank_params, double last_backward, double rank_experts = 0);
 
 }  // namespace loom::planner

@@ -28,11 +28,9 @@ namespace {
 // (4 s^2 h per layer and sequence); full, every layer's forward again.
 double recompute_flops(const Workload& w, Recompute r) {
   const TransformerShape& m = w.model;
+  if (r == Recompute::kFull) return m.layers_forward_flops() * double(w.global_batch);
   const double per_layer =
-      r == Recompute::kFull
-          ? m.layer_forward_flops()
-          : (r == Recompute::kSelective ? 4.0 * double(m.seq) * double(m.seq) * double(m.hidden)
-                                        : 0.0);
+      r == Recompute::kSelective ? 4.0 * double(m.seq) * double(m.seq) * double(m.hidden) : 0.0;
   return per_layer * double(m.layers) * double(w.global_batch);
 }
 
@@ -65,7 +63,7 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
   p.pipeline_s = sim.makespan;
   for (const auto& r : sim.ranks) p.bubble += r.bubble / double(sim.ranks.size());
 
-  double largest_params = 0;
+  double largest_params = 0, largest_experts = 0;
   for (int r = 0; r < l.pp; ++r) {
     const MemoryBreakdown mem = rank_memory(w, l, c, e, r, sim.ranks[size_t(r)].peak_activations);
     p.memory_per_rank.push_back(mem);
@@ -73,15 +71,19 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
       p.memory = mem;
       p.memory_rank = r;
     }
-    largest_params = std::max(largest_params, rank_parameters(w.model, l, r));
+    const double params = rank_parameters(w.model, l, r);
+    if (params > largest_params) {
+      largest_params = params;
+      largest_experts = rank_expert_parameters(w.model, l, r);
+    }
   }
   p.oom = p.memory.total() > c.device.memory_bytes;
 
   const double chunk_backward = a.backward * double(l.pp) / double(schedule.stages);
-  p.step = step_costs(w, l, c, e, largest_params, chunk_backward);
+  p.step = step_costs(w, l, c, e, largest_params, chunk_backward, largest_experts);
   p.step_s = p.pipeline_s + p.step.dp_exposed + p.step.tied_embedding + p.step.optimizer;
-  p.comm_s = double(m) * (a.tp_comm + (l.pp > 1 ? 2.0 * a.p2p : 0.0)) + p.step.dp_exposed +
-             p.step.tied_embedding;
+  p.comm_s = double(m) * (a.tp_comm + a.ep_comm + (l.pp > 1 ? 2.0 * a.p2p : 0.0)) +
+             p.step.dp_exposed + p.step.tied_embedding;
 
   const double tokens = double(w.global_batch) * double(w.model.seq);
   const double model_flops = w.model.step_model_flops(w.global_batch);
@@ -96,11 +98,19 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
 double step_lower_bound(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
   if (!layout_problem(l, w, c).empty()) return 0;
   const ActionCosts a = action_costs(w, l, c, e);
-  double params = 0;
-  for (int r : {0, l.pp - 1}) params = std::max(params, rank_parameters(w.model, l, r));
   // The widest overlap window evaluate could give the reduction (a whole rank share's backward),
-  // so the exposed part is at least this.
-  const StepCosts s = step_costs(w, l, c, e, params, a.backward);
+  // so the exposed part is at least this. Dense: the larger of the first and last ranks' state
+  // (evaluate takes the largest of all); MoE, where the largest state may hold fewer experts to
+  // reduce, the smaller of their two step costs.
+  double after_pipeline = 0;
+  for (int r : {0, l.pp - 1}) {
+    const StepCosts s = step_costs(w, l, c, e, rank_parameters(w.model, l, r), a.backward,
+                                   rank_expert_parameters(w.model, l, r));
+    const double cost = s.dp_exposed + s.tied_embedding + s.optimizer;
+    after_pipeline = r == 0                  ? cost
+                     : w.model.moe.enabled() ? std::min(after_pipeline, cost)
+                                             : std::max(after_pipeline, cost);
+  }
   // The pipeline: with every cost but F and B set to zero the validator gives exactly
   // (m + p - 1)(F + B) for GPipe and 1F1B and (m + (p - 1) / v)(F + B) for interleaved (See
   // pipeline_validator_test); sends, the extras of the first and last stages only add to it.
@@ -111,7 +121,7 @@ double step_lower_bound(const Workload& w, const Layout& l, const Cluster& c, co
     pipeline = (m + l.pp - 1) * fb;
   else if (l.schedule == "interleaved")
     pipeline = (m + double(l.pp - 1) / l.v) * fb;
-  return pipeline + s.dp_exposed + s.tied_embedding + s.optimizer;
+  return pipeline + after_pipeline;
 }
 
 }  // namespace loom::planner

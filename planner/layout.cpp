@@ -31,6 +31,7 @@ std::string Layout::str() const {
   s << "dp=" << dp << ",tp=" << tp << ",pp=" << pp << ",v=" << v << ",mb=" << mb
     << ",schedule=" << schedule << ",zero=" << zero << ",recompute=" << recompute_name(recompute)
     << ",sp=" << (sp ? 1 : 0);
+  if (ep > 1) s << ",ep=" << ep;
   return s.str();
 }
 
@@ -77,15 +78,15 @@ Layout parse_layout(const std::string& text, int gpus) {
     } else if (key == "sp") {
       LOOM_CHECK(value == "0" || value == "1", "planner: sp must be 0 or 1, got '", value, "'");
       l.sp = value == "1";
+    } else if (key == "ep") {
+      l.ep = parse_int(key, value);
     } else {
       LOOM_FAIL("planner: unknown layout key '", key,
-                "' (keys: dp, tp, pp, v, mb, schedule, zero, recompute, sp)");
+                "' (keys: dp, tp, pp, v, mb, schedule, zero, recompute, sp, ep)");
     }
   }
-  LOOM_CHECK(l.tp >= 1 && l.pp >= 1 && l.v >= 1 && l.mb >= 1,
-             "planner: tp, pp, v and mb must be "
-             "at least 1 in '",
-             text, "'");
+  LOOM_CHECK(l.tp >= 1 && l.pp >= 1 && l.v >= 1 && l.mb >= 1 && l.ep >= 1,
+             "planner: tp, pp, v, mb and ep must be at least 1 in '", text, "'");
   if (!dp_given) l.dp = gpus / (l.tp * l.pp);
   return l;
 }
@@ -93,8 +94,8 @@ Layout parse_layout(const std::string& text, int gpus) {
 std::string layout_problem(const Layout& l, const Workload& w, const Cluster& c) {
   std::ostringstream why;
   const auto& m = w.model;
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.v < 1 || l.mb < 1)
-    why << "dp, tp, pp, v and mb must be at least 1";
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.v < 1 || l.mb < 1 || l.ep < 1)
+    why << "dp, tp, pp, v, mb and ep must be at least 1";
   else if (l.gpus() != c.gpus)
     why << "dp * tp * pp = " << l.gpus() << ", not the " << c.gpus << " GPUs";
   else if (m.heads % l.tp != 0)
@@ -119,6 +120,11 @@ std::string layout_problem(const Layout& l, const Workload& w, const Cluster& c)
         << l.pp;
   else if (l.schedule == "chimera" && (l.pp % 2 != 0 || l.microbatches(w) % 2 != 0))
     why << "chimera needs an even pp and an even micro-batch count";
+  else if (l.ep > 1 && !m.moe.enabled())
+    why << "ep " << l.ep << " needs a mixture-of-experts model";
+  else if (l.dp % l.ep != 0 || (m.moe.enabled() && m.moe.experts % l.ep != 0))
+    why << "ep " << l.ep << " must divide dp " << l.dp << " and the " << m.moe.experts
+        << " experts";
   return why.str();
 }
 

@@ -24,12 +24,16 @@ struct Layout {
   int zero = 0;                   // ZeRO stage over dp: 0 (DDP), 1, 2, 3
   Recompute recompute = Recompute::kNone;
   bool sp = false;  // sequence parallelism (tp > 1 only)
+  // Expert parallelism (MoE models): the experts split over groups of ep consecutive dp ranks,
+  // each holding experts / ep of every MoE layer, replicated over the dp / ep groups; the tokens
+  // reach their experts by all-to-alls over the group. Experts are whole over tp (loom's layout).
+  int ep = 1;
 
   int gpus() const { return dp * tp * pp; }
   // Micro-batches each pipeline runs per step: global batch / (dp * mb).
   int64_t microbatches(const Workload& w) const { return w.global_batch / (int64_t(dp) * mb); }
   // "dp=4,tp=8,pp=8,v=3,mb=1,schedule=interleaved,zero=1,recompute=selective,sp=1" (the form
-  // parse_layout reads).
+  // parse_layout reads), with ",ep=N" when ep > 1.
   std::string str() const;
 };
 
@@ -42,7 +46,7 @@ Recompute parse_recompute(const std::string& name);
 // hidden not divisible by tp, layers not divisible by pp * v (chimera: by pp; each of its two
 // pipelines holds the whole model), the global batch not divisible by dp * mb, the schedule's own
 // rules (interleaved needs micro-batches divisible by pp, chimera an even pp and micro-batch
-// count), sp without tp.
+// count), sp without tp, ep not dividing dp or the experts (or ep > 1 on a dense model).
 std::string layout_problem(const Layout& layout, const Workload& workload, const Cluster& cluster);
 
 }  // namespace loom::planner

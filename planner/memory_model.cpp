@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "core/error.h"
 
@@ -44,6 +45,18 @@ LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const
   return out;
 }
 
+// A MoE layer's MLP in place of the dense one (whole on every tp rank, as loom keeps it: the
+// MoE takes the whole sequence under sp too): per token, the router's f32 logits and gates, and
+// for each of its top_k experts the token's row (the experts' input), the expert's hidden
+// before and after GELU, and its f32 output kept for the gated combine; the dense MLP's 8E split
+// bytes (its GELU and projection inputs) are not there.
+double moe_mlp_bytes(const TransformerShape& m, int mb, const Execution& e) {
+  const double sb = double(m.seq) * double(mb), h = double(m.hidden);
+  const double f = double(m.expert_width()), k = double(m.moe.top_k);
+  return sb * (2.0 * 4.0 * double(m.moe.experts) +
+               k * (h * e.activation_bytes + 2.0 * f * e.activation_bytes + 4.0 * h));
+}
+
 struct RankChunks {
   int chunks = 1;            // chunks on the rank
   int64_t chunk_layers = 0;  // layers per chunk
@@ -51,6 +64,7 @@ struct RankChunks {
   bool last = false;         // holds a last stage (the output layer)
   int output_copies = 0;     // tied output-layer copies beside the embedding (0 when pp == 1)
   int embeddings = 0;        // embedding tables held
+  std::vector<int> stages;   // each chunk's stage (its layers: stage * chunk_layers onwards)
 };
 
 RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
@@ -64,10 +78,12 @@ RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
     rc.first = rc.last = rank == 0 || rank == p - 1;
     rc.embeddings = rc.first ? 1 : 0;
     rc.output_copies = rc.last ? 1 : 0;
+    rc.stages = {rank, p - 1 - rank};
     return rc;
   }
   rc.chunks = l.v;
   rc.chunk_layers = m.layers / (int64_t(p) * l.v);
+  for (int k = 0; k < l.v; ++k) rc.stages.push_back(k * p + rank);  // interleaved's placement
   rc.first = rank == 0;
   rc.last = rank == p - 1;
   rc.embeddings = rc.first ? 1 : 0;
@@ -75,7 +91,31 @@ RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
   return rc;
 }
 
+int64_t moe_layers_in(const TransformerShape& m, const RankChunks& rc) {
+  int64_t n = 0;
+  for (int stage : rc.stages)
+    for (int64_t i = 0; i < rc.chunk_layers; ++i) n += m.is_moe_layer(stage * rc.chunk_layers + i);
+  return n;
+}
+
 }  // namespace
+
+int64_t rank_moe_layers(const TransformerShape& m, const Layout& l, int rank) {
+  return moe_layers_in(m, rank_chunks(m, l, rank));
+}
+
+double rank_expert_parameters(const TransformerShape& m, const Layout& l, int rank) {
+  if (!m.moe.enabled()) return 0;
+  return double(rank_moe_layers(m, l, rank)) * double(m.moe.experts / l.ep) * m.expert_parameters();
+}
+
+double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                                  const Execution& e) {
+  const double dense = layer_activation_bytes(m, mb, tp, sp, r, e);
+  if (r == Recompute::kFull) return dense;  // the layer's input alone, as a dense layer's
+  const double sbh = double(m.seq) * double(mb) * double(m.hidden);
+  return dense - 8.0 * e.activation_bytes * sbh / double(tp) + moe_mlp_bytes(m, mb, e);
+}
 
 double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                               const Execution& e) {
@@ -101,8 +141,9 @@ double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool s
       return 0;
     case Recompute::kSelective:
       return lb.scores;
-    case Recompute::kFull:
-      return lb.linear + lb.scores;
+    case Recompute::kFull:  // the largest layer's whole set, a MoE one's when there is one
+      return m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, Recompute::kNone, e)
+                             : lb.linear + lb.scores;
   }
   return 0;
 }
@@ -111,9 +152,14 @@ double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
   const RankChunks rc = rank_chunks(m, l, rank);
   const double h = double(m.hidden), t = double(l.tp);
   // Per layer: QKV, projection and MLP weights and the column-parallel biases are split over tp
-  // (12h^2 + 7h); the row-parallel biases and the LayerNorms are whole on every tp rank (6h).
+  // (12h^2 + 7h); the row-parallel biases and the LayerNorms are whole on every tp rank (6h). A
+  // MoE layer: the attention's split (4h^2 + 3h) and whole (5h) parts, the router (whole) and
+  // experts / ep experts (whole over tp).
   const double layer = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
-  double n = double(rc.chunks) * double(rc.chunk_layers) * layer;
+  const double moes = double(moe_layers_in(m, rc));
+  const double moe_layer = (4.0 * h * h + 3.0 * h) / t + 5.0 * h + h * double(m.moe.experts);
+  double n = (double(rc.chunks) * double(rc.chunk_layers) - moes) * layer + moes * moe_layer +
+             rank_expert_parameters(m, l, rank);
   const double table = double(m.vocab) * h / t;  // vocab-parallel
   n += rc.embeddings * (table + double(m.seq) * h);
   n += rc.output_copies * table;
@@ -126,19 +172,31 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   LOOM_ASSERT(rank >= 0 && rank < l.pp, "rank_memory: rank ", rank, " of pp ", l.pp);
   const TransformerShape& m = w.model;
   const RankChunks rc = rank_chunks(m, l, rank);
-  const double n = rank_parameters(m, l, rank);
+  const double experts = rank_expert_parameters(m, l, rank);
+  const double n = rank_parameters(m, l, rank) - experts;  // sharded over dp
   const double d = double(l.dp);
+  // The experts' state is sharded over their dp / ep replicas (stage 3 shards the experts
+  // themselves only without pipelines); their gradients stay whole until the step's end.
+  const double r = double(l.dp / l.ep);
   MemoryBreakdown mem;
-  mem.parameters = n * e.param_bytes / (l.zero >= 3 ? d : 1.0);
-  mem.gradients = n * e.grad_bytes / (l.zero >= 2 ? d : 1.0);
-  mem.optimizer_state = n * e.optimizer_bytes / (l.zero >= 1 ? d : 1.0);
+  mem.parameters = n * e.param_bytes / (l.zero >= 3 ? d : 1.0) +
+                   experts * e.param_bytes / (l.zero >= 3 && l.pp == 1 ? r : 1.0);
+  mem.gradients = n * e.grad_bytes / (l.zero >= 2 ? d : 1.0) + experts * e.grad_bytes;
+  mem.optimizer_state =
+      (n / (l.zero >= 1 ? d : 1.0) + experts / (l.zero >= 1 ? r : 1.0)) * e.optimizer_bytes;
   if (l.zero >= 3) {  // one layer gathered, and the next prefetched
     const double h = double(m.hidden);
     mem.gathered = 2.0 * ((12.0 * h * h + 7.0 * h) / l.tp + 6.0 * h) * e.param_bytes;
   }
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
-  double act = double(peak_in_flight) * double(rc.chunk_layers) *
-               layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
+  // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
+  const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);
+  const double moes = double(moe_layers_in(m, rc));
+  const double per_layer =
+      ((rank_layers - moes) * layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e) +
+       moes * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e)) /
+      rank_layers;
+  double act = double(peak_in_flight) * double(rc.chunk_layers) * per_layer;
   act += recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
   if (rc.first) {  // the embedding's dropout mask, per micro-batch in flight on its chunk
     const int on_first = std::max(1, peak_in_flight / rc.chunks);

@@ -22,7 +22,10 @@
 //
 // State per parameter (Execution): weights, gradients and optimizer state (f32 masters and Adam's
 // moments), divided over dp by ZeRO stage 3, >= 2 and >= 1 respectively; ZeRO-3 also gathers
-// one layer's weights at a time.
+// one layer's weights at a time. Experts (MoE, with expert parallelism ep): a rank holds
+// experts / ep of each of its MoE layers; their optimizer state is divided over their dp / ep
+// replicas by ZeRO >= 1, their weights by stage 3 without pipelines, their gradients not (loom
+// reduces them after the backward).
 #pragma once
 
 #include <string>
@@ -54,9 +57,19 @@ double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp
 double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                                const Execution& e);
 
+// A MoE layer's (the attention's as a dense layer's, the MoE MLP's whole on every tp rank: the
+// router's f32 logits and gates, and per routed token its row, the expert's hidden before and
+// after GELU and its f32 output).
+double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                                  const Execution& e);
+
 // Parameters on pipeline rank `rank` of `layout` (its layers' tp shards, and the embedding or the
-// tied output layer when it holds the first or last stage).
+// tied output layer when it holds the first or last stage; in MoE layers the router and
+// experts / ep experts, whole over tp).
 double rank_parameters(const TransformerShape& m, const Layout& layout, int rank);
+// The MoE layers among pipeline rank `rank`'s chunks, and the expert parameters it holds.
+int64_t rank_moe_layers(const TransformerShape& m, const Layout& layout, int rank);
+double rank_expert_parameters(const TransformerShape& m, const Layout& layout, int rank);
 
 // What pipeline rank `rank` of `layout` holds; peak_in_flight: the validator's peak_activations
 // of that rank (micro-batch-chunks whose backward has not run).

@@ -16,6 +16,16 @@ std::vector<int> divisors(int64_t n, int64_t at_most) {
   return out;
 }
 
+// The expert-parallel degrees to try: 1 for a dense model, else every divisor of dp that divides
+// the experts.
+std::vector<int> expert_degrees(const TransformerShape& m, int dp) {
+  if (!m.moe.enabled()) return {1};
+  std::vector<int> out;
+  for (int ep : divisors(dp, dp))
+    if (m.moe.experts % ep == 0) out.push_back(ep);
+  return out;
+}
+
 // The training state of the fullest rank, and the reserve: what any schedule needs at least.
 bool state_overflows(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
   for (int r : {0, l.pp - 1}) {
@@ -54,24 +64,26 @@ SearchResult search(const Workload& w, const Cluster& c, const Execution& e,
             for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
               for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                  Layout l;
-                  l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.mb = mb, l.schedule = schedule;
-                  l.zero = zero, l.recompute = r, l.sp = sp == 1;
-                  ++res.candidates;
-                  if (!layout_problem(l, w, c).empty()) {
-                    ++res.invalid;
-                    continue;
+                  for (int ep : expert_degrees(m, dp)) {
+                    Layout l;
+                    l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.mb = mb, l.schedule = schedule;
+                    l.zero = zero, l.recompute = r, l.sp = sp == 1, l.ep = ep;
+                    ++res.candidates;
+                    if (!layout_problem(l, w, c).empty()) {
+                      ++res.invalid;
+                      continue;
+                    }
+                    if (o.unsupported && !o.unsupported(l).empty()) {
+                      ++res.unsupported;
+                      continue;
+                    }
+                    if (state_overflows(w, l, c, e)) {
+                      ++res.oom;
+                      res.any_oom = true;
+                      continue;
+                    }
+                    candidates.push_back({l, step_lower_bound(w, l, c, e)});
                   }
-                  if (o.unsupported && !o.unsupported(l).empty()) {
-                    ++res.unsupported;
-                    continue;
-                  }
-                  if (state_overflows(w, l, c, e)) {
-                    ++res.oom;
-                    res.any_oom = true;
-                    continue;
-                  }
-                  candidates.push_back({l, step_lower_bound(w, l, c, e)});
                 }
               }
             }

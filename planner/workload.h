@@ -15,25 +15,54 @@
 
 namespace loom::planner {
 
+// Mixture-of-experts blocks (loom-gpt's --moe-*, core/nn/moe.h): block i's MLP is `experts`
+// MLPs of width f (expert_hidden, 0: 4h) behind a router (h x experts, no bias) that sends each
+// token to top_k of them, when i % every == 0. The model counts balanced routing: each expert
+// receives top_k / experts of the tokens (capacity drops and imbalance are not modelled).
+struct MoeShape {
+  int64_t experts = 0;  // 0: a dense model
+  int64_t top_k = 1;
+  int64_t every = 1;
+  int64_t expert_hidden = 0;
+
+  bool enabled() const { return experts > 0; }
+};
+
 struct TransformerShape {
   int64_t layers = 0;
   int64_t hidden = 0;
   int64_t heads = 0;
   int64_t seq = 0;
   int64_t vocab = 0;
+  MoeShape moe;
 
-  double layer_parameters() const;      // 12h^2 + 13h
+  double layer_parameters() const;         // a dense layer: 12h^2 + 13h
+  bool is_moe_layer(int64_t layer) const;  // layer (0-based) has a MoE MLP
+  int64_t moe_layers() const;              // how many do
+  int64_t expert_width() const;            // f: expert_hidden, or 4h
+  double expert_parameters() const;        // one expert: 2hf + f + h
+  // A MoE layer: attention and LayerNorms 4h^2 + 8h, the router h E, E experts.
+  double moe_layer_parameters() const;
   double embedding_parameters() const;  // V h + s h (token and position tables)
   double parameters() const;            // every layer, the embeddings, the final LayerNorm
-  // One sequence's forward through one layer: 24 s h^2 + 4 s^2 h.
+  // One sequence's forward through one dense layer: 24 s h^2 + 4 s^2 h.
   double layer_forward_flops() const;
+  // Through one MoE layer: the attention's 8 s h^2 + 4 s^2 h, the router's 2 s h E and top_k
+  // experts' 4 s h f per token.
+  double moe_layer_forward_flops() const;
+  // Every layer's forward, dense and MoE, for one sequence.
+  double layers_forward_flops() const;
   double logits_forward_flops() const;  // 2 s h V
   // Model FLOPs of one training step on `sequences` sequences (forward + backward, no
-  // recomputation): 3 * (layers * layer_forward_flops + logits_forward_flops) * sequences.
+  // recomputation): 3 * (layers_forward_flops + logits_forward_flops) * sequences (a MoE layer
+  // counts the FLOPs of the experts a token goes through, not of all of them).
   double step_model_flops(int64_t sequences) const;
-  // Throws loom::Error naming the field for a non-positive size or heads not dividing hidden.
+  // Throws loom::Error naming the field for a non-positive size or heads not dividing hidden,
+  // or MoE fields out of range (top_k in [1, experts], every >= 1, expert_hidden >= 0).
   void check() const;
-  std::string str() const;  // "layers 96 hidden 12288 heads 96 seq 2048 vocab 51200 (174.6B)"
+  // "layers 96 hidden 12288 heads 96 seq 2048 vocab 51200 (174.6B)", with ", moe 8 experts
+  // top-2 every 2 width 4096" for a MoE model.
+  std::string str() const;
 };
 
 struct Workload {

@@ -253,8 +253,8 @@ GptOptions read_gpt_options(const cli::Flags& f) {
              "loom-gpt: --plan-profile applies to --plan auto");
   if (o.plan == "auto") {
     for (const char* flag :
-         {"dp", "tp", "pp", "schedule", "virtual-stages", "microbatches", "grad-accum", "zero",
-          "sequence-parallel", "checkpoint-activations", "schedule-file"})
+         {"dp", "ep", "tp", "pp", "schedule", "virtual-stages", "microbatches", "grad-accum",
+          "zero", "sequence-parallel", "checkpoint-activations", "schedule-file"})
       LOOM_CHECK(!f.was_set(flag), "loom-gpt: --", flag,
                  " conflicts with --plan auto, which chooses the layout (drop one of them)");
   }

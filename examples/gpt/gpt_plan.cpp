@@ -49,7 +49,7 @@ planner::Cluster plan_cluster(const GptOptions& o, const GptConfig& config,
   // per-op overheads dominate small micro-batches.)
   planner::CalibrationOptions calib;
   calib.device = device;
-  calib.block = {1, config.channels, config.heads, o.seq > 0 ? o.seq : config.max_seq_len, 256};
+  calib.block = {1, config.channels, config.heads, o.seq > 0 ? o.seq : config.max_seq_len, 256, {}};
   calib.block_batch = int(std::min<int64_t>(4, o.batch));
   if (device.is_cpu()) {
     c.device = planner::cpu_device(c.gpus_per_node);
@@ -86,12 +86,16 @@ std::string unsupported_by_loom_gpt(const planner::Layout& l, const GptOptions& 
 
 void plan_layout(GptOptions& o, const GptConfig& config,
                  const std::shared_ptr<comm::Communicator>& world, const Device& device) {
-  LOOM_CHECK(o.moe_experts == 0,
-             "loom-gpt: --plan auto plans dense models (the planner has no MoE layers yet); "
-             "choose --dp, --ep, --tp and --pp yourself with --moe-experts");
   planner::Workload w;
-  w.model = {config.layers, config.channels, config.heads, o.seq > 0 ? o.seq : config.max_seq_len,
-             config.padded_vocab};
+  w.model = {config.layers,       config.channels,
+             config.heads,        o.seq > 0 ? o.seq : config.max_seq_len,
+             config.padded_vocab, {}};
+  if (o.moe_experts > 0) {
+    LOOM_CHECK(o.expert_tp == 1,
+               "loom-gpt: --plan auto keeps the experts whole over tp; drop --expert-tp");
+    const nn::MoeOptions moe = o.moe();
+    w.model.moe = {moe.experts, moe.top_k, moe.every, moe.expert_width(config.channels)};
+  }
   w.global_batch = o.batch;
   const planner::Cluster c = plan_cluster(o, config, world, device);
   const planner::Execution e = execution_for(o, device);
@@ -117,6 +121,7 @@ void plan_layout(GptOptions& o, const GptConfig& config,
   const planner::Layout& l = best.layout;
   const int64_t m = l.microbatches(w);
   o.dp = l.dp;
+  o.ep = l.ep;
   o.tp = l.tp;
   o.pp = l.pp;
   o.zero = l.zero;

@@ -25,8 +25,8 @@ std::string unsupported_by_loom_gpt(const planner::Layout& layout, const GptOpti
 
 // Chooses the layout (See above), prints it with its prediction and the runners-up, and sets
 // o.dp, tp, pp, schedule, virtual_stages, microbatches, grad_accum, zero, sequence_parallel and
-// checkpoint_activations. Refuses a MoE model (the planner models dense ones) and explicit
-// layout flags beside --plan auto, naming them. Every rank calls it.
+// checkpoint_activations (and for a MoE model o.ep; the experts stay whole over tp). Refuses
+// explicit layout flags beside --plan auto, naming them. Every rank calls it.
 void plan_layout(GptOptions& o, const GptConfig& config,
                  const std::shared_ptr<comm::Communicator>& world, const Device& device);
 

@@ -3,6 +3,7 @@
 //   loom-plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 \
 //             --global-batch 1536 --gpus 1024 --gpus-per-node 8 --gpu a100-80gb
 //   loom-plan ... --evaluate "tp=8,pp=8,v=3,mb=1,schedule=interleaved,recompute=selective,sp=1"
+//   loom-plan ... --moe-experts 8 --moe-top-k 2 --moe-every 2     # MoE layers; plans ep too
 //   mpirun -np 2 loom-plan --calibrate cpu.json     # this machine's rates, for --profile
 //
 // Ranks every valid layout that fits in memory by predicted step time (planner/search.h), prints
@@ -92,6 +93,10 @@ int run(int argc, char** argv) {
   f.add_int("heads", 0, "attention heads");
   f.add_int("seq", 2048, "sequence length");
   f.add_int("vocab", 51200, "vocabulary size");
+  f.add_int("moe-experts", 0, "mixture of experts: experts per MoE layer (0: a dense model)");
+  f.add_int("moe-top-k", 1, "MoE: experts per token");
+  f.add_int("moe-every", 1, "MoE: every N-th layer (from the first) is a MoE layer");
+  f.add_int("moe-hidden", 0, "MoE: each expert's hidden width (0: 4 x hidden)");
   f.add_int("global-batch", 0, "sequences per optimizer step");
   f.add_int("gpus", 0, "GPUs in all");
   f.add_int("gpus-per-node", 8, "GPUs per node (tp stays inside one)");
@@ -105,7 +110,7 @@ int run(int argc, char** argv) {
                {"loom", "loom-f32", "loom-cpu", "megatron"});
   f.add_string("evaluate", "",
                "predict one layout: dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,"
-               "zero=..,recompute=none|selective|full,sp=0|1");
+               "zero=..,recompute=none|selective|full,sp=0|1[,ep=..]");
   f.add_int("top", 5, "plans to print");
   f.add_string("calibrate", "",
                "measure this machine (GEMM curve, memory bandwidth, and under mpirun the "
@@ -125,6 +130,8 @@ int run(int argc, char** argv) {
   w.model.heads = f.get_int("heads");
   w.model.seq = f.get_int("seq");
   w.model.vocab = f.get_int("vocab");
+  w.model.moe = {f.get_int("moe-experts"), f.get_int("moe-top-k"), f.get_int("moe-every"),
+                 f.get_int("moe-hidden")};
   w.global_batch = f.get_int("global-batch");
   for (const char* required : {"layers", "hidden", "heads", "global-batch", "gpus"})
     LOOM_CHECK(f.was_set(required), "loom-plan: --", required, " is required (see --help)");

@@ -14,7 +14,8 @@ from loom import _loom
 
 
 def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gpus_per_node=8,
-         gpu="h100-sxm", profile=None, execution="loom", top=5, evaluate=None):
+         gpu="h100-sxm", profile=None, execution="loom", top=5, evaluate=None, moe_experts=0,
+         moe_top_k=1, moe_every=1, moe_hidden=0):
     """Ranks the layouts of a GPT on a cluster by predicted step time, or predicts one.
 
     Returns ``loom-plan --json``'s records as dicts: without ``evaluate``, ``{"plans": [...],
@@ -24,9 +25,13 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
     that layout's record (``"problem"`` says why it cannot run). ``gpu`` is a preset
     (``a100-80gb``, ``h100-sxm``, ``h200``); ``profile`` a file from ``loom-plan --calibrate``
     overriding its rates; ``execution`` whose runtime runs the plan (``loom``, ``loom-f32``,
-    ``loom-cpu``, ``megatron``). Bad arguments raise ValueError naming them.
+    ``loom-cpu``, ``megatron``). ``moe_experts`` > 0 makes every ``moe_every``-th layer a
+    mixture of experts (``moe_top_k`` per token, each ``moe_hidden`` wide, 0: 4 x hidden), as
+    ``loom-plan --moe-*``: the search then chooses the expert-parallel degree too (``ep=..`` in a
+    layout). Bad arguments raise ValueError naming them.
     """
     text = _loom._plan(int(layers), int(hidden), int(heads), int(seq), int(vocab),
                        int(global_batch), int(gpus), int(gpus_per_node), str(gpu),
-                       profile or "", str(execution), int(top), evaluate or "")
+                       profile or "", str(execution), int(top), evaluate or "",
+                       int(moe_experts), int(moe_top_k), int(moe_every), int(moe_hidden))
     return json.loads(text)

@@ -42,3 +42,20 @@ def test_bad_input_raises_value_error():
         loom.plan(layers=2, hidden=64, heads=5, global_batch=8, gpus=8)
     with pytest.raises(ValueError, match="cannot open the profile"):
         loom.plan(**GPT3, profile="/nonexistent/profile.json")
+
+
+def test_moe_models_plan_expert_parallelism():
+    # The same model as planner_moe_test's SearchSplitsExpertsThatDoNotFit, any layout: the expert
+    # gradients alone (103 GB) do not fit one H100, so without pipelines only ep > 1 runs.
+    moe = dict(layers=16, hidden=4096, heads=32, seq=2048, vocab=32000, global_batch=64, gpus=16,
+               moe_experts=64, moe_top_k=2, moe_hidden=6144)
+    assert loom.plan(**moe, evaluate="dp=16,zero=3")["oom"]
+    p = loom.plan(**moe, evaluate="dp=16,zero=1,ep=16")
+    assert p["layout"].endswith(",ep=16") and not p["oom"], p
+    # Model FLOPs count the top_k experts a token visits: 3 x (16 MoE layers + logits) x batch.
+    s, h, f, V = 2048, 4096, 6144, 32000
+    layer = 8 * s * h * h + 4 * s * s * h + 2 * s * h * 64 + 2 * 4 * s * h * f
+    flops = 3 * (16 * layer + 2 * s * h * V) * 64
+    assert abs(p["model_tflops_per_gpu"] * 1e12 * p["step_s"] * 16 / flops - 1) < 1e-9
+    with pytest.raises(ValueError, match=r"top_k \(3\) must be in \[1, experts \(2\)\]"):
+        loom.plan(**{**moe, "moe_experts": 2, "moe_top_k": 3})

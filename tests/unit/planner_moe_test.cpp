@@ -1,0 +1,165 @@
+// The planner's mixture-of-experts model (planner/workload.h MoeShape, Layout::ep) against closed
+// forms and loom's own MoE GPT: the parameter count is nn::GPT's with MoE blocks, element for
+// element; a rank holds experts / ep experts and ZeRO shards their state over their replicas;
+// the model FLOPs count top_k experts per token; a MoE layer's all-to-alls are the alpha-beta
+// exchange of its routed rows; the search chooses ep when the experts do not fit otherwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/nn/gpt.h"
+#include "planner/search.h"
+#include "testing/files.h"
+
+namespace loom::planner {
+namespace {
+
+using loom::testing::expect_error;
+
+TransformerShape moe_shape(int64_t layers, int64_t hidden, int64_t heads, int64_t seq,
+                           int64_t vocab, MoeShape moe) {
+  TransformerShape m{layers, hidden, heads, seq, vocab, {}};
+  m.moe = moe;
+  return m;
+}
+
+// The planner's count is loom's MoE GPT's: dense blocks 12h^2 + 13h, MoE blocks the attention
+// and LayerNorms, a bias-free router and the experts (2hf + f + h each).
+TEST(PlannerMoe, ParametersAreTheMoeGptsElementForElement) {
+  for (const MoeShape moe : {MoeShape{4, 2, 2, 48}, MoeShape{8, 1, 1, 0}, MoeShape{3, 3, 3, 20}}) {
+    GptConfig config;
+    config.max_seq_len = 16;
+    config.vocab = config.padded_vocab = 64;
+    config.layers = 5;
+    config.heads = 2;
+    config.channels = 32;
+    nn::GptOptions o;
+    o.moe.experts = moe.experts;
+    o.moe.top_k = moe.top_k;
+    o.moe.every = moe.every;
+    o.moe.hidden = moe.expert_hidden;
+    const nn::GPT gpt(config, o);
+    int64_t elements = 0;
+    for (const Tensor& p : gpt.parameters()) elements += p.numel();
+    const TransformerShape m = moe_shape(5, 32, 2, 16, 64, moe);
+    EXPECT_EQ(m.parameters(), double(elements)) << m.str();
+    EXPECT_EQ(m.moe_layers(), int64_t(gpt.moe_layers().size())) << m.str();
+  }
+}
+
+// Each token runs through top_k experts: a top-1 MoE layer of 4h-wide experts costs a dense
+// layer's FLOPs plus its router's (2 s h E); top-2 adds one more MLP (16 s h^2).
+TEST(PlannerMoe, ModelFlopsCountTheExpertsATokenVisits) {
+  const double s = 2048, h = 4096, E = 8;
+  const TransformerShape top1 = moe_shape(4, 4096, 32, 2048, 32000, {8, 1, 1, 0});
+  const TransformerShape top2 = moe_shape(4, 4096, 32, 2048, 32000, {8, 2, 1, 0});
+  EXPECT_DOUBLE_EQ(top1.moe_layer_forward_flops(), top1.layer_forward_flops() + 2 * s * h * E);
+  EXPECT_DOUBLE_EQ(top2.moe_layer_forward_flops(), top1.moe_layer_forward_flops() + 16 * s * h * h);
+  // every 2 of 4 layers: layers 0 and 2.
+  const TransformerShape half = moe_shape(4, 4096, 32, 2048, 32000, {8, 2, 2, 0});
+  EXPECT_DOUBLE_EQ(half.layers_forward_flops(),
+                   2 * half.layer_forward_flops() + 2 * half.moe_layer_forward_flops());
+}
+
+// A rank holds experts / ep of its MoE layers' experts; ZeRO divides the experts' optimizer
+// state over their dp / ep replicas (stage 3 their weights too without pipelines) and the rest
+// over dp; their gradients stay whole.
+TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
+  const Workload w{moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 1, 0}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Execution e = execution_preset("loom");  // 2-byte weights and gradients, 12 of state
+  const double h = 1024, expert = 2 * h * 4096 + 4096 + h;
+  Layout l;
+  l.dp = 8;
+  for (int ep : {1, 2, 4, 8}) {
+    l.ep = ep;
+    const double experts = 4 * (8.0 / ep) * expert;
+    ASSERT_DOUBLE_EQ(rank_expert_parameters(w.model, l, 0), experts) << "ep " << ep;
+    const double dense = rank_parameters(w.model, l, 0) - experts;
+    // Everything but the experts: the model less its 32 experts.
+    ASSERT_DOUBLE_EQ(dense, w.model.parameters() - 4 * 8 * expert);
+    const double replicas = 8.0 / ep;
+    for (int zero = 0; zero <= 3; ++zero) {
+      l.zero = zero;
+      const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
+      EXPECT_DOUBLE_EQ(m.parameters,
+                       2 * dense / (zero >= 3 ? 8 : 1) + 2 * experts / (zero >= 3 ? replicas : 1));
+      EXPECT_DOUBLE_EQ(m.gradients, 2 * dense / (zero >= 2 ? 8 : 1) + 2 * experts);
+      EXPECT_DOUBLE_EQ(m.optimizer_state,
+                       12 * (dense / (zero >= 1 ? 8 : 1) + experts / (zero >= 1 ? replicas : 1)));
+    }
+    l.zero = 0;
+  }
+  // With pipelines stage 3 keeps the experts whole (loom's pipelines do).
+  l.dp = 4, l.pp = 2, l.ep = 2, l.zero = 3;
+  const double experts = 2 * 4 * expert;  // 2 MoE layers of 4 local experts on each rank
+  ASSERT_DOUBLE_EQ(rank_expert_parameters(w.model, l, 0), experts);
+  const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
+  EXPECT_DOUBLE_EQ(m.parameters, 2 * (rank_parameters(w.model, l, 0) - experts) / 4 + 2 * experts);
+}
+
+// Inside one node, a MoE layer's forward and backward each send its k b s h routed rows out and
+// back over the ep group (n - 1 exchanges of a 1/n share at the intra-node rate), after the
+// routing counts (an all-gather of experts + 1 counts over dp, an all-to-all of experts counts
+// over ep); with ep 1 only the counts' all-gather remains (loom's MoE under dp gathers them).
+// Per micro-batch on one rank's layers.
+TEST(PlannerMoe, AllToAllsAreTheRoutedRowsOverTheGroup) {
+  const Workload w{moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 2, 0}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Execution e = execution_preset("loom");
+  const double gather = 7 * (c.intra.latency_s + 8.0 * 9 * 8 / (8 * c.intra.bandwidth));
+  Layout l;
+  l.dp = 8, l.mb = 2;
+  EXPECT_NEAR(action_costs(w, l, c, e).ep_comm, 2 * gather, 1e-15);  // layers 0 and 2
+  l.ep = 4;
+  const double rows = 2.0 * 2 * 1024 * 1024 * e.activation_bytes;  // k b s h
+  const double a2a = 3 * (c.intra.latency_s + rows / (4 * c.intra.bandwidth));
+  const double counts = gather + 3 * (c.intra.latency_s + 8.0 * 8 / (4 * c.intra.bandwidth));
+  // Each MoE layer: 2 exchanges forward after the counts, 2 backward.
+  EXPECT_NEAR(action_costs(w, l, c, e).ep_comm, 2 * (4 * a2a + counts), 1e-15);
+}
+
+// A MoE model whose expert gradients alone fill more than a GPU (16 layers of 64 experts 6144
+// wide: 5.2e10 expert parameters, 103 GB of 16-bit gradients, which stay whole): without
+// pipelines, which would split the layers, only layouts that split the experts over ep fit, so
+// every plan the search ranks has ep > 1; a dense model is never given an ep.
+TEST(PlannerMoe, SearchSplitsExpertsThatDoNotFit) {
+  const Workload w{moe_shape(16, 4096, 32, 2048, 32000, {64, 2, 1, 6144}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 16, 8);
+  ASSERT_GT(2 * 16 * 64 * w.model.expert_parameters(), c.device.memory_bytes);
+  SearchOptions o;
+  o.unsupported = [](const Layout& l) { return l.pp > 1 ? "a pipeline" : ""; };
+  const SearchResult r = search(w, c, execution_preset("loom"), o);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const Prediction& p : r.ranked) {
+    EXPECT_GT(p.layout.ep, 1) << p.layout.str();
+    EXPECT_FALSE(p.oom) << p.layout.str();
+  }
+  Layout l;
+  l.dp = 16, l.zero = 3;
+  EXPECT_TRUE(evaluate(w, l, c, execution_preset("loom")).oom);
+  const Workload dense{moe_shape(16, 4096, 32, 2048, 32000, {}), 64};
+  for (const Prediction& p : search(dense, c, execution_preset("loom"), {}).ranked)
+    EXPECT_EQ(p.layout.ep, 1) << p.layout.str();
+}
+
+TEST(PlannerMoe, LayoutsParseAndRefuseBadEp) {
+  const Workload w{moe_shape(4, 1024, 16, 1024, 32000, {6, 2, 1, 0}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Layout l = parse_layout("dp=8,ep=2,zero=1", 8);
+  EXPECT_EQ(l.ep, 2);
+  EXPECT_EQ(l.str(), "dp=8,tp=1,pp=1,v=1,mb=1,schedule=1f1b,zero=1,recompute=none,sp=0,ep=2");
+  EXPECT_EQ(parse_layout(l.str(), 8).str(), l.str());
+  EXPECT_EQ(layout_problem(l, w, c), "");
+  EXPECT_EQ(layout_problem(parse_layout("dp=8,ep=4", 8), w, c),
+            "ep 4 must divide dp 8 and the 6 experts");
+  EXPECT_EQ(layout_problem(parse_layout("dp=8,ep=2", 8),
+                           Workload{moe_shape(4, 1024, 16, 1024, 32000, {}), 64}, c),
+            "ep 2 needs a mixture-of-experts model");
+  expect_error([] { parse_layout("dp=8,ep=0", 8); }, {"ep must be at least 1"});
+  TransformerShape bad = moe_shape(4, 1024, 16, 1024, 32000, {4, 5, 1, 0});
+  expect_error([&] { bad.check(); }, {"top_k (5) must be in [1, experts (4)]"});
+}
+
+}  // namespace
+}  // namespace loom::planner
