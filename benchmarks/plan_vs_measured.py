@@ -14,7 +14,11 @@ rank 0's training-state bytes and its allocator's peak, measured / predicted), t
 worst errors, the rank correlation of predicted and measured steps, and whether the layout the
 planner ranks first is within 5% of the measured best.
 
+With --moe the model's every other layer is a mixture of experts (4 experts, top-2, 2 x dim
+wide) and the layouts add expert parallelism (MOE_LAYOUTS).
+
   python3 benchmarks/plan_vs_measured.py --ranks 2
+  python3 benchmarks/plan_vs_measured.py --ranks 2 --moe
 """
 import argparse
 import json
@@ -51,6 +55,17 @@ LAYOUTS = {
         "tp=2,pp=4,mb=1,schedule=1f1b"],
 }
 
+# --moe: a mixture-of-experts model (4 experts, top-2, every other layer, each 2 x dim wide) with
+# and without expert parallelism.
+MOE_LAYOUTS = {
+    1: ["dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=8,recompute=full"],
+    2: ["dp=2,mb=4", "dp=2,mb=4,ep=2", "dp=2,mb=4,zero=1,ep=2", "dp=2,mb=4,zero=3,ep=2",
+        "dp=2,mb=2,ep=2", "tp=2,mb=8", "pp=2,mb=2,schedule=1f1b",
+        "pp=2,mb=2,schedule=1f1b,recompute=full"],
+    4: ["dp=4,mb=2", "dp=4,mb=2,ep=2", "dp=4,mb=2,ep=4", "dp=4,mb=2,zero=1,ep=4",
+        "dp=2,tp=2,mb=4,ep=2", "dp=2,pp=2,mb=2,schedule=1f1b,ep=2", "tp=2,pp=2,mb=2,schedule=1f1b"],
+}
+
 
 def run(cmd, ranks):
     full = (MPI + ["-np", str(ranks)] + cmd) if ranks > 1 else cmd
@@ -63,7 +78,8 @@ def run(cmd, ranks):
 def gpt_flags(layout, batch):
     f = dict(kv.split("=") for kv in layout.split(","))
     dp, tp, pp, mb = (int(f.get(k, 1)) for k in ("dp", "tp", "pp", "mb"))
-    flags = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--zero", f.get("zero", "0")]
+    flags = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--zero", f.get("zero", "0"),
+             "--ep", f.get("ep", "1")]
     accum = batch // (dp * mb)
     if pp > 1:
         flags += ["--microbatches", str(accum), "--schedule", f.get("schedule", "1f1b")]
@@ -107,7 +123,10 @@ def main():
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--moe", action="store_true",
+                   help="a mixture-of-experts model (4 experts top-2 every 2nd layer, 2 x dim wide)")
     args = p.parse_args()
+    layouts = (MOE_LAYOUTS if args.moe else LAYOUTS)[args.ranks]
     with tempfile.TemporaryDirectory() as d:
         tokens = np.random.default_rng(0).integers(0, args.vocab, size=64 * args.batch * args.seq)
         header = np.zeros(256, dtype=np.int32)
@@ -119,8 +138,11 @@ def main():
         print(run([os.path.join(BIN, "loom-plan"), "--calibrate", profile], args.ranks).strip())
         model = ["--layers", str(args.layers), "--heads", str(args.heads), "--seq", str(args.seq),
                  "--vocab", str(args.vocab)]
+        if args.moe:
+            model += ["--moe-experts", "4", "--moe-top-k", "2", "--moe-every", "2",
+                      "--moe-hidden", str(2 * args.dim)]
         rows = []
-        for layout in LAYOUTS[args.ranks]:
+        for layout in layouts:
             metrics = os.path.join(d, "metrics.jsonl")
             if os.path.exists(metrics):
                 os.remove(metrics)

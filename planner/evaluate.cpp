@@ -81,7 +81,15 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
 
   const double chunk_backward = a.backward * double(l.pp) / double(schedule.stages);
   p.step = step_costs(w, l, c, e, largest_params, chunk_backward, largest_experts);
-  p.step_s = p.pipeline_s + p.step.dp_exposed + p.step.tied_embedding + p.step.optimizer;
+  if (w.model.moe.enabled() && w.model.moe.balance_loss && e.moe_routing_pass &&
+      (l.pp > 1 || m > 1)) {
+    const double stages = double(l.pp) * (l.schedule == "chimera" ? 1 : l.v);
+    const double chunk = a.forward * double(l.pp) / stages + (l.pp > 1 ? a.p2p : 0.0);
+    p.routing_s = (double(m) * stages / l.pp + double(l.pp - 1)) * chunk +
+                  double(m) * (a.embed_forward + a.head_forward);
+  }
+  p.step_s = p.routing_s + p.pipeline_s + p.step.dp_exposed + p.step.tied_embedding +
+             p.step.optimizer;
   p.comm_s = double(m) * (a.tp_comm + a.ep_comm + (l.pp > 1 ? 2.0 * a.p2p : 0.0)) +
              p.step.dp_exposed + p.step.tied_embedding;
 

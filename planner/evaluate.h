@@ -1,7 +1,10 @@
 // A layout's predicted step: the pipeline schedule loom would run, simulated by the schedule
 // validator with the cost model's per-action times (forward, backward, sends, the first and last
 // stages' extras), then the step's data-parallel reduction and optimizer update; memory per
-// pipeline rank from the memory model with the validator's peak of micro-batches in flight.
+// pipeline rank from the memory model with the validator's peak of micro-batches in flight. A MoE
+// model's routing pass (Execution::moe_routing_pass) comes first: every micro-batch forward,
+// through the pipeline ((m + p - 1) forwards and sends on the critical path, the first and last
+// stages' extras for each micro-batch).
 #pragma once
 
 #include <string>
@@ -21,6 +24,7 @@ struct Prediction {
   std::string problem;  // why the layout cannot run at all ("" when it can); nothing else is set
   double step_s = 0;
   double pipeline_s = 0;  // the simulated schedule's makespan
+  double routing_s = 0;   // MoE: the routing pass before it (Execution::moe_routing_pass)
   double bubble = 0;      // pipeline ranks' mean idle share of the makespan
   double comm_s = 0;      // collective and send time on the critical path (tp, pp, dp exposed)
   double tokens_per_s = 0;

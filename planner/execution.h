@@ -35,6 +35,11 @@ struct Execution {
   // kernels and the GEMM path alike) keeps only its output and the log-sum-exps and recomputes
   // the scores in the backward (planner/memory_model.cpp).
   bool materialised_scores = false;
+  // A MoE model with a load-balancing loss (MoeShape::balance_loss), trained in micro-batches
+  // (gradient accumulation, or a pipeline), first routes the whole batch: a forward of every
+  // micro-batch without gradients (loom's Note [A batch in micro-batches]), before the training
+  // pass. Megatron weighs each micro-batch's own balance instead: no such pass.
+  bool moe_routing_pass = true;
 };
 
 // "loom" (bf16 with f32 masters), "loom-f32" (f32 throughout), "loom-cpu" (f32, CPU ranks: no

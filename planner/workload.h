@@ -24,6 +24,10 @@ struct MoeShape {
   int64_t top_k = 1;
   int64_t every = 1;
   int64_t expert_hidden = 0;
+  // A load-balancing loss over the whole batch (loom-gpt's --moe-aux-loss > 0, its default): with
+  // micro-batches loom routes the batch once without gradients first (Execution::
+  // moe_routing_pass).
+  bool balance_loss = true;
 
   bool enabled() const { return experts > 0; }
 };

@@ -97,6 +97,8 @@ int run(int argc, char** argv) {
   f.add_int("moe-top-k", 1, "MoE: experts per token");
   f.add_int("moe-every", 1, "MoE: every N-th layer (from the first) is a MoE layer");
   f.add_int("moe-hidden", 0, "MoE: each expert's hidden width (0: 4 x hidden)");
+  f.add_double("moe-aux-loss", 0.01,
+               "MoE: the load-balancing loss coefficient (loom-gpt's; > 0: a routing pass)");
   f.add_int("global-batch", 0, "sequences per optimizer step");
   f.add_int("gpus", 0, "GPUs in all");
   f.add_int("gpus-per-node", 8, "GPUs per node (tp stays inside one)");
@@ -131,7 +133,7 @@ int run(int argc, char** argv) {
   w.model.seq = f.get_int("seq");
   w.model.vocab = f.get_int("vocab");
   w.model.moe = {f.get_int("moe-experts"), f.get_int("moe-top-k"), f.get_int("moe-every"),
-                 f.get_int("moe-hidden")};
+                 f.get_int("moe-hidden"), f.get_double("moe-aux-loss") > 0};
   w.global_batch = f.get_int("global-batch");
   for (const char* required : {"layers", "hidden", "heads", "global-batch", "gpus"})
     LOOM_CHECK(f.was_set(required), "loom-plan: --", required, " is required (see --help)");

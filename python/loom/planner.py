@@ -15,7 +15,7 @@ from loom import _loom
 
 def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gpus_per_node=8,
          gpu="h100-sxm", profile=None, execution="loom", top=5, evaluate=None, moe_experts=0,
-         moe_top_k=1, moe_every=1, moe_hidden=0):
+         moe_top_k=1, moe_every=1, moe_hidden=0, moe_aux_loss=0.01):
     """Ranks the layouts of a GPT on a cluster by predicted step time, or predicts one.
 
     Returns ``loom-plan --json``'s records as dicts: without ``evaluate``, ``{"plans": [...],
@@ -28,10 +28,12 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
     ``loom-cpu``, ``megatron``). ``moe_experts`` > 0 makes every ``moe_every``-th layer a
     mixture of experts (``moe_top_k`` per token, each ``moe_hidden`` wide, 0: 4 x hidden), as
     ``loom-plan --moe-*``: the search then chooses the expert-parallel degree too (``ep=..`` in a
-    layout). Bad arguments raise ValueError naming them.
+    layout); ``moe_aux_loss`` > 0 (loom-gpt's default load-balancing loss) counts loom's routing
+    pass over the batch. Bad arguments raise ValueError naming them.
     """
     text = _loom._plan(int(layers), int(hidden), int(heads), int(seq), int(vocab),
                        int(global_batch), int(gpus), int(gpus_per_node), str(gpu),
                        profile or "", str(execution), int(top), evaluate or "",
-                       int(moe_experts), int(moe_top_k), int(moe_every), int(moe_hidden))
+                       int(moe_experts), int(moe_top_k), int(moe_every), int(moe_hidden),
+                       float(moe_aux_loss))
     return json.loads(text)

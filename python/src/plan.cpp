@@ -18,10 +18,14 @@ void init_plan(py::module_& m) {
          int64_t global_batch, int gpus, int gpus_per_node, const std::string& gpu,
          const std::string& profile, const std::string& execution, int top,
          const std::string& evaluate, int64_t moe_experts, int64_t moe_top_k, int64_t moe_every,
-         int64_t moe_hidden) {
-        planner::Workload w{
-            {layers, hidden, heads, seq, vocab, {moe_experts, moe_top_k, moe_every, moe_hidden}},
-            global_batch};
+         int64_t moe_hidden, double moe_aux_loss) {
+        planner::Workload w{{layers,
+                             hidden,
+                             heads,
+                             seq,
+                             vocab,
+                             {moe_experts, moe_top_k, moe_every, moe_hidden, moe_aux_loss > 0}},
+                            global_batch};
         w.check();
         planner::Cluster c = planner::cluster_preset(gpu, gpus, gpus_per_node);
         if (!profile.empty()) c = planner::read_profile(profile, c);
@@ -40,7 +44,8 @@ void init_plan(py::module_& m) {
       py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("seq"), py::arg("vocab"),
       py::arg("global_batch"), py::arg("gpus"), py::arg("gpus_per_node"), py::arg("gpu"),
       py::arg("profile"), py::arg("execution"), py::arg("top"), py::arg("evaluate"),
-      py::arg("moe_experts"), py::arg("moe_top_k"), py::arg("moe_every"), py::arg("moe_hidden"));
+      py::arg("moe_experts"), py::arg("moe_top_k"), py::arg("moe_every"), py::arg("moe_hidden"),
+      py::arg("moe_aux_loss"));
 }
 
 }  // namespace loom::python

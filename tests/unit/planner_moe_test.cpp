@@ -143,6 +143,34 @@ TEST(PlannerMoe, SearchSplitsExpertsThatDoNotFit) {
     EXPECT_EQ(p.layout.ep, 1) << p.layout.str();
 }
 
+// loom routes a micro-batched MoE batch once without gradients first (its load-balancing loss is
+// the whole batch's): m forwards before the training pass on one stage, (m + p - 1) chunk
+// forwards and sends through a pipeline; none without the loss, without micro-batches, or for
+// Megatron (each micro-batch balanced alone).
+TEST(PlannerMoe, RoutingPassIsAForwardOfEveryMicroBatch) {
+  Workload w{moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 2, 0}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Execution e = execution_preset("loom");
+  Layout l;
+  l.dp = 8, l.mb = 2;  // 4 micro-batches
+  Prediction p = evaluate(w, l, c, e);
+  const ActionCosts& a = p.actions;
+  EXPECT_NEAR(p.routing_s, 4 * (a.forward + a.embed_forward + a.head_forward), 1e-15);
+  EXPECT_NEAR(p.step_s, p.routing_s + p.pipeline_s + p.step.dp_exposed + p.step.optimizer,
+              1e-12 * p.step_s);
+  l.mb = 8;  // one micro-batch: no pass
+  EXPECT_EQ(evaluate(w, l, c, e).routing_s, 0.0);
+  l.dp = 4, l.pp = 2, l.mb = 4;  // 4 micro-batches through 2 stages
+  p = evaluate(w, l, c, e);
+  EXPECT_NEAR(p.routing_s,
+              5 * (p.actions.forward + p.actions.p2p) +
+                  4 * (p.actions.embed_forward + p.actions.head_forward),
+              1e-15);
+  EXPECT_EQ(evaluate(w, l, c, execution_preset("megatron")).routing_s, 0.0);
+  w.model.moe.balance_loss = false;
+  EXPECT_EQ(evaluate(w, l, c, e).routing_s, 0.0);
+}
+
 TEST(PlannerMoe, LayoutsParseAndRefuseBadEp) {
   const Workload w{moe_shape(4, 1024, 16, 1024, 32000, {6, 2, 1, 0}), 64};
   const Cluster c = cluster_preset("h100-sxm", 8, 8);
