@@ -193,9 +193,8 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   // backward; stages 2 and 3 reduce-scatter the backward's gradients. Prefetching overlaps them
   // with the compute, so an action takes the longer of the two.
   // (The experts are not in the buckets: loom reduces them after the backward.)
-  const double layer_params = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
-  const double moe_layer_params = (4.0 * h * h + 3.0 * h) / t + 5.0 * h + h * double(m.moe.experts);
-  const double params = dense * layer_params + moes * moe_layer_params;
+  const double params =
+      dense * layer_rank_parameters(m, l.tp) + moes * moe_layer_rank_parameters(m, l.tp);
   if (l.dp > 1 && l.zero >= 2) {
     const double gather = l.zero >= 3 ? dp_collective_seconds(CollectiveOp::kAllGather,
                                                               params * e.param_bytes, l, c, e)

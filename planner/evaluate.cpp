@@ -88,8 +88,8 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
     p.routing_s = (double(m) * stages / l.pp + double(l.pp - 1)) * chunk +
                   double(m) * (a.embed_forward + a.head_forward);
   }
-  p.step_s = p.routing_s + p.pipeline_s + p.step.dp_exposed + p.step.tied_embedding +
-             p.step.optimizer;
+  p.step_s =
+      p.routing_s + p.pipeline_s + p.step.dp_exposed + p.step.tied_embedding + p.step.optimizer;
   p.comm_s = double(m) * (a.tp_comm + a.ep_comm + (l.pp > 1 ? 2.0 * a.p2p : 0.0)) +
              p.step.dp_exposed + p.step.tied_embedding;
 

@@ -100,6 +100,16 @@ int64_t moe_layers_in(const TransformerShape& m, const RankChunks& rc) {
 
 }  // namespace
 
+double layer_rank_parameters(const TransformerShape& m, int tp) {
+  const double h = double(m.hidden);
+  return (12.0 * h * h + 7.0 * h) / double(tp) + 6.0 * h;
+}
+
+double moe_layer_rank_parameters(const TransformerShape& m, int tp) {
+  const double h = double(m.hidden);
+  return (4.0 * h * h + 3.0 * h) / double(tp) + 5.0 * h + h * double(m.moe.experts);
+}
+
 int64_t rank_moe_layers(const TransformerShape& m, const Layout& l, int rank) {
   return moe_layers_in(m, rank_chunks(m, l, rank));
 }
@@ -151,15 +161,9 @@ double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool s
 double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
   const RankChunks rc = rank_chunks(m, l, rank);
   const double h = double(m.hidden), t = double(l.tp);
-  // Per layer: QKV, projection and MLP weights and the column-parallel biases are split over tp
-  // (12h^2 + 7h); the row-parallel biases and the LayerNorms are whole on every tp rank (6h). A
-  // MoE layer: the attention's split (4h^2 + 3h) and whole (5h) parts, the router (whole) and
-  // experts / ep experts (whole over tp).
-  const double layer = (12.0 * h * h + 7.0 * h) / t + 6.0 * h;
   const double moes = double(moe_layers_in(m, rc));
-  const double moe_layer = (4.0 * h * h + 3.0 * h) / t + 5.0 * h + h * double(m.moe.experts);
-  double n = (double(rc.chunks) * double(rc.chunk_layers) - moes) * layer + moes * moe_layer +
-             rank_expert_parameters(m, l, rank);
+  double n = (double(rc.chunks) * double(rc.chunk_layers) - moes) * layer_rank_parameters(m, l.tp) +
+             moes * moe_layer_rank_parameters(m, l.tp) + rank_expert_parameters(m, l, rank);
   const double table = double(m.vocab) * h / t;  // vocab-parallel
   n += rc.embeddings * (table + double(m.seq) * h);
   n += rc.output_copies * table;
@@ -184,10 +188,8 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   mem.gradients = n * e.grad_bytes / (l.zero >= 2 ? d : 1.0) + experts * e.grad_bytes;
   mem.optimizer_state =
       (n / (l.zero >= 1 ? d : 1.0) + experts / (l.zero >= 1 ? r : 1.0)) * e.optimizer_bytes;
-  if (l.zero >= 3) {  // one layer gathered, and the next prefetched
-    const double h = double(m.hidden);
-    mem.gathered = 2.0 * ((12.0 * h * h + 7.0 * h) / l.tp + 6.0 * h) * e.param_bytes;
-  }
+  if (l.zero >= 3)  // one layer gathered, and the next prefetched
+    mem.gathered = 2.0 * layer_rank_parameters(m, l.tp) * e.param_bytes;
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
   const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);

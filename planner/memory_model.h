@@ -63,6 +63,13 @@ double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool s
 double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                                   const Execution& e);
 
+// One layer's parameters on one tp rank of tp: QKV, projection and MLP weights and the
+// column-parallel biases split over tp (12h^2 + 7h), the row-parallel biases and the LayerNorms
+// whole (6h). A MoE layer's outside its experts: the attention's split (4h^2 + 3h) and whole
+// (5h) parts and the router (h E, whole).
+double layer_rank_parameters(const TransformerShape& m, int tp);
+double moe_layer_rank_parameters(const TransformerShape& m, int tp);
+
 // Parameters on pipeline rank `rank` of `layout` (its layers' tp shards, and the embedding or the
 // tied output layer when it holds the first or last stage; in MoE layers the router and
 // experts / ep experts, whole over tp).
