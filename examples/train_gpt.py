@@ -482,6 +482,8 @@ class PipelineStep:
         dp_rank = self.dp_rank
         self.executor.set_before_forward(
             lambda k: nn.set_dropout_batch_part(dp_rank * m + k, o.dp * m))
+        if self.zero is not None:
+            self.zero.accumulate_in_buckets()  # the step's gradients held once
         local = self.executor.run(tokens, tgts, weights)
         nn.set_dropout_batch_part(0, 1)
         pipelining.sync_tied_embedding(self.stages, self.embedding)

@@ -108,6 +108,37 @@ GradReducer::GradReducer(const char* owner, NamedParams params,
         on_gradient(i);
     });
   }
+  // Without hooks, in the buckets (accumulate_in_buckets): a gradient's arrival says the
+  // parameter was used, since its .grad is defined either way.
+  for (size_t i = 0; i < n && !options_.hooks && options_.mode == GradMode::kShardKeep; ++i) {
+    std::weak_ptr<bool> alive = alive_;
+    Tensor(params_[i].second).register_grad_ready_hook([this, alive, i](const Tensor&) {
+      if (alive.lock() && in_buckets_) used_[i] = 1;
+    });
+  }
+}
+
+// Note [Accumulating in the buckets]
+// A pipeline's ZeRO-1 (kShardKeep without hooks) lets the executor's backwards accumulate every
+// micro-batch's gradients in the parameters' .grad and reduce-scatters them at the step's end.
+// Fresh .grad tensors beside the persistent buckets would hold the step's gradients twice; so
+// accumulate_in_buckets() points each .grad at its zeroed bucket slot first, autograd adds into it
+// in place, and reduce_accumulated() finds them there (no copy). A parameter that got no gradient
+// keeps a defined zero .grad: the grad-ready hooks above mark the used ones, and an unused one's
+// slot reduces as zeros and ends with no gradient where no rank used it (Note [Unused
+// parameters]), as before.
+void GradReducer::accumulate_in_buckets() {
+  LOOM_CHECK(!options_.hooks && options_.mode == GradMode::kShardKeep, owner_,
+             ": accumulate_in_buckets() is for ZeRO-1 without hooks (a pipeline's)");
+  NoGradGuard no_grad;
+  start_external_step();
+  for (Tensor& b : buckets_) b.zero_();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].second;
+    const BucketSlot& s = plan_.slot_of(i);
+    p.set_grad(buckets_[plan_.bucket_of(i)].narrow(0, s.offset, s.numel).reshape(p.shape()));
+  }
+  in_buckets_ = true;
 }
 
 GradReducer::~GradReducer() {
@@ -212,6 +243,7 @@ void GradReducer::reduce_accumulated() {
   next_launch_ = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].second.grad().defined()) continue;
+    if (in_buckets_ && !used_[i]) continue;  // its zeroed slot (Note [Accumulating in the buckets])
     LOOM_CHECK(!units || unit_of_bucket_[plan_.bucket_of(i)] < 0, owner_, ": parameter ",
                describe(i),
                " holds a gradient its chunk's hooks did not take (a backward outside the "
@@ -412,6 +444,7 @@ void GradReducer::finish() {
   micro_ = 0;
   finished_ = true;
   external_started_ = false;
+  in_buckets_ = false;
   unit_backwards_ = 0;
 }
 

@@ -84,6 +84,11 @@ class GradReducer {
   // parameter), then finishes the step as finish() does. With bucket_units: those of the buckets
   // of unit -1 (the others were reduced after each backward).
   void reduce_accumulated();
+  // Without hooks, at ZeRO-1 (kShardKeep): points every parameter's .grad at its zeroed bucket
+  // slot, so the step's backwards accumulate in the buckets and reduce_accumulated() reduces them
+  // there, the gradients held once (See Note [Accumulating in the buckets]). Before a step's
+  // first backward; optional (without it the backwards allocate .grad and the step copies it).
+  void accumulate_in_buckets();
   // With bucket_units, after each backward of unit u (on every rank of the group after the same
   // backwards, in the same order): launches the unit's buckets a parameter without a gradient
   // kept waiting (it reduces as zeros). What it launched is waited by the next full bucket, or the
@@ -159,6 +164,7 @@ class GradReducer {
   std::vector<Pending> pending_;
   bool in_backward_ = false;
   bool finished_ = false;
+  bool in_buckets_ = false;  // this step accumulates in the buckets (accumulate_in_buckets)
   int micro_ = 0;
   double exposed_wait_s_ = 0;
   std::shared_ptr<bool> alive_;  // hooks outlive us on the parameters; they check this

@@ -516,6 +516,13 @@ void ZeroOptimizer::reduce_chunk(int chunk) {
   reducer_.end_unit_backward(chunk);
 }
 
+void ZeroOptimizer::accumulate_in_buckets() {
+  LOOM_CHECK(options_.stage == 1 && options_.external_backward, name_,
+             ": accumulate_in_buckets() is for stage 1 with external_backward (a pipeline); "
+             "stages 2 and 3 keep shards only");
+  reducer_.accumulate_in_buckets();
+}
+
 void ZeroOptimizer::finish_gradients() {
   if (reducer_.finished()) return;
   if (options_.external_backward)

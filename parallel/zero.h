@@ -162,6 +162,10 @@ class ZeroOptimizer : public optim::Optimizer {
   void backward(const Tensor& loss);
   // Waits for the step's gradient reductions (step() does it when you have not).
   void finish_gradients();
+  // Stage 1 with external_backward (a pipeline): the step's backwards accumulate in the gradient
+  // buckets rather than in fresh .grad tensors, so the gradients are held once (See Note
+  // [Accumulating in the buckets] in grad_reducer.cpp); call before a step's first backward.
+  void accumulate_in_buckets();
   // With ZeroOptions::chunk_of: whether the module's parameter `name` is reduced only at the
   // step's end (its bucket holds a parameter chunk_of gives -1), its gradient accumulating whole
   // until then; false for one reduced as it comes, or not bucketed (an own parameter).

@@ -364,6 +364,7 @@ StepResult PipelineStep::run(const io::Batch& global, int64_t step, double lr) {
   // f16: every micro-batch backpropagates its loss times the scale; the optimizer divides it out
   // of the f32 gradients and skips the step, backing off, when any rank's overflowed.
   executor_->set_loss_scale(scaler() ? scaler()->scale() : 1.0);
+  if (zero_ && o_.zero == 1) zero_->accumulate_in_buckets();  // the gradients held once
   const double local = executor_->run(tokens, targets, weights);
   nn::set_dropout_batch_part({});
   if (moe) {

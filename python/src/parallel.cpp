@@ -354,6 +354,7 @@ void init_zero(py::module_& p) {
           "Group g's C++ optimizer over this rank's pieces (its lr is the group's).")
       .def("backward", &ZeroOptimizer::backward, py::arg("loss"), Release())
       .def("finish_gradients", &ZeroOptimizer::finish_gradients, Release())
+      .def("accumulate_in_buckets", &ZeroOptimizer::accumulate_in_buckets)
       .def("clip_grad_norm", &ZeroOptimizer::clip_grad_norm, py::arg("max_norm"), Release())
       .def("gather_parameters", &ZeroOptimizer::gather_parameters, Release())
       .def("memory", &ZeroOptimizer::memory)

@@ -14,7 +14,9 @@
 # - Memory, on a model whose stages hold 6.6 MB of gradients (dim 256, 4 blocks, text data: no
 #   evaluation in the steps), from loom-gpt's own report and the CPU allocator: ZeRO-2 keeps half
 #   ZeRO-1's gradients and ZeRO-3 also half its parameters (dp 2), and ZeRO-2's peak in the steps
-#   is at least (1 - 1/dp) of ZeRO-1's gradient bytes below ZeRO-1's, with 1F1B and with Chimera.
+#   is at least (1 - 1/dp) of ZeRO-1's gradient bytes below ZeRO-1's, with 1F1B and with Chimera;
+#   under 1F1B ZeRO-1 holds its gradients once (in its buckets): its peak is less than its
+#   gradient bytes above ZeRO-2's.
 # usage: gpt_pipeline_zero.sh LOOM_GPT MPIEXEC [mpirun flags...]
 set -euo pipefail
 gpt=$1; mpiexec=$2; shift 2
@@ -87,6 +89,11 @@ assert abs(g2 - g1 / 2) <= 0.02 and abs(g3 - g1 / 2) <= 0.02, \
 assert p2 == p1 and abs(p3 - p1 / 2) <= 0.02, \
     f"parameters kept: ZeRO-1 {p1} MB, ZeRO-2 {p2} MB, ZeRO-3 {p3} MB (expected half at stage 3)"
 assert k2 <= k1 - g1 / 2, f"ZeRO-2's peak in the steps {k2} MB is not {g1 / 2} MB below ZeRO-1's {k1}"
+# ZeRO-1 accumulates in its buckets (Note [Accumulating in the buckets]): it holds the gradients
+# once, g1 against ZeRO-2's g1 / 2 shards, the rest alike; held twice (fresh .grad beside the
+# buckets) its peak would be about 1.5 g1 above ZeRO-2's. The midpoint, g1, tells them apart.
+assert k1 <= k2 + g1, \
+    f"ZeRO-1's peak in the steps {k1} MB is more than its gradients {g1} MB above ZeRO-2's {k2}"
 assert ck2 <= ck1 - cg1 / 2, \
     f"Chimera: ZeRO-2's peak in the steps {ck2} MB is not {cg1 / 2} MB below ZeRO-1's {ck1}"
 print(f"memory: kept parameters/gradients {p1}/{g1}, {p2}/{g2}, {p3}/{g3} MB at ZeRO-1/2/3; "

@@ -505,6 +505,13 @@ class ZeroRedundancyOptimizer(_optim.Optimizer):
         """Waits for the step's gradient reductions (step() does it otherwise)."""
         self._zero.finish_gradients()
 
+    def accumulate_in_buckets(self):
+        """Pipelines (stage 1, ``external_backward``): before a step's first backward, points
+        every parameter's ``.grad`` at its zeroed slot of the gradient buckets, so the
+        executor's backwards accumulate there and the step holds the gradients once (without
+        it they accumulate in fresh ``.grad`` tensors that finish_gradients() copies in)."""
+        self._zero.accumulate_in_buckets()
+
     _norm_priority = 1  # over the layers' placements (loom/nn/_placement.py)
 
     def _norm_placements(self):
