@@ -156,7 +156,6 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
       block_moe_.push_back(block->moe.get());
       blocks.push_back(block);
     }
-    if (block_moe_.back()) moe_layers_.push_back(block_moe_.back());
     range->add(i, blocks.back());
   }
   if (is_last()) {
@@ -165,6 +164,13 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages, double dropou
     else
       ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c));
   }
+}
+
+std::vector<nn::MoeLayer*> GptStage::moe_layers() const {
+  std::vector<nn::MoeLayer*> out;
+  for (nn::MoeLayer* m : block_moe_)
+    if (m) out.push_back(m);
+  return out;
 }
 
 Tensor GptStage::moe_aux_loss() const {

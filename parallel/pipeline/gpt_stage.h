@@ -63,7 +63,7 @@ class GptStage : public nn::Module {
 
   const GptConfig& config() const { return config_; }
   // The stage's MoE layers, in block order (empty: dense blocks).
-  std::vector<nn::MoeLayer*> moe_layers() const { return moe_layers_; }
+  std::vector<nn::MoeLayer*> moe_layers() const;
   // The sum of their auxiliary losses of the last forward (undefined without MoE layers); a
   // checkpointed block's gradient reaches its router only through this one.
   Tensor moe_aux_loss() const;
@@ -86,7 +86,6 @@ class GptStage : public nn::Module {
   int stage_, stages_;
   std::shared_ptr<comm::Communicator> tp_;
   bool sequence_parallel_;
-  std::vector<nn::MoeLayer*> moe_layers_;
   std::vector<nn::MoeLayer*> block_moe_;  // per block: its MoE layer, or null
   bool checkpoint_ = false;
   nn::BlockCheckpointing checkpointing_;  // of the last forward's blocks
