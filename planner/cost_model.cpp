@@ -196,9 +196,16 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   const double params =
       dense * layer_rank_parameters(m, l.tp) + moes * moe_layer_rank_parameters(m, l.tp);
   if (l.dp > 1 && l.zero >= 2) {
-    const double gather = l.zero >= 3 ? dp_collective_seconds(CollectiveOp::kAllGather,
-                                                              params * e.param_bytes, l, c, e)
-                                      : 0;
+    double gather = l.zero >= 3 ? dp_collective_seconds(CollectiveOp::kAllGather,
+                                                        params * e.param_bytes, l, c, e)
+                                : 0;
+    // Stage 3 without pipelines shards the experts too, over their dp / ep replicas, gathered
+    // around each MoE layer's forward and backward as the rest.
+    const int replicas = l.dp / l.ep;
+    if (l.zero >= 3 && l.pp == 1 && moes > 0 && replicas > 1)
+      gather += all_gather_seconds(
+          moes * double(m.moe.experts / l.ep) * m.expert_parameters() * e.param_bytes, replicas,
+          dp_link(l, c));
     const double scatter =
         dp_collective_seconds(CollectiveOp::kReduceScatter, params * e.grad_bytes, l, c, e);
     a.zero_comm = 2.0 * gather + scatter;

@@ -36,7 +36,8 @@
 //                routed rows over the ep group each way (and the routing counts: an all-gather
 //                over dp and an all-to-all over ep, latency-bound), not overlapped. The
 //                experts' gradients are summed over their dp / ep replicas after the backward
-//                (all-reduce, or with ZeRO reduce-scatter + all-gather), exposed.
+//                (all-reduce, or with ZeRO reduce-scatter + all-gather), exposed; ZeRO-3
+//                without pipelines also gathers them over those replicas with the rest.
 #pragma once
 
 #include "planner/cluster.h"

@@ -180,16 +180,22 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double n = rank_parameters(m, l, rank) - experts;  // sharded over dp
   const double d = double(l.dp);
   // The experts' state is sharded over their dp / ep replicas (stage 3 shards the experts
-  // themselves only without pipelines); their gradients stay whole until the step's end.
+  // themselves only without pipelines); their gradients stay whole, and sharded over r > 1
+  // replicas each rank also keeps its reduced shard of them (ZeroOptimizer::memory).
   const double r = double(l.dp / l.ep);
   MemoryBreakdown mem;
   mem.parameters = n * e.param_bytes / (l.zero >= 3 ? d : 1.0) +
                    experts * e.param_bytes / (l.zero >= 3 && l.pp == 1 ? r : 1.0);
-  mem.gradients = n * e.grad_bytes / (l.zero >= 2 ? d : 1.0) + experts * e.grad_bytes;
+  // Sharded experts keep their reduced gradient shards beside the whole gradients too.
+  const double expert_grads = l.zero >= 1 && r > 1 ? 1.0 + 1.0 / r : 1.0;
+  mem.gradients =
+      n * e.grad_bytes / (l.zero >= 2 ? d : 1.0) + experts * e.grad_bytes * expert_grads;
   mem.optimizer_state =
       (n / (l.zero >= 1 ? d : 1.0) + experts / (l.zero >= 1 ? r : 1.0)) * e.optimizer_bytes;
   if (l.zero >= 3)  // one layer gathered, and the next prefetched
     mem.gathered = 2.0 * layer_rank_parameters(m, l.tp) * e.param_bytes;
+  if (l.zero >= 3 && l.pp == 1 && experts > 0 && r > 1)  // and one MoE layer's experts
+    mem.gathered += double(m.moe.experts / l.ep) * m.expert_parameters() * e.param_bytes;
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
   const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);

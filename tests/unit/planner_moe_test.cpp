@@ -63,7 +63,8 @@ TEST(PlannerMoe, ModelFlopsCountTheExpertsATokenVisits) {
 
 // A rank holds experts / ep of its MoE layers' experts; ZeRO divides the experts' optimizer
 // state over their dp / ep replicas (stage 3 their weights too without pipelines) and the rest
-// over dp; their gradients stay whole.
+// over dp; their gradients stay whole, and over 2+ replicas the reduced shards are kept beside
+// them (what loom-gpt's ZeroOptimizer::memory reports).
 TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
   const Workload w{moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 1, 0}), 64};
   const Cluster c = cluster_preset("h100-sxm", 8, 8);
@@ -84,9 +85,15 @@ TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
       const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
       EXPECT_DOUBLE_EQ(m.parameters,
                        2 * dense / (zero >= 3 ? 8 : 1) + 2 * experts / (zero >= 3 ? replicas : 1));
-      EXPECT_DOUBLE_EQ(m.gradients, 2 * dense / (zero >= 2 ? 8 : 1) + 2 * experts);
+      EXPECT_DOUBLE_EQ(m.gradients,
+                       2 * dense / (zero >= 2 ? 8 : 1) +
+                           2 * experts * (zero >= 1 && replicas > 1 ? 1 + 1 / replicas : 1));
       EXPECT_DOUBLE_EQ(m.optimizer_state,
                        12 * (dense / (zero >= 1 ? 8 : 1) + experts / (zero >= 1 ? replicas : 1)));
+      // Stage 3 gathers a layer and the next, and one MoE layer's local experts when sharded.
+      EXPECT_DOUBLE_EQ(m.gathered, zero < 3 ? 0.0
+                                            : 2 * 2 * layer_rank_parameters(w.model, 1) +
+                                                  (replicas > 1 ? 2 * (8.0 / ep) * expert : 0.0));
     }
     l.zero = 0;
   }
@@ -96,6 +103,23 @@ TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
   ASSERT_DOUBLE_EQ(rank_expert_parameters(w.model, l, 0), experts);
   const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
   EXPECT_DOUBLE_EQ(m.parameters, 2 * (rank_parameters(w.model, l, 0) - experts) / 4 + 2 * experts);
+}
+
+// ZeRO-3 without pipelines gathers each MoE layer's local experts over their dp / ep replicas with
+// the rest, for the forward and again for the backward: its per-micro-batch traffic grows by that
+// all-gather (ring, intra-node) twice; with ep = dp (one replica) there is nothing to gather.
+TEST(PlannerMoe, ZeroThreeGathersTheExpertsOverTheirReplicas) {
+  const Workload w{moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 2, 0}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Execution e = execution_preset("loom");
+  const Layout l = parse_layout("dp=8,mb=2,zero=3,ep=2", 8);
+  Layout whole = l;
+  whole.ep = 8;  // each expert on one rank: nothing to gather
+  const double bytes = 2 * (8.0 / 2) * w.model.expert_parameters() * e.param_bytes;  // 2 layers
+  const double gather = 3 * (c.intra.latency_s + bytes / (4 * c.intra.bandwidth));   // R = 4
+  const ActionCosts with = action_costs(w, l, c, e), without = action_costs(w, whole, c, e);
+  // The dense part's gathers and scatters are the same in both layouts.
+  EXPECT_NEAR(with.zero_comm - without.zero_comm, 2 * gather, 1e-12);
 }
 
 // Inside one node, a MoE layer's forward and backward each send its k b s h routed rows out and
