@@ -63,7 +63,8 @@ MOE_LAYOUTS = {
         "dp=2,mb=2,ep=2", "tp=2,mb=8", "pp=2,mb=2,schedule=1f1b",
         "pp=2,mb=2,schedule=1f1b,recompute=full"],
     4: ["dp=4,mb=2", "dp=4,mb=2,ep=2", "dp=4,mb=2,ep=4", "dp=4,mb=2,zero=1,ep=4",
-        "dp=4,mb=2,zero=3,ep=2", "dp=2,tp=2,mb=4,ep=2", "dp=2,pp=2,mb=2,schedule=1f1b,ep=2", "tp=2,pp=2,mb=2,schedule=1f1b"],
+        "dp=4,mb=2,zero=3,ep=2", "dp=2,tp=2,mb=4,ep=2", "dp=2,pp=2,mb=2,schedule=1f1b,ep=2",
+        "tp=2,pp=2,mb=2,schedule=1f1b"],
 }
 
 
