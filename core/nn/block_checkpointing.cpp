@@ -6,12 +6,16 @@
 
 namespace loom::nn {
 
-void BlockCheckpointing::begin(size_t blocks) { aux_.assign(blocks, Tensor()); }
+void BlockCheckpointing::begin(size_t blocks) {
+  moe_.assign(blocks, nullptr);
+  aux_.assign(blocks, Tensor());
+}
 
 Tensor BlockCheckpointing::run(size_t i, const std::shared_ptr<Module>& block, MoeLayer* moe,
                                const Tensor& x, bool checkpoint) {
   LOOM_CHECK(i < aux_.size(), "BlockCheckpointing: block ", i, " of a forward begun with ",
              aux_.size(), " blocks");
+  moe_[i] = moe;
   if (!checkpoint || !autograd::grad_enabled()) return (*block)(x);
   // The recomputation runs in backward, possibly after the training loop (or a pipeline's later
   // micro-batches) moved the dropout step on: pin the step and batch part this forward used.
@@ -46,8 +50,11 @@ Tensor BlockCheckpointing::run(size_t i, const std::shared_ptr<Module>& block, M
   return reshape(narrow(packed, 0, 0, n), shape).to(dtype);
 }
 
-Tensor BlockCheckpointing::aux_loss(size_t i, const MoeLayer& moe) const {
-  return i < aux_.size() && aux_[i].defined() ? aux_[i] : moe.aux_loss();
+std::vector<Tensor> BlockCheckpointing::aux_terms() const {
+  std::vector<Tensor> terms;
+  for (size_t i = 0; i < moe_.size(); ++i)
+    if (moe_[i]) terms.push_back(aux_[i].defined() ? aux_[i] : moe_[i]->aux_loss());
+  return terms;
 }
 
 }  // namespace loom::nn

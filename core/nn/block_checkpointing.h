@@ -35,11 +35,13 @@ class BlockCheckpointing {
   // this call are pinned for the recomputation (See Note [Dropout keys]).
   Tensor run(size_t i, const std::shared_ptr<Module>& block, MoeLayer* moe, const Tensor& x,
              bool checkpoint);
-  // Block i's auxiliary loss of this forward, as the loss must add it: the one the checkpointed
-  // function returned, else `moe`'s own (See Note [Checkpointed MoE blocks]).
-  Tensor aux_loss(size_t i, const MoeLayer& moe) const;
+  // The MoE blocks' auxiliary losses of this forward, in block order, as the loss must add them:
+  // the one a checkpointed block's function returned, else the layer's own (See Note
+  // [Checkpointed MoE blocks]).
+  std::vector<Tensor> aux_terms() const;
 
  private:
+  std::vector<MoeLayer*> moe_;  // per block of the forward: its MoE layer, or null
   // Per block, the auxiliary loss a checkpointed MoE block's forward returned beside its output
   // (undefined for the others).
   std::vector<Tensor> aux_;

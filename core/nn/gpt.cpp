@@ -83,17 +83,9 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) {
   return matmul(x, wte->weight, false, /*transpose_b=*/true);  // [B, T, Vp]
 }
 
-std::vector<Tensor> GPT::aux_terms() const {
-  std::vector<Tensor> terms;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    if (blocks_[i]->moe) terms.push_back(checkpointing_.aux_loss(i, *blocks_[i]->moe));
-  }
-  return terms;
-}
-
 Tensor GPT::aux_loss() const {
   Tensor total = Tensor::zeros({}, DType::kF32, wte->weight.device());
-  for (const Tensor& term : aux_terms()) total = add(total, term);
+  for (const Tensor& term : checkpointing_.aux_terms()) total = add(total, term);
   return total;
 }
 
@@ -111,7 +103,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   if (moes.empty()) return lm;
   last_lm_loss_ = lm.item();
   Tensor total = lm;
-  for (const Tensor& term : aux_terms()) total = add(total, term);
+  for (const Tensor& term : checkpointing_.aux_terms()) total = add(total, term);
   return total;
 }
 

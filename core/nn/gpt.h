@@ -72,7 +72,6 @@ class GPT : public Module {
 
   GptConfig config_;
   GptOptions options_;
-  std::vector<Tensor> aux_terms() const;  // each MoE block's, in block order
   double last_lm_loss_ = 0;
   BlockCheckpointing checkpointing_;            // of the last forward's blocks
   std::vector<std::shared_ptr<Block>> blocks_;  // the same modules as `blocks`, typed

@@ -175,11 +175,8 @@ std::vector<nn::MoeLayer*> GptStage::moe_layers() const {
 
 Tensor GptStage::moe_aux_loss() const {
   Tensor total;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (!block_moe_[i]) continue;
-    const Tensor term = checkpointing_.aux_loss(i, *block_moe_[i]);
+  for (const Tensor& term : checkpointing_.aux_terms())
     total = total.defined() ? add(total, term) : term;
-  }
   return total;
 }
 

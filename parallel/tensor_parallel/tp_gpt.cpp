@@ -165,20 +165,13 @@ Tensor TpGPT::loss(const Tensor& idx, const Tensor& targets) {
   if (moe_layers().empty()) return lm;
   last_lm_loss_ = lm.item();
   Tensor total = lm;  // the terms added in GPT::loss's order
-  for (const Tensor& term : aux_terms()) total = add(total, term);
+  for (const Tensor& term : checkpointing_.aux_terms()) total = add(total, term);
   return total;
-}
-
-std::vector<Tensor> TpGPT::aux_terms() const {
-  std::vector<Tensor> terms;
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    if (blocks_[i]->moe) terms.push_back(checkpointing_.aux_loss(i, *blocks_[i]->moe));
-  return terms;
 }
 
 Tensor TpGPT::aux_loss() const {
   Tensor total = Tensor::zeros({}, DType::kF32, wpe->weight.device());
-  for (const Tensor& term : aux_terms()) total = add(total, term);
+  for (const Tensor& term : checkpointing_.aux_terms()) total = add(total, term);
   return total;
 }
 

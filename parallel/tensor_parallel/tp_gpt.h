@@ -153,7 +153,6 @@ class TpGPT : public nn::Module {
   GroupPtr tp_;
   int64_t wte_rows_;
   std::vector<std::shared_ptr<TpBlock>> blocks_;
-  std::vector<Tensor> aux_terms() const;  // each MoE block's, in block order
   nn::BlockCheckpointing checkpointing_;  // of the last forward's blocks
   double last_lm_loss_ = 0;
 };
