@@ -13,10 +13,11 @@ namespace loom::kernels::cpu {
 
 namespace {
 
-using detail::F32x16;
+using detail::F32xV;
+using detail::kLanes;
 using detail::resolve_row;
 
-constexpr int kTileVectors = 8;         // 128 columns summed per pass over a bag's rows
+constexpr int kTileVectors = 8;         // 8 * kLanes columns summed per pass over a bag's rows
 constexpr int64_t kPrefetchAhead = 32;  // lookups ahead whose rows are prefetched
 
 // Note [Embedding prefetch level]
@@ -31,27 +32,38 @@ inline void prefetch_row(const W* row, int64_t dim) {
   for (int64_t b = 0; b < dim * int64_t(sizeof(W)); b += 64) __builtin_prefetch(p + b, 0, 1);
 }
 
+// Note [Embedding tile width]
+// A tile is kTileVectors vectors of the target's own width (detail::kLanes: 16 floats with
+// AVX-512, 8 with AVX2), not always 16 floats. GCC 12 lowers a 64-byte generic vector on an AVX2
+// target to pairs of ymm whose halves round-trip through the stack on every add; on the 2-core
+// Zen 3 VM (AVX2 only) at FBGEMM's default shape that forward took 48-65 ms against
+// torch.nn.EmbeddingBag's 25-33 ms, and 20-31 ms with 8-float vectors (a 64-column tile; a
+// 128-column row takes two passes, the second over rows already in L1). With the tile no longer
+// compute-bound the prefetch settings above were measured again: 8-64 lookups ahead at locality 1
+// or 3 are within the noise of each other, no prefetch is 10-20% slower.
+
 // A bag's lookups after the bounds check: element offset of each row in its table, and weight.
 struct BagRows {
   std::vector<int64_t> at;
   std::vector<float> weight;
 };
 
-// out[0, 16*N) = scale * sum_j weight[j] * table[at[j] + 0 .. 16*N), in N vector registers.
+// out[0, kLanes*N) = scale * sum_j weight[j] * table[at[j] + 0 .. kLanes*N), in N vector
+// registers.
 // The first pass over a bag calls ahead(j) before row j, to prefetch rows further on.
 template <int N, typename W, typename Ahead>
 void pool_tile(const W* table, const BagRows& rows, int64_t n, bool first_pass, Ahead&& ahead,
                float scale, float* out) {
-  F32x16 acc[N] = {};
+  F32xV acc[N] = {};
   for (int64_t j = 0; j < n; ++j) {
     if (first_pass) ahead(j);
     const W* row = table + rows.at[size_t(j)];
     const float w = rows.weight[size_t(j)];
 #pragma GCC unroll 8
-    for (int i = 0; i < N; ++i) acc[i] += w * detail::load16(row + 16 * i);
+    for (int i = 0; i < N; ++i) acc[i] += w * detail::load_lanes(row + kLanes * i);
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < N; ++i) detail::store16(out + 16 * i, acc[i] * scale);
+  for (int i = 0; i < N; ++i) detail::store_lanes(out + kLanes * i, acc[i] * scale);
 }
 
 // pool_tile<vectors> for a run-time vectors in [1, N]: the columns left after the full tiles.
@@ -64,7 +76,7 @@ void pool_vectors(int64_t vectors, const W* table, const BagRows& rows, int64_t 
   }
 }
 
-// The last dim % 16 columns (4, 8 or 12: dims are multiples of 4).
+// The last dim % kLanes columns (4, 8 or 12: dims are multiples of 4).
 template <typename W>
 void pool_tail(const W* table, int64_t width, const BagRows& rows, int64_t n, float scale,
                float* out) {
@@ -105,13 +117,13 @@ void pool_bag(const W* table, int64_t num_rows, int64_t dim, const Index* indice
     const int64_t r = resolve_row(int64_t(indices[p]), num_rows, mode);
     if (r >= 0) prefetch_row(table + r * dim, dim);
   };
-  constexpr int64_t kTile = 16 * kTileVectors;
+  constexpr int64_t kTile = kLanes * kTileVectors;
   int64_t c0 = 0;
   for (; c0 + kTile <= dim; c0 += kTile)
     pool_tile<kTileVectors>(table + c0, rows, n, c0 == 0, ahead, scale, out + c0);
-  const int64_t vectors = (dim - c0) / 16;
+  const int64_t vectors = (dim - c0) / kLanes;
   pool_vectors<kTileVectors - 1>(vectors, table + c0, rows, n, c0 == 0, ahead, scale, out + c0);
-  c0 += 16 * vectors;
+  c0 += kLanes * vectors;
   if (c0 < dim) pool_tail(table + c0, dim - c0, rows, n, scale, out + c0);
 }
 
