@@ -28,8 +28,7 @@ constexpr int64_t kPrefetchAhead = 32;  // lookups ahead whose rows are prefetch
 // 24 ahead) to 6.4-6.6 ms (locality 1, 32 ahead); 16 ahead was 8.2-8.6 ms, 48 no better than 32.
 template <typename W>
 inline void prefetch_row(const W* row, int64_t dim) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < dim * int64_t(sizeof(W)); b += 64) __builtin_prefetch(p + b, 0, 1);
+  detail::prefetch_lines<1>(row, dim * int64_t(sizeof(W)));
 }
 
 // Note [Embedding tile width]
@@ -38,9 +37,11 @@ inline void prefetch_row(const W* row, int64_t dim) {
 // target to pairs of ymm whose halves round-trip through the stack on every add; on the 2-core
 // Zen 3 VM (AVX2 only) at FBGEMM's default shape that forward took 48-65 ms against
 // torch.nn.EmbeddingBag's 25-33 ms, and 20-31 ms with 8-float vectors (a 64-column tile; a
-// 128-column row takes two passes, the second over rows already in L1). With the tile no longer
-// compute-bound the prefetch settings above were measured again: 8-64 lookups ahead at locality 1
-// or 3 are within the noise of each other, no prefetch is 10-20% slower.
+// 128-column row takes two passes, the second over rows already in L1), 18-20 ms once the
+// look-ahead prefetches were really emitted (Note [Prefetches the compiler drops]). There, 8-64
+// lookups ahead at locality 0, 1 or 3, and no prefetch at all, all measured 18.3-23.5 ms, within
+// this VM's noise: its out-of-order core overlaps the rows by itself. The settings above stay for
+// the machine they were measured on.
 
 // A bag's lookups after the bounds check: element offset of each row in its table, and weight.
 struct BagRows {

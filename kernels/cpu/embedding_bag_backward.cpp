@@ -41,12 +41,12 @@ struct SegmentReducer {
     if (opt.pooling == EmbeddingPooling::kNone) packed = detail::packed_offsets(tables, in);
   }
 
-  // The output gradient row of lookup p (of table t).
-  const float* dout_row(int64_t p, int64_t t) const {
+  // The output gradient row of sorted entry i (of table t).
+  const float* dout_row(int64_t i, int64_t t) const {
     if (opt.pooling == EmbeddingPooling::kNone)
       return dout + packed[size_t(t)] +
-             (p - int64_t(in.offsets[t * in.batch_size])) * tables.dims[t];
-    const int64_t b = s.bag_of[p] - t * in.batch_size;
+             (s.position(i) - int64_t(in.offsets[t * in.batch_size])) * tables.dims[t];
+    const int64_t b = s.bag[i] - t * in.batch_size;
     return dout + b * tables.dim_offsets[tables.num_tables] + tables.dim_offsets[t];
   }
 
@@ -57,9 +57,8 @@ struct SegmentReducer {
     const int64_t dim = tables.dims[t];
     std::fill(g, g + dim, 0.0f);
     for (int64_t i = s.seg_start[k]; i < s.seg_start[k + 1]; ++i) {
-      const int64_t p = s.position(i);
-      const float scale = psw ? psw[p] : mean ? s.bag_scale[s.bag_of[p]] : 1.0f;
-      detail::axpy_row(g, dout_row(p, t), scale, dim);
+      const float scale = psw ? psw[s.position(i)] : mean ? s.bag_scale[s.bag[i]] : 1.0f;
+      detail::axpy_row(g, dout_row(i, t), scale, dim);
     }
   }
 
@@ -67,8 +66,7 @@ struct SegmentReducer {
   void prefetch(int64_t k, int64_t t) const {
     const int64_t end = std::min(s.seg_start[k + 1], s.seg_start[k] + 4);
     for (int64_t i = s.seg_start[k]; i < end; ++i) {
-      const char* row = reinterpret_cast<const char*>(dout_row(s.position(i), t));
-      for (int64_t b = 0; b < tables.dims[t] * 4; b += 64) __builtin_prefetch(row + b, 0, 3);
+      detail::prefetch_lines<3>(dout_row(i, t), tables.dims[t] * 4);
     }
   }
 };
@@ -157,11 +155,7 @@ inline void stream_row(float* dst, const float* src, int64_t n) {
   std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
 
-template <typename T>
-void prefetch_bytes(const T* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64)
-    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, 1, 0);
-}
+void prefetch_bytes(const void* p, int64_t bytes) { detail::prefetch_lines<0, 1>(p, bytes); }
 
 // Adam on one row, 4 lanes at a time (dims are multiples of 4), in SSE: std::sqrt may set errno,
 // which keeps compilers from vectorising it, and scalar divisions would dominate the row's time.

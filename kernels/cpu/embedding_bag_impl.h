@@ -64,6 +64,25 @@ inline void axpy_row(float* acc, const Float16* row, float s, int64_t n) {
 #endif
 }
 
+// Note [Prefetches the compiler drops]
+// GCC 12's IPA pure-const pass finds a function whose only effect is __builtin_prefetch to be
+// "looping const" and, since its result is unused, deletes the calls to it. A small prefetching
+// helper or lambda that is not inlined before that pass (the backward's prefetch_bytes, the
+// forward's look-ahead lambda in pool_tile) therefore vanished: the backward's object file held
+// no prefetch instruction at all, and the forward kept only the ones written inline. The empty
+// volatile asm below is an effect the pass must keep, so every caller keeps its prefetches; it
+// clobbers nothing, so it costs no instruction. tests/unit/kernels_keep_prefetches.sh checks
+// the object files.
+//
+// Starts loading the 64-byte lines of [p, p + bytes) (locality and write intent as
+// __builtin_prefetch's).
+template <int Locality, int Write = 0>
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, Write, Locality);
+  asm volatile("");
+}
+
 // Built without AVX-512 (LOOM_NATIVE=OFF), GCC notes that a 64-byte vector return has another
 // ABI there; these helpers are inline within the kernel files, so no call crosses that ABI.
 #pragma GCC diagnostic push
@@ -231,17 +250,15 @@ struct Segments {
   const uint64_t* sorted = nullptr;  // [num_indices]: (key << pos_bits) | position
   int pos_bits = 0;
   const int64_t* seg_start = nullptr;  // [segments + 1]
+  const int32_t* seg_table = nullptr;  // [segments]: the table of segment k
   int64_t segments = 0;
-  const int64_t* bag_of = nullptr;   // [num_indices]: t*B+b of each lookup
+  const int64_t* bag = nullptr;      // [sorted entries]: t*B+b of sorted entry i's lookup
   const float* bag_scale = nullptr;  // [T*B]: 1 / len of each bag (mean pooling only)
   std::vector<uint64_t> base;        // [T+1] first key of table t: key = base[t] + row
 
   int64_t position(int64_t i) const { return int64_t(sorted[i] & ((uint64_t(1) << pos_bits) - 1)); }
   uint64_t key(int64_t i) const { return sorted[i] >> pos_bits; }
-  int64_t table(int64_t k) const {  // the last table whose first key is <= the segment's key
-    const auto after = std::upper_bound(base.begin(), base.end(), key(seg_start[k]));
-    return int64_t(after - base.begin()) - 1;
-  }
+  int64_t table(int64_t k) const { return seg_table[k]; }
   int64_t row(int64_t k, int64_t t) const { return int64_t(key(seg_start[k]) - base[size_t(t)]); }
 };
 

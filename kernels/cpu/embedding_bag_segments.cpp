@@ -41,7 +41,9 @@ constexpr int64_t kParallelSort = int64_t(1) << 22;
 struct Workspace {
   std::vector<uint64_t> sorted, tmp;  // (key << pos_bits) | position, and the sort's other half
   std::vector<int64_t> bag_of;        // [num_indices] t*B+b of each lookup
+  std::vector<int64_t> bag;           // [num_indices] the same in sorted order
   std::vector<int64_t> seg_start;     // [num_segments + 1]
+  std::vector<int32_t> seg_table;     // [num_segments]
   std::vector<float> bag_scale;       // [T*B] 1 / len (mean pooling)
   std::vector<int64_t> counts;        // the sort's per-thread histograms
 };
@@ -136,13 +138,13 @@ Segments make_segments(const EmbeddingTables& tables, const EmbeddingBagIndices<
     if (mean) bag_scale[tb] = counted > 0 ? 1.0f / float(counted) : 0.0f;
   }
   s.sorted = radix_sort(sorted, grow(w.tmp, n), n, s.pos_bits, s.pos_bits + key_bits, w.counts);
-  s.bag_of = bag_of;
   s.bag_scale = bag_scale;
 
   // Segment starts: where the key changes, before the skipped lookups (sorted last). Threads
-  // count the starts in their chunk, then write them at their prefix.
+  // count the starts in their chunk, then write them at their prefix, with each segment's table.
   const int64_t end = std::lower_bound(s.sorted, s.sorted + n, skipped << s.pos_bits) - s.sorted;
   int64_t* seg_start = grow(w.seg_start, end + 1);
+  int32_t* seg_table = grow(w.seg_table, end);
   const int max_threads = end > kParallelSort ? omp_get_max_threads() : 1;
   int64_t* chunk_counts = grow(w.counts, max_threads + 1);
 #pragma omp parallel num_threads(max_threads)
@@ -161,13 +163,26 @@ Segments make_segments(const EmbeddingTables& tables, const EmbeddingBagIndices<
       for (int th = 0; th < nth; ++th) chunk_counts[th + 1] += chunk_counts[th];
     }
     int64_t at = chunk_counts[tid];
+    size_t t = 0;  // the table of key(i): keys only grow, and every key < base[nt] = skipped
     for (int64_t i = begin; i < stop; ++i)
-      if (starts(i)) seg_start[at++] = i;
+      if (starts(i)) {
+        while (s.key(i) >= s.base[t + 1]) ++t;
+        seg_table[at] = int32_t(t);
+        seg_start[at++] = i;
+      }
 #pragma omp single
     s.segments = chunk_counts[nth];
   }
   seg_start[s.segments] = end;
   s.seg_start = seg_start;
+  s.seg_table = seg_table;
+
+  // Each sorted entry's bag, gathered once here (independent loads the core overlaps) so that the
+  // backward reads it in order instead of through position() (a chain of two random loads).
+  int64_t* bag = grow(w.bag, end);
+#pragma omp parallel for schedule(static) if (end > kParallelKeys)
+  for (int64_t i = 0; i < end; ++i) bag[i] = bag_of[s.position(i)];
+  s.bag = bag;
   return s;
 }
 
