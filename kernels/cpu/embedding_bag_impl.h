@@ -198,21 +198,21 @@ inline F32xV load_lanes(const Float16* p) {
 }
 inline void store_lanes(float* p, const F32xV& v) { std::memcpy(p, &v, sizeof(v)); }
 
-// Adds the lanes of v in a fixed order.
-inline float lane_sum(const F32x16& v) {
-  float sum = 0.0f;
-  for (int i = 0; i < 16; ++i) sum += v[i];
-  return sum;
-}
-
-// sum_c a[c] * to_f32(b[c]) over n (a multiple of 4), in 16 lanes then a fixed lane order: the
-// same bits every call, and vector speed (a plain float sum cannot be reordered by the compiler).
+// sum_c a[c] * to_f32(b[c]) over n (a multiple of 4), in 16 lanes then lanes 0..15 in order: the
+// same bits every call and on every target, and vector speed (a plain float sum cannot be
+// reordered by the compiler). The 16 lanes are 16 / kLanes native vectors (Note [Embedding tile
+// width]: one 16-float vector is spilled on AVX2).
 template <typename W>
 inline float dot_row(const float* a, const W* b, int64_t n) {
-  F32x16 acc = {};
+  constexpr int kParts = 16 / kLanes;
+  F32xV acc[kParts] = {};
   int64_t c = 0;
-  for (; c + 16 <= n; c += 16) acc += load16(a + c) * load16(b + c);
-  float sum = lane_sum(acc);
+  for (; c + 16 <= n; c += 16)
+    for (int j = 0; j < kParts; ++j)
+      acc[j] += load_lanes(a + c + j * kLanes) * load_lanes(b + c + j * kLanes);
+  float sum = 0.0f;
+  for (int j = 0; j < kParts; ++j)
+    for (int i = 0; i < kLanes; ++i) sum += acc[j][i];
   for (; c < n; ++c) sum += a[c] * to_f32(b[c]);
   return sum;
 }
