@@ -144,14 +144,6 @@ inline void store16(Float16* p, const F32x16& v) {
 #endif
 }
 
-// dst[0, n) = src[0, n) converted (n a multiple of 4), 16 at a time.
-template <typename From, typename To>
-inline void convert_row(const From* src, To* dst, int64_t n) {
-  int64_t c = 0;
-  for (; c + 16 <= n; c += 16) store16(dst + c, load16(src + c));
-  for (; c < n; ++c) from_f32(to_f32(src[c]), dst + c);
-}
-
 // The widest vector the target adds in one instruction: 16 floats with AVX-512, else 8 (AVX2).
 // The forward's tiles use it: a tile of 64-byte vectors on an AVX2 target is split into pairs of
 // ymm and GCC 12 keeps the halves on the stack, which made the Zen 3 forward 2x slower than
@@ -197,6 +189,41 @@ inline F32xV load_lanes(const Float16* p) {
   }
 }
 inline void store_lanes(float* p, const F32xV& v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Stores kLanes floats at p rounded to nearest even, as float_to_bf16 / float_to_f16 do one by one.
+inline void store_lanes(BFloat16* p, const F32xV& v) {
+  U32xV u;
+  std::memcpy(&u, &v, sizeof(u));
+  const U32xV rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U32xV nan = (u >> 16) | 0x40u;  // quiet NaN, as float_to_bf16
+  const U32xV bits = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  const U16xV h = __builtin_convertvector(bits, U16xV);
+  std::memcpy(p, &h, sizeof(h));
+}
+inline void store_lanes(Float16* p, const F32xV& v) {
+  if constexpr (kLanes == 16) {
+    F32x16 w;
+    std::memcpy(&w, &v, sizeof(w));
+    store16(p, w);
+  } else {
+#if defined(__F16C__)
+    __m256 x;
+    std::memcpy(&x, &v, sizeof(x));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+    for (int i = 0; i < kLanes; ++i) p[i] = float_to_f16(v[i]);
+#endif
+  }
+}
+
+// dst[0, n) = src[0, n) converted (n a multiple of 4), kLanes at a time.
+template <typename From, typename To>
+inline void convert_row(const From* src, To* dst, int64_t n) {
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) store_lanes(dst + c, load_lanes(src + c));
+  for (; c < n; ++c) from_f32(to_f32(src[c]), dst + c);
+}
 
 // sum_c a[c] * to_f32(b[c]) over n (a multiple of 4), in 16 lanes then lanes 0..15 in order: the
 // same bits every call and on every target, and vector speed (a plain float sum cannot be
