@@ -10,41 +10,53 @@ namespace loom::comm {
 
 namespace {
 
-// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type.
+// acc[i] = combine(acc[i], x[i]) for i < count, with op's combine. The op is chosen once per
+// block, not per element, so that the loops vectorise.
+template <typename Acc, typename T>
+void combine_block(ReduceOp op, const T* x, int64_t count, Acc* acc) {
+  auto each = [&](auto&& combine) {
+    for (int64_t i = 0; i < count; ++i)
+      acc[i] = combine(acc[i], kernels::cpu::convert_scalar<Acc>(x[i]));
+  };
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return each([](Acc a, Acc b) { return a + b; });
+    case ReduceOp::kMax:
+      return each([](Acc a, Acc b) { return b > a ? b : a; });
+    case ReduceOp::kMin:
+      return each([](Acc a, Acc b) { return b < a ? b : a; });
+  }
+}
+
+// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type. When they
+// are the same the reduction runs in out itself (gathered is the check's own buffer, never out):
+// a carried collective is small, and a scratch allocation was a visible part of its time.
 template <typename T, typename Acc>
 void reduce_blocks(const char* gathered, int n, int64_t block_bytes, ReduceOp op, int64_t first,
                    int64_t count, T* out) {
   if (count == 0) return;
-  std::vector<Acc> acc(static_cast<size_t>(count));
+  std::vector<Acc> scratch;
+  Acc* acc = nullptr;
+  if constexpr (std::is_same_v<T, Acc>) {
+    acc = out;
+  } else {
+    scratch.resize(static_cast<size_t>(count));
+    acc = scratch.data();
+  }
   auto block = [&](int j) {
     return reinterpret_cast<const T*>(gathered + j * block_bytes) + first;
   };
   const T* b0 = block(0);
-  for (int64_t i = 0; i < count; ++i) acc[size_t(i)] = kernels::cpu::convert_scalar<Acc>(b0[i]);
-  for (int j = 1; j < n; ++j) {
-    const T* b = block(j);
-    for (int64_t i = 0; i < count; ++i) {
-      const Acc x = kernels::cpu::convert_scalar<Acc>(b[i]);
-      Acc& a = acc[size_t(i)];
-      switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          a = a + x;
-          break;
-        case ReduceOp::kMax:
-          a = x > a ? x : a;
-          break;
-        case ReduceOp::kMin:
-          a = x < a ? x : a;
-          break;
-      }
-    }
-  }
+  for (int64_t i = 0; i < count; ++i) acc[i] = kernels::cpu::convert_scalar<Acc>(b0[i]);
+  for (int j = 1; j < n; ++j) combine_block(op, block(j), count, acc);
   if (op == ReduceOp::kAvg) {
     // As the MPI backend's divide(): f32 divides by float(n), integers truncate toward zero.
-    for (Acc& a : acc) a = std::is_floating_point_v<Acc> ? a / Acc(n) : a / n;
+    for (int64_t i = 0; i < count; ++i)
+      acc[i] = std::is_floating_point_v<Acc> ? acc[i] / Acc(n) : acc[i] / n;
   }
-  for (int64_t i = 0; i < count; ++i) out[i] = kernels::cpu::convert_scalar<T>(acc[size_t(i)]);
+  if constexpr (!std::is_same_v<T, Acc>)
+    for (int64_t i = 0; i < count; ++i) out[i] = kernels::cpu::convert_scalar<T>(acc[i]);
 }
 
 }  // namespace
