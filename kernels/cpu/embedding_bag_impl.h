@@ -71,7 +71,7 @@ inline void axpy_row(float* acc, const Float16* row, float s, int64_t n) {
 // forward's look-ahead lambda in pool_tile) therefore vanished: the backward's object file held
 // no prefetch instruction at all, and the forward kept only the ones written inline. The empty
 // volatile asm below is an effect the pass must keep, so every caller keeps its prefetches; it
-// clobbers nothing, so it costs no instruction. tests/unit/kernels_keep_prefetches.sh checks
+// clobbers nothing, so it costs no instruction. tests/unit/kernels_object_code.sh checks
 // the object files.
 //
 // Starts loading the 64-byte lines of [p, p + bytes) (locality and write intent as
