@@ -187,6 +187,8 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
     a.recompute += moes * moe.recompute;
     a.tp_comm += moes * moe.tp_comm;
     a.ep_comm = moes * moe.ep_comm;
+    a.moe_forward_delta = moe.forward - layer_f;
+    a.moe_backward_delta = moe.backward - layer_b;
   }
 
   // ZeRO per micro-batch: stage 3 gathers the weights for the forward and again for the

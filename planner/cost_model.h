@@ -101,6 +101,10 @@ struct ActionCosts {
                          // up to the compute they overlap)
   double recompute = 0;  // the recomputation inside backward
   double ep_comm = 0;    // the MoE layers' all-to-alls inside forward + backward
+  // forward and backward count each rank's average share of the MoE layers (moe_layers / pp);
+  // these are one MoE layer's forward and backward minus a dense layer's, for the stages that
+  // hold more or fewer (evaluate's moe_stage_costs).
+  double moe_forward_delta = 0, moe_backward_delta = 0;
 };
 // One MoE layer's micro-batch (See the header comment's MoE): forward, backward (with any
 // recomputation: the whole forward again for full, `attention_recompute` for selective), and

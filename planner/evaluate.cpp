@@ -34,6 +34,33 @@ double recompute_flops(const Workload& w, Recompute r) {
   return per_layer * double(m.layers) * double(w.global_batch);
 }
 
+// Note [MoE layers per stage]
+// action_costs counts every pipeline rank's average share of the MoE layers. With `every` > 1
+// the stages hold different numbers (4 layers, a MoE MLP every 4th, on 2 stages: 1 and 0), and
+// a stage with more runs longer while the others wait, which the average hides. Each stage's
+// chunk gets its own count n_s: its F is the average chunk's plus (n_s - average) times a MoE
+// layer's extra cost over a dense one. The validator takes no negative cost, so the chunks'
+// common F is set at the fewest MoE layers any stage holds (the most, if a MoE layer is the
+// cheaper) and each stage's excess over that goes into its extras; the same for B. (The routing
+// pass, the dp overlap window and the step's communication keep the average.)
+void moe_stage_costs(const TransformerShape& m, const ActionCosts& a, int pp, int stages,
+                     pl::CostModel& cost) {
+  if (!m.moe.enabled() || stages < 2) return;
+  const int64_t per_stage = m.layers / stages;
+  std::vector<double> held(size_t(stages), 0.0);
+  for (int s = 0; s < stages; ++s)
+    for (int64_t i = 0; i < per_stage; ++i) held[size_t(s)] += m.is_moe_layer(s * per_stage + i);
+  const double average = double(m.moe_layers()) / double(stages);
+  auto spread = [&](double delta, double& base, std::vector<double>& extra) {
+    const double ref = delta > 0 ? *std::min_element(held.begin(), held.end())
+                                 : *std::max_element(held.begin(), held.end());
+    base += (ref - average) * delta * double(stages) / double(pp);  // per chunk: x pp / stages
+    for (int s = 0; s < stages; ++s) extra[size_t(s)] += (held[size_t(s)] - ref) * delta;
+  };
+  spread(a.moe_forward_delta, cost.forward, cost.stage_forward_extra);
+  spread(a.moe_backward_delta, cost.backward, cost.stage_backward_extra);
+}
+
 }  // namespace
 
 Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
@@ -59,6 +86,7 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
   cost.stage_backward_extra.front() += a.embed_backward;
   cost.stage_forward_extra.back() += a.head_forward;
   cost.stage_backward_extra.back() += a.head_backward;
+  moe_stage_costs(w.model, a, l.pp, schedule.stages, cost);
   const pl::Simulation sim = pl::validate(schedule, cost);
   p.pipeline_s = sim.makespan;
   for (const auto& r : sim.ranks) p.bubble += r.bubble / double(sim.ranks.size());

@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "core/nn/gpt.h"
+#include "parallel/pipeline/generators.h"
+#include "parallel/pipeline/validator.h"
 #include "planner/search.h"
 #include "testing/files.h"
 
@@ -193,6 +195,46 @@ TEST(PlannerMoe, RoutingPassIsAForwardOfEveryMicroBatch) {
   EXPECT_EQ(evaluate(w, l, c, execution_preset("megatron")).routing_s, 0.0);
   w.model.moe.balance_loss = false;
   EXPECT_EQ(evaluate(w, l, c, e).routing_s, 0.0);
+}
+
+// Note [MoE layers per stage]: 4 layers with a MoE MLP every 4th put the one MoE layer on the
+// first of 2 stages. The pipeline is the validator's run with each stage's own layers: stage 0
+// one dense and one MoE layer (and the embedding), stage 1 two dense (and the head), built here
+// from a dense model's layer costs and moe_layer_costs. The old average (half a MoE layer on
+// each stage) predicted the pipeline shorter than that.
+TEST(PlannerMoe, EachStageCostsItsOwnMoeLayers) {
+  namespace pl = parallel::pipeline;
+  const MoeShape moe{8, 2, 4, 0};
+  const Workload w{moe_shape(4, 1024, 16, 1024, 1024, moe), 64};
+  const Workload dense{moe_shape(4, 1024, 16, 1024, 1024, {}), 64};
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  const Execution e = execution_preset("loom");
+  ASSERT_TRUE(w.model.is_moe_layer(0));
+  ASSERT_EQ(w.model.moe_layers(), 1);
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    Layout l;
+    l.dp = 4, l.pp = 2, l.mb = 4, l.schedule = schedule;  // 4 micro-batches
+    const Prediction p = evaluate(w, l, c, e);
+    ASSERT_TRUE(p.problem.empty()) << p.problem;
+    const ActionCosts& a = p.actions;
+    const ActionCosts d = action_costs(dense, l, c, e);
+    const double fd = d.forward / 2, bd = d.backward / 2;  // one dense layer
+    const MoeLayerCosts ml = moe_layer_costs(w.model, l, c, e, 0.0);
+    pl::CostModel stages;
+    stages.forward = stages.backward = stages.weight_grad = 0;
+    stages.transfer = a.p2p;
+    stages.stage_forward_extra = {fd + ml.forward + a.embed_forward, 2 * fd + a.head_forward};
+    stages.stage_backward_extra = {bd + ml.backward + a.embed_backward, 2 * bd + a.head_backward};
+    const pl::Schedule s = pl::make_schedule(schedule, 2, 4, 1);
+    const double expected = pl::validate(s, stages).makespan;
+    EXPECT_NEAR(p.pipeline_s, expected, 1e-12 * expected) << schedule;
+    pl::CostModel average;
+    average.forward = a.forward, average.backward = a.backward, average.weight_grad = 0;
+    average.transfer = a.p2p;
+    average.stage_forward_extra = {a.embed_forward, a.head_forward};
+    average.stage_backward_extra = {a.embed_backward, a.head_backward};
+    EXPECT_GT(p.pipeline_s, 1.01 * pl::validate(s, average).makespan) << schedule;
+  }
 }
 
 TEST(PlannerMoe, LayoutsParseAndRefuseBadEp) {
