@@ -52,6 +52,8 @@ struct BagRows {
 // out[0, kLanes*N) = scale * sum_j weight[j] * table[at[j] + 0 .. kLanes*N), in N vector
 // registers.
 // The first pass over a bag calls ahead(j) before row j, to prefetch rows further on.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // inline vector helpers: see embedding_bag_impl.h
 template <int N, typename W, typename Ahead>
 void pool_tile(const W* table, const BagRows& rows, int64_t n, bool first_pass, Ahead&& ahead,
                float scale, float* out) {
@@ -66,6 +68,8 @@ void pool_tile(const W* table, const BagRows& rows, int64_t n, bool first_pass, 
 #pragma GCC unroll 8
   for (int i = 0; i < N; ++i) detail::store_lanes(out + kLanes * i, acc[i] * scale);
 }
+
+#pragma GCC diagnostic pop
 
 // pool_tile<vectors> for a run-time vectors in [1, N]: the columns left after the full tiles.
 template <int N, typename W, typename Ahead>

@@ -157,28 +157,28 @@ inline void stream_row(float* dst, const float* src, int64_t n) {
 
 void prefetch_bytes(const void* p, int64_t bytes) { detail::prefetch_lines<0, 1>(p, bytes); }
 
-// Per-lane square roots of v (correctly rounded, as std::sqrt).
-inline detail::F32xV sqrt_lanes(const detail::F32xV& v) {
-  detail::F32xV r;
-#if defined(__AVX512F__)
-  __m512 x;
-  std::memcpy(&x, &v, sizeof(x));
-  x = _mm512_sqrt_ps(x);
-  std::memcpy(&r, &x, sizeof(r));
-#elif defined(__AVX__)
-  __m256 x;
-  std::memcpy(&x, &v, sizeof(x));
-  x = _mm256_sqrt_ps(x);
-  std::memcpy(&r, &x, sizeof(r));
+// v = its per-lane square roots (correctly rounded, as std::sqrt), 8 lanes per instruction (in
+// place, not returned: a vector return warns of its ABI where the target lacks the width;
+// _mm512_sqrt_ps trips GCC 12's -Wmaybe-uninitialized inside its header).
+inline void sqrt_lanes(detail::F32xV& v) {
+#if defined(__AVX__)
+  for (int part = 0; part < detail::kLanes / 8; ++part) {
+    char* at = reinterpret_cast<char*>(&v) + sizeof(__m256) * part;
+    __m256 x;
+    std::memcpy(&x, at, sizeof(x));
+    x = _mm256_sqrt_ps(x);
+    std::memcpy(at, &x, sizeof(x));
+  }
 #else
-  for (int i = 0; i < detail::kLanes; ++i) r[i] = std::sqrt(v[i]);
+  for (int i = 0; i < detail::kLanes; ++i) v[i] = std::sqrt(v[i]);
 #endif
-  return r;
 }
 
 // Adam on one row, kLanes at a time: std::sqrt may set errno, which keeps compilers from
 // vectorising it, and scalar divisions and square roots would dominate the row's time (with
 // 4-lane SSE they still made the Adam step twice the SGD step on Zen 3).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // inline vector helpers: see embedding_bag_impl.h
 void adam_row(float* w, const float* g, int64_t dim, const EmbeddingOptimizerHyper& h, float* m,
               float* v, float bias1, float bias2) {
   using detail::F32xV;
@@ -191,7 +191,9 @@ void adam_row(float* w, const float* g, int64_t dim, const EmbeddingOptimizerHyp
     const F32xV vv = b2 * detail::load_lanes(v + c) + (1.0f - b2) * gv * gv;
     detail::store_lanes(m + c, mv);
     detail::store_lanes(v + c, vv);
-    const F32xV step = (mv / bias1) / (sqrt_lanes(vv / bias2) + h.eps) + h.weight_decay * wv;
+    F32xV root = vv / bias2;
+    sqrt_lanes(root);
+    const F32xV step = (mv / bias1) / (root + h.eps) + h.weight_decay * wv;
     detail::store_lanes(w + c, wv - h.lr * step);
   }
   for (; c < dim; ++c) {  // the last dim % kLanes (a multiple of 4)
@@ -201,6 +203,7 @@ void adam_row(float* w, const float* g, int64_t dim, const EmbeddingOptimizerHyp
     w[c] -= h.lr * step;
   }
 }
+#pragma GCC diagnostic pop
 
 // The fused update of one f32 row w[0, dim) with its gradient g. See EmbeddingOptimizerHyper for
 // the formulas.

@@ -83,71 +83,15 @@ inline void prefetch_lines(const void* p, int64_t bytes) {
   asm volatile("");
 }
 
-// Built without AVX-512 (LOOM_NATIVE=OFF), GCC notes that a 64-byte vector return has another
-// ABI there; these helpers are inline within the kernel files, so no call crosses that ABI.
+// Built without AVX-512 or AVX (LOOM_NATIVE=OFF), GCC notes that a 64- or 32-byte vector return has
+// another ABI there; these helpers are inline within the kernel files, so no call crosses that ABI.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-// 16 floats as one value (GCC / Clang vector extension): a zmm register with AVX-512, a pair of
-// ymm with AVX2. Local tiles of these stay in registers where a float array would not.
-typedef float F32x16 __attribute__((vector_size(64)));
-typedef uint16_t U16x16 __attribute__((vector_size(32)));
-typedef uint32_t U32x16 __attribute__((vector_size(64)));
-
-// Loads 16 weights at p as f32 (unaligned).
-inline F32x16 load16(const float* p) {
-  F32x16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline F32x16 load16(const BFloat16* p) {
-  U16x16 h;
-  std::memcpy(&h, p, sizeof(h));
-  const U32x16 bits = __builtin_convertvector(h, U32x16) << 16;  // bf16 is f32's top half
-  F32x16 v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-inline F32x16 load16(const Float16* p) {
-  F32x16 v;
-#if defined(__F16C__)  // (not _mm512_cvtph_ps: GCC 12 warns inside it, -Wmaybe-uninitialized)
-  const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  std::memcpy(&v, &lo, sizeof(lo));
-  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
-#else
-  for (int i = 0; i < 16; ++i) v[i] = f16_to_float(p[i]);
-#endif
-  return v;
-}
-inline void store16(float* p, const F32x16& v) { std::memcpy(p, &v, sizeof(v)); }
-
-// Stores 16 floats at p rounded to nearest even, as float_to_bf16 / float_to_f16 do one by one.
-inline void store16(BFloat16* p, const F32x16& v) {
-  U32x16 u;
-  std::memcpy(&u, &v, sizeof(u));
-  const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const U32x16 nan = (u >> 16) | 0x40u;  // quiet NaN, as float_to_bf16
-  const U32x16 bits = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
-  const U16x16 h = __builtin_convertvector(bits, U16x16);
-  std::memcpy(p, &h, sizeof(h));
-}
-inline void store16(Float16* p, const F32x16& v) {
-#if defined(__F16C__)
-  __m256 half[2];
-  std::memcpy(half, &v, sizeof(v));
-  for (int i = 0; i < 2; ++i)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * i),
-                     _mm256_cvtps_ph(half[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-  for (int i = 0; i < 16; ++i) p[i] = float_to_f16(v[i]);
-#endif
-}
-
-// The widest vector the target adds in one instruction: 16 floats with AVX-512, else 8 (AVX2).
-// The forward's tiles use it: a tile of 64-byte vectors on an AVX2 target is split into pairs of
-// ymm and GCC 12 keeps the halves on the stack, which made the Zen 3 forward 2x slower than
-// torch.nn.EmbeddingBag (Note [Embedding tile width], embedding_bag.cpp).
+// The widest vector the target adds in one instruction, as one value (GCC / Clang vector
+// extension): 16 floats (a zmm register) with AVX-512, else 8 (a ymm with AVX2). Local tiles of
+// these stay in registers where a float array would not; a wider generic vector does not (Note
+// [Embedding tile width], embedding_bag.cpp).
 #if defined(__AVX512F__)
 inline constexpr int kLanes = 16;
 #else
@@ -166,27 +110,23 @@ inline F32xV load_lanes(const float* p) {
 inline F32xV load_lanes(const BFloat16* p) {
   U16xV h;
   std::memcpy(&h, p, sizeof(h));
-  const U32xV bits = __builtin_convertvector(h, U32xV) << 16;
+  const U32xV bits = __builtin_convertvector(h, U32xV) << 16;  // bf16 is f32's top half
   F32xV v;
   std::memcpy(&v, &bits, sizeof(v));
   return v;
 }
 inline F32xV load_lanes(const Float16* p) {
-  if constexpr (kLanes == 16) {
-    const F32x16 v = load16(p);
-    F32xV w;
-    std::memcpy(&w, &v, sizeof(w));
-    return w;
-  } else {
-    F32xV v;
-#if defined(__F16C__)
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    std::memcpy(&v, &x, sizeof(v));
-#else
-    for (int i = 0; i < kLanes; ++i) v[i] = f16_to_float(p[i]);
-#endif
-    return v;
+  F32xV v;
+#if defined(__F16C__)  // 8 at a time (not _mm512_cvtph_ps: GCC 12 warns inside it)
+  for (int part = 0; part < kLanes / 8; ++part) {
+    const __m256 x =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * part)));
+    std::memcpy(reinterpret_cast<char*>(&v) + sizeof(x) * part, &x, sizeof(x));
   }
+#else
+  for (int i = 0; i < kLanes; ++i) v[i] = f16_to_float(p[i]);
+#endif
+  return v;
 }
 inline void store_lanes(float* p, const F32xV& v) { std::memcpy(p, &v, sizeof(v)); }
 
@@ -201,20 +141,16 @@ inline void store_lanes(BFloat16* p, const F32xV& v) {
   std::memcpy(p, &h, sizeof(h));
 }
 inline void store_lanes(Float16* p, const F32xV& v) {
-  if constexpr (kLanes == 16) {
-    F32x16 w;
-    std::memcpy(&w, &v, sizeof(w));
-    store16(p, w);
-  } else {
 #if defined(__F16C__)
+  for (int part = 0; part < kLanes / 8; ++part) {
     __m256 x;
-    std::memcpy(&x, &v, sizeof(x));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+    std::memcpy(&x, reinterpret_cast<const char*>(&v) + sizeof(x) * part, sizeof(x));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * part),
                      _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-    for (int i = 0; i < kLanes; ++i) p[i] = float_to_f16(v[i]);
-#endif
   }
+#else
+  for (int i = 0; i < kLanes; ++i) p[i] = float_to_f16(v[i]);
+#endif
 }
 
 // dst[0, n) = src[0, n) converted (n a multiple of 4), kLanes at a time.
