@@ -42,14 +42,16 @@ double recompute_flops(const Workload& w, Recompute r) {
 // layer's extra cost over a dense one. The validator takes no negative cost, so the chunks'
 // common F is set at the fewest MoE layers any stage holds (the most, if a MoE layer is the
 // cheaper) and each stage's excess over that goes into its extras; the same for B. (The routing
-// pass, the dp overlap window and the step's communication keep the average.)
+// pass, the dp overlap window and the step's communication keep the average, and where ZeRO's
+// per-micro-batch collectives hide the compute, the difference is added to the overlapped
+// figure: an upper bound for that stage.)
 void moe_stage_costs(const TransformerShape& m, const ActionCosts& a, int pp, int stages,
                      pl::CostModel& cost) {
   if (!m.moe.enabled() || stages < 2) return;
   const int64_t per_stage = m.layers / stages;
   std::vector<double> held(size_t(stages), 0.0);
   for (int s = 0; s < stages; ++s)
-    for (int64_t i = 0; i < per_stage; ++i) held[size_t(s)] += m.is_moe_layer(s * per_stage + i);
+    held[size_t(s)] = double(m.moe_layers_in(s * per_stage, per_stage));
   const double average = double(m.moe_layers()) / double(stages);
   auto spread = [&](double delta, double& base, std::vector<double>& extra) {
     const double ref = delta > 0 ? *std::min_element(held.begin(), held.end())

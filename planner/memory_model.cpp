@@ -93,8 +93,7 @@ RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
 
 int64_t moe_layers_in(const TransformerShape& m, const RankChunks& rc) {
   int64_t n = 0;
-  for (int stage : rc.stages)
-    for (int64_t i = 0; i < rc.chunk_layers; ++i) n += m.is_moe_layer(stage * rc.chunk_layers + i);
+  for (int stage : rc.stages) n += m.moe_layers_in(stage * rc.chunk_layers, rc.chunk_layers);
   return n;
 }
 

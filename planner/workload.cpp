@@ -19,6 +19,12 @@ int64_t TransformerShape::moe_layers() const {
   return moe.enabled() ? (layers + moe.every - 1) / moe.every : 0;
 }
 
+int64_t TransformerShape::moe_layers_in(int64_t first, int64_t count) const {
+  int64_t n = 0;
+  for (int64_t i = first; i < first + count; ++i) n += is_moe_layer(i);
+  return n;
+}
+
 int64_t TransformerShape::expert_width() const {
   return moe.expert_hidden > 0 ? moe.expert_hidden : 4 * hidden;
 }

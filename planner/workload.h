@@ -43,8 +43,10 @@ struct TransformerShape {
   double layer_parameters() const;         // a dense layer: 12h^2 + 13h
   bool is_moe_layer(int64_t layer) const;  // layer (0-based) has a MoE MLP
   int64_t moe_layers() const;              // how many do
-  int64_t expert_width() const;            // f: expert_hidden, or 4h
-  double expert_parameters() const;        // one expert: 2hf + f + h
+  // How many of layers [first, first + count) have a MoE MLP (a pipeline stage's).
+  int64_t moe_layers_in(int64_t first, int64_t count) const;
+  int64_t expert_width() const;      // f: expert_hidden, or 4h
+  double expert_parameters() const;  // one expert: 2hf + f + h
   // A MoE layer: attention and LayerNorms 4h^2 + 8h, the router h E, E experts.
   double moe_layer_parameters() const;
   double embedding_parameters() const;  // V h + s h (token and position tables)
