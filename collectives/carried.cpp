@@ -61,16 +61,15 @@ void reduce_blocks(const char* gathered, int n, int64_t block_bytes, ReduceOp op
 
 }  // namespace
 
-void reduce_in_rank_order(const Tensor& gathered, int n, DType dtype, ReduceOp op, int64_t first,
-                          const Tensor& out) {
-  LOOM_ASSERT(n > 0 && gathered.nbytes() % size_t(n) == 0 && out.is_contiguous() &&
-                  out.dtype() == dtype && out.device().is_cpu(),
-              "reduce_in_rank_order of ", gathered.str(), " into ", out.str());
-  const int64_t block_bytes = int64_t(gathered.nbytes()) / n;
+void reduce_in_rank_order(const void* gathered, size_t block_size, int n, DType dtype,
+                          ReduceOp op, int64_t first, const Tensor& out) {
+  LOOM_ASSERT(n > 0 && out.is_contiguous() && out.dtype() == dtype && out.device().is_cpu(),
+              "reduce_in_rank_order of ", n, " blocks into ", out.str());
+  const auto block_bytes = int64_t(block_size);
   LOOM_ASSERT((first + out.numel()) * int64_t(dtype_size(dtype)) <= block_bytes,
               "reduce_in_rank_order: elements [", first, ", ", first + out.numel(),
               ") outside a block of ", block_bytes, " bytes");
-  const auto* g = static_cast<const char*>(gathered.data_ptr());
+  const auto* g = static_cast<const char*>(gathered);
   const int64_t count = out.numel();
   switch (dtype) {
     case DType::kF32:

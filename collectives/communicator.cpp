@@ -235,11 +235,12 @@ struct Communicator::Pending {
   // What the hash covers besides `file`: op, dtype, count, root, reduce, line, and the group's
   // collectives before this one (not its sequence number, which counts sends too).
   std::array<int64_t, kFields> fields;
-  std::function<WorkPtr(const OpInfo&)> post;
-  Tensor check;  // [hash, ~hash], reduced with max over the group
-  // A carried collective's input and every rank's, from the check (Note [Small collectives in
-  // their check]); undefined otherwise.
-  Tensor payload, gathered;
+  std::function<WorkPtr(const OpInfo&)> post;  // empty for a carried collective
+  std::array<int64_t, 2> check{};              // [hash, ~hash], reduced with max over the group
+  // A carried collective, and every rank's input from the check (Note [Small collectives in
+  // their check]); kind kNone otherwise.
+  Carried carried;
+  std::vector<char> gathered;
   WorkPtr check_work;  // null until it is the group's oldest
   WorkPtr posted;      // the collective, once its check agreed
   // Why it will never be posted: its check disagreed (`error`, empty while the explanation is
@@ -275,10 +276,7 @@ size_t g_queued = 0;
 
 // Whether a check's [max hash, max ~hash] over the group says every rank had the same hash: the
 // largest equals the smallest (~max ~h).
-bool hashes_agree(const Tensor& check) {
-  const auto* v = static_cast<const int64_t*>(check.data_ptr());
-  return v[0] == ~v[1];
-}
+bool hashes_agree(const std::array<int64_t, 2>& check) { return check[0] == ~check[1]; }
 
 }  // namespace
 
@@ -402,11 +400,12 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
                sig.reduce,      sig.line,           int64_t(nth)};
   uint64_t h = fnv1a(14695981039346656037ull, p->fields.data(), sizeof p->fields);
   h = fnv1a(h, p->file.data(), p->file.size());
-  p->check = Tensor::from_vector<int64_t>({int64_t(h), int64_t(~h)}, {2});
+  p->check = {int64_t(h), int64_t(~h)};
 
   Communicator* channel = check_channel();
   if (!channel) {  // checked on the group itself, before posting
-    allreduce_impl(p->check, p->check, AllreduceOptions{ReduceOp::kMax},
+    Tensor check = Tensor::from_external(p->check.data(), {2}, {1}, DType::kI64, nullptr);
+    allreduce_impl(check, check, AllreduceOptions{ReduceOp::kMax},
                    OpInfo{sig.op, info.sequence, info.bytes})
         ->wait();
     if (!hashes_agree(p->check)) {
@@ -420,14 +419,16 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     queue_->owner = this;
     checked_groups().push_back(this);
   }
-  if (carried.on) {
-    p->payload = carried.payload;
-    if (p->payload.defined())
-      p->gathered = Tensor::empty({int64_t(p->payload.nbytes()) * size_}, DType::kU8);
-    p->post = [finish = std::move(carried.finish), gathered = p->gathered](const OpInfo&) {
-      if (finish) finish(gathered);
-      return completed_work();
-    };
+  if (carried.kind != Carried::Kind::kNone) {
+    p->carried = std::move(carried);
+    if (p->carried.payload.defined()) {
+      // A buffer of an earlier carried collective when there is one (no allocation per call).
+      if (!spare_gathered_.empty()) {
+        p->gathered = std::move(spare_gathered_.back());
+        spare_gathered_.pop_back();
+      }
+      p->gathered.resize(p->carried.payload.nbytes() * size_t(size_));
+    }
   } else {
     p->post = std::move(post);
   }
@@ -441,8 +442,11 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
 void Communicator::post_check(Pending& p, Communicator& channel) {
   if (channel.timeout_seconds() != timeout_s_) channel.set_timeout_seconds(timeout_s_);
   // Named as the collective it checks: a timeout reads "allreduce #17" of this group.
-  p.check_work = channel.check_exchange_impl(p.check, p.payload, p.gathered,
-                                             OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
+  const Tensor& payload = p.carried.payload;
+  p.check_work = channel.check_exchange_impl(
+      p.check.data(), payload.defined() ? payload.data_ptr() : nullptr,
+      payload.defined() ? payload.nbytes() : 0, p.gathered.empty() ? nullptr : p.gathered.data(),
+      OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
 }
 
 void Communicator::advance(const Pending* until) {
@@ -465,7 +469,15 @@ void Communicator::advance(const Pending* until) {
     --g_queued;
     if (hashes_agree(head->check)) {
       try {
-        head->posted = head->post(head->info);
+        if (head->carried.kind == Carried::Kind::kNone) {
+          head->posted = head->post(head->info);
+        } else {
+          finish_carried(head->carried, head->gathered.data());
+          head->posted = completed_work();
+          head->carried = Carried();
+          if (spare_gathered_.size() < kSpareGathered)
+            spare_gathered_.push_back(std::move(head->gathered));
+        }
       } catch (...) {
         head->failed = true;
         head->post_error = std::current_exception();
@@ -546,6 +558,22 @@ std::string Communicator::explanation(Pending& p) {
       "lines count as different calls); LOOM_COMM_DEBUG=0 turns this check off");
 }
 
+void Communicator::finish_carried(const Carried& carried, const void* gathered) const {
+  const Tensor& out = carried.output;
+  switch (carried.kind) {
+    case Carried::Kind::kReduce:
+      reduce_in_rank_order(gathered, carried.payload.nbytes(), size_, out.dtype(), carried.op,
+                           carried.first, out);
+      return;
+    case Carried::Kind::kGather:
+      if (out.nbytes() > 0) std::memcpy(out.data_ptr(), gathered, out.nbytes());
+      return;
+    case Carried::Kind::kBarrier:
+    case Carried::Kind::kNone:
+      return;
+  }
+}
+
 std::string OpContext::str() const {
   return detail::str_cat("group '", group, "' (rank ", rank, " of ", size, ") ", op, " #", sequence,
                          ", ", bytes, " bytes");
@@ -562,19 +590,14 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
     if (Hierarchy* h = route("allreduce", input.nbytes()))
       return h->allreduce(input, output, options.op);
-  Carried carried;
+  const Signature sig{"allreduce",       input.dtype(),    input.numel(), -1,
+                      int(options.op), site.file_name(), int(site.line())};
   if (carried_by_check(input.nbytes(), on_host(input, output)))
-    carried = {true, input, [output, op = options.op, n = size_](const Tensor& gathered) {
-                 reduce_in_rank_order(gathered, n, output.dtype(), op, 0, output);
-               }};
-  return collective(
-      {"allreduce", input.dtype(), input.numel(), -1, int(options.op), site.file_name(),
-       int(site.line())},
-      input.nbytes(),
-      [=, this, output = output](const OpInfo& info) mutable {
-        return allreduce_impl(input, output, options, info);
-      },
-      std::move(carried));
+    return collective(sig, input.nbytes(), nullptr,
+                      Carried{Carried::Kind::kReduce, input, output, options.op, 0});
+  return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+    return allreduce_impl(input, output, options, info);
+  });
 }
 
 WorkPtr Communicator::allreduce(Tensor& tensor, const AllreduceOptions& options, Site site) {
@@ -593,21 +616,15 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
   if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
     if (Hierarchy* h = route("reduce_scatter", input.nbytes()))
       return h->reduce_scatter(input, output, options.op);
-  Carried carried;
+  const Signature sig{"reduce_scatter",  input.dtype(),    input.numel(), -1,
+                      int(options.op), site.file_name(), int(site.line())};
   if (carried_by_check(input.nbytes(), on_host(input, output)))
-    carried = {true, input,
-               [output, op = options.op, n = size_,
-                first = output.numel() * rank_](const Tensor& gathered) {
-                 reduce_in_rank_order(gathered, n, output.dtype(), op, first, output);
-               }};
-  return collective(
-      {"reduce_scatter", input.dtype(), input.numel(), -1, int(options.op), site.file_name(),
-       int(site.line())},
-      input.nbytes(),
-      [=, this, output = output](const OpInfo& info) mutable {
-        return reduce_scatter_impl(input, output, options, info);
-      },
-      std::move(carried));
+    return collective(
+        sig, input.nbytes(), nullptr,
+        Carried{Carried::Kind::kReduce, input, output, options.op, output.numel() * rank_});
+  return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+    return reduce_scatter_impl(input, output, options, info);
+  });
 }
 
 WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
@@ -619,21 +636,16 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
              " elements, expected group size ", size_, " x input's ", input.numel(), " = ",
              input.numel() * size_);
   if (Hierarchy* h = route("allgather", output.nbytes())) return h->allgather(input, output);
-  Carried carried;
+  const Signature sig{"allgather", input.dtype(),    input.numel(), -1,
+                      -1,          site.file_name(), int(site.line())};
   // Counted twice: MPI's own allgather takes less time per byte than its allreduce, so carrying
   // it pays only up to about half the size (benchmarks/README.md).
   if (carried_by_check(2 * input.nbytes(), on_host(input, output)))
-    carried = {true, input, [output](const Tensor& gathered) {
-                 if (output.nbytes() > 0)
-                   std::memcpy(output.data_ptr(), gathered.data_ptr(), output.nbytes());
-               }};
-  return collective(
-      {"allgather", input.dtype(), input.numel(), -1, -1, site.file_name(), int(site.line())},
-      output.nbytes(),
-      [=, this, output = output](const OpInfo& info) mutable {
-        return allgather_impl(input, output, options, info);
-      },
-      std::move(carried));
+    return collective(sig, output.nbytes(), nullptr,
+                      Carried{Carried::Kind::kGather, input, output});
+  return collective(sig, output.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+    return allgather_impl(input, output, options, info);
+  });
 }
 
 WorkPtr Communicator::broadcast(Tensor& tensor, const BroadcastOptions& options) {
@@ -726,11 +738,10 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
 }
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
-  Carried carried;
-  if (carried_by_check(0, true)) carried.on = true;  // the check is the barrier
-  return collective(
-      {"barrier"}, 0, [=, this](const OpInfo& info) { return barrier_impl(options, info); },
-      std::move(carried));
+  if (carried_by_check(0, true))  // the check is the barrier
+    return collective({"barrier"}, 0, nullptr, Carried{Carried::Kind::kBarrier, {}, {}});
+  return collective({"barrier"}, 0,
+                    [=, this](const OpInfo& info) { return barrier_impl(options, info); });
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {

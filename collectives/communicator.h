@@ -248,14 +248,18 @@ class Communicator {
   virtual Communicator* check_channel() { return nullptr; }
   // The signature check's one exchange: `pair` (two i64) becomes its elementwise max over the
   // group. An allreduce unless the backend has a cheaper way (Note [Collective signatures]).
-  // With a `payload` (host bytes; size() x its size at most check_payload_limit()), `gathered`
-  // (host bytes, size() x the payload's) also receives every rank's payload in rank order: a
-  // small collective carried by its check (Note [Small collectives in their check]).
-  virtual WorkPtr check_exchange_impl(Tensor& pair, const Tensor& payload, Tensor& gathered,
-                                      const OpInfo& info) {
-    LOOM_ASSERT(!payload.defined() && !gathered.defined(), "backend ", backend(),
+  // With a `payload` (`payload_bytes` of host memory; size() x that at most
+  // check_payload_limit()), `gathered` (host memory, size() x payload_bytes) also receives every
+  // rank's payload in rank order: a small collective carried by its check (Note [Small
+  // collectives in their check]). Raw memory, not tensors: a carried collective is small, and
+  // making tensors for it was a visible part of its time. The caller keeps all three alive until
+  // the work is complete or destroyed; the payload is read before this returns.
+  virtual WorkPtr check_exchange_impl(int64_t* pair, const void* payload, size_t payload_bytes,
+                                      void* gathered, const OpInfo& info) {
+    LOOM_ASSERT(payload_bytes == 0 && gathered == nullptr, "backend ", backend(),
                 " carries no payload in its signature check");
-    return allreduce_impl(pair, pair, AllreduceOptions{ReduceOp::kMax}, info);
+    Tensor t = Tensor::from_external(pair, {2}, {1}, DType::kI64, nullptr);
+    return allreduce_impl(t, t, AllreduceOptions{ReduceOp::kMax}, info);
   }
   // The most bytes, summed over the group, that check_exchange_impl carries; 0: none.
   virtual size_t check_payload_limit() const { return 0; }
@@ -288,13 +292,24 @@ class Communicator {
   // The Hierarchy to run a call on (goes_hierarchical), tallied as this group's; else null.
   Hierarchy* route(const char* op, size_t bytes);
   // A small collective done by its signature check's exchange (Note [Small collectives in their
-  // check]): every rank's `payload` reaches every rank, and `finish` writes this rank's outputs
-  // from all of them (size() payloads in rank order) once the check has agreed.
+  // check]): every rank's `payload` reaches every rank, and this rank's `output` is made from all
+  // of them (size() payloads in rank order) once the check has agreed. Data, not a callback: a
+  // carried collective is small, and allocating closures for it was a visible part of its time.
   struct Carried {
-    bool on = false;
-    Tensor payload;  // this rank's bytes (undefined: none, as for a barrier)
-    std::function<void(const Tensor& gathered)> finish;
+    enum class Kind {
+      kNone,     // not carried: posted once its check agrees
+      kBarrier,  // the check is the barrier; no payload
+      kReduce,   // output = op over the payloads in rank order, from element `first` of each
+      kGather,   // output = the payloads one after another
+    };
+    Kind kind = Kind::kNone;
+    Tensor payload;  // this rank's input
+    Tensor output;
+    ReduceOp op = ReduceOp::kSum;
+    int64_t first = 0;
   };
+  // Writes a carried collective's output from `gathered`, every rank's payload in rank order.
+  void finish_carried(const Carried& carried, const void* gathered) const;
   // Whether a collective in which every rank contributes `bytes` travels inside its check
   // (`on_host`: its buffers are host memory).
   bool carried_by_check(size_t bytes, bool on_host);
@@ -342,6 +357,9 @@ class Communicator {
   std::shared_ptr<Hierarchy> hierarchy_;
   std::shared_ptr<const CollectiveCosts> costs_;
   bool advancing_ = false;  // inside advance(): See Note [The check queue]
+  // The `gathered` buffers of finished carried collectives, for the next ones.
+  static constexpr size_t kSpareGathered = 4;
+  std::vector<std::vector<char>> spare_gathered_;
 };
 
 // The world: the MPI world when the process was launched by mpirun and loom has MPI (MPI is

@@ -467,14 +467,15 @@ std::string census(MPI_Comm comm, const std::string& waiting_for) {
 
 // ---------------------------------------------------------------- the work
 
-class MpiWork final : public PollingWork {
+// A work that polls MPI requests on `comm`. A CommError from its wait or test (timed out, or MPI
+// failed) marks it and its communicator failed: its destructor, and those of the group's other
+// pending works, then abandon their operations at once instead of waiting again (See Note
+// [Abandoned operations]).
+class MpiPolledWork : public PollingWork {
  public:
-  MpiWork(std::shared_ptr<CommHandle> comm, OpContext context, double timeout_s)
+  MpiPolledWork(std::shared_ptr<CommHandle> comm, OpContext context, double timeout_s)
       : PollingWork(std::move(context), timeout_s), comm(std::move(comm)), timeout_s_(timeout_s) {}
-  ~MpiWork() override;
 
-  // A CommError (timed out, or MPI failed) marks the work failed: its destructor then abandons
-  // it at once instead of waiting again (See Note [Abandoned operations]).
   void wait() override {
     try {
       PollingWork::wait();
@@ -493,13 +494,49 @@ class MpiWork final : public PollingWork {
   }
 
   std::shared_ptr<CommHandle> comm;  // kept until the requests complete
+
+ protected:
+  std::string late_ranks() override {
+    return comm && !mpi_finalized() ? census(comm->comm, waiting_for()) : "";
+  }
+
+  // For a destructor: whether `complete` (one poll: true once the operation is complete)
+  // succeeds within the group's timeout; false at once when a wait on the group already failed.
+  template <typename Complete>
+  bool settles(Complete&& complete) {
+    if (failed_ || (comm && comm->failed) || mpi_finalized()) return false;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (Clock::now() < deadline) {
+      try {
+        if (complete()) return true;
+      } catch (...) {
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return false;
+  }
+
+ private:
+  void mark_failed() {
+    failed_ = true;
+    if (comm) comm->failed = true;
+  }
+
+  double timeout_s_;
+  bool failed_ = false;
+};
+
+class MpiWork final : public MpiPolledWork {
+ public:
+  using MpiPolledWork::MpiPolledWork;
+  ~MpiWork() override;
+
   std::vector<MPI_Request> requests;
   std::vector<MPI_Status> statuses;  // filled by MPI_Testall when sized like requests
   std::vector<Tensor> buffers;       // all that MPI reads or writes: alive until completion
   std::vector<int> ints;             // count/displacement arrays or int buffers, as `buffers`
-  // A signature exchange's messages, as `buffers` (See Note [Signature exchange]).
-  std::shared_ptr<std::vector<int64_t>> scratch;
-  std::function<void()> then;  // post-processing once complete (divide, copy back, ...)
+  std::function<void()> then;        // post-processing once complete (divide, copy back, ...)
   // An operation of several rounds: called when the posted requests have completed, it posts
   // the next round's (true) or ends the operation (false).
   std::function<bool()> next_round;
@@ -533,10 +570,6 @@ class MpiWork final : public PollingWork {
     return true;
   }
 
-  std::string late_ranks() override {
-    return comm && !mpi_finalized() ? census(comm->comm, waiting_for()) : "";
-  }
-
   void finish() override {
     std::function<void()> f = std::move(then);
     then = nullptr;
@@ -545,39 +578,153 @@ class MpiWork final : public PollingWork {
     if (comm) comm->failed = false;  // the group works again
     comm.reset();
   }
-
- private:
-  void mark_failed() {
-    failed_ = true;
-    if (comm) comm->failed = true;
-  }
-
-  double timeout_s_;
-  bool failed_ = false;
 };
 
 MpiWork::~MpiWork() {
   if (done() || requests.empty()) return;
   // See Note [Abandoned operations].
-  if (!failed_ && !(comm && comm->failed) && !mpi_finalized()) {
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    while (Clock::now() < deadline) {
-      int flag = 0;
-      if (MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE) !=
-          MPI_SUCCESS)
-        break;
-      if (flag) {
-        try {
-          finish();  // the results are as complete as if wait() had been called
-        } catch (...) {
-        }
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const bool settled = settles([this] {
+    int flag = 0;
+    if (MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE) !=
+        MPI_SUCCESS)
+      throw CommError("MPI_Testall failed");
+    if (flag) finish();  // the results are as complete as if wait() had been called
+    return flag != 0;
+  });
+  if (!settled)
+    abandoned().push_back(Abandoned{std::move(requests), std::move(buffers), std::move(ints),
+                                    nullptr, std::move(comm)});
+}
+
+// Note [Signature exchange]
+// The check channel's exchange (Note [Collective signatures]) is a max over the group plus,
+// for a carried collective (Note [Small collectives in their check]), an allgather of its
+// payloads. Both travel in ceil(log2 n) rounds of one send and one receive per rank (Bruck's
+// allgather): rank r holds the payloads of ranks r, r+1, ... (mod n), and in round k sends its
+// running max pair and the first min(2^k, n - held) payloads it holds to r - 2^k, receiving
+// r + 2^k's, which continue its own. After the rounds each rank has seen every rank's pair and
+// holds every payload. Point-to-point messages cost a fraction of a nonblocking allreduce's
+// schedule (Open MPI's libnbc). Each message is [max hash, max ~hash, payload bytes that
+// follow, payloads]; every receive has room for the largest message any call may send, so a
+// peer making another call (another payload size) is read, not truncated, and makes the
+// receiver mark the check failed (both of its pair set to the largest value, which no
+// agreeing pair has). Each round has its own tag; the channel carries nothing else, and one
+// exchange at a time.
+//
+// It is a work of its own rather than an MpiWork with a next_round closure: one round's two
+// requests in fields, a scratch buffer reused from the last exchange, nothing allocated per
+// call but the work itself (a small collective's time was largely allocations: 25 per call).
+constexpr int64_t kCheckHeader = 3 * int64_t(sizeof(int64_t));
+// Measured on 2 ranks (benchmarks/README.md): carrying wins up to 8 KiB per rank and loses at
+// 16 KiB, where the copies in and out of the messages cost more than MPI's own algorithms.
+constexpr size_t kCarriedBytes = 16 * 1024;
+// One message: the header and at most every payload.
+constexpr int64_t kCheckMessage = kCheckHeader + int64_t(kCarriedBytes);
+
+// Scratch buffers of completed exchanges (out: this rank's header and the payloads it holds; in:
+// what a round receives), for the next exchange. Host memory of the communicator, as MPI's own
+// buffers are, not tensors: the memory accounting of a model (tests/mpi/memory_test.cpp) counts
+// what its tensors hold. An exchange that never completes keeps its buffer (See Note [Abandoned
+// operations]).
+using ExchangeScratch = std::shared_ptr<std::vector<int64_t>>;
+using SpareScratch = std::shared_ptr<std::vector<ExchangeScratch>>;
+
+class SignatureExchange final : public MpiPolledWork {
+ public:
+  // `pair`, `gathered`: as check_exchange_impl's, written on completion; `payload`: copied now.
+  SignatureExchange(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
+                    int rank, int n, int64_t* pair, const void* payload, int64_t block,
+                    void* gathered, SpareScratch spare)
+      : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
+        rank_(rank),
+        n_(n),
+        pair_(pair),
+        block_(block),
+        gathered_(static_cast<char*>(gathered)),
+        spare_(std::move(spare)) {
+    if (spare_->empty()) {
+      scratch_ = std::make_shared<std::vector<int64_t>>(size_t(2 * kCheckMessage) / sizeof(int64_t));
+    } else {
+      scratch_ = std::move(spare_->back());
+      spare_->pop_back();
     }
+    mine_ = scratch_->data();
+    in_ = reinterpret_cast<const int64_t*>(reinterpret_cast<char*>(mine_) + kCheckMessage);
+    held_ = reinterpret_cast<char*>(mine_ + 3);
+    mine_[0] = pair[0];
+    mine_[1] = pair[1];
+    if (block_ > 0) std::memcpy(held_, payload, size_t(block_));
+    post_round(std::min(1, n_ - 1));
   }
-  abandoned().push_back(Abandoned{std::move(requests), std::move(buffers), std::move(ints),
-                                  std::move(scratch), std::move(comm)});
+  ~SignatureExchange() override;
+
+ protected:
+  bool poll() override {
+    int flag = 0;
+    check_mpi(MPI_Testall(2, requests_, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", __FILE__,
+              __LINE__, context());
+    if (flag == 0) return false;
+    const int64_t count = std::min<int64_t>(have_, n_ - have_);  // what this round carried
+    if (in_[2] != count * block_) {  // another call: fail the check on every rank
+      mine_[0] = mine_[1] = std::numeric_limits<int64_t>::max();
+    } else {
+      mine_[0] = std::max(mine_[0], in_[0]);
+      mine_[1] = std::max(mine_[1], in_[1]);
+      if (block_ > 0) std::memcpy(held_ + have_ * block_, in_ + 3, size_t(count * block_));
+    }
+    have_ += count;
+    if (have_ < n_) {
+      ++round_;
+      post_round(std::min<int64_t>(have_, n_ - have_));
+      return false;
+    }
+    pair_[0] = mine_[0];
+    pair_[1] = mine_[1];
+    // held[i] is rank (r + i) % n's payload: into rank order.
+    for (int64_t i = 0; block_ > 0 && i < n_; ++i)
+      std::memcpy(gathered_ + ((rank_ + i) % n_) * block_, held_ + i * block_, size_t(block_));
+    return true;
+  }
+
+  void finish() override {
+    spare_->push_back(std::move(scratch_));  // no request uses it any more
+    if (comm) comm->failed = false;          // the group works again
+    comm.reset();
+  }
+
+ private:
+  // Round round_: receives from r + 2^k, sends `sent` payloads to r - 2^k.
+  void post_round(int64_t sent) {
+    const int step = 1 << round_;  // < n
+    mine_[2] = sent * block_;
+    const MPI_Comm c = comm->comm;
+    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(const_cast<int64_t*>(in_), int(kCheckMessage), MPI_BYTE,
+                                           (rank_ + step) % n_, round_, c, &requests_[0]));
+    LOOM_MPI_CHECK_IN(context(),
+                      MPI_Isend(mine_, int(kCheckHeader + sent * block_), MPI_BYTE,
+                                (rank_ - step + n_) % n_, round_, c, &requests_[1]));
+  }
+
+  int rank_, n_;
+  int64_t* pair_;
+  int64_t block_;
+  char* gathered_;
+  SpareScratch spare_;
+  ExchangeScratch scratch_;
+  int64_t* mine_;
+  const int64_t* in_;
+  char* held_;
+  MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int round_ = 0;
+  int64_t have_ = 1;  // payloads held: this rank's own
+};
+
+SignatureExchange::~SignatureExchange() {
+  if (done()) return;
+  // See Note [Abandoned operations]: the rounds go on while it settles.
+  if (!settles([this] { return poll(); }))
+    abandoned().push_back(Abandoned{{requests_[0], requests_[1]}, {}, {}, std::move(scratch_),
+                                    std::move(comm)});
 }
 
 // ---------------------------------------------------------------- the communicator
@@ -820,94 +967,17 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  // Note [Signature exchange]
-  // The check channel's exchange (Note [Collective signatures]) is a max over the group plus,
-  // for a carried collective (Note [Small collectives in their check]), an allgather of its
-  // payloads. Both travel in ceil(log2 n) rounds of one send and one receive per rank (Bruck's
-  // allgather): rank r holds the payloads of ranks r, r+1, ... (mod n), and in round k sends its
-  // running max pair and the first min(2^k, n - held) payloads it holds to r - 2^k, receiving
-  // r + 2^k's, which continue its own. After the rounds each rank has seen every rank's pair and
-  // holds every payload. Point-to-point messages cost a fraction of a nonblocking allreduce's
-  // schedule (Open MPI's libnbc). Each message is [max hash, max ~hash, payload bytes that
-  // follow, payloads]; every receive has room for the largest message any call may send, so a
-  // peer making another call (another payload size) is read, not truncated, and makes the
-  // receiver mark the check failed (both of its pair set to the largest value, which no
-  // agreeing pair has). Each round has its own tag; the channel carries nothing else, and one
-  // exchange at a time.
-  static constexpr int64_t kCheckHeader = 3 * int64_t(sizeof(int64_t));
-  // Measured on 2 ranks (benchmarks/README.md): carrying wins up to 8 KiB per rank and loses at
-  // 16 KiB, where the copies in and out of the messages cost more than MPI's own algorithms.
-  static constexpr size_t kCarriedBytes = 16 * 1024;
   size_t check_payload_limit() const override { return kCarriedBytes; }
 
-  WorkPtr check_exchange_impl(Tensor& pair, const Tensor& payload, Tensor& gathered,
-                              const OpInfo& info) override {
-    LOOM_ASSERT(pair.dtype() == DType::kI64 && pair.numel() == 2 && pair.is_contiguous(),
-                "signature exchange of ", pair.str());
-    const int n = size();
-    const int64_t block = payload.defined() ? int64_t(payload.nbytes()) : 0;
-    LOOM_ASSERT(size_t(block) * size_t(n) <= kCarriedBytes &&
-                    (block == 0 || (payload.is_contiguous() && payload.device().is_cpu() &&
-                                    int64_t(gathered.nbytes()) == block * n)),
-                "signature exchange carrying ", payload.str(), " into ", gathered.str());
-    // out: this rank's header and the payloads it holds; in: what a round receives. Both in one
-    // scratch buffer, reused from the last exchange that completed (an exchange that never
-    // completes keeps its buffer: See Note [Abandoned operations]). Host memory of the
-    // communicator, as MPI's own buffers are, not tensors: the memory accounting of a model
-    // (tests/mpi/memory_test.cpp) counts what its tensors hold.
-    constexpr int64_t kHalf = kCheckHeader + int64_t(kCarriedBytes);
-    auto w = make_work(info, {pair, payload, gathered});
-    if (spare_scratch_->empty()) {
-      w->scratch = std::make_shared<std::vector<int64_t>>(size_t(2 * kHalf) / sizeof(int64_t));
-    } else {
-      w->scratch = std::move(spare_scratch_->back());
-      spare_scratch_->pop_back();
-    }
-    auto* mine = w->scratch->data();
-    auto* in = reinterpret_cast<const int64_t*>(reinterpret_cast<char*>(mine) + kHalf);
-    auto* held = reinterpret_cast<char*>(mine + 3);
-    const auto* pair_in = static_cast<const int64_t*>(pair.data_ptr());
-    mine[0] = pair_in[0];
-    mine[1] = pair_in[1];
-    if (block > 0) std::memcpy(held, payload.data_ptr(), size_t(block));
-    // By value, not `this`: the work keeps the MPI communicator alive (make_work), not the group.
-    auto post_round = [w = w.get(), comm = comm_, n, r = rank(), mine, in, block](int k,
-                                                                                  int64_t sent) {
-      const int step = 1 << k;  // < n
-      mine[2] = sent * block;
-      LOOM_MPI_CHECK_IN(w->context(), MPI_Irecv(const_cast<int64_t*>(in), int(kHalf), MPI_BYTE,
-                                                (r + step) % n, k, comm, w->next_request()));
-      LOOM_MPI_CHECK_IN(w->context(), MPI_Isend(mine, int(kCheckHeader + sent * block), MPI_BYTE,
-                                                (r - step + n) % n, k, comm, w->next_request()));
-    };
-    post_round(0, std::min(1, n - 1));
-    w->next_round = [post_round, mine, held, theirs = in, pair, gathered, w = w.get(),
-                     spare = spare_scratch_, n, r = rank(), block, k = 0,
-                     have = int64_t(1)]() mutable {
-      const int64_t count = std::min<int64_t>(have, n - have);  // what this round carried
-      if (theirs[2] != count * block) {  // another call: fail the check on every rank
-        mine[0] = mine[1] = std::numeric_limits<int64_t>::max();
-      } else {
-        mine[0] = std::max(mine[0], theirs[0]);
-        mine[1] = std::max(mine[1], theirs[1]);
-        if (block > 0) std::memcpy(held + have * block, theirs + 3, size_t(count * block));
-      }
-      have += count;
-      if (have < n) {
-        post_round(++k, std::min<int64_t>(have, n - have));
-        return true;
-      }
-      auto* result = static_cast<int64_t*>(pair.data_ptr());
-      result[0] = mine[0];
-      result[1] = mine[1];
-      // held[i] is rank (r + i) % n's payload: into rank order.
-      auto* g = static_cast<char*>(gathered.defined() ? gathered.data_ptr() : nullptr);
-      for (int64_t i = 0; block > 0 && i < n; ++i)
-        std::memcpy(g + ((r + i) % n) * block, held + i * block, size_t(block));
-      spare->push_back(std::move(w->scratch));  // no request uses it any more
-      return false;
-    };
-    return w;
+  WorkPtr check_exchange_impl(int64_t* pair, const void* payload, size_t payload_bytes,
+                              void* gathered, const OpInfo& info) override {
+    LOOM_ASSERT(payload_bytes * size_t(size()) <= kCarriedBytes &&
+                    (payload_bytes == 0 || (payload != nullptr && gathered != nullptr)),
+                "signature exchange carrying ", payload_bytes, " bytes");
+    // By value, not `this`: the work keeps the MPI communicator alive, not the group.
+    return std::make_shared<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
+                                               size(), pair, payload, int64_t(payload_bytes),
+                                               gathered, spare_scratch_);
   }
 
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {
@@ -956,8 +1026,7 @@ class MpiCommunicator final : public Communicator {
   int tag_ub_ = 32767;
   std::unique_ptr<MpiCommunicator> checks_;  // the check channel; null at size 1
   // As the check channel: scratch buffers of completed signature exchanges, for the next one.
-  std::shared_ptr<std::vector<std::shared_ptr<std::vector<int64_t>>>> spare_scratch_ =
-      std::make_shared<std::vector<std::shared_ptr<std::vector<int64_t>>>>();
+  SpareScratch spare_scratch_ = std::make_shared<std::vector<ExchangeScratch>>();
 };
 
 }  // namespace
