@@ -5,8 +5,10 @@
 //   mpirun -np 4 build/bin/loom-bench-collectives -b 8 -e 64M -f 4 -n 20 -w 5 -c 1 -o allreduce
 //
 // Flags are nccl-tests' (-b -e -f -n -w -c) plus -o (the collective) and -d (the dtype). Per size:
-// -w warm-up calls, a barrier, -n timed calls each waited on; the time reported is the max over
-// ranks of the average per call. algbw = size / time and busbw = algbw x the op's factor from
+// -w warm-up calls, then loom's calls (each waited on) and MPI's in alternating blocks, -n calls
+// of each in all, more for small sizes (a block lasts at least a millisecond); each time
+// reported is the median of its blocks' per-call times, the max over ranks (See
+// alternating()). algbw = size / time and busbw = algbw x the op's factor from
 // nccl-tests' doc/PERFORMANCE.md (allreduce 2(n-1)/n; allgather, reduce_scatter, all_to_all
 // (n-1)/n; broadcast 1), so busbw is comparable across rank counts. `size` is the largest buffer
 // of the call (allgather's output, reduce_scatter's and all_to_all's input) and `count` the
@@ -104,7 +106,8 @@ constexpr const char* kUsage =
     "1024)\n"
     "  -e, --maxbytes <size>       largest size (default 32M)\n"
     "  -f, --stepfactor <int>      multiply the size by this between steps (default 2, >= 2)\n"
-    "  -n, --iters <int>           timed iterations per size (default 20)\n"
+    "  -n, --iters <int>           timed iterations per size and side (default 20; more for "
+    "small sizes, so that each of the 20 alternating blocks lasts >= 1 ms)\n"
     "  -w, --warmup_iters <int>    untimed iterations before timing (default 5)\n"
     "  -c, --check <0|1>           check every output element (default 1)\n"
     "  -o, --op <name>             allreduce | allgather | reduce_scatter | broadcast | "
@@ -509,48 +512,55 @@ int64_t check_loom(comm::Communicator& c, Op op, Buffers& b) {
 
 using Clock = std::chrono::steady_clock;
 
-// The max over ranks of the average seconds per call of `call`, after `warmup` untimed calls and
-// a barrier.
+// Measures two ways of doing something side by side (loom and raw MPI; the check on and off):
+// blocks of calls alternate (a, b, b, a, ...: a linear drift of the machine hits both alike), and
+// each side's time is the median of its blocks' per-call times, the max over ranks. Separate
+// loops, as before, left the ratio at the mercy of this VM's loop-to-loop drift (the raw MPI
+// time of a 1 KiB allreduce moved 1.6 -> 2.9 us between two runs minutes apart).
+struct AB {
+  double a, b;
+};
+constexpr int kBlocks = 20;                 // of each side
+constexpr double kMinBlockSeconds = 1e-3;   // see calls_per_block
+constexpr int kMaxCallsPerBlock = 100000;
+
+// Calls per block: -n spread over the blocks, raised so that a block lasts at least
+// kMinBlockSeconds (a few microseconds per call would drown in the clock's and the barrier's
+// noise otherwise, as OSU's benchmarks raise their iterations for small messages); the same on
+// every rank. Runs the -w warm-up calls (at least one).
 template <typename F>
-double time_per_call(const Options& o, F&& call) {
-  for (int i = 0; i < o.warmup_iters; ++i) call();
+int calls_per_block(const Options& o, F&& call) {
+  const int warmup = std::max(1, o.warmup_iters);
   BENCH_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   const auto start = Clock::now();
-  for (int i = 0; i < o.iters; ++i) call();
-  double seconds = std::chrono::duration<double>(Clock::now() - start).count() / o.iters;
-  BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-  return seconds;
+  for (int i = 0; i < warmup; ++i) call();
+  const double per_call = std::chrono::duration<double>(Clock::now() - start).count() / warmup;
+  int calls = std::max(1, o.iters / kBlocks);
+  if (per_call * calls < kMinBlockSeconds)
+    calls = int(std::min<double>(kMaxCallsPerBlock, std::ceil(kMinBlockSeconds / per_call)));
+  BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &calls, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  return calls;
 }
 
-// The signature check's cost per call, A/B: blocks of calls alternate with the check on and off
-// (on, off, off, on, ...: a linear drift of the machine hits both alike), and each side's time is
-// the median of its blocks' per-call times, the max over ranks. Separate loops, as before, left
-// the difference at the mercy of this VM's loop-to-loop drift (+-20% at 1 MiB).
-struct CheckCost {
-  double on, off;
-};
-template <typename F>
-CheckCost check_cost(const Options& o, comm::Communicator& c, F&& call) {
-  constexpr int kBlocks = 20;  // of each side
-  const int per_block = std::max(1, o.iters / kBlocks);
-  const bool checked = c.debug();
-  std::vector<double> on, off;
-  for (int b = 0; b < 2 * kBlocks; ++b) {
-    const bool check = (b % 4 == 0) || (b % 4 == 3);
-    c.set_debug(check);
-    for (int i = 0; i < std::min(per_block, o.warmup_iters); ++i) call();
+// `side(true)` before each block of `a`, `side(false)` before each of `b`.
+template <typename Side, typename A, typename B>
+AB alternating(const Options& o, int per_block, Side&& side, A&& a, B&& b) {
+  std::vector<double> times[2];
+  for (int block = 0; block < 2 * kBlocks; ++block) {
+    const bool is_a = (block % 4 == 0) || (block % 4 == 3);
+    side(is_a);
+    for (int i = 0; i < std::min(per_block, o.warmup_iters); ++i) is_a ? a() : b();
     BENCH_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     const auto start = Clock::now();
-    for (int i = 0; i < per_block; ++i) call();
-    (check ? on : off)
-        .push_back(std::chrono::duration<double>(Clock::now() - start).count() / per_block);
+    for (int i = 0; i < per_block; ++i) is_a ? a() : b();
+    times[is_a ? 0 : 1].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
+                                  per_block);
   }
-  c.set_debug(checked);
   auto median = [](std::vector<double>& v) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
-  double out[2] = {median(on), median(off)};
+  double out[2] = {median(times[0]), median(times[1])};
   BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, out, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return {out[0], out[1]};
 }
@@ -589,11 +599,12 @@ int run(const Options& o) {
         op_name(o.op), loom::dtype_name(o.dtype), n, c.backend(), o.min_bytes, o.max_bytes,
         (long long)o.step_factor, o.warmup_iters, o.iters, int(o.check), algorithm.c_str());
     std::printf(
-        "# time: max over ranks of the average per call; busbw = algbw x %.4f; "
-        "ratio = loom busbw / MPI busbw; unchecked, check: medians over alternating blocks of "
-        "calls with the collective signature check (on by default) off (set_debug(false)) and "
-        "on: the time without it, and on minus off, same buffers\n",
-        factor);
+        "# time, mpi_time: per call, medians over %d alternating blocks each of loom's call "
+        "and MPI's (max over ranks); busbw = algbw x %.4f; ratio = loom busbw / MPI busbw; "
+        "unchecked, check: the same over alternating blocks of loom's calls with the collective "
+        "signature check (on by default) off (set_debug(false)) and on: the time without it, "
+        "and on minus off, same buffers\n",
+        kBlocks, factor);
     std::printf("#\n");
     std::printf("# %10s  %12s  %6s  %9s  %7s  %7s  %6s  %9s  %9s  %6s  %9s  %9s\n", "size", "count",
                 "type", "time", "algbw", "busbw", "#wrong", "mpi_time", "mpi_busbw", "ratio",
@@ -622,10 +633,17 @@ int run(const Options& o) {
     } else {
       fill(b.input.defined() ? b.input : b.output, [&](int64_t i) { return input_value(0, i); });
     }
-    const double t = time_per_call(o, [&] { run_loom(c, o.op, b)->wait(); });
-    const double mpi_t = time_per_call(o, [&] { run_mpi(o.op, mpi, b); });
-    const CheckCost ab = check_cost(o, c, [&] { run_loom(c, o.op, b)->wait(); });
-    const double unchecked_t = ab.off;
+    auto loom_call = [&] { run_loom(c, o.op, b)->wait(); };
+    const int per_block = calls_per_block(o, loom_call);
+    const AB vs_mpi = alternating(
+        o, per_block, [](bool) {}, loom_call, [&] { run_mpi(o.op, mpi, b); });
+    const double t = vs_mpi.a, mpi_t = vs_mpi.b;
+    // The signature check's cost: the same calls with it on (a) and off (b).
+    const bool checked = c.debug();
+    const AB ab = alternating(
+        o, per_block, [&](bool on) { c.set_debug(on); }, loom_call, loom_call);
+    c.set_debug(checked);
+    const double unchecked_t = ab.b;
 
     const double algbw = double(b.bytes) / t / 1e9, busbw = algbw * factor;
     const double mpi_busbw = double(b.bytes) / mpi_t / 1e9 * factor;
@@ -643,7 +661,7 @@ int run(const Options& o) {
       std::printf(
           "  %10zu  %12lld  %6s  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %9.2f  %6.3f  %9.2f  %9.2f\n",
           b.bytes, (long long)b.chunk, loom::dtype_name(o.dtype), t * 1e6, algbw, busbw, wrong_text,
-          mpi_t * 1e6, mpi_busbw, ratio, unchecked_t * 1e6, (ab.on - ab.off) * 1e6);
+          mpi_t * 1e6, mpi_busbw, ratio, unchecked_t * 1e6, (ab.a - ab.b) * 1e6);
       std::fflush(stdout);
     }
     if (bytes > o.max_bytes / size_t(o.step_factor)) break;  // the next step would pass -e

@@ -87,7 +87,7 @@ const char* const kCollectiveOps[] = {"allreduce", "reduce_scatter", "allgather"
 
 int64_t op_code(const char* op) {
   for (size_t i = 0; i < std::size(kCollectiveOps); ++i)
-    if (std::string(op) == kCollectiveOps[i]) return int64_t(i);
+    if (op == kCollectiveOps[i] || std::strcmp(op, kCollectiveOps[i]) == 0) return int64_t(i);
   LOOM_ASSERT(false, "unknown collective ", op);
 }
 
@@ -105,9 +105,24 @@ const char* base_name(const char* file) {
   return base;
 }
 
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+// Mixes n bytes into h, eight at a time (FNV-1a's byte loop was a visible part of a small
+// collective's time); the last partial word carries its length.
+uint64_t hash_bytes(uint64_t h, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  auto mix = [&h](uint64_t word) {
+    h = (h ^ word) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  };
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    mix(word);
+  }
+  if (n > 0) {
+    uint64_t word = 0;
+    std::memcpy(&word, p, n);
+    mix(word ^ (uint64_t(n) << 56));
+  }
   return h;
 }
 
@@ -230,8 +245,11 @@ Communicator::OpInfo Communicator::begin(const char* op, size_t bytes) {
 // A checked collective not yet posted (See Note [The check queue]).
 struct Communicator::Pending {
   OpInfo info;
-  Signature sig;     // sig.file points into `file`
-  std::string file;  // the call's file name without its folders; empty: none
+  Signature sig;
+  // The call's file name without its folders ("": none): in the C++ caller's static
+  // source_location string, or in `site_file` for a ScopedCallSite's (which may end first).
+  const char* file = "";
+  std::string site_file;
   // What the hash covers besides `file`: op, dtype, count, root, reduce, line, and the group's
   // collectives before this one (not its sequence number, which counts sends too).
   std::array<int64_t, kFields> fields;
@@ -391,15 +409,20 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
   p->info = info;
   p->sig = given;
   if (given.file) {  // a ScopedCallSite's place replaces the C++ caller's
-    p->file = base_name(t_site_file.empty() ? given.file : t_site_file.c_str());
-    if (!t_site_file.empty()) p->sig.line = t_site_line;
-    p->sig.file = p->file.c_str();
+    if (t_site_file.empty()) {
+      p->file = base_name(given.file);
+    } else {
+      p->site_file = base_name(t_site_file.c_str());
+      p->file = p->site_file.c_str();
+      p->sig.line = t_site_line;
+    }
+    p->sig.file = p->file;
   }
   const Signature& sig = p->sig;
   p->fields = {op_code(sig.op), int64_t(sig.dtype), sig.count,   sig.root,
                sig.reduce,      sig.line,           int64_t(nth)};
-  uint64_t h = fnv1a(14695981039346656037ull, p->fields.data(), sizeof p->fields);
-  h = fnv1a(h, p->file.data(), p->file.size());
+  uint64_t h = hash_bytes(14695981039346656037ull, p->fields.data(), sizeof p->fields);
+  h = hash_bytes(h, p->file, std::strlen(p->file));
   p->check = {int64_t(h), int64_t(~h)};
 
   Communicator* channel = check_channel();
@@ -509,7 +532,7 @@ void Communicator::post_explanation(Pending& p, Communicator& channel) {
   p.my_fields = Tensor::from_vector<int64_t>({p.fields.begin(), p.fields.end()}, {kFields});
   p.all_fields = Tensor::empty({size_ * kFields}, DType::kI64);
   std::vector<uint8_t> name(kSiteBytes, 0);
-  std::strncpy(reinterpret_cast<char*>(name.data()), p.file.c_str(), kSiteBytes - 1);
+  std::strncpy(reinterpret_cast<char*>(name.data()), p.file, kSiteBytes - 1);
   p.my_file = Tensor::from_vector<uint8_t>(name, {kSiteBytes});
   p.files = Tensor::empty({size_ * kSiteBytes}, DType::kU8);
   const OpInfo explain{"signature exchange", p.info.sequence, size_t(p.all_fields.nbytes())};
