@@ -596,6 +596,71 @@ MpiWork::~MpiWork() {
                                     nullptr, std::move(comm)});
 }
 
+// One send or receive of a host buffer MPI carries as it is: the common case of batch_p2p (a
+// pipeline's activations, a ping-pong) without its general machinery, which allocated nine to
+// eleven times per call (request and status vectors, the closures checking lengths and copying
+// staged receives back, a detached tensor).
+class PointToPointWork final : public MpiPolledWork {
+ public:
+  PointToPointWork(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
+                   const P2POp& op)
+      : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
+        tensor_(op.tensor),
+        recv_(op.kind == P2POp::Kind::kRecv),
+        count_(int(op.tensor.numel())),
+        type_(transport_type(op.tensor.dtype())),
+        peer_(op.peer),
+        tag_(op.tag) {
+    void* data = tensor_.numel() > 0 ? tensor_.data_ptr() : nullptr;
+    if (recv_)
+      LOOM_MPI_CHECK_IN(this->context(),
+                        MPI_Irecv(data, count_, type_, peer_, tag_, comm->comm, &request_));
+    else
+      LOOM_MPI_CHECK_IN(this->context(),
+                        MPI_Isend(data, count_, type_, peer_, tag_, comm->comm, &request_));
+  }
+  ~PointToPointWork() override;
+
+ protected:
+  bool poll() override {
+    int flag = 0;
+    check_mpi(MPI_Test(&request_, &flag, &status_), "MPI_Test", __FILE__, __LINE__, context());
+    return flag != 0;
+  }
+
+  void finish() override {
+    tensor_ = Tensor();
+    if (comm) comm->failed = false;  // the group works again
+    comm.reset();
+    if (!recv_) return;
+    // A shorter message than the receive buffer arrives without an MPI error: catch it here
+    // (as batch_p2p does).
+    int got = 0;
+    MPI_Get_count(&status_, type_, &got);
+    if (got != count_)
+      throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", context().str(),
+                                            ": recv from rank ", peer_, " with tag ", tag_, " got ",
+                                            got, " elements, expected ", count_,
+                                            " (the matching send is shorter)"));
+  }
+
+ private:
+  Tensor tensor_;  // what MPI reads or writes: alive until completion
+  bool recv_;
+  int count_;
+  MPI_Datatype type_;
+  int peer_, tag_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  MPI_Status status_{};
+};
+
+PointToPointWork::~PointToPointWork() {
+  if (done()) return;
+  // See Note [Abandoned operations].
+  if (!settles([this] { return poll(); }))
+    abandoned().push_back(Abandoned{{request_}, {tensor_}, {}, nullptr, std::move(comm)});
+}
+
 // Note [Signature exchange]
 // The check channel's exchange (Note [Collective signatures]) is a max over the group plus,
 // for a carried collective (Note [Small collectives in their check]), an allgather of its
@@ -916,6 +981,10 @@ class MpiCommunicator final : public Communicator {
     for (const P2POp& p : ops)
       LOOM_CHECK(p.tag <= tag_ub_, describe(info), ": tag ", p.tag,
                  " is above this MPI's limit MPI_TAG_UB = ", tag_ub_);
+    if (ops.size() == 1 && !needs_staging(ops[0].tensor, ops[0].tensor.dtype()) &&
+        ops[0].tensor.numel() <= mpi_max_count())
+      return std::make_shared<PointToPointWork>(handle_, context_of(info), timeout_seconds(),
+                                                ops[0]);
     auto w = make_work(info, {});
     struct Expect {  // a receive piece, checked for its length once complete
       size_t request;
