@@ -30,11 +30,11 @@ void combine_block(ReduceOp op, const T* x, int64_t count, Acc* acc) {
 }
 
 // Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type. When they
-// are the same the reduction runs in out itself (gathered is the check's own buffer, never out):
-// a carried collective is small, and a scratch allocation was a visible part of its time.
+// are the same the reduction runs in out itself (the blocks are the exchange's own buffer, never
+// out): a carried collective is small, and a scratch allocation was a visible part of its time.
 template <typename T, typename Acc>
-void reduce_blocks(const char* gathered, int n, int64_t block_bytes, ReduceOp op, int64_t first,
-                   int64_t count, T* out) {
+void reduce_blocks(const char* blocks, int64_t block_bytes, int n, int first_rank, ReduceOp op,
+                   int64_t first, int64_t count, T* out) {
   if (count == 0) return;
   std::vector<Acc> scratch;
   Acc* acc = nullptr;
@@ -45,7 +45,8 @@ void reduce_blocks(const char* gathered, int n, int64_t block_bytes, ReduceOp op
     acc = scratch.data();
   }
   auto block = [&](int j) {
-    return reinterpret_cast<const T*>(gathered + j * block_bytes) + first;
+    const int at = ((j - first_rank) % n + n) % n;
+    return reinterpret_cast<const T*>(blocks + at * block_bytes) + first;
   };
   const T* b0 = block(0);
   for (int64_t i = 0; i < count; ++i) acc[i] = kernels::cpu::convert_scalar<Acc>(b0[i]);
@@ -61,31 +62,30 @@ void reduce_blocks(const char* gathered, int n, int64_t block_bytes, ReduceOp op
 
 }  // namespace
 
-void reduce_in_rank_order(const void* gathered, size_t block_size, int n, DType dtype,
-                          ReduceOp op, int64_t first, const Tensor& out) {
-  LOOM_ASSERT(n > 0 && out.is_contiguous() && out.dtype() == dtype && out.device().is_cpu(),
-              "reduce_in_rank_order of ", n, " blocks into ", out.str());
-  const auto block_bytes = int64_t(block_size);
-  LOOM_ASSERT((first + out.numel()) * int64_t(dtype_size(dtype)) <= block_bytes,
-              "reduce_in_rank_order: elements [", first, ", ", first + out.numel(),
+void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int first_rank,
+                          DType dtype, ReduceOp op, int64_t first, int64_t count, void* out) {
+  LOOM_ASSERT(n > 0 && count >= 0 && (first + count) * int64_t(dtype_size(dtype)) <=
+                                         int64_t(block_bytes),
+              "reduce_in_rank_order: elements [", first, ", ", first + count,
               ") outside a block of ", block_bytes, " bytes");
-  const auto* g = static_cast<const char*>(gathered);
-  const int64_t count = out.numel();
+  const auto* b = static_cast<const char*>(blocks);
+  const auto bb = int64_t(block_bytes);
   switch (dtype) {
     case DType::kF32:
-      return reduce_blocks<float, float>(g, n, block_bytes, op, first, count, out.data<float>());
+      return reduce_blocks<float, float>(b, bb, n, first_rank, op, first, count,
+                                         static_cast<float*>(out));
     case DType::kBF16:
-      return reduce_blocks<BFloat16, float>(g, n, block_bytes, op, first, count,
-                                            out.data<BFloat16>());
+      return reduce_blocks<BFloat16, float>(b, bb, n, first_rank, op, first, count,
+                                            static_cast<BFloat16*>(out));
     case DType::kF16:
-      return reduce_blocks<Float16, float>(g, n, block_bytes, op, first, count,
-                                           out.data<Float16>());
+      return reduce_blocks<Float16, float>(b, bb, n, first_rank, op, first, count,
+                                           static_cast<Float16*>(out));
     case DType::kI32:
-      return reduce_blocks<int32_t, int32_t>(g, n, block_bytes, op, first, count,
-                                             out.data<int32_t>());
+      return reduce_blocks<int32_t, int32_t>(b, bb, n, first_rank, op, first, count,
+                                             static_cast<int32_t*>(out));
     case DType::kI64:
-      return reduce_blocks<int64_t, int64_t>(g, n, block_bytes, op, first, count,
-                                             out.data<int64_t>());
+      return reduce_blocks<int64_t, int64_t>(b, bb, n, first_rank, op, first, count,
+                                             static_cast<int64_t*>(out));
     case DType::kU8:
     case DType::kBool:
       break;

@@ -7,7 +7,6 @@
 #include <exception>
 #include <iterator>
 
-#include "collectives/carried.h"
 #include "collectives/hierarchical.h"
 #include "collectives/self_backend.h"
 #include "collectives/work.h"
@@ -84,6 +83,13 @@ namespace {
 
 const char* const kCollectiveOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
                                       "reduce",    "all_to_all",     "barrier",   "split"};
+
+// The largest carried collectives (CheckPayload::bytes, over the group), measured on 2 and 4
+// ranks (benchmarks/README.md): an allgather's copies in and out of the messages cost more than
+// MPI's own allgather above 8 KiB; a reduction carried ... (set below from measurements).
+constexpr size_t kCarriedAllgatherBytes = 8 * 1024;
+constexpr size_t kAllreduceByAllgatherBytes = 16 * 1024;
+constexpr size_t kCarriedReductionBytes = 64 * 1024;
 
 int64_t op_code(const char* op) {
   for (size_t i = 0; i < std::size(kCollectiveOps); ++i)
@@ -255,10 +261,8 @@ struct Communicator::Pending {
   std::array<int64_t, kFields> fields;
   std::function<WorkPtr(const OpInfo&)> post;  // empty for a carried collective
   std::array<int64_t, 2> check{};              // [hash, ~hash], reduced with max over the group
-  // A carried collective, and every rank's input from the check (Note [Small collectives in
-  // their check]); kind kNone otherwise.
+  // A carried collective (Note [Small collectives in their check]); kind kNone otherwise.
   Carried carried;
-  std::vector<char> gathered;
   WorkPtr check_work;  // null until it is the group's oldest
   WorkPtr posted;      // the collective, once its check agreed
   // Why it will never be posted: its check disagreed (`error`, empty while the explanation is
@@ -292,9 +296,6 @@ std::vector<Communicator*>& checked_groups() {
 }
 size_t g_queued = 0;
 
-// Whether a check's [max hash, max ~hash] over the group says every rank had the same hash: the
-// largest equals the smallest (~max ~h).
-bool hashes_agree(const std::array<int64_t, 2>& check) { return check[0] == ~check[1]; }
 
 }  // namespace
 
@@ -393,10 +394,11 @@ void Communicator::set_debug(bool on) {
   debug_ = on;
 }
 
-bool Communicator::carried_by_check(size_t bytes, bool on_host) {
+bool Communicator::carried_by_check(const CheckPayload& payload, size_t limit, bool on_host) {
   if (!debug_ || size_ == 1 || !on_host) return false;
   Communicator* channel = check_channel();
-  return channel && bytes * size_t(size_) <= channel->check_payload_limit();
+  const size_t bytes = payload.bytes(size_);
+  return channel && bytes <= limit && bytes <= channel->check_payload_limit();
 }
 
 WorkPtr Communicator::collective(const Signature& given, size_t bytes,
@@ -431,7 +433,7 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     allreduce_impl(check, check, AllreduceOptions{ReduceOp::kMax},
                    OpInfo{sig.op, info.sequence, info.bytes})
         ->wait();
-    if (!hashes_agree(p->check)) {
+    if (!hashes_agree(p->check.data())) {
       post_explanation(*p, *this);
       throw CommError(explanation(*p));
     }
@@ -442,19 +444,10 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     queue_->owner = this;
     checked_groups().push_back(this);
   }
-  if (carried.kind != Carried::Kind::kNone) {
-    p->carried = std::move(carried);
-    if (p->carried.payload.defined()) {
-      // A buffer of an earlier carried collective when there is one (no allocation per call).
-      if (!spare_gathered_.empty()) {
-        p->gathered = std::move(spare_gathered_.back());
-        spare_gathered_.pop_back();
-      }
-      p->gathered.resize(p->carried.payload.nbytes() * size_t(size_));
-    }
-  } else {
+  if (post)
     p->post = std::move(post);
-  }
+  else
+    p->carried = std::move(carried);
   if (queue_->waiting.empty()) post_check(*p, *channel);
   queue_->waiting.push_back(p);
   ++g_queued;
@@ -465,11 +458,8 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
 void Communicator::post_check(Pending& p, Communicator& channel) {
   if (channel.timeout_seconds() != timeout_s_) channel.set_timeout_seconds(timeout_s_);
   // Named as the collective it checks: a timeout reads "allreduce #17" of this group.
-  const Tensor& payload = p.carried.payload;
-  p.check_work = channel.check_exchange_impl(
-      p.check.data(), payload.defined() ? payload.data_ptr() : nullptr,
-      payload.defined() ? payload.nbytes() : 0, p.gathered.empty() ? nullptr : p.gathered.data(),
-      OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
+  p.check_work = channel.check_exchange_impl(p.check.data(), p.carried.payload,
+                                             OpInfo{p.sig.op, p.info.sequence, p.info.bytes});
 }
 
 void Communicator::advance(const Pending* until) {
@@ -490,16 +480,13 @@ void Communicator::advance(const Pending* until) {
       return;
     waiting.pop_front();
     --g_queued;
-    if (hashes_agree(head->check)) {
+    if (hashes_agree(head->check.data())) {
       try {
-        if (head->carried.kind == Carried::Kind::kNone) {
+        if (head->post) {
           head->posted = head->post(head->info);
-        } else {
-          finish_carried(head->carried, head->gathered.data());
+        } else {  // carried: its exchange has written the outputs
           head->posted = completed_work();
           head->carried = Carried();
-          if (spare_gathered_.size() < kSpareGathered)
-            spare_gathered_.push_back(std::move(head->gathered));
         }
       } catch (...) {
         head->failed = true;
@@ -581,22 +568,6 @@ std::string Communicator::explanation(Pending& p) {
       "lines count as different calls); LOOM_COMM_DEBUG=0 turns this check off");
 }
 
-void Communicator::finish_carried(const Carried& carried, const void* gathered) const {
-  const Tensor& out = carried.output;
-  switch (carried.kind) {
-    case Carried::Kind::kReduce:
-      reduce_in_rank_order(gathered, carried.payload.nbytes(), size_, out.dtype(), carried.op,
-                           carried.first, out);
-      return;
-    case Carried::Kind::kGather:
-      if (out.nbytes() > 0) std::memcpy(out.data_ptr(), gathered, out.nbytes());
-      return;
-    case Carried::Kind::kBarrier:
-    case Carried::Kind::kNone:
-      return;
-  }
-}
-
 std::string OpContext::str() const {
   return detail::str_cat("group '", group, "' (rank ", rank, " of ", size, ") ", op, " #", sequence,
                          ", ", bytes, " bytes");
@@ -615,9 +586,22 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
       return h->allreduce(input, output, options.op);
   const Signature sig{"allreduce",       input.dtype(),    input.numel(), -1,
                       int(options.op), site.file_name(), int(site.line())};
-  if (carried_by_check(input.nbytes(), on_host(input, output)))
-    return collective(sig, input.nbytes(), nullptr,
-                      Carried{Carried::Kind::kReduce, input, output, options.op, 0});
+  // The smallest as one allgather of the inputs, the others in two phases (reduce-scatter
+  // inside the check, then allgather): See Note [Signature exchange] in mpi_backend.cpp.
+  const int64_t chunk = (input.numel() + size_ - 1) / size_;  // elements per rank's block
+  CheckPayload carried{CheckPayload::Kind::kAllreduceByAllgather,
+                       input.numel() > 0 ? input.data_ptr() : nullptr,
+                       output.numel() > 0 ? output.data_ptr() : nullptr,
+                       input.nbytes(),
+                       input.nbytes(),
+                       input.dtype(),
+                       options.op};
+  if (carried_by_check(carried, kAllreduceByAllgatherBytes, on_host(input, output)))
+    return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
+  carried.kind = CheckPayload::Kind::kAllreduce;
+  carried.block = size_t(chunk) * dtype_size(input.dtype());
+  if (carried_by_check(carried, kCarriedReductionBytes, on_host(input, output)))
+    return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return allreduce_impl(input, output, options, info);
   });
@@ -641,10 +625,15 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
       return h->reduce_scatter(input, output, options.op);
   const Signature sig{"reduce_scatter",  input.dtype(),    input.numel(), -1,
                       int(options.op), site.file_name(), int(site.line())};
-  if (carried_by_check(input.nbytes(), on_host(input, output)))
-    return collective(
-        sig, input.nbytes(), nullptr,
-        Carried{Carried::Kind::kReduce, input, output, options.op, output.numel() * rank_});
+  const CheckPayload carried{CheckPayload::Kind::kReduceScatter,
+                             input.numel() > 0 ? input.data_ptr() : nullptr,
+                             output.numel() > 0 ? output.data_ptr() : nullptr,
+                             output.nbytes(),
+                             input.nbytes(),
+                             input.dtype(),
+                             options.op};
+  if (carried_by_check(carried, kCarriedReductionBytes, on_host(input, output)))
+    return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return reduce_scatter_impl(input, output, options, info);
   });
@@ -661,11 +650,14 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
   if (Hierarchy* h = route("allgather", output.nbytes())) return h->allgather(input, output);
   const Signature sig{"allgather", input.dtype(),    input.numel(), -1,
                       -1,          site.file_name(), int(site.line())};
-  // Counted twice: MPI's own allgather takes less time per byte than its allreduce, so carrying
-  // it pays only up to about half the size (benchmarks/README.md).
-  if (carried_by_check(2 * input.nbytes(), on_host(input, output)))
-    return collective(sig, output.nbytes(), nullptr,
-                      Carried{Carried::Kind::kGather, input, output});
+  const CheckPayload carried{CheckPayload::Kind::kAllgather,
+                             input.numel() > 0 ? input.data_ptr() : nullptr,
+                             output.numel() > 0 ? output.data_ptr() : nullptr,
+                             input.nbytes(),
+                             input.nbytes(),
+                             input.dtype()};
+  if (carried_by_check(carried, kCarriedAllgatherBytes, on_host(input, output)))
+    return collective(sig, output.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, output.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return allgather_impl(input, output, options, info);
   });
@@ -761,8 +753,8 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
 }
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
-  if (carried_by_check(0, true))  // the check is the barrier
-    return collective({"barrier"}, 0, nullptr, Carried{Carried::Kind::kBarrier, {}, {}});
+  if (carried_by_check(CheckPayload{}, 0, true))  // the check is the barrier
+    return collective({"barrier"}, 0, nullptr, Carried{});
   return collective({"barrier"}, 0,
                     [=, this](const OpInfo& info) { return barrier_impl(options, info); });
 }

@@ -130,6 +130,37 @@ struct P2POp {
   int tag = 0;
 };
 
+// What a signature check's exchange carries besides its pair: a small collective done by the
+// exchange itself (Note [Small collectives in their check]). Host memory: `input` is read
+// before check_exchange_impl returns; `output` is written only when the check agrees, before
+// the exchange's work completes. Raw memory, not tensors: a carried collective is small, and
+// making tensors and closures for it was a visible part of its time.
+struct CheckPayload {
+  enum class Kind {
+    kNone,           // the check alone (also a barrier's whole work)
+    kAllgather,      // output = every rank's input (`block` bytes) in rank order
+    kReduceScatter,  // input: size() blocks, block j for rank j; output = op over ranks of
+                     // their block for this rank, in rank order
+    kAllreduce,      // output = op over ranks of their input, in rank order; the input split
+                     // into size() blocks, the last ones short (input_bytes)
+    kAllreduceByAllgather,  // the same, each rank reducing every rank's whole input (`block`
+                            // bytes): one phase instead of two, for the smallest
+  };
+  Kind kind = Kind::kNone;
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t block = 0;        // bytes per rank's block (a whole number of elements)
+  size_t input_bytes = 0;  // allreduce: what `input` and `output` hold (<= size() x block)
+  DType dtype = DType::kU8;
+  ReduceOp op = ReduceOp::kSum;
+  // The bytes the exchange holds for it: what check_payload_limit() bounds.
+  size_t bytes(int group_size) const { return block * size_t(group_size); }
+};
+
+// Whether a signature check's [max hash, max ~hash] over the group says every rank had the same
+// hash: the largest equals the smallest (~max ~h). See Note [Collective signatures].
+inline bool hashes_agree(const int64_t* pair) { return pair[0] == ~pair[1]; }
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -246,22 +277,18 @@ class Communicator {
   // signature checks (Note [Collective signatures]); nullptr when the backend has none, and then
   // each check runs on the group itself and is completed before its collective is posted.
   virtual Communicator* check_channel() { return nullptr; }
-  // The signature check's one exchange: `pair` (two i64) becomes its elementwise max over the
-  // group. An allreduce unless the backend has a cheaper way (Note [Collective signatures]).
-  // With a `payload` (`payload_bytes` of host memory; size() x that at most
-  // check_payload_limit()), `gathered` (host memory, size() x payload_bytes) also receives every
-  // rank's payload in rank order: a small collective carried by its check (Note [Small
-  // collectives in their check]). Raw memory, not tensors: a carried collective is small, and
-  // making tensors for it was a visible part of its time. The caller keeps all three alive until
-  // the work is complete or destroyed; the payload is read before this returns.
-  virtual WorkPtr check_exchange_impl(int64_t* pair, const void* payload, size_t payload_bytes,
-                                      void* gathered, const OpInfo& info) {
-    LOOM_ASSERT(payload_bytes == 0 && gathered == nullptr, "backend ", backend(),
+  // The signature check's one exchange: `pair` (two i64, kept alive by the caller until the
+  // work is complete or destroyed) becomes its elementwise max over the group, and `payload`'s
+  // collective is done when the pairs agree (hashes_agree). An allreduce unless the backend has
+  // a cheaper way (Note [Collective signatures]); only such a backend carries payloads.
+  virtual WorkPtr check_exchange_impl(int64_t* pair, const CheckPayload& payload,
+                                      const OpInfo& info) {
+    LOOM_ASSERT(payload.kind == CheckPayload::Kind::kNone, "backend ", backend(),
                 " carries no payload in its signature check");
     Tensor t = Tensor::from_external(pair, {2}, {1}, DType::kI64, nullptr);
     return allreduce_impl(t, t, AllreduceOptions{ReduceOp::kMax}, info);
   }
-  // The most bytes, summed over the group, that check_exchange_impl carries; 0: none.
+  // The most bytes (CheckPayload::bytes) that check_exchange_impl carries; 0: none.
   virtual size_t check_payload_limit() const { return 0; }
 
   // For the destructor of a backend whose groups queue checked collectives: posts what is still
@@ -292,27 +319,14 @@ class Communicator {
   // The Hierarchy to run a call on (goes_hierarchical), tallied as this group's; else null.
   Hierarchy* route(const char* op, size_t bytes);
   // A small collective done by its signature check's exchange (Note [Small collectives in their
-  // check]): every rank's `payload` reaches every rank, and this rank's `output` is made from all
-  // of them (size() payloads in rank order) once the check has agreed. Data, not a callback: a
-  // carried collective is small, and allocating closures for it was a visible part of its time.
+  // check]): the payload, and the tensors whose memory it points into, kept until it is done.
   struct Carried {
-    enum class Kind {
-      kNone,     // not carried: posted once its check agrees
-      kBarrier,  // the check is the barrier; no payload
-      kReduce,   // output = op over the payloads in rank order, from element `first` of each
-      kGather,   // output = the payloads one after another
-    };
-    Kind kind = Kind::kNone;
-    Tensor payload;  // this rank's input
-    Tensor output;
-    ReduceOp op = ReduceOp::kSum;
-    int64_t first = 0;
+    CheckPayload payload;
+    Tensor input, output;
   };
-  // Writes a carried collective's output from `gathered`, every rank's payload in rank order.
-  void finish_carried(const Carried& carried, const void* gathered) const;
-  // Whether a collective in which every rank contributes `bytes` travels inside its check
-  // (`on_host`: its buffers are host memory).
-  bool carried_by_check(size_t bytes, bool on_host);
+  // Whether a collective travels inside its check: `payload` (bytes() of it) fits the channel
+  // and `limit`, and its buffers are host memory.
+  bool carried_by_check(const CheckPayload& payload, size_t limit, bool on_host);
   // Posts a collective: begin(), then post(info) at once, or once its signature check agrees;
   // a carried one is done by its check instead.
   WorkPtr collective(const Signature& signature, size_t bytes,
@@ -357,9 +371,6 @@ class Communicator {
   std::shared_ptr<Hierarchy> hierarchy_;
   std::shared_ptr<const CollectiveCosts> costs_;
   bool advancing_ = false;  // inside advance(): See Note [The check queue]
-  // The `gathered` buffers of finished carried collectives, for the next ones.
-  static constexpr size_t kSpareGathered = 4;
-  std::vector<std::vector<char>> spare_gathered_;
 };
 
 // The world: the MPI world when the process was launched by mpirun and loom has MPI (MPI is

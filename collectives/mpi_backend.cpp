@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/carried.h"
 #include "collectives/mpi_check.h"
 #include "collectives/termination.h"
 #include "collectives/work.h"
@@ -662,64 +663,96 @@ PointToPointWork::~PointToPointWork() {
 }
 
 // Note [Signature exchange]
-// The check channel's exchange (Note [Collective signatures]) is a max over the group plus,
-// for a carried collective (Note [Small collectives in their check]), an allgather of its
-// payloads. Both travel in ceil(log2 n) rounds of one send and one receive per rank (Bruck's
-// allgather): rank r holds the payloads of ranks r, r+1, ... (mod n), and in round k sends its
-// running max pair and the first min(2^k, n - held) payloads it holds to r - 2^k, receiving
-// r + 2^k's, which continue its own. After the rounds each rank has seen every rank's pair and
-// holds every payload. Point-to-point messages cost a fraction of a nonblocking allreduce's
-// schedule (Open MPI's libnbc). Each message is [max hash, max ~hash, payload bytes that
-// follow, payloads]; every receive has room for the largest message any call may send, so a
-// peer making another call (another payload size) is read, not truncated, and makes the
-// receiver mark the check failed (both of its pair set to the largest value, which no
-// agreeing pair has). Each round has its own tag; the channel carries nothing else, and one
-// exchange at a time.
+// The check channel's exchange (Note [Collective signatures]) is a max over the group plus, for
+// a carried collective (Note [Small collectives in their check]), the collective itself. The
+// first phase is ceil(log2 n) rounds of one send and one receive per rank, whatever the call:
+// in round k each rank sends to r - 2^k and receives from r + 2^k, with tag k. Each message is
+// [max hash, max ~hash, payload bytes that follow, payload]; a rank folds the pair it receives
+// into its own, so after the rounds every rank has the max over every rank (a dissemination).
+// The payload depends on the call:
+// - none (a plain check, or a barrier);
+// - an allgather's blocks, as Bruck's allgather: rank r holds the blocks of ranks r, r+1, ...
+//   (mod n) and in round k sends the first min(2^k, n - held) it holds, receiving r + 2^k's,
+//   which continue its own (the smallest allreduces too: each rank then reduces all inputs);
+// - a reduction's blocks (reduce_scatter, allreduce: its input cut into n blocks, block j for
+//   rank j), as Bruck's all-to-all: rank r keeps at index i the block bound for rank r - i and in
+//   round k sends those at the indices with bit k set, receiving r + 2^k's at the same indices;
+//   after the rounds index i holds rank r + i's block for rank r. Each rank then reduces its
+//   blocks in rank order (collectives/carried.h), so the result has the same bits on every rank
+//   and for every message pattern. An allreduce then gathers the reduced blocks, as an
+//   allgather's, in a second phase (tags 32 + k) that only a group whose check agreed runs.
+// Outputs are written only when the check agrees: nothing of a mismatched call is touched.
+// Every receive has room for the largest message any call may send, so a peer making another
+// call (another payload size) is read, not truncated, and makes the receiver mark the check
+// failed (both of its pair set to the largest value, which no agreeing pair has); the hashes
+// differ anyway, so every rank fails it. The channel carries nothing else, and one exchange at
+// a time (the check queue posts the next check when this one completes).
 //
 // It is a work of its own rather than an MpiWork with a next_round closure: one round's two
 // requests in fields, a scratch buffer reused from the last exchange, nothing allocated per
 // call but the work itself (a small collective's time was largely allocations: 25 per call).
 constexpr int64_t kCheckHeader = 3 * int64_t(sizeof(int64_t));
-// Measured on 2 ranks (benchmarks/README.md): carrying wins up to 8 KiB per rank and loses at
-// 16 KiB, where the copies in and out of the messages cost more than MPI's own algorithms.
-constexpr size_t kCarriedBytes = 16 * 1024;
+// The most a check carries (CheckPayload::bytes); the communicator picks which collectives go
+// this way (communicator.cpp).
+constexpr size_t kCarriedBytes = 256 * 1024;
 // One message: the header and at most every payload.
 constexpr int64_t kCheckMessage = kCheckHeader + int64_t(kCarriedBytes);
+constexpr int kSecondPhaseTag = 32;  // above any first-phase round (ceil(log2 n) < 32)
 
-// Scratch buffers of completed exchanges (out: this rank's header and the payloads it holds; in:
-// what a round receives), for the next exchange. Host memory of the communicator, as MPI's own
-// buffers are, not tensors: the memory accounting of a model (tests/mpi/memory_test.cpp) counts
-// what its tensors hold. An exchange that never completes keeps its buffer (See Note [Abandoned
-// operations]).
+// Scratch buffers of completed exchanges, for the next exchange: the message out, the message in
+// and a reduction's blocks. Host memory of the communicator, as MPI's own buffers are, not
+// tensors: the memory accounting of a model (tests/mpi/memory_test.cpp) counts what its tensors
+// hold. An exchange that never completes keeps its buffer (See Note [Abandoned operations]).
 using ExchangeScratch = std::shared_ptr<std::vector<int64_t>>;
 using SpareScratch = std::shared_ptr<std::vector<ExchangeScratch>>;
+constexpr size_t kScratchWords = (2 * size_t(kCheckMessage) + kCarriedBytes) / sizeof(int64_t);
 
 class SignatureExchange final : public MpiPolledWork {
  public:
-  // `pair`, `gathered`: as check_exchange_impl's, written on completion; `payload`: copied now.
+  using Payload = CheckPayload;
+  using Kind = Payload::Kind;
+
+  // `pair`: as check_exchange_impl's, written when the first phase completes.
   SignatureExchange(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-                    int rank, int n, int64_t* pair, const void* payload, int64_t block,
-                    void* gathered, SpareScratch spare)
+                    int rank, int n, int64_t* pair, const Payload& payload, SpareScratch spare)
       : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
         rank_(rank),
         n_(n),
         pair_(pair),
-        block_(block),
-        gathered_(static_cast<char*>(gathered)),
+        p_(payload),
+        block_(int64_t(payload.block)),
         spare_(std::move(spare)) {
     if (spare_->empty()) {
-      scratch_ = std::make_shared<std::vector<int64_t>>(size_t(2 * kCheckMessage) / sizeof(int64_t));
+      scratch_ = std::make_shared<std::vector<int64_t>>(kScratchWords);
     } else {
       scratch_ = std::move(spare_->back());
       spare_->pop_back();
     }
-    mine_ = scratch_->data();
-    in_ = reinterpret_cast<const int64_t*>(reinterpret_cast<char*>(mine_) + kCheckMessage);
-    held_ = reinterpret_cast<char*>(mine_ + 3);
-    mine_[0] = pair[0];
-    mine_[1] = pair[1];
-    if (block_ > 0) std::memcpy(held_, payload, size_t(block_));
-    post_round(std::min(1, n_ - 1));
+    out_ = scratch_->data();
+    in_ = out_ + kCheckMessage / int64_t(sizeof(int64_t));
+    blocks_ = reinterpret_cast<char*>(out_) + 2 * kCheckMessage;
+    out_[0] = pair[0];
+    out_[1] = pair[1];
+    const auto* input = static_cast<const char*>(p_.input);
+    switch (p_.kind) {
+      case Kind::kNone:
+        block_ = 0;
+        break;
+      case Kind::kAllgather:
+      case Kind::kAllreduceByAllgather:
+        if (block_ > 0) std::memcpy(held(), input, size_t(block_));
+        break;
+      case Kind::kReduceScatter:
+      case Kind::kAllreduce:
+        // Index i: the block bound for rank r - i (an allreduce's last blocks may be short).
+        for (int i = 0; i < n_; ++i) {
+          const int64_t to = (rank_ - i + n_) % n_;
+          const int64_t bytes = std::min(block_, int64_t(p_.input_bytes) - to * block_);
+          if (bytes > 0) std::memcpy(blocks_ + i * block_, input + to * block_, size_t(bytes));
+        }
+        break;
+    }
+    post_round();
   }
   ~SignatureExchange() override;
 
@@ -729,25 +762,36 @@ class SignatureExchange final : public MpiPolledWork {
     check_mpi(MPI_Testall(2, requests_, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", __FILE__,
               __LINE__, context());
     if (flag == 0) return false;
-    const int64_t count = std::min<int64_t>(have_, n_ - have_);  // what this round carried
-    if (in_[2] != count * block_) {  // another call: fail the check on every rank
-      mine_[0] = mine_[1] = std::numeric_limits<int64_t>::max();
-    } else {
-      mine_[0] = std::max(mine_[0], in_[0]);
-      mine_[1] = std::max(mine_[1], in_[1]);
-      if (block_ > 0) std::memcpy(held_ + have_ * block_, in_ + 3, size_t(count * block_));
+    const int64_t expected = round_blocks() * block_;
+    if (in_[2] != expected) {  // another call: fail the check on every rank
+      LOOM_ASSERT(first_phase_, "second phase of ", context().str(), " got ", in_[2],
+                  " bytes, expected ", expected);
+      out_[0] = out_[1] = std::numeric_limits<int64_t>::max();
+      failed_check_ = true;
+    } else if (first_phase_) {
+      out_[0] = std::max(out_[0], in_[0]);
+      out_[1] = std::max(out_[1], in_[1]);
     }
-    have_ += count;
-    if (have_ < n_) {
-      ++round_;
-      post_round(std::min<int64_t>(have_, n_ - have_));
+    if (!failed_check_) take_round();
+    ++round_;
+    if (round_ < rounds()) {
+      post_round();
       return false;
     }
-    pair_[0] = mine_[0];
-    pair_[1] = mine_[1];
-    // held[i] is rank (r + i) % n's payload: into rank order.
-    for (int64_t i = 0; block_ > 0 && i < n_; ++i)
-      std::memcpy(gathered_ + ((rank_ + i) % n_) * block_, held_ + i * block_, size_t(block_));
+    if (first_phase_) {
+      pair_[0] = out_[0];
+      pair_[1] = out_[1];
+      if (!hashes_agree(out_)) return true;  // nothing is written
+      if (p_.kind == Kind::kAllreduce) {  // reduce this rank's block, then gather the blocks
+        reduce_mine(held());
+        first_phase_ = false;
+        round_ = 0;
+        have_ = 1;
+        post_round();
+        return false;
+      }
+    }
+    write_outputs();
     return true;
   }
 
@@ -758,30 +802,116 @@ class SignatureExchange final : public MpiPolledWork {
   }
 
  private:
-  // Round round_: receives from r + 2^k, sends `sent` payloads to r - 2^k.
-  void post_round(int64_t sent) {
+  // Whether this round moves held blocks (Bruck's allgather) rather than indexed ones.
+  bool gathers() const {
+    return !first_phase_ || (p_.kind != Kind::kReduceScatter && p_.kind != Kind::kAllreduce);
+  }
+  int rounds() const {
+    int r = 0;
+    while ((1 << r) < n_) ++r;
+    return r;
+  }
+  char* held() { return reinterpret_cast<char*>(out_ + 3); }
+  const char* received() const { return reinterpret_cast<const char*>(in_ + 3); }
+
+  // Blocks in this round's message: Bruck's allgather sends what it holds, up to 2^k; its
+  // all-to-all the indices with bit k set.
+  int64_t round_blocks() const {
+    if (gathers()) return std::min<int64_t>(have_, n_ - have_);
+    int64_t count = 0;
+    for (int i = 0; i < n_; ++i) count += (i >> round_) & 1;
+    return count;
+  }
+
+  void post_round() {
     const int step = 1 << round_;  // < n
-    mine_[2] = sent * block_;
+    const int64_t blocks = round_blocks();
+    out_[2] = blocks * block_;
+    if (!gathers()) {  // pack the indices with bit k set after the header
+      char* at = held();
+      for (int i = 0; i < n_; ++i)
+        if ((i >> round_) & 1) {
+          std::memcpy(at, blocks_ + i * block_, size_t(block_));
+          at += block_;
+        }
+    }
+    const int tag = (first_phase_ ? 0 : kSecondPhaseTag) + round_;
     const MPI_Comm c = comm->comm;
-    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(const_cast<int64_t*>(in_), int(kCheckMessage), MPI_BYTE,
-                                           (rank_ + step) % n_, round_, c, &requests_[0]));
-    LOOM_MPI_CHECK_IN(context(),
-                      MPI_Isend(mine_, int(kCheckHeader + sent * block_), MPI_BYTE,
-                                (rank_ - step + n_) % n_, round_, c, &requests_[1]));
+    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(in_, int(kCheckMessage), MPI_BYTE, (rank_ + step) % n_,
+                                           tag, c, &requests_[0]));
+    LOOM_MPI_CHECK_IN(context(), MPI_Isend(out_, int(kCheckHeader + blocks * block_), MPI_BYTE,
+                                           (rank_ - step + n_) % n_, tag, c, &requests_[1]));
+  }
+
+  // Keeps what a round brought.
+  void take_round() {
+    if (block_ == 0) return;
+    if (gathers()) {
+      const int64_t count = round_blocks();
+      std::memcpy(held() + have_ * block_, received(), size_t(count * block_));
+      have_ += count;
+      return;
+    }
+    const char* at = received();
+    for (int i = 0; i < n_; ++i)
+      if ((i >> round_) & 1) {
+        std::memcpy(blocks_ + i * block_, at, size_t(block_));
+        at += block_;
+      }
+  }
+
+  // This rank's share of a reduction: op over every rank's block for it, in rank order (index i
+  // holds rank r + i's).
+  void reduce_mine(void* out) {
+    const int64_t element = int64_t(dtype_size(p_.dtype));
+    const int64_t count =
+        std::clamp<int64_t>(int64_t(p_.input_bytes) - rank_ * block_, 0, block_) / element;
+    reduce_in_rank_order(blocks_, size_t(block_), n_, rank_, p_.dtype, p_.op, 0,
+                         p_.kind == Kind::kReduceScatter ? block_ / element : count, out);
+  }
+
+  // The outputs, once the check agreed.
+  void write_outputs() {
+    auto* out = static_cast<char*>(p_.output);
+    switch (p_.kind) {
+      case Kind::kNone:
+        return;
+      case Kind::kReduceScatter:
+        if (block_ > 0) reduce_mine(out);
+        return;
+      case Kind::kAllreduceByAllgather:  // held[i] is rank (r + i) % n's whole input
+        reduce_in_rank_order(held(), size_t(block_), n_, rank_, p_.dtype, p_.op, 0,
+                             block_ / int64_t(dtype_size(p_.dtype)), out);
+        return;
+      case Kind::kAllgather:
+      case Kind::kAllreduce: {
+        // held[i] is rank (r + i) % n's block: into rank order (an allreduce's last short).
+        const int64_t total =
+            p_.kind == Kind::kAllgather ? block_ * n_ : int64_t(p_.input_bytes);
+        for (int64_t i = 0; i < n_; ++i) {
+          const int64_t j = (rank_ + i) % n_;
+          const int64_t bytes = std::min(block_, total - j * block_);
+          if (bytes > 0) std::memcpy(out + j * block_, held() + i * block_, size_t(bytes));
+        }
+        return;
+      }
+    }
   }
 
   int rank_, n_;
   int64_t* pair_;
+  Payload p_;
   int64_t block_;
-  char* gathered_;
   SpareScratch spare_;
   ExchangeScratch scratch_;
-  int64_t* mine_;
-  const int64_t* in_;
-  char* held_;
+  int64_t* out_;     // the message out: header, then held blocks (allgather) or a packed round
+  int64_t* in_;      // the message in
+  char* blocks_;     // a reduction's n blocks, by index
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  bool first_phase_ = true;
+  bool failed_check_ = false;
   int round_ = 0;
-  int64_t have_ = 1;  // payloads held: this rank's own
+  int64_t have_ = 1;  // blocks held by an allgather: this rank's own
 };
 
 SignatureExchange::~SignatureExchange() {
@@ -1038,15 +1168,15 @@ class MpiCommunicator final : public Communicator {
 
   size_t check_payload_limit() const override { return kCarriedBytes; }
 
-  WorkPtr check_exchange_impl(int64_t* pair, const void* payload, size_t payload_bytes,
-                              void* gathered, const OpInfo& info) override {
-    LOOM_ASSERT(payload_bytes * size_t(size()) <= kCarriedBytes &&
-                    (payload_bytes == 0 || (payload != nullptr && gathered != nullptr)),
-                "signature exchange carrying ", payload_bytes, " bytes");
+  WorkPtr check_exchange_impl(int64_t* pair, const CheckPayload& payload,
+                              const OpInfo& info) override {
+    LOOM_ASSERT(payload.bytes(size()) <= kCarriedBytes &&
+                    (payload.block == 0 || payload.kind == CheckPayload::Kind::kNone ||
+                     (payload.input != nullptr && payload.output != nullptr)),
+                "signature exchange carrying ", payload.bytes(size()), " bytes");
     // By value, not `this`: the work keeps the MPI communicator alive, not the group.
     return std::make_shared<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
-                                               size(), pair, payload, int64_t(payload_bytes),
-                                               gathered, spare_scratch_);
+                                               size(), pair, payload, spare_scratch_);
   }
 
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {

@@ -600,7 +600,7 @@ TEST(Collectives, SequenceNumbersAndOpCounts) {
 
 #if LOOM_WITH_MPI
 // MPI counts are ints: with the per-call limit lowered to 1000 elements, allreduce, reduce,
-// broadcast and send/recv of 17011 elements go in 18 pieces and must still be exact; allgather,
+// broadcast and send/recv of 140011 elements go in 141 pieces and must still be exact; allgather,
 // reduce_scatter and all_to_all beyond the limit raise loom::Error on every rank before posting.
 TEST(MpiBackend, LargeCountsSplitIntoPiecesOrRaise) {
   auto comm = world_comm();
@@ -611,9 +611,9 @@ TEST(MpiBackend, LargeCountsSplitIntoPiecesOrRaise) {
     ~Restore() { set_mpi_max_count(INT_MAX); }
   } restore;
   set_mpi_max_count(1000);
-  // More than a check carries (Note [Small collectives in their check]), even in bf16 on 2
-  // ranks, so that these go through MPI's own calls.
-  const int64_t n = 17011;
+  // More than a check carries (Note [Small collectives in their check]: 256 KiB), even in bf16,
+  // so that these go through MPI's own calls.
+  const int64_t n = 140011;
   int64_t wrong = 0;
   for (DType dt : kDTypes)
     for (ReduceOp op : kOps) {
@@ -645,9 +645,9 @@ TEST(MpiBackend, LargeCountsSplitIntoPiecesOrRaise) {
   // Raised by the post, which a checked collective makes once its check agreed: at the latest
   // from its wait (Note [The check queue]).
   expect_argument_error([&] { comm->allgather(one, all)->wait(); },
-                        {"allgather", "17011 elements", "more than one MPI call carries (1000"});
+                        {"allgather", "140011 elements", "more than one MPI call carries (1000"});
   expect_argument_error([&] { comm->reduce_scatter(all, one)->wait(); },
-                        {"reduce_scatter", "17011"});
+                        {"reduce_scatter", "140011"});
   expect_argument_error([&] { comm->all_to_all(all, all)->wait(); }, {"all_to_all"});
   // The checks run after the sequence number is taken, but before anything is posted.
   EXPECT_EQ(comm->sequence_number(), before + 3);

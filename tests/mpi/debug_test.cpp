@@ -306,13 +306,13 @@ TEST(CommDebug, SmallCollectivesInsideTheirChecks) {
   Tensor small = Tensor::full({16}, 5.0);
   expect_mismatch(*g,
                   [&] {
-                    Tensor big = Tensor::ones({20000});
+                    Tensor big = Tensor::ones({100000});  // 400 KB: not carried
                     if (r == last)
                       g->allreduce_sync(big);
                     else
                       g->allreduce_sync(small);
                   },
-                  {"count 16", "count 20000"});
+                  {"count 16", "count 100000"});
   EXPECT_EQ(small.to_vector<float>(), std::vector<float>(16, 5.0f));
   expect_mismatch(*g,
                   [&] {
