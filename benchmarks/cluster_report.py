@@ -168,7 +168,9 @@ def main():
     layouts = [(2, 2)] if o.quick else [(2, 2), (2, 4), (4, 2)]
     cpu = sh("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
     md = [f"Machine: {cpu}, {os.cpu_count()} vCPU; every rank of every node on it, one thread "
-          f"each. Each entry: the median of {iters} calls (max over ranks), f32, outputs checked, the "
+          f"each. Each entry: the median of {iters} blocks of calls, loom's and MPI's alternating "
+          f"(a block is one call, or as many as fill a millisecond), max over ranks, f32, "
+          f"outputs checked, the "
           f"best of {o.rounds} runs taken in turn.", ""]
     try:
         shaped, decided = allreduce_table(o.build, layouts, o.inter_bw, 256 << 10, last, iters, o.rounds)

@@ -106,8 +106,8 @@ constexpr const char* kUsage =
     "1024)\n"
     "  -e, --maxbytes <size>       largest size (default 32M)\n"
     "  -f, --stepfactor <int>      multiply the size by this between steps (default 2, >= 2)\n"
-    "  -n, --iters <int>           timed iterations per size and side (default 20; more for "
-    "small sizes, so that each of the 20 alternating blocks lasts >= 1 ms)\n"
+    "  -n, --iters <int>           timed iterations per size and side, in min(n, 20) "
+    "alternating blocks (default 20; more for small sizes: a block lasts >= 1 ms)\n"
     "  -w, --warmup_iters <int>    untimed iterations before timing (default 5)\n"
     "  -c, --check <0|1>           check every output element (default 1)\n"
     "  -o, --op <name>             allreduce | allgather | reduce_scatter | broadcast | "
@@ -520,14 +520,16 @@ using Clock = std::chrono::steady_clock;
 struct AB {
   double a, b;
 };
-constexpr int kBlocks = 20;                 // of each side
-constexpr double kMinBlockSeconds = 1e-3;   // see calls_per_block
+constexpr int kMaxBlocks = 20;             // of each side: -n when fewer
+constexpr double kMinBlockSeconds = 1e-3;  // see calls_per_block
 constexpr int kMaxCallsPerBlock = 100000;
 
-// Calls per block: -n spread over the blocks, raised so that a block lasts at least
-// kMinBlockSeconds (a few microseconds per call would drown in the clock's and the barrier's
-// noise otherwise, as OSU's benchmarks raise their iterations for small messages); the same on
-// every rank. Runs the -w warm-up calls (at least one).
+int blocks_per_side(const Options& o) { return std::min(o.iters, kMaxBlocks); }
+
+// Calls per block: -n spread over the blocks (at most kMaxBlocks a side), raised so that a block
+// lasts at least kMinBlockSeconds (a few microseconds per call would drown in the clock's and the
+// barrier's noise otherwise, as OSU's benchmarks raise their iterations for small messages); the
+// same on every rank. Runs the -w warm-up calls (at least one).
 template <typename F>
 int calls_per_block(const Options& o, F&& call) {
   const int warmup = std::max(1, o.warmup_iters);
@@ -535,7 +537,7 @@ int calls_per_block(const Options& o, F&& call) {
   const auto start = Clock::now();
   for (int i = 0; i < warmup; ++i) call();
   const double per_call = std::chrono::duration<double>(Clock::now() - start).count() / warmup;
-  int calls = std::max(1, o.iters / kBlocks);
+  int calls = std::max(1, o.iters / blocks_per_side(o));
   if (per_call * calls < kMinBlockSeconds)
     calls = int(std::min<double>(kMaxCallsPerBlock, std::ceil(kMinBlockSeconds / per_call)));
   BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &calls, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
@@ -546,7 +548,7 @@ int calls_per_block(const Options& o, F&& call) {
 template <typename Side, typename A, typename B>
 AB alternating(const Options& o, int per_block, Side&& side, A&& a, B&& b) {
   std::vector<double> times[2];
-  for (int block = 0; block < 2 * kBlocks; ++block) {
+  for (int block = 0; block < 2 * blocks_per_side(o); ++block) {
     const bool is_a = (block % 4 == 0) || (block % 4 == 3);
     side(is_a);
     for (int i = 0; i < std::min(per_block, o.warmup_iters); ++i) is_a ? a() : b();
@@ -604,7 +606,7 @@ int run(const Options& o) {
         "unchecked, check: the same over alternating blocks of loom's calls with the collective "
         "signature check (on by default) off (set_debug(false)) and on: the time without it, "
         "and on minus off, same buffers\n",
-        kBlocks, factor);
+        blocks_per_side(o), factor);
     std::printf("#\n");
     std::printf("# %10s  %12s  %6s  %9s  %7s  %7s  %6s  %9s  %9s  %6s  %9s  %9s\n", "size", "count",
                 "type", "time", "algbw", "busbw", "#wrong", "mpi_time", "mpi_busbw", "ratio",

@@ -64,10 +64,10 @@ void reduce_blocks(const char* blocks, int64_t block_bytes, int n, int first_ran
 
 void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int first_rank,
                           DType dtype, ReduceOp op, int64_t first, int64_t count, void* out) {
-  LOOM_ASSERT(n > 0 && count >= 0 && (first + count) * int64_t(dtype_size(dtype)) <=
-                                         int64_t(block_bytes),
-              "reduce_in_rank_order: elements [", first, ", ", first + count,
-              ") outside a block of ", block_bytes, " bytes");
+  LOOM_ASSERT(
+      n > 0 && count >= 0 && (first + count) * int64_t(dtype_size(dtype)) <= int64_t(block_bytes),
+      "reduce_in_rank_order: elements [", first, ", ", first + count, ") outside a block of ",
+      block_bytes, " bytes");
   const auto* b = static_cast<const char*>(blocks);
   const auto bb = int64_t(block_bytes);
   switch (dtype) {

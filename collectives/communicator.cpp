@@ -68,25 +68,33 @@ namespace loom::comm {
 //
 // Note [Small collectives in their check]
 // For a small collective that round trip would be most of its time, so the check carries the
-// collective itself: an allreduce, reduce_scatter or allgather of host tensors whose inputs,
-// summed over the group, fit the channel's check_payload_limit() sends its input inside its
-// check's messages, the exchange hands every rank all ranks' inputs, and once the check has
-// agreed each rank computes its output from them (collectives/carried.h; reductions in rank
-// order, so every rank gets the same bits). A barrier is its check alone: the exchange reaches
-// every rank from every rank. Nothing else is posted, so a small collective costs one exchange,
-// not two. Every rank decides alike (the decision depends on the op, dtype, count and group
-// size, all in the signature), and a rank whose peer sent a message of another length (another
-// call) marks the check failed, so the mismatches above still raise on every rank and still
-// write no output.
+// collective itself (a CheckPayload): an allreduce, reduce_scatter or allgather of host tensors
+// up to a size (below) travels inside its check's messages, and the exchange writes the outputs
+// once the check has agreed. An allgather's inputs and the smallest allreduces' reach every rank
+// (each rank then reduces all of them); a reduce_scatter's blocks go each to its rank and are
+// reduced there; a larger allreduce does that and then gathers the reduced blocks, in a second
+// phase only a group whose check agreed runs (Note [Signature exchange] in mpi_backend.cpp).
+// Reductions combine the ranks' values in rank order (collectives/carried.h), so every rank gets
+// the same bits whatever the message pattern. A barrier is its check alone: the exchange reaches
+// every rank from every rank. Nothing else is posted, so a small collective costs one exchange
+// (an allreduce two), not a check and then MPI's collective. Every rank decides alike (the
+// decision depends on the op, dtype, count and group size, all in the signature), and a rank
+// whose peer sent a message of another length (another call) marks the check failed, so the
+// mismatches above still raise on every rank and still write no output.
+//
+// The sizes (CheckPayload::bytes over the group), measured against MPI's own calls on 2 and 4
+// ranks of the development VMs (benchmarks/README.md, "Small collectives"): an allgather is
+// carried up to 8 KiB of output (above, its copies in and out of the messages cost more than
+// MPI's allgather); an allreduce as one allgather of the inputs up to 16 KiB over the group, in
+// two phases up to 64 KiB (at 128-256 KiB the copies made it 0.58-0.69x of MPI's where MPI's
+// own call with a check was 0.83-0.90x); a reduce_scatter up to 64 KiB of input.
 
 namespace {
 
 const char* const kCollectiveOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
                                       "reduce",    "all_to_all",     "barrier",   "split"};
 
-// The largest carried collectives (CheckPayload::bytes, over the group), measured on 2 and 4
-// ranks (benchmarks/README.md): an allgather's copies in and out of the messages cost more than
-// MPI's own allgather above 8 KiB; a reduction carried ... (set below from measurements).
+// The largest carried collectives: See Note [Small collectives in their check].
 constexpr size_t kCarriedAllgatherBytes = 8 * 1024;
 constexpr size_t kAllreduceByAllgatherBytes = 16 * 1024;
 constexpr size_t kCarriedReductionBytes = 64 * 1024;
@@ -295,7 +303,6 @@ std::vector<Communicator*>& checked_groups() {
   return *groups;
 }
 size_t g_queued = 0;
-
 
 }  // namespace
 
@@ -584,7 +591,7 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
     if (Hierarchy* h = route("allreduce", input.nbytes()))
       return h->allreduce(input, output, options.op);
-  const Signature sig{"allreduce",       input.dtype(),    input.numel(), -1,
+  const Signature sig{"allreduce",     input.dtype(),    input.numel(),   -1,
                       int(options.op), site.file_name(), int(site.line())};
   // The smallest as one allgather of the inputs, the others in two phases (reduce-scatter
   // inside the check, then allgather): See Note [Signature exchange] in mpi_backend.cpp.
@@ -623,8 +630,8 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
   if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
     if (Hierarchy* h = route("reduce_scatter", input.nbytes()))
       return h->reduce_scatter(input, output, options.op);
-  const Signature sig{"reduce_scatter",  input.dtype(),    input.numel(), -1,
-                      int(options.op), site.file_name(), int(site.line())};
+  const Signature sig{"reduce_scatter", input.dtype(),    input.numel(),   -1,
+                      int(options.op),  site.file_name(), int(site.line())};
   const CheckPayload carried{CheckPayload::Kind::kReduceScatter,
                              input.numel() > 0 ? input.data_ptr() : nullptr,
                              output.numel() > 0 ? output.data_ptr() : nullptr,
@@ -648,7 +655,7 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
              " elements, expected group size ", size_, " x input's ", input.numel(), " = ",
              input.numel() * size_);
   if (Hierarchy* h = route("allgather", output.nbytes())) return h->allgather(input, output);
-  const Signature sig{"allgather", input.dtype(),    input.numel(), -1,
+  const Signature sig{"allgather", input.dtype(),    input.numel(),   -1,
                       -1,          site.file_name(), int(site.line())};
   const CheckPayload carried{CheckPayload::Kind::kAllgather,
                              input.numel() > 0 ? input.data_ptr() : nullptr,

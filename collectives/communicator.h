@@ -137,12 +137,12 @@ struct P2POp {
 // making tensors and closures for it was a visible part of its time.
 struct CheckPayload {
   enum class Kind {
-    kNone,           // the check alone (also a barrier's whole work)
-    kAllgather,      // output = every rank's input (`block` bytes) in rank order
-    kReduceScatter,  // input: size() blocks, block j for rank j; output = op over ranks of
-                     // their block for this rank, in rank order
-    kAllreduce,      // output = op over ranks of their input, in rank order; the input split
-                     // into size() blocks, the last ones short (input_bytes)
+    kNone,                  // the check alone (also a barrier's whole work)
+    kAllgather,             // output = every rank's input (`block` bytes) in rank order
+    kReduceScatter,         // input: size() blocks, block j for rank j; output = op over ranks of
+                            // their block for this rank, in rank order
+    kAllreduce,             // output = op over ranks of their input, in rank order; the input split
+                            // into size() blocks, the last ones short (input_bytes)
     kAllreduceByAllgather,  // the same, each rank reducing every rank's whole input (`block`
                             // bytes): one phase instead of two, for the smallest
   };

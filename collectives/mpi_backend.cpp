@@ -639,10 +639,9 @@ class PointToPointWork final : public MpiPolledWork {
     int got = 0;
     MPI_Get_count(&status_, type_, &got);
     if (got != count_)
-      throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", context().str(),
-                                            ": recv from rank ", peer_, " with tag ", tag_, " got ",
-                                            got, " elements, expected ", count_,
-                                            " (the matching send is shorter)"));
+      throw CommError(loom::detail::str_cat(
+          "[rank ", error_rank(), "] ", context().str(), ": recv from rank ", peer_, " with tag ",
+          tag_, " got ", got, " elements, expected ", count_, " (the matching send is shorter)"));
   }
 
  private:
@@ -782,7 +781,7 @@ class SignatureExchange final : public MpiPolledWork {
       pair_[0] = out_[0];
       pair_[1] = out_[1];
       if (!hashes_agree(out_)) return true;  // nothing is written
-      if (p_.kind == Kind::kAllreduce) {  // reduce this rank's block, then gather the blocks
+      if (p_.kind == Kind::kAllreduce) {     // reduce this rank's block, then gather the blocks
         reduce_mine(held());
         first_phase_ = false;
         round_ = 0;
@@ -886,8 +885,7 @@ class SignatureExchange final : public MpiPolledWork {
       case Kind::kAllgather:
       case Kind::kAllreduce: {
         // held[i] is rank (r + i) % n's block: into rank order (an allreduce's last short).
-        const int64_t total =
-            p_.kind == Kind::kAllgather ? block_ * n_ : int64_t(p_.input_bytes);
+        const int64_t total = p_.kind == Kind::kAllgather ? block_ * n_ : int64_t(p_.input_bytes);
         for (int64_t i = 0; i < n_; ++i) {
           const int64_t j = (rank_ + i) % n_;
           const int64_t bytes = std::min(block_, total - j * block_);
@@ -904,9 +902,9 @@ class SignatureExchange final : public MpiPolledWork {
   int64_t block_;
   SpareScratch spare_;
   ExchangeScratch scratch_;
-  int64_t* out_;     // the message out: header, then held blocks (allgather) or a packed round
-  int64_t* in_;      // the message in
-  char* blocks_;     // a reduction's n blocks, by index
+  int64_t* out_;  // the message out: header, then held blocks (allgather) or a packed round
+  int64_t* in_;   // the message in
+  char* blocks_;  // a reduction's n blocks, by index
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   bool first_phase_ = true;
   bool failed_check_ = false;
@@ -918,8 +916,8 @@ SignatureExchange::~SignatureExchange() {
   if (done()) return;
   // See Note [Abandoned operations]: the rounds go on while it settles.
   if (!settles([this] { return poll(); }))
-    abandoned().push_back(Abandoned{{requests_[0], requests_[1]}, {}, {}, std::move(scratch_),
-                                    std::move(comm)});
+    abandoned().push_back(
+        Abandoned{{requests_[0], requests_[1]}, {}, {}, std::move(scratch_), std::move(comm)});
 }
 
 // ---------------------------------------------------------------- the communicator
