@@ -86,8 +86,9 @@ namespace loom::comm {
 // ranks of the development VMs (benchmarks/README.md, "Small collectives"): an allgather is
 // carried up to 8 KiB of output (above, its copies in and out of the messages cost more than
 // MPI's allgather); an allreduce as one allgather of the inputs up to 16 KiB over the group, in
-// two phases up to 64 KiB (at 128-256 KiB the copies made it 0.58-0.69x of MPI's where MPI's
-// own call with a check was 0.83-0.90x); a reduce_scatter up to 64 KiB of input.
+// two phases up to 32 KiB (at 64 KiB its copies made it 0.65-0.67x of MPI's where MPI's own
+// call after a check was 0.67-0.77x, at 128-256 KiB 0.58-0.69x against 0.83-0.90x); a
+// reduce_scatter up to 64 KiB of input (0.83x there against 0.56x).
 
 namespace {
 
@@ -97,7 +98,8 @@ const char* const kCollectiveOps[] = {"allreduce", "reduce_scatter", "allgather"
 // The largest carried collectives: See Note [Small collectives in their check].
 constexpr size_t kCarriedAllgatherBytes = 8 * 1024;
 constexpr size_t kAllreduceByAllgatherBytes = 16 * 1024;
-constexpr size_t kCarriedReductionBytes = 64 * 1024;
+constexpr size_t kCarriedAllreduceBytes = 32 * 1024;
+constexpr size_t kCarriedReduceScatterBytes = 64 * 1024;
 
 int64_t op_code(const char* op) {
   for (size_t i = 0; i < std::size(kCollectiveOps); ++i)
@@ -607,7 +609,7 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   carried.kind = CheckPayload::Kind::kAllreduce;
   carried.block = size_t(chunk) * dtype_size(input.dtype());
-  if (carried_by_check(carried, kCarriedReductionBytes, on_host(input, output)))
+  if (carried_by_check(carried, kCarriedAllreduceBytes, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return allreduce_impl(input, output, options, info);
@@ -639,7 +641,7 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
                              input.nbytes(),
                              input.dtype(),
                              options.op};
-  if (carried_by_check(carried, kCarriedReductionBytes, on_host(input, output)))
+  if (carried_by_check(carried, kCarriedReduceScatterBytes, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return reduce_scatter_impl(input, output, options, info);
