@@ -1,7 +1,8 @@
-// Eigen does the work: the raw row-major pointers are wrapped in Eigen::Map with an outer stride,
-// and a transposed operand is the Map's .transpose() expression, never a materialised copy, so
-// Eigen's blocked GEMM packs straight from the caller's memory. .noalias() stops Eigen from
-// evaluating the product into a temporary before assigning it to C.
+// On AVX2 targets without AVX-512 loom's own kernel does the work (Note [An AVX2 GEMM] in
+// gemm_avx2.cpp); elsewhere Eigen does: the raw row-major pointers are wrapped in Eigen::Map with
+// an outer stride, and a transposed operand is the Map's .transpose() expression, never a
+// materialised copy, so Eigen's blocked GEMM packs straight from the caller's memory. .noalias()
+// stops Eigen from evaluating the product into a temporary before assigning it to C.
 #include "kernels/cpu/gemm.h"
 
 // See Note [Eigen under GCC 12] in kernels/cpu/eigen.h. Here the false positive surfaces where
@@ -10,6 +11,7 @@
 #include "kernels/cpu/eigen.h"
 
 #include "core/error.h"
+#include "kernels/cpu/gemm_avx2.h"
 
 namespace loom::kernels::cpu {
 
@@ -39,6 +41,10 @@ void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       cm.setZero();
     else
       cm *= beta;
+    return;
+  }
+  if (detail::gemm_avx2_preferred()) {
+    detail::gemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   // The stored shapes: A is [m, k] or [k, m]; B is [k, n] or [n, k].
@@ -74,8 +80,9 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   LOOM_ASSERT(batch <= 1 || stride_c != 0, "cpu gemm_strided_batched: stride_c is 0 for ", batch,
               " products");
   // Many small products (attention's per-head GEMMs) are spread over threads one product each;
-  // a large product is left to Eigen, which threads inside one GEMM. Inside this parallel region
-  // Eigen sees omp_get_num_threads() > 1 and stays single-threaded, so nothing oversubscribes.
+  // a large product is left to the GEMM, which threads inside one product. Inside this parallel
+  // region Eigen sees omp_get_num_threads() > 1 and the AVX2 kernel omp_in_parallel(), and both
+  // stay single-threaded, so nothing oversubscribes.
   const bool small = m * n * k <= (int64_t(1) << 21);
 #pragma omp parallel for schedule(static) if (batch > 1 && small)
   for (int64_t i = 0; i < batch; ++i) {

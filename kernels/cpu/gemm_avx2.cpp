@@ -1,0 +1,254 @@
+// Note [An AVX2 GEMM]
+// Eigen 3.4's GEMM on an AVX2 target (AMD EPYC Zen 3, no AVX-512) ran the GPT's shapes at 48-64
+// GFLOP/s on one core where OpenBLAS, PyTorch's BLAS, ran them at 81-85: most of the gap between
+// loom's and PyTorch's training step at one thread (benchmarks/README.md). On AVX-512 Xeons
+// Eigen's 16-lane kernel measured on par with OpenBLAS, so this kernel is used only where AVX2
+// is the widest vector (gemm_avx2_preferred).
+//
+// The structure is the one of Goto's algorithm, as BLIS and OpenBLAS have it: op(B) is packed in
+// blocks of kKc x kNc into panels kNr columns wide, op(A) in blocks of kMc x kKc into panels kMr
+// rows tall, each zero-padded to whole panels; a 6 x 16 micro-kernel keeps its tile of C in 12
+// ymm accumulators and adds one rank-1 update per k from one broadcast of A and two loads of B.
+// A block of A (144 x 256 floats, 144 KiB) stays in L2, a panel of B (16 KiB) in L1.
+//
+// Bits. Every element of C is the sum over k of its products, accumulated in order by one FMA
+// chain per k-block of kKc and the k-blocks added to C in order, so it depends on its row of
+// op(A), its column of op(B), alpha and beta only: not on the thread count, the shape of C or
+// where the operands sit (packing removes alignment; Note [Aligned scratch]). Data parallelism's
+// equivalence tests rely on that (a batch split over ranks computes each row as one process
+// does). Threads split C into blocks; k is never split.
+#include "kernels/cpu/gemm_avx2.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define LOOM_GEMM_AVX2 1
+#include <immintrin.h>
+#include <omp.h>
+
+#include "kernels/cpu/aligned_buffer.h"
+#endif
+
+namespace loom::kernels::cpu::detail {
+
+#ifndef LOOM_GEMM_AVX2
+
+bool gemm_avx2_compiled() { return false; }
+bool gemm_avx2_preferred() { return false; }
+void gemm_avx2(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+               int64_t, float, float*, int64_t) {
+  LOOM_ASSERT(false, "gemm_avx2: this build was not compiled with AVX2 and FMA");
+}
+
+#else
+
+namespace {
+
+constexpr int64_t kMr = 6;                         // rows of the micro-kernel's tile
+constexpr int64_t kNr = 16;                        // columns: two ymm vectors
+constexpr int64_t kKc = 256;                       // the k-block
+constexpr int64_t kMc = 144;                       // rows of a block of A (a multiple of kMr)
+constexpr int64_t kNc = 4080;                      // columns of a block of B (a multiple of kNr)
+constexpr int64_t kSerialWork = int64_t(1) << 18;  // m * n * k below which one thread does it
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// The operands as gemm() sees them: element (i, p) of op(A), (p, j) of op(B).
+struct Operands {
+  bool trans_a, trans_b;
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+};
+
+// Rows i0 .. i0 + rows of op(A) over k-columns p0 .. p0 + kc into panels of kMr rows, each
+// stored k-major (kMr values per k), the rows past `rows` zero.
+void pack_a(const Operands& o, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
+  for (int64_t ir = 0; ir < rows; ir += kMr) {
+    const int64_t mr = std::min(kMr, rows - ir);
+    float* panel = out + ir * kc;
+    if (o.trans_a) {  // A stored [k, m]: a panel's kMr values per k are adjacent
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = o.a + (p0 + p) * o.lda + i0 + ir;
+        for (int64_t r = 0; r < kMr; ++r) panel[p * kMr + r] = r < mr ? src[r] : 0.0f;
+      }
+    } else {  // A stored [m, k]: each row is read along k
+      for (int64_t r = 0; r < kMr; ++r) {
+        if (r < mr) {
+          const float* src = o.a + (i0 + ir + r) * o.lda + p0;
+          for (int64_t p = 0; p < kc; ++p) panel[p * kMr + r] = src[p];
+        } else {
+          for (int64_t p = 0; p < kc; ++p) panel[p * kMr + r] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// Columns j0 + panel * kNr .. of op(B) over k-rows p0 .. p0 + kc into one panel, k-major (kNr
+// values per k), the columns past n zero.
+void pack_b_panel(const Operands& o, int64_t j0, int64_t cols, int64_t p0, int64_t kc,
+                  float* panel) {
+  if (o.trans_b) {  // B stored [n, k]: each column of op(B) is read along k
+    for (int64_t j = 0; j < kNr; ++j) {
+      if (j < cols) {
+        const float* src = o.b + (j0 + j) * o.ldb + p0;
+        for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = src[p];
+      } else {
+        for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = 0.0f;
+      }
+    }
+  } else {  // B stored [k, n]: a panel's kNr values per k are adjacent
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* src = o.b + (p0 + p) * o.ldb + j0;
+      for (int64_t j = 0; j < kNr; ++j) panel[p * kNr + j] = j < cols ? src[j] : 0.0f;
+    }
+  }
+}
+
+// C's tile (mr x nr of it real) = alpha * A panel x B panel + beta * C; beta == 0 does not
+// read C (it may hold garbage). The twelve accumulators are named variables: held in an array,
+// GCC 12 stored the array to the stack on every k.
+void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
+                  int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_load_ps(b);
+    const __m256 b1 = _mm256_load_ps(b + 8);
+    __m256 ar = _mm256_broadcast_ss(a);
+    c00 = _mm256_fmadd_ps(ar, b0, c00);
+    c01 = _mm256_fmadd_ps(ar, b1, c01);
+    ar = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(ar, b0, c10);
+    c11 = _mm256_fmadd_ps(ar, b1, c11);
+    ar = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(ar, b0, c20);
+    c21 = _mm256_fmadd_ps(ar, b1, c21);
+    ar = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(ar, b0, c30);
+    c31 = _mm256_fmadd_ps(ar, b1, c31);
+    ar = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(ar, b0, c40);
+    c41 = _mm256_fmadd_ps(ar, b1, c41);
+    ar = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(ar, b0, c50);
+    c51 = _mm256_fmadd_ps(ar, b1, c51);
+    a += kMr;
+    b += kNr;
+  }
+  const __m256 va = _mm256_set1_ps(alpha);
+  const __m256 acc[kMr][2] = {{_mm256_mul_ps(va, c00), _mm256_mul_ps(va, c01)},
+                              {_mm256_mul_ps(va, c10), _mm256_mul_ps(va, c11)},
+                              {_mm256_mul_ps(va, c20), _mm256_mul_ps(va, c21)},
+                              {_mm256_mul_ps(va, c30), _mm256_mul_ps(va, c31)},
+                              {_mm256_mul_ps(va, c40), _mm256_mul_ps(va, c41)},
+                              {_mm256_mul_ps(va, c50), _mm256_mul_ps(va, c51)}};
+  if (mr == kMr && nr == kNr) {
+    const __m256 vb = _mm256_set1_ps(beta);
+    for (int r = 0; r < kMr; ++r) {
+      float* row = c + r * ldc;
+      __m256 lo = acc[r][0], hi = acc[r][1];
+      if (beta != 0.0f) {
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(vb, _mm256_loadu_ps(row)));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(vb, _mm256_loadu_ps(row + 8)));
+      }
+      _mm256_storeu_ps(row, lo);
+      _mm256_storeu_ps(row + 8, hi);
+    }
+    return;
+  }
+  // An edge tile: the same arithmetic, element by element over the real part.
+  alignas(32) float tile[kMr][kNr];
+  for (int r = 0; r < kMr; ++r) {
+    _mm256_store_ps(tile[r], acc[r][0]);
+    _mm256_store_ps(tile[r] + 8, acc[r][1]);
+  }
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t j = 0; j < nr; ++j) {
+      float& out = c[r * ldc + j];
+      out = beta != 0.0f ? tile[r][j] + beta * out : tile[r][j];
+    }
+}
+
+using Scratch = AlignedVector<float>;
+
+// Per thread, reused from call to call: packing a block must not fault in fresh pages.
+Scratch& thread_scratch_a() {
+  thread_local Scratch s;
+  return s;
+}
+Scratch& thread_scratch_b() {
+  thread_local Scratch s;
+  return s;
+}
+
+float* sized(Scratch& s, int64_t floats) {
+  if (int64_t(s.size()) < floats) s.resize(size_t(floats));
+  return s.data();
+}
+
+}  // namespace
+
+bool gemm_avx2_compiled() { return true; }
+
+bool gemm_avx2_preferred() {
+#ifdef __AVX512F__
+  return false;
+#else
+  return true;
+#endif
+}
+
+void gemm_avx2(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  LOOM_ASSERT(m > 0 && n > 0 && k > 0, "gemm_avx2: empty product m=", m, " n=", n, " k=", k);
+  const Operands o{trans_a, trans_b, a, lda, b, ldb};
+  const int threads = omp_in_parallel() || m * n * k < kSerialWork ? 1 : omp_get_max_threads();
+  // Rows per block of A: at most kMc, fewer when that gives every thread a block.
+  const int64_t mc = std::min(kMc, round_up((m + threads - 1) / threads, kMr));
+  const int64_t m_blocks = (m + mc - 1) / mc;
+  Scratch& b_scratch = thread_scratch_b();
+  for (int64_t j0 = 0; j0 < n; j0 += kNc) {
+    const int64_t nc = std::min(kNc, n - j0);
+    const int64_t panels = (nc + kNr - 1) / kNr;
+    // When C has fewer row blocks than threads, each row block's panels are split too.
+    const int64_t splits = m_blocks >= threads ? 1 : std::min<int64_t>(panels, threads / m_blocks);
+    for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+      const int64_t kc = std::min(kKc, k - p0);
+      float* packed_b = sized(b_scratch, panels * kNr * kc);
+      const float beta_here = p0 == 0 ? beta : 1.0f;  // later k-blocks add to C
+#pragma omp parallel num_threads(threads) if (threads > 1)
+      {
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < panels; ++q)
+          pack_b_panel(o, j0 + q * kNr, std::min(kNr, nc - q * kNr), p0, kc,
+                       packed_b + q * kNr * kc);
+          // (the for's barrier: B is packed before any thread reads it)
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < m_blocks * splits; ++item) {
+          const int64_t i0 = (item / splits) * mc;
+          const int64_t rows = std::min(mc, m - i0);
+          const int64_t first = panels * (item % splits) / splits;
+          const int64_t last = panels * (item % splits + 1) / splits;
+          float* packed_a = sized(thread_scratch_a(), round_up(rows, kMr) * kc);
+          pack_a(o, i0, rows, p0, kc, packed_a);
+          for (int64_t q = first; q < last; ++q) {
+            const int64_t j = j0 + q * kNr;
+            for (int64_t ir = 0; ir < rows; ir += kMr)
+              micro_kernel(kc, packed_a + ir * kc, packed_b + q * kNr * kc, c + (i0 + ir) * ldc + j,
+                           ldc, std::min(kMr, rows - ir), std::min(kNr, n - j), alpha, beta_here);
+          }
+        }
+      }
+    }
+  }
+}
+
+#endif
+
+}  // namespace loom::kernels::cpu::detail
