@@ -107,6 +107,19 @@ int64_t op_code(const char* op) {
   LOOM_ASSERT(false, "unknown collective ", op);
 }
 
+// What a collective's check carries (Note [Small collectives in their check]): `block` bytes of
+// each rank's share of `input`; the op is ignored by an allgather.
+CheckPayload payload_of(CheckPayload::Kind kind, const Tensor& input, const Tensor& output,
+                        size_t block, ReduceOp op) {
+  return {kind,
+          input.numel() > 0 ? input.data_ptr() : nullptr,
+          output.numel() > 0 ? output.data_ptr() : nullptr,
+          block,
+          input.nbytes(),
+          input.dtype(),
+          op};
+}
+
 // On unless LOOM_COMM_DEBUG is "0" (See Note [Collective signatures]).
 bool debug_from_environment() {
   const char* v = std::getenv("LOOM_COMM_DEBUG");
@@ -598,13 +611,8 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   // The smallest as one allgather of the inputs, the others in two phases (reduce-scatter
   // inside the check, then allgather): See Note [Signature exchange] in mpi_backend.cpp.
   const int64_t chunk = (input.numel() + size_ - 1) / size_;  // elements per rank's block
-  CheckPayload carried{CheckPayload::Kind::kAllreduceByAllgather,
-                       input.numel() > 0 ? input.data_ptr() : nullptr,
-                       output.numel() > 0 ? output.data_ptr() : nullptr,
-                       input.nbytes(),
-                       input.nbytes(),
-                       input.dtype(),
-                       options.op};
+  CheckPayload carried = payload_of(CheckPayload::Kind::kAllreduceByAllgather, input, output,
+                                    input.nbytes(), options.op);
   if (carried_by_check(carried, kAllreduceByAllgatherBytes, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   carried.kind = CheckPayload::Kind::kAllreduce;
@@ -634,13 +642,8 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
       return h->reduce_scatter(input, output, options.op);
   const Signature sig{"reduce_scatter", input.dtype(),    input.numel(),   -1,
                       int(options.op),  site.file_name(), int(site.line())};
-  const CheckPayload carried{CheckPayload::Kind::kReduceScatter,
-                             input.numel() > 0 ? input.data_ptr() : nullptr,
-                             output.numel() > 0 ? output.data_ptr() : nullptr,
-                             output.nbytes(),
-                             input.nbytes(),
-                             input.dtype(),
-                             options.op};
+  const CheckPayload carried =
+      payload_of(CheckPayload::Kind::kReduceScatter, input, output, output.nbytes(), options.op);
   if (carried_by_check(carried, kCarriedReduceScatterBytes, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
@@ -659,12 +662,8 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
   if (Hierarchy* h = route("allgather", output.nbytes())) return h->allgather(input, output);
   const Signature sig{"allgather", input.dtype(),    input.numel(),   -1,
                       -1,          site.file_name(), int(site.line())};
-  const CheckPayload carried{CheckPayload::Kind::kAllgather,
-                             input.numel() > 0 ? input.data_ptr() : nullptr,
-                             output.numel() > 0 ? output.data_ptr() : nullptr,
-                             input.nbytes(),
-                             input.nbytes(),
-                             input.dtype()};
+  const CheckPayload carried =
+      payload_of(CheckPayload::Kind::kAllgather, input, output, input.nbytes(), ReduceOp::kSum);
   if (carried_by_check(carried, kCarriedAllgatherBytes, on_host(input, output)))
     return collective(sig, output.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, output.nbytes(), [=, this, output = output](const OpInfo& info) mutable {

@@ -708,12 +708,11 @@ constexpr size_t kScratchWords = (2 * size_t(kCheckMessage) + kCarriedBytes) / s
 
 class SignatureExchange final : public MpiPolledWork {
  public:
-  using Payload = CheckPayload;
-  using Kind = Payload::Kind;
+  using Kind = CheckPayload::Kind;
 
   // `pair`: as check_exchange_impl's, written when the first phase completes.
   SignatureExchange(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-                    int rank, int n, int64_t* pair, const Payload& payload, SpareScratch spare)
+                    int rank, int n, int64_t* pair, const CheckPayload& payload, SpareScratch spare)
       : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
         rank_(rank),
         n_(n),
@@ -898,7 +897,7 @@ class SignatureExchange final : public MpiPolledWork {
 
   int rank_, n_;
   int64_t* pair_;
-  Payload p_;
+  CheckPayload p_;
   int64_t block_;
   SpareScratch spare_;
   ExchangeScratch scratch_;

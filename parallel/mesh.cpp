@@ -157,8 +157,11 @@ std::string DeviceMesh::placement() const {
     for (size_t i = 0; i < ranks.size(); ++i) {  // runs of consecutive ranks as a-b
       size_t j = i;
       while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-      rs += (rs.empty() ? "" : ", ") + std::to_string(ranks[i]) +
-            (j > i ? "-" + std::to_string(ranks[j]) : "");
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on
+      // `"..." + std::string&&`.
+      if (!rs.empty()) rs += ", ";
+      rs += std::to_string(ranks[i]);
+      if (j > i) (rs += '-') += std::to_string(ranks[j]);
       i = j;
     }
     s += detail::str_cat("node ", n, " (", nodes_.names[size_t(n)], "): ranks ", rs, "\n");

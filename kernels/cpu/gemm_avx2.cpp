@@ -46,11 +46,12 @@ void gemm_avx2(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64
 
 namespace {
 
-constexpr int64_t kMr = 6;                         // rows of the micro-kernel's tile
-constexpr int64_t kNr = 16;                        // columns: two ymm vectors
-constexpr int64_t kKc = 256;                       // the k-block
-constexpr int64_t kMc = 144;                       // rows of a block of A (a multiple of kMr)
-constexpr int64_t kNc = 4080;                      // columns of a block of B (a multiple of kNr)
+constexpr int64_t kMr = 6;         // rows of the micro-kernel's tile
+constexpr int64_t kNr = 16;        // columns: two ymm vectors
+constexpr int64_t kKc = 256;       // the k-block
+constexpr int64_t kMc = 144;       // rows of a block of A (a multiple of kMr)
+constexpr int64_t kNc = 4080;      // columns of a block of B (a multiple of kNr)
+constexpr int64_t kPackSlack = 8;  // floats past a packed block that pack_a may write
 constexpr int64_t kSerialWork = int64_t(1) << 18;  // m * n * k below which one thread does it
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -64,6 +65,26 @@ struct Operands {
   int64_t ldb;
 };
 
+// Transposes the 8 x 8 block held in r[0..7] (row i in r[i]) in place.
+inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
 // Rows i0 .. i0 + rows of op(A) over k-columns p0 .. p0 + kc into panels of kMr rows, each
 // stored k-major (kMr values per k), the rows past `rows` zero.
 void pack_a(const Operands& o, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
@@ -75,7 +96,21 @@ void pack_a(const Operands& o, int64_t i0, int64_t rows, int64_t p0, int64_t kc,
         const float* src = o.a + (p0 + p) * o.lda + i0 + ir;
         for (int64_t r = 0; r < kMr; ++r) panel[p * kMr + r] = r < mr ? src[r] : 0.0f;
       }
-    } else {  // A stored [m, k]: each row is read along k
+    } else if (mr == kMr) {  // A stored [m, k]: 8 k at a time through a transpose
+      const float* src = o.a + (i0 + ir) * o.lda + p0;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        __m256 r[8];
+        for (int i = 0; i < kMr; ++i) r[i] = _mm256_loadu_ps(src + i * o.lda + p);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose8x8(r);
+        // Each k's 8 values: the 6 rows and 2 that the next k's store (or the next panel, or
+        // the scratch's slack: kPackSlack) overwrites.
+        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (p + i) * kMr, r[i]);
+      }
+      for (; p < kc; ++p)
+        for (int64_t i = 0; i < kMr; ++i) panel[p * kMr + i] = src[i * o.lda + p];
+    } else {  // the last, partial panel: row by row
       for (int64_t r = 0; r < kMr; ++r) {
         if (r < mr) {
           const float* src = o.a + (i0 + ir + r) * o.lda + p0;
@@ -92,7 +127,19 @@ void pack_a(const Operands& o, int64_t i0, int64_t rows, int64_t p0, int64_t kc,
 // values per k), the columns past n zero.
 void pack_b_panel(const Operands& o, int64_t j0, int64_t cols, int64_t p0, int64_t kc,
                   float* panel) {
-  if (o.trans_b) {  // B stored [n, k]: each column of op(B) is read along k
+  if (o.trans_b && cols == kNr) {  // B stored [n, k]: 8 x 8 blocks through a transpose
+    const float* src = o.b + j0 * o.ldb + p0;
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8)
+      for (int half = 0; half < 2; ++half) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (half * 8 + i) * o.ldb + p);
+        transpose8x8(r);
+        for (int i = 0; i < 8; ++i) _mm256_store_ps(panel + (p + i) * kNr + half * 8, r[i]);
+      }
+    for (; p < kc; ++p)
+      for (int64_t j = 0; j < kNr; ++j) panel[p * kNr + j] = src[j * o.ldb + p];
+  } else if (o.trans_b) {  // the last, partial panel: column by column
     for (int64_t j = 0; j < kNr; ++j) {
       if (j < cols) {
         const float* src = o.b + (j0 + j) * o.ldb + p0;
@@ -235,7 +282,7 @@ void gemm_avx2(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
           const int64_t rows = std::min(mc, m - i0);
           const int64_t first = panels * (item % splits) / splits;
           const int64_t last = panels * (item % splits + 1) / splits;
-          float* packed_a = sized(thread_scratch_a(), round_up(rows, kMr) * kc);
+          float* packed_a = sized(thread_scratch_a(), round_up(rows, kMr) * kc + kPackSlack);
           pack_a(o, i0, rows, p0, kc, packed_a);
           for (int64_t q = first; q < last; ++q) {
             const int64_t j = j0 + q * kNr;
