@@ -51,7 +51,7 @@ constexpr int64_t kNr = 16;        // columns: two ymm vectors
 constexpr int64_t kKc = 256;       // the k-block
 constexpr int64_t kMc = 144;       // rows of a block of A (a multiple of kMr)
 constexpr int64_t kNc = 4080;      // columns of a block of B (a multiple of kNr)
-constexpr int64_t kPackSlack = 8;  // floats past a packed block that pack_a may write
+constexpr int64_t kPackSlack = 8;  // floats past a packed block that pack_a may write (2 used)
 constexpr int64_t kSerialWork = int64_t(1) << 18;  // m * n * k below which one thread does it
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -92,10 +92,14 @@ void pack_a(const Operands& o, int64_t i0, int64_t rows, int64_t p0, int64_t kc,
     const int64_t mr = std::min(kMr, rows - ir);
     float* panel = out + ir * kc;
     if (o.trans_a) {  // A stored [k, m]: a panel's kMr values per k are adjacent
-      for (int64_t p = 0; p < kc; ++p) {
-        const float* src = o.a + (p0 + p) * o.lda + i0 + ir;
-        for (int64_t r = 0; r < kMr; ++r) panel[p * kMr + r] = r < mr ? src[r] : 0.0f;
-      }
+      // A masked load reads the real rows only (the lanes past them neither fault nor count);
+      // the 8-wide store's last 2 lanes are overwritten as in the transposing path below.
+      alignas(32) int32_t lanes[8];
+      for (int i = 0; i < 8; ++i) lanes[i] = i < mr ? -1 : 0;
+      const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+      for (int64_t p = 0; p < kc; ++p)
+        _mm256_storeu_ps(panel + p * kMr,
+                         _mm256_maskload_ps(o.a + (p0 + p) * o.lda + i0 + ir, mask));
     } else if (mr == kMr) {  // A stored [m, k]: 8 k at a time through a transpose
       const float* src = o.a + (i0 + ir) * o.lda + p0;
       int64_t p = 0;
@@ -148,7 +152,13 @@ void pack_b_panel(const Operands& o, int64_t j0, int64_t cols, int64_t p0, int64
         for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = 0.0f;
       }
     }
-  } else {  // B stored [k, n]: a panel's kNr values per k are adjacent
+  } else if (cols == kNr) {  // B stored [k, n]: a panel's kNr values per k are adjacent
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* src = o.b + (p0 + p) * o.ldb + j0;
+      _mm256_store_ps(panel + p * kNr, _mm256_loadu_ps(src));
+      _mm256_store_ps(panel + p * kNr + 8, _mm256_loadu_ps(src + 8));
+    }
+  } else {  // the last, partial panel
     for (int64_t p = 0; p < kc; ++p) {
       const float* src = o.b + (p0 + p) * o.ldb + j0;
       for (int64_t j = 0; j < kNr; ++j) panel[p * kNr + j] = j < cols ? src[j] : 0.0f;
