@@ -44,11 +44,26 @@ def optimized():
     return describe()[0] in ("mkl", "openblas")
 
 
+def loom_gemm():
+    """Which CPU GEMM loom runs here, assuming it was built for this machine (-march=native, the
+    default LOOM_NATIVE=ON): its own AVX2 kernel where AVX2 is the widest vector, Eigen elsewhere
+    (kernels/cpu/gemm_avx2.h)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    if "avx2" in flags and "fma" in flags and "avx512f" not in flags:
+        return "loom's AVX2 kernel"
+    return "Eigen"
+
+
 def blas_line(threads):
     """One line naming PyTorch's BLAS and its thread count, and loom's GEMM."""
     kind, detail = describe()
     return (f"PyTorch BLAS: {kind} ({detail}), torch.get_num_threads() = {threads}; loom GEMM: "
-            "Eigen, OMP_NUM_THREADS = " + os.environ.get("OMP_NUM_THREADS", "unset"))
+            f"{loom_gemm()}, OMP_NUM_THREADS = " + os.environ.get("OMP_NUM_THREADS", "unset"))
 
 
 def refusal():
