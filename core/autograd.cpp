@@ -44,6 +44,30 @@ class FunctionNode final : public Node {
   std::vector<SavedTensor> saved_;
 };
 
+// An op recorded by record_part: See Note [Gradients of parts] in autograd.h. backward() calls
+// accumulate(); apply() is the same gradient as a whole of its own.
+class PartNode final : public Node {
+ public:
+  PartNode(const char* name, AccumulateFn fn) : Node(name), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    Tensor whole;
+    fn_(grad_output, whole);
+    return {whole};
+  }
+  void accumulate(const Tensor& grad_output, Tensor& sum) { fn_(grad_output, sum); }
+
+ private:
+  AccumulateFn fn_;
+};
+
+// Makes `sum` safe to write in place: contiguous, and held by nothing but backward()'s slot (not
+// a gradient another slot or the caller also holds, nor a view of one).
+void make_exclusive(Tensor& sum) {
+  if (!sum.defined()) return;
+  if (sum.impl().use_count() == 1 && sum.storage().use_count() == 1 && sum.is_contiguous()) return;
+  sum = sum.clone();
+}
+
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf)
@@ -156,6 +180,14 @@ void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
       node->next.push_back({nullptr, {}, DType::kF32});
   }
   // The output is a fresh tensor from the op; give it its own impl's autograd state.
+  output.impl()->grad_fn = std::move(node);
+  output.impl()->requires_grad = true;
+}
+
+void record_part(Tensor& output, const char* name, const Tensor& input, AccumulateFn accumulate) {
+  if (!needs_grad({input})) return;
+  auto node = std::make_shared<PartNode>(name, std::move(accumulate));
+  node->next.push_back({gradient_edge(input), input.shape(), input.dtype()});
   output.impl()->grad_fn = std::move(node);
   output.impl()->requires_grad = true;
 }
@@ -353,7 +385,18 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
     Tensor grad = std::move(pending[node.get()]);
     pending.erase(node.get());
     std::vector<Tensor> input_grads;
-    if (grad.defined()) input_grads = node->apply(grad);
+    auto* part = dynamic_cast<PartNode*>(node.get());
+    if (grad.defined() && part != nullptr && node->next[0].node) {
+      const Node::Edge& e = node->next[0];
+      Tensor& slot = pending[e.node.get()];  // See Note [Gradients of parts]
+      make_exclusive(slot);
+      part->accumulate(grad, slot);
+      LOOM_ASSERT(slot.shape() == e.shape && slot.dtype() == e.dtype, node->name(), " gathered a ",
+                  dtype_name(slot.dtype()), " gradient of shape ", shape_str(slot.shape()),
+                  ", expected ", dtype_name(e.dtype), " ", shape_str(e.shape));
+    } else if (grad.defined()) {
+      input_grads = node->apply(grad);
+    }
     LOOM_ASSERT(input_grads.empty() || input_grads.size() == node->next.size(), node->name(),
                 " returned ", input_grads.size(), " gradients for ", node->next.size(), " inputs");
     for (size_t i = 0; i < node->next.size(); ++i) {

@@ -99,6 +99,19 @@ class SavedTensor {
 void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& saved, BackwardFn backward);
 
+// Note [Gradients of parts]
+// An op whose output is a part of its one input (narrow: split, chunk, x[:, a:b]) has a gradient
+// that is zero outside that part. Returned by a BackwardFn it is a zero-filled whole per op, and
+// backward() then adds the wholes: `q, k, v = qkv.split(C, dim=2)` cost three zero-fills and two
+// additions of the whole [B, T, 3C] per layer, where one whole is enough (nanoGPT's model written
+// for loom measured the difference against loom-gpt). Such an op records an AccumulateFn: it
+// adds its part into the gradient the input has gathered so far (`sum`: undefined when nothing
+// has arrived, and the function makes the whole; else contiguous and backward()'s alone, so it
+// may be written in place). The sums are the ones adding zero-filled wholes gave, except that a
+// -0 outside every part stays -0 where + 0 made it +0.
+using AccumulateFn = std::function<void(const Tensor& grad_output, Tensor& sum)>;
+void record_part(Tensor& output, const char* name, const Tensor& input, AccumulateFn accumulate);
+
 // Note [In-place ops and views]
 // An in-place op (t.add_(y), t.copy_(v), t[i] = v, zero_) ends in assign_in_place(t, value):
 // value, computed out of place from t's current history, is written into t's memory, and when

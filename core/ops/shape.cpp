@@ -191,16 +191,22 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[dim]);
   Shape full = x.shape();
   DType dtype = x.dtype();
-  autograd::record(out, "narrow", {x}, {}, [full, dim, start, length, dtype](const Tensor& g) {
-    Tensor gc = g.contiguous();
-    Tensor grad = Tensor::zeros(full, dtype, g.device());
-    const size_t es = dtype_size(dtype);
-    const int64_t inner = inner_size(full, dim);
-    copy_rows(g.device(), static_cast<char*>(grad.data_ptr()) + start * inner * es,
-              full[dim] * inner * es, gc.data_ptr(), length * inner * es, length * inner * es,
-              outer_size(full, dim));
-    return std::vector<Tensor>{grad};
-  });
+  // See Note [Gradients of parts] in core/autograd.h: the part is added into x's gradient.
+  autograd::record_part(
+      out, "narrow", x, [full, dim, start, length, dtype](const Tensor& g, Tensor& sum) {
+        if (sum.defined()) {
+          Tensor part = narrow(sum, dim, start, length);
+          add_(part, g);
+          return;
+        }
+        Tensor gc = g.contiguous();
+        sum = Tensor::zeros(full, dtype, g.device());
+        const size_t es = dtype_size(dtype);
+        const int64_t inner = inner_size(full, dim);
+        copy_rows(g.device(), static_cast<char*>(sum.data_ptr()) + start * inner * es,
+                  full[dim] * inner * es, gc.data_ptr(), length * inner * es, length * inner * es,
+                  outer_size(full, dim));
+      });
   autograd::mark_view(out, x);
   return out;
 }
