@@ -71,7 +71,7 @@ DeviceRates cpu_device(int ranks_per_node) {
   d.memory_bytes =
       double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(ranks_per_node);
   d.reserved_bytes = 0;
-  d.fragmentation = 0.05;
+  d.fragmentation = 0;
   return d;
 }
 LinkLevel intra_preset(const std::string& name) { return find_preset(name).intra; }

@@ -45,8 +45,9 @@ struct Cluster {
 // "a100-80gb", "h100-sxm", "h200"; an unknown name lists the choices.
 DeviceRates device_preset(const std::string& name);
 // This host's CPU as a "device" for `ranks_per_node` ranks: no datasheet, so its rates are left
-// to calibration; each rank may use its share of the physical memory, nothing reserved, with the
-// allocator's 5% fragmentation.
+// to calibration; each rank may use its share of the physical memory, nothing reserved and no
+// fragmentation: the model counts tensor bytes, which is what loom's host allocator counts (its
+// peak is the one loom-gpt prints; glibc's own overhead is not in it).
 DeviceRates cpu_device(int ranks_per_node);
 // The presets' link levels for a node of that GPU (NVLink, and one InfiniBand NIC per GPU).
 LinkLevel intra_preset(const std::string& name);

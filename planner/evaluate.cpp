@@ -95,7 +95,7 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
 
   double largest_params = 0, largest_experts = 0;
   for (int r = 0; r < l.pp; ++r) {
-    const MemoryBreakdown mem = rank_memory(w, l, c, e, r, sim.ranks[size_t(r)].peak_activations);
+    const MemoryBreakdown mem = rank_memory(w, l, c, e, r, in_flight_at_backwards(schedule, r));
     p.memory_per_rank.push_back(mem);
     if (r == 0 || mem.total() > p.memory.total()) {
       p.memory = mem;

@@ -9,12 +9,12 @@
 namespace loom::planner {
 
 std::string MemoryBreakdown::str() const {
-  char buf[240];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
-                "params %.2f GB, grads %.2f GB, optimizer %.2f GB, activations %.2f GB, gathered "
-                "%.2f GB, reserved %.2f GB: %.2f GB",
-                parameters / 1e9, gradients / 1e9, optimizer_state / 1e9, activations / 1e9,
-                gathered / 1e9, reserved / 1e9, total() / 1e9);
+                "params %.2f GB, grads %.2f GB (%.2f GB at the peak), optimizer %.2f GB, "
+                "activations %.2f GB, gathered %.2f GB, working %.2f GB, reserved %.2f GB: %.2f GB",
+                parameters / 1e9, gradients / 1e9, gradients_at_peak / 1e9, optimizer_state / 1e9,
+                activations / 1e9, gathered / 1e9, working / 1e9, reserved / 1e9, total() / 1e9);
   return buf;
 }
 
@@ -28,10 +28,12 @@ namespace {
 // Without materialised scores (Execution::materialised_scores false: loom's attention keeps, as
 // FlashAttention does, its output and one f32 log-sum-exp per query row, and recomputes the
 // scores in its backward) `scores` is s b h E (that output, beside the projection's own copy of
-// its input) + a s b 4 (the log-sum-exps), over tp.
+// its input) + a s b 4 (the log-sum-exps), over tp. Under sp, an execution whose column-parallel
+// linears keep their gathered inputs (loom's) holds those two whole, (1 - 1/t) s b h E more each.
 struct LayerBytes {
   double linear = 0;
   double scores = 0;
+  double attention_linear = 0;  // of `linear`, the attention block's: LayerNorm, QKV, projection
 };
 
 LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const Execution& e) {
@@ -40,6 +42,13 @@ LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const
   const double replicated = 4 * E + 2 * M, split = 12 * E;
   LayerBytes out;
   out.linear = sp ? s * b * h * (replicated + split) / t : s * b * h * (replicated + split / t);
+  if (sp && e.sp_keeps_gathered_inputs) out.linear += 2.0 * E * s * b * h * (1.0 - 1.0 / t);
+  // The attention block's: the LayerNorm's and QKV's inputs and a mask (whole unless sp), Q, K,
+  // V and the projection's input (split); the MLP holds the rest.
+  const double attention_replicated = 2 * E + M, attention_split = 4 * E;
+  out.attention_linear = sp ? s * b * h * (attention_replicated + attention_split) / t
+                            : s * b * h * (attention_replicated + attention_split / t);
+  if (sp && e.sp_keeps_gathered_inputs) out.attention_linear += E * s * b * h * (1.0 - 1.0 / t);
   out.scores = e.materialised_scores ? a * s * s * b * (2 * E + M) / t
                                      : (s * b * h * E + a * s * b * 4.0) / t;
   return out;
@@ -142,6 +151,22 @@ double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp
   return 0;
 }
 
+// Of layer_activation_bytes, what the attention block keeps: all that is left of the layer while
+// its attention's backward runs, after the MLP's.
+double attention_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                                  const Execution& e) {
+  const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
+  switch (r) {
+    case Recompute::kNone:
+      return lb.attention_linear + lb.scores;
+    case Recompute::kSelective:
+      return lb.attention_linear;
+    case Recompute::kFull:
+      return layer_activation_bytes(m, mb, tp, sp, r, e);
+  }
+  return 0;
+}
+
 double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                                const Execution& e) {
   const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
@@ -170,8 +195,48 @@ double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
   return n;
 }
 
+// Note [Where the memory peaks]
+// A rank's memory peaks in a backward: each forward adds a micro-batch-chunk's activations, and a
+// backward allocates its temporaries before it frees any. Two moments of a backward bound it
+// (they are the peaks loom-gpt's allocator records; benchmarks/README.md, "Planner"):
+// - its start. Held: every micro-batch-chunk in flight (this one included), each with its
+//   output when the chunk sends it on (the executor keeps it to run the backward from the
+//   gradient it receives), and the gradients if they exist yet: data parallelism keeps them in
+//   its buckets or shards all along, while a rank without it allocates them in its first
+//   backward of the step (zero_grad drops them after the step). The temporaries, whichever is
+//   larger: on a last stage the loss's (the final LayerNorm's and the output layer's inputs, the
+//   f32 logits and their gradient), or the first layer backward's: the output layer's fresh
+//   weight gradients (last stage) and the last layer's second MLP linear's (fresh even when
+//   accumulating: a backward makes a gradient and then adds it), the incoming gradient of the
+//   residual stream and the gradient of that linear's input (4h/t per token); plus, on a stage
+//   that sends, the gradient received for its output, and under ZeRO-3 one layer's whole
+//   gradients before their reduce-scatter.
+// - its end, in the chunk's first layer's attention: the other micro-batch-chunks, what that
+//   layer's attention keeps (its MLP's are freed), every gradient, and a layer's token
+//   temporaries. It is the larger where a layer's gradients outweigh its activations (small
+//   micro-batches).
+// Recomputation adds one layer's whole set to both (recompute_working_bytes).
+
+InFlight in_flight_at_backwards(const parallel::pipeline::Schedule& schedule, int rank) {
+  namespace pl = parallel::pipeline;
+  InFlight f;
+  int held = 0;
+  bool first = true;
+  for (const pl::Action& a : schedule.actions.at(size_t(rank))) {
+    if (a.kind == pl::ActionKind::kForward) ++held;
+    if (a.kind != pl::ActionKind::kBackward) continue;
+    if (first)
+      f.first_backward = held;
+    else
+      f.later_backwards = std::max(f.later_backwards, held);
+    first = false;
+    --held;
+  }
+  return f;
+}
+
 MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c,
-                            const Execution& e, int rank, int peak_in_flight) {
+                            const Execution& e, int rank, const InFlight& in_flight) {
   LOOM_ASSERT(rank >= 0 && rank < l.pp, "rank_memory: rank ", rank, " of pp ", l.pp);
   const TransformerShape& m = w.model;
   const RankChunks rc = rank_chunks(m, l, rank);
@@ -195,7 +260,10 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     mem.gathered = 2.0 * layer_rank_parameters(m, l.tp) * e.param_bytes;
   if (l.zero >= 3 && l.pp == 1 && experts > 0 && r > 1)  // and one MoE layer's experts
     mem.gathered += double(m.moe.experts / l.ep) * m.expert_parameters() * e.param_bytes;
+
+  // The peak: See Note [Where the memory peaks].
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
+  const double E = e.activation_bytes, G = e.grad_bytes;
   // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
   const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);
   const double moes = double(moe_layers_in(m, rc));
@@ -203,17 +271,64 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
       ((rank_layers - moes) * layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e) +
        moes * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e)) /
       rank_layers;
-  double act = double(peak_in_flight) * double(rc.chunk_layers) * per_layer;
-  act += recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
-  if (rc.first) {  // the embedding's dropout mask, per micro-batch in flight on its chunk
-    const int on_first = std::max(1, peak_in_flight / rc.chunks);
-    act += on_first * e.mask_bytes * s * b * h / (l.sp ? t : 1.0);
+  const double stream = s * b * (l.sp ? h / t : h);  // one residual-stream tensor's elements
+  const bool sends = l.pp > 1 && (!rc.last || rc.chunks > 1);
+  const double held = double(rc.chunk_layers) * per_layer + (sends ? E * stream : 0.0);
+  // The embedding's dropout mask, per micro-batch in flight on the first chunk.
+  auto mask = [&](int in_flight) {
+    return rc.first ? std::max(1, in_flight / rc.chunks) * e.mask_bytes * stream : 0.0;
+  };
+  const double recompute = recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
+  const double mlp_tokens = E * (stream + s * b * 4.0 * h / t);
+  const double mlp_fresh = G * (4.0 * h * h / t + h);
+  const double head_fresh = rc.last ? G * (double(m.vocab) * h / t + 2.0 * h) : 0.0;
+  const double loss =
+      rc.last ? 2.0 * E * s * b * h / t + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
+  // Sharded gradients arrive whole first: without pipelines ZeRO-3 holds one layer's until their
+  // reduce-scatter (the experts' wait for the end of the backward); in a pipeline ZeRO-2 and 3
+  // stage each chunk's in a bucket filling and one reducing (Note [ZeRO-2 in a pipeline] in
+  // parallel/zero.cpp), a chunk's at most.
+  double unsharded = 0;
+  if (l.zero >= 3 && l.pp == 1)  // the last layer's, whose backward comes first (no experts)
+    unsharded = G * (m.moe_layers_in(m.layers - 1, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
+                                                          : layer_rank_parameters(m, l.tp));
+  if (l.zero >= 2 && l.pp > 1)
+    unsharded = std::min(G * n / double(rc.chunks), 2.0 * e.bucket_bytes);
+  const double start_working = std::max(loss, head_fresh + mlp_fresh + mlp_tokens) +
+                               (sends ? E * stream : 0.0) + unsharded + recompute;
+  // Gradient bytes held at a moment: at the first backward only what data parallelism keeps
+  // between steps. Its buckets or shards stay; a pipeline's ZeRO-0 accumulates in fresh gradients
+  // (and Chimera's ZeRO-1 too), its ZeRO-1 in the buckets (Note [Accumulating in the buckets] in
+  // parallel/grad_reducer.cpp). Experts with replicas are reduced after the backward, from fresh
+  // gradients, into the shards ZeRO keeps of them.
+  const bool buckets =
+      l.dp > 1 && (l.pp == 1 || l.zero >= 2 || (l.zero == 1 && l.schedule != "chimera"));
+  const double kept_experts = r == 1 ? experts * G : l.zero >= 1 ? experts * G / r : 0.0;
+  const double kept = buckets ? mem.gradients - experts * G * expert_grads + kept_experts : 0.0;
+  struct Moment {
+    double activations = 0, working = 0, gradients = 0;
+  };
+  auto bytes = [](const Moment& x) { return x.activations + x.working + x.gradients; };
+  Moment peak{0, 0, mem.gradients};  // between steps: the state alone
+  if (in_flight.first_backward > 0) {
+    auto start = [&](int k, double gradients) {
+      return Moment{k * held + mask(k), start_working, gradients};
+    };
+    const int most = std::max(in_flight.first_backward, in_flight.later_backwards);
+    const double attention = attention_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
+    std::vector<Moment> moments = {start(in_flight.first_backward, kept),
+                                   Moment{(most - 1) * held + attention + mask(most),
+                                          mlp_tokens + unsharded + recompute, mem.gradients}};
+    if (in_flight.later_backwards > 0)
+      moments.push_back(start(in_flight.later_backwards, mem.gradients));
+    peak = moments.front();
+    for (const Moment& x : moments)
+      if (bytes(x) > bytes(peak)) peak = x;
   }
-  // The final LayerNorm's and the output layer's inputs, and one micro-batch's f32 logits.
-  if (rc.last) act += 2.0 * e.activation_bytes * s * b * h / t + 4.0 * s * b * double(m.vocab) / t;
-  mem.activations = act;
-  const double used =
-      mem.parameters + mem.gradients + mem.optimizer_state + mem.activations + mem.gathered;
+  mem.activations = peak.activations;
+  mem.working = peak.working;
+  mem.gradients_at_peak = peak.gradients;
+  const double used = mem.parameters + mem.optimizer_state + mem.gathered + bytes(peak);
   mem.reserved = c.device.reserved_bytes + c.device.fragmentation * used;
   return mem;
 }

@@ -13,12 +13,15 @@
 // and recomputation materialises one layer's full set again during its backward. An attention
 // that does not keep its scores (Execution::materialised_scores false: loom's, as
 // FlashAttention) replaces the 5 a s / h term by its output and the log-sum-exps, s b h + a s b
-// (f32), over tp. A pipeline rank
-// keeps that for each micro-batch-chunk in flight: the schedule validator's peak_activations
-// (1F1B: p on the first stage, so s b h L (34 + 5as/h) / t in all; interleaved:
-// (1 + (p-1)/(p v)) times that). The first stage also keeps the embedding's dropout mask
-// (s b h mask bytes per micro-batch, /t with sp), the last the final LayerNorm's and the output
-// layer's inputs and the f32 logits of one micro-batch (4 s b h / t + 4 s b V / t at 16 bits).
+// (f32), over tp; loom's sp linears also keep their gathered inputs. A pipeline rank keeps that
+// for each micro-batch-chunk in flight (in_flight_at_backwards: 1F1B holds p on the first stage,
+// so s b h L (34 + 5as/h) / t in all; interleaved (1 + (p-1)/(p v)) times that), with the chunk's
+// output when it sends it on. The first stage also keeps the embedding's dropout mask (s b h
+// mask bytes per micro-batch, /t with sp).
+//
+// The peak falls in a backward, with its temporaries (the loss's logits and their gradient, fresh
+// weight gradients, a layer's token gradients) and with the gradients only once they exist: See
+// Note [Where the memory peaks] (memory_model.cpp).
 //
 // State per parameter (Execution): weights, gradients and optimizer state (f32 masters and Adam's
 // moments), divided over dp by ZeRO stage 3, >= 2 and >= 1 respectively; ZeRO-3 also gathers
@@ -31,6 +34,7 @@
 
 #include <string>
 
+#include "parallel/pipeline/schedule.h"
 #include "planner/cluster.h"
 #include "planner/execution.h"
 #include "planner/layout.h"
@@ -38,22 +42,41 @@
 
 namespace loom::planner {
 
+// What a rank holds at its peak. `gradients` is the training state's share (what the rank keeps
+// between steps once they exist); gradients_at_peak what of them exists at the peak, which may be
+// none: a rank without data parallelism allocates them in its first backward of the step.
 struct MemoryBreakdown {
   double parameters = 0;
   double gradients = 0;
   double optimizer_state = 0;
-  double activations = 0;
-  double gathered = 0;  // ZeRO-3: the whole weights of the layer in use and the prefetched one
-  double reserved = 0;  // the device's reserved bytes + fragmentation of the rest
+  double activations = 0;  // the micro-batch-chunks' activations held at the peak
+  double gathered = 0;     // ZeRO-3: the whole weights of the layer in use and the prefetched one
+  double working = 0;      // the backward's temporaries at the peak (Note [Where the memory peaks])
+  double reserved = 0;     // the device's reserved bytes + fragmentation of the rest
+  double gradients_at_peak = 0;
   double total() const {
-    return parameters + gradients + optimizer_state + activations + gathered + reserved;
+    return parameters + gradients_at_peak + optimizer_state + activations + gathered + working +
+           reserved;
   }
   std::string str() const;  // "params 1.2 GB, grads ..., total 71.3 GB"
 };
 
+// The micro-batch-chunks a pipeline rank holds at its backwards (those whose forward has run and
+// whose backward has not, the one starting included): at its first backward of the step, and
+// the most at any later one (0: none). 0 and 0: the training state alone (no step running).
+struct InFlight {
+  int first_backward = 0;
+  int later_backwards = 0;
+};
+// From `rank`'s actions in `schedule`.
+InFlight in_flight_at_backwards(const parallel::pipeline::Schedule& schedule, int rank);
+
 // Bytes one layer's forward keeps until its backward, per micro-batch (Korthikanti, above).
 double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                               const Execution& e);
+// Of those, the attention block's (what is left of the layer once its MLP's backward has run).
+double attention_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
+                                  const Execution& e);
 // The extra bytes recomputation materialises during one layer's backward (0 without it).
 double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                                const Execution& e);
@@ -79,9 +102,8 @@ double rank_parameters(const TransformerShape& m, const Layout& layout, int rank
 int64_t rank_moe_layers(const TransformerShape& m, const Layout& layout, int rank);
 double rank_expert_parameters(const TransformerShape& m, const Layout& layout, int rank);
 
-// What pipeline rank `rank` of `layout` holds; peak_in_flight: the validator's peak_activations
-// of that rank (micro-batch-chunks whose backward has not run).
+// What pipeline rank `rank` of `layout` holds at its peak, with `in_flight` from its schedule.
 MemoryBreakdown rank_memory(const Workload& w, const Layout& layout, const Cluster& c,
-                            const Execution& e, int rank, int peak_in_flight);
+                            const Execution& e, int rank, const InFlight& in_flight);
 
 }  // namespace loom::planner

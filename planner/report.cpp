@@ -10,6 +10,8 @@ nlohmann::json memory_json(const MemoryBreakdown& m) {
           {"optimizer_state", m.optimizer_state},
           {"activations", m.activations},
           {"gathered", m.gathered},
+          {"working", m.working},
+          {"gradients_at_peak", m.gradients_at_peak},
           {"reserved", m.reserved},
           {"total", m.total()}};
 }

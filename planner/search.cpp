@@ -29,7 +29,7 @@ std::vector<int> expert_degrees(const TransformerShape& m, int dp) {
 // The training state of the fullest rank, and the reserve: what any schedule needs at least.
 bool state_overflows(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
   for (int r : {0, l.pp - 1}) {
-    const MemoryBreakdown mem = rank_memory(w, l, c, e, r, 0);
+    const MemoryBreakdown mem = rank_memory(w, l, c, e, r, InFlight{});
     if (mem.total() - mem.activations > c.device.memory_bytes) return true;
   }
   return false;

@@ -84,7 +84,7 @@ TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
     const double replicas = 8.0 / ep;
     for (int zero = 0; zero <= 3; ++zero) {
       l.zero = zero;
-      const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
+      const MemoryBreakdown m = rank_memory(w, l, c, e, 0, InFlight{1, 0});
       EXPECT_DOUBLE_EQ(m.parameters,
                        2 * dense / (zero >= 3 ? 8 : 1) + 2 * experts / (zero >= 3 ? replicas : 1));
       EXPECT_DOUBLE_EQ(m.gradients,
@@ -103,7 +103,7 @@ TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
   l.dp = 4, l.pp = 2, l.ep = 2, l.zero = 3;
   const double experts = 2 * 4 * expert;  // 2 MoE layers of 4 local experts on each rank
   ASSERT_DOUBLE_EQ(rank_expert_parameters(w.model, l, 0), experts);
-  const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
+  const MemoryBreakdown m = rank_memory(w, l, c, e, 0, InFlight{1, 0});
   EXPECT_DOUBLE_EQ(m.parameters, 2 * (rank_parameters(w.model, l, 0) - experts) / 4 + 2 * experts);
 }
 

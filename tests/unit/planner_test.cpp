@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "parallel/pipeline/generators.h"
 #include "planner/calibrate.h"
 #include "planner/search.h"
 #include "testing/files.h"
@@ -73,7 +74,9 @@ TEST(PlannerMemory, ActivationsAreKorthikantisCounts) {
 }
 
 // 1F1B keeps p micro-batches on the first stage, each of L/p layers: Korthikanti's
-// s b h L (34 + 5as/h) / t for the whole model, whatever p is (their section 4.2.3).
+// s b h L (34 + 5as/h) / t for the whole model, whatever p is (their section 4.2.3), and with
+// each micro-batch the stage's output, kept to run its backward from the received gradient
+// (s b h / t at 16 bits under sp).
 TEST(PlannerMemory, OneFOneBFirstStageHoldsTheWholeModelsActivations) {
   const Workload w{shape(32, 4096, 32), 512};
   const Cluster c = cluster_preset("h100-sxm", 64, 8);
@@ -83,12 +86,74 @@ TEST(PlannerMemory, OneFOneBFirstStageHoldsTheWholeModelsActivations) {
     l.tp = 8, l.pp = pp, l.dp = 64 / (8 * pp), l.sp = true, l.mb = 1;
     const Prediction p = evaluate(w, l, c, e);
     ASSERT_TRUE(p.problem.empty()) << p.problem;
-    const MemoryBreakdown first = rank_memory(w, l, c, e, 0, pp);
+    const MemoryBreakdown first = rank_memory(w, l, c, e, 0, InFlight{pp, pp});
     const double s = 2048, h = 4096, a = 32, t = 8;
     const double layers = s * h * 32 * (34 + 5 * a * s / h) / t;
     const double embedding_mask = pp * s * h / t;
-    EXPECT_NEAR(first.activations, layers + embedding_mask, 1e-6 * layers);
+    const double outputs = pp * 2 * s * h / t;
+    EXPECT_NEAR(first.activations, layers + embedding_mask + outputs, 1e-6 * layers);
+    // dp > 1: the gradients sit in their buckets at the peak.
+    EXPECT_EQ(first.gradients_at_peak, first.gradients);
   }
+}
+
+// The micro-batch-chunks a rank holds at its backwards, from the schedules' actions: GPipe runs
+// every forward first; 1F1B's rank r holds p - r at each backward once m >= p; one stage
+// alternates.
+TEST(PlannerMemory, InFlightAtBackwardsFollowsTheSchedule) {
+  namespace pl = parallel::pipeline;
+  const pl::Schedule gpipe = pl::make_schedule("gpipe", 2, 4, 1);
+  for (int r = 0; r < 2; ++r) {
+    const InFlight f = in_flight_at_backwards(gpipe, r);
+    EXPECT_EQ(f.first_backward, 4) << "gpipe rank " << r;
+    EXPECT_EQ(f.later_backwards, 3) << "gpipe rank " << r;
+  }
+  const pl::Schedule one_f_one_b = pl::make_schedule("1f1b", 4, 8, 1);
+  for (int r = 0; r < 4; ++r) {
+    const InFlight f = in_flight_at_backwards(one_f_one_b, r);
+    EXPECT_EQ(f.first_backward, 4 - r) << "1f1b rank " << r;
+    EXPECT_EQ(f.later_backwards, 4 - r) << "1f1b rank " << r;
+  }
+  const InFlight alone = in_flight_at_backwards(pl::make_schedule("1f1b", 1, 3, 1), 0);
+  EXPECT_EQ(alone.first_backward, 1);
+  EXPECT_EQ(alone.later_backwards, 1);
+  const InFlight once = in_flight_at_backwards(pl::make_schedule("1f1b", 1, 1, 1), 0);
+  EXPECT_EQ(once.later_backwards, 0);
+}
+
+// Note [Where the memory peaks]: a rank without data parallelism has no gradients at its first
+// backward, data parallelism keeps them in its buckets; micro-batches too small for their
+// activations to outweigh a layer's gradients peak at the end of a backward instead, with every
+// gradient and only the first layer's attention activations.
+TEST(PlannerMemory, PeakMomentFollowsGradientsAndActivations) {
+  const Workload w{shape(4, 256, 4, 128, 256), 8};
+  Cluster c = cluster_preset("h100-sxm", 2, 2);
+  c.device.fragmentation = 0, c.device.reserved_bytes = 0;
+  const Execution e = execution_preset("loom-f32");
+  Layout l;
+  l.mb = 8;
+  const MemoryBreakdown alone = rank_memory(w, l, c, e, 0, InFlight{1, 0});
+  EXPECT_EQ(alone.gradients_at_peak, 0.0);
+  EXPECT_DOUBLE_EQ(alone.activations,
+                   4 * layer_activation_bytes(w.model, 8, 1, false, Recompute::kNone, e));
+  // Its temporaries: the first layer backward's (the output layer's and the last linear's fresh
+  // weight gradients, the residual gradient and the linear's input gradient), which outweigh
+  // the loss's logits and their gradient here (vocabulary = hidden).
+  const double s = 128, b = 8, h = 256, V = 256;
+  const double fresh = 4 * (V * h + 2 * h) + 4 * (4 * h * h + h);
+  const double tokens = 4 * s * b * (h + 4 * h);
+  ASSERT_GT(fresh + tokens, 4 * s * b * (2 * h + 2 * V));
+  EXPECT_DOUBLE_EQ(alone.working, fresh + tokens);
+  EXPECT_DOUBLE_EQ(alone.total(),
+                   alone.parameters + alone.optimizer_state + alone.activations + alone.working);
+  l.dp = 2, l.mb = 4;
+  const MemoryBreakdown ddp = rank_memory(w, l, c, e, 0, InFlight{1, 1});
+  EXPECT_EQ(ddp.gradients_at_peak, ddp.gradients);
+  l.dp = 1, l.mb = 1;  // one micro-batch of one sequence
+  const MemoryBreakdown small = rank_memory(w, l, c, e, 0, InFlight{1, 0});
+  EXPECT_EQ(small.gradients_at_peak, small.gradients);
+  EXPECT_DOUBLE_EQ(small.activations,
+                   attention_activation_bytes(w.model, 1, 1, false, Recompute::kNone, e));
 }
 
 // Bytes per parameter with Adam in mixed precision (2 weights + 2 gradients + 12 masters and
@@ -104,7 +169,7 @@ TEST(PlannerMemory, ZeroStagesDivideTheStateAsThePaperSays) {
   const double want[4] = {16, 4 + 12.0 / 8, 2 + 14.0 / 8, 16.0 / 8};
   for (int zero = 0; zero <= 3; ++zero) {
     l.zero = zero;
-    const MemoryBreakdown m = rank_memory(w, l, c, e, 0, 1);
+    const MemoryBreakdown m = rank_memory(w, l, c, e, 0, InFlight{1, 0});
     const double state = m.parameters + m.gradients + m.optimizer_state;
     // ZeRO-3 gathers the layer in use and the next: two layers' whole weights beside the shards.
     EXPECT_DOUBLE_EQ(m.gathered,
