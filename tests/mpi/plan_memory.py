@@ -10,7 +10,8 @@ in planner/memory_model.cpp). Each dense prediction must be within 5% of the mea
 MoE one within 6%, except the layouts in WIDER, whose bounds say how far the model is known to be
 off and why. MoE's extra 1%: its peak depends on the routing (an expert that gets no tokens in a
 step gets no gradient), which the model does not see and which moves with the GEMMs' last bits
-(another CPU's kernel); the same layout's peak moved by 0.9% between two and three steps here.
+(another CPU's kernel), and on the timing of the experts' exchanges: the same layout's peak moved
+by up to 0.9% between runs here.
 
 usage: plan_memory.py LOOM_GPT LOOM_PLAN MPIEXEC [mpirun flags...]
 """
@@ -49,8 +50,8 @@ MOE = {
 # Known to be further off (measured 2026-11-29; the model's error in parentheses). Under tp x pp
 # rank 0 holds about one more residual-stream tensor per layer and micro-batch than the count
 # (-5.2% with recomputation, -3.9% without); ZeRO-3 with experts sharded over replicas keeps less
-# than the count of gathered and unsharded blocks (+9.7%). Neither is understood yet, so neither
-# is fitted.
+# than the count of gathered and unsharded blocks (+8.8% to +9.7% over runs). Neither is
+# understood yet, so neither is fitted.
 WIDER = {
     ("dense", 4, "tp=2,pp=2,mb=2,schedule=1f1b,recompute=full"): 0.06,
     ("moe", 4, "dp=4,mb=2,zero=3,ep=2"): 0.10,
