@@ -3,7 +3,10 @@
 // 1. Bytes moved per transformer block per training step, from the communicator's counters,
 //    beside Megatron-LM's formula: without sequence parallelism 2 allreduces of B x T x C in
 //    forward and 2 in backward; with it an all-gather and a reduce-scatter of B x T x C in place
-//    of each (plus the tp-sum of the LayerNorm and bias gradients). The per-block figure is the
+//    of each (plus the tp-sum of the LayerNorm and bias gradients), and as in Megatron-LM's
+//    implementation 2 all-gathers more in backward, which rebuild the column-parallel linears'
+//    inputs for their weight gradients (Note [Sequence-parallel linears keep their shard] in
+//    parallel/tensor_parallel/layers.cpp). The per-block figure is the
 //    difference between an L-block and an (L-1)-block model, so embedding and loss traffic cancel.
 // 2. Step time (forward, backward, AdamW) of the same GPT with tp 1 (every rank trains its own
 //    copy, one core each) and with tp N over all ranks, median of --steps after --warmup, and the
@@ -121,9 +124,9 @@ int run(int argc, char** argv) {
     else
       std::printf(
           "bytes per block per step (sp):  all-gather %.0f + reduce-scatter %.0f (+ "
-          "allreduce %.0f of LayerNorm/bias gradients)  | Megatron 4 + 4 x B*T*C*4 = "
+          "allreduce %.0f of LayerNorm/bias gradients)  | Megatron 6 + 4 x B*T*C*4 = "
           "%.0f + %.0f  (ratio %.3f)\n",
-          ag, rs, ar, 4 * btc, 4 * btc, (ag + rs) / (8 * btc));
+          ag, rs, ar, 6 * btc, 4 * btc, (ag + rs) / (10 * btc));
   }
 
   // tp 1: every rank trains its own whole model, as one process would.

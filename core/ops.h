@@ -129,6 +129,15 @@ ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 // x: [..., in], weight: [out, in], bias: [out] or undefined. Result [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// The gradients linear(x, weight, bias)'s backward computes from `grad` (the output's), bit for
+// bit, each only if asked for (undefined otherwise; bias's also when bias is undefined). Not
+// differentiable. For an op that keeps less than linear does and rebuilds x for its backward
+// (a sequence-parallel linear gathers its input again: parallel/tensor_parallel/layers.cpp).
+struct LinearGrads {
+  Tensor x, weight, bias;
+};
+LinearGrads linear_backward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& grad, bool need_x, bool need_weight, bool need_bias);
 // A linear per group of consecutive rows (a mixture of experts' rows sorted by expert): x [R, in]
 // in groups of row_counts[g] rows (adding up to R), weights[g] [out, in], biases[g] [out] (all
 // or none). Result [R, out]: group g's rows are linear(its rows, weights[g], biases[g]), bit for

@@ -169,8 +169,11 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
     layer_recompute = attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / d.memory_bandwidth;
   else if (l.recompute == Recompute::kFull)
     layer_recompute = layer_f;
-  const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + layer_recompute;
-  const double layer_tp = 2.0 * tp_f + (l.recompute == Recompute::kFull ? tp_f : 0.0);
+  // sp's backward gathers the column-parallel linears' inputs again: two all-gathers, one
+  // all-reduce's time (Execution::sp_regather_exposed).
+  const double regather = l.sp && e.sp_regather_exposed ? tp_f / 2.0 : 0.0;
+  const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + regather + layer_recompute;
+  const double layer_tp = 2.0 * tp_f + regather + (l.recompute == Recompute::kFull ? tp_f : 0.0);
 
   ActionCosts a;
   // The MoE layers (one rank's share, on average) in place of dense ones: See moe_layer_costs.

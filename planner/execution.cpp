@@ -35,7 +35,7 @@ Execution execution_preset(const std::string& name) {
     e.scatter_gather_p2p = true;
     e.hierarchical_collectives = false;  // as the papers model it: NCCL's rings
     e.materialised_scores = true;        // their 2021-22 attention (no FlashAttention)
-    e.sp_keeps_gathered_inputs = false;
+    e.sp_regather_exposed = false;
     e.moe_routing_pass = false;
     return e;
   }

@@ -35,11 +35,11 @@ struct Execution {
   // kernels and the GEMM path alike) keeps only its output and the log-sum-exps and recomputes
   // the scores in the backward (planner/memory_model.cpp).
   bool materialised_scores = false;
-  // Under sequence parallelism the column-parallel linears (QKV, the MLP's first) keep the
-  // all-gathered whole sequence they were given for their weight gradients, as loom's
-  // ColumnParallelLinear does; Megatron keeps its 1/t shard and gathers it again in the backward
-  // (Korthikanti et al.'s sp count).
-  bool sp_keeps_gathered_inputs = true;
+  // Under sequence parallelism the column-parallel linears keep their input's shard and gather
+  // it again in the backward for their weight gradients (loom's Note [Sequence-parallel linears
+  // keep their shard], as Megatron's), one all-reduce's worth more traffic per layer. Megatron
+  // overlaps it with the input gradient's GEMM; loom waits for it.
+  bool sp_regather_exposed = true;
   // A MoE model with a load-balancing loss (MoeShape::balance_loss), trained in micro-batches
   // (gradient accumulation, or a pipeline), first routes the whole batch: a forward of every
   // micro-batch without gradients (loom's Note [A batch in micro-batches]), before the training

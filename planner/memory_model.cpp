@@ -28,8 +28,7 @@ namespace {
 // Without materialised scores (Execution::materialised_scores false: loom's attention keeps, as
 // FlashAttention does, its output and one f32 log-sum-exp per query row, and recomputes the
 // scores in its backward) `scores` is s b h E (that output, beside the projection's own copy of
-// its input) + a s b 4 (the log-sum-exps), over tp. Under sp, an execution whose column-parallel
-// linears keep their gathered inputs (loom's) holds those two whole, (1 - 1/t) s b h E more each.
+// its input) + a s b 4 (the log-sum-exps), over tp.
 struct LayerBytes {
   double linear = 0;
   double scores = 0;
@@ -42,13 +41,11 @@ LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const
   const double replicated = 4 * E + 2 * M, split = 12 * E;
   LayerBytes out;
   out.linear = sp ? s * b * h * (replicated + split) / t : s * b * h * (replicated + split / t);
-  if (sp && e.sp_keeps_gathered_inputs) out.linear += 2.0 * E * s * b * h * (1.0 - 1.0 / t);
   // The attention block's: the LayerNorm's and QKV's inputs and a mask (whole unless sp), Q, K,
   // V and the projection's input (split); the MLP holds the rest.
   const double attention_replicated = 2 * E + M, attention_split = 4 * E;
   out.attention_linear = sp ? s * b * h * (attention_replicated + attention_split) / t
                             : s * b * h * (attention_replicated + attention_split / t);
-  if (sp && e.sp_keeps_gathered_inputs) out.attention_linear += E * s * b * h * (1.0 - 1.0 / t);
   out.scores = e.materialised_scores ? a * s * s * b * (2 * E + M) / t
                                      : (s * b * h * E + a * s * b * 4.0) / t;
   return out;

@@ -13,7 +13,7 @@
 // and recomputation materialises one layer's full set again during its backward. An attention
 // that does not keep its scores (Execution::materialised_scores false: loom's, as
 // FlashAttention) replaces the 5 a s / h term by its output and the log-sum-exps, s b h + a s b
-// (f32), over tp; loom's sp linears also keep their gathered inputs. A pipeline rank keeps that
+// (f32), over tp. A pipeline rank keeps that
 // for each micro-batch-chunk in flight (in_flight_at_backwards: 1F1B holds p on the first stage,
 // so s b h L (34 + 5as/h) / t in all; interleaved (1 + (p-1)/(p v)) times that), with the chunk's
 // output when it sends it on. The first stage also keeps the embedding's dropout mask (s b h

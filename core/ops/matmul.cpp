@@ -180,6 +180,52 @@ std::pair<Tensor, Tensor> product_backward(const Product& p, const Tensor& grad,
   return {da, db};
 }
 
+// linear's one GEMM: x's leading dims become its rows, y[R, out] = x[R, in] weight[out, in]^T.
+Product linear_product(const Tensor& x, const Tensor& weight) {
+  const int64_t out_features = weight.size(0), in_features = weight.size(1);
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) rows *= x.size(i);
+  Tensor x2 = x.detach();
+  if (x.dim() != 2) {
+    Tensor c = x2.contiguous();
+    x2 = make_view(c, {rows, in_features}, {in_features, 1}, c.offset());
+  }
+  return Product{gemm_operand(x2, false),
+                 gemm_operand(weight, true),
+                 1,
+                 rows,
+                 out_features,
+                 in_features,
+                 true,
+                 x.dtype()};
+}
+
+// linear's gradients from its product (what it saved; x's data is needed for the weight's
+// gradient, the weight's for x's) and the output's gradient.
+LinearGrads linear_grads(const Product& saved, const Shape& x_shape, const Tensor& grad,
+                         bool need_x, bool need_w, bool need_bias) {
+  Tensor g = grad.contiguous();
+  auto [dx, dw] = product_backward(saved, g, need_x, need_w);
+  LinearGrads out;
+  if (need_bias) {  // column sums of g viewed as [R, out], in f32
+    const Tensor g32 = g.dtype() == DType::kF32 ? g : g.to(DType::kF32).contiguous();
+    out.bias = Tensor::empty({saved.n}, DType::kF32, g.device());
+    if (g.device().is_cpu()) {
+      kernels::cpu::sum_dim(g32.data<float>(), out.bias.data<float>(), 1, saved.m, saved.n, 1.0);
+    } else {
+      LOOM_IF_CUDA(kernels::cuda::sum_dim(g32.data<float>(), out.bias.data<float>(), 1, saved.m,
+                                          saved.n, 1.0, cuda_stream(g.device())));
+    }
+    if (saved.dtype != DType::kF32) out.bias = out.bias.to(saved.dtype);
+  }
+  if (need_x) {
+    out.x = unflip(dx, saved.a);
+    if (out.x.shape() != x_shape) out.x = reshape(out.x, x_shape);  // [R, in] back: a view
+  }
+  if (need_w) out.weight = unflip(dw, saved.b);
+  return out;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
@@ -263,22 +309,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                shape_str(bias.shape()));
   }
 
-  // x's leading dims become the rows of one GEMM: y[R, out] = x[R, in] weight[out, in]^T.
-  int64_t rows = 1;
-  for (int64_t i = 0; i + 1 < x.dim(); ++i) rows *= x.size(i);
-  Tensor x2 = x.detach();
-  if (x.dim() != 2) {
-    Tensor c = x2.contiguous();
-    x2 = make_view(c, {rows, in_features}, {in_features, 1}, c.offset());
-  }
-  Product p{gemm_operand(x2, false),
-            gemm_operand(weight, true),
-            1,
-            rows,
-            out_features,
-            in_features,
-            true,
-            x.dtype()};
+  const Product p = linear_product(x, weight);
+  const int64_t rows = p.m;
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_features);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
@@ -311,32 +343,43 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (!x.requires_grad()) saved.b.data = Tensor();
   const bool need_bias = bias.defined() && bias.requires_grad();
   const Shape x_shape = x.shape();
-  autograd::record(
-      out, "linear", {x, weight, bias}, {saved.a.data, saved.b.data},
-      [saved, need_bias, x_shape](const Tensor& grad) {
-        const bool need_x = saved.b.data.defined(), need_w = saved.a.data.defined();
-        Tensor g = grad.contiguous();
-        auto [dx, dw] = product_backward(saved, g, need_x, need_w);
-        Tensor dbias;
-        if (need_bias) {  // column sums of g viewed as [R, out], in f32
-          const Tensor g32 = g.dtype() == DType::kF32 ? g : g.to(DType::kF32).contiguous();
-          dbias = Tensor::empty({saved.n}, DType::kF32, g.device());
-          if (g.device().is_cpu()) {
-            kernels::cpu::sum_dim(g32.data<float>(), dbias.data<float>(), 1, saved.m, saved.n, 1.0);
-          } else {
-            LOOM_IF_CUDA(kernels::cuda::sum_dim(g32.data<float>(), dbias.data<float>(), 1, saved.m,
-                                                saved.n, 1.0, cuda_stream(g.device())));
-          }
-          if (saved.dtype != DType::kF32) dbias = dbias.to(saved.dtype);
-        }
-        if (need_x) {
-          dx = unflip(dx, saved.a);
-          if (dx.shape() != x_shape)
-            dx = reshape(dx, x_shape);  // [R, in] back to [..., in]: a view
-        }
-        return std::vector<Tensor>{dx, need_w ? unflip(dw, saved.b) : Tensor(), dbias};
-      });
+  autograd::record(out, "linear", {x, weight, bias}, {saved.a.data, saved.b.data},
+                   [saved, need_bias, x_shape](const Tensor& grad) {
+                     const LinearGrads g =
+                         linear_grads(saved, x_shape, grad, saved.b.data.defined(),
+                                      saved.a.data.defined(), need_bias);
+                     return std::vector<Tensor>{g.x, g.weight, g.bias};
+                   });
   return out;
+}
+
+LinearGrads linear_backward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& grad, bool need_x, bool need_weight, bool need_bias) {
+  LOOM_CHECK(x.defined() && weight.defined() && grad.defined() && weight.dim() == 2 &&
+                 x.dim() >= 1 && x.size(-1) == weight.size(1),
+             "linear_backward: x [..., in] and weight [out, in] must match, got ",
+             x.defined() ? shape_str(x.shape()) : "undefined", " and ",
+             weight.defined() ? shape_str(weight.shape()) : "undefined");
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(weight.size(0));
+  LOOM_CHECK(grad.shape() == out_shape, "linear_backward: the output's gradient must be ",
+             shape_str(out_shape), ", got ", shape_str(grad.shape()));
+  NoGradGuard no_grad;
+  need_bias = need_bias && bias.defined();
+  const detail::LowPrecision lp("linear_backward", {{"x", x}, {"weight", weight}, {"bias", bias}});
+  const bool bf16 = cuda_bf16(x, weight) &&
+                    (!bias.defined() || (cuda_bf16(x, bias) && bias.dtype() == DType::kBF16));
+  if (lp && !bf16) {
+    // The chain linear's low-precision path records: its rounding's backward widens the
+    // gradient, the f32 linear's runs, and each upcast's rounds its gradient back.
+    LinearGrads g = linear_backward(lp.f32(x), lp.f32(weight), lp.f32(bias), grad.to(DType::kF32),
+                                    need_x, need_weight, need_bias);
+    if (g.x.defined()) g.x = g.x.to(x.dtype());
+    if (g.weight.defined()) g.weight = g.weight.to(weight.dtype());
+    if (g.bias.defined()) g.bias = g.bias.to(bias.dtype());
+    return g;
+  }
+  return linear_grads(linear_product(x, weight), x.shape(), grad, need_x, need_weight, need_bias);
 }
 
 }  // namespace loom

@@ -1,5 +1,6 @@
 #include "parallel/tensor_parallel/layers.h"
 
+#include "core/autograd.h"
 #include "core/ops.h"
 
 namespace loom::parallel {
@@ -28,9 +29,46 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, GroupPtr tp,
   }
 }
 
+namespace {
+
+// Note [Sequence-parallel linears keep their shard]
+// Under sequence parallelism a column-parallel linear's input arrives split along the sequence
+// and is all-gathered for the GEMM. linear(gather_sequence(x), W, b) would keep the gathered
+// whole for W's gradient until the backward: tp times the shard, twice per layer (QKV and the
+// MLP's first linear), which is what Korthikanti et al.'s sequence-parallel count leaves out.
+// As Megatron does, this op keeps only x's shard and gathers it again in the backward, an
+// all-gather more per linear and micro-batch; the gradients are linear's own (linear_backward)
+// and gather_sequence's reduce-scatter, so the bits are those of the composition
+// (tests/mpi/tp_test.cpp).
+Tensor sequence_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                const GroupPtr& tp) {
+  Tensor gathered = all_gather_along(x, *tp, 1);
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = linear(gathered, weight, bias);
+  }
+  gathered = Tensor();  // not kept: the backward gathers it again
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  const bool need_b = bias.defined() && bias.requires_grad();
+  autograd::record(
+      y, "sequence_parallel_linear", {x, weight, bias}, {x, weight},
+      [tp, x = x.detach(), w = weight.detach(), b = bias.defined() ? bias.detach() : Tensor(),
+       need_x, need_w, need_b](const Tensor& grad) {
+        const Tensor whole = all_gather_along(x, *tp, 1);
+        LinearGrads g = linear_backward(whole, w, b, grad, need_x, need_w, need_b);
+        if (g.x.defined()) g.x = reduce_scatter_along(g.x, *tp, 1);
+        return std::vector<Tensor>{g.x, g.weight, g.bias};
+      });
+  return y;
+}
+
+}  // namespace
+
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
-  Tensor input = options_.sequence_parallel ? gather_sequence(x, tp_, 1) : copy_to_tp(x, tp_);
-  Tensor y = linear(input, weight, bias);
+  Tensor y = options_.sequence_parallel && tp_->size() > 1
+                 ? sequence_parallel_linear(x, weight, bias, tp_)
+                 : linear(options_.sequence_parallel ? x : copy_to_tp(x, tp_), weight, bias);
   return options_.gather_output ? gather_from_tp(y, tp_, -1) : y;
 }
 

@@ -7,7 +7,10 @@
 // loading a single-process checkpoint into the tp model works.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "collectives/communicator.h"
+#include "core/allocator.h"
 #include "core/nn/dropout.h"
 #include "core/nn/linear.h"
 #include "core/ops.h"
@@ -15,6 +18,7 @@
 #include "optimizer/sgd.h"
 #include "parallel/ddp.h"
 #include "parallel/mesh.h"
+#include "parallel/tensor_parallel/layers.h"
 #include "parallel/tensor_parallel/tp_gpt.h"
 #include "parallel/tensor_parallel/tp_grad_norm.h"
 #include "parallel/tensor_parallel/tp_state.h"
@@ -254,6 +258,56 @@ TEST(TensorParallel, ColumnAndRowParallelLayersAreTheSingleProcessLinears) {
   for (size_t i = 0; i < wx.size(); ++i) EXPECT_NEAR(gx[i], wx[i], 1e-6) << "input gradient " << i;
 }
 
+// Note [Sequence-parallel linears keep their shard]: a sequence-parallel ColumnParallelLinear
+// gives linear(gather_sequence(x), W, b)'s output and gradients bit for bit, and holds only its
+// output after the forward where the composition also holds the gathered input (on one rank
+// both are linear itself).
+TEST(TensorParallel, SequenceParallelLinearKeepsOnlyItsShard) {
+  auto world = comm::world();
+  const int n = world->size();
+  ColumnParallelOptions o;
+  o.sequence_parallel = true;
+  ColumnParallelLinear layer(8, 12 * n, world, o);
+  layer.init_parameters(kSeed);
+  // This rank's slice of a [2, 3n, 8] batch, and of the output's gradient.
+  const int64_t local = 3;
+  auto values = [&](int64_t count, double step) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+      v[size_t(i)] = float(std::sin(double(i) * step + world->rank()));
+    return Tensor::from_vector(v, {count});
+  };
+  Tensor x = values(2 * local * 8, 0.37).reshape({2, local, 8});
+  x.set_requires_grad(true);
+  Tensor w = layer.weight.detach().clone(), b = layer.bias.detach().clone();
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  Tensor x_ref = x.detach().clone();
+  x_ref.set_requires_grad(true);
+  Tensor grad = values(2 * local * n * 12, 0.11).reshape({2, local * n, 12});
+
+  Allocator& memory = allocator_for(Device::cpu());
+  size_t before = memory.live_bytes();
+  Tensor y = layer(x);
+  const size_t held = memory.live_bytes() - before;
+  before = memory.live_bytes();
+  Tensor want = linear(gather_sequence(x_ref, world, 1), w, b);
+  const size_t held_ref = memory.live_bytes() - before;
+  EXPECT_EQ(held, y.nbytes()) << "the output alone";
+  EXPECT_EQ(held_ref, y.nbytes() + (n > 1 ? x.nbytes() * n : 0))
+      << "the composition keeps the gathered input too";
+
+  y.backward(grad);
+  want.backward(grad);
+  auto same = [](const Tensor& a, const Tensor& b, const char* what) {
+    EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>()) << what;
+  };
+  same(y, want, "output");
+  same(x.grad(), x_ref.grad(), "input gradient");
+  same(layer.weight.grad(), w.grad(), "weight gradient");
+  same(layer.bias.grad(), b.grad(), "bias gradient");
+}
+
 // Every shard is the slice of the single-process initialisation, bit for bit, and the padded
 // rows of wte are zero.
 TEST(TensorParallel, ShardsStartAsSlicesOfTheSingleProcessInit) {
@@ -301,13 +355,15 @@ TEST(TensorParallel, CommunicatesAsMegatronDoes) {
       EXPECT_EQ(ag_fwd + rs_fwd + ag_bwd + rs_bwd, 0u);
     } else {
       // Forward: an all-gather into qkv and fc, a reduce-scatter out of proj (x2), and one
-      // all-gather into the head; backward the conjugates. The embedding's allreduce and the
-      // loss's three stay; backward sums the 4 LayerNorm parameters per block and ln_f's 2.
+      // all-gather into the head; backward the conjugates, and qkv's and fc's inputs gathered
+      // again for their weight gradients (Note [Sequence-parallel linears keep their shard]).
+      // The embedding's allreduce and the loss's three stay; backward sums the 4 LayerNorm
+      // parameters per block and ln_f's 2.
       EXPECT_EQ(ag_fwd, uint64_t(2 * layers + 1));
       EXPECT_EQ(rs_fwd, uint64_t(2 * layers));
       EXPECT_EQ(ar_fwd, uint64_t(1 + 3));
       EXPECT_EQ(rs_bwd, uint64_t(2 * layers + 1));
-      EXPECT_EQ(ag_bwd, uint64_t(2 * layers + 1));               // + the scatter of the embeddings
+      EXPECT_EQ(ag_bwd, uint64_t(4 * layers + 1));               // + the scatter of the embeddings
       EXPECT_EQ(ar_bwd, uint64_t(4 * layers + 2 + 2 * layers));  // LayerNorms, proj biases
     }
   }
@@ -315,8 +371,9 @@ TEST(TensorParallel, CommunicatesAsMegatronDoes) {
 
 // The bytes per block, as Megatron counts them: the difference between a 2-block and a 1-block
 // model's traffic for one forward and backward. Without sequence parallelism, 4 allreduces of
-// B x T x C (2 forward, 2 backward); with it, 4 all-gathers and 4 reduce-scatters of B x T x C,
-// plus the allreduce of the 4 LayerNorm vectors and 2 row-parallel biases summed over tp.
+// B x T x C (2 forward, 2 backward); with it, 4 all-gathers and 4 reduce-scatters of B x T x C
+// and the 2 all-gathers that rebuild the column-parallel linears' inputs in the backward, plus
+// the allreduce of the 4 LayerNorm vectors and 2 row-parallel biases summed over tp.
 TEST(TensorParallel, MovesMegatronsBytesPerBlock) {
   auto world = comm::world();
   if (world->size() == 1 || !world_fits(world->size())) GTEST_SKIP() << "needs tp > 1";
@@ -341,7 +398,9 @@ TEST(TensorParallel, MovesMegatronsBytesPerBlock) {
       EXPECT_EQ(per_block("allreduce"), 4 * activation);
       EXPECT_EQ(per_block("allgather") + per_block("reduce_scatter"), 0);
     } else {
-      EXPECT_EQ(per_block("allgather"), 4 * activation);
+      // Megatron's 4 all-gathers, and 2 more: the backward gathers qkv's and fc's inputs again
+      // (Note [Sequence-parallel linears keep their shard]), as Megatron's implementation does.
+      EXPECT_EQ(per_block("allgather"), 6 * activation);
       EXPECT_EQ(per_block("reduce_scatter"), 4 * activation);
       EXPECT_EQ(per_block("allreduce"), 6 * c * f32);
     }
