@@ -63,6 +63,20 @@ Tensor sequence_parallel_linear(const Tensor& x, const Tensor& weight, const Ten
   return y;
 }
 
+// local * mask, mask [..., 1] spread over each row of local [..., dim]. mul would keep the mask
+// spread to local's shape for the backward, as large as the output; this keeps it as given, and
+// the backward's mul spreads it again (the same products, so the same bits).
+Tensor mask_rows(const Tensor& local, const Tensor& mask) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mul(local, mask);
+  }
+  autograd::record(out, "mask_rows", {local}, {mask},
+                   [mask](const Tensor& g) { return std::vector<Tensor>{mul(g, mask)}; });
+  return out;
+}
+
 }  // namespace
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
@@ -111,24 +125,25 @@ Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
       indices.defined() && (indices.dtype() == DType::kI32 || indices.dtype() == DType::kI64),
       "VocabParallelEmbedding: indices must be i32 or i64, got ",
       indices.defined() ? indices.str() : "undefined");
-  const int64_t rows = weight.size(0), dim = weight.size(1);
+  const int64_t rows = weight.size(0);
   const int64_t full_rows = rows * tp_->size();
-  // Ids owned elsewhere look up local row 0 and are zeroed by the mask.
+  // Ids owned elsewhere look up local row 0 and are zeroed by the mask: one value per id, spread
+  // over the row (a whole [..., dim] mask, kept for the backward, was as large as the output).
   std::vector<int64_t> ids = indices.to(DType::kI64).to_vector<int64_t>();
-  std::vector<float> keep(ids.size() * size_t(dim), 0.0f);
+  std::vector<float> keep(ids.size(), 0.0f);
   for (size_t i = 0; i < ids.size(); ++i) {
     LOOM_CHECK(ids[i] >= 0 && ids[i] < full_rows, "VocabParallelEmbedding: index ", ids[i],
                " is outside the table's ", full_rows, " rows");
     const bool mine = ids[i] >= first_ && ids[i] < first_ + rows;
     ids[i] = mine ? ids[i] - first_ : 0;
-    if (mine) std::fill_n(keep.begin() + int64_t(i) * dim, dim, 1.0f);
+    if (mine) keep[i] = 1.0f;
   }
-  Shape out_shape = indices.shape();
-  out_shape.push_back(dim);
+  Shape mask_shape = indices.shape();
+  mask_shape.push_back(1);
   Tensor local = embedding(weight, Tensor::from_vector(ids, indices.shape(), indices.device()));
-  Tensor mask = Tensor::from_vector(keep, out_shape, indices.device());
+  Tensor mask = Tensor::from_vector(keep, mask_shape, indices.device());
   if (weight.dtype() != DType::kF32) mask = mask.to(weight.dtype());
-  return reduce_from_tp(mul(local, mask), tp_);
+  return reduce_from_tp(mask_rows(local, mask), tp_);
 }
 
 }  // namespace loom::parallel

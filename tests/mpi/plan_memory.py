@@ -47,13 +47,10 @@ MOE = {
         "dp=4,mb=2,zero=3,ep=2", "dp=2,tp=2,mb=4,ep=2", "dp=2,pp=2,mb=2,schedule=1f1b,ep=2",
         "tp=2,pp=2,mb=2,schedule=1f1b"],
 }
-# Known to be further off (measured 2026-11-29; the model's error in parentheses). Under tp x pp
-# rank 0 holds about one more residual-stream tensor per layer and micro-batch than the count
-# (-5.2% with recomputation, -3.9% without); ZeRO-3 with experts sharded over replicas keeps less
-# than the count of gathered and unsharded blocks (+8.8% to +9.7% over runs). Neither is
-# understood yet, so neither is fitted.
+# Known to be further off (measured 2026-11-29): ZeRO-3 with experts sharded over replicas keeps
+# less than the count of gathered and unsharded blocks (+8.8% to +9.7% over runs). Not
+# understood yet, so not fitted.
 WIDER = {
-    ("dense", 4, "tp=2,pp=2,mb=2,schedule=1f1b,recompute=full"): 0.06,
     ("moe", 4, "dp=4,mb=2,zero=3,ep=2"): 0.10,
 }
 MODEL = ["--layers", "4", "--heads", "4", "--seq", "128", "--vocab", "256"]

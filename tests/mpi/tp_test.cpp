@@ -7,6 +7,7 @@
 // loading a single-process checkpoint into the tp model works.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "collectives/communicator.h"
@@ -306,6 +307,33 @@ TEST(TensorParallel, SequenceParallelLinearKeepsOnlyItsShard) {
   same(x.grad(), x_ref.grad(), "input gradient");
   same(layer.weight.grad(), w.grad(), "weight gradient");
   same(layer.bias.grad(), b.grad(), "bias gradient");
+}
+
+// The vocab-parallel embedding zeroes the rows other ranks own with one mask value per id, and
+// keeps just that for its backward: after the forward it holds its output, the ids and the mask
+// (a mask spread over the rows, as a plain mul keeps it, was as large as the output). Its values
+// and gradients are checked against one process with the whole model (MatchesTheSingleProcessRun).
+TEST(TensorParallel, VocabParallelEmbeddingKeepsOneMaskValuePerId) {
+  auto world = comm::world();
+  const int n = world->size();
+  VocabParallelEmbedding wte(8 * n, 16, world, nn::Init::normal(0.02));
+  wte.init_parameters(kSeed);
+  std::vector<int64_t> ids(2 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 5 % (8 * n));
+  const Tensor idx = Tensor::from_vector(ids, {2, 8});
+  Allocator& memory = allocator_for(Device::cpu());
+  const size_t before = memory.live_bytes();
+  Tensor y = wte(idx);
+  const size_t held = memory.live_bytes() - before;
+  EXPECT_EQ(held, y.nbytes() + ids.size() * (sizeof(int64_t) + sizeof(float)));
+  y.backward(Tensor::ones(y.shape()));
+  // Each owned row's gradient counts its ids; the rows others own get nothing from this rank.
+  const std::vector<float> g = wte.weight.grad().to_vector<float>();
+  for (int64_t r = 0; r < 8; ++r) {
+    const int64_t row = world->rank() * 8 + r;
+    const float uses = float(std::count(ids.begin(), ids.end(), row));
+    for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(g[size_t(r * 16 + c)], uses) << "row " << row;
+  }
 }
 
 // Every shard is the slice of the single-process initialisation, bit for bit, and the padded
