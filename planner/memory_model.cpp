@@ -281,16 +281,18 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double head_fresh = rc.last ? G * (double(m.vocab) * h / t + 2.0 * h) : 0.0;
   const double loss =
       rc.last ? 2.0 * E * s * b * h / t + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
-  // Sharded gradients arrive whole first: without pipelines ZeRO-3 holds one layer's until their
-  // reduce-scatter (the experts' wait for the end of the backward); in a pipeline ZeRO-2 and 3
-  // stage each chunk's in a bucket filling and one reducing (Note [ZeRO-2 in a pipeline] in
+  // Sharded gradients arrive whole first: ZeRO-3 holds one block's (a layer's; the experts' wait
+  // for the end of the backward) until their reduce-scatter; in a pipeline ZeRO-2 stages each
+  // chunk's in a bucket filling and one reducing (Note [ZeRO-2 in a pipeline] in
   // parallel/zero.cpp), a chunk's at most.
   double unsharded = 0;
-  if (l.zero >= 3 && l.pp == 1)  // the last layer's, whose backward comes first (no experts)
-    unsharded = G * (m.moe_layers_in(m.layers - 1, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
-                                                          : layer_rank_parameters(m, l.tp));
-  if (l.zero >= 2 && l.pp > 1)
+  if (l.zero >= 3) {  // the rank's last layer's, whose backward comes first
+    const int64_t last = (rc.stages.back() + 1) * rc.chunk_layers - 1;
+    unsharded = G * (m.moe_layers_in(last, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
+                                                  : layer_rank_parameters(m, l.tp));
+  } else if (l.zero == 2 && l.pp > 1) {
     unsharded = std::min(G * n / double(rc.chunks), 2.0 * e.bucket_bytes);
+  }
   const double start_working = std::max(loss, head_fresh + mlp_fresh + mlp_tokens) +
                                (sends ? E * stream : 0.0) + unsharded + recompute;
   // Gradient bytes held at a moment: at the first backward only what data parallelism keeps

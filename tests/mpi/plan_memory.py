@@ -35,6 +35,7 @@ DENSE = {
     4: ["dp=4,mb=2", "dp=4,mb=2,zero=1", "dp=4,mb=2,zero=3", "dp=4,mb=1", "dp=2,tp=2,mb=4",
         "dp=2,tp=2,mb=4,sp=1", "tp=4,mb=8", "dp=2,pp=2,mb=2,schedule=1f1b",
         "dp=2,pp=2,mb=2,schedule=1f1b,zero=1", "dp=2,pp=2,mb=2,schedule=1f1b,zero=2",
+        "dp=2,pp=2,mb=2,schedule=1f1b,zero=3", "dp=2,pp=2,mb=1,schedule=gpipe,zero=2",
         "tp=2,pp=2,mb=2,schedule=1f1b", "pp=4,mb=1,schedule=1f1b", "pp=4,mb=2,schedule=gpipe",
         "dp=2,tp=2,mb=4,sp=1,recompute=full", "tp=2,pp=2,mb=2,schedule=1f1b,recompute=full"],
 }
