@@ -24,30 +24,21 @@ import subprocess
 import sys
 import tempfile
 
+# The planner benchmark's layouts and its translation of a layout into loom-gpt's flags.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "benchmarks"))
+from plan_vs_measured import LAYOUTS, MOE_LAYOUTS, gpt_flags  # noqa: E402
+
 BOUND = {"dense": 0.05, "moe": 0.06}
+# The benchmark's layouts on 1, 2 and 4 ranks, and a few more where the peak falls elsewhere: one
+# sequence per micro-batch (the end of a backward), pipelines with ZeRO-1, 2 and 3.
 DENSE = {
-    1: ["dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=2", "dp=1,mb=1", "dp=1,mb=8,recompute=full",
-        "dp=1,mb=1,recompute=full"],
-    2: ["dp=2,mb=4", "dp=2,mb=4,zero=1", "dp=2,mb=4,zero=3", "dp=2,mb=2", "tp=2,mb=8",
-        "tp=2,mb=8,sp=1", "pp=2,mb=2,schedule=1f1b", "pp=2,mb=2,schedule=gpipe",
-        "pp=2,mb=1,schedule=1f1b", "pp=2,mb=2,schedule=chimera", "tp=2,mb=8,recompute=full",
-        "tp=2,mb=8,sp=1,recompute=full", "pp=2,mb=2,schedule=1f1b,recompute=full"],
-    4: ["dp=4,mb=2", "dp=4,mb=2,zero=1", "dp=4,mb=2,zero=3", "dp=4,mb=1", "dp=2,tp=2,mb=4",
-        "dp=2,tp=2,mb=4,sp=1", "tp=4,mb=8", "dp=2,pp=2,mb=2,schedule=1f1b",
-        "dp=2,pp=2,mb=2,schedule=1f1b,zero=1", "dp=2,pp=2,mb=2,schedule=1f1b,zero=2",
-        "dp=2,pp=2,mb=2,schedule=1f1b,zero=3", "dp=2,pp=2,mb=1,schedule=gpipe,zero=2",
-        "tp=2,pp=2,mb=2,schedule=1f1b", "pp=4,mb=1,schedule=1f1b", "pp=4,mb=2,schedule=gpipe",
-        "dp=2,tp=2,mb=4,sp=1,recompute=full", "tp=2,pp=2,mb=2,schedule=1f1b,recompute=full"],
+    1: LAYOUTS[1] + ["dp=1,mb=1", "dp=1,mb=1,recompute=full"],
+    2: LAYOUTS[2],
+    4: LAYOUTS[4] + ["dp=2,pp=2,mb=2,schedule=1f1b,zero=1", "dp=2,pp=2,mb=2,schedule=1f1b,zero=2",
+                     "dp=2,pp=2,mb=2,schedule=1f1b,zero=3", "dp=2,pp=2,mb=1,schedule=gpipe,zero=2"],
 }
-MOE = {
-    1: ["dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=8,recompute=full"],
-    2: ["dp=2,mb=4", "dp=2,mb=4,ep=2", "dp=2,mb=4,zero=1,ep=2", "dp=2,mb=4,zero=3,ep=2",
-        "dp=2,mb=2,ep=2", "tp=2,mb=8", "pp=2,mb=2,schedule=1f1b",
-        "pp=2,mb=2,schedule=1f1b,recompute=full"],
-    4: ["dp=4,mb=2", "dp=4,mb=2,ep=2", "dp=4,mb=2,ep=4", "dp=4,mb=2,zero=1,ep=4",
-        "dp=4,mb=2,zero=3,ep=2", "dp=2,tp=2,mb=4,ep=2", "dp=2,pp=2,mb=2,schedule=1f1b,ep=2",
-        "tp=2,pp=2,mb=2,schedule=1f1b"],
-}
+MOE = {ranks: MOE_LAYOUTS[ranks] for ranks in (1, 2, 4)}
 # Known to be further off (measured 2026-11-29): ZeRO-3 with experts sharded over replicas keeps
 # less than the count of gathered and unsharded blocks (+8.8% to +9.7% over runs). Not
 # understood yet, so not fitted.
@@ -56,23 +47,6 @@ WIDER = {
 }
 MODEL = ["--layers", "4", "--heads", "4", "--seq", "128", "--vocab", "256"]
 MOE_FLAGS = ["--moe-experts", "4", "--moe-top-k", "2", "--moe-every", "2", "--moe-hidden", "512"]
-
-
-def gpt_flags(layout, batch=8):
-    f = dict(kv.split("=") for kv in layout.split(","))
-    dp, tp, pp, mb = (int(f.get(k, 1)) for k in ("dp", "tp", "pp", "mb"))
-    flags = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--zero", f.get("zero", "0"),
-             "--ep", f.get("ep", "1")]
-    accum = batch // (dp * mb)
-    if pp > 1:
-        flags += ["--microbatches", str(accum), "--schedule", f.get("schedule", "1f1b")]
-    elif accum > 1:
-        flags += ["--grad-accum", str(accum)]
-    if f.get("recompute") == "full":
-        flags.append("--checkpoint-activations")
-    if f.get("sp") == "1":
-        flags.append("--sequence-parallel")
-    return flags
 
 
 def run(cmd):
@@ -108,7 +82,7 @@ def main():
                     out = run(launch + [gpt, "--data", data, "--dim", "256", "--batch", "8",
                                         "--steps", "3", "--threads", "1", "--eval-every",
                                         "100000", "--lr-schedule", "constant", "--warmup-steps",
-                                        "0"] + MODEL + extra + gpt_flags(layout))
+                                        "0"] + MODEL + extra + gpt_flags(layout, 8))
                     measured = float(re.search(r"peak memory on rank 0: ([\d.]+) MB",
                                                out).group(1))
                     pred = json.loads(run(
