@@ -90,11 +90,21 @@ const LinkLevel& pp_link(const Layout& l, const Cluster& c) {
   return l.gpus() <= c.gpus_per_node ? c.intra : c.inter;
 }
 
+namespace {
+
+// One tp rank's share of a matmul of a micro-batch's b s tokens.
+double matmul_seconds(const Matmul& mm, double tokens, int tp, const DeviceRates& d) {
+  return gemm_seconds(2.0 * tokens * mm.in * mm.out / tp, d);
+}
+
+}  // namespace
+
 double layer_gemms_forward(const TransformerShape& m, int mb, int tp, const DeviceRates& d) {
-  const double s = double(m.seq), b = double(mb), h = double(m.hidden), t = double(tp);
-  const double bsh2 = b * s * h * h / t, bs2h = b * s * s * h / t;
-  return gemm_seconds(6 * bsh2, d) + 2 * gemm_seconds(2 * bs2h, d) + gemm_seconds(2 * bsh2, d) +
-         2 * gemm_seconds(8 * bsh2, d);
+  const double tokens = double(m.seq) * double(mb);
+  const double bs2h = tokens * double(m.seq) * double(m.hidden) / tp;
+  double seconds = 2 * gemm_seconds(2 * bs2h, d);  // scores and context
+  for (const Matmul& mm : m.layer_matmuls()) seconds += matmul_seconds(mm, tokens, tp, d);
+  return seconds;
 }
 
 double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp,
@@ -165,15 +175,34 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
 
   const double layer_f = gemm_f + elementwise_f + tp_f;
   double layer_recompute = 0;
-  if (l.recompute == Recompute::kSelective)
-    layer_recompute = attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / d.memory_bandwidth;
-  else if (l.recompute == Recompute::kFull)
+  if (l.recompute == Recompute::kSelective) {
+    switch (e.selective) {
+      case SelectivePolicy::kAttention:
+        layer_recompute =
+            attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / d.memory_bandwidth;
+        break;
+      case SelectivePolicy::kEveryOtherMatmul: {  // Note [Recomputing every other matmul]
+        const std::vector<Matmul> mms = m.layer_matmuls();
+        layer_recompute = elementwise_f;
+        for (size_t i = 1; i < mms.size(); i += 2)
+          layer_recompute += matmul_seconds(mms[i], s * b, l.tp, d);
+        break;
+      }
+      case SelectivePolicy::kEveryOtherLayer:
+        layer_recompute = 0.5 * layer_f;
+        break;
+    }
+  } else if (l.recompute == Recompute::kFull) {
     layer_recompute = layer_f;
+  }
   // sp's backward gathers the column-parallel linears' inputs again: two all-gathers, one
   // all-reduce's time (Execution::sp_regather_exposed).
   const double regather = l.sp && e.sp_regather_exposed ? tp_f / 2.0 : 0.0;
   const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + regather + layer_recompute;
-  const double layer_tp = 2.0 * tp_f + regather + (l.recompute == Recompute::kFull ? tp_f : 0.0);
+  double recomputed_tp = l.recompute == Recompute::kFull ? tp_f : 0.0;
+  if (l.recompute == Recompute::kSelective && e.selective == SelectivePolicy::kEveryOtherLayer)
+    recomputed_tp = 0.5 * tp_f;
+  const double layer_tp = 2.0 * tp_f + regather + recomputed_tp;
 
   ActionCosts a;
   // The MoE layers (one rank's share, on average) in place of dense ones: See moe_layer_costs.
@@ -285,7 +314,7 @@ StepCosts step_costs(const Workload& w, const Layout& l, const Cluster& c, const
     s.dp_comm += experts;
     s.dp_exposed += experts;
   }
-  if (l.pp > 1) {
+  if (l.pp > 1 && w.model.tied_output()) {
     const double table = double(w.model.vocab) * double(w.model.hidden) / l.tp;
     s.tied_embedding = allreduce_seconds(table * e.grad_bytes, 2, pp_link(l, c));
   }

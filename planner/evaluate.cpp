@@ -24,14 +24,29 @@ std::string Prediction::summary() const {
 
 namespace {
 
-// Model FLOPs recomputation adds to a step: selective, the attention scores and context
-// (4 s^2 h per layer and sequence); full, every layer's forward again.
-double recompute_flops(const Workload& w, Recompute r) {
+// FLOPs recomputation adds to a step (hardware FLOPs beyond the model's): selective, the
+// attention scores and context (4 s^2 h per layer and sequence), or with torchtitan's policies
+// every second matmul of each layer (Note [Recomputing every other matmul]) or every second
+// layer's forward; full, every layer's forward again.
+double recompute_flops(const Workload& w, Recompute r, const Execution& e) {
   const TransformerShape& m = w.model;
-  if (r == Recompute::kFull) return m.layers_forward_flops() * double(w.global_batch);
-  const double per_layer =
-      r == Recompute::kSelective ? 4.0 * double(m.seq) * double(m.seq) * double(m.hidden) : 0.0;
-  return per_layer * double(m.layers) * double(w.global_batch);
+  const double sequences = double(w.global_batch), s = double(m.seq);
+  if (r == Recompute::kFull) return m.layers_forward_flops() * sequences;
+  if (r == Recompute::kNone) return 0;
+  double per_layer = 0;
+  switch (e.selective) {
+    case SelectivePolicy::kAttention:
+      per_layer = 4.0 * s * s * double(m.hidden);
+      break;
+    case SelectivePolicy::kEveryOtherMatmul: {
+      const std::vector<Matmul> mms = m.layer_matmuls();
+      for (size_t i = 1; i < mms.size(); i += 2) per_layer += 2.0 * s * mms[i].in * mms[i].out;
+      break;
+    }
+    case SelectivePolicy::kEveryOtherLayer:
+      return 0.5 * m.layers_forward_flops() * sequences;
+  }
+  return per_layer * double(m.layers) * sequences;
 }
 
 // Note [MoE layers per stage]
@@ -128,7 +143,7 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
   p.tokens_per_s = tokens / p.step_s;
   p.model_tflops_per_gpu = model_flops / p.step_s / c.gpus / 1e12;
   p.hardware_tflops_per_gpu =
-      (model_flops + recompute_flops(w, l.recompute)) / p.step_s / c.gpus / 1e12;
+      (model_flops + recompute_flops(w, l.recompute, e)) / p.step_s / c.gpus / 1e12;
   p.mfu = p.model_tflops_per_gpu * 1e12 / c.device.peak_flops;
   return p;
 }

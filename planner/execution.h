@@ -7,6 +7,17 @@
 
 namespace loom::planner {
 
+// What "selective" recomputation (Layout::recompute) means in the runtime.
+//   kAttention         Korthikanti et al.'s (loom's, Megatron's): the attention's scores,
+//                      softmax and context again in the backward; the linears' inputs are kept.
+//   kEveryOtherMatmul  torchtitan's op-level policy (selective_ac_option "op"): the outputs of
+//                      the matmuls and of the attention kernel are kept, except every second
+//                      matmul; those and every element-wise op are recomputed (Note
+//                      [Recomputing every other matmul] in memory_model.cpp).
+//   kEveryOtherLayer   torchtitan's layer-level policy with frequency 2: every second layer
+//                      fully recomputed, the others not at all.
+enum class SelectivePolicy { kAttention, kEveryOtherMatmul, kEveryOtherLayer };
+
 struct Execution {
   std::string name;
   double param_bytes = 2.0;       // bf16 weights
@@ -45,10 +56,13 @@ struct Execution {
   // micro-batch without gradients (loom's Note [A batch in micro-batches]), before the training
   // pass. Megatron weighs each micro-batch's own balance instead: no such pass.
   bool moe_routing_pass = true;
+  SelectivePolicy selective = SelectivePolicy::kAttention;
 };
 
 // "loom" (bf16 with f32 masters), "loom-f32" (f32 throughout), "loom-cpu" (f32, CPU ranks: no
-// overlap of collectives with compute) or "megatron"; an unknown name lists them.
+// overlap of collectives with compute), "megatron", "torchtitan" (FSDP2 in bf16 with f32
+// gradient reduction, its op-level selective recomputation) or "torchtitan-layer-sac" (the same
+// with every second layer recomputed); an unknown name lists them.
 Execution execution_preset(const std::string& name);
 
 }  // namespace loom::planner

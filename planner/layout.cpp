@@ -100,6 +100,8 @@ std::string layout_problem(const Layout& l, const Workload& w, const Cluster& c)
     why << "dp * tp * pp = " << l.gpus() << ", not the " << c.gpus << " GPUs";
   else if (m.heads % l.tp != 0)
     why << "tp " << l.tp << " does not divide the " << m.heads << " heads";
+  else if (m.key_value_heads() % l.tp != 0)
+    why << "tp " << l.tp << " does not divide the " << m.key_value_heads() << " key/value heads";
   else if (l.sp && l.tp == 1)
     why << "sequence parallelism needs tp > 1";
   else if (l.zero < 0 || l.zero > 3)

@@ -29,6 +29,9 @@ namespace {
 // FlashAttention does, its output and one f32 log-sum-exp per query row, and recomputes the
 // scores in its backward) `scores` is s b h E (that output, beside the projection's own copy of
 // its input) + a s b 4 (the log-sum-exps), over tp.
+// The split part counts the block's own widths: Q, K and V (h + 2 kv) and the projection's input
+// (h); GPT's MLP its GELU's input and output (2f), a SwiGLU MLP W1's and W3's outputs, the SiLU's
+// and the product (4f, as eager autograd keeps them).
 struct LayerBytes {
   double linear = 0;
   double scores = 0;
@@ -38,17 +41,38 @@ struct LayerBytes {
 LayerBytes layer_bytes(const TransformerShape& m, int mb, int tp, bool sp, const Execution& e) {
   const double s = double(m.seq), b = double(mb), h = double(m.hidden), a = double(m.heads);
   const double t = double(tp), E = e.activation_bytes, M = e.mask_bytes;
-  const double replicated = 4 * E + 2 * M, split = 12 * E;
+  const double kv = m.kv_width(), f = double(m.mlp_width());
+  const double mlp_kept = (m.block == BlockKind::kLlama ? 4.0 : 2.0) * f;
+  const double replicated = (4 * E + 2 * M) * h, split = E * (2 * h + 2 * kv + mlp_kept);
   LayerBytes out;
-  out.linear = sp ? s * b * h * (replicated + split) / t : s * b * h * (replicated + split / t);
-  // The attention block's: the LayerNorm's and QKV's inputs and a mask (whole unless sp), Q, K,
-  // V and the projection's input (split); the MLP holds the rest.
-  const double attention_replicated = 2 * E + M, attention_split = 4 * E;
-  out.attention_linear = sp ? s * b * h * (attention_replicated + attention_split) / t
-                            : s * b * h * (attention_replicated + attention_split / t);
+  out.linear = sp ? s * b * (replicated + split) / t : s * b * (replicated + split / t);
+  // The attention block's: the norm's and QKV's inputs and a mask (whole unless sp), Q, K, V and
+  // the projection's input (split); the MLP holds the rest.
+  const double attention_replicated = (2 * E + M) * h, attention_split = E * (2 * h + 2 * kv);
+  out.attention_linear = sp ? s * b * (attention_replicated + attention_split) / t
+                            : s * b * (attention_replicated + attention_split / t);
   out.scores = e.materialised_scores ? a * s * s * b * (2 * E + M) / t
                                      : (s * b * h * E + a * s * b * 4.0) / t;
   return out;
+}
+
+// Note [Recomputing every other matmul]
+// torchtitan's op-level selective recomputation (Execution::SelectivePolicy::kEveryOtherMatmul)
+// saves the outputs of a block's matmuls and of its attention kernel, except every second matmul
+// in forward order, and recomputes everything else (norms, rotary embedding, activations,
+// residual adds, the skipped matmuls) from the block's input in the backward. A layer keeps its
+// input, the saved matmuls' outputs (a column-parallel one's 1/t, a row-parallel one's whole
+// partial sums), the attention's output and its log-sum-exps. `attention_only` counts the
+// attention block's part (its matmuls come before the MLP's).
+double every_other_matmul_kept(const TransformerShape& m, int mb, int tp, bool sp,
+                               const Execution& e, bool attention_only) {
+  const double s = double(m.seq), b = double(mb), h = double(m.hidden), t = double(tp);
+  const std::vector<Matmul> mms = m.layer_matmuls();
+  const size_t attention_mms = mms.size() - size_t(m.mlp_matrices());
+  double per_token = (sp ? h / t : h) + h / t;  // the input, the attention's output
+  for (size_t i = 0; i < (attention_only ? attention_mms : mms.size()); i += 2)
+    per_token += mms[i].row_parallel ? mms[i].out : mms[i].out / t;
+  return s * b * (per_token * e.activation_bytes + double(m.heads) * 4.0 / t);
 }
 
 // A MoE layer's MLP in place of the dense one (whole on every tp rank, as loom keeps it: the
@@ -68,7 +92,7 @@ struct RankChunks {
   int64_t chunk_layers = 0;  // layers per chunk
   bool first = false;        // holds a first stage (the embedding)
   bool last = false;         // holds a last stage (the output layer)
-  int output_copies = 0;     // tied output-layer copies beside the embedding (0 when pp == 1)
+  int output_copies = 0;     // output-layer tables beside the embedding (tied: 0 when pp == 1)
   int embeddings = 0;        // embedding tables held
   std::vector<int> stages;   // each chunk's stage (its layers: stage * chunk_layers onwards)
 };
@@ -93,7 +117,8 @@ RankChunks rank_chunks(const TransformerShape& m, const Layout& l, int rank) {
   rc.first = rank == 0;
   rc.last = rank == p - 1;
   rc.embeddings = rc.first ? 1 : 0;
-  rc.output_copies = rc.last && p > 1 ? 1 : 0;  // one process ties them in one table
+  // One process ties them in one table; an untied output layer is a table of its own.
+  rc.output_copies = rc.last && (p > 1 || !m.tied_output()) ? 1 : 0;
   return rc;
 }
 
@@ -106,8 +131,8 @@ int64_t moe_layers_in(const TransformerShape& m, const RankChunks& rc) {
 }  // namespace
 
 double layer_rank_parameters(const TransformerShape& m, int tp) {
-  const double h = double(m.hidden);
-  return (12.0 * h * h + 7.0 * h) / double(tp) + 6.0 * h;
+  return (m.layer_matrix_parameters() + m.layer_split_vectors()) / double(tp) +
+         m.layer_whole_vectors();
 }
 
 double moe_layer_rank_parameters(const TransformerShape& m, int tp) {
@@ -139,7 +164,16 @@ double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp
     case Recompute::kNone:
       return lb.linear + lb.scores;
     case Recompute::kSelective:
-      return lb.linear;
+      switch (e.selective) {
+        case SelectivePolicy::kAttention:
+          return lb.linear;
+        case SelectivePolicy::kEveryOtherMatmul:
+          return every_other_matmul_kept(m, mb, tp, sp, e, false);
+        case SelectivePolicy::kEveryOtherLayer:
+          return 0.5 * (layer_activation_bytes(m, mb, tp, sp, Recompute::kNone, e) +
+                        layer_activation_bytes(m, mb, tp, sp, Recompute::kFull, e));
+      }
+      return 0;
     case Recompute::kFull: {
       const double input = e.activation_bytes * double(m.seq) * mb * double(m.hidden);
       return sp ? input / tp : input;
@@ -157,7 +191,15 @@ double attention_activation_bytes(const TransformerShape& m, int mb, int tp, boo
     case Recompute::kNone:
       return lb.attention_linear + lb.scores;
     case Recompute::kSelective:
-      return lb.attention_linear;
+      switch (e.selective) {
+        case SelectivePolicy::kAttention:
+          return lb.attention_linear;
+        case SelectivePolicy::kEveryOtherMatmul:
+          return every_other_matmul_kept(m, mb, tp, sp, e, true);
+        case SelectivePolicy::kEveryOtherLayer:  // a recomputed layer's whole set, at most
+          return lb.attention_linear + lb.scores;
+      }
+      return 0;
     case Recompute::kFull:
       return layer_activation_bytes(m, mb, tp, sp, r, e);
   }
@@ -167,14 +209,24 @@ double attention_activation_bytes(const TransformerShape& m, int mb, int tp, boo
 double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                                const Execution& e) {
   const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
+  const double whole =  // the largest layer's whole set, a MoE one's when there is one
+      m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, Recompute::kNone, e)
+                      : lb.linear + lb.scores;
   switch (r) {
     case Recompute::kNone:
       return 0;
     case Recompute::kSelective:
-      return lb.scores;
-    case Recompute::kFull:  // the largest layer's whole set, a MoE one's when there is one
-      return m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, Recompute::kNone, e)
-                             : lb.linear + lb.scores;
+      switch (e.selective) {
+        case SelectivePolicy::kAttention:
+          return lb.scores;
+        case SelectivePolicy::kEveryOtherMatmul:  // the rest of the layer's set, rebuilt
+          return whole - every_other_matmul_kept(m, mb, tp, sp, e, false);
+        case SelectivePolicy::kEveryOtherLayer:
+          return whole;
+      }
+      return 0;
+    case Recompute::kFull:
+      return whole;
   }
   return 0;
 }
@@ -186,9 +238,9 @@ double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
   double n = (double(rc.chunks) * double(rc.chunk_layers) - moes) * layer_rank_parameters(m, l.tp) +
              moes * moe_layer_rank_parameters(m, l.tp) + rank_expert_parameters(m, l, rank);
   const double table = double(m.vocab) * h / t;  // vocab-parallel
-  n += rc.embeddings * (table + double(m.seq) * h);
+  n += rc.embeddings * (table + (m.embedding_parameters() - double(m.vocab) * h));  // + positions
   n += rc.output_copies * table;
-  if (rc.last) n += 2.0 * h;  // the final LayerNorm
+  if (rc.last) n += m.final_norm_parameters();
   return n;
 }
 
@@ -276,9 +328,11 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     return rc.first ? std::max(1, in_flight / rc.chunks) * e.mask_bytes * stream : 0.0;
   };
   const double recompute = recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
-  const double mlp_tokens = E * (stream + s * b * 4.0 * h / t);
-  const double mlp_fresh = G * (4.0 * h * h / t + h);
-  const double head_fresh = rc.last ? G * (double(m.vocab) * h / t + 2.0 * h) : 0.0;
+  const double f = double(m.mlp_width());
+  const double mlp_tokens = E * (stream + s * b * f / t);
+  const double mlp_fresh = G * (f * h / t + h);
+  const double head_fresh =
+      rc.last ? G * (double(m.vocab) * h / t + m.final_norm_parameters()) : 0.0;
   const double loss =
       rc.last ? 2.0 * E * s * b * h / t + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
   // Sharded gradients arrive whole first: ZeRO-3 holds one block's (a layer's; the experts' wait

@@ -6,9 +6,49 @@
 
 namespace loom::planner {
 
+BlockKind parse_block(const std::string& name) {
+  if (name == "gpt") return BlockKind::kGpt;
+  if (name == "llama") return BlockKind::kLlama;
+  LOOM_FAIL("planner: unknown block '", name, "' (gpt, llama)");
+}
+
+const char* block_name(BlockKind b) { return b == BlockKind::kGpt ? "gpt" : "llama"; }
+
+int64_t TransformerShape::mlp_width() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
+
+int64_t TransformerShape::key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+
+double TransformerShape::kv_width() const {
+  return double(hidden) * double(key_value_heads()) / double(heads);
+}
+
+int TransformerShape::mlp_matrices() const { return block == BlockKind::kLlama ? 3 : 2; }
+
+std::vector<Matmul> TransformerShape::layer_matmuls() const {
+  const double h = double(hidden), kv = kv_width(), f = double(mlp_width());
+  if (block == BlockKind::kGpt) return {{h, h + 2 * kv}, {h, h, true}, {h, f}, {f, h, true}};
+  return {{h, h}, {h, kv}, {h, kv}, {h, h, true}, {h, f}, {h, f}, {f, h, true}};
+}
+
+double TransformerShape::layer_matrix_parameters() const {
+  double n = 0;
+  for (const Matmul& mm : layer_matmuls()) n += mm.in * mm.out;
+  return n;
+}
+
+double TransformerShape::layer_split_vectors() const {
+  // GPT's QKV bias (h + 2 kv) and first MLP bias (f); Llama's linears have none.
+  return block == BlockKind::kGpt ? double(hidden) + 2.0 * kv_width() + double(mlp_width()) : 0.0;
+}
+
+double TransformerShape::layer_whole_vectors() const {
+  // GPT: two LayerNorms (4h) and the projection's and second MLP linear's biases; Llama: two
+  // RMSNorm weights.
+  return block == BlockKind::kGpt ? 6.0 * double(hidden) : 2.0 * double(hidden);
+}
+
 double TransformerShape::layer_parameters() const {
-  const double h = double(hidden);
-  return 12.0 * h * h + 13.0 * h;
+  return layer_matrix_parameters() + layer_split_vectors() + layer_whole_vectors();
 }
 
 bool TransformerShape::is_moe_layer(int64_t layer) const {
@@ -40,18 +80,27 @@ double TransformerShape::moe_layer_parameters() const {
 }
 
 double TransformerShape::embedding_parameters() const {
-  return double(vocab) * double(hidden) + double(seq) * double(hidden);
+  const double positions = block == BlockKind::kGpt ? double(seq) * double(hidden) : 0.0;
+  return double(vocab) * double(hidden) + positions;
+}
+
+double TransformerShape::output_parameters() const {
+  return tied_output() ? 0.0 : double(vocab) * double(hidden);
+}
+
+double TransformerShape::final_norm_parameters() const {
+  return block == BlockKind::kGpt ? 2.0 * double(hidden) : double(hidden);
 }
 
 double TransformerShape::parameters() const {
   const double moes = double(moe_layers());
   return (double(layers) - moes) * layer_parameters() + moes * moe_layer_parameters() +
-         embedding_parameters() + 2.0 * double(hidden);
+         embedding_parameters() + output_parameters() + final_norm_parameters();
 }
 
 double TransformerShape::layer_forward_flops() const {
   const double h = double(hidden), s = double(seq);
-  return 24.0 * s * h * h + 4.0 * s * s * h;
+  return 2.0 * s * layer_matrix_parameters() + 4.0 * s * s * h;
 }
 
 double TransformerShape::moe_layer_forward_flops() const {
@@ -78,7 +127,14 @@ void TransformerShape::check() const {
              "planner: the model's layers, hidden, heads, seq and vocab must be positive, got ",
              str());
   LOOM_CHECK(hidden % heads == 0, "planner: heads (", heads, ") must divide hidden (", hidden, ")");
+  LOOM_CHECK(ffn_hidden >= 0, "planner: ffn_hidden must be >= 0 (0: 4h), got ", ffn_hidden);
+  LOOM_CHECK(kv_heads >= 0 && heads % key_value_heads() == 0, "planner: kv_heads (", kv_heads,
+             ") must divide heads (", heads, ")");
   if (moe.experts == 0) return;
+  LOOM_CHECK(block == BlockKind::kGpt && key_value_heads() == heads,
+             "planner: MoE layers are modelled for the gpt block with as many key/value heads as "
+             "heads, got block ",
+             block_name(block), " with kv_heads ", key_value_heads());
   LOOM_CHECK(moe.experts > 0 && moe.top_k >= 1 && moe.top_k <= moe.experts, "planner: MoE top_k (",
              moe.top_k, ") must be in [1, experts (", moe.experts, ")]");
   LOOM_CHECK(moe.every >= 1 && moe.expert_hidden >= 0, "planner: MoE every (", moe.every,
@@ -90,12 +146,19 @@ std::string TransformerShape::str() const {
   std::snprintf(buf, sizeof buf, "layers %lld hidden %lld heads %lld seq %lld vocab %lld (%.2fB)",
                 (long long)layers, (long long)hidden, (long long)heads, (long long)seq,
                 (long long)vocab, parameters() / 1e9);
-  if (!moe.enabled()) return buf;
+  std::string out = buf;
+  if (block != BlockKind::kGpt || ffn_hidden > 0 || kv_heads > 0) {
+    char form[120];
+    std::snprintf(form, sizeof form, ", %s ffn %lld kv-heads %lld", block_name(block),
+                  (long long)mlp_width(), (long long)key_value_heads());
+    out += form;
+  }
+  if (!moe.enabled()) return out;
   char extra[120];
   std::snprintf(extra, sizeof extra, ", moe %lld experts top-%lld every %lld width %lld",
                 (long long)moe.experts, (long long)moe.top_k, (long long)moe.every,
                 (long long)expert_width());
-  return std::string(buf) + extra;
+  return out + extra;
 }
 
 void Workload::check() const {

@@ -1,17 +1,21 @@
-// What the planner plans for: a GPT-style decoder (Megatron's and loom-gpt's block: attention
-// with QKV and output projections, a 4h GELU MLP, two LayerNorms, learned positions, the output
-// layer tied to the embedding) trained on a global batch of sequences.
+// What the planner plans for: a decoder-only transformer trained on a global batch of sequences,
+// in one of two block forms (BlockKind): GPT's (Megatron's and loom-gpt's block: attention with
+// QKV and output projections, a 4h GELU MLP, two LayerNorms, learned positions, the output layer
+// tied to the embedding) or Llama's (for predicting published Llama runs, torchtitan's).
 //
 // Counts follow Narayanan et al. (SC'21, "Efficient Large-Scale Language Model Training on GPU
 // Clusters Using Megatron-LM"), section 5.1: a layer holds 12h^2 + 13h parameters, and one
 // sequence's forward costs 24 s h^2 + 4 s^2 h FLOPs per layer (QKV 6sh^2, scores and context
 // 4s^2h, projection 2sh^2, MLP 16sh^2) plus 2 s h V for the logits. A training step is three
 // forwards' worth (the backward costs two), which gives their model-FLOPs formula
-// 72 B s l h^2 (1 + s/6h + V/12lh).
+// 72 B s l h^2 (1 + s/6h + V/12lh). In general (any MLP width f, grouped-query attention with
+// kv of the h query columns for keys and values, a gated MLP's third matrix) a layer's forward
+// is 2 s (its weight elements) + 4 s^2 h, the count torchtitan's and Megatron's MFU use.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom::planner {
 
@@ -32,6 +36,24 @@ struct MoeShape {
   bool enabled() const { return experts > 0; }
 };
 
+// The block's form.
+//   kGpt    LayerNorms, a bias on every linear, a GELU MLP of two h x f matrices, a learned
+//           position table, the output layer tied to the token embedding (GPT-2/3, Megatron's
+//           GPT, loom-gpt).
+//   kLlama  RMSNorms, no biases, a SwiGLU MLP of three h x f matrices (W2 (silu(x W1) * x W3)),
+//           rotary positions (no table), an output layer of its own (Llama 2 and 3).
+enum class BlockKind { kGpt, kLlama };
+BlockKind parse_block(const std::string& name);  // "gpt" or "llama"; else names both
+const char* block_name(BlockKind b);
+
+// One of a layer's matmuls, per token: `in` columns to `out`. Row-parallel ones (the attention's
+// output projection, the MLP's last) give each tp rank whole `out`-wide partial sums; the others
+// are column-parallel, `out / tp` wide.
+struct Matmul {
+  double in = 0, out = 0;
+  bool row_parallel = false;
+};
+
 struct TransformerShape {
   int64_t layers = 0;
   int64_t hidden = 0;
@@ -39,8 +61,25 @@ struct TransformerShape {
   int64_t seq = 0;
   int64_t vocab = 0;
   MoeShape moe;
+  BlockKind block = BlockKind::kGpt;
+  int64_t ffn_hidden = 0;  // f: the MLP's width (0: 4h)
+  int64_t kv_heads = 0;    // grouped-query attention's key/value heads (0: heads)
 
-  double layer_parameters() const;         // a dense layer: 12h^2 + 13h
+  int64_t mlp_width() const;        // f
+  int64_t key_value_heads() const;  // kv_heads, or heads
+  double kv_width() const;          // h kv_heads / heads: the columns of K and of V
+  int mlp_matrices() const;         // 2, or 3 for the gated MLP
+  // A dense layer's matmuls in the order its forward runs them: GPT's fused QKV, projection, MLP
+  // in and out; Llama's Q, K, V, output, W1, W3, W2 (as torchtitan's block issues them).
+  std::vector<Matmul> layer_matmuls() const;
+  // One dense layer's weight matrices (2 h^2 + 2 h kv + mlp_matrices h f: QKV, the output
+  // projection and the MLP) and its vectors: those tp splits with the matrices (the QKV and
+  // first MLP biases) and those every tp rank holds whole (norms, the other biases).
+  double layer_matrix_parameters() const;
+  double layer_split_vectors() const;
+  double layer_whole_vectors() const;
+  bool tied_output() const { return block == BlockKind::kGpt; }
+  double layer_parameters() const;         // a dense layer: 12h^2 + 13h for GPT's
   bool is_moe_layer(int64_t layer) const;  // layer (0-based) has a MoE MLP
   int64_t moe_layers() const;              // how many do
   // How many of layers [first, first + count) have a MoE MLP (a pipeline stage's).
@@ -49,9 +88,13 @@ struct TransformerShape {
   double expert_parameters() const;  // one expert: 2hf + f + h
   // A MoE layer: attention and LayerNorms 4h^2 + 8h, the router h E, E experts.
   double moe_layer_parameters() const;
-  double embedding_parameters() const;  // V h + s h (token and position tables)
-  double parameters() const;            // every layer, the embeddings, the final LayerNorm
-  // One sequence's forward through one dense layer: 24 s h^2 + 4 s^2 h.
+  double embedding_parameters() const;   // V h + s h (token and position tables; Llama: V h)
+  double output_parameters() const;      // an untied output layer's V h (0 when tied)
+  double final_norm_parameters() const;  // 2h (LayerNorm) or h (RMSNorm)
+  // Every layer, the embeddings, the output layer, the final norm.
+  double parameters() const;
+  // One sequence's forward through one dense layer: 2 s layer_matrix_parameters + 4 s^2 h
+  // (24 s h^2 + 4 s^2 h for GPT's).
   double layer_forward_flops() const;
   // Through one MoE layer: the attention's 8 s h^2 + 4 s^2 h, the router's 2 s h E and top_k
   // experts' 4 s h f per token.
@@ -64,10 +107,11 @@ struct TransformerShape {
   // counts the FLOPs of the experts a token goes through, not of all of them).
   double step_model_flops(int64_t sequences) const;
   // Throws loom::Error naming the field for a non-positive size or heads not dividing hidden,
-  // or MoE fields out of range (top_k in [1, experts], every >= 1, expert_hidden >= 0).
+  // kv_heads not dividing heads, or MoE fields out of range (top_k in [1, experts], every >= 1,
+  // expert_hidden >= 0); MoE layers are modelled for GPT's block with whole attention only.
   void check() const;
-  // "layers 96 hidden 12288 heads 96 seq 2048 vocab 51200 (174.6B)", with ", moe 8 experts
-  // top-2 every 2 width 4096" for a MoE model.
+  // "layers 96 hidden 12288 heads 96 seq 2048 vocab 51200 (174.6B)", with ", llama ffn 14336
+  // kv-heads 8" for a Llama block and ", moe 8 experts top-2 every 2 width 4096" for a MoE model.
   std::string str() const;
 };
 

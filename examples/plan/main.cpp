@@ -2,6 +2,8 @@
 //
 //   loom-plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 \
 //             --global-batch 1536 --gpus 1024 --gpus-per-node 8 --gpu a100-80gb
+//   loom-plan --block llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn-hidden 14336 \
+//             --seq 8192 --vocab 128256 ...                    # a Llama 3 8B
 //   loom-plan ... --evaluate "tp=8,pp=8,v=3,mb=1,schedule=interleaved,recompute=selective,sp=1"
 //   loom-plan ... --moe-experts 8 --moe-top-k 2 --moe-every 2     # MoE layers; plans ep too
 //   mpirun -np 2 loom-plan --calibrate cpu.json     # this machine's rates, for --profile
@@ -93,6 +95,12 @@ int run(int argc, char** argv) {
   f.add_int("heads", 0, "attention heads");
   f.add_int("seq", 2048, "sequence length");
   f.add_int("vocab", 51200, "vocabulary size");
+  f.add_string("block", "gpt",
+               "the block: gpt (LayerNorm, biases, GELU MLP, learned positions, tied output) or "
+               "llama (RMSNorm, no biases, SwiGLU MLP, rotary positions, untied output)",
+               {"gpt", "llama"});
+  f.add_int("ffn-hidden", 0, "the MLP's hidden width (0: 4 x hidden)");
+  f.add_int("kv-heads", 0, "grouped-query attention: key/value heads (0: --heads)");
   f.add_int("moe-experts", 0, "mixture of experts: experts per MoE layer (0: a dense model)");
   f.add_int("moe-top-k", 1, "MoE: experts per token");
   f.add_int("moe-every", 1, "MoE: every N-th layer (from the first) is a MoE layer");
@@ -109,7 +117,7 @@ int run(int argc, char** argv) {
   f.add_double("inter-gbps", 0, "override: GB/s per GPU and direction between nodes");
   f.add_string("profile", "", "a profile JSON (planner/cluster.h) overriding the preset's rates");
   f.add_string("execution", "loom", "whose runtime executes the plan",
-               {"loom", "loom-f32", "loom-cpu", "megatron"});
+               {"loom", "loom-f32", "loom-cpu", "megatron", "torchtitan", "torchtitan-layer-sac"});
   f.add_string("evaluate", "",
                "predict one layout: dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,"
                "zero=..,recompute=none|selective|full,sp=0|1[,ep=..]");
@@ -132,6 +140,9 @@ int run(int argc, char** argv) {
   w.model.heads = f.get_int("heads");
   w.model.seq = f.get_int("seq");
   w.model.vocab = f.get_int("vocab");
+  w.model.block = parse_block(f.get_string("block"));
+  w.model.ffn_hidden = f.get_int("ffn-hidden");
+  w.model.kv_heads = f.get_int("kv-heads");
   w.model.moe = {f.get_int("moe-experts"), f.get_int("moe-top-k"), f.get_int("moe-every"),
                  f.get_int("moe-hidden"), f.get_double("moe-aux-loss") > 0};
   w.global_batch = f.get_int("global-batch");

@@ -15,7 +15,8 @@ from loom import _loom
 
 def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gpus_per_node=8,
          gpu="h100-sxm", profile=None, execution="loom", top=5, evaluate=None, moe_experts=0,
-         moe_top_k=1, moe_every=1, moe_hidden=0, moe_aux_loss=0.01):
+         moe_top_k=1, moe_every=1, moe_hidden=0, moe_aux_loss=0.01, block="gpt", ffn_hidden=0,
+         kv_heads=0):
     """Ranks the layouts of a GPT on a cluster by predicted step time, or predicts one.
 
     Returns ``loom-plan --json``'s records as dicts: without ``evaluate``, ``{"plans": [...],
@@ -25,7 +26,11 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
     that layout's record (``"problem"`` says why it cannot run). ``gpu`` is a preset
     (``a100-80gb``, ``h100-sxm``, ``h200``); ``profile`` a file from ``loom-plan --calibrate``
     overriding its rates; ``execution`` whose runtime runs the plan (``loom``, ``loom-f32``,
-    ``loom-cpu``, ``megatron``). ``moe_experts`` > 0 makes every ``moe_every``-th layer a
+    ``loom-cpu``, ``megatron``, ``torchtitan``, ``torchtitan-layer-sac``). ``block`` is
+    ``"gpt"`` or ``"llama"`` (RMSNorm, SwiGLU MLP, rotary positions, untied output), with
+    ``ffn_hidden`` the MLP's width (0: 4 x hidden) and ``kv_heads`` grouped-query attention's
+    key/value heads (0: ``heads``), as ``loom-plan --block --ffn-hidden --kv-heads``.
+    ``moe_experts`` > 0 makes every ``moe_every``-th layer a
     mixture of experts (``moe_top_k`` per token, each ``moe_hidden`` wide, 0: 4 x hidden), as
     ``loom-plan --moe-*``: the search then chooses the expert-parallel degree too (``ep=..`` in a
     layout); ``moe_aux_loss`` > 0 (loom-gpt's default load-balancing loss) counts loom's routing
@@ -35,5 +40,5 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
                        int(global_batch), int(gpus), int(gpus_per_node), str(gpu),
                        profile or "", str(execution), int(top), evaluate or "",
                        int(moe_experts), int(moe_top_k), int(moe_every), int(moe_hidden),
-                       float(moe_aux_loss))
+                       float(moe_aux_loss), str(block), int(ffn_hidden), int(kv_heads))
     return json.loads(text)

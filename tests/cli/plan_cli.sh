@@ -1,6 +1,7 @@
 #!/bin/bash
 # loom-plan end to end: --evaluate of Korthikanti et al.'s 175B layout predicts their measured
-# 13.75 s step (the point the A100 preset is calibrated on) and prints JSON that parses; a profile
+# 13.75 s step (the point the A100 preset is calibrated on) and prints JSON that parses; a Llama
+# block predicts torchtitan's published 8B run; a profile
 # file overrides the preset (twice the peak, a shorter step); the search ranks fitting plans,
 # best first, each with its reason for losing; bad input is refused naming the problem.
 # usage: plan_cli.sh LOOM_PLAN
@@ -31,6 +32,20 @@ print(f"175B: {p['step_s']:.2f} s (measured 13.75 s), MFU {100 * p['mfu']:.1f}%;
       f"with twice the peak {fast['step_s']:.2f} s")
 PY
 
+# A Llama block under torchtitan's execution: its published Llama 3 8B run on 64 A100s (FSDP2,
+# op-level selective recomputation, 2973 tokens/s per GPU), predicted from the A100 preset.
+llama3_8b=(--block llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn-hidden 14336
+           --seq 8192 --vocab 128256 --global-batch 64 --gpus 64 --gpu a100-80gb)
+"$plan" "${llama3_8b[@]}" --execution torchtitan --evaluate "zero=3,recompute=selective" --json \
+  > "$dir/llama.json"
+python3 - "$dir/llama.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+per_gpu = p["tokens_per_s"] / 64
+assert abs(per_gpu / 2973 - 1) < 0.10, f"{per_gpu:.0f} tokens/s per GPU, torchtitan measured 2973"
+print(f"Llama 3 8B, FSDP on 64 A100s: {per_gpu:.0f} tokens/s per GPU (measured 2973)")
+PY
+
 # A search small enough to be quick: ranked, fitting, best first.
 "$plan" --layers 24 --hidden 2048 --heads 16 --global-batch 128 --gpus 16 --top 4 --json \
   > "$dir/search.json"
@@ -58,4 +73,6 @@ expect "invalid: tp 7 does not divide|not the 64 GPUs" "$plan" "${gpt3[@]}" --ev
 expect "cannot open the profile" "$plan" "${gpt3[@]}" --profile "$dir/none.json"
 expect "heads \(5\) must divide hidden \(64\)" "$plan" --layers 2 --hidden 64 --heads 5 \
   --global-batch 8 --gpus 8
+expect "kv_heads \(5\) must divide heads \(32\)" "$plan" "${llama3_8b[@]}" --kv-heads 5
+expect "block.*mamba|mamba.*block" "$plan" "${llama3_8b[@]}" --block mamba
 echo "plan_cli: ok"

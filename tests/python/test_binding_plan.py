@@ -20,6 +20,17 @@ def test_evaluate_predicts_korthikantis_step():
     assert p["memory_bytes"]["total"] == max(r["total"] for r in p["memory_per_pipeline_rank"])
 
 
+def test_a_llama_block_predicts_torchtitans_run():
+    # Llama 3 8B with FSDP2 on 64 A100s, op-level selective recomputation: 2973 tokens/s per GPU
+    # measured (planner/data/published_runs.json); a prediction from the A100 preset.
+    p = loom.plan(block="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                  seq=8192, vocab=128256, global_batch=64, gpus=64, gpu="a100-80gb",
+                  execution="torchtitan", evaluate="zero=3,recompute=selective")
+    assert abs(p["tokens_per_s"] / 64 / 2973 - 1) < 0.10, p["tokens_per_s"]
+    with pytest.raises(ValueError, match="unknown block 'mamba'"):
+        loom.plan(**GPT3, block="mamba")
+
+
 def test_an_invalid_layout_says_why():
     p = loom.plan(**GPT3, evaluate="tp=8,pp=8,v=5,schedule=interleaved")
     assert "does not divide the 96 layers" in p["problem"]
