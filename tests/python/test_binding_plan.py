@@ -1,7 +1,8 @@
 """loom.plan (planner/ through python/src/plan.cpp): the same records as `loom-plan --json`.
 Korthikanti et al.'s 175B layout predicts their measured 13.75 s (the point the A100 preset is
-calibrated on; planner_test predicts their other seven steps from it); a search returns fitting
-plans, best first, with a reason for each runner-up; bad input raises ValueError naming it."""
+calibrated on; planner_published_test predicts their other seven steps from it); a Llama block
+predicts torchtitan's 8B run; a search returns fitting plans, best first, with a reason for each
+runner-up; bad input raises ValueError naming it."""
 import pytest
 
 import loom
