@@ -21,9 +21,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// With bucket_units (ZeRO-2 and 3 in a pipeline): the buckets a rank keeps in flight before it
-// waits for the oldest. One: a bucket reduces while the next fills, and a full one waits for it.
-constexpr size_t kUnitBucketsInFlight = 1;
+// Note [ZeRO-2 keeps one bucket in flight]
+// ZeRO-2's point is memory: a rank keeps only its shard of the gradients. Each bucket's gradients
+// are staged whole in a temporary bucket and reduce-scattered, and the temporary lives until the
+// reduce-scatter completes. So a rank keeps at most kShardOnlyBucketsInFlight launched buckets
+// besides the one filling: launching one more waits for the oldest (a bucket reduces while the
+// next fills), and a backward's first gradient for a bucket waits for what earlier backwards
+// launched. (Left to the step's end, a model in a few buckets held whole gradients once per
+// micro-batch of gradient accumulation: with 4, a rank's peak grew by 3 copies of the model's
+// gradients, more than DDP holds.)
+constexpr size_t kShardOnlyBucketsInFlight = 1;
 
 }  // namespace
 
@@ -167,13 +174,6 @@ void GradReducer::on_unit_gradient(size_t i) {
   const int unit = unit_of_bucket_[b];
   if (unit < 0) return;  // accumulates in the parameter; reduced at the step's end
   start_external_step();
-  // What earlier backwards launched is done by now, or is waited here, before this backward's
-  // buckets fill: their temporary buckets go (in launch order), so no more than one backward's
-  // are held at a time.
-  size_t done = 0;
-  while (done < pending_.size() && pending_[done].backward < unit_backwards_)
-    complete(pending_[done++]);
-  pending_.erase(pending_.begin(), pending_.begin() + int64_t(done));
   LOOM_CHECK(!ready_[i], owner_, ": parameter ", describe(i),
              " received two gradients in one backward of its chunk");
   ready_[i] = used_[i] = 1;
@@ -188,13 +188,6 @@ void GradReducer::launch_ready_in_unit(int unit) {
   while (next < mine.size() &&
          ready_in_bucket_[mine[next]] == int(plan_.buckets()[mine[next]].slots.size())) {
     launch(mine[next++]);
-    pending_.back().backward = unit_backwards_;
-    // ZeRO-2's point is memory: at most kUnitBucketsInFlight temporary buckets besides the one
-    // filling.
-    while (pending_.size() > kUnitBucketsInFlight) {
-      complete(pending_.front());
-      pending_.erase(pending_.begin());
-    }
   }
 }
 
@@ -312,8 +305,10 @@ void GradReducer::stage_gradient(size_t i) {
   const BucketSlot& s = plan_.slot_of(i);
   const size_t b = plan_.bucket_of(i);
   if (options_.mode == GradMode::kShardOnly) {
-    if (!staging_[b].defined())
+    if (!staging_[b].defined()) {
+      complete_earlier_backwards();  // See Note [ZeRO-2 keeps one bucket in flight]
       staging_[b] = Tensor::zeros({plan_.buckets()[b].padded}, g.dtype(), g.device());
+    }
     staging_[b].narrow(0, s.offset, s.numel).copy_(g.detach().reshape({s.numel}));
     p.set_grad(Tensor());  // this rank keeps only its shard
     return;
@@ -357,8 +352,21 @@ void GradReducer::flush_micro_batch() {
   }
 }
 
+// The backward a launch or a staged gradient belongs to: the unit backward with bucket_units,
+// else the micro-batch.
+int64_t GradReducer::current_backward() const {
+  return unit_of_bucket_.empty() ? int64_t(micro_) : unit_backwards_;
+}
+
+void GradReducer::complete_earlier_backwards() {
+  size_t done = 0;
+  while (done < pending_.size() && pending_[done].backward < current_backward())
+    complete(pending_[done++]);
+  pending_.erase(pending_.begin(), pending_.begin() + int64_t(done));
+}
+
 void GradReducer::launch(size_t b) {
-  Pending p{b, 0, nullptr, Tensor(), Tensor()};
+  Pending p{b, current_backward(), nullptr, Tensor(), Tensor()};
   switch (options_.mode) {
     case GradMode::kAllreduce:
       p.work = group_->allreduce(buckets_[b], comm::AllreduceOptions{comm::ReduceOp::kAvg});
@@ -376,6 +384,11 @@ void GradReducer::launch(size_t b) {
       break;
   }
   pending_.push_back(std::move(p));
+  // See Note [ZeRO-2 keeps one bucket in flight].
+  while (options_.mode == GradMode::kShardOnly && pending_.size() > kShardOnlyBucketsInFlight) {
+    complete(pending_.front());
+    pending_.erase(pending_.begin());
+  }
 }
 
 void GradReducer::complete(Pending& p) {

@@ -119,12 +119,14 @@ class GradReducer {
  private:
   struct Pending {
     size_t bucket;
-    int64_t backward = 0;  // bucket_units: the unit backward that launched it
+    int64_t backward = 0;  // the backward that launched it (current_backward())
     comm::WorkPtr work;
     Tensor input, output;  // kShardOnly: the temporary bucket and its reduced shard
   };
   void on_gradient(size_t param);
   void stage_gradient(size_t param);
+  int64_t current_backward() const;
+  void complete_earlier_backwards();
   void launch_ready_buckets();
   void launch(size_t bucket);
   void flush_micro_batch();

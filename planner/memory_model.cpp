@@ -336,16 +336,20 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double loss =
       rc.last ? 2.0 * E * s * b * h / t + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
   // Sharded gradients arrive whole first: ZeRO-3 holds one block's (a layer's; the experts' wait
-  // for the end of the backward) until their reduce-scatter; in a pipeline ZeRO-2 stages each
-  // chunk's in a bucket filling and one reducing (Note [ZeRO-2 in a pipeline] in
-  // parallel/zero.cpp), a chunk's at most.
-  double unsharded = 0;
+  // for the end of the backward) until their reduce-scatter; ZeRO-2 stages them in a bucket
+  // filling and one reducing (Note [ZeRO-2 keeps one bucket in flight] in
+  // parallel/grad_reducer.cpp), in a pipeline a chunk's at most (Note [ZeRO-2 in a pipeline]).
+  // At a later backward of the step the last bucket an earlier one launched is still in flight,
+  // with its reduce-scatter's output shard (`in_flight_bucket`), when it starts.
+  double unsharded = 0, in_flight_bucket = 0;
   if (l.zero >= 3) {  // the rank's last layer's, whose backward comes first
     const int64_t last = (rc.stages.back() + 1) * rc.chunk_layers - 1;
     unsharded = G * (m.moe_layers_in(last, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
                                                   : layer_rank_parameters(m, l.tp));
-  } else if (l.zero == 2 && l.pp > 1) {
-    unsharded = std::min(G * n / double(rc.chunks), 2.0 * e.bucket_bytes);
+  } else if (l.zero == 2) {
+    const double chunk = G * n / double(rc.chunks);
+    unsharded = std::min(chunk, 2.0 * e.bucket_bytes);
+    in_flight_bucket = std::min(chunk, e.bucket_bytes) / d;
   }
   const double start_working = std::max(loss, head_fresh + mlp_fresh + mlp_tokens) +
                                (sends ? E * stream : 0.0) + unsharded + recompute;
@@ -364,16 +368,16 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   auto bytes = [](const Moment& x) { return x.activations + x.working + x.gradients; };
   Moment peak{0, 0, mem.gradients};  // between steps: the state alone
   if (in_flight.first_backward > 0) {
-    auto start = [&](int k, double gradients) {
-      return Moment{k * held + mask(k), start_working, gradients};
+    auto start = [&](int k, double gradients, double pending) {
+      return Moment{k * held + mask(k), start_working + pending, gradients};
     };
     const int most = std::max(in_flight.first_backward, in_flight.later_backwards);
     const double attention = attention_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
-    std::vector<Moment> moments = {start(in_flight.first_backward, kept),
+    std::vector<Moment> moments = {start(in_flight.first_backward, kept, 0.0),
                                    Moment{(most - 1) * held + attention + mask(most),
                                           mlp_tokens + unsharded + recompute, mem.gradients}};
     if (in_flight.later_backwards > 0)
-      moments.push_back(start(in_flight.later_backwards, mem.gradients));
+      moments.push_back(start(in_flight.later_backwards, mem.gradients, in_flight_bucket));
     peak = moments.front();
     for (const Moment& x : moments)
       if (bytes(x) > bytes(peak)) peak = x;

@@ -31,14 +31,17 @@ from plan_vs_measured import LAYOUTS, MOE_LAYOUTS, gpt_flags  # noqa: E402
 
 BOUND = {"dense": 0.05, "moe": 0.06}
 # The benchmark's layouts on 1, 2 and 4 ranks, and a few more where the peak falls elsewhere: one
-# sequence per micro-batch (the end of a backward), pipelines with ZeRO-1, 2 and 3.
+# sequence per micro-batch (the end of a backward), ZeRO-2 with and without accumulation (its
+# staged buckets), pipelines with ZeRO-1, 2 and 3.
 DENSE = {
     1: LAYOUTS[1] + ["dp=1,mb=1", "dp=1,mb=1,recompute=full"],
-    2: LAYOUTS[2],
-    4: LAYOUTS[4] + ["dp=2,pp=2,mb=2,schedule=1f1b,zero=1", "dp=2,pp=2,mb=2,schedule=1f1b,zero=2",
+    2: LAYOUTS[2] + ["dp=2,mb=4,zero=2", "dp=2,mb=2,zero=2"],
+    4: LAYOUTS[4] + ["dp=4,mb=2,zero=2", "dp=4,mb=1,zero=2",
+                     "dp=2,pp=2,mb=2,schedule=1f1b,zero=1", "dp=2,pp=2,mb=2,schedule=1f1b,zero=2",
                      "dp=2,pp=2,mb=2,schedule=1f1b,zero=3", "dp=2,pp=2,mb=1,schedule=gpipe,zero=2"],
 }
 MOE = {ranks: MOE_LAYOUTS[ranks] for ranks in (1, 2, 4)}
+MOE[4] = MOE[4] + ["dp=4,mb=2,zero=2,ep=2", "dp=4,mb=1,zero=2,ep=2"]
 # Known to be further off (measured 2026-11-29): ZeRO-3 with experts sharded over replicas keeps
 # less than the count of gathered and unsharded blocks (+8.8% to +9.7% over runs). Not
 # understood yet, so not fitted.
