@@ -305,10 +305,22 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
       n * e.grad_bytes / (l.zero >= 2 ? d : 1.0) + experts * e.grad_bytes * expert_grads;
   mem.optimizer_state =
       (n / (l.zero >= 1 ? d : 1.0) + experts / (l.zero >= 1 ? r : 1.0)) * e.optimizer_bytes;
-  if (l.zero >= 3)  // one layer gathered, and the next prefetched
-    mem.gathered = 2.0 * layer_rank_parameters(m, l.tp) * e.param_bytes;
-  if (l.zero >= 3 && l.pp == 1 && experts > 0 && r > 1)  // and one MoE layer's experts
-    mem.gathered += double(m.moe.experts / l.ep) * m.expert_parameters() * e.param_bytes;
+  if (l.zero >= 3) {
+    // At the start of a backward: the rank's last block gathered and the one before it
+    // prefetched. Experts sharded over their replicas are gathered apart, around their own
+    // layer's forward and backward: one MoE layer's are counted (the last one's forward holds
+    // them with nearly every activation).
+    std::vector<int64_t> mine;  // the rank's layers, in forward order
+    for (int stage : rc.stages)
+      for (int64_t i = 0; i < rc.chunk_layers; ++i) mine.push_back(stage * rc.chunk_layers + i);
+    double gathered = 0;
+    for (size_t k = mine.size() >= 2 ? mine.size() - 2 : 0; k < mine.size(); ++k)
+      gathered += m.is_moe_layer(mine[k]) ? moe_layer_rank_parameters(m, l.tp)
+                                          : layer_rank_parameters(m, l.tp);
+    if (l.pp == 1 && experts > 0 && r > 1)
+      gathered += double(m.moe.experts / l.ep) * m.expert_parameters();
+    mem.gathered = gathered * e.param_bytes;
+  }
 
   // The peak: See Note [Where the memory peaks].
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);

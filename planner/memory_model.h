@@ -25,11 +25,12 @@
 //
 // State per parameter (Execution): weights, gradients and optimizer state (f32 masters and Adam's
 // moments), divided over dp by ZeRO stage 3, >= 2 and >= 1 respectively; ZeRO-3 also gathers
-// one layer's weights at a time. Experts (MoE, with expert parallelism ep): a rank holds
-// experts / ep of each of its MoE layers; their optimizer state is divided over their dp / ep
-// replicas by ZeRO >= 1, their weights by stage 3 without pipelines (then one MoE layer's local
-// experts are gathered at a time, beside the layers'), their gradients not (loom reduces them
-// after the backward, into shards of 1/replicas it keeps beside them).
+// a block's weights while the next is prefetched, and stages a block's gradients whole before
+// their reduce-scatter; ZeRO-2 stages a bucket filling and one reducing. Experts (MoE, with expert
+// parallelism ep): a rank holds experts / ep of each of its MoE layers; their optimizer state is
+// divided over their dp / ep replicas by ZeRO >= 1, their weights by stage 3 without pipelines
+// (then one MoE layer's local experts are gathered at a time, beside the layers'), their gradients
+// not (loom reduces them after the backward, into shards of 1/replicas it keeps beside them).
 #pragma once
 
 #include <string>

@@ -92,9 +92,10 @@ TEST(PlannerMoe, ExpertStateSplitsOverEpAndItsReplicas) {
                            2 * experts * (zero >= 1 && replicas > 1 ? 1 + 1 / replicas : 1));
       EXPECT_DOUBLE_EQ(m.optimizer_state,
                        12 * (dense / (zero >= 1 ? 8 : 1) + experts / (zero >= 1 ? replicas : 1)));
-      // Stage 3 gathers a layer and the next, and one MoE layer's local experts when sharded.
+      // Stage 3 gathers the last block and the one before it (MoE blocks here: their attention,
+      // norms and router), and one MoE layer's local experts when they are sharded.
       EXPECT_DOUBLE_EQ(m.gathered, zero < 3 ? 0.0
-                                            : 2 * 2 * layer_rank_parameters(w.model, 1) +
+                                            : 2 * 2 * moe_layer_rank_parameters(w.model, 1) +
                                                   (replicas > 1 ? 2 * (8.0 / ep) * expert : 0.0));
     }
     l.zero = 0;
