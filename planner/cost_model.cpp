@@ -51,10 +51,13 @@ DpSpan dp_span(const Layout& l, const Cluster& c) {
   return {1, l.dp};
 }
 
-double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
-                             const Execution& e) {
-  const double flat = ring_seconds(op, bytes, l.dp, dp_link(l, c));
-  const DpSpan span = dp_span(l, c);
+namespace {
+
+// A collective over n ranks spread as `span` over the nodes: flat on `link` (one ring on its
+// slowest hop), or (hierarchical_collectives, across nodes) the faster of that and two levels.
+double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const DpSpan& span,
+                                  const LinkLevel& link, const Cluster& c, const Execution& e) {
+  const double flat = ring_seconds(op, bytes, n, link);
   if (!e.hierarchical_collectives || span.nodes < 2 || span.local < 2) return flat;
   // Inside the node on the whole buffer; across nodes on this rank's 1/L of it.
   const double across = bytes / span.local;
@@ -72,6 +75,24 @@ double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, con
       break;
   }
   return std::min(flat, two_level);
+}
+
+}  // namespace
+
+double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                             const Execution& e) {
+  return spanned_collective_seconds(op, bytes, l.dp, dp_span(l, c), dp_link(l, c), c, e);
+}
+
+DpSpan tp_span(const Layout& l, const Cluster& c) {
+  if (l.tp <= c.gpus_per_node) return {l.tp, 1};
+  if (l.tp % c.gpus_per_node == 0) return {c.gpus_per_node, l.tp / c.gpus_per_node};
+  return {1, l.tp};
+}
+
+double tp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                             const Execution& e) {
+  return spanned_collective_seconds(op, bytes, l.tp, tp_span(l, c), tp_link(l, c), c, e);
 }
 
 const LinkLevel& tp_link(const Layout& l, const Cluster& c) {
@@ -142,7 +163,8 @@ MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const 
                              d.memory_bandwidth;
   // tp: the attention's all-reduce each way (with sp its all-gather and reduce-scatter, and the
   // MoE's gather of the whole sequence and scatter back).
-  const double allreduce = allreduce_seconds(b * s * h * e.param_bytes, l.tp, tp_link(l, c));
+  const double allreduce =
+      tp_collective_seconds(CollectiveOp::kAllreduce, b * s * h * e.param_bytes, l, c, e);
   const double tp = l.sp ? 2.0 * allreduce : allreduce;
   // ep: the routed rows out to their experts and back (k b s h each way), and the counts (an
   // all-gather over dp, an all-to-all over ep) first.
@@ -171,7 +193,8 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
       layer_elementwise_bytes_forward(m, l.mb, l.tp, l.sp, e) / d.memory_bandwidth;
   const double gemm_f = layer_gemms_forward(m, l.mb, l.tp, d);
   const double activation_bytes = b * s * h * e.param_bytes;
-  const double tp_f = 2.0 * allreduce_seconds(activation_bytes, l.tp, tp_link(l, c));
+  const double tp_f =
+      2.0 * tp_collective_seconds(CollectiveOp::kAllreduce, activation_bytes, l, c, e);
 
   const double layer_f = gemm_f + elementwise_f + tp_f;
   double layer_recompute = 0;
@@ -257,7 +280,7 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   // for the softmax, the gradient written: 3 * 4 b s V / t bytes), each twice in the backward.
   const double vocab_t = double(m.vocab) / t;
   a.embed_forward = activation_bytes / d.memory_bandwidth +
-                    allreduce_seconds(activation_bytes, l.tp, tp_link(l, c));
+                    tp_collective_seconds(CollectiveOp::kAllreduce, activation_bytes, l, c, e);
   a.embed_backward = 2.0 * activation_bytes / d.memory_bandwidth;
   const double logits_flops = 2.0 * b * s * h * vocab_t;
   const double loss_bytes = 3.0 * 4.0 * b * s * vocab_t;

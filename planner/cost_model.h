@@ -14,12 +14,12 @@
 //                all-gather half of that. Tensor parallelism: two all-reduces (or with sp an
 //                all-gather and a reduce-scatter each) of b s h activations per layer forward,
 //                two per backward, not overlapped (loom's and Megatron's default).
-//                A data-parallel group spanning nodes with L > 1 of its ranks in each may run
-//                in two levels instead (Execution::hierarchical_collectives, BlueConnect as
-//                loom's collectives/hierarchical.h runs it): all-reduce = reduce-scatter inside
-//                the node + all-reduce of 1/L of the bytes across nodes + all-gather inside;
-//                reduce-scatter and all-gather = their node and across-node halves. The faster
-//                form is taken, as loom's LOOM_COLL_ALGO=auto picks per call.
+//                A data-parallel or tensor-parallel group spanning nodes with L > 1 of its
+//                ranks in each may run in two levels instead (Execution::hierarchical_collectives,
+//                BlueConnect as loom's collectives/hierarchical.h runs it): all-reduce =
+//                reduce-scatter inside the node + all-reduce of 1/L of the bytes across nodes +
+//                all-gather inside; reduce-scatter and all-gather = their node and across-node
+//                halves. The faster form is taken, as loom's LOOM_COLL_ALGO=auto picks per call.
 //   pipeline     one activation (b s h, 16-bit) per micro-batch and stage boundary, latency +
 //                bytes / bandwidth on the link between neighbouring pipeline ranks.
 //   recompute    selective: the scores and context GEMMs and the softmax again in the backward;
@@ -72,6 +72,11 @@ DpSpan dp_span(const Layout& l, const Cluster& c);
 // A data-parallel collective of a `bytes` buffer as the execution runs it: flat on dp_link, or
 // (hierarchical_collectives, across nodes) the faster of flat and two levels.
 double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                             const Execution& e);
+// The same for the tensor-parallel group: inside a node, or over whole nodes when tp exceeds one
+// (NCCL's rings then cross on every GPU's link at once, as the two levels do).
+DpSpan tp_span(const Layout& l, const Cluster& c);
+double tp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e);
 
 // One layer's forward GEMMs for a micro-batch of mb sequences, one tp rank's share (the

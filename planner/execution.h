@@ -37,9 +37,11 @@ struct Execution {
   // Pipeline sends of a tp group carry 1/tp of the activation each and all-gather it inside the
   // receiving node (Narayanan et al.'s scatter/gather optimisation).
   bool scatter_gather_p2p = false;
-  // A data-parallel group that spans nodes runs each collective flat (one ring on the slowest
-  // link) or in two levels (inside the node, then across nodes over 1/L of the bytes), whichever
-  // is faster: loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp). false: flat always.
+  // A group that spans nodes runs each collective flat (one ring on the slowest link) or in two
+  // levels (inside the node, then across nodes over 1/L of the bytes), whichever is faster:
+  // loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp). NCCL's rings get the two levels'
+  // bandwidth too: it runs one ring channel per NIC, so a node's crossing traffic spreads over
+  // all of its GPUs' links. false: flat always (one ring on one GPU's link).
   bool hierarchical_collectives = true;
   // The attention keeps its scores for the backward (5 a s^2 b bytes per layer, Korthikanti et
   // al.'s count): true for Megatron's 2021-22 kernels. loom's attention (CPU and CUDA, the flash

@@ -268,8 +268,8 @@ TEST(PlannerEvaluate, OneStageStepIsTheSumOfItsActions) {
   EXPECT_NEAR(p.tokens_per_s, 64.0 * 1024 / p.step_s, 1e-9 * p.tokens_per_s);
 }
 
-// A dp group across nodes in two levels (BlueConnect, loom's LOOM_COLL_ALGO=auto): with a free
-// node (intra links of no cost) a 16-rank all-reduce over 2 nodes of 8 sends 1/8 of the bytes
+// A dp (or tp) group across nodes in two levels (BlueConnect, loom's LOOM_COLL_ALGO=auto): with a
+// free node (intra links of no cost) a 16-rank all-reduce over 2 nodes of 8 sends 1/8 of the bytes
 // across, on a ring of 2: 15 times less than the flat ring's 2 x 15/16 of them.
 TEST(PlannerCost, DataParallelAcrossNodesInTwoLevels) {
   Cluster c = cluster_preset("h100-sxm", 32, 8);
@@ -291,8 +291,16 @@ TEST(PlannerCost, DataParallelAcrossNodesInTwoLevels) {
   // Reduce-scatter and all-gather: the across-node half over 1/8 of the bytes.
   EXPECT_NEAR(dp_collective_seconds(CollectiveOp::kReduceScatter, bytes, l, c, loom),
               bytes / 8 / 2 / 25e9, 1e-12);
-  // Megatron's papers: NCCL rings, flat.
-  EXPECT_FALSE(execution_preset("megatron").hierarchical_collectives);
+  // NCCL's rings (Megatron's, torchtitan's) cross nodes on every GPU's link: the same bandwidth.
+  EXPECT_TRUE(execution_preset("megatron").hierarchical_collectives);
+  EXPECT_TRUE(execution_preset("torchtitan").hierarchical_collectives);
+  // A tp group of two whole nodes: the same two levels as a dp group spread so.
+  Layout wide;
+  wide.tp = 16;
+  EXPECT_EQ(tp_span(wide, c).local, 8);
+  EXPECT_EQ(tp_span(wide, c).nodes, 2);
+  EXPECT_NEAR(tp_collective_seconds(CollectiveOp::kAllreduce, bytes, wide, c, loom), h, 1e-12);
+  EXPECT_NEAR(tp_collective_seconds(CollectiveOp::kAllreduce, bytes, wide, c, flat), f, 1e-12);
   // tp 2: 4 of the dp group's ranks per node; tp 8 fills a node, so one per node and flat.
   l.tp = 2;
   l.dp = 8;
