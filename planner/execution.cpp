@@ -33,7 +33,7 @@ Execution execution_preset(const std::string& name) {
     e.mask_bytes = 1.0;  // Korthikanti et al.'s count: 1-byte dropout masks
     e.overlap_grad_reduce = false;
     e.scatter_gather_p2p = true;
-    e.materialised_scores = true;        // their 2021-22 attention (no FlashAttention)
+    e.materialised_scores = true;  // their 2021-22 attention (no FlashAttention)
     e.sp_regather_exposed = false;
     e.moe_routing_pass = false;
     return e;
