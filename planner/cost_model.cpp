@@ -41,7 +41,7 @@ double ring_seconds(CollectiveOp op, double bytes, int n, const LinkLevel& link)
   return 0;
 }
 
-DpSpan dp_span(const Layout& l, const Cluster& c) {
+GroupSpan dp_span(const Layout& l, const Cluster& c) {
   if (l.tp * l.dp <= c.gpus_per_node) return {l.dp, 1};
   // Consecutive dp ranks are tp ranks apart: a node holds gpus_per_node / tp of them.
   if (l.tp < c.gpus_per_node && c.gpus_per_node % l.tp == 0) {
@@ -55,7 +55,7 @@ namespace {
 
 // A collective over n ranks spread as `span` over the nodes: flat on `link` (one ring on its
 // slowest hop), or (hierarchical_collectives, across nodes) the faster of that and two levels.
-double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const DpSpan& span,
+double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const GroupSpan& span,
                                   const LinkLevel& link, const Cluster& c, const Execution& e) {
   const double flat = ring_seconds(op, bytes, n, link);
   if (!e.hierarchical_collectives || span.nodes < 2 || span.local < 2) return flat;
@@ -84,7 +84,7 @@ double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, con
   return spanned_collective_seconds(op, bytes, l.dp, dp_span(l, c), dp_link(l, c), c, e);
 }
 
-DpSpan tp_span(const Layout& l, const Cluster& c) {
+GroupSpan tp_span(const Layout& l, const Cluster& c) {
   if (l.tp <= c.gpus_per_node) return {l.tp, 1};
   if (l.tp % c.gpus_per_node == 0) return {c.gpus_per_node, l.tp / c.gpus_per_node};
   return {1, l.tp};
@@ -205,10 +205,9 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
             attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / d.memory_bandwidth;
         break;
       case SelectivePolicy::kEveryOtherMatmul: {  // Note [Recomputing every other matmul]
-        const std::vector<Matmul> mms = m.layer_matmuls();
         layer_recompute = elementwise_f;
-        for (size_t i = 1; i < mms.size(); i += 2)
-          layer_recompute += matmul_seconds(mms[i], s * b, l.tp, d);
+        for (const Matmul& mm : every_other_matmul(m.layer_matmuls(), true))
+          layer_recompute += matmul_seconds(mm, s * b, l.tp, d);
         break;
       }
       case SelectivePolicy::kEveryOtherLayer:

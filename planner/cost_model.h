@@ -61,21 +61,21 @@ double all_to_all_seconds(double bytes, int n, const LinkLevel& link);
 // A ring collective of a `bytes` buffer over n ranks on one link level.
 double ring_seconds(CollectiveOp op, double bytes, int n, const LinkLevel& link);
 
-// How the layout's data-parallel group sits on the nodes (tp innermost, then dp): `local` of its
-// ranks in each of `nodes` nodes; local 1 when they do not split evenly (two levels then do not
-// apply and loom stays flat).
-struct DpSpan {
+// How a group sits on the nodes: `local` of its ranks in each of `nodes` nodes; local 1 when they
+// do not split evenly (two levels then do not apply and loom stays flat). dp_span: the layout's
+// data-parallel group (tp innermost, then dp).
+struct GroupSpan {
   int local = 1;
   int nodes = 1;
 };
-DpSpan dp_span(const Layout& l, const Cluster& c);
+GroupSpan dp_span(const Layout& l, const Cluster& c);
 // A data-parallel collective of a `bytes` buffer as the execution runs it: flat on dp_link, or
 // (hierarchical_collectives, across nodes) the faster of flat and two levels.
 double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e);
 // The same for the tensor-parallel group: inside a node, or over whole nodes when tp exceeds one
 // (NCCL's rings then cross on every GPU's link at once, as the two levels do).
-DpSpan tp_span(const Layout& l, const Cluster& c);
+GroupSpan tp_span(const Layout& l, const Cluster& c);
 double tp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e);
 

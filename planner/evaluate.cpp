@@ -39,8 +39,8 @@ double recompute_flops(const Workload& w, Recompute r, const Execution& e) {
       per_layer = 4.0 * s * s * double(m.hidden);
       break;
     case SelectivePolicy::kEveryOtherMatmul: {
-      const std::vector<Matmul> mms = m.layer_matmuls();
-      for (size_t i = 1; i < mms.size(); i += 2) per_layer += 2.0 * s * mms[i].in * mms[i].out;
+      for (const Matmul& mm : every_other_matmul(m.layer_matmuls(), true))
+        per_layer += 2.0 * s * mm.in * mm.out;
       break;
     }
     case SelectivePolicy::kEveryOtherLayer:

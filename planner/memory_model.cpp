@@ -70,8 +70,10 @@ double every_other_matmul_kept(const TransformerShape& m, int mb, int tp, bool s
   const std::vector<Matmul> mms = m.layer_matmuls();
   const size_t attention_mms = mms.size() - size_t(m.mlp_matrices());
   double per_token = (sp ? h / t : h) + h / t;  // the input, the attention's output
-  for (size_t i = 0; i < (attention_only ? attention_mms : mms.size()); i += 2)
-    per_token += mms[i].row_parallel ? mms[i].out : mms[i].out / t;
+  const std::vector<Matmul> mine(mms.begin(),
+                                 attention_only ? mms.begin() + attention_mms : mms.end());
+  for (const Matmul& mm : every_other_matmul(mine, false))
+    per_token += mm.row_parallel ? mm.out : mm.out / t;
   return s * b * (per_token * e.activation_bytes + double(m.heads) * 4.0 / t);
 }
 
@@ -129,6 +131,12 @@ int64_t moe_layers_in(const TransformerShape& m, const RankChunks& rc) {
 }
 
 }  // namespace
+
+std::vector<Matmul> every_other_matmul(const std::vector<Matmul>& mms, bool recomputed) {
+  std::vector<Matmul> side;
+  for (size_t i = recomputed ? 1 : 0; i < mms.size(); i += 2) side.push_back(mms[i]);
+  return side;
+}
 
 double layer_rank_parameters(const TransformerShape& m, int tp) {
   return (m.layer_matrix_parameters() + m.layer_split_vectors()) / double(tp) +

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "parallel/pipeline/schedule.h"
 #include "planner/cluster.h"
@@ -71,6 +72,11 @@ struct InFlight {
 };
 // From `rank`'s actions in `schedule`.
 InFlight in_flight_at_backwards(const parallel::pipeline::Schedule& schedule, int rank);
+
+// Note [Recomputing every other matmul] (memory_model.cpp) splits a layer's matmuls, in forward
+// order, into those whose outputs are kept (the first, third, ...) and those recomputed (the
+// second, fourth, ...): one side of `mms`.
+std::vector<Matmul> every_other_matmul(const std::vector<Matmul>& mms, bool recomputed);
 
 // Bytes one layer's forward keeps until its backward, per micro-batch (Korthikanti, above).
 double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,

@@ -277,7 +277,7 @@ TEST(PlannerCost, DataParallelAcrossNodesInTwoLevels) {
   c.inter = {0.0, 25e9};
   Layout l;
   l.dp = 16;
-  const DpSpan span = dp_span(l, c);
+  const GroupSpan span = dp_span(l, c);
   EXPECT_EQ(span.local, 8);
   EXPECT_EQ(span.nodes, 2);
   const double bytes = 1e9;
