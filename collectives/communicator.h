@@ -182,6 +182,7 @@ class Communicator {
   WorkPtr allreduce(Tensor& tensor, const AllreduceOptions& options = {},
                     Site site = Site::current());
   // input: size() * n elements; output: n elements, rank r gets chunk r of the reduction.
+  // output may be chunk r of input itself (in place); input's other chunks are then undefined.
   WorkPtr reduce_scatter(const Tensor& input, Tensor& output,
                          const ReduceScatterOptions& options = {}, Site site = Site::current());
   // input: n elements; output: size() * n elements, chunk r from rank r.

@@ -298,6 +298,14 @@ std::vector<std::pair<int64_t, int>> pieces(int64_t n) {
 
 // MPI forbids a send buffer that overlaps the receive buffer (outside MPI_IN_PLACE): such a send
 // buffer (an output that is a view of the input, say) is copied first.
+//
+// Note [Reduce-scatter in place]
+// ZeRO's buckets are reduce-scattered into their own shards (GradMode::kShardKeep: rank r's
+// output is chunk r of its input). Copying the input apart, as above, would hold a whole
+// bucket's copy (at ZeRO-1, the whole model's gradients once more) for the call. MPI's in-place
+// form takes the input from the receive buffer, the whole input, and leaves this rank's result
+// at its start: moved into chunk r once the call completes. The input's other chunks are then
+// undefined, as Communicator::reduce_scatter says.
 Tensor separate(const Tensor& send, const Tensor& recv) {
   if (send.numel() == 0 || recv.numel() == 0) return send;
   const char* s = bytes_at(send, 0);
@@ -997,6 +1005,24 @@ class MpiCommunicator final : public Communicator {
     const int count = fits_one_call(info, "output", output.numel());
     const DType rd = reduction_dtype(input.dtype());
     auto w = make_work(info, {input, output});
+    // In place (Note [Reduce-scatter in place]): the output is this rank's chunk of the input.
+    const bool in_place = !needs_staging(input, rd) && !needs_staging(output, rd) && count > 0 &&
+                          input.is_contiguous() &&
+                          output.data_ptr() == bytes_at(input, int64_t(rank()) * count);
+    if (in_place) {
+      Tensor whole = input.detach();
+      w->buffers.push_back(whole);
+      LOOM_MPI_CHECK_IN(
+          w->context(),
+          MPI_Ireduce_scatter_block(MPI_IN_PLACE, bytes_at(whole, 0), count, transport_type(rd),
+                                    mpi_op(o.op), comm_, w->next_request()));
+      const Tensor first = whole.reshape({whole.numel()}).narrow(0, 0, count);
+      w->then = [first, out = output, op = o.op, n = size(), r = rank()]() mutable {
+        if (op == ReduceOp::kAvg) divide(first, n);
+        if (r != 0) out.copy_(first.reshape(out.shape()));  // disjoint chunks: no overlap
+      };
+      return w;
+    }
     Tensor recv = host_buffer(output, rd);
     Tensor send = separate(host_values(input, rd), recv);
     w->buffers.insert(w->buffers.end(), {send, recv});
