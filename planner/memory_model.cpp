@@ -239,17 +239,25 @@ double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool s
   return 0;
 }
 
+namespace {
+
+// What a rank holds beside its layers: the embedding tables (vocab-parallel, and the positions),
+// output-layer tables and the final norm.
+double rest_rank_parameters(const TransformerShape& m, int tp, const RankChunks& rc) {
+  const double table = double(m.vocab) * double(m.hidden) / double(tp);  // vocab-parallel
+  const double positions = m.embedding_parameters() - double(m.vocab) * double(m.hidden);
+  return rc.embeddings * (table + positions) + rc.output_copies * table +
+         (rc.last ? m.final_norm_parameters() : 0.0);
+}
+
+}  // namespace
+
 double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
   const RankChunks rc = rank_chunks(m, l, rank);
-  const double h = double(m.hidden), t = double(l.tp);
   const double moes = double(moe_layers_in(m, rc));
-  double n = (double(rc.chunks) * double(rc.chunk_layers) - moes) * layer_rank_parameters(m, l.tp) +
-             moes * moe_layer_rank_parameters(m, l.tp) + rank_expert_parameters(m, l, rank);
-  const double table = double(m.vocab) * h / t;  // vocab-parallel
-  n += rc.embeddings * (table + (m.embedding_parameters() - double(m.vocab) * h));  // + positions
-  n += rc.output_copies * table;
-  if (rc.last) n += m.final_norm_parameters();
-  return n;
+  return (double(rc.chunks) * double(rc.chunk_layers) - moes) * layer_rank_parameters(m, l.tp) +
+         moes * moe_layer_rank_parameters(m, l.tp) + rank_expert_parameters(m, l, rank) +
+         rest_rank_parameters(m, l.tp, rc);
 }
 
 // Note [Where the memory peaks]
@@ -272,20 +280,27 @@ double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
 //   layer's attention keeps (its MLP's are freed), every gradient, and a layer's token
 //   temporaries. It is the larger where a layer's gradients outweigh its activations (small
 //   micro-batches).
+// Two layouts add moments of their own. ZeRO-3's second layer's backward: its gradients staged
+// while the last layer's still reduce (one unit in flight, as ZeRO-2's buckets), the larger
+// where the activations are small. Chimera's ZeRO-1: from a chunk's SYNC on its gradients are
+// held a second time (the replica pair's sum, out of the buckets), up to the whole model's at the
+// step's end, with no activations left.
 // Recomputation adds one layer's whole set to both (recompute_working_bytes).
 
 InFlight in_flight_at_backwards(const parallel::pipeline::Schedule& schedule, int rank) {
   namespace pl = parallel::pipeline;
   InFlight f;
   int held = 0;
-  bool first = true;
+  bool first = true, synced = false;
   for (const pl::Action& a : schedule.actions.at(size_t(rank))) {
     if (a.kind == pl::ActionKind::kForward) ++held;
+    if (a.kind == pl::ActionKind::kGradSync) synced = true;
     if (a.kind != pl::ActionKind::kBackward) continue;
     if (first)
       f.first_backward = held;
     else
       f.later_backwards = std::max(f.later_backwards, held);
+    if (synced) f.after_sync = std::max(f.after_sync, held);
     first = false;
     --held;
   }
@@ -299,6 +314,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const RankChunks rc = rank_chunks(m, l, rank);
   const double experts = rank_expert_parameters(m, l, rank);
   const double n = rank_parameters(m, l, rank) - experts;  // sharded over dp
+  const double rest_parameters = rest_rank_parameters(m, l.tp, rc);
   const double d = double(l.dp);
   // The experts' state is sharded over their dp / ep replicas (stage 3 shards the experts
   // themselves only without pipelines); their gradients stay whole, and sharded over r > 1
@@ -316,8 +332,8 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   if (l.zero >= 3) {
     // At the start of a backward: the rank's last block gathered and the one before it
     // prefetched. Experts sharded over their replicas are gathered apart, around their own
-    // layer's forward and backward: one MoE layer's are counted (the last one's forward holds
-    // them with nearly every activation).
+    // layer's forward and backward: counted at the moments inside a MoE layer's backward
+    // (`layer_fresh` below), not here.
     std::vector<int64_t> mine;  // the rank's layers, in forward order
     for (int stage : rc.stages)
       for (int64_t i = 0; i < rc.chunk_layers; ++i) mine.push_back(stage * rc.chunk_layers + i);
@@ -325,8 +341,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     for (size_t k = mine.size() >= 2 ? mine.size() - 2 : 0; k < mine.size(); ++k)
       gathered += m.is_moe_layer(mine[k]) ? moe_layer_rank_parameters(m, l.tp)
                                           : layer_rank_parameters(m, l.tp);
-    if (l.pp == 1 && experts > 0 && r > 1)
-      gathered += double(m.moe.experts / l.ep) * m.expert_parameters();
+    if (l.pp == 1) gathered += rest_parameters;  // the rest's unit, from the output layer on
     mem.gathered = gathered * e.param_bytes;
   }
 
@@ -351,6 +366,15 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double f = double(m.mlp_width());
   const double mlp_tokens = E * (stream + s * b * f / t);
   const double mlp_fresh = G * (f * h / t + h);
+  // What a layer's MLP backward allocates for its weights: a dense MLP's second linear's fresh
+  // gradient, a MoE layer's local experts' whole gradients (reduced after the backward), and
+  // their parameters when ZeRO-3 gathers them apart (sharded over replicas, no pipeline).
+  const double local_experts = double(m.moe.experts) / double(l.ep) * m.expert_parameters();
+  const bool experts_apart = l.zero >= 3 && l.pp == 1 && r > 1;
+  auto layer_fresh = [&](int64_t layer) {
+    if (!m.is_moe_layer(layer)) return mlp_fresh;
+    return local_experts * (G + (experts_apart ? e.param_bytes : 0.0));
+  };
   const double head_fresh =
       rc.last ? G * (double(m.vocab) * h / t + m.final_norm_parameters()) : 0.0;
   const double loss =
@@ -362,26 +386,52 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   // At a later backward of the step the last bucket an earlier one launched is still in flight,
   // with its reduce-scatter's output shard (`in_flight_bucket`), when it starts.
   double unsharded = 0, in_flight_bucket = 0;
+  // ZeRO-3 at the backward of the rank's second-to-last layer: the last one's gradients still
+  // reducing, with their output shard, beside its own filling; the last layer's activations
+  // freed, the loss's temporaries gone. It is the larger where the activations are small.
+  double second_block = 0, rest_staged = 0, rest_later = 0;
+  const int64_t last = (rc.stages.back() + 1) * rc.chunk_layers - 1;
+  auto block_bytes = [&](int64_t layer) {
+    return G * (m.moe_layers_in(layer, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
+                                              : layer_rank_parameters(m, l.tp));
+  };
   if (l.zero >= 3) {  // the rank's last layer's, whose backward comes first
-    const int64_t last = (rc.stages.back() + 1) * rc.chunk_layers - 1;
-    unsharded = G * (m.moe_layers_in(last, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
-                                                  : layer_rank_parameters(m, l.tp));
+    unsharded = block_bytes(last);
+    if (rc.chunk_layers >= 2) second_block = unsharded * (1.0 + 1.0 / d) + block_bytes(last - 1);
+    // Without a pipeline the rest (embeddings, output layer, final norm) is one unit whose
+    // tables get gradients at both ends of the backward: staged from the output layer's backward
+    // on, with a tied table's fresh gradient accumulating (`head_fresh` at the backward's start),
+    // until the embedding's backward completes them.
+    if (l.pp == 1) {
+      rest_staged = G * rest_parameters;
+      rest_later = rest_staged + (m.tied_output() ? G * double(m.vocab) * h / t : 0.0);
+      second_block += rest_later;
+    }
   } else if (l.zero == 2) {
     const double chunk = G * n / double(rc.chunks);
     unsharded = std::min(chunk, 2.0 * e.bucket_bytes);
     in_flight_bucket = std::min(chunk, e.bucket_bytes) / d;
   }
-  const double start_working = std::max(loss, head_fresh + mlp_fresh + mlp_tokens) +
-                               (sends ? E * stream : 0.0) + unsharded + recompute;
+  const double start_working =
+      std::max(loss, head_fresh + layer_fresh(last) + mlp_tokens + rest_staged) +
+      (sends ? E * stream : 0.0) + unsharded + recompute;
   // Gradient bytes held at a moment: at the first backward only what data parallelism keeps
-  // between steps. Its buckets or shards stay; a pipeline's ZeRO-0 accumulates in fresh gradients
-  // (and Chimera's ZeRO-1 too), its ZeRO-1 in the buckets (Note [Accumulating in the buckets] in
-  // parallel/grad_reducer.cpp). Experts with replicas are reduced after the backward, from fresh
-  // gradients, into the shards ZeRO keeps of them.
-  const bool buckets =
-      l.dp > 1 && (l.pp == 1 || l.zero >= 2 || (l.zero == 1 && l.schedule != "chimera"));
+  // between steps. Its buckets or shards stay; a pipeline's ZeRO-0 accumulates in fresh gradients,
+  // its ZeRO-1 in the buckets (Note [Accumulating in the buckets] in parallel/grad_reducer.cpp).
+  // Experts with replicas are reduced after the backward, from fresh gradients, into the shards
+  // ZeRO keeps of them.
+  const bool buckets = l.dp > 1 && (l.pp == 1 || l.zero >= 1);
   const double kept_experts = r == 1 ? experts * G : l.zero >= 1 ? experts * G / r : 0.0;
   const double kept = buckets ? mem.gradients - experts * G * expert_grads + kept_experts : 0.0;
+  // Chimera's ZeRO-1 sums each chunk's gradients over its replica pair at the chunk's SYNC, out
+  // of the buckets into a flat copy that then holds them to the step's end (GradientSum in
+  // parallel/pipeline/executor.cpp; the token embeddings are summed apart): the buckets and, by the
+  // last backward, every chunk's copy but the last one's; both whole once the last SYNC ran.
+  const bool pair_sums = l.dp > 1 && l.zero == 1 && l.schedule == "chimera";
+  const double summed =
+      pair_sums ? (n - double(rc.embeddings + rc.output_copies) * double(m.vocab) * h / t) * G
+                : 0.0;
+  const double synced = mem.gradients + summed * double(rc.chunks - 1) / double(rc.chunks);
   struct Moment {
     double activations = 0, working = 0, gradients = 0;
   };
@@ -395,9 +445,22 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     const double attention = attention_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
     std::vector<Moment> moments = {start(in_flight.first_backward, kept, 0.0),
                                    Moment{(most - 1) * held + attention + mask(most),
-                                          mlp_tokens + unsharded + recompute, mem.gradients}};
+                                          mlp_tokens + unsharded + rest_later + recompute,
+                                          pair_sums ? synced : mem.gradients}};
     if (in_flight.later_backwards > 0)
       moments.push_back(start(in_flight.later_backwards, mem.gradients, in_flight_bucket));
+    if (second_block > 0) {
+      // In a step's only backward the experts' fresh gradients are the last layer's so far.
+      const double last_experts = m.is_moe_layer(last) ? G * local_experts : 0.0;
+      moments.push_back(
+          Moment{most * held - per_layer + mask(most),
+                 layer_fresh(last - 1) + mlp_tokens + (sends ? E * stream : 0.0) + second_block +
+                     recompute,
+                 in_flight.later_backwards > 0 ? mem.gradients : kept + last_experts});
+    }
+    if (pair_sums && in_flight.after_sync > 0)
+      moments.push_back(start(in_flight.after_sync, synced, 0.0));
+    if (pair_sums) moments.push_back(Moment{0, 0, mem.gradients + summed});
     peak = moments.front();
     for (const Moment& x : moments)
       if (bytes(x) > bytes(peak)) peak = x;

@@ -2,10 +2,11 @@
 """loom-plan's memory model against loom-gpt's measured peak (issue 23's "memory within 5%").
 
 For every layout of the planner benchmark's GPT (benchmarks/plan_vs_measured.py: 4 layers, dim
-256, 4 heads, seq 128, batch 8, vocab 256, f32) on 1, 2 and 4 ranks, dense and mixture-of-experts
-(4 experts, top-2, every 2nd layer, 512 wide), loom-gpt trains three steps and prints rank 0's
-allocator peak (the CPU allocator counts tensor bytes exactly, so the peak is deterministic), and
-`loom-plan --evaluate` predicts rank 0's peak for the same layout (Note [Where the memory peaks]
+256, 4 heads, seq 128, batch 8, vocab 256, f32) on 1, 2, 4 and 8 ranks, dense and (up to 4 ranks)
+mixture-of-experts (4 experts, top-2, every 2nd layer, 512 wide), loom-gpt trains three steps and
+prints rank 0's allocator peak (the CPU allocator counts tensor bytes exactly, so the peak is
+deterministic), and `loom-plan --evaluate` predicts rank 0's peak for the same layout (Note [Where
+the memory peaks]
 in planner/memory_model.cpp). Each dense prediction must be within 5% of the measurement, each
 MoE one within 6%, except the layouts in WIDER, whose bounds say how far the model is known to be
 off and why. MoE's extra 1%: its peak depends on the routing (an expert that gets no tokens in a
@@ -30,15 +31,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from plan_vs_measured import LAYOUTS, MOE_LAYOUTS, gpt_flags  # noqa: E402
 
 BOUND = {"dense": 0.05, "moe": 0.06}
-# The benchmark's layouts on 1, 2 and 4 ranks, and a few more where the peak falls elsewhere: one
-# sequence per micro-batch (the end of a backward), ZeRO-2 with and without accumulation (its
-# staged buckets), pipelines with ZeRO-1, 2 and 3.
+# The benchmark's layouts on 1, 2, 4 and 8 ranks, and a few more where the peak falls elsewhere:
+# one sequence per micro-batch (the end of a backward), ZeRO-2 with and without accumulation (its
+# staged buckets), ZeRO-3 with small micro-batches (the second layer's backward), pipelines with
+# ZeRO-1, 2 and 3, Chimera with ZeRO-0 to 3 (ZeRO-1's pair sums).
 DENSE = {
     1: LAYOUTS[1] + ["dp=1,mb=1", "dp=1,mb=1,recompute=full"],
-    2: LAYOUTS[2] + ["dp=2,mb=4,zero=2", "dp=2,mb=2,zero=2"],
-    4: LAYOUTS[4] + ["dp=4,mb=2,zero=2", "dp=4,mb=1,zero=2",
+    2: LAYOUTS[2] + ["dp=2,mb=4,zero=2", "dp=2,mb=2,zero=2", "dp=2,mb=1,zero=3"],
+    4: LAYOUTS[4] + ["dp=4,mb=2,zero=2", "dp=4,mb=1,zero=2", "dp=4,mb=1,zero=3",
                      "dp=2,pp=2,mb=2,schedule=1f1b,zero=1", "dp=2,pp=2,mb=2,schedule=1f1b,zero=2",
-                     "dp=2,pp=2,mb=2,schedule=1f1b,zero=3", "dp=2,pp=2,mb=1,schedule=gpipe,zero=2"],
+                     "dp=2,pp=2,mb=2,schedule=1f1b,zero=3", "dp=2,pp=2,mb=1,schedule=gpipe,zero=2",
+                     "dp=2,pp=2,mb=1,schedule=chimera", "dp=2,pp=2,mb=2,schedule=chimera,zero=1",
+                     "dp=2,pp=2,mb=1,schedule=chimera,zero=1",
+                     "dp=2,pp=2,mb=2,schedule=chimera,zero=2",
+                     "dp=2,pp=2,mb=2,schedule=chimera,zero=3"],
+    8: LAYOUTS[8],
 }
 MOE = {ranks: MOE_LAYOUTS[ranks] for ranks in (1, 2, 4)}
 MOE[4] = MOE[4] + ["dp=4,mb=2,zero=2,ep=2", "dp=4,mb=1,zero=2,ep=2"]

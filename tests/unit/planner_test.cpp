@@ -149,7 +149,7 @@ TEST(PlannerMemory, OneFOneBFirstStageHoldsTheWholeModelsActivations) {
 
 // The micro-batch-chunks a rank holds at its backwards, from the schedules' actions: GPipe runs
 // every forward first; 1F1B's rank r holds p - r at each backward once m >= p; one stage
-// alternates.
+// alternates. Their SYNCs follow the last backward; Chimera's first chunk syncs mid-step.
 TEST(PlannerMemory, InFlightAtBackwardsFollowsTheSchedule) {
   namespace pl = parallel::pipeline;
   const pl::Schedule gpipe = pl::make_schedule("gpipe", 2, 4, 1);
@@ -157,13 +157,20 @@ TEST(PlannerMemory, InFlightAtBackwardsFollowsTheSchedule) {
     const InFlight f = in_flight_at_backwards(gpipe, r);
     EXPECT_EQ(f.first_backward, 4) << "gpipe rank " << r;
     EXPECT_EQ(f.later_backwards, 3) << "gpipe rank " << r;
+    EXPECT_EQ(f.after_sync, 0) << "gpipe rank " << r;
   }
   const pl::Schedule one_f_one_b = pl::make_schedule("1f1b", 4, 8, 1);
   for (int r = 0; r < 4; ++r) {
     const InFlight f = in_flight_at_backwards(one_f_one_b, r);
     EXPECT_EQ(f.first_backward, 4 - r) << "1f1b rank " << r;
     EXPECT_EQ(f.later_backwards, 4 - r) << "1f1b rank " << r;
+    EXPECT_EQ(f.after_sync, 0) << "1f1b rank " << r;
   }
+  // Chimera on 2 ranks, 4 micro-batches; rank 0: F0 F1 B1 B0 F2 F3 B3 SYNC(chunk 1) B2 SYNC.
+  const InFlight chimera = in_flight_at_backwards(pl::make_schedule("chimera", 2, 4, 1), 0);
+  EXPECT_EQ(chimera.first_backward, 2);
+  EXPECT_EQ(chimera.later_backwards, 2);
+  EXPECT_EQ(chimera.after_sync, 1);
   const InFlight alone = in_flight_at_backwards(pl::make_schedule("1f1b", 1, 3, 1), 0);
   EXPECT_EQ(alone.first_backward, 1);
   EXPECT_EQ(alone.later_backwards, 1);
@@ -221,9 +228,11 @@ TEST(PlannerMemory, ZeroStagesDivideTheStateAsThePaperSays) {
     l.zero = zero;
     const MemoryBreakdown m = rank_memory(w, l, c, e, 0, InFlight{1, 0});
     const double state = m.parameters + m.gradients + m.optimizer_state;
-    // ZeRO-3 gathers the layer in use and the next: two layers' whole weights beside the shards.
-    EXPECT_DOUBLE_EQ(m.gathered,
-                     zero == 3 ? 2 * (12.0 * 1024 * 1024 + 7 * 1024 + 6 * 1024) * 2 : 0);
+    // ZeRO-3 gathers the layer in use and the next: two layers' whole weights beside the shards,
+    // and the rest's unit (embeddings and final norm: what the 8 layers leave) from the output
+    // layer's backward on.
+    const double layer = 12.0 * 1024 * 1024 + 7 * 1024 + 6 * 1024;
+    EXPECT_DOUBLE_EQ(m.gathered, zero == 3 ? (2 * layer + (n - 8 * layer)) * 2 : 0);
     EXPECT_NEAR(state / n, want[zero], 1e-9) << "zero " << zero;
   }
 }
