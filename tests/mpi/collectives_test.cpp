@@ -81,7 +81,8 @@ TEST(Collectives, AllreduceEveryDtypeOpSizeInAndOutOfPlace) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
-TEST(Collectives, ReduceScatterEveryDtypeOpSize) {
+// In place: the output is this rank's chunk of the input (ZeRO's buckets and their shards).
+TEST(Collectives, ReduceScatterEveryDtypeOpSizeInAndOutOfPlace) {
   auto comm = world_comm();
   const int r = comm->rank(), size = comm->size();
   const auto members = all_ranks(size);
@@ -89,11 +90,18 @@ TEST(Collectives, ReduceScatterEveryDtypeOpSize) {
   for (DType dt : kDTypes)
     for (ReduceOp op : kOps)
       for (int64_t n : kSizes) {  // n elements per rank
-        Tensor in = make(dt, n * size, [&](int64_t i) { return reduce_value(r, i); });
+        auto input = [&](int64_t i) { return reduce_value(r, i); };
+        auto expected = [&](int64_t j) { return reduced(op, dt, members, r * n + j); };
+        const std::string what = name_of("reduce_scatter", dt, n, reduce_op_name(op));
+        Tensor in = make(dt, n * size, input);
         Tensor out = garbage(dt, n);
         comm->reduce_scatter(in, out, ReduceScatterOptions{op})->wait();
-        wrong += count_wrong(name_of("reduce_scatter", dt, n, reduce_op_name(op)), out,
-                             [&](int64_t j) { return reduced(op, dt, members, r * n + j); });
+        wrong += count_wrong(what, out, expected);
+        wrong += count_wrong(what + " input kept", in, input);
+        Tensor whole = make(dt, n * size, input);
+        Tensor mine = whole.narrow(0, r * n, n);
+        comm->reduce_scatter(whole, mine, ReduceScatterOptions{op})->wait();
+        wrong += count_wrong(what + " in-place", mine, expected);
       }
   EXPECT_EQ(total_wrong(wrong), 0);
 }
@@ -319,6 +327,10 @@ TEST(Collectives, CudaTensorsThroughHostStaging) {
       Tensor part = garbage(dt, n).to(gpu);
       comm->reduce_scatter(big, part, ReduceScatterOptions{op})->wait();
       wrong += count_wrong(what + " reduce_scatter", part,
+                           [&](int64_t j) { return reduced(op, dt, members, r * n + j); });
+      Tensor mine = big.narrow(0, r * n, n);
+      comm->reduce_scatter(big, mine, ReduceScatterOptions{op})->wait();
+      wrong += count_wrong(what + " reduce_scatter in-place", mine,
                            [&](int64_t j) { return reduced(op, dt, members, r * n + j); });
     }
     const std::string what = name_of("cuda", dt, n);
