@@ -53,12 +53,17 @@ GroupSpan dp_span(const Layout& l, const Cluster& c) {
 
 namespace {
 
-// A collective over n ranks spread as `span` over the nodes: flat on `link` (one ring on its
-// slowest hop), or (hierarchical_collectives, across nodes) the faster of that and two levels.
+// A collective over n ranks spread as `span` over the nodes: one ring on `link` (its slowest
+// hop), and across nodes as the execution runs it (SpanningCollectives).
 double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const GroupSpan& span,
                                   const LinkLevel& link, const Cluster& c, const Execution& e) {
   const double flat = ring_seconds(op, bytes, n, link);
-  if (!e.hierarchical_collectives || span.nodes < 2 || span.local < 2) return flat;
+  if (e.spanning == SpanningCollectives::kOneRing || span.nodes < 2 || span.local < 2) return flat;
+  if (e.spanning == SpanningCollectives::kNicRings) {
+    const LinkLevel rings{c.inter.latency_s,
+                          std::min(c.intra.bandwidth, span.local * c.inter.bandwidth)};
+    return ring_seconds(op, bytes, n, rings);
+  }
   // Inside the node on the whole buffer; across nodes on this rank's 1/L of it.
   const double across = bytes / span.local;
   double two_level = 0;

@@ -15,11 +15,12 @@
 //                all-gather and a reduce-scatter each) of b s h activations per layer forward,
 //                two per backward, not overlapped (loom's and Megatron's default).
 //                A data-parallel or tensor-parallel group spanning nodes with L > 1 of its
-//                ranks in each may run in two levels instead (Execution::hierarchical_collectives,
-//                BlueConnect as loom's collectives/hierarchical.h runs it): all-reduce =
-//                reduce-scatter inside the node + all-reduce of 1/L of the bytes across nodes +
-//                all-gather inside; reduce-scatter and all-gather = their node and across-node
-//                halves. The faster form is taken, as loom's LOOM_COLL_ALGO=auto picks per call.
+//                ranks in each runs as Execution::spanning says. loom's in two levels when
+//                faster (BlueConnect, collectives/hierarchical.h; LOOM_COLL_ALGO=auto picks per
+//                call): all-reduce = reduce-scatter inside the node + all-reduce of 1/L of the
+//                bytes across nodes + all-gather inside; reduce-scatter and all-gather = their
+//                node and across-node halves. NCCL's as one ring per NIC: a ring whose
+//                crossing runs on the node's L links at once.
 //   pipeline     one activation (b s h, 16-bit) per micro-batch and stage boundary, latency +
 //                bytes / bandwidth on the link between neighbouring pipeline ranks.
 //   recompute    selective: the scores and context GEMMs and the softmax again in the backward;
@@ -69,12 +70,11 @@ struct GroupSpan {
   int nodes = 1;
 };
 GroupSpan dp_span(const Layout& l, const Cluster& c);
-// A data-parallel collective of a `bytes` buffer as the execution runs it: flat on dp_link, or
-// (hierarchical_collectives, across nodes) the faster of flat and two levels.
+// A data-parallel collective of a `bytes` buffer as the execution runs it: one ring on dp_link,
+// or across nodes as Execution::spanning says.
 double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e);
-// The same for the tensor-parallel group: inside a node, or over whole nodes when tp exceeds one
-// (NCCL's rings then cross on every GPU's link at once, as the two levels do).
+// The same for the tensor-parallel group: inside a node, or over whole nodes when tp exceeds one.
 GroupSpan tp_span(const Layout& l, const Cluster& c);
 double tp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e);

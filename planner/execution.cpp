@@ -36,6 +36,7 @@ Execution execution_preset(const std::string& name) {
     e.materialised_scores = true;  // their 2021-22 attention (no FlashAttention)
     e.sp_regather_exposed = false;
     e.moe_routing_pass = false;
+    e.spanning = SpanningCollectives::kNicRings;
     return e;
   }
   if (name == "torchtitan" || name == "torchtitan-layer-sac") {
@@ -44,9 +45,10 @@ Execution execution_preset(const std::string& name) {
     // gradients reduce-scattered in f32; FSDP2 prefetches the next block's gather and overlaps
     // the reduce-scatters with the backward; SDPA's flash attention; no dropout. Across nodes
     // NCCL runs one ring channel per NIC, so a node's crossing traffic spreads over all of its
-    // GPUs' links: the bandwidth of the two-level form (hierarchical_collectives), not of one
-    // ring on one GPU's link (which predicted Llama 2 70B on 64 A100s 47% slow).
+    // GPUs' links (kNicRings), not one ring on one GPU's link (which predicted Llama 2 70B on 64
+    // A100s 47% slow).
     e.grad_bytes = 4.0;
+    e.spanning = SpanningCollectives::kNicRings;
     e.moe_routing_pass = false;
     e.selective = name == "torchtitan" ? SelectivePolicy::kEveryOtherMatmul
                                        : SelectivePolicy::kEveryOtherLayer;

@@ -18,6 +18,17 @@ namespace loom::planner {
 //                      fully recomputed, the others not at all.
 enum class SelectivePolicy { kAttention, kEveryOtherMatmul, kEveryOtherLayer };
 
+// A collective over a group with L of its ranks in each of N > 1 nodes:
+//   kOneRing    one ring on its slowest hop: one GPU's link between nodes.
+//   kTwoLevels  loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp): the faster of one ring
+//               and two levels, inside the node and then across nodes over 1/L of the bytes.
+//   kNicRings   NCCL's rings: one ring channel per NIC, each crossing between nodes on its own
+//               GPU's link, so the ring runs at the node's L links together (or NVLink's rate,
+//               if slower) with one ring's 2 (n - 1) / n traffic. Two levels cross with
+//               2 (N - 1) / N of the bytes over those links: the same for many nodes, 1.9 times
+//               less over 2.
+enum class SpanningCollectives { kOneRing, kTwoLevels, kNicRings };
+
 struct Execution {
   std::string name;
   double param_bytes = 2.0;       // bf16 weights
@@ -37,12 +48,8 @@ struct Execution {
   // Pipeline sends of a tp group carry 1/tp of the activation each and all-gather it inside the
   // receiving node (Narayanan et al.'s scatter/gather optimisation).
   bool scatter_gather_p2p = false;
-  // A group that spans nodes runs each collective flat (one ring on the slowest link) or in two
-  // levels (inside the node, then across nodes over 1/L of the bytes), whichever is faster:
-  // loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp). NCCL's rings get the two levels'
-  // bandwidth too: it runs one ring channel per NIC, so a node's crossing traffic spreads over
-  // all of its GPUs' links. false: flat always (one ring on one GPU's link).
-  bool hierarchical_collectives = true;
+  // How a collective over a group spanning nodes runs (SpanningCollectives).
+  SpanningCollectives spanning = SpanningCollectives::kTwoLevels;
   // The attention keeps its scores for the backward (5 a s^2 b bytes per layer, Korthikanti et
   // al.'s count): true for Megatron's 2021-22 kernels. loom's attention (CPU and CUDA, the flash
   // kernels and the GEMM path alike) keeps only its output and the log-sum-exps and recomputes

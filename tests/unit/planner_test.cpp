@@ -291,7 +291,7 @@ TEST(PlannerCost, DataParallelAcrossNodesInTwoLevels) {
   EXPECT_EQ(span.nodes, 2);
   const double bytes = 1e9;
   Execution flat = execution_preset("loom");
-  flat.hierarchical_collectives = false;
+  flat.spanning = SpanningCollectives::kOneRing;
   const Execution loom = execution_preset("loom");
   const double f = dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, flat);
   EXPECT_NEAR(f, 2.0 * 15 / 16 * bytes / 25e9, 1e-12 * f);
@@ -300,9 +300,15 @@ TEST(PlannerCost, DataParallelAcrossNodesInTwoLevels) {
   // Reduce-scatter and all-gather: the across-node half over 1/8 of the bytes.
   EXPECT_NEAR(dp_collective_seconds(CollectiveOp::kReduceScatter, bytes, l, c, loom),
               bytes / 8 / 2 / 25e9, 1e-12);
-  // NCCL's rings (Megatron's, torchtitan's) cross nodes on every GPU's link: the same bandwidth.
-  EXPECT_TRUE(execution_preset("megatron").hierarchical_collectives);
-  EXPECT_TRUE(execution_preset("torchtitan").hierarchical_collectives);
+  // NCCL's rings (Megatron's, torchtitan's): one ring's 2 x 15/16 of the bytes, crossing on the
+  // node's 8 links at once: 8 times the one ring's rate, 15/8 of the two levels' time.
+  for (const char* peer : {"megatron", "torchtitan"}) {
+    const Execution nccl = execution_preset(peer);
+    EXPECT_EQ(nccl.spanning, SpanningCollectives::kNicRings) << peer;
+    EXPECT_NEAR(dp_collective_seconds(CollectiveOp::kAllreduce, bytes, l, c, nccl), f / 8,
+                1e-12 * f)
+        << peer;
+  }
   // A tp group of two whole nodes: the same two levels as a dp group spread so.
   Layout wide;
   wide.tp = 16;
