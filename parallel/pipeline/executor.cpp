@@ -277,8 +277,16 @@ void GradientSum::wait() {
   if (scale_ != 1.0) flat_ = scale(flat_, scale_);
   int64_t offset = 0;
   for (Tensor p : params_) {
-    // Summed in f32; a bf16 parameter's gradient is rounded back to its dtype, as DDP's.
-    p.set_grad(flat_.narrow(0, offset, p.numel()).reshape(p.shape()).to(p.dtype()).contiguous());
+    // Summed in f32; a bf16 parameter's gradient is rounded back to its dtype, as DDP's. Written
+    // back into the gradient the backwards accumulated (ZeRO-1's bucket slot under Chimera, say)
+    // rather than replacing it with a view of the flat copy, which would then hold the chunk's
+    // gradients a second time to the step's end.
+    const Tensor summed = flat_.narrow(0, offset, p.numel()).reshape(p.shape()).to(p.dtype());
+    Tensor g = p.grad();
+    if (g.defined() && g.shape() == p.shape() && g.dtype() == p.dtype())
+      g.copy_(summed);
+    else
+      p.set_grad(summed.contiguous());
     offset += p.numel();
   }
   flat_ = Tensor();
