@@ -315,6 +315,10 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double experts = rank_expert_parameters(m, l, rank);
   const double n = rank_parameters(m, l, rank) - experts;  // sharded over dp
   const double rest_parameters = rest_rank_parameters(m, l.tp, rc);
+  auto layer_parameters = [&](int64_t layer) {  // one of the rank's layers, its experts aside
+    return m.is_moe_layer(layer) ? moe_layer_rank_parameters(m, l.tp)
+                                 : layer_rank_parameters(m, l.tp);
+  };
   const double d = double(l.dp);
   // The experts' state is sharded over their dp / ep replicas (stage 3 shards the experts
   // themselves only without pipelines); their gradients stay whole, and sharded over r > 1
@@ -339,14 +343,14 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
       for (int64_t i = 0; i < rc.chunk_layers; ++i) mine.push_back(stage * rc.chunk_layers + i);
     double gathered = 0;
     for (size_t k = mine.size() >= 2 ? mine.size() - 2 : 0; k < mine.size(); ++k)
-      gathered += m.is_moe_layer(mine[k]) ? moe_layer_rank_parameters(m, l.tp)
-                                          : layer_rank_parameters(m, l.tp);
+      gathered += layer_parameters(mine[k]);
     if (l.pp == 1) gathered += rest_parameters;  // the rest's unit, from the output layer on
     mem.gathered = gathered * e.param_bytes;
   }
 
   // The peak: See Note [Where the memory peaks].
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
+  const double table = double(m.vocab) * h / t;  // an embedding or output table (vocab-parallel)
   const double E = e.activation_bytes, G = e.grad_bytes;
   // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
   const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);
@@ -375,8 +379,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     if (!m.is_moe_layer(layer)) return mlp_fresh;
     return local_experts * (G + (experts_apart ? e.param_bytes : 0.0));
   };
-  const double head_fresh =
-      rc.last ? G * (double(m.vocab) * h / t + m.final_norm_parameters()) : 0.0;
+  const double head_fresh = rc.last ? G * (table + m.final_norm_parameters()) : 0.0;
   const double loss =
       rc.last ? 2.0 * E * s * b * h / t + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
   // Sharded gradients arrive whole first: ZeRO-3 holds one block's (a layer's; the experts' wait
@@ -391,20 +394,17 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   // freed, the loss's temporaries gone. It is the larger where the activations are small.
   double second_block = 0, rest_staged = 0, rest_later = 0;
   const int64_t last = (rc.stages.back() + 1) * rc.chunk_layers - 1;
-  auto block_bytes = [&](int64_t layer) {
-    return G * (m.moe_layers_in(layer, 1) > 0 ? moe_layer_rank_parameters(m, l.tp)
-                                              : layer_rank_parameters(m, l.tp));
-  };
   if (l.zero >= 3) {  // the rank's last layer's, whose backward comes first
-    unsharded = block_bytes(last);
-    if (rc.chunk_layers >= 2) second_block = unsharded * (1.0 + 1.0 / d) + block_bytes(last - 1);
+    unsharded = G * layer_parameters(last);
+    if (rc.chunk_layers >= 2)
+      second_block = unsharded * (1.0 + 1.0 / d) + G * layer_parameters(last - 1);
     // Without a pipeline the rest (embeddings, output layer, final norm) is one unit whose
     // tables get gradients at both ends of the backward: staged from the output layer's backward
     // on, with a tied table's fresh gradient accumulating (`head_fresh` at the backward's start),
     // until the embedding's backward completes them.
     if (l.pp == 1) {
       rest_staged = G * rest_parameters;
-      rest_later = rest_staged + (m.tied_output() ? G * double(m.vocab) * h / t : 0.0);
+      rest_later = rest_staged + (m.tied_output() ? G * table : 0.0);
       second_block += rest_later;
     }
   } else if (l.zero == 2) {
@@ -429,8 +429,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   // last backward, every chunk's copy but the last one's; both whole once the last SYNC ran.
   const bool pair_sums = l.dp > 1 && l.zero == 1 && l.schedule == "chimera";
   const double summed =
-      pair_sums ? (n - double(rc.embeddings + rc.output_copies) * double(m.vocab) * h / t) * G
-                : 0.0;
+      pair_sums ? (n - double(rc.embeddings + rc.output_copies) * table) * G : 0.0;
   const double synced = mem.gradients + summed * double(rc.chunks - 1) / double(rc.chunks);
   struct Moment {
     double activations = 0, working = 0, gradients = 0;

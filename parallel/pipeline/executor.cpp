@@ -283,7 +283,7 @@ void GradientSum::wait() {
     // gradients a second time to the step's end.
     const Tensor summed = flat_.narrow(0, offset, p.numel()).reshape(p.shape()).to(p.dtype());
     Tensor g = p.grad();
-    if (g.defined() && g.shape() == p.shape() && g.dtype() == p.dtype())
+    if (g.defined() && g.dtype() == p.dtype())
       g.copy_(summed);
     else
       p.set_grad(summed.contiguous());
