@@ -158,22 +158,25 @@ MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const 
   const double attention =
       gemm_seconds(6 * bsh2, d) + 2 * gemm_seconds(2 * bs2h, d) + gemm_seconds(2 * bsh2, d);
   const double router = gemm_seconds(2.0 * b * s * h * experts, d);
-  // Balanced routing: the ep group's k b s ep rows each, spread over the experts / ep local
-  // experts, through two GEMMs each.
-  const double local = experts / l.ep, rows = k * b * s * l.ep / experts;
+  // The ep group's k b s ep rows spread over the experts / ep local experts, through two GEMMs
+  // each; the busiest rank's experts, which every rank waits for at the exchange back, get
+  // rank_expert_load times the balanced rows.
+  const double load = m.rank_expert_load(l.ep);
+  const double local = experts / l.ep, rows = load * k * b * s * l.ep / experts;
   const double expert_gemms = local * 2.0 * gemm_seconds(2.0 * rows * h * f, d);
   const double gemms = attention + router + expert_gemms;
-  const double elementwise = 2.0 *
-                             moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, Recompute::kNone, e) /
-                             d.memory_bandwidth;
+  const double elementwise =
+      2.0 * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.ep, Recompute::kNone, e) /
+      d.memory_bandwidth;
   // tp: the attention's all-reduce each way (with sp its all-gather and reduce-scatter, and the
   // MoE's gather of the whole sequence and scatter back).
   const double allreduce =
       tp_collective_seconds(CollectiveOp::kAllreduce, b * s * h * e.param_bytes, l, c, e);
   const double tp = l.sp ? 2.0 * allreduce : allreduce;
-  // ep: the routed rows out to their experts and back (k b s h each way), and the counts (an
-  // all-gather over dp, an all-to-all over ep) first.
-  const double rows_bytes = k * b * s * h * e.activation_bytes;
+  // ep: the routed rows out to their experts and back (k b s h each way; the busiest rank
+  // receives, and sends back, load times that), and the counts (an all-gather over dp, an
+  // all-to-all over ep) first.
+  const double rows_bytes = load * k * b * s * h * e.activation_bytes;
   const double exchange = 2.0 * all_to_all_seconds(rows_bytes, l.ep, ep_link(l, c));
   const double counts = all_gather_seconds(8.0 * (experts + 1) * l.dp, l.dp, dp_link(l, c)) +
                         all_to_all_seconds(8.0 * experts, l.ep, ep_link(l, c));

@@ -86,6 +86,7 @@ Prediction evaluate(const Workload& w, const Layout& l, const Cluster& c, const 
   w.check();
   c.check();
   p.problem = layout_problem(l, w, c);
+  if (p.problem.empty() && l.pp > 1) p.problem = schedule_problem(e, l.schedule);
   if (!p.problem.empty()) return p;
 
   const int m = int(l.microbatches(w));

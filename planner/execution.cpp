@@ -1,5 +1,7 @@
 #include "planner/execution.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace loom::planner {
@@ -37,6 +39,7 @@ Execution execution_preset(const std::string& name) {
     e.sp_regather_exposed = false;
     e.moe_routing_pass = false;
     e.spanning = SpanningCollectives::kNicRings;
+    e.schedules = {"1f1b", "interleaved"};  // its two pipelined forward-backward functions
     return e;
   }
   if (name == "torchtitan" || name == "torchtitan-layer-sac") {
@@ -52,10 +55,19 @@ Execution execution_preset(const std::string& name) {
     e.moe_routing_pass = false;
     e.selective = name == "torchtitan" ? SelectivePolicy::kEveryOtherMatmul
                                        : SelectivePolicy::kEveryOtherLayer;
+    e.schedules = {"gpipe", "1f1b", "interleaved"};  // torch.distributed.pipelining's, no Chimera
     return e;
   }
   LOOM_FAIL("planner: unknown execution '", name,
             "' (loom, loom-f32, loom-cpu, megatron, torchtitan, torchtitan-layer-sac)");
+}
+
+std::string schedule_problem(const Execution& e, const std::string& schedule) {
+  if (std::find(e.schedules.begin(), e.schedules.end(), schedule) != e.schedules.end()) return "";
+  std::string runs;
+  for (const std::string& s : e.schedules) runs += (runs.empty() ? "" : ", ") + s;
+  return "the " + e.name + " execution has no '" + schedule + "' pipeline schedule (it runs " +
+         runs + ")";
 }
 
 }  // namespace loom::planner

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace loom::planner {
 
@@ -66,7 +67,13 @@ struct Execution {
   // pass. Megatron weighs each micro-batch's own balance instead: no such pass.
   bool moe_routing_pass = true;
   SelectivePolicy selective = SelectivePolicy::kAttention;
+  // The pipeline schedules the runtime runs (parallel/pipeline/generators.h's names): the search
+  // offers no other, and evaluate refuses one (a prediction for a runtime that cannot run it).
+  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved", "chimera"};
 };
+
+// Why the runtime cannot pipeline with `schedule` ("" when it can).
+std::string schedule_problem(const Execution& e, const std::string& schedule);
 
 // "loom" (bf16 with f32 masters), "loom-f32" (f32 throughout), "loom-cpu" (f32, CPU ranks: no
 // overlap of collectives with compute), "megatron", "torchtitan" (FSDP2 in bf16 with f32

@@ -78,15 +78,17 @@ double every_other_matmul_kept(const TransformerShape& m, int mb, int tp, bool s
 }
 
 // A MoE layer's MLP in place of the dense one (whole on every tp rank, as loom keeps it: the
-// MoE takes the whole sequence under sp too): per token, the router's f32 logits and gates, and
-// for each of its top_k experts the token's row (the experts' input), the expert's hidden
-// before and after GELU, and its f32 output kept for the gated combine; the dense MLP's 8E split
-// bytes (its GELU and projection inputs) are not there.
-double moe_mlp_bytes(const TransformerShape& m, int mb, const Execution& e) {
+// MoE takes the whole sequence under sp too): per token, the router's f32 logits and gates and,
+// for each of its top_k experts, the expert's f32 output returned for the gated combine; on the
+// rank's experts, per row they received (rank_expert_load times the balanced top_k per token),
+// the row (the experts' input) and the expert's hidden before and after GELU. The dense MLP's 8E
+// split bytes (its GELU and projection inputs) are not there.
+double moe_mlp_bytes(const TransformerShape& m, int mb, int ep, const Execution& e) {
   const double sb = double(m.seq) * double(mb), h = double(m.hidden);
   const double f = double(m.expert_width()), k = double(m.moe.top_k);
-  return sb * (2.0 * 4.0 * double(m.moe.experts) +
-               k * (h * e.activation_bytes + 2.0 * f * e.activation_bytes + 4.0 * h));
+  const double received = k * m.rank_expert_load(ep);
+  return sb * (2.0 * 4.0 * double(m.moe.experts) + k * 4.0 * h +
+               received * (h + 2.0 * f) * e.activation_bytes);
 }
 
 struct RankChunks {
@@ -157,12 +159,12 @@ double rank_expert_parameters(const TransformerShape& m, const Layout& l, int ra
   return double(rank_moe_layers(m, l, rank)) * double(m.moe.experts / l.ep) * m.expert_parameters();
 }
 
-double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
-                                  const Execution& e) {
+double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, int ep,
+                                  Recompute r, const Execution& e) {
   const double dense = layer_activation_bytes(m, mb, tp, sp, r, e);
   if (r == Recompute::kFull) return dense;  // the layer's input alone, as a dense layer's
   const double sbh = double(m.seq) * double(mb) * double(m.hidden);
-  return dense - 8.0 * e.activation_bytes * sbh / double(tp) + moe_mlp_bytes(m, mb, e);
+  return dense - 8.0 * e.activation_bytes * sbh / double(tp) + moe_mlp_bytes(m, mb, ep, e);
 }
 
 double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
@@ -214,11 +216,11 @@ double attention_activation_bytes(const TransformerShape& m, int mb, int tp, boo
   return 0;
 }
 
-double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
-                               const Execution& e) {
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, int ep,
+                               Recompute r, const Execution& e) {
   const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
   const double whole =  // the largest layer's whole set, a MoE one's when there is one
-      m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, Recompute::kNone, e)
+      m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, ep, Recompute::kNone, e)
                       : lb.linear + lb.scores;
   switch (r) {
     case Recompute::kNone:
@@ -357,7 +359,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double moes = double(moe_layers_in(m, rc));
   const double per_layer =
       ((rank_layers - moes) * layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e) +
-       moes * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e)) /
+       moes * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.ep, l.recompute, e)) /
       rank_layers;
   const double stream = s * b * (l.sp ? h / t : h);  // one residual-stream tensor's elements
   const bool sends = l.pp > 1 && (!rc.last || rc.chunks > 1);
@@ -366,7 +368,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   auto mask = [&](int in_flight) {
     return rc.first ? std::max(1, in_flight / rc.chunks) * e.mask_bytes * stream : 0.0;
   };
-  const double recompute = recompute_working_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
+  const double recompute = recompute_working_bytes(m, l.mb, l.tp, l.sp, l.ep, l.recompute, e);
   const double f = double(m.mlp_width());
   const double mlp_tokens = E * (stream + s * b * f / t);
   const double mlp_fresh = G * (f * h / t + h);
@@ -381,7 +383,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   };
   const double head_fresh = rc.last ? G * (table + m.final_norm_parameters()) : 0.0;
   const double loss =
-      rc.last ? 2.0 * E * s * b * h / t + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
+      rc.last ? E * (stream + s * b * h) + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
   // Sharded gradients arrive whole first: ZeRO-3 holds one block's (a layer's; the experts' wait
   // for the end of the backward) until their reduce-scatter; ZeRO-2 stages them in a bucket
   // filling and one reducing (Note [ZeRO-2 keeps one bucket in flight] in

@@ -59,6 +59,7 @@ SearchResult search(const Workload& w, const Cluster& c, const Execution& e,
         if (w.global_batch % (int64_t(dp) * mb) != 0) continue;
         for (const std::string& schedule : o.schedules) {
           if (pp == 1 && schedule != "1f1b") continue;  // one stage: every schedule is 1f1b
+          if (pp > 1 && !schedule_problem(e, schedule).empty()) continue;  // not the runtime's
           const int v_max = schedule == "interleaved" ? o.max_v : 1;
           for (int v = schedule == "interleaved" ? 2 : 1; v <= v_max; ++v) {
             for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {

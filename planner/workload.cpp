@@ -1,5 +1,6 @@
 #include "planner/workload.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
@@ -74,6 +75,12 @@ double TransformerShape::expert_parameters() const {
   return 2.0 * h * f + f + h;
 }
 
+double TransformerShape::rank_expert_load(int ep) const {
+  const double k = double(moe.top_k);
+  const double most = std::min(double(moe.experts) / ep, k) * ep / k;
+  return std::min(moe.load, most);
+}
+
 double TransformerShape::moe_layer_parameters() const {
   const double h = double(hidden), e = double(moe.experts);
   return 4.0 * h * h + 8.0 * h + h * e + e * expert_parameters();
@@ -139,6 +146,8 @@ void TransformerShape::check() const {
              moe.top_k, ") must be in [1, experts (", moe.experts, ")]");
   LOOM_CHECK(moe.every >= 1 && moe.expert_hidden >= 0, "planner: MoE every (", moe.every,
              ") must be >= 1 and expert_hidden (", moe.expert_hidden, ") >= 0");
+  LOOM_CHECK(moe.load >= 1.0, "planner: MoE load (", moe.load,
+             ") must be >= 1: the busiest rank gets at least the balanced share of the rows");
 }
 
 std::string TransformerShape::str() const {
@@ -158,7 +167,12 @@ std::string TransformerShape::str() const {
   std::snprintf(extra, sizeof extra, ", moe %lld experts top-%lld every %lld width %lld",
                 (long long)moe.experts, (long long)moe.top_k, (long long)moe.every,
                 (long long)expert_width());
-  return out + extra;
+  out += extra;
+  if (moe.load != 1.0) {
+    std::snprintf(extra, sizeof extra, " load %.2f", moe.load);
+    out += extra;
+  }
+  return out;
 }
 
 void Workload::check() const {

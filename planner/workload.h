@@ -21,8 +21,8 @@ namespace loom::planner {
 
 // Mixture-of-experts blocks (loom-gpt's --moe-*, core/nn/moe.h): block i's MLP is `experts`
 // MLPs of width f (expert_hidden, 0: 4h) behind a router (h x experts, no bias) that sends each
-// token to top_k of them, when i % every == 0. The model counts balanced routing: each expert
-// receives top_k / experts of the tokens (capacity drops and imbalance are not modelled).
+// token to top_k of them, when i % every == 0. Routing is balanced unless `load` says otherwise
+// (TransformerShape::rank_expert_load).
 struct MoeShape {
   int64_t experts = 0;  // 0: a dense model
   int64_t top_k = 1;
@@ -32,6 +32,11 @@ struct MoeShape {
   // micro-batches loom routes the batch once without gradients first (Execution::
   // moe_routing_pass).
   bool balance_loss = true;
+  // The busiest rank's routed rows as a multiple of the balanced share (>= 1; 1: balanced). A
+  // router does not balance perfectly, and the slowest rank sets an all-to-all's pace and the
+  // largest expert activations: with loom-gpt's --moe-capacity-factor c no expert takes more
+  // than c times its share, so planning with load c bounds the step and the memory.
+  double load = 1.0;
 
   bool enabled() const { return experts > 0; }
 };
@@ -86,6 +91,11 @@ struct TransformerShape {
   int64_t moe_layers_in(int64_t first, int64_t count) const;
   int64_t expert_width() const;      // f: expert_hidden, or 4h
   double expert_parameters() const;  // one expert: 2hf + f + h
+  // The busiest rank's expert rows, as a multiple of the balanced top_k rows per token, with the
+  // experts split over ep ranks: moe.load, but at most what routing can send one rank (a token
+  // sends it at most min(experts / ep, top_k) of its rows, from each of ep ranks' tokens): 1
+  // when ep is 1, where every row is local.
+  double rank_expert_load(int ep) const;
   // A MoE layer: attention and LayerNorms 4h^2 + 8h, the router h E, E experts.
   double moe_layer_parameters() const;
   double embedding_parameters() const;   // V h + s h (token and position tables; Llama: V h)
@@ -108,10 +118,12 @@ struct TransformerShape {
   double step_model_flops(int64_t sequences) const;
   // Throws loom::Error naming the field for a non-positive size or heads not dividing hidden,
   // kv_heads not dividing heads, or MoE fields out of range (top_k in [1, experts], every >= 1,
-  // expert_hidden >= 0); MoE layers are modelled for GPT's block with whole attention only.
+  // expert_hidden >= 0, load >= 1); MoE layers are modelled for GPT's block with whole attention
+  // only.
   void check() const;
   // "layers 96 hidden 12288 heads 96 seq 2048 vocab 51200 (174.6B)", with ", llama ffn 14336
-  // kv-heads 8" for a Llama block and ", moe 8 experts top-2 every 2 width 4096" for a MoE model.
+  // kv-heads 8" for a Llama block and ", moe 8 experts top-2 every 2 width 4096" for a MoE model
+  // (" load 1.25" after it when routing is not balanced).
   std::string str() const;
 };
 

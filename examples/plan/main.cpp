@@ -107,6 +107,9 @@ int run(int argc, char** argv) {
   f.add_int("moe-hidden", 0, "MoE: each expert's hidden width (0: 4 x hidden)");
   f.add_double("moe-aux-loss", 0.01,
                "MoE: the load-balancing loss coefficient (loom-gpt's; > 0: a routing pass)");
+  f.add_double("moe-load", 1.0,
+               "MoE: the busiest rank's routed rows over the balanced share (>= 1; loom-gpt's "
+               "--moe-capacity-factor c bounds it at c)");
   f.add_int("global-batch", 0, "sequences per optimizer step");
   f.add_int("gpus", 0, "GPUs in all");
   f.add_int("gpus-per-node", 8, "GPUs per node (tp stays inside one)");
@@ -116,7 +119,7 @@ int run(int argc, char** argv) {
   f.add_double("intra-gbps", 0, "override: GB/s per GPU and direction inside a node");
   f.add_double("inter-gbps", 0, "override: GB/s per GPU and direction between nodes");
   f.add_string("profile", "", "a profile JSON (planner/cluster.h) overriding the preset's rates");
-  f.add_string("execution", "loom", "whose runtime executes the plan",
+  f.add_string("execution", "loom", "whose runtime executes the plan (its pipeline schedules only)",
                {"loom", "loom-f32", "loom-cpu", "megatron", "torchtitan", "torchtitan-layer-sac"});
   f.add_string("evaluate", "",
                "predict one layout: dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,"
@@ -143,8 +146,9 @@ int run(int argc, char** argv) {
   w.model.block = parse_block(f.get_string("block"));
   w.model.ffn_hidden = f.get_int("ffn-hidden");
   w.model.kv_heads = f.get_int("kv-heads");
-  w.model.moe = {f.get_int("moe-experts"), f.get_int("moe-top-k"), f.get_int("moe-every"),
-                 f.get_int("moe-hidden"), f.get_double("moe-aux-loss") > 0};
+  w.model.moe = {f.get_int("moe-experts"),         f.get_int("moe-top-k"),
+                 f.get_int("moe-every"),           f.get_int("moe-hidden"),
+                 f.get_double("moe-aux-loss") > 0, f.get_double("moe-load")};
   w.global_batch = f.get_int("global-batch");
   for (const char* required : {"layers", "hidden", "heads", "global-batch", "gpus"})
     LOOM_CHECK(f.was_set(required), "loom-plan: --", required, " is required (see --help)");

@@ -71,3 +71,15 @@ def test_moe_models_plan_expert_parallelism():
     assert abs(p["model_tflops_per_gpu"] * 1e12 * p["step_s"] * 16 / flops - 1) < 1e-9
     with pytest.raises(ValueError, match=r"top_k \(3\) must be in \[1, experts \(2\)\]"):
         loom.plan(**{**moe, "moe_experts": 2, "moe_top_k": 3})
+
+
+def test_moe_load_slows_and_grows_the_busiest_rank():
+    # moe_load: the busiest rank's experts take that many times the balanced rows (its
+    # activations and exchanges grow, so does the step); below 1 is refused.
+    moe = dict(layers=16, hidden=4096, heads=32, seq=2048, vocab=32000, global_batch=64, gpus=16,
+               moe_experts=64, moe_top_k=2, moe_hidden=6144, evaluate="dp=16,zero=1,ep=16")
+    balanced, busy = loom.plan(**moe), loom.plan(**moe, moe_load=1.5)
+    assert busy["step_s"] > balanced["step_s"]
+    assert busy["memory_bytes"]["total"] > balanced["memory_bytes"]["total"]
+    with pytest.raises(ValueError, match=r"MoE load \(0.5\) must be >= 1"):
+        loom.plan(**moe, moe_load=0.5)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "core/nn/gpt.h"
 #include "parallel/pipeline/generators.h"
@@ -146,6 +147,50 @@ TEST(PlannerMoe, AllToAllsAreTheRoutedRowsOverTheGroup) {
   const double counts = gather + 3 * (c.intra.latency_s + 8.0 * 8 / (4 * c.intra.bandwidth));
   // Each MoE layer: 2 exchanges forward after the counts, 2 backward.
   EXPECT_NEAR(action_costs(w, l, c, e).ep_comm, 2 * (4 * a2a + counts), 1e-15);
+}
+
+// An unbalanced router (MoeShape::load): the busiest rank's experts receive `load` times the
+// balanced rows, so its expert activations (the row and the hidden before and after GELU) and
+// its all-to-alls grow by that factor, and nothing else; capped by what routing can send one
+// rank (min(experts / ep, top_k) rows per token of each of ep ranks), and without ep every row
+// is local (load 1 whatever the router does).
+TEST(PlannerMoe, UnbalancedRoutingScalesTheBusiestRanksRows) {
+  const Execution e = execution_preset("loom");
+  const int mb = 2;
+  const TransformerShape balanced = moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 2, 512});
+  TransformerShape busy = balanced;
+  busy.moe.load = 1.5;
+  EXPECT_EQ(busy.rank_expert_load(1), 1.0);
+  EXPECT_EQ(busy.rank_expert_load(4), 1.5);
+  busy.moe.load = 7;
+  EXPECT_EQ(busy.rank_expert_load(4), 4.0);  // 2 of a token's rows from each of 4 ranks: 8 / 2
+  EXPECT_EQ(busy.rank_expert_load(8), 4.0);  // 1 row each from 8 ranks
+  busy.moe.load = 1.5;
+  const double rows = 1024.0 * mb * 2;                             // s b k
+  const double per_row = (1024.0 + 2 * 512) * e.activation_bytes;  // h + 2f
+  for (int ep : {1, 2, 4}) {
+    const double extra = (busy.rank_expert_load(ep) - 1.0) * rows * per_row;
+    EXPECT_DOUBLE_EQ(
+        moe_layer_activation_bytes(busy, mb, 1, false, ep, Recompute::kNone, e) -
+            moe_layer_activation_bytes(balanced, mb, 1, false, ep, Recompute::kNone, e),
+        extra)
+        << "ep " << ep;
+  }
+  const Cluster c = cluster_preset("h100-sxm", 8, 8);
+  Layout l;
+  l.dp = 8, l.mb = mb, l.ep = 4;
+  const ActionCosts a = action_costs({balanced, 64}, l, c, e);
+  const ActionCosts b = action_costs({busy, 64}, l, c, e);
+  EXPECT_GT(b.forward, a.forward);
+  const double row_bytes = rows * 1024 * e.activation_bytes;  // k b s h
+  auto a2a = [&](double bytes) {
+    return 3 * (c.intra.latency_s + bytes / (4 * c.intra.bandwidth));
+  };
+  EXPECT_NEAR(b.ep_comm - a.ep_comm, 2 * 4 * (a2a(1.5 * row_bytes) - a2a(row_bytes)), 1e-15);
+  busy.moe.load = 0.5;
+  expect_error([&] { busy.check(); }, {"MoE load (0.5) must be >= 1"});
+  busy.moe.load = 1.25;
+  EXPECT_NE(busy.str().find("width 512 load 1.25"), std::string::npos) << busy.str();
 }
 
 // A MoE model whose expert gradients alone fill more than a GPU (16 layers of 64 experts 6144

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "parallel/pipeline/generators.h"
@@ -445,6 +447,32 @@ TEST(PlannerSearch, FindsTheExhaustiveBest) {
     EXPECT_LE(r.ranked[i - 1].step_s, r.ranked[i].step_s);
     EXPECT_FALSE(why_slower(r.ranked.front(), r.ranked[i]).empty());
   }
+}
+
+// The search offers only the schedules the execution's runtime runs, and evaluate refuses the
+// others by name: Megatron-LM has 1F1B and interleaved 1F1B, torchtitan no Chimera.
+TEST(PlannerSearch, OffersOnlyTheRuntimesSchedules) {
+  const Workload w{shape(8, 1024, 16, 1024, 51200), 32};
+  const Cluster c = cluster_preset("a100-80gb", 8, 8);
+  SearchOptions o;
+  o.top = 1 << 20;  // every fitting layout ranked
+  auto schedules = [&](const std::string& execution) {
+    std::set<std::string> seen;
+    for (const Prediction& p : search(w, c, execution_preset(execution), o).ranked)
+      if (p.layout.pp > 1) seen.insert(p.layout.schedule);
+    return seen;
+  };
+  EXPECT_EQ(schedules("loom"), (std::set<std::string>{"gpipe", "1f1b", "interleaved", "chimera"}));
+  EXPECT_EQ(schedules("megatron"), (std::set<std::string>{"1f1b", "interleaved"}));
+  EXPECT_EQ(schedules("torchtitan"), (std::set<std::string>{"gpipe", "1f1b", "interleaved"}));
+
+  Layout l;
+  l.dp = 4, l.pp = 2, l.mb = 1, l.schedule = "chimera";
+  EXPECT_TRUE(evaluate(w, l, c, execution_preset("loom")).ok());
+  const Prediction refused = evaluate(w, l, c, execution_preset("megatron"));
+  EXPECT_EQ(refused.problem,
+            "the megatron execution has no 'chimera' pipeline schedule (it runs 1f1b, "
+            "interleaved)");
 }
 
 }  // namespace
