@@ -282,27 +282,24 @@ double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
 //   layer's attention keeps (its MLP's are freed), every gradient, and a layer's token
 //   temporaries. It is the larger where a layer's gradients outweigh its activations (small
 //   micro-batches).
-// Two layouts add moments of their own. ZeRO-3's second layer's backward: its gradients staged
-// while the last layer's still reduce (one unit in flight, as ZeRO-2's buckets), the larger
-// where the activations are small. Chimera's ZeRO-1: from a chunk's SYNC on its gradients are
-// held a second time (the replica pair's sum, out of the buckets), up to the whole model's at the
-// step's end, with no activations left.
+// ZeRO-3 adds a moment of its own, its second layer's backward: its gradients staged while the
+// last layer's still reduce (one unit in flight, as ZeRO-2's buckets), the larger where the
+// activations are small. (Chimera's ZeRO-1 sums its replica pairs in ZeRO-1's buckets, in place:
+// Note [Summing gradients where they are] in parallel/pipeline/executor.cpp.)
 // Recomputation adds one layer's whole set to both (recompute_working_bytes).
 
 InFlight in_flight_at_backwards(const parallel::pipeline::Schedule& schedule, int rank) {
   namespace pl = parallel::pipeline;
   InFlight f;
   int held = 0;
-  bool first = true, synced = false;
+  bool first = true;
   for (const pl::Action& a : schedule.actions.at(size_t(rank))) {
     if (a.kind == pl::ActionKind::kForward) ++held;
-    if (a.kind == pl::ActionKind::kGradSync) synced = true;
     if (a.kind != pl::ActionKind::kBackward) continue;
     if (first)
       f.first_backward = held;
     else
       f.later_backwards = std::max(f.later_backwards, held);
-    if (synced) f.after_sync = std::max(f.after_sync, held);
     first = false;
     --held;
   }
@@ -425,14 +422,6 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const bool buckets = l.dp > 1 && (l.pp == 1 || l.zero >= 1);
   const double kept_experts = r == 1 ? experts * G : l.zero >= 1 ? experts * G / r : 0.0;
   const double kept = buckets ? mem.gradients - experts * G * expert_grads + kept_experts : 0.0;
-  // Chimera's ZeRO-1 sums each chunk's gradients over its replica pair at the chunk's SYNC, out
-  // of the buckets into a flat copy that then holds them to the step's end (GradientSum in
-  // parallel/pipeline/executor.cpp; the token embeddings are summed apart): the buckets and, by the
-  // last backward, every chunk's copy but the last one's; both whole once the last SYNC ran.
-  const bool pair_sums = l.dp > 1 && l.zero == 1 && l.schedule == "chimera";
-  const double summed =
-      pair_sums ? (n - double(rc.embeddings + rc.output_copies) * table) * G : 0.0;
-  const double synced = mem.gradients + summed * double(rc.chunks - 1) / double(rc.chunks);
   struct Moment {
     double activations = 0, working = 0, gradients = 0;
   };
@@ -444,10 +433,10 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     };
     const int most = std::max(in_flight.first_backward, in_flight.later_backwards);
     const double attention = attention_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e);
-    std::vector<Moment> moments = {start(in_flight.first_backward, kept, 0.0),
-                                   Moment{(most - 1) * held + attention + mask(most),
-                                          mlp_tokens + unsharded + rest_later + recompute,
-                                          pair_sums ? synced : mem.gradients}};
+    std::vector<Moment> moments = {
+        start(in_flight.first_backward, kept, 0.0),
+        Moment{(most - 1) * held + attention + mask(most),
+               mlp_tokens + unsharded + rest_later + recompute, mem.gradients}};
     if (in_flight.later_backwards > 0)
       moments.push_back(start(in_flight.later_backwards, mem.gradients, in_flight_bucket));
     if (second_block > 0) {
@@ -459,9 +448,6 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
                      recompute,
                  in_flight.later_backwards > 0 ? mem.gradients : kept + last_experts});
     }
-    if (pair_sums && in_flight.after_sync > 0)
-      moments.push_back(start(in_flight.after_sync, synced, 0.0));
-    if (pair_sums) moments.push_back(Moment{0, 0, mem.gradients + summed});
     peak = moments.front();
     for (const Moment& x : moments)
       if (bytes(x) > bytes(peak)) peak = x;

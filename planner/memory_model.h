@@ -64,13 +64,11 @@ struct MemoryBreakdown {
 };
 
 // The micro-batch-chunks a pipeline rank holds at its backwards (those whose forward has run and
-// whose backward has not, the one starting included): at its first backward of the step, the
-// most at any later one, and the most at a backward after one of the rank's SYNCs (0: none).
-// 0 and 0: the training state alone (no step running).
+// whose backward has not, the one starting included): at its first backward of the step and the
+// most at any later one. 0 and 0: the training state alone (no step running).
 struct InFlight {
   int first_backward = 0;
   int later_backwards = 0;
-  int after_sync = 0;
 };
 // From `rank`'s actions in `schedule`.
 InFlight in_flight_at_backwards(const parallel::pipeline::Schedule& schedule, int rank);

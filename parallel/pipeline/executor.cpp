@@ -254,8 +254,66 @@ GradientSum::GradientSum(std::vector<Tensor> params, std::shared_ptr<comm::Commu
   LOOM_CHECK(group_ != nullptr, "GradientSum: the group is null");
 }
 
+// Note [Summing gradients where they are]
+// GradientSum packs the gradients into one flat f32 copy for one allreduce, which then holds
+// them a second time until wait(). When they are views of shared buffers already (ZeRO-1's
+// buckets under Chimera: the pair sums every chunk's gradients at its SYNC, and both SYNCs are
+// waited at the step's end, so the copies met there), each run of gradients lying back to back
+// in one buffer is allreduced in place instead. Runs follow the buffers' layouts, which the
+// replicas build alike from the same parameters (a layout that differed would be refused by the
+// communicator's signature check, not summed wrongly). The sums are the flat ones element for
+// element (f32 only: a bf16 gradient is summed in f32 and rounded back, as before).
+namespace {
+
+std::vector<Tensor> gradient_runs(const std::vector<Tensor>& params) {
+  struct Grad {
+    Tensor g;
+    size_t param;  // its index in params: runs go in the order of their first parameter
+  };
+  std::vector<Grad> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor g = params[i].grad();
+    if (!g.defined() || g.dtype() != DType::kF32 || !g.is_contiguous()) return {};
+    grads.push_back({g, i});
+  }
+  // Neighbours in memory (the addresses differ between processes; only the runs matter).
+  std::sort(grads.begin(), grads.end(), [](const Grad& a, const Grad& b) {
+    return a.g.storage() != b.g.storage() ? a.g.storage() < b.g.storage()
+                                          : a.g.offset() < b.g.offset();
+  });
+  std::vector<std::pair<size_t, Tensor>> runs;  // (first parameter, run)
+  size_t first = 0, lowest = grads.empty() ? 0 : grads[0].param;
+  for (size_t i = 1; i <= grads.size(); ++i) {
+    if (i < grads.size() && grads[i].g.storage() == grads[i - 1].g.storage() &&
+        grads[i].g.offset() == grads[i - 1].g.offset() + grads[i - 1].g.numel()) {
+      lowest = std::min(lowest, grads[i].param);
+      continue;
+    }
+    const int64_t start = grads[first].g.offset();
+    const int64_t n = grads[i - 1].g.offset() + grads[i - 1].g.numel() - start;
+    runs.emplace_back(lowest, make_view(grads[first].g, {n}, {1}, start));
+    if (i < grads.size()) first = i, lowest = grads[i].param;
+  }
+  // Only worth it where the gradients share buffers: apart, one allreduce per parameter would
+  // trade the copy for a latency each.
+  if (runs.size() > 1 && runs.size() == params.size()) return {};
+  std::sort(runs.begin(), runs.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Tensor> out;
+  for (auto& r : runs) out.push_back(std::move(r.second));
+  return out;
+}
+
+}  // namespace
+
 void GradientSum::start() {
-  LOOM_CHECK(work_ == nullptr, "GradientSum: started twice in a step");
+  LOOM_CHECK(works_.empty(), "GradientSum: started twice in a step");
+  const comm::AllreduceOptions sum{average_ ? comm::ReduceOp::kAvg : comm::ReduceOp::kSum};
+  runs_ = gradient_runs(params_);  // See Note [Summing gradients where they are]
+  if (!runs_.empty()) {
+    for (Tensor& run : runs_) works_.push_back(group_->allreduce(run, sum));
+    return;
+  }
   int64_t n = 0;
   for (const Tensor& p : params_) n += p.numel();
   flat_ = Tensor::zeros({n});
@@ -266,21 +324,25 @@ void GradientSum::start() {
           .copy_(p.grad().detach().reshape({p.numel()}).to(DType::kF32));
     offset += p.numel();
   }
-  work_ = group_->allreduce(
-      flat_, comm::AllreduceOptions{average_ ? comm::ReduceOp::kAvg : comm::ReduceOp::kSum});
+  works_.push_back(group_->allreduce(flat_, sum));
 }
 
 void GradientSum::wait() {
-  if (!work_) return;
-  work_->wait();
-  work_ = nullptr;
+  if (works_.empty()) return;
+  for (const comm::WorkPtr& w : works_) w->wait();
+  works_.clear();
+  if (!runs_.empty()) {
+    if (scale_ != 1.0)
+      for (Tensor& run : runs_) ::loom::scale_(run, scale_);
+    runs_.clear();
+    return;
+  }
   if (scale_ != 1.0) flat_ = scale(flat_, scale_);
   int64_t offset = 0;
   for (Tensor p : params_) {
     // Summed in f32; a bf16 parameter's gradient is rounded back to its dtype, as DDP's. Written
-    // back into the gradient the backwards accumulated (ZeRO-1's bucket slot under Chimera, say)
-    // rather than replacing it with a view of the flat copy, which would then hold the chunk's
-    // gradients a second time to the step's end.
+    // back into the gradient the backwards accumulated rather than replacing it with a view of
+    // the flat copy, which would then hold the chunk's gradients a second time to the step's end.
     const Tensor summed = flat_.narrow(0, offset, p.numel()).reshape(p.shape()).to(p.dtype());
     Tensor g = p.grad();
     if (g.defined() && g.dtype() == p.dtype())

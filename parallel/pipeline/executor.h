@@ -46,7 +46,9 @@ struct StageChunk {
 };
 
 // The gradients of a set of parameters summed (or averaged) over a group, started and finished
-// separately (See StageChunk::sync): one allreduce of their packed gradients.
+// separately (See StageChunk::sync): one allreduce of their packed gradients, or, when they lie
+// in shared buffers (ZeRO-1's buckets), an allreduce of each run of them in place (Note
+// [Summing gradients where they are] in executor.cpp).
 class GradientSum {
  public:
   // `scale`: a factor applied to the reduced gradients (e.g. 1 / dp for experts summed over
@@ -61,8 +63,9 @@ class GradientSum {
   std::shared_ptr<comm::Communicator> group_;
   bool average_;
   double scale_;
-  Tensor flat_;
-  comm::WorkPtr work_;
+  Tensor flat_;               // the packed copy, or
+  std::vector<Tensor> runs_;  // the gradients' runs, summed in place
+  std::vector<comm::WorkPtr> works_;
 };
 
 // What one action took in a step, in seconds on the node's monotonic clock (comparable between

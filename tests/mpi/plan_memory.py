@@ -40,7 +40,7 @@ BOUND = {"dense": 0.05, "moe": 0.06, "capped": 0.06}
 # The benchmark's layouts on 1, 2, 4 and 8 ranks, and a few more where the peak falls elsewhere:
 # one sequence per micro-batch (the end of a backward), ZeRO-2 with and without accumulation (its
 # staged buckets), ZeRO-3 with small micro-batches (the second layer's backward), pipelines with
-# ZeRO-1, 2 and 3, Chimera with ZeRO-0 to 3 (ZeRO-1's pair sums).
+# ZeRO-1, 2 and 3, Chimera with ZeRO-0 to 3 (ZeRO-1's replica pairs summed in its buckets).
 DENSE = {
     1: LAYOUTS[1] + ["dp=1,mb=1", "dp=1,mb=1,recompute=full"],
     2: LAYOUTS[2] + ["dp=2,mb=4,zero=2", "dp=2,mb=2,zero=2", "dp=2,mb=1,zero=3"],
