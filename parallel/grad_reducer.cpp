@@ -27,7 +27,8 @@ using Clock = std::chrono::steady_clock;
 // reduce-scatter completes. So a rank keeps at most kShardOnlyBucketsInFlight launched buckets
 // besides the one filling: launching one more waits for the oldest (a bucket reduces while the
 // next fills), and a backward's first gradient for a bucket waits for what earlier backwards
-// launched. (Left to the step's end, a model in a few buckets held whole gradients once per
+// launched (a bucket no gradient reached gets its zeros at its launch, under the same rule, one
+// at a time). (Left to the step's end, a model in a few buckets held whole gradients once per
 // micro-batch of gradient accumulation: with 4, a rank's peak grew by 3 copies of the model's
 // gradients, more than DDP holds.)
 constexpr size_t kShardOnlyBucketsInFlight = 1;
@@ -209,13 +210,8 @@ void GradReducer::end_unit_backward(int unit) {
   start_external_step();
   if (size_t(unit) < unit_buckets_.size()) {
     const std::vector<size_t>& mine = unit_buckets_[size_t(unit)];
-    for (size_t k = unit_next_[size_t(unit)]; k < mine.size(); ++k) {  // not launched yet
-      const size_t b = mine[k];
-      ready_in_bucket_[b] = int(plan_.buckets()[b].slots.size());
-      if (!staging_[b].defined())  // no gradient reached it: it reduces zeros
-        staging_[b] = Tensor::zeros({plan_.buckets()[b].padded}, shard_grads_[b].dtype(),
-                                    shard_grads_[b].device());
-    }
+    for (size_t k = unit_next_[size_t(unit)]; k < mine.size(); ++k)  // not launched yet
+      ready_in_bucket_[mine[k]] = int(plan_.buckets()[mine[k]].slots.size());
     launch_ready_in_unit(unit);
     // The next backward of the unit starts afresh.
     unit_next_[size_t(unit)] = 0;
@@ -344,10 +340,6 @@ void GradReducer::flush_micro_batch() {
         buckets_[b].narrow(0, s.offset, s.numel).zero_();
       }
     }
-    if (options_.mode == GradMode::kShardOnly && !staging_[b].defined()) {
-      const Tensor& like = shard_grads_[b];
-      staging_[b] = Tensor::zeros({buckets[b].padded}, like.dtype(), like.device());
-    }
     launch(b);
   }
 }
@@ -376,6 +368,11 @@ void GradReducer::launch(size_t b) {
                                       comm::ReduceScatterOptions{comm::ReduceOp::kAvg});
       break;
     case GradMode::kShardOnly:
+      if (!staging_[b].defined()) {    // no gradient reached it: it reduces zeros
+        complete_earlier_backwards();  // See Note [ZeRO-2 keeps one bucket in flight]
+        staging_[b] = Tensor::zeros({plan_.buckets()[b].padded}, shard_grads_[b].dtype(),
+                                    shard_grads_[b].device());
+      }
       p.input = std::move(staging_[b]);
       staging_[b] = Tensor();
       p.output = Tensor::empty({plan_.shard_numel(b)}, p.input.dtype(), p.input.device());

@@ -60,23 +60,6 @@ TEST(DDP, SmallBucketsFollowReverseRegistrationOrder) {
   EXPECT_EQ(expected, 0u);
 }
 
-// A model whose second layer only rank 0 uses and whose third layer nobody uses.
-class Branchy : public nn::Module {
- public:
-  Branchy() {
-    a = register_parameter("a", {4}, nn::Init::ones());
-    b = register_parameter("b", {4}, nn::Init::ones());
-    c = register_parameter("c", {4}, nn::Init::ones());
-  }
-  Tensor a, b, c;
-};
-
-// Rank q's input: x_q[k] = q + k + 1.
-Tensor branchy_input(int q) {
-  return Tensor::from_vector(
-      std::vector<float>{float(q + 1), float(q + 2), float(q + 3), float(q + 4)}, {4});
-}
-
 TEST(DDP, UnusedParametersReduceWithoutHanging) {
   auto world = comm::world();
   const int n = world->size(), r = world->rank();

@@ -191,4 +191,21 @@ inline void expect_same_run(const RunResult& got, const RunResult& want, double 
   }
 }
 
+// A model whose second layer only rank 0 uses and whose third layer nobody uses.
+class Branchy : public nn::Module {
+ public:
+  Branchy() {
+    a = register_parameter("a", {4}, nn::Init::ones());
+    b = register_parameter("b", {4}, nn::Init::ones());
+    c = register_parameter("c", {4}, nn::Init::ones());
+  }
+  Tensor a, b, c;
+};
+
+// Rank q's input: x_q[k] = q + k + 1.
+inline Tensor branchy_input(int q) {
+  return Tensor::from_vector(
+      std::vector<float>{float(q + 1), float(q + 2), float(q + 3), float(q + 4)}, {4});
+}
+
 }  // namespace loom::testing

@@ -8,6 +8,7 @@
 #include "collectives/communicator.h"
 #include "core/ops.h"
 #include "dp_reference.h"
+#include "optimizer/sgd.h"
 #include "parallel/zero.h"
 
 namespace loom::parallel {
@@ -54,6 +55,45 @@ TEST(ZeRO, MatchesTheSingleProcessRun) {
                                      ", buckets of ", bucket_mb, " MiB"));
         expect_same_run(zero_run(world, stage, accum, bucket_mb, 0), want, 1e-5);
       }
+}
+
+// Parameters some ranks (b: rank 0 only) or none (c) use, in a bucket each: stages 1 and 2 reduce
+// zeros for what a rank did not use (stage 2 stages them when the bucket launches), so after SGD
+// steps at lr 1 a has moved by the mean of the ranks' inputs, b by rank 0's over n, c not at all.
+TEST(ZeRO, UnusedParametersReduceZeros) {
+  auto world = comm::world();
+  const int n = world->size(), r = world->rank();
+  for (int stage : {1, 2})
+    for (int accum : {1, 2}) {
+      SCOPED_TRACE(detail::str_cat("stage ", stage, ", grad_accum ", accum));
+      Branchy m;
+      ZeroOptions o;
+      o.stage = stage;
+      o.grad_accum = accum;
+      o.bucket_mb = 0.00001;  // a bucket per parameter
+      ZeroOptimizer opt(m, world, o, [](std::vector<Tensor> params) {
+        return std::make_unique<optim::SGD>(std::move(params), optim::SgdOptions{1.0});
+      });
+      const int steps = 2;
+      for (int step = 0; step < steps; ++step) {
+        for (int micro = 0; micro < accum; ++micro) {
+          const Tensor x = branchy_input(r);
+          Tensor loss = sum(mul(m.a, x));
+          if (r == 0) loss = add(loss, sum(mul(m.b, x)));
+          opt.backward(scale(loss, 1.0 / accum));
+        }
+        opt.step();
+        opt.zero_grad();
+      }
+      const auto a = m.a.to_vector<float>(), b = m.b.to_vector<float>(), c = m.c.to_vector<float>();
+      for (int k = 0; k < 4; ++k) {
+        double mean = 0;
+        for (int q = 0; q < n; ++q) mean += double(q + k + 1) / n;
+        EXPECT_NEAR(a[k], 1.0 - steps * mean, 1e-5) << "a[" << k << "]";
+        EXPECT_NEAR(b[k], 1.0 - steps * double(k + 1) / n, 1e-5) << "b[" << k << "]";
+        EXPECT_EQ(c[k], 1.0f) << "c[" << k << "]";
+      }
+    }
 }
 
 TEST(ZeRO, ClipsTheGlobalNormOverAllShards) {
