@@ -161,12 +161,12 @@ MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const 
   // The ep group's k b s ep rows spread over the experts / ep local experts, through two GEMMs
   // each; the busiest rank's experts, which every rank waits for at the exchange back, get
   // rank_expert_load times the balanced rows.
-  const double load = m.rank_expert_load(l.ep);
+  const double load = m.rank_expert_load(l.ep, l.dp);
   const double local = experts / l.ep, rows = load * k * b * s * l.ep / experts;
   const double expert_gemms = local * 2.0 * gemm_seconds(2.0 * rows * h * f, d);
   const double gemms = attention + router + expert_gemms;
   const double elementwise =
-      2.0 * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.ep, Recompute::kNone, e) /
+      2.0 * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, load, Recompute::kNone, e) /
       d.memory_bandwidth;
   // tp: the attention's all-reduce each way (with sp its all-gather and reduce-scatter, and the
   // MoE's gather of the whole sequence and scatter back).

@@ -83,10 +83,10 @@ double every_other_matmul_kept(const TransformerShape& m, int mb, int tp, bool s
 // rank's experts, per row they received (rank_expert_load times the balanced top_k per token),
 // the row (the experts' input) and the expert's hidden before and after GELU. The dense MLP's 8E
 // split bytes (its GELU and projection inputs) are not there.
-double moe_mlp_bytes(const TransformerShape& m, int mb, int ep, const Execution& e) {
+double moe_mlp_bytes(const TransformerShape& m, int mb, double expert_load, const Execution& e) {
   const double sb = double(m.seq) * double(mb), h = double(m.hidden);
   const double f = double(m.expert_width()), k = double(m.moe.top_k);
-  const double received = k * m.rank_expert_load(ep);
+  const double received = k * expert_load;
   return sb * (2.0 * 4.0 * double(m.moe.experts) + k * 4.0 * h +
                received * (h + 2.0 * f) * e.activation_bytes);
 }
@@ -159,12 +159,12 @@ double rank_expert_parameters(const TransformerShape& m, const Layout& l, int ra
   return double(rank_moe_layers(m, l, rank)) * double(m.moe.experts / l.ep) * m.expert_parameters();
 }
 
-double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, int ep,
-                                  Recompute r, const Execution& e) {
+double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp,
+                                  double expert_load, Recompute r, const Execution& e) {
   const double dense = layer_activation_bytes(m, mb, tp, sp, r, e);
   if (r == Recompute::kFull) return dense;  // the layer's input alone, as a dense layer's
   const double sbh = double(m.seq) * double(mb) * double(m.hidden);
-  return dense - 8.0 * e.activation_bytes * sbh / double(tp) + moe_mlp_bytes(m, mb, ep, e);
+  return dense - 8.0 * e.activation_bytes * sbh / double(tp) + moe_mlp_bytes(m, mb, expert_load, e);
 }
 
 double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
@@ -216,11 +216,11 @@ double attention_activation_bytes(const TransformerShape& m, int mb, int tp, boo
   return 0;
 }
 
-double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, int ep,
-                               Recompute r, const Execution& e) {
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp,
+                               double expert_load, Recompute r, const Execution& e) {
   const LayerBytes lb = layer_bytes(m, mb, tp, sp, e);
   const double whole =  // the largest layer's whole set, a MoE one's when there is one
-      m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, ep, Recompute::kNone, e)
+      m.moe.enabled() ? moe_layer_activation_bytes(m, mb, tp, sp, expert_load, Recompute::kNone, e)
                       : lb.linear + lb.scores;
   switch (r) {
     case Recompute::kNone:
@@ -352,11 +352,12 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double table = double(m.vocab) * h / t;  // an embedding or output table (vocab-parallel)
   const double E = e.activation_bytes, G = e.grad_bytes;
   // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
+  const double load = m.rank_expert_load(l.ep, l.dp);  // the rows its experts receive
   const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);
   const double moes = double(moe_layers_in(m, rc));
   const double per_layer =
       ((rank_layers - moes) * layer_activation_bytes(m, l.mb, l.tp, l.sp, l.recompute, e) +
-       moes * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, l.ep, l.recompute, e)) /
+       moes * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, load, l.recompute, e)) /
       rank_layers;
   const double stream = s * b * (l.sp ? h / t : h);  // one residual-stream tensor's elements
   const bool sends = l.pp > 1 && (!rc.last || rc.chunks > 1);
@@ -365,7 +366,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   auto mask = [&](int in_flight) {
     return rc.first ? std::max(1, in_flight / rc.chunks) * e.mask_bytes * stream : 0.0;
   };
-  const double recompute = recompute_working_bytes(m, l.mb, l.tp, l.sp, l.ep, l.recompute, e);
+  const double recompute = recompute_working_bytes(m, l.mb, l.tp, l.sp, load, l.recompute, e);
   const double f = double(m.mlp_width());
   const double mlp_tokens = E * (stream + s * b * f / t);
   const double mlp_fresh = G * (f * h / t + h);

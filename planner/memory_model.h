@@ -85,17 +85,16 @@ double layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp
 double attention_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, Recompute r,
                                   const Execution& e);
 // The extra bytes recomputation materialises during one layer's backward (0 without it).
-// (`ep`: a MoE layer's experts split over ep ranks, for its routed rows: See
-// moe_layer_activation_bytes.)
-double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp, int ep,
-                               Recompute r, const Execution& e);
+// (`expert_load`: a MoE layer's routed rows: See moe_layer_activation_bytes.)
+double recompute_working_bytes(const TransformerShape& m, int mb, int tp, bool sp,
+                               double expert_load, Recompute r, const Execution& e);
 
 // A MoE layer's (the attention's as a dense layer's, the MoE MLP's whole on every tp rank: the
 // router's f32 logits and gates, and per routed token its row, the expert's hidden before and
-// after GELU and its f32 output), with the experts split over ep ranks: the rows the rank's
-// experts received are TransformerShape::rank_expert_load(ep) times the balanced ones.
-double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp, int ep,
-                                  Recompute r, const Execution& e);
+// after GELU and its f32 output); the rank's experts receive `expert_load` times the balanced
+// rows (TransformerShape::rank_expert_load).
+double moe_layer_activation_bytes(const TransformerShape& m, int mb, int tp, bool sp,
+                                  double expert_load, Recompute r, const Execution& e);
 
 // One layer's parameters on one tp rank of tp: QKV, projection and MLP weights and the
 // column-parallel biases split over tp (12h^2 + 7h), the row-parallel biases and the LayerNorms

@@ -1,7 +1,9 @@
 #include "planner/workload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "core/error.h"
 
@@ -75,9 +77,14 @@ double TransformerShape::expert_parameters() const {
   return 2.0 * h * f + f + h;
 }
 
-double TransformerShape::rank_expert_load(int ep) const {
+double default_moe_load(double capacity_factor) {
+  return capacity_factor > 0 ? std::numeric_limits<double>::infinity() : 1.0;
+}
+
+double TransformerShape::rank_expert_load(int ep, int dp) const {
   const double k = double(moe.top_k);
-  const double most = std::min(double(moe.experts) / ep, k) * ep / k;
+  double most = std::min(double(moe.experts) / ep, k) * ep / k;
+  if (moe.capacity_factor > 0) most = std::min(most, moe.capacity_factor * dp / ep);
   return std::min(moe.load, most);
 }
 
@@ -148,6 +155,8 @@ void TransformerShape::check() const {
              ") must be >= 1 and expert_hidden (", moe.expert_hidden, ") >= 0");
   LOOM_CHECK(moe.load >= 1.0, "planner: MoE load (", moe.load,
              ") must be >= 1: the busiest rank gets at least the balanced share of the rows");
+  LOOM_CHECK(moe.capacity_factor >= 0, "planner: MoE capacity factor (", moe.capacity_factor,
+             ") must be >= 0 (0: dropless)");
 }
 
 std::string TransformerShape::str() const {
@@ -168,8 +177,12 @@ std::string TransformerShape::str() const {
                 (long long)moe.experts, (long long)moe.top_k, (long long)moe.every,
                 (long long)expert_width());
   out += extra;
-  if (moe.load != 1.0) {
+  if (moe.load != 1.0 && std::isfinite(moe.load)) {
     std::snprintf(extra, sizeof extra, " load %.2f", moe.load);
+    out += extra;
+  }
+  if (moe.capacity_factor > 0) {
+    std::snprintf(extra, sizeof extra, " capacity %.2f", moe.capacity_factor);
     out += extra;
   }
   return out;

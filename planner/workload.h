@@ -32,14 +32,20 @@ struct MoeShape {
   // micro-batches loom routes the batch once without gradients first (Execution::
   // moe_routing_pass).
   bool balance_loss = true;
-  // The busiest rank's routed rows as a multiple of the balanced share (>= 1; 1: balanced). A
-  // router does not balance perfectly, and the slowest rank sets an all-to-all's pace and the
-  // largest expert activations: with loom-gpt's --moe-capacity-factor c no expert takes more
-  // than c times its share, so planning with load c bounds the step and the memory.
+  // The busiest rank's routed rows as a multiple of the balanced share (>= 1; 1: balanced;
+  // infinity: as many as routing and the capacity allow). A router does not balance perfectly,
+  // and the slowest rank sets an all-to-all's pace and the largest expert activations.
   double load = 1.0;
+  // loom-gpt's --moe-capacity-factor (0: dropless): each expert takes at most c times its share
+  // of the whole batch's rows, which bounds the load (TransformerShape::rank_expert_load).
+  double capacity_factor = 0;
 
   bool enabled() const { return experts > 0; }
 };
+
+// MoeShape::load when none is given: with a capacity factor, as many rows as it lets through
+// (infinity: rank_expert_load's bound), the plan's worst case; dropless, balanced (1).
+double default_moe_load(double capacity_factor);
 
 // The block's form.
 //   kGpt    LayerNorms, a bias on every linear, a GELU MLP of two h x f matrices, a learned
@@ -92,10 +98,12 @@ struct TransformerShape {
   int64_t expert_width() const;      // f: expert_hidden, or 4h
   double expert_parameters() const;  // one expert: 2hf + f + h
   // The busiest rank's expert rows, as a multiple of the balanced top_k rows per token, with the
-  // experts split over ep ranks: moe.load, but at most what routing can send one rank (a token
-  // sends it at most min(experts / ep, top_k) of its rows, from each of ep ranks' tokens): 1
-  // when ep is 1, where every row is local.
-  double rank_expert_load(int ep) const;
+  // experts split over ep ranks of a batch spread over dp: moe.load, but at most what routing can
+  // send one rank (a token sends it at most min(experts / ep, top_k) of its rows, from each of ep
+  // ranks' tokens: 1 when ep is 1, where every row is local) and, with a capacity factor c, what
+  // the capacity lets through: its experts' c times their share of the whole batch's rows, all
+  // of which its ep group's ranks may send, c dp / ep.
+  double rank_expert_load(int ep, int dp) const;
   // A MoE layer: attention and LayerNorms 4h^2 + 8h, the router h E, E experts.
   double moe_layer_parameters() const;
   double embedding_parameters() const;   // V h + s h (token and position tables; Llama: V h)
@@ -118,12 +126,12 @@ struct TransformerShape {
   double step_model_flops(int64_t sequences) const;
   // Throws loom::Error naming the field for a non-positive size or heads not dividing hidden,
   // kv_heads not dividing heads, or MoE fields out of range (top_k in [1, experts], every >= 1,
-  // expert_hidden >= 0, load >= 1); MoE layers are modelled for GPT's block with whole attention
-  // only.
+  // expert_hidden >= 0, load >= 1, capacity_factor >= 0); MoE layers are modelled for GPT's block
+  // with whole attention only.
   void check() const;
   // "layers 96 hidden 12288 heads 96 seq 2048 vocab 51200 (174.6B)", with ", llama ffn 14336
   // kv-heads 8" for a Llama block and ", moe 8 experts top-2 every 2 width 4096" for a MoE model
-  // (" load 1.25" after it when routing is not balanced).
+  // (" load 1.25" after it when routing is not balanced, " capacity 1.25" with a capacity).
   std::string str() const;
 };
 

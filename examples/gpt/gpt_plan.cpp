@@ -94,11 +94,11 @@ void plan_layout(GptOptions& o, const GptConfig& config,
     LOOM_CHECK(o.expert_tp == 1,
                "loom-gpt: --plan auto keeps the experts whole over tp; drop --expert-tp");
     const nn::MoeOptions moe = o.moe();
-    // A capacity factor c bounds the busiest rank's rows at c times its share: planned at that
-    // bound (dropless routing is planned balanced).
+    // With a capacity factor the plan takes the worst case it allows; dropless, balanced routing.
     w.model.moe = {moe.experts,        moe.top_k,
                    moe.every,          moe.expert_width(config.channels),
-                   o.moe_aux_loss > 0, std::max(1.0, moe.capacity_factor)};
+                   o.moe_aux_loss > 0, planner::default_moe_load(moe.capacity_factor),
+                   moe.capacity_factor};
   }
   w.global_batch = o.batch;
   const planner::Cluster c = plan_cluster(o, config, world, device);

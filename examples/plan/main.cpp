@@ -108,8 +108,11 @@ int run(int argc, char** argv) {
   f.add_double("moe-aux-loss", 0.01,
                "MoE: the load-balancing loss coefficient (loom-gpt's; > 0: a routing pass)");
   f.add_double("moe-load", 1.0,
-               "MoE: the busiest rank's routed rows over the balanced share (>= 1; loom-gpt's "
-               "--moe-capacity-factor c bounds it at c)");
+               "MoE: the busiest rank's routed rows over the balanced share (>= 1; with a "
+               "capacity factor and no --moe-load: as many as the capacity lets through)");
+  f.add_double(
+      "moe-capacity-factor", 0,
+      "MoE: loom-gpt's capacity factor, which bounds the busiest rank's rows (0: dropless)");
   f.add_int("global-batch", 0, "sequences per optimizer step");
   f.add_int("gpus", 0, "GPUs in all");
   f.add_int("gpus-per-node", 8, "GPUs per node (tp stays inside one)");
@@ -146,9 +149,14 @@ int run(int argc, char** argv) {
   w.model.block = parse_block(f.get_string("block"));
   w.model.ffn_hidden = f.get_int("ffn-hidden");
   w.model.kv_heads = f.get_int("kv-heads");
-  w.model.moe = {f.get_int("moe-experts"),         f.get_int("moe-top-k"),
-                 f.get_int("moe-every"),           f.get_int("moe-hidden"),
-                 f.get_double("moe-aux-loss") > 0, f.get_double("moe-load")};
+  const double capacity = f.get_double("moe-capacity-factor");
+  w.model.moe = {f.get_int("moe-experts"),
+                 f.get_int("moe-top-k"),
+                 f.get_int("moe-every"),
+                 f.get_int("moe-hidden"),
+                 f.get_double("moe-aux-loss") > 0,
+                 f.was_set("moe-load") ? f.get_double("moe-load") : default_moe_load(capacity),
+                 capacity};
   w.global_batch = f.get_int("global-batch");
   for (const char* required : {"layers", "hidden", "heads", "global-batch", "gpus"})
     LOOM_CHECK(f.was_set(required), "loom-plan: --", required, " is required (see --help)");

@@ -16,7 +16,7 @@ from loom import _loom
 def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gpus_per_node=8,
          gpu="h100-sxm", profile=None, execution="loom", top=5, evaluate=None, moe_experts=0,
          moe_top_k=1, moe_every=1, moe_hidden=0, moe_aux_loss=0.01, block="gpt", ffn_hidden=0,
-         kv_heads=0, moe_load=1.0):
+         kv_heads=0, moe_load=None, moe_capacity_factor=0.0):
     """Ranks the layouts of a GPT on a cluster by predicted step time, or predicts one.
 
     Returns ``loom-plan --json``'s records as dicts: without ``evaluate``, ``{"plans": [...],
@@ -35,7 +35,9 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
     ``loom-plan --moe-*``: the search then chooses the expert-parallel degree too (``ep=..`` in a
     layout); ``moe_aux_loss`` > 0 (loom-gpt's default load-balancing loss) counts loom's routing
     pass over the batch; ``moe_load`` (>= 1) is the busiest rank's routed rows over the balanced
-    share (loom-gpt's ``--moe-capacity-factor`` c bounds it at c), as ``loom-plan --moe-load``.
+    share and ``moe_capacity_factor`` loom-gpt's capacity, which bounds it (without ``moe_load``
+    the plan takes that bound; dropless, balanced routing), as ``loom-plan --moe-load
+    --moe-capacity-factor``.
     Bad arguments raise ValueError naming them.
     """
     text = _loom._plan(int(layers), int(hidden), int(heads), int(seq), int(vocab),
@@ -43,5 +45,5 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
                        profile or "", str(execution), int(top), evaluate or "",
                        int(moe_experts), int(moe_top_k), int(moe_every), int(moe_hidden),
                        float(moe_aux_loss), str(block), int(ffn_hidden), int(kv_heads),
-                       float(moe_load))
+                       None if moe_load is None else float(moe_load), float(moe_capacity_factor))
     return json.loads(text)

@@ -3,6 +3,7 @@
 // them into dicts behind loom.plan. The search runs without the GIL.
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
 
 #include "bindings.h"
@@ -19,18 +20,19 @@ void init_plan(py::module_& m) {
          const std::string& profile, const std::string& execution, int top,
          const std::string& evaluate, int64_t moe_experts, int64_t moe_top_k, int64_t moe_every,
          int64_t moe_hidden, double moe_aux_loss, const std::string& block, int64_t ffn_hidden,
-         int64_t kv_heads, double moe_load) {
-        planner::Workload w{
-            {layers,
-             hidden,
-             heads,
-             seq,
-             vocab,
-             {moe_experts, moe_top_k, moe_every, moe_hidden, moe_aux_loss > 0, moe_load},
-             planner::parse_block(block),
-             ffn_hidden,
-             kv_heads},
-            global_batch};
+         int64_t kv_heads, std::optional<double> moe_load, double moe_capacity_factor) {
+        planner::Workload w{{layers,
+                             hidden,
+                             heads,
+                             seq,
+                             vocab,
+                             {moe_experts, moe_top_k, moe_every, moe_hidden, moe_aux_loss > 0,
+                              moe_load ? *moe_load : planner::default_moe_load(moe_capacity_factor),
+                              moe_capacity_factor},
+                             planner::parse_block(block),
+                             ffn_hidden,
+                             kv_heads},
+                            global_batch};
         w.check();
         planner::Cluster c = planner::cluster_preset(gpu, gpus, gpus_per_node);
         if (!profile.empty()) c = planner::read_profile(profile, c);
@@ -51,7 +53,7 @@ void init_plan(py::module_& m) {
       py::arg("profile"), py::arg("execution"), py::arg("top"), py::arg("evaluate"),
       py::arg("moe_experts"), py::arg("moe_top_k"), py::arg("moe_every"), py::arg("moe_hidden"),
       py::arg("moe_aux_loss"), py::arg("block"), py::arg("ffn_hidden"), py::arg("kv_heads"),
-      py::arg("moe_load"));
+      py::arg("moe_load"), py::arg("moe_capacity_factor"));
 }
 
 }  // namespace loom::python

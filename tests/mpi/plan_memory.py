@@ -14,11 +14,13 @@ step gets no gradient), which the model does not see and which moves with the GE
 (another CPU's kernel), and on the timing of the experts' exchanges: the same layout's peak moved
 by up to 0.9% between runs here.
 
-A router does not balance, and the model counts balanced rows unless told (`--moe-load`): a
-third set, "capped", is every third layer MoE (the last one too) trained with loom-gpt's
-`--moe-capacity-factor 1.25` and planned with `--moe-load 1.25`. Its router sends rank 0's
-experts up to 1.9 times their share by the third step, which the capacity cuts to 1.25 (without
-the cap and the load the model was 7-10% under; benchmarks/README.md, "MoE routing").
+A router does not balance, and the model counts balanced rows unless told: a third set,
+"capped", is every third layer MoE (the last one too) trained and planned with
+`--moe-capacity-factor 1.25`, which the planner takes as the worst case the capacity allows (an
+expert's 1.25 times its share of the whole batch, all of which the rank's ep group may send:
+1.25 dp / ep times the balanced rows). Its router sends rank 0's experts up to 1.9 times their
+share by the third step (dropless and balanced, the model was 7-10% under; benchmarks/README.md,
+"MoE routing").
 
 usage: plan_memory.py LOOM_GPT LOOM_PLAN MPIEXEC [mpirun flags...]
 """
@@ -65,7 +67,7 @@ MOE_FLAGS = ["--moe-experts", "4", "--moe-top-k", "2", "--moe-every", "2", "--mo
 CAPPED_FLAGS = ["--moe-experts", "4", "--moe-top-k", "2", "--moe-every", "3", "--moe-hidden", "512"]
 # Per set: the model's flags (both programs), loom-gpt's own and loom-plan's own.
 FLAGS = {"dense": ([], [], []), "moe": (MOE_FLAGS, [], []),
-         "capped": (CAPPED_FLAGS, ["--moe-capacity-factor", "1.25"], ["--moe-load", "1.25"])}
+         "capped": (CAPPED_FLAGS + ["--moe-capacity-factor", "1.25"], [], [])}
 
 
 def run(cmd):

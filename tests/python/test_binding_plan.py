@@ -83,3 +83,6 @@ def test_moe_load_slows_and_grows_the_busiest_rank():
     assert busy["memory_bytes"]["total"] > balanced["memory_bytes"]["total"]
     with pytest.raises(ValueError, match=r"MoE load \(0.5\) must be >= 1"):
         loom.plan(**moe, moe_load=0.5)
+    # A capacity factor alone plans its worst case: 1.5 x the share here (dp 16 / ep 16).
+    capped = loom.plan(**moe, moe_capacity_factor=1.5)
+    assert capped["memory_bytes"]["total"] == busy["memory_bytes"]["total"]

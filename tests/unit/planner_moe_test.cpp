@@ -151,31 +151,41 @@ TEST(PlannerMoe, AllToAllsAreTheRoutedRowsOverTheGroup) {
 
 // An unbalanced router (MoeShape::load): the busiest rank's experts receive `load` times the
 // balanced rows, so its expert activations (the row and the hidden before and after GELU) and
-// its all-to-alls grow by that factor, and nothing else; capped by what routing can send one
-// rank (min(experts / ep, top_k) rows per token of each of ep ranks), and without ep every row
-// is local (load 1 whatever the router does).
+// its all-to-alls grow by that factor, and nothing else. Capped by what routing can send one
+// rank (min(experts / ep, top_k) rows per token of each of ep ranks; without ep every row is
+// local) and by a capacity factor c: an expert takes c times its share of the whole batch (dp
+// ranks' tokens), all of which the rank's ep group may send, c dp / ep.
 TEST(PlannerMoe, UnbalancedRoutingScalesTheBusiestRanksRows) {
   const Execution e = execution_preset("loom");
   const int mb = 2;
   const TransformerShape balanced = moe_shape(4, 1024, 16, 1024, 32000, {8, 2, 2, 512});
   TransformerShape busy = balanced;
   busy.moe.load = 1.5;
-  EXPECT_EQ(busy.rank_expert_load(1), 1.0);
-  EXPECT_EQ(busy.rank_expert_load(4), 1.5);
+  EXPECT_EQ(busy.rank_expert_load(1, 8), 1.0);
+  EXPECT_EQ(busy.rank_expert_load(4, 8), 1.5);
   busy.moe.load = 7;
-  EXPECT_EQ(busy.rank_expert_load(4), 4.0);  // 2 of a token's rows from each of 4 ranks: 8 / 2
-  EXPECT_EQ(busy.rank_expert_load(8), 4.0);  // 1 row each from 8 ranks
+  EXPECT_EQ(busy.rank_expert_load(4, 8), 4.0);  // 2 of a token's rows from each of 4 ranks: 8 / 2
+  EXPECT_EQ(busy.rank_expert_load(8, 8), 4.0);  // 1 row each from 8 ranks
+  TransformerShape capped = balanced;
+  capped.moe.capacity_factor = 1.25;
+  capped.moe.load = default_moe_load(1.25);  // the worst case the capacity allows
+  EXPECT_EQ(capped.rank_expert_load(4, 4), 1.25);
+  EXPECT_EQ(capped.rank_expert_load(4, 8), 2.5);  // half the batch's ranks feed its experts
+  EXPECT_EQ(capped.rank_expert_load(2, 8), 2.0);  // routing's own cap
+  EXPECT_EQ(capped.rank_expert_load(1, 8), 1.0);
+  capped.moe.load = 1.1;
+  EXPECT_EQ(capped.rank_expert_load(4, 8), 1.1);  // a given load below the cap
+  EXPECT_EQ(default_moe_load(0), 1.0);            // dropless: balanced unless given
+
   busy.moe.load = 1.5;
   const double rows = 1024.0 * mb * 2;                             // s b k
   const double per_row = (1024.0 + 2 * 512) * e.activation_bytes;  // h + 2f
-  for (int ep : {1, 2, 4}) {
-    const double extra = (busy.rank_expert_load(ep) - 1.0) * rows * per_row;
+  for (double load : {1.0, 1.5, 4.0})
     EXPECT_DOUBLE_EQ(
-        moe_layer_activation_bytes(busy, mb, 1, false, ep, Recompute::kNone, e) -
-            moe_layer_activation_bytes(balanced, mb, 1, false, ep, Recompute::kNone, e),
-        extra)
-        << "ep " << ep;
-  }
+        moe_layer_activation_bytes(balanced, mb, 1, false, load, Recompute::kNone, e) -
+            moe_layer_activation_bytes(balanced, mb, 1, false, 1.0, Recompute::kNone, e),
+        (load - 1.0) * rows * per_row)
+        << "load " << load;
   const Cluster c = cluster_preset("h100-sxm", 8, 8);
   Layout l;
   l.dp = 8, l.mb = mb, l.ep = 4;
@@ -191,6 +201,10 @@ TEST(PlannerMoe, UnbalancedRoutingScalesTheBusiestRanksRows) {
   expect_error([&] { busy.check(); }, {"MoE load (0.5) must be >= 1"});
   busy.moe.load = 1.25;
   EXPECT_NE(busy.str().find("width 512 load 1.25"), std::string::npos) << busy.str();
+  capped.moe.load = default_moe_load(1.25);
+  EXPECT_NE(capped.str().find("width 512 capacity 1.25"), std::string::npos) << capped.str();
+  capped.moe.capacity_factor = -1;
+  expect_error([&] { capped.check(); }, {"MoE capacity factor (-1) must be >= 0"});
 }
 
 // A MoE model whose expert gradients alone fill more than a GPU (16 layers of 64 experts 6144
