@@ -149,7 +149,7 @@ double attention_gemms_forward(const TransformerShape& m, int mb, int tp, const 
 }  // namespace
 
 MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const Cluster& c,
-                              const Execution& e, double attention_recompute) {
+                              const Execution& e, double attention_recompute, double load) {
   const DeviceRates& d = c.device;
   const double s = double(m.seq), b = double(l.mb), h = double(m.hidden), t = double(l.tp);
   const double experts = double(m.moe.experts), k = double(m.moe.top_k);
@@ -160,8 +160,7 @@ MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const 
   const double router = gemm_seconds(2.0 * b * s * h * experts, d);
   // The ep group's k b s ep rows spread over the experts / ep local experts, through two GEMMs
   // each; the busiest rank's experts, which every rank waits for at the exchange back, get
-  // rank_expert_load times the balanced rows.
-  const double load = m.rank_expert_load(l.ep, l.dp);
+  // `load` times the balanced rows (expert_load).
   const double local = experts / l.ep, rows = load * k * b * s * l.ep / experts;
   const double expert_gemms = local * 2.0 * gemm_seconds(2.0 * rows * h * f, d);
   const double gemms = attention + router + expert_gemms;
@@ -243,7 +242,7 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   a.recompute = dense * layer_recompute;
   a.tp_comm = dense * layer_tp;
   if (moes > 0) {
-    const MoeLayerCosts moe = moe_layer_costs(m, l, c, e, layer_recompute);
+    const MoeLayerCosts moe = moe_layer_costs(m, l, c, e, layer_recompute, expert_load(w, l));
     a.forward += moes * moe.forward;
     a.backward += moes * moe.backward;
     a.recompute += moes * moe.recompute;

@@ -113,12 +113,13 @@ struct ActionCosts {
 };
 // One MoE layer's micro-batch (See the header comment's MoE): forward, backward (with any
 // recomputation: the whole forward again for full, `attention_recompute` for selective), and
-// the tp and ep communication inside them.
+// the tp and ep communication inside them; the busiest rank's experts receive `load` times the
+// balanced rows (expert_load).
 struct MoeLayerCosts {
   double forward = 0, backward = 0, recompute = 0, tp_comm = 0, ep_comm = 0;
 };
 MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const Cluster& c,
-                              const Execution& e, double attention_recompute);
+                              const Execution& e, double attention_recompute, double load);
 ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e);
 
 struct StepCosts {

@@ -47,6 +47,11 @@ int parse_int(const std::string& key, const std::string& value) {
 
 }  // namespace
 
+double expert_load(const Workload& w, const Layout& l) {
+  if (!w.model.moe.enabled()) return 1.0;
+  return w.model.rank_expert_load(l.ep, int64_t(l.dp) * l.microbatches(w));
+}
+
 Layout parse_layout(const std::string& text, int gpus) {
   Layout l;
   bool dp_given = false;

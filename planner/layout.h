@@ -37,6 +37,10 @@ struct Layout {
   std::string str() const;
 };
 
+// The busiest rank's expert rows under `layout` (TransformerShape::rank_expert_load with the
+// batch in dp x micro-batches parts); 1 for a dense model.
+double expert_load(const Workload& workload, const Layout& layout);
+
 // Reads the str() form; a field left out keeps its default, except dp, which defaults to
 // gpus / (tp * pp). Throws loom::Error naming the unknown key or malformed value.
 Layout parse_layout(const std::string& text, int gpus);

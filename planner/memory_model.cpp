@@ -352,7 +352,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   const double table = double(m.vocab) * h / t;  // an embedding or output table (vocab-parallel)
   const double E = e.activation_bytes, G = e.grad_bytes;
   // Per micro-batch-chunk in flight, the mean of the rank's layers (dense and MoE).
-  const double load = m.rank_expert_load(l.ep, l.dp);  // the rows its experts receive
+  const double load = expert_load(w, l);  // the rows its experts receive
   const double rank_layers = double(rc.chunks) * double(rc.chunk_layers);
   const double moes = double(moe_layers_in(m, rc));
   const double per_layer =

@@ -81,10 +81,10 @@ double default_moe_load(double capacity_factor) {
   return capacity_factor > 0 ? std::numeric_limits<double>::infinity() : 1.0;
 }
 
-double TransformerShape::rank_expert_load(int ep, int dp) const {
+double TransformerShape::rank_expert_load(int ep, int64_t parts) const {
   const double k = double(moe.top_k);
   double most = std::min(double(moe.experts) / ep, k) * ep / k;
-  if (moe.capacity_factor > 0) most = std::min(most, moe.capacity_factor * dp / ep);
+  if (moe.capacity_factor > 0) most = std::min(most, moe.capacity_factor * double(parts) / ep);
   return std::min(moe.load, most);
 }
 

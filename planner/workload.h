@@ -97,13 +97,15 @@ struct TransformerShape {
   int64_t moe_layers_in(int64_t first, int64_t count) const;
   int64_t expert_width() const;      // f: expert_hidden, or 4h
   double expert_parameters() const;  // one expert: 2hf + f + h
-  // The busiest rank's expert rows, as a multiple of the balanced top_k rows per token, with the
-  // experts split over ep ranks of a batch spread over dp: moe.load, but at most what routing can
-  // send one rank (a token sends it at most min(experts / ep, top_k) of its rows, from each of ep
-  // ranks' tokens: 1 when ep is 1, where every row is local) and, with a capacity factor c, what
-  // the capacity lets through: its experts' c times their share of the whole batch's rows, all
-  // of which its ep group's ranks may send, c dp / ep.
-  double rank_expert_load(int ep, int dp) const;
+  // The busiest rank's expert rows in one forward, as a multiple of the balanced top_k rows per
+  // token, with the experts split over ep ranks and the batch in `parts` (dp ranks' micro-batches:
+  // dp x micro-batches per step): moe.load, but at most what routing can send one rank (a token
+  // sends it at most min(experts / ep, top_k) of its rows, from each of ep ranks' tokens: 1 when
+  // ep is 1, where every row is local) and, with a capacity factor c, what the capacity lets
+  // through: its experts' c times their share of the whole batch's rows (loom counts capacity
+  // over the batch, Note [A batch in micro-batches] in core/nn/moe.h), all of which one forward
+  // of its ep group may bring, c parts / ep.
+  double rank_expert_load(int ep, int64_t parts) const;
   // A MoE layer: attention and LayerNorms 4h^2 + 8h, the router h E, E experts.
   double moe_layer_parameters() const;
   double embedding_parameters() const;   // V h + s h (token and position tables; Llama: V h)

@@ -83,6 +83,7 @@ def test_moe_load_slows_and_grows_the_busiest_rank():
     assert busy["memory_bytes"]["total"] > balanced["memory_bytes"]["total"]
     with pytest.raises(ValueError, match=r"MoE load \(0.5\) must be >= 1"):
         loom.plan(**moe, moe_load=0.5)
-    # A capacity factor alone plans its worst case: 1.5 x the share here (dp 16 / ep 16).
+    # A capacity factor alone plans its worst case: an expert's 1.5 x its share of the batch's
+    # 16 ranks x 4 micro-batches, all of which one micro-batch of the ep group of 16 may bring: 6.
     capped = loom.plan(**moe, moe_capacity_factor=1.5)
-    assert capped["memory_bytes"]["total"] == busy["memory_bytes"]["total"]
+    assert capped["memory_bytes"]["total"] == loom.plan(**moe, moe_load=6)["memory_bytes"]["total"]

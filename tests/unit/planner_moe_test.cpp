@@ -154,7 +154,7 @@ TEST(PlannerMoe, AllToAllsAreTheRoutedRowsOverTheGroup) {
 // its all-to-alls grow by that factor, and nothing else. Capped by what routing can send one
 // rank (min(experts / ep, top_k) rows per token of each of ep ranks; without ep every row is
 // local) and by a capacity factor c: an expert takes c times its share of the whole batch (dp
-// ranks' tokens), all of which the rank's ep group may send, c dp / ep.
+// ranks' micro-batches), all of which one forward of the rank's ep group may bring, c dp m / ep.
 TEST(PlannerMoe, UnbalancedRoutingScalesTheBusiestRanksRows) {
   const Execution e = execution_preset("loom");
   const int mb = 2;
@@ -176,6 +176,13 @@ TEST(PlannerMoe, UnbalancedRoutingScalesTheBusiestRanksRows) {
   capped.moe.load = 1.1;
   EXPECT_EQ(capped.rank_expert_load(4, 8), 1.1);  // a given load below the cap
   EXPECT_EQ(default_moe_load(0), 1.0);            // dropless: balanced unless given
+  capped.moe.load = default_moe_load(1.25);
+  Layout two_parts;  // dp 4 x 2 micro-batches of 8: capacity over 8 parts
+  two_parts.dp = 4, two_parts.mb = 8, two_parts.ep = 4;
+  EXPECT_EQ(expert_load({capped, 64}, two_parts), 2.5);
+  two_parts.ep = 2;  // 5 by the capacity, but routing sends at most 2
+  EXPECT_EQ(expert_load({capped, 64}, two_parts), 2.0);
+  EXPECT_EQ(expert_load({moe_shape(4, 1024, 16, 1024, 32000, {}), 64}, two_parts), 1.0);
 
   busy.moe.load = 1.5;
   const double rows = 1024.0 * mb * 2;                             // s b k
@@ -280,8 +287,8 @@ TEST(PlannerMoe, EachStageCostsItsOwnMoeLayers) {
     ASSERT_TRUE(p.problem.empty()) << p.problem;
     const ActionCosts& a = p.actions;
     const ActionCosts d = action_costs(dense, l, c, e);
-    const double fd = d.forward / 2, bd = d.backward / 2;  // one dense layer
-    const MoeLayerCosts ml = moe_layer_costs(w.model, l, c, e, 0.0);
+    const double fd = d.forward / 2, bd = d.backward / 2;                  // one dense layer
+    const MoeLayerCosts ml = moe_layer_costs(w.model, l, c, e, 0.0, 1.0);  // balanced
     pl::CostModel stages;
     stages.forward = stages.backward = stages.weight_grad = 0;
     stages.transfer = a.p2p;
