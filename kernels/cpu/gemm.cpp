@@ -1,5 +1,5 @@
-// On AVX2 targets without AVX-512 loom's own kernel does the work (Note [An AVX2 GEMM] in
-// gemm_avx2.cpp); elsewhere Eigen does: the raw row-major pointers are wrapped in Eigen::Map with
+// On AVX2 and AVX-512 targets loom's own kernel does the work (Note [A packed GEMM] in
+// gemm_packed.cpp); elsewhere Eigen does: the raw row-major pointers are wrapped in Eigen::Map with
 // an outer stride, and a transposed operand is the Map's .transpose() expression, never a
 // materialised copy, so Eigen's blocked GEMM packs straight from the caller's memory. .noalias()
 // stops Eigen from evaluating the product into a temporary before assigning it to C.
@@ -11,7 +11,7 @@
 #include "kernels/cpu/eigen.h"
 
 #include "core/error.h"
-#include "kernels/cpu/gemm_avx2.h"
+#include "kernels/cpu/gemm_packed.h"
 
 namespace loom::kernels::cpu {
 
@@ -43,8 +43,8 @@ void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       cm *= beta;
     return;
   }
-  if (detail::gemm_avx2_preferred()) {
-    detail::gemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (detail::gemm_packed_preferred()) {
+    detail::gemm_packed(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   // The stored shapes: A is [m, k] or [k, m]; B is [k, n] or [n, k].

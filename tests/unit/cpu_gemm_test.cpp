@@ -1,4 +1,4 @@
-// The CPU GEMM (kernels/cpu/gemm.h) and its AVX2 kernel (Note [An AVX2 GEMM]): every transpose
+// The CPU GEMM (kernels/cpu/gemm.h) and its packed kernel (Note [A packed GEMM]): every transpose
 // combination, alpha and beta, edge tiles, k across several k-blocks, n across column blocks and
 // padded leading dimensions against a product summed in double; beta == 0 never reads C (NaN
 // garbage stays out); and the kernel's bits depend on an element's row and column alone: the same
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/gemm_avx2.h"
+#include "kernels/cpu/gemm_packed.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -89,9 +89,20 @@ void expect_matches_double(Gemm gemm_fn, const Shape& s, float alpha, float beta
 }
 
 const Shape kShapes[] = {
-    {false, false, 1, 1, 1, 0},     {false, true, 6, 16, 256, 0},  {true, false, 7, 17, 257, 3},
-    {true, true, 13, 37, 300, 1},   {false, true, 50, 33, 600, 5}, {false, false, 145, 40, 20, 0},
-    {true, false, 300, 70, 513, 2}, {false, true, 3, 4100, 9, 0},  {true, true, 2, 5, 1000, 0},
+    {false, false, 1, 1, 1, 0},
+    {false, true, 6, 16, 256, 0},
+    {true, false, 7, 17, 257, 3},
+    {true, true, 13, 37, 300, 1},
+    {false, true, 50, 33, 600, 5},
+    {false, false, 145, 40, 20, 0},
+    {true, false, 300, 70, 513, 2},
+    {false, true, 3, 4100, 9, 0},
+    {true, true, 2, 5, 1000, 0},
+    // Whole 6 x 32 tiles and panels (the zmm kernel's) in every transpose combination.
+    {false, false, 6, 32, 40, 0},
+    {false, true, 12, 64, 33, 1},
+    {true, false, 18, 96, 17, 0},
+    {true, true, 12, 64, 260, 2},
 };
 
 TEST(CpuGemm, MatchesDoubleSums) {
@@ -100,11 +111,11 @@ TEST(CpuGemm, MatchesDoubleSums) {
       expect_matches_double(gemm, s, alpha, beta);
 }
 
-TEST(CpuGemm, Avx2KernelMatchesDoubleSums) {
-  if (!detail::gemm_avx2_compiled()) GTEST_SKIP() << "built without AVX2 and FMA";
+TEST(CpuGemm, PackedKernelMatchesDoubleSums) {
+  if (!detail::gemm_packed_compiled()) GTEST_SKIP() << "built without AVX2 and FMA";
   for (const Shape& s : kShapes)
     for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {-2.0f, 0.25f}})
-      expect_matches_double(detail::gemm_avx2, s, alpha, beta);
+      expect_matches_double(detail::gemm_packed, s, alpha, beta);
 }
 
 TEST(CpuGemm, EmptySumScalesOrZeroesC) {
@@ -116,9 +127,9 @@ TEST(CpuGemm, EmptySumScalesOrZeroesC) {
   EXPECT_EQ(c, (std::vector<float>{2, 4, 6, 8}));
 }
 
-// The AVX2 kernel's bits: a function of the element's row, column, alpha and beta only.
-TEST(CpuGemm, Avx2BitsDependOnRowAndColumnAlone) {
-  if (!detail::gemm_avx2_compiled()) GTEST_SKIP() << "built without AVX2 and FMA";
+// The packed kernel's bits: a function of the element's row, column, alpha and beta only.
+TEST(CpuGemm, PackedBitsDependOnRowAndColumnAlone) {
+  if (!detail::gemm_packed_compiled()) GTEST_SKIP() << "built without AVX2 and FMA";
   for (const Shape& s : {Shape{false, true, 301, 530, 700, 0}, Shape{true, false, 97, 40, 1030, 0},
                          Shape{false, false, 64, 4200, 70, 0}}) {
     Problem p(s, 7);
@@ -131,8 +142,8 @@ TEST(CpuGemm, Avx2BitsDependOnRowAndColumnAlone) {
       const float* a0 = a.data() + shift + (s.trans_a ? row0 : row0 * p.lda);
       const int saved = omp_get_max_threads();
       omp_set_num_threads(threads);
-      detail::gemm_avx2(s.trans_a, s.trans_b, rows, s.n, s.k, 0.75f, a0, p.lda, b.data() + shift,
-                        p.ldb, 0.5f, c.data() + shift, p.ldc);
+      detail::gemm_packed(s.trans_a, s.trans_b, rows, s.n, s.k, 0.75f, a0, p.lda, b.data() + shift,
+                          p.ldb, 0.5f, c.data() + shift, p.ldc);
       omp_set_num_threads(saved);
       return std::vector<float>(c.begin() + shift, c.begin() + shift + rows * p.ldc);
     };

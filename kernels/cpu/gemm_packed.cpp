@@ -1,23 +1,29 @@
-// Note [An AVX2 GEMM]
+// Note [A packed GEMM]
 // Eigen 3.4's GEMM on an AVX2 target (AMD EPYC Zen 3, no AVX-512) ran the GPT's shapes at 48-64
 // GFLOP/s on one core where OpenBLAS, PyTorch's BLAS, ran them at 81-85: most of the gap between
-// loom's and PyTorch's training step at one thread (benchmarks/README.md). On AVX-512 Xeons
-// Eigen's 16-lane kernel measured on par with OpenBLAS, so this kernel is used only where AVX2
-// is the widest vector (gemm_avx2_preferred).
+// loom's and PyTorch's training step at one thread (benchmarks/README.md). Its 16-lane AVX-512
+// kernel measured on par with OpenBLAS on AVX-512 Xeons, but not on Zen 4 (AMD EPYC, AVX-512
+// executed as two 256-bit halves): 78-87 GFLOP/s on the GPT's forward and backward shapes where
+// this kernel runs them at 97-107 and torch.mm's best is 104. So gemm() uses this kernel wherever
+// it is compiled (gemm_packed_preferred), AVX2 or AVX-512; Eigen only on other targets. (Not yet
+// measured on an AVX-512 Xeon, where its zmm micro-kernel issues as many FMAs per cycle as
+// Eigen's.)
 //
 // The structure is the one of Goto's algorithm, as BLIS and OpenBLAS have it: op(B) is packed in
 // blocks of kKc x kNc into panels kNr columns wide, op(A) in blocks of kMc x kKc into panels kMr
-// rows tall, each zero-padded to whole panels; a 6 x 16 micro-kernel keeps its tile of C in 12
-// ymm accumulators and adds one rank-1 update per k from one broadcast of A and two loads of B.
-// A block of A (144 x 256 floats, 144 KiB) stays in L2, a panel of B (16 KiB) in L1.
+// rows tall, each zero-padded to whole panels; a 6 x kNr micro-kernel keeps its tile of C in 12
+// vector accumulators (two per row: kNr is 16 floats on ymm, 32 on zmm) and adds one rank-1
+// update per k from one broadcast of A and two loads of B. A block of A (144 x 256 floats, 144
+// KiB) stays in L2, a panel of B (16 or 32 KiB) in L1.
 //
 // Bits. Every element of C is the sum over k of its products, accumulated in order by one FMA
 // chain per k-block of kKc and the k-blocks added to C in order, so it depends on its row of
-// op(A), its column of op(B), alpha and beta only: not on the thread count, the shape of C or
-// where the operands sit (packing removes alignment; Note [Aligned scratch]). Data parallelism's
-// equivalence tests rely on that (a batch split over ranks computes each row as one process
-// does). Threads split C into blocks; k is never split.
-#include "kernels/cpu/gemm_avx2.h"
+// op(A), its column of op(B), alpha and beta only: not on the thread count, the shape of C, where
+// the operands sit (packing removes alignment; Note [Aligned scratch]) or the vector width (an
+// AVX-512 and an AVX2 build give the same bits). Data parallelism's equivalence tests rely on
+// that (a batch split over ranks computes each row as one process does). Threads split C into
+// blocks; k is never split.
+#include "kernels/cpu/gemm_packed.h"
 
 #include <algorithm>
 
@@ -35,22 +41,57 @@ namespace loom::kernels::cpu::detail {
 
 #ifndef LOOM_GEMM_AVX2
 
-bool gemm_avx2_compiled() { return false; }
-bool gemm_avx2_preferred() { return false; }
-void gemm_avx2(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-               int64_t, float, float*, int64_t) {
-  LOOM_ASSERT(false, "gemm_avx2: this build was not compiled with AVX2 and FMA");
+bool gemm_packed_compiled() { return false; }
+bool gemm_packed_preferred() { return false; }
+void gemm_packed(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                 int64_t, float, float*, int64_t) {
+  LOOM_ASSERT(false, "gemm_packed: this build was not compiled with AVX2 and FMA");
 }
 
 #else
 
 namespace {
 
-constexpr int64_t kMr = 6;         // rows of the micro-kernel's tile
-constexpr int64_t kNr = 16;        // columns: two ymm vectors
-constexpr int64_t kKc = 256;       // the k-block
-constexpr int64_t kMc = 144;       // rows of a block of A (a multiple of kMr)
-constexpr int64_t kNc = 4080;      // columns of a block of B (a multiple of kNr)
+// The micro-kernel's vectors: zmm where the target has AVX-512, else ymm. Every operation the
+// kernel uses, under one name per width, so that both widths run the same code.
+#if defined(__AVX512F__)
+struct Lanes {
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_load_ps(p); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, V v) { _mm512_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+constexpr int64_t kNc = 4064;  // columns of a block of B (a multiple of kNr)
+#else
+struct Lanes {
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_load_ps(p); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, V v) { _mm256_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+constexpr int64_t kNc = 4080;  // columns of a block of B (a multiple of kNr)
+#endif
+constexpr int64_t kWidth = int64_t(sizeof(Lanes::V) / sizeof(float));  // floats per vector
+
+constexpr int64_t kMr = 6;           // rows of the micro-kernel's tile
+constexpr int64_t kNr = 2 * kWidth;  // columns: two vectors
+constexpr int64_t kKc = 256;         // the k-block
+constexpr int64_t kMc = 144;         // rows of a block of A (a multiple of kMr)
+static_assert(kNc % kNr == 0);
 constexpr int64_t kPackSlack = 8;  // floats past a packed block that pack_a may write (2 used)
 constexpr int64_t kSerialWork = int64_t(1) << 18;  // m * n * k below which one thread does it
 
@@ -135,11 +176,11 @@ void pack_b_panel(const Operands& o, int64_t j0, int64_t cols, int64_t p0, int64
     const float* src = o.b + j0 * o.ldb + p0;
     int64_t p = 0;
     for (; p + 8 <= kc; p += 8)
-      for (int half = 0; half < 2; ++half) {
+      for (int64_t eighth = 0; eighth < kNr / 8; ++eighth) {
         __m256 r[8];
-        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (half * 8 + i) * o.ldb + p);
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (eighth * 8 + i) * o.ldb + p);
         transpose8x8(r);
-        for (int i = 0; i < 8; ++i) _mm256_store_ps(panel + (p + i) * kNr + half * 8, r[i]);
+        for (int i = 0; i < 8; ++i) _mm256_store_ps(panel + (p + i) * kNr + eighth * 8, r[i]);
       }
     for (; p < kc; ++p)
       for (int64_t j = 0; j < kNr; ++j) panel[p * kNr + j] = src[j * o.ldb + p];
@@ -155,8 +196,8 @@ void pack_b_panel(const Operands& o, int64_t j0, int64_t cols, int64_t p0, int64
   } else if (cols == kNr) {  // B stored [k, n]: a panel's kNr values per k are adjacent
     for (int64_t p = 0; p < kc; ++p) {
       const float* src = o.b + (p0 + p) * o.ldb + j0;
-      _mm256_store_ps(panel + p * kNr, _mm256_loadu_ps(src));
-      _mm256_store_ps(panel + p * kNr + 8, _mm256_loadu_ps(src + 8));
+      Lanes::store(panel + p * kNr, Lanes::loadu(src));
+      Lanes::store(panel + p * kNr + kWidth, Lanes::loadu(src + kWidth));
     }
   } else {  // the last, partial panel
     for (int64_t p = 0; p < kc; ++p) {
@@ -171,58 +212,56 @@ void pack_b_panel(const Operands& o, int64_t j0, int64_t cols, int64_t p0, int64
 // GCC 12 stored the array to the stack on every k.
 void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
                   int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  using L = Lanes;
+  L::V c00 = L::zero(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  L::V c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t p = 0; p < kc; ++p) {
-    const __m256 b0 = _mm256_load_ps(b);
-    const __m256 b1 = _mm256_load_ps(b + 8);
-    __m256 ar = _mm256_broadcast_ss(a);
-    c00 = _mm256_fmadd_ps(ar, b0, c00);
-    c01 = _mm256_fmadd_ps(ar, b1, c01);
-    ar = _mm256_broadcast_ss(a + 1);
-    c10 = _mm256_fmadd_ps(ar, b0, c10);
-    c11 = _mm256_fmadd_ps(ar, b1, c11);
-    ar = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_fmadd_ps(ar, b0, c20);
-    c21 = _mm256_fmadd_ps(ar, b1, c21);
-    ar = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_fmadd_ps(ar, b0, c30);
-    c31 = _mm256_fmadd_ps(ar, b1, c31);
-    ar = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_fmadd_ps(ar, b0, c40);
-    c41 = _mm256_fmadd_ps(ar, b1, c41);
-    ar = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_fmadd_ps(ar, b0, c50);
-    c51 = _mm256_fmadd_ps(ar, b1, c51);
+    const L::V b0 = L::load(b);
+    const L::V b1 = L::load(b + kWidth);
+    L::V ar = L::broadcast(a);
+    c00 = L::fmadd(ar, b0, c00);
+    c01 = L::fmadd(ar, b1, c01);
+    ar = L::broadcast(a + 1);
+    c10 = L::fmadd(ar, b0, c10);
+    c11 = L::fmadd(ar, b1, c11);
+    ar = L::broadcast(a + 2);
+    c20 = L::fmadd(ar, b0, c20);
+    c21 = L::fmadd(ar, b1, c21);
+    ar = L::broadcast(a + 3);
+    c30 = L::fmadd(ar, b0, c30);
+    c31 = L::fmadd(ar, b1, c31);
+    ar = L::broadcast(a + 4);
+    c40 = L::fmadd(ar, b0, c40);
+    c41 = L::fmadd(ar, b1, c41);
+    ar = L::broadcast(a + 5);
+    c50 = L::fmadd(ar, b0, c50);
+    c51 = L::fmadd(ar, b1, c51);
     a += kMr;
     b += kNr;
   }
-  const __m256 va = _mm256_set1_ps(alpha);
-  const __m256 acc[kMr][2] = {{_mm256_mul_ps(va, c00), _mm256_mul_ps(va, c01)},
-                              {_mm256_mul_ps(va, c10), _mm256_mul_ps(va, c11)},
-                              {_mm256_mul_ps(va, c20), _mm256_mul_ps(va, c21)},
-                              {_mm256_mul_ps(va, c30), _mm256_mul_ps(va, c31)},
-                              {_mm256_mul_ps(va, c40), _mm256_mul_ps(va, c41)},
-                              {_mm256_mul_ps(va, c50), _mm256_mul_ps(va, c51)}};
+  const L::V va = L::set1(alpha);
+  const L::V acc[kMr][2] = {{L::mul(va, c00), L::mul(va, c01)}, {L::mul(va, c10), L::mul(va, c11)},
+                            {L::mul(va, c20), L::mul(va, c21)}, {L::mul(va, c30), L::mul(va, c31)},
+                            {L::mul(va, c40), L::mul(va, c41)}, {L::mul(va, c50), L::mul(va, c51)}};
   if (mr == kMr && nr == kNr) {
-    const __m256 vb = _mm256_set1_ps(beta);
+    const L::V vb = L::set1(beta);
     for (int r = 0; r < kMr; ++r) {
       float* row = c + r * ldc;
-      __m256 lo = acc[r][0], hi = acc[r][1];
+      L::V lo = acc[r][0], hi = acc[r][1];
       if (beta != 0.0f) {
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(vb, _mm256_loadu_ps(row)));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(vb, _mm256_loadu_ps(row + 8)));
+        lo = L::add(lo, L::mul(vb, L::loadu(row)));
+        hi = L::add(hi, L::mul(vb, L::loadu(row + kWidth)));
       }
-      _mm256_storeu_ps(row, lo);
-      _mm256_storeu_ps(row + 8, hi);
+      L::storeu(row, lo);
+      L::storeu(row + kWidth, hi);
     }
     return;
   }
   // An edge tile: the same arithmetic, element by element over the real part.
-  alignas(32) float tile[kMr][kNr];
+  alignas(64) float tile[kMr][kNr];
   for (int r = 0; r < kMr; ++r) {
-    _mm256_store_ps(tile[r], acc[r][0]);
-    _mm256_store_ps(tile[r] + 8, acc[r][1]);
+    L::store(tile[r], acc[r][0]);
+    L::store(tile[r] + kWidth, acc[r][1]);
   }
   for (int64_t r = 0; r < mr; ++r)
     for (int64_t j = 0; j < nr; ++j) {
@@ -250,20 +289,14 @@ float* sized(Scratch& s, int64_t floats) {
 
 }  // namespace
 
-bool gemm_avx2_compiled() { return true; }
+bool gemm_packed_compiled() { return true; }
 
-bool gemm_avx2_preferred() {
-#ifdef __AVX512F__
-  return false;
-#else
-  return true;
-#endif
-}
+bool gemm_packed_preferred() { return true; }
 
-void gemm_avx2(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-               int64_t ldc) {
-  LOOM_ASSERT(m > 0 && n > 0 && k > 0, "gemm_avx2: empty product m=", m, " n=", n, " k=", k);
+void gemm_packed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
+  LOOM_ASSERT(m > 0 && n > 0 && k > 0, "gemm_packed: empty product m=", m, " n=", n, " k=", k);
   const Operands o{trans_a, trans_b, a, lda, b, ldb};
   const int threads = omp_in_parallel() || m * n * k < kSerialWork ? 1 : omp_get_max_threads();
   // Rows per block of A: at most kMc, fewer when that gives every thread a block.
