@@ -18,8 +18,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 
 
@@ -34,7 +32,7 @@ def _flag_from_argv(name, default):
     return default
 
 
-# Before torch is imported: OpenBLAS sizes its thread pool when it loads.
+# Before numpy and torch are imported: OpenBLAS sizes its thread pool when it loads.
 THREADS = _flag_from_argv("--threads", 1)
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 os.environ["OPENBLAS_NUM_THREADS"] = str(_flag_from_argv("--blas-threads", THREADS))
@@ -44,6 +42,9 @@ os.environ["OPENBLAS_NUM_THREADS"] = str(_flag_from_argv("--blas-threads", THREA
 TORCH_WAIT_POLICY = None
 if THREADS > 1 and "OMP_WAIT_POLICY" not in os.environ:
     TORCH_WAIT_POLICY = os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+# numpy too loads OpenBLAS, which reads OPENBLAS_NUM_THREADS once, when it loads: imported before
+# the line above, it left PyTorch's "one-thread" GEMMs on two OpenBLAS threads.
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import gpt2_reference as ref  # noqa: E402
@@ -145,7 +146,7 @@ def main():
           f"after {args.warmup} warm-up")
     print(f"loom    step {lm:8.2f} ms  ({args.batch * args.seq / lm * 1e3:8.0f} tok/s)")
     print(f"pytorch step {tm:8.2f} ms  ({args.batch * args.seq / tm * 1e3:8.0f} tok/s)")
-    refusal = peer_blas.refusal()
+    refusal = peer_blas.refusal() or peer_blas.thread_mismatch(args.blas_threads or args.threads)
     print(refusal or f"speedup loom vs pytorch: {tm / lm:.2f}x")
     # Same weights, same data: the first losses must agree (a benchmark of different math is void).
     print(f"first-step loss: loom {loom_losses[0]:.6f}, pytorch {torch_losses[0]:.6f}")

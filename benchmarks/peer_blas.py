@@ -9,6 +9,7 @@ libopenblas0-pthread, which takes over libblas.so.3. Each benchmark prints blas_
 reports a ratio only when optimized() is true.
 """
 
+import ctypes
 import os
 
 import torch
@@ -46,24 +47,49 @@ def optimized():
 
 def loom_gemm():
     """Which CPU GEMM loom runs here, assuming it was built for this machine (-march=native, the
-    default LOOM_NATIVE=ON): its own AVX2 kernel where AVX2 is the widest vector, Eigen elsewhere
-    (kernels/cpu/gemm_avx2.h)."""
+    default LOOM_NATIVE=ON): its own packed kernel with AVX2 and FMA (zmm-wide with AVX-512),
+    Eigen elsewhere (kernels/cpu/gemm_packed.h)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f
                           if line.startswith("flags")), [])
     except OSError:
         flags = []
-    if "avx2" in flags and "fma" in flags and "avx512f" not in flags:
-        return "loom's AVX2 kernel"
+    if "avx2" in flags and "fma" in flags:
+        return "loom's packed kernel, " + ("AVX-512" if "avx512f" in flags else "AVX2")
     return "Eigen"
 
 
+def openblas_threads():
+    """The threads OpenBLAS's GEMMs run on in this process (its own pool, which
+    torch.set_num_threads does not size: OPENBLAS_NUM_THREADS, read when the library loads), or
+    None without OpenBLAS."""
+    for path in _loaded_blas():
+        if "openblas" in path.lower():
+            try:
+                return int(ctypes.CDLL(path).openblas_get_num_threads())
+            except (OSError, AttributeError):
+                return None
+    return None
+
+
 def blas_line(threads):
-    """One line naming PyTorch's BLAS and its thread count, and loom's GEMM."""
+    """One line naming PyTorch's BLAS and its thread counts, and loom's GEMM."""
     kind, detail = describe()
-    return (f"PyTorch BLAS: {kind} ({detail}), torch.get_num_threads() = {threads}; loom GEMM: "
-            f"{loom_gemm()}, OMP_NUM_THREADS = " + os.environ.get("OMP_NUM_THREADS", "unset"))
+    blas_threads = openblas_threads()
+    own = "" if blas_threads is None else f", OpenBLAS threads = {blas_threads}"
+    return (f"PyTorch BLAS: {kind} ({detail}), torch.get_num_threads() = {threads}{own}; loom "
+            f"GEMM: {loom_gemm()}, OMP_NUM_THREADS = " + os.environ.get("OMP_NUM_THREADS", "unset"))
+
+
+def thread_mismatch(threads):
+    """Why no ratio is printed when OpenBLAS runs on more threads than the comparison gives each
+    side (a script that loads it before setting OPENBLAS_NUM_THREADS); None otherwise."""
+    blas_threads = openblas_threads()
+    if blas_threads is None or blas_threads <= threads:
+        return None
+    return (f"no ratio: PyTorch's OpenBLAS runs on {blas_threads} threads where each side was to "
+            f"have {threads} (OPENBLAS_NUM_THREADS must be set before numpy or torch loads it)")
 
 
 def refusal():
