@@ -1,5 +1,6 @@
 #include "collectives/carried.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -29,38 +30,57 @@ void combine_block(ReduceOp op, const T* x, int64_t count, Acc* acc) {
   }
 }
 
-// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type. When they
-// are the same the reduction runs in out itself (the blocks are the exchange's own buffer, never
-// out): a carried collective is small, and a scratch allocation was a visible part of its time.
+// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type. The result
+// is combined a tile at a time in an accumulator on the stack and then stored: no allocation (a
+// carried collective is small, and a scratch allocation was a visible part of its time), and
+// `out` may alias a block (each tile is read whole before it is written).
 template <typename T, typename Acc>
-void reduce_blocks(const char* blocks, int64_t block_bytes, int n, int first_rank, ReduceOp op,
-                   int64_t first, int64_t count, T* out) {
-  if (count == 0) return;
-  std::vector<Acc> scratch;
-  Acc* acc = nullptr;
-  if constexpr (std::is_same_v<T, Acc>) {
-    acc = out;
-  } else {
-    scratch.resize(static_cast<size_t>(count));
-    acc = scratch.data();
+void reduce_blocks(const T* const* by_rank, int n, ReduceOp op, int64_t count, T* out) {
+  constexpr int64_t kTile = 2048;
+  Acc acc[kTile];
+  for (int64_t at = 0; at < count; at += kTile) {
+    const int64_t m = std::min(kTile, count - at);
+    const T* b0 = by_rank[0] + at;
+    for (int64_t i = 0; i < m; ++i) acc[i] = kernels::cpu::convert_scalar<Acc>(b0[i]);
+    for (int j = 1; j < n; ++j) combine_block(op, by_rank[j] + at, m, acc);
+    if (op == ReduceOp::kAvg) {
+      // As the MPI backend's divide(): f32 divides by float(n), integers truncate toward zero.
+      for (int64_t i = 0; i < m; ++i)
+        acc[i] = std::is_floating_point_v<Acc> ? acc[i] / Acc(n) : acc[i] / n;
+    }
+    for (int64_t i = 0; i < m; ++i) out[at + i] = kernels::cpu::convert_scalar<T>(acc[i]);
   }
-  auto block = [&](int j) {
-    const int at = ((j - first_rank) % n + n) % n;
-    return reinterpret_cast<const T*>(blocks + at * block_bytes) + first;
-  };
-  const T* b0 = block(0);
-  for (int64_t i = 0; i < count; ++i) acc[i] = kernels::cpu::convert_scalar<Acc>(b0[i]);
-  for (int j = 1; j < n; ++j) combine_block(op, block(j), count, acc);
-  if (op == ReduceOp::kAvg) {
-    // As the MPI backend's divide(): f32 divides by float(n), integers truncate toward zero.
-    for (int64_t i = 0; i < count; ++i)
-      acc[i] = std::is_floating_point_v<Acc> ? acc[i] / Acc(n) : acc[i] / n;
-  }
-  if constexpr (!std::is_same_v<T, Acc>)
-    for (int64_t i = 0; i < count; ++i) out[i] = kernels::cpu::convert_scalar<T>(acc[i]);
+}
+
+template <typename T, typename Acc>
+void reduce_typed(const void* const* by_rank, int n, ReduceOp op, int64_t count, void* out) {
+  reduce_blocks<T, Acc>(reinterpret_cast<const T* const*>(by_rank), n, op, count,
+                        static_cast<T*>(out));
 }
 
 }  // namespace
+
+void reduce_ranks(const void* const* by_rank, int n, DType dtype, ReduceOp op, int64_t count,
+                  void* out) {
+  LOOM_ASSERT(n > 0 && count >= 0, "reduce_ranks: ", n, " ranks, ", count, " elements");
+  if (count == 0) return;
+  switch (dtype) {
+    case DType::kF32:
+      return reduce_typed<float, float>(by_rank, n, op, count, out);
+    case DType::kBF16:
+      return reduce_typed<BFloat16, float>(by_rank, n, op, count, out);
+    case DType::kF16:
+      return reduce_typed<Float16, float>(by_rank, n, op, count, out);
+    case DType::kI32:
+      return reduce_typed<int32_t, int32_t>(by_rank, n, op, count, out);
+    case DType::kI64:
+      return reduce_typed<int64_t, int64_t>(by_rank, n, op, count, out);
+    case DType::kU8:
+    case DType::kBool:
+      break;
+  }
+  LOOM_ASSERT(false, "reduce_ranks on ", dtype_name(dtype));
+}
 
 void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int first_rank,
                           DType dtype, ReduceOp op, int64_t first, int64_t count, void* out) {
@@ -69,28 +89,18 @@ void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int fir
       "reduce_in_rank_order: elements [", first, ", ", first + count, ") outside a block of ",
       block_bytes, " bytes");
   const auto* b = static_cast<const char*>(blocks);
-  const auto bb = int64_t(block_bytes);
-  switch (dtype) {
-    case DType::kF32:
-      return reduce_blocks<float, float>(b, bb, n, first_rank, op, first, count,
-                                         static_cast<float*>(out));
-    case DType::kBF16:
-      return reduce_blocks<BFloat16, float>(b, bb, n, first_rank, op, first, count,
-                                            static_cast<BFloat16*>(out));
-    case DType::kF16:
-      return reduce_blocks<Float16, float>(b, bb, n, first_rank, op, first, count,
-                                           static_cast<Float16*>(out));
-    case DType::kI32:
-      return reduce_blocks<int32_t, int32_t>(b, bb, n, first_rank, op, first, count,
-                                             static_cast<int32_t*>(out));
-    case DType::kI64:
-      return reduce_blocks<int64_t, int64_t>(b, bb, n, first_rank, op, first, count,
-                                             static_cast<int64_t*>(out));
-    case DType::kU8:
-    case DType::kBool:
-      break;
+  const int64_t offset = first * int64_t(dtype_size(dtype));
+  constexpr int kOnStack = 64;
+  const void* on_stack[kOnStack];
+  std::vector<const void*> on_heap;
+  const void** by_rank = on_stack;
+  if (n > kOnStack) {
+    on_heap.resize(size_t(n));
+    by_rank = on_heap.data();
   }
-  LOOM_ASSERT(false, "reduce_in_rank_order on ", dtype_name(dtype));
+  for (int j = 0; j < n; ++j)
+    by_rank[j] = b + int64_t(((j - first_rank) % n + n) % n) * int64_t(block_bytes) + offset;
+  reduce_ranks(by_rank, n, dtype, op, count, out);
 }
 
 }  // namespace loom::comm

@@ -1,7 +1,8 @@
-// The reduction of a small collective carried by its signature check (Note [Small collectives in
-// their check], communicator.cpp): the check's exchange hands each rank every rank's block of the
-// elements it reduces, and the rank combines them here, in rank order, so that the result has
-// the same bits whatever the message pattern was.
+// The reductions loom makes itself rather than MPI: a small collective carried by its signature
+// check (Note [Small collectives in their check], communicator.cpp) and the MPI backend's direct
+// reduce-scatter (Note [Direct reduce-scatter], mpi_backend.cpp). The exchange hands each rank
+// every rank's block of the elements it reduces, and the rank combines them here, in rank order,
+// so that the result has the same bits whatever the message pattern was.
 #pragma once
 
 #include "collectives/communicator.h"
@@ -15,5 +16,11 @@ namespace loom::comm {
 // staged reductions are (Note [MPI staging]). Host memory; `out` does not overlap the blocks.
 void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int first_rank,
                           DType dtype, ReduceOp op, int64_t first, int64_t count, void* out);
+
+// The same over blocks wherever they lie: by_rank[j] is rank j's block (count elements). `out`
+// may be one of the blocks (a reduce-scatter in place): each tile of the result is combined
+// before any of it is written.
+void reduce_ranks(const void* const* by_rank, int n, DType dtype, ReduceOp op, int64_t count,
+                  void* out);
 
 }  // namespace loom::comm

@@ -151,6 +151,58 @@ TEST(CommDebug, UncheckedSwappedCallsGoUnnoticed) {
   EXPECT_EQ(b.to_vector<float>(), std::vector<float>(8, 11.0f));
 }
 
+// Unchecked, small collectives still travel in the check channel's exchange (Note [Carried when
+// unchecked] in communicator.cpp): their results are the closed forms, and a call of another
+// length on one rank raises on every rank, naming the calls, instead of reading a short message.
+TEST(CommDebug, UncheckedSmallCollectivesAreRightAndALengthMismatchRaises) {
+  auto world = comm::world();
+  auto g = world->split(0, world->rank(), "unchecked small");
+  const int n = g->size(), r = g->rank();
+  if (n == 1) GTEST_SKIP() << "one rank exchanges nothing";
+  g->set_debug(false);
+  Tensor x = Tensor::full({7}, double(r + 1)), sum = Tensor::zeros({7});
+  g->allreduce(x, sum)->wait();
+  EXPECT_EQ(sum.to_vector<float>(), std::vector<float>(7, float(n * (n + 1) / 2)));
+  Tensor blocks = Tensor::full({3 * int64_t(n)}, double(r + 1)), mine = Tensor::zeros({3});
+  g->reduce_scatter(blocks, mine)->wait();
+  EXPECT_EQ(mine.to_vector<float>(), std::vector<float>(3, float(n * (n + 1) / 2)));
+  Tensor all = Tensor::zeros({2 * int64_t(n)});
+  g->allgather(Tensor::full({2}, double(r)), all)->wait();
+  for (int j = 0; j < n; ++j) {
+    EXPECT_EQ(all.to_vector<float>()[size_t(2 * j)], float(j));
+    EXPECT_EQ(all.to_vector<float>()[size_t(2 * j + 1)], float(j));
+  }
+  Tensor t = Tensor::ones({r == 0 ? 8 : 9});
+  expect_mismatch(*g, [&] { g->allreduce(t)->wait(); },
+                  {"disagree", "allreduce f32 count 8", "allreduce f32 count 9", "checks are off"});
+  // The group goes on.
+  Tensor y = Tensor::ones({5});
+  g->allreduce(y)->wait();
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(5, float(n)));
+}
+
+// Unchecked, a reduce_scatter of another size on one rank still raises instead of reading a
+// short or truncated block: the direct reduce-scatter (Note [Direct reduce-scatter] in
+// mpi_backend.cpp) compares every block it receives with its own. Rank 0's blocks are 40000
+// elements, the others' 50000: every rank receives a block of the wrong length from rank 0 or
+// sends rank 0 one too long for it.
+TEST(CommDebug, UncheckedReduceScatterOfAnotherSizeRaises) {
+  auto world = comm::world();
+  auto g = world->split(0, world->rank(), "unchecked reduce_scatter");
+  if (std::string(g->backend()) != "mpi" || g->size() == 1)
+    GTEST_SKIP() << "the MPI backend's direct reduce-scatter, on more than one rank";
+  g->set_debug(false);
+  const int64_t block = g->rank() == 0 ? 40000 : 50000;
+  Tensor in = Tensor::ones({block * g->size()}), out = Tensor::zeros({block});
+  if (g->rank() == 0)  // MPI's truncation error, in the collective's context
+    expect_mismatch(*g, [&] { g->reduce_scatter(in, out)->wait(); },
+                    {"reduce_scatter #", "truncated"});
+  else  // a short block, both lengths named
+    expect_mismatch(*g, [&] { g->reduce_scatter(in, out)->wait(); },
+                    {"rank 0 sent 160000 bytes of its reduce_scatter block, this rank expected "
+                     "200000"});
+}
+
 // Two groups over the same ranks; even ranks post group A's allreduce first, odd ranks group B's,
 // both nonblocking, and each waits in its own order. Legal (each group's own order agrees); a
 // check that made posting wait for the peers would hang here until the timeout.
