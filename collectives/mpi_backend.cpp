@@ -932,41 +932,46 @@ SignatureExchange::~SignatureExchange() {
 // Open MPI serves the nonblocking reduce-scatter loom would post from coll/libnbc, and its
 // blocking one reduces to a root and scatters; on the shared-memory transport both moved about
 // half of what the transport allows (benchmarks/README.md, "Direct reduce-scatter": libnbc at
-// 0.34-0.65x of the blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes host
-// reduce-scatters itself: each rank sends block j of its input straight to rank j (no copy) and
-// receives every other rank's block for it into a scratch buffer, then reduces the n blocks in
-// rank order (collectives/carried.h): the bits of the carried reduce-scatter, at every size and
-// message pattern. A block goes in pieces of at most kDirectScratchBytes / (2 (n - 1)) bytes, two
-// pieces in flight (one reduced while the next arrives), so the scratch is bounded whatever the
-// size (a whole-bucket buffer would add a gradient copy to ZeRO's peak). The messages go over the
-// check channel's communicator under their own tag (kDirectTag), where no user message and no
-// check can match them; every rank posts its collectives in the same order (the check queue's, or
-// the calls' when checks are off), and MPI's non-overtaking order between two ranks on one tag
-// then pairs each piece with the receive of the same piece. A received piece of another length (a
-// rank called with another size, checks off) is an error naming both lengths. The scratch is the
-// communicator's, kept from one call to the next (host memory, as MPI's own buffers are).
+// 0.34-0.65x of the blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes a host
+// reduce-scatter whose other ranks' blocks fit kDirectScratchBytes itself: each rank sends block j
+// of its input straight to rank j (no copy) and receives every other rank's block for it into a
+// scratch buffer, then reduces the n blocks in rank order (collectives/carried.h): the bits of the
+// carried reduce-scatter, for every message pattern. Every message is posted at once: a piece
+// posted only as an earlier one completed would need the work's own poll, and two ranks waiting
+// for two such reduce-scatters in different orders each waited for a piece the other never
+// posted (MPI's own nonblocking collectives progress in any MPI call; loom's work only in its own
+// poll). Larger ones go to MPI, so the scratch stays bounded (a whole-bucket buffer would add a
+// gradient copy to ZeRO's peak); two are kept per group for the next calls (host memory, as MPI's
+// own buffers are). The messages go over the check channel's communicator, where no user message
+// can match them, each reduce-scatter under a tag of its own (kDirectTag and up, counted per group:
+// every rank posts its collectives in the same order, the check queue's or, with checks off, the
+// calls'), so that neither a check nor another reduce-scatter in flight can match them. A received
+// block of another length (a rank called with another size, checks off) is an error naming both
+// lengths.
 constexpr size_t kDirectScratchBytes = 4 * 1024 * 1024;
-constexpr int kDirectTag = 64;  // above every tag of a signature exchange (< 2 x 32)
+constexpr int kDirectTag = 64;  // the first; above every tag of a signature exchange (< 2 x 32)
+
+// Whether a reduce-scatter of `block_bytes` per rank over n ranks goes direct.
+bool direct_reduce_scatter_fits(int64_t block_bytes, int n) {
+  return n > 1 && block_bytes > 0 && block_bytes <= INT_MAX &&
+         block_bytes * (n - 1) <= int64_t(kDirectScratchBytes);
+}
 
 class DirectReduceScatter final : public MpiPolledWork {
  public:
   // `channel`: the communicator the messages travel on (the check channel's).
   DirectReduceScatter(std::shared_ptr<CommHandle> channel, OpContext context, double timeout_s,
                       int rank, int n, const Tensor& input, const Tensor& output, ReduceOp op,
-                      SpareScratch spare)
+                      int tag, SpareScratch spare)
       : MpiPolledWork(std::move(channel), std::move(context), timeout_s),
         rank_(rank),
         n_(n),
         input_(input.detach()),
         output_(output.detach()),
         op_(op),
-        element_(int64_t(dtype_size(output.dtype()))),
-        block_(output.numel()),
+        block_(int64_t(output.nbytes())),
         spare_(std::move(spare)) {
-    const int64_t budget = int64_t(kDirectScratchBytes) / (2 * (n_ - 1)) / element_;
-    piece_ = std::clamp<int64_t>(budget, 1, block_);
-    pieces_ = (block_ + piece_ - 1) / piece_;
-    const size_t words = (size_t(2 * (n_ - 1) * piece_ * element_) + 7) / 8;
+    const size_t words = (size_t(n_ - 1) * size_t(block_) + 7) / 8;
     if (spare_->empty()) {
       scratch_ = std::make_shared<std::vector<int64_t>>(words);
     } else {
@@ -974,48 +979,50 @@ class DirectReduceScatter final : public MpiPolledWork {
       spare_->pop_back();
       if (scratch_->size() < words) scratch_->resize(words);
     }
-    requests_.assign(size_t(4 * (n_ - 1)), MPI_REQUEST_NULL);
+    requests_.assign(size_t(2 * (n_ - 1)), MPI_REQUEST_NULL);
     statuses_.resize(requests_.size());
-    for (int64_t k = 0; k < std::min<int64_t>(2, pieces_); ++k) post(k);
+    const MPI_Comm c = comm->comm;
+    for (int i = 1; i < n_; ++i)  // slot i - 1: rank r + i's block for this rank
+      LOOM_MPI_CHECK_IN(this->context(), MPI_Irecv(slot(i), int(block_), MPI_BYTE, (rank_ + i) % n_,
+                                                   tag, c, &requests_[size_t(i - 1)]));
+    for (int i = 1; i < n_; ++i) {  // block j of the input to rank j
+      const int to = (rank_ - i + n_) % n_;
+      LOOM_MPI_CHECK_IN(this->context(),
+                        MPI_Isend(bytes_at(input_, 0) + int64_t(to) * block_, int(block_), MPI_BYTE,
+                                  to, tag, c, &requests_[size_t(n_ - 1 + i - 1)]));
+    }
   }
   ~DirectReduceScatter() override;
 
  protected:
   bool poll() override {
-    // The oldest piece in flight: its requests, its set of scratch slots.
-    MPI_Request* requests = &requests_[size_t(set(reduced_) * 2 * (n_ - 1))];
-    MPI_Status* statuses = &statuses_[size_t(set(reduced_) * 2 * (n_ - 1))];
     int flag = 0;
-    int rc = MPI_Testall(2 * (n_ - 1), requests, &flag, statuses);
+    int rc = MPI_Testall(int(requests_.size()), requests_.data(), &flag, statuses_.data());
     if (rc == MPI_ERR_IN_STATUS) {
-      for (int i = 0; i < 2 * (n_ - 1); ++i)  // the request's own error, not "in status"
-        if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
-          rc = statuses[i].MPI_ERROR;
+      for (const MPI_Status& st : statuses_)  // the request's own error, not "in status"
+        if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) {
+          rc = st.MPI_ERROR;
           break;
         }
     }
     check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context());
     if (flag == 0) return false;
-    const int64_t k = reduced_, first = k * piece_, count = std::min(piece_, block_ - first);
     for (int i = 1; i < n_; ++i) {
       int got = 0;
-      MPI_Get_count(&statuses[i - 1], MPI_BYTE, &got);
-      if (got != count * element_)
+      MPI_Get_count(&statuses_[size_t(i - 1)], MPI_BYTE, &got);
+      if (got != block_)
         throw CommError(loom::detail::str_cat(
             "[rank ", error_rank(), "] ", context().str(), ": rank ", (rank_ + i) % n_, " sent ",
-            got, " bytes of its reduce_scatter block, this rank expected ", count * element_,
+            got, " bytes of its reduce_scatter block, this rank expected ", block_,
             " (the ranks called reduce_scatter with different sizes)"));
     }
     const void* on_stack[64];
     std::vector<const void*> on_heap(n_ > 64 ? size_t(n_) : 0);
     const void** by_rank = n_ > 64 ? on_heap.data() : on_stack;
     for (int i = 0; i < n_; ++i)
-      by_rank[(rank_ + i) % n_] =
-          i == 0 ? bytes_at(input_, int64_t(rank_) * block_ + first) : slot(k, i);
-    reduce_ranks(by_rank, n_, output_.dtype(), op_, count, bytes_at(output_, first));
-    ++reduced_;
-    if (reduced_ + 1 < pieces_) post(reduced_ + 1);  // into the set this piece freed
-    return reduced_ == pieces_;
+      by_rank[(rank_ + i) % n_] = i == 0 ? bytes_at(input_, 0) + int64_t(rank_) * block_ : slot(i);
+    reduce_ranks(by_rank, n_, output_.dtype(), op_, output_.numel(), output_.data_ptr());
+    return true;
   }
 
   void finish() override {
@@ -1028,48 +1035,23 @@ class DirectReduceScatter final : public MpiPolledWork {
   }
 
  private:
-  int64_t set(int64_t k) const { return k % 2; }
-  // Where piece k of rank r + i's block for this rank arrives (i in 1..n-1).
-  char* slot(int64_t k, int i) const {
-    return reinterpret_cast<char*>(scratch_->data()) +
-           (set(k) * (n_ - 1) + (i - 1)) * piece_ * element_;
-  }
-
-  // Posts piece k: its receives from every other rank and its sends of piece k of every other
-  // rank's block.
-  void post(int64_t k) {
-    const int64_t first = k * piece_, count = std::min(piece_, block_ - first);
-    const int bytes = int(count * element_);
-    MPI_Request* requests = &requests_[size_t(set(k) * 2 * (n_ - 1))];
-    const MPI_Comm c = comm->comm;
-    for (int i = 1; i < n_; ++i)
-      LOOM_MPI_CHECK_IN(context(), MPI_Irecv(slot(k, i), bytes, MPI_BYTE, (rank_ + i) % n_,
-                                             kDirectTag, c, &requests[i - 1]));
-    for (int i = 1; i < n_; ++i) {
-      const int to = (rank_ - i + n_) % n_;
-      LOOM_MPI_CHECK_IN(
-          context(), MPI_Isend(bytes_at(input_, int64_t(to) * block_ + first), bytes, MPI_BYTE, to,
-                               kDirectTag, c, &requests[n_ - 1 + i - 1]));
-    }
+  char* slot(int i) const {
+    return reinterpret_cast<char*>(scratch_->data()) + int64_t(i - 1) * block_;
   }
 
   int rank_, n_;
   Tensor input_, output_;  // what MPI reads and the reduction writes: alive until completion
   ReduceOp op_;
-  int64_t element_;      // bytes per element
-  int64_t block_;        // elements of one rank's block (the output's)
-  int64_t piece_ = 0;    // elements of a block per piece (the last may be shorter)
-  int64_t pieces_ = 0;   // per block
-  int64_t reduced_ = 0;  // pieces reduced so far
+  int64_t block_;  // bytes of one rank's block (the output's)
   SpareScratch spare_;
-  ExchangeScratch scratch_;            // two sets of n - 1 received pieces
-  std::vector<MPI_Request> requests_;  // two sets of n - 1 receives, then n - 1 sends
+  ExchangeScratch scratch_;            // the n - 1 received blocks
+  std::vector<MPI_Request> requests_;  // n - 1 receives, then n - 1 sends
   std::vector<MPI_Status> statuses_;
 };
 
 DirectReduceScatter::~DirectReduceScatter() {
   if (done()) return;
-  // See Note [Abandoned operations]: the pieces go on while it settles.
+  // See Note [Abandoned operations].
   if (!settles([this] { return poll(); }))
     abandoned().push_back(Abandoned{
         std::move(requests_), {input_, output_}, {}, std::move(scratch_), std::move(comm)});
@@ -1151,11 +1133,12 @@ class MpiCommunicator final : public Communicator {
   WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output, const ReduceScatterOptions& o,
                               const OpInfo& info) override {
     // See Note [Direct reduce-scatter] (a block MPI's calls would refuse is refused below).
-    if (checks_ && input.device().is_cpu() && output.device().is_cpu() && output.numel() > 0 &&
-        output.numel() <= mpi_max_count())
+    if (checks_ && input.device().is_cpu() && output.device().is_cpu() &&
+        output.numel() <= mpi_max_count() &&
+        direct_reduce_scatter_fits(int64_t(output.nbytes()), size()))
       return std::make_shared<DirectReduceScatter>(checks_->handle_, context_of(info),
                                                    timeout_seconds(), rank(), size(), input, output,
-                                                   o.op, spare_direct_);
+                                                   o.op, next_direct_tag(), spare_direct_);
     const int count = fits_one_call(info, "output", output.numel());
     const DType rd = reduction_dtype(input.dtype());
     auto w = make_work(info, {input, output});
@@ -1405,6 +1388,10 @@ class MpiCommunicator final : public Communicator {
   SpareScratch spare_scratch_ = std::make_shared<std::vector<ExchangeScratch>>();
   // The direct reduce-scatters' scratch buffers (Note [Direct reduce-scatter]).
   SpareScratch spare_direct_ = std::make_shared<std::vector<ExchangeScratch>>();
+  uint64_t direct_posts_ = 0;  // the direct reduce-scatters posted: every rank's count alike
+  int next_direct_tag() {
+    return kDirectTag + int(direct_posts_++ % uint64_t(tag_ub_ - kDirectTag + 1));
+  }
 };
 
 }  // namespace

@@ -106,6 +106,41 @@ TEST(Collectives, ReduceScatterEveryDtypeOpSizeInAndOutOfPlace) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
+// Three direct reduce-scatters in flight together (Note [Direct reduce-scatter] in
+// mpi_backend.cpp), of three sizes up to the largest that goes direct, posted before any is waited
+// for; even ranks wait for them in call order, odd ranks in reverse. A version that posted a
+// block's later pieces only as its own earlier ones completed hung here (each rank waiting for a
+// piece the other would post only once it polled that reduce-scatter), and under one tag for all
+// a piece of one met a receive of another (truncated). Each rank's values are offset per call, so
+// results swapped between the calls are wrong too.
+TEST(Collectives, ReduceScattersInFlightTogetherWaitedInAnyOrder) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  if (size == 1) GTEST_SKIP() << "nothing in flight on one rank";
+  const auto members = all_ranks(size);
+  const int64_t largest = 4 * 1024 * 1024 / (size - 1) / 4;  // f32 elements of a direct block
+  const int64_t blocks[3] = {largest, largest - 7, largest / 2 + 3};
+  std::vector<Tensor> outs;
+  std::vector<WorkPtr> works;
+  for (int c = 0; c < 3; ++c) {
+    const int64_t n = blocks[c], offset = 1000 * c;
+    Tensor in = make(DType::kF32, n * size, [&](int64_t i) { return reduce_value(r, i + offset); });
+    outs.push_back(garbage(DType::kF32, n));
+    works.push_back(comm->reduce_scatter(in, outs.back()));
+  }
+  int64_t wrong = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int c = r % 2 == 0 ? k : 2 - k;
+    works[size_t(c)]->wait();
+    const int64_t n = blocks[c], offset = 1000 * c;
+    wrong += count_wrong(name_of("reduce_scatter in flight", DType::kF32, n, "sum"),
+                         outs[size_t(c)], [&](int64_t j) {
+                           return reduced(ReduceOp::kSum, DType::kF32, members, r * n + j + offset);
+                         });
+  }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
 TEST(Collectives, ReduceToEveryRoot) {
   auto comm = world_comm();
   const int r = comm->rank(), size = comm->size();
