@@ -49,8 +49,9 @@ namespace loom::comm {
 // Note [Carried when unchecked]
 // With checks off a small collective still travels in the check channel's exchange (Note [Small
 // collectives in their check]), under one hash every rank shares, rather than through MPI's
-// nonblocking call: Open MPI's coll/libnbc took 3.5-4.3 us for a 1 KiB allreduce on two ranks of
-// the Zen 4 VM where the exchange took 1.5-1.9 (loom-bench-collectives' "unchecked" column).
+// nonblocking call: Open MPI's coll/libnbc took 2.18 us for a 1 KiB allreduce on two ranks of
+// the Zen 4 VM where the exchange took 0.90 (medians of three runs of loom-bench-collectives, its
+// "unchecked" column; benchmarks/README.md).
 // Nothing is compared but the payload's length: swapped calls of one size go unnoticed, as the
 // check's absence means (tests/mpi/debug_test.cpp), and a call of another size still fails on
 // every rank instead of reading a short message.
