@@ -945,9 +945,11 @@ SignatureExchange::~SignatureExchange() {
 // own buffers are). The messages go over the check channel's communicator, where no user message
 // can match them, each reduce-scatter under a tag of its own (kDirectTag and up, counted per group:
 // every rank posts its collectives in the same order, the check queue's or, with checks off, the
-// calls'), so that neither a check nor another reduce-scatter in flight can match them. A received
-// block of another length (a rank called with another size, checks off) is an error naming both
-// lengths.
+// calls'), so that neither a check nor another reduce-scatter in flight can match them. With checks
+// off, a rank calling with another size is caught only where a block arrives short (an error
+// naming both lengths); a longer one is MPI's truncation, which Open MPI 4.1's TCP transport
+// turned into a heap overwrite (an unchecked test of it crashed a later one across emulated nodes):
+// undefined, as any collective called with different sizes without the check.
 constexpr size_t kDirectScratchBytes = 4 * 1024 * 1024;
 constexpr int kDirectTag = 64;  // the first; above every tag of a signature exchange (< 2 x 32)
 
