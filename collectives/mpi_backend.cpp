@@ -480,6 +480,25 @@ std::string census(MPI_Comm comm, const std::string& waiting_for) {
 // failed) marks it and its communicator failed: its destructor, and those of the group's other
 // pending works, then abandon their operations at once instead of waiting again (See Note
 // [Abandoned operations]).
+// MPI_Testall over `requests`: whether all have completed. An error raises CommError in
+// `context`, naming the failed request's own error rather than MPI_ERR_IN_STATUS when
+// `statuses` has one per request (otherwise they are ignored).
+bool test_all(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses,
+              const OpContext& context) {
+  int flag = 0;
+  MPI_Status* st = statuses.size() == requests.size() ? statuses.data() : MPI_STATUSES_IGNORE;
+  int rc = MPI_Testall(int(requests.size()), requests.data(), &flag, st);
+  if (rc == MPI_ERR_IN_STATUS && st != MPI_STATUSES_IGNORE) {
+    for (const MPI_Status& s : statuses)
+      if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+        rc = s.MPI_ERROR;
+        break;
+      }
+  }
+  check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context);
+  return flag != 0;
+}
+
 class MpiPolledWork : public PollingWork {
  public:
   MpiPolledWork(std::shared_ptr<CommHandle> comm, OpContext context, double timeout_s)
@@ -559,18 +578,7 @@ class MpiWork final : public MpiPolledWork {
  protected:
   bool poll() override {
     if (requests.empty()) return true;
-    int flag = 0;
-    MPI_Status* st = statuses.size() == requests.size() ? statuses.data() : MPI_STATUSES_IGNORE;
-    int rc = MPI_Testall(int(requests.size()), requests.data(), &flag, st);
-    if (rc == MPI_ERR_IN_STATUS && st != MPI_STATUSES_IGNORE) {
-      for (const MPI_Status& s : statuses)  // report the request's own error, not "in status"
-        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
-          rc = s.MPI_ERROR;
-          break;
-        }
-    }
-    check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context());
-    if (flag == 0) return false;
+    if (!test_all(requests, statuses, context())) return false;
     if (next_round) {
       requests.clear();
       if (next_round()) return false;
@@ -693,7 +701,7 @@ PointToPointWork::~PointToPointWork() {
 // call (another payload size) is read, not truncated, and makes the receiver mark the check
 // failed (both of its pair set to the largest value, which no agreeing pair has); the hashes
 // differ anyway, so every rank fails it. The channel carries nothing else (but the direct
-// reduce-scatter's pieces, under a tag of their own: Note [Direct reduce-scatter]), and one
+// reduce-scatters' blocks, under tags of their own: Note [Direct reduce-scatter]), and one
 // exchange at a time (the check queue posts the next check when this one completes).
 //
 // It is a work of its own rather than an MpiWork with a next_round closure: one round's two
@@ -715,6 +723,15 @@ using ExchangeScratch = std::shared_ptr<std::vector<int64_t>>;
 using SpareScratch = std::shared_ptr<std::vector<ExchangeScratch>>;
 constexpr size_t kScratchWords = (2 * size_t(kCheckMessage) + kCarriedBytes) / sizeof(int64_t);
 
+// A spare buffer of at least `words` (grown if it is shorter), or a new one.
+ExchangeScratch take_scratch(std::vector<ExchangeScratch>& spare, size_t words) {
+  if (spare.empty()) return std::make_shared<std::vector<int64_t>>(words);
+  ExchangeScratch s = std::move(spare.back());
+  spare.pop_back();
+  if (s->size() < words) s->resize(words);
+  return s;
+}
+
 class SignatureExchange final : public MpiPolledWork {
  public:
   using Kind = CheckPayload::Kind;
@@ -729,12 +746,7 @@ class SignatureExchange final : public MpiPolledWork {
         p_(payload),
         block_(int64_t(payload.block)),
         spare_(std::move(spare)) {
-    if (spare_->empty()) {
-      scratch_ = std::make_shared<std::vector<int64_t>>(kScratchWords);
-    } else {
-      scratch_ = std::move(spare_->back());
-      spare_->pop_back();
-    }
+    scratch_ = take_scratch(*spare_, kScratchWords);
     out_ = scratch_->data();
     in_ = out_ + kCheckMessage / int64_t(sizeof(int64_t));
     blocks_ = reinterpret_cast<char*>(out_) + 2 * kCheckMessage;
@@ -974,13 +986,7 @@ class DirectReduceScatter final : public MpiPolledWork {
         block_(int64_t(output.nbytes())),
         spare_(std::move(spare)) {
     const size_t words = (size_t(n_ - 1) * size_t(block_) + 7) / 8;
-    if (spare_->empty()) {
-      scratch_ = std::make_shared<std::vector<int64_t>>(words);
-    } else {
-      scratch_ = std::move(spare_->back());
-      spare_->pop_back();
-      if (scratch_->size() < words) scratch_->resize(words);
-    }
+    scratch_ = take_scratch(*spare_, words);
     requests_.assign(size_t(2 * (n_ - 1)), MPI_REQUEST_NULL);
     statuses_.resize(requests_.size());
     const MPI_Comm c = comm->comm;
@@ -998,17 +1004,7 @@ class DirectReduceScatter final : public MpiPolledWork {
 
  protected:
   bool poll() override {
-    int flag = 0;
-    int rc = MPI_Testall(int(requests_.size()), requests_.data(), &flag, statuses_.data());
-    if (rc == MPI_ERR_IN_STATUS) {
-      for (const MPI_Status& st : statuses_)  // the request's own error, not "in status"
-        if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) {
-          rc = st.MPI_ERROR;
-          break;
-        }
-    }
-    check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context());
-    if (flag == 0) return false;
+    if (!test_all(requests_, statuses_, context())) return false;
     for (int i = 1; i < n_; ++i) {
       int got = 0;
       MPI_Get_count(&statuses_[size_t(i - 1)], MPI_BYTE, &got);
