@@ -483,20 +483,24 @@ std::string census(MPI_Comm comm, const std::string& waiting_for) {
 // MPI_Testall over `requests`: whether all have completed. An error raises CommError in
 // `context`, naming the failed request's own error rather than MPI_ERR_IN_STATUS when
 // `statuses` has one per request (otherwise they are ignored).
-bool test_all(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses,
-              const OpContext& context) {
+bool test_all(MPI_Request* requests, MPI_Status* statuses, int count, const OpContext& context) {
   int flag = 0;
-  MPI_Status* st = statuses.size() == requests.size() ? statuses.data() : MPI_STATUSES_IGNORE;
-  int rc = MPI_Testall(int(requests.size()), requests.data(), &flag, st);
-  if (rc == MPI_ERR_IN_STATUS && st != MPI_STATUSES_IGNORE) {
-    for (const MPI_Status& s : statuses)
-      if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
-        rc = s.MPI_ERROR;
+  MPI_Status* st = statuses ? statuses : MPI_STATUSES_IGNORE;
+  int rc = MPI_Testall(count, requests, &flag, st);
+  if (rc == MPI_ERR_IN_STATUS && statuses) {
+    for (int i = 0; i < count; ++i)
+      if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
+        rc = statuses[i].MPI_ERROR;
         break;
       }
   }
   check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context);
   return flag != 0;
+}
+bool test_all(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses,
+              const OpContext& context) {
+  return test_all(requests.data(), statuses.size() == requests.size() ? statuses.data() : nullptr,
+                  int(requests.size()), context);
 }
 
 class MpiPolledWork : public PollingWork {
@@ -944,31 +948,38 @@ SignatureExchange::~SignatureExchange() {
 // Open MPI serves the nonblocking reduce-scatter loom would post from coll/libnbc, and its
 // blocking one reduces to a root and scatters; on the shared-memory transport both moved about
 // half of what the transport allows (benchmarks/README.md, "Direct reduce-scatter": libnbc at
-// 0.34-0.65x of the blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes a host
-// reduce-scatter whose other ranks' blocks fit kDirectScratchBytes itself: each rank sends block j
-// of its input straight to rank j (no copy) and receives every other rank's block for it into a
-// scratch buffer, then reduces the n blocks in rank order (collectives/carried.h): the bits of the
-// carried reduce-scatter, for every message pattern. Every message is posted at once: a piece
-// posted only as an earlier one completed would need the work's own poll, and two ranks waiting
-// for two such reduce-scatters in different orders each waited for a piece the other never
-// posted (MPI's own nonblocking collectives progress in any MPI call; loom's work only in its own
-// poll). Larger ones go to MPI, so the scratch stays bounded (a whole-bucket buffer would add a
-// gradient copy to ZeRO's peak); two are kept per group for the next calls (host memory, as MPI's
-// own buffers are). The messages go over the check channel's communicator, where no user message
-// can match them, each reduce-scatter under a tag of its own (kDirectTag and up, counted per group:
+// 0.34-0.65x of the blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes every host
+// reduce-scatter itself: each rank sends block j of its input straight to rank j (no copy) and
+// receives every other rank's block for it into a scratch buffer, then reduces the n blocks in
+// rank order (collectives/carried.h): the bits of the carried reduce-scatter, for every message
+// pattern. The scratch is bounded (kDirectScratchBytes; a whole-bucket buffer would add a
+// gradient copy to ZeRO's peak): when the other ranks' blocks do not fit it, the blocks travel in
+// pieces, two pieces' receives posted at a time, and a piece's receives are posted again for the
+// piece two on once it is reduced (into the output, whose piece no later message reads). Sends
+// are all posted at once, from the input. A piece posted only as an earlier one is reduced needs
+// stepping while the rank waits for anything else (Note [Works that post as they go], work.h):
+// a first version without that hung when two ranks waited for two reduce-scatters in different
+// orders. Two scratch buffers are kept per group for the next calls (host memory, as MPI's own
+// buffers are). The messages go over the check channel's communicator, where no user message can
+// match them, each reduce-scatter under a tag of its own (kDirectTag and up, counted per group:
 // every rank posts its collectives in the same order, the check queue's or, with checks off, the
-// calls'), so that neither a check nor another reduce-scatter in flight can match them. With checks
-// off, a rank calling with another size is caught only where a block arrives short (an error
-// naming both lengths); a longer one is MPI's truncation, which Open MPI 4.1's TCP transport
-// turned into a heap overwrite (an unchecked test of it crashed a later one across emulated nodes):
-// undefined, as any collective called with different sizes without the check.
+// calls'), so that neither a check nor another reduce-scatter in flight can match them; within
+// one, a sender's pieces and a receiver's receives go in piece order, which MPI's matching keeps.
+// With checks off, a rank calling with another size is caught only where a piece arrives short
+// (an error naming both lengths); a longer one is MPI's truncation, which Open MPI 4.1's TCP
+// transport turned into a heap overwrite (an unchecked test of it crashed a later one across
+// emulated nodes): undefined, as any collective called with different sizes without the check.
 constexpr size_t kDirectScratchBytes = 4 * 1024 * 1024;
+constexpr int64_t kPiecesInFlight = 2;  // per peer: one being reduced while the next arrives
 constexpr int kDirectTag = 64;  // the first; above every tag of a signature exchange (< 2 x 32)
 
-// Whether a reduce-scatter of `block_bytes` per rank over n ranks goes direct.
-bool direct_reduce_scatter_fits(int64_t block_bytes, int n) {
-  return n > 1 && block_bytes > 0 && block_bytes <= INT_MAX &&
-         block_bytes * (n - 1) <= int64_t(kDirectScratchBytes);
+// Bytes of one piece of a block of `block_bytes` sent to each of n - 1 peers: the whole block
+// when the peers' blocks fit the scratch, else what fits kPiecesInFlight of them (a multiple of
+// 64 bytes, so of every element size).
+int64_t direct_piece_bytes(int64_t block_bytes, int n) {
+  if (block_bytes * (n - 1) <= int64_t(kDirectScratchBytes)) return block_bytes;
+  return std::max<int64_t>(64,
+                           int64_t(kDirectScratchBytes) / (kPiecesInFlight * (n - 1)) / 64 * 64);
 }
 
 class DirectReduceScatter final : public MpiPolledWork {
@@ -980,47 +991,69 @@ class DirectReduceScatter final : public MpiPolledWork {
       : MpiPolledWork(std::move(channel), std::move(context), timeout_s),
         rank_(rank),
         n_(n),
+        tag_(tag),
         input_(input.detach()),
         output_(output.detach()),
         op_(op),
         block_(int64_t(output.nbytes())),
+        piece_(direct_piece_bytes(block_, n)),
+        pieces_((block_ + piece_ - 1) / piece_),
+        window_(std::min(pieces_, pieces_ == 1 ? int64_t(1) : kPiecesInFlight)),
         spare_(std::move(spare)) {
-    const size_t words = (size_t(n_ - 1) * size_t(block_) + 7) / 8;
+    const size_t words = (size_t(window_ * (n_ - 1) * piece_) + 7) / 8;
     scratch_ = take_scratch(*spare_, words);
-    requests_.assign(size_t(2 * (n_ - 1)), MPI_REQUEST_NULL);
-    statuses_.resize(requests_.size());
-    const MPI_Comm c = comm->comm;
-    for (int i = 1; i < n_; ++i)  // slot i - 1: rank r + i's block for this rank
-      LOOM_MPI_CHECK_IN(this->context(), MPI_Irecv(slot(i), int(block_), MPI_BYTE, (rank_ + i) % n_,
-                                                   tag, c, &requests_[size_t(i - 1)]));
-    for (int i = 1; i < n_; ++i) {  // block j of the input to rank j
-      const int to = (rank_ - i + n_) % n_;
-      LOOM_MPI_CHECK_IN(this->context(),
-                        MPI_Isend(bytes_at(input_, 0) + int64_t(to) * block_, int(block_), MPI_BYTE,
-                                  to, tag, c, &requests_[size_t(n_ - 1 + i - 1)]));
-    }
+    receives_.assign(size_t(window_ * (n_ - 1)), MPI_REQUEST_NULL);
+    receive_statuses_.resize(size_t(n_ - 1));
+    sends_.assign(size_t(pieces_ * (n_ - 1)), MPI_REQUEST_NULL);
+    for (int64_t k = 0; k < window_; ++k) post_receives(k);
+    for (int64_t k = 0; k < pieces_; ++k)
+      for (int i = 1; i < n_; ++i) {  // piece k of block j of the input to rank j
+        const int to = (rank_ - i + n_) % n_;
+        LOOM_MPI_CHECK_IN(
+            this->context(),
+            MPI_Isend(bytes_at(input_, 0) + int64_t(to) * block_ + k * piece_, int(piece_bytes(k)),
+                      MPI_BYTE, to, tag_, comm->comm, &sends_[size_t(k * (n_ - 1) + i - 1)]));
+      }
+    if (pieces_ > window_) keep_stepping();
   }
   ~DirectReduceScatter() override;
 
  protected:
-  bool poll() override {
-    if (!test_all(requests_, statuses_, context())) return false;
-    for (int i = 1; i < n_; ++i) {
-      int got = 0;
-      MPI_Get_count(&statuses_[size_t(i - 1)], MPI_BYTE, &got);
-      if (got != block_)
-        throw CommError(loom::detail::str_cat(
-            "[rank ", error_rank(), "] ", context().str(), ": rank ", (rank_ + i) % n_, " sent ",
-            got, " bytes of its reduce_scatter block, this rank expected ", block_,
-            " (the ranks called reduce_scatter with different sizes)"));
+  // Reduces the pieces that arrived, in order, posting the receives of the ones after them.
+  void step() override {
+    while (reduced_ < pieces_) {
+      const int64_t k = reduced_;
+      MPI_Request* receives = &receives_[size_t((k % window_) * (n_ - 1))];
+      if (!test_all(receives, receive_statuses_.data(), n_ - 1, context())) return;
+      const int64_t bytes = piece_bytes(k);
+      for (int i = 1; i < n_; ++i) {
+        int got = 0;
+        MPI_Get_count(&receive_statuses_[size_t(i - 1)], MPI_BYTE, &got);
+        if (got != bytes)
+          throw CommError(loom::detail::str_cat(
+              "[rank ", error_rank(), "] ", context().str(), ": rank ", (rank_ + i) % n_, " sent ",
+              got, " bytes of its reduce_scatter block's piece at byte ", k * piece_,
+              ", this rank expected ", bytes,
+              " (the ranks called reduce_scatter with different sizes)"));
+      }
+      const void* on_stack[64];
+      std::vector<const void*> on_heap(n_ > 64 ? size_t(n_) : 0);
+      const void** by_rank = n_ > 64 ? on_heap.data() : on_stack;
+      for (int i = 0; i < n_; ++i)
+        by_rank[(rank_ + i) % n_] =
+            i == 0 ? bytes_at(input_, 0) + int64_t(rank_) * block_ + k * piece_ : slot(k, i);
+      const int64_t element = int64_t(dtype_size(output_.dtype()));
+      reduce_ranks(by_rank, n_, output_.dtype(), op_, bytes / element,
+                   bytes_at(output_, 0) + k * piece_);
+      ++reduced_;
+      if (k + window_ < pieces_) post_receives(k + window_);
     }
-    const void* on_stack[64];
-    std::vector<const void*> on_heap(n_ > 64 ? size_t(n_) : 0);
-    const void** by_rank = n_ > 64 ? on_heap.data() : on_stack;
-    for (int i = 0; i < n_; ++i)
-      by_rank[(rank_ + i) % n_] = i == 0 ? bytes_at(input_, 0) + int64_t(rank_) * block_ : slot(i);
-    reduce_ranks(by_rank, n_, output_.dtype(), op_, output_.numel(), output_.data_ptr());
-    return true;
+    stop_stepping();  // every receive is posted and reduced; the sends need no step
+  }
+
+  bool poll() override {
+    step();
+    return reduced_ == pieces_ && test_all(sends_.data(), nullptr, int(sends_.size()), context());
   }
 
   void finish() override {
@@ -1033,26 +1066,44 @@ class DirectReduceScatter final : public MpiPolledWork {
   }
 
  private:
-  char* slot(int i) const {
-    return reinterpret_cast<char*>(scratch_->data()) + int64_t(i - 1) * block_;
+  int64_t piece_bytes(int64_t k) const { return std::min(piece_, block_ - k * piece_); }
+  // Where rank r + i's piece k for this rank arrives.
+  char* slot(int64_t k, int i) const {
+    return reinterpret_cast<char*>(scratch_->data()) +
+           ((k % window_) * (n_ - 1) + (i - 1)) * piece_;
+  }
+  void post_receives(int64_t k) {
+    for (int i = 1; i < n_; ++i)
+      LOOM_MPI_CHECK_IN(
+          context(), MPI_Irecv(slot(k, i), int(piece_bytes(k)), MPI_BYTE, (rank_ + i) % n_, tag_,
+                               comm->comm, &receives_[size_t((k % window_) * (n_ - 1) + i - 1)]));
   }
 
-  int rank_, n_;
+  int rank_, n_, tag_;
   Tensor input_, output_;  // what MPI reads and the reduction writes: alive until completion
   ReduceOp op_;
-  int64_t block_;  // bytes of one rank's block (the output's)
+  int64_t block_;   // bytes of one rank's block (the output's)
+  int64_t piece_;   // bytes of a piece (the last may be shorter)
+  int64_t pieces_;  // per block
+  int64_t window_;  // pieces whose receives are posted at a time
+  int64_t reduced_ = 0;
   SpareScratch spare_;
-  ExchangeScratch scratch_;            // the n - 1 received blocks
-  std::vector<MPI_Request> requests_;  // n - 1 receives, then n - 1 sends
-  std::vector<MPI_Status> statuses_;
+  ExchangeScratch scratch_;            // window_ x (n - 1) pieces
+  std::vector<MPI_Request> receives_;  // window_ x (n - 1), by piece modulo window_
+  std::vector<MPI_Status> receive_statuses_;
+  std::vector<MPI_Request> sends_;  // pieces_ x (n - 1)
 };
 
 DirectReduceScatter::~DirectReduceScatter() {
+  stop_stepping();
   if (done()) return;
   // See Note [Abandoned operations].
-  if (!settles([this] { return poll(); }))
+  if (!settles([this] { return poll(); })) {
+    std::vector<MPI_Request> requests = std::move(receives_);
+    requests.insert(requests.end(), sends_.begin(), sends_.end());
     abandoned().push_back(Abandoned{
-        std::move(requests_), {input_, output_}, {}, std::move(scratch_), std::move(comm)});
+        std::move(requests), {input_, output_}, {}, std::move(scratch_), std::move(comm)});
+  }
 }
 
 // ---------------------------------------------------------------- the communicator
@@ -1132,8 +1183,7 @@ class MpiCommunicator final : public Communicator {
                               const OpInfo& info) override {
     // See Note [Direct reduce-scatter] (a block MPI's calls would refuse is refused below).
     if (checks_ && input.device().is_cpu() && output.device().is_cpu() &&
-        output.numel() <= mpi_max_count() &&
-        direct_reduce_scatter_fits(int64_t(output.nbytes()), size()))
+        output.numel() <= mpi_max_count() && output.numel() > 0)
       return std::make_shared<DirectReduceScatter>(checks_->handle_, context_of(info),
                                                    timeout_seconds(), rank(), size(), input, output,
                                                    o.op, next_direct_tag(), spare_direct_);

@@ -1,6 +1,8 @@
 #include "collectives/work.h"
 
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "collectives/termination.h"
 
@@ -14,6 +16,45 @@ WorkPtr completed_work() {
 
 namespace {
 CensusAnswer g_census_answer = nullptr;
+// See Note [Works that post as they go].
+std::vector<PollingWork*>& stepping_works() {
+  static auto* works = new std::vector<PollingWork*>();  // never freed: works may outlive statics
+  return *works;
+}
+}  // namespace
+
+void step_works() {
+  auto& works = stepping_works();
+  // Backwards: a step may take its own work off the list (it posted everything), never another.
+  for (size_t i = works.size(); i-- > 0;) {
+    PollingWork& w = *works[i];
+    if (w.step_error_) continue;
+    try {
+      w.step();
+    } catch (...) {
+      w.step_error_ = std::current_exception();
+    }
+  }
+}
+
+void PollingWork::keep_stepping() {
+  if (stepping_) return;
+  stepping_works().push_back(this);
+  stepping_ = true;
+}
+
+void PollingWork::stop_stepping() {
+  if (!stepping_) return;
+  auto& works = stepping_works();
+  works.erase(std::find(works.begin(), works.end(), this));
+  stepping_ = false;
+}
+
+PollingWork::~PollingWork() { stop_stepping(); }
+
+bool PollingWork::poll_or_raise() {
+  if (step_error_) std::rethrow_exception(step_error_);
+  return poll();
 }
 
 void set_census_answer(CensusAnswer answer) { g_census_answer = answer; }
@@ -23,12 +64,14 @@ PollingWork::PollingWork(OpContext context, double timeout_seconds)
 
 void PollingWork::complete() {
   done_ = true;
+  stop_stepping();
   finish();
 }
 
 bool PollingWork::test() {
   progress_checks();  // See Note [The check queue]
-  if (!done_ && poll()) complete();
+  step_works();       // See Note [Works that post as they go]
+  if (!done_ && poll_or_raise()) complete();
   return done_;
 }
 
@@ -46,8 +89,9 @@ void PollingWork::wait() {
   Clock::time_point patient_until;
   WaitingScope waiting;   // See Note [Termination by the launcher]
   std::string described;  // the op in words, once the wait is slow
-  for (int polls = 0; !poll(); ++polls) {
+  for (int polls = 0; !poll_or_raise(); ++polls) {
     progress_checks();  // See Note [The check queue]
+    step_works();       // See Note [Works that post as they go]
     // Most small collectives finish within a few polls: spin before giving up the core
     // (yielding after every poll tripled an 8-byte allreduce's latency).
     if (polls < 1000) continue;

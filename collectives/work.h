@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <string>
 
 #include "collectives/communicator.h"
@@ -25,10 +26,26 @@ WorkPtr completed_work();
 using CensusAnswer = void (*)(const std::string& waiting_for);
 void set_census_answer(CensusAnswer answer);
 
+// Note [Works that post as they go]
+// A work that posts its later messages only as earlier ones complete (a reduce-scatter through a
+// bounded scratch, piece by piece) must also move on while its rank waits for something else: two
+// ranks waiting for two such works in different orders would each wait for a message the other
+// posts only from the work it is not polling (it hung so: Note [Direct reduce-scatter] in
+// mpi_backend.cpp). MPI's own nonblocking collectives progress inside any MPI call; these progress
+// inside any loom wait or test: such a work registers itself (keep_stepping) and every
+// PollingWork's wait and test steps all the registered ones, as progress_checks() advances the
+// check queues. A step only posts what became postable and never blocks; an error in a step taken
+// for another work's wait is kept and raised by this work's own wait or test. Collectives are
+// posted and waited for on one thread (as the check queues assume).
+void step_works();
+
 class PollingWork : public Work {
  public:
   // `context`: the op, for the timeout message.
   PollingWork(OpContext context, double timeout_seconds);
+  ~PollingWork() override;
+  PollingWork(const PollingWork&) = delete;
+  PollingWork& operator=(const PollingWork&) = delete;
   void wait() override;
   bool test() override;
   const OpContext& context() const { return context_; }
@@ -36,6 +53,12 @@ class PollingWork : public Work {
  protected:
   virtual bool poll() = 0;
   virtual void finish() {}
+  // See Note [Works that post as they go]: step() posts what became postable; keep_stepping()
+  // has every wait and test call it until stop_stepping() (a subclass calls that first thing in
+  // its destructor, and once it has posted everything) or completion.
+  virtual void step() {}
+  void keep_stepping();
+  void stop_stepping();
   // Appended to the timeout's message: which ranks of the group had not arrived (See Note [Late
   // ranks]); empty when the backend cannot tell.
   virtual std::string late_ranks() { return ""; }
@@ -44,9 +67,13 @@ class PollingWork : public Work {
 
  private:
   void complete();
+  bool poll_or_raise();
+  friend void step_works();
   OpContext context_;
   double timeout_s_;
   bool done_ = false;
+  bool stepping_ = false;
+  std::exception_ptr step_error_;  // raised by this work's wait or test
 };
 
 }  // namespace loom::comm

@@ -106,20 +106,50 @@ TEST(Collectives, ReduceScatterEveryDtypeOpSizeInAndOutOfPlace) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
+// Blocks larger than the direct reduce-scatter's scratch travel in pieces (Note [Direct
+// reduce-scatter] in mpi_backend.cpp): every dtype and op, a last piece shorter than the others,
+// in and out of place (in place, a piece of the output is written while the input's later pieces
+// are still being sent).
+TEST(Collectives, ReduceScatterInPiecesEveryDtypeOpInAndOutOfPlace) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  if (size == 1) GTEST_SKIP() << "no pieces on one rank";
+  const auto members = all_ranks(size);
+  const int64_t scratch = 4 * 1024 * 1024;  // kDirectScratchBytes
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (ReduceOp op : kOps) {
+      // Past the scratch by a third (at least three pieces) and an odd number of elements.
+      const int64_t n = scratch / (size - 1) / int64_t(dtype_size(dt)) * 4 / 3 + 5;
+      auto input = [&](int64_t i) { return reduce_value(r, i); };
+      auto expected = [&](int64_t j) { return reduced(op, dt, members, r * n + j); };
+      const std::string what = name_of("reduce_scatter in pieces", dt, n, reduce_op_name(op));
+      Tensor in = make(dt, n * size, input);
+      Tensor out = garbage(dt, n);
+      comm->reduce_scatter(in, out, ReduceScatterOptions{op})->wait();
+      wrong += count_wrong(what, out, expected);
+      wrong += count_wrong(what + " input kept", in, input);
+      Tensor mine = in.narrow(0, r * n, n);
+      comm->reduce_scatter(in, mine, ReduceScatterOptions{op})->wait();
+      wrong += count_wrong(what + " in-place", mine, expected);
+    }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
 // Three direct reduce-scatters in flight together (Note [Direct reduce-scatter] in
-// mpi_backend.cpp), of three sizes up to the largest that goes direct, posted before any is waited
-// for; even ranks wait for them in call order, odd ranks in reverse. A version that posted a
-// block's later pieces only as its own earlier ones completed hung here (each rank waiting for a
-// piece the other would post only once it polled that reduce-scatter), and under one tag for all
-// a piece of one met a receive of another (truncated). Each rank's values are offset per call, so
-// results swapped between the calls are wrong too.
+// mpi_backend.cpp), two of them in pieces, posted before any is waited for; even ranks wait for
+// them in call order, odd ranks in reverse. A version that posted a block's later pieces only
+// from its own wait hung here (each rank waiting for a piece the other would post only once it
+// polled that reduce-scatter: Note [Works that post as they go] in work.h), and under one tag for
+// all a piece of one met a receive of another (truncated). Each rank's values are offset per
+// call, so results swapped between the calls are wrong too.
 TEST(Collectives, ReduceScattersInFlightTogetherWaitedInAnyOrder) {
   auto comm = world_comm();
   const int r = comm->rank(), size = comm->size();
   if (size == 1) GTEST_SKIP() << "nothing in flight on one rank";
   const auto members = all_ranks(size);
-  const int64_t largest = 4 * 1024 * 1024 / (size - 1) / 4;  // f32 elements of a direct block
-  const int64_t blocks[3] = {largest, largest - 7, largest / 2 + 3};
+  const int64_t largest = 4 * 1024 * 1024 / (size - 1) / 4;  // f32 elements in one piece
+  const int64_t blocks[3] = {3 * largest + 5, largest - 7, 2 * largest + 1};
   std::vector<Tensor> outs;
   std::vector<WorkPtr> works;
   for (int c = 0; c < 3; ++c) {
