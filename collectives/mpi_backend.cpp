@@ -945,30 +945,31 @@ SignatureExchange::~SignatureExchange() {
 }
 
 // Note [Direct reduce-scatter]
-// Open MPI serves the nonblocking reduce-scatter loom would post from coll/libnbc, and its
-// blocking one reduces to a root and scatters; on the shared-memory transport both moved about
-// half of what the transport allows (benchmarks/README.md, "Direct reduce-scatter": libnbc at
-// 0.34-0.65x of the blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes every host
-// reduce-scatter itself: each rank sends block j of its input straight to rank j (no copy) and
-// receives every other rank's block for it into a scratch buffer, then reduces the n blocks in
-// rank order (collectives/carried.h): the bits of the carried reduce-scatter, for every message
-// pattern. The scratch is bounded (kDirectScratchBytes; a whole-bucket buffer would add a
-// gradient copy to ZeRO's peak): when the other ranks' blocks do not fit it, the blocks travel in
-// pieces, two pieces' receives posted at a time, and a piece's receives are posted again for the
-// piece two on once it is reduced (into the output, whose piece no later message reads). Sends
-// are all posted at once, from the input. A piece posted only as an earlier one is reduced needs
-// stepping while the rank waits for anything else (Note [Works that post as they go], work.h):
-// a first version without that hung when two ranks waited for two reduce-scatters in different
-// orders. Two scratch buffers are kept per group for the next calls (host memory, as MPI's own
-// buffers are). The messages go over the check channel's communicator, where no user message can
-// match them, each reduce-scatter under a tag of its own (kDirectTag and up, counted per group:
-// every rank posts its collectives in the same order, the check queue's or, with checks off, the
-// calls'), so that neither a check nor another reduce-scatter in flight can match them; within
-// one, a sender's pieces and a receiver's receives go in piece order, which MPI's matching keeps.
-// With checks off, a rank calling with another size is caught only where a piece arrives short
-// (an error naming both lengths); a longer one is MPI's truncation, which Open MPI 4.1's TCP
-// transport turned into a heap overwrite (an unchecked test of it crashed a later one across
-// emulated nodes): undefined, as any collective called with different sizes without the check.
+// Open MPI serves the nonblocking reduce-scatter loom would post from coll/libnbc, and its blocking
+// one reduces to a root and scatters; on the shared-memory transport both moved about half of what
+// the transport allows (benchmarks/README.md, "Direct reduce-scatter": libnbc at 0.34-0.65x of the
+// blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes every host reduce-scatter of a
+// group inside one node itself (Note [Direct collectives inside one node]): each rank sends block j
+// of its input straight to rank j (no copy) and receives every other rank's block for it into a
+// scratch buffer, then reduces the n blocks in rank order (collectives/carried.h): the bits of the
+// carried reduce-scatter, for every message pattern. The scratch is bounded (kDirectScratchBytes; a
+// whole-bucket buffer would add a gradient copy to ZeRO's peak): when the other ranks' blocks do
+// not fit it, the blocks travel in pieces, two pieces' receives posted at a time, and a piece's
+// receives are posted again for the piece two on once it is reduced (into the output, whose piece
+// no later message reads). Sends are all posted at once, from the input. A piece posted only as an
+// earlier one is reduced needs stepping while the rank waits for anything else (Note [Works that
+// post as they go], work.h): a first version without that hung when two ranks waited for two
+// reduce-scatters in different orders. Two scratch buffers are kept per group for the next calls
+// (host memory, as MPI's own buffers are). The messages go over the check channel's communicator,
+// where no user message can match them, each reduce-scatter under a tag of its own (kDirectTag and
+// up, counted per group: every rank posts its collectives in the same order, the check queue's or,
+// with checks off, the calls'), so that neither a check nor another reduce-scatter in flight can
+// match them; within one, a sender's pieces and a receiver's receives go in piece order, which
+// MPI's matching keeps. With checks off, a rank calling with another size is caught only where a
+// piece arrives short (an error naming both lengths); a longer one is MPI's truncation, which Open
+// MPI 4.1's TCP transport turned into a heap overwrite (an unchecked test of it crashed a later one
+// across emulated nodes): undefined, as any collective called with different sizes without the
+// check.
 constexpr size_t kDirectScratchBytes = 4 * 1024 * 1024;
 constexpr int64_t kPiecesInFlight = 2;  // per peer: one being reduced while the next arrives
 constexpr int kDirectTag = 64;  // the first; above every tag of a signature exchange (< 2 x 32)
@@ -1000,6 +1001,16 @@ int64_t direct_piece_bytes(int64_t block_bytes, int n) {
   return std::max<int64_t>(64,
                            int64_t(kDirectScratchBytes) / (kPiecesInFlight * (n - 1)) / 64 * 64);
 }
+
+// Note [Direct collectives inside one node]
+// The direct reduce-scatter and allreduce send every rank's block straight to its owner: each rank
+// exchanges with every other. Inside one node that is what the shared-memory transport does best;
+// across nodes, each node's link then carries L (n - L) / n of the data per phase (L ranks of the
+// node, n in all), where a ring whose ranks are in node order crosses it once, (n - 1) / n: 1.3x
+// more on 2 nodes of 2 ranks, 1.7x on 4 of 2, on the slowest link. So they are used only in groups
+// whose ranks all share a node (MPI_Comm_split_type, at the group's construction); a group across
+// nodes keeps MPI's calls (and its two levels: README.md, "Multi-node on one machine"), whose
+// node-local level is such a group.
 
 // A reduce-scatter made as Note [Direct reduce-scatter] says, or an allreduce made of one and an
 // allgather of the reduced blocks (Note [Direct allreduce]).
@@ -1216,6 +1227,12 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm checks = MPI_COMM_NULL;
       LOOM_MPI_CHECK(MPI_Comm_dup(comm_, &checks));
       checks_ = std::make_unique<MpiCommunicator>(checks, name, false);
+      // See Note [Direct collectives inside one node].
+      MPI_Comm local = MPI_COMM_NULL;
+      LOOM_MPI_CHECK(
+          MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &local));
+      one_node_ = comm_size(local) == size();
+      LOOM_MPI_CHECK(MPI_Comm_free(&local));
     }
   }
   ~MpiCommunicator() override { post_queued(); }
@@ -1227,7 +1244,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr allreduce_impl(const Tensor& input, Tensor& output, const AllreduceOptions& o,
                          const OpInfo& info) override {
     // See Note [Direct allreduce].
-    if (checks_ && input.device().is_cpu() && output.device().is_cpu() &&
+    if (one_node_ && input.device().is_cpu() && output.device().is_cpu() &&
         direct_allreduce_fits(int64_t(input.nbytes()), size()))
       return std::make_shared<DirectReduction>(
           DirectReduction::Kind::kAllreduce, checks_->handle_, context_of(info), timeout_seconds(),
@@ -1265,7 +1282,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output, const ReduceScatterOptions& o,
                               const OpInfo& info) override {
     // See Note [Direct reduce-scatter] (a block MPI's calls would refuse is refused below).
-    if (checks_ && input.device().is_cpu() && output.device().is_cpu() &&
+    if (one_node_ && input.device().is_cpu() && output.device().is_cpu() &&
         output.numel() <= mpi_max_count() && output.numel() > 0)
       return std::make_shared<DirectReduction>(
           DirectReduction::Kind::kReduceScatter, checks_->handle_, context_of(info),
@@ -1519,6 +1536,7 @@ class MpiCommunicator final : public Communicator {
   SpareScratch spare_scratch_ = std::make_shared<std::vector<ExchangeScratch>>();
   // The direct reduce-scatters' scratch buffers (Note [Direct reduce-scatter]).
   SpareScratch spare_direct_ = std::make_shared<std::vector<ExchangeScratch>>();
+  bool one_node_ = false;      // every rank shares this rank's node: Note [Direct collectives ...]
   uint64_t direct_posts_ = 0;  // the direct reduce-scatters posted: every rank's count alike
   int next_direct_tag() {
     return kDirectTag + int(direct_posts_++ % uint64_t(tag_ub_ - kDirectTag + 1));
