@@ -58,51 +58,58 @@ void expect_argument_error(const std::function<void()>& f,
 
 // ---------------------------------------------------------------- reductions
 
+// The elements of an allreduce of n elements, out of place then in place, that are wrong, and of
+// its input that it changed.
+int64_t allreduce_wrong(Communicator& comm, DType dt, ReduceOp op, int64_t n, const char* name) {
+  const int r = comm.rank();
+  const auto members = all_ranks(comm.size());
+  auto input = [&](int64_t i) { return reduce_value(r, i); };
+  auto expected = [&](int64_t i) { return reduced(op, dt, members, i); };
+  const std::string what = name_of(name, dt, n, reduce_op_name(op));
+  Tensor in = make(dt, n, input);
+  Tensor out = garbage(dt, n);
+  comm.allreduce(in, out, AllreduceOptions{op})->wait();
+  int64_t wrong = count_wrong(what + " out-of-place", out, expected);
+  wrong += count_wrong(what + " input kept", in, input);
+  comm.allreduce(in, AllreduceOptions{op})->wait();
+  return wrong + count_wrong(what + " in-place", in, expected);
+}
+
+// The same for a reduce-scatter of n elements per rank; in place, the output is this rank's chunk
+// of the input (ZeRO's buckets and their shards).
+int64_t reduce_scatter_wrong(Communicator& comm, DType dt, ReduceOp op, int64_t n,
+                             const char* name) {
+  const int r = comm.rank(), size = comm.size();
+  const auto members = all_ranks(size);
+  auto input = [&](int64_t i) { return reduce_value(r, i); };
+  auto expected = [&](int64_t j) { return reduced(op, dt, members, r * n + j); };
+  const std::string what = name_of(name, dt, n, reduce_op_name(op));
+  Tensor in = make(dt, n * size, input);
+  Tensor out = garbage(dt, n);
+  comm.reduce_scatter(in, out, ReduceScatterOptions{op})->wait();
+  int64_t wrong = count_wrong(what, out, expected);
+  wrong += count_wrong(what + " input kept", in, input);
+  Tensor mine = in.narrow(0, r * n, n);
+  comm.reduce_scatter(in, mine, ReduceScatterOptions{op})->wait();
+  return wrong + count_wrong(what + " in-place", mine, expected);
+}
+
 TEST(Collectives, AllreduceEveryDtypeOpSizeInAndOutOfPlace) {
   auto comm = world_comm();
-  const int r = comm->rank();
-  const auto members = all_ranks(comm->size());
   int64_t wrong = 0;
   for (DType dt : kDTypes)
     for (ReduceOp op : kOps)
-      for (int64_t n : kSizes) {
-        auto input = [&](int64_t i) { return reduce_value(r, i); };
-        auto expected = [&](int64_t i) { return reduced(op, dt, members, i); };
-        const std::string what = name_of("allreduce", dt, n, reduce_op_name(op));
-        Tensor in = make(dt, n, input);
-        Tensor out = garbage(dt, n);
-        comm->allreduce(in, out, AllreduceOptions{op})->wait();
-        wrong += count_wrong(what + " out-of-place", out, expected);
-        wrong += count_wrong(what + " input kept", in, input);
-        Tensor t = make(dt, n, input);
-        comm->allreduce(t, AllreduceOptions{op})->wait();
-        wrong += count_wrong(what + " in-place", t, expected);
-      }
+      for (int64_t n : kSizes) wrong += allreduce_wrong(*comm, dt, op, n, "allreduce");
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
-// In place: the output is this rank's chunk of the input (ZeRO's buckets and their shards).
 TEST(Collectives, ReduceScatterEveryDtypeOpSizeInAndOutOfPlace) {
   auto comm = world_comm();
-  const int r = comm->rank(), size = comm->size();
-  const auto members = all_ranks(size);
   int64_t wrong = 0;
   for (DType dt : kDTypes)
     for (ReduceOp op : kOps)
-      for (int64_t n : kSizes) {  // n elements per rank
-        auto input = [&](int64_t i) { return reduce_value(r, i); };
-        auto expected = [&](int64_t j) { return reduced(op, dt, members, r * n + j); };
-        const std::string what = name_of("reduce_scatter", dt, n, reduce_op_name(op));
-        Tensor in = make(dt, n * size, input);
-        Tensor out = garbage(dt, n);
-        comm->reduce_scatter(in, out, ReduceScatterOptions{op})->wait();
-        wrong += count_wrong(what, out, expected);
-        wrong += count_wrong(what + " input kept", in, input);
-        Tensor whole = make(dt, n * size, input);
-        Tensor mine = whole.narrow(0, r * n, n);
-        comm->reduce_scatter(whole, mine, ReduceScatterOptions{op})->wait();
-        wrong += count_wrong(what + " in-place", mine, expected);
-      }
+      for (int64_t n : kSizes)  // n elements per rank
+        wrong += reduce_scatter_wrong(*comm, dt, op, n, "reduce_scatter");
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
@@ -112,26 +119,15 @@ TEST(Collectives, ReduceScatterEveryDtypeOpSizeInAndOutOfPlace) {
 // are still being sent).
 TEST(Collectives, ReduceScatterInPiecesEveryDtypeOpInAndOutOfPlace) {
   auto comm = world_comm();
-  const int r = comm->rank(), size = comm->size();
+  const int size = comm->size();
   if (size == 1) GTEST_SKIP() << "no pieces on one rank";
-  const auto members = all_ranks(size);
   const int64_t scratch = 4 * 1024 * 1024;  // kDirectScratchBytes
   int64_t wrong = 0;
   for (DType dt : kDTypes)
     for (ReduceOp op : kOps) {
       // Past the scratch by a third (at least three pieces) and an odd number of elements.
       const int64_t n = scratch / (size - 1) / int64_t(dtype_size(dt)) * 4 / 3 + 5;
-      auto input = [&](int64_t i) { return reduce_value(r, i); };
-      auto expected = [&](int64_t j) { return reduced(op, dt, members, r * n + j); };
-      const std::string what = name_of("reduce_scatter in pieces", dt, n, reduce_op_name(op));
-      Tensor in = make(dt, n * size, input);
-      Tensor out = garbage(dt, n);
-      comm->reduce_scatter(in, out, ReduceScatterOptions{op})->wait();
-      wrong += count_wrong(what, out, expected);
-      wrong += count_wrong(what + " input kept", in, input);
-      Tensor mine = in.narrow(0, r * n, n);
-      comm->reduce_scatter(in, mine, ReduceScatterOptions{op})->wait();
-      wrong += count_wrong(what + " in-place", mine, expected);
+      wrong += reduce_scatter_wrong(*comm, dt, op, n, "reduce_scatter in pieces");
     }
   EXPECT_EQ(total_wrong(wrong), 0);
 }
@@ -178,24 +174,14 @@ TEST(Collectives, ReduceScattersInFlightTogetherWaitedInAnyOrder) {
 // every op.
 TEST(Collectives, AllreduceInPiecesEveryDtypeInAndOutOfPlace) {
   auto comm = world_comm();
-  const int r = comm->rank(), size = comm->size();
+  const int size = comm->size();
   if (size == 1) GTEST_SKIP() << "no pieces on one rank";
-  const auto members = all_ranks(size);
   int64_t wrong = 0;
   for (DType dt : kDTypes)
     for (ReduceOp op : kOps) {
       if (op != ReduceOp::kSum && dt != DType::kF32 && dt != DType::kBF16) continue;
       const int64_t count = 17 * 1024 * 1024 / int64_t(dtype_size(dt)) + 3 - int64_t(size);
-      auto input = [&](int64_t i) { return reduce_value(r, i); };
-      auto expected = [&](int64_t i) { return reduced(op, dt, members, i); };
-      const std::string what = name_of("allreduce in pieces", dt, count, reduce_op_name(op));
-      Tensor in = make(dt, count, input);
-      Tensor out = garbage(dt, count);
-      comm->allreduce(in, out, AllreduceOptions{op})->wait();
-      wrong += count_wrong(what, out, expected);
-      wrong += count_wrong(what + " input kept", in, input);
-      comm->allreduce(in, AllreduceOptions{op})->wait();
-      wrong += count_wrong(what + " in-place", in, expected);
+      wrong += allreduce_wrong(*comm, dt, op, count, "allreduce in pieces");
     }
   EXPECT_EQ(total_wrong(wrong), 0);
 }
