@@ -1003,14 +1003,14 @@ int64_t direct_piece_bytes(int64_t block_bytes, int n) {
 }
 
 // Note [Direct collectives inside one node]
-// The direct reduce-scatter and allreduce send every rank's block straight to its owner: each rank
-// exchanges with every other. Inside one node that is what the shared-memory transport does best;
-// across nodes, each node's link then carries L (n - L) / n of the data per phase (L ranks of the
-// node, n in all), where a ring whose ranks are in node order crosses it once, (n - 1) / n: 1.3x
-// more on 2 nodes of 2 ranks, 1.7x on 4 of 2, on the slowest link. So they are used only in groups
-// whose ranks all share a node (MPI_Comm_split_type, at the group's construction); a group across
-// nodes keeps MPI's calls (and its two levels: README.md, "Multi-node on one machine"), whose
-// node-local level is such a group.
+// The direct reduce-scatter, allreduce and allgather send every rank's block straight to its owner:
+// each rank exchanges with every other. Inside one node that is what the shared-memory transport
+// does best; across nodes, each node's link then carries L (n - L) / n of the data per phase (L
+// ranks of the node, n in all), where a ring whose ranks are in node order crosses it once, (n - 1)
+// / n: 1.3x more on 2 nodes of 2 ranks, 1.7x on 4 of 2, on the slowest link. So they are used only
+// in groups whose ranks all share a node (MPI_Comm_split_type, at the group's construction); a
+// group across nodes keeps MPI's calls (and its two levels: README.md, "Multi-node on one
+// machine"), whose node-local level is such a group.
 
 // A reduce-scatter made as Note [Direct reduce-scatter] says, or an allreduce made of one and an
 // allgather of the reduced blocks (Note [Direct allreduce]).
@@ -1194,6 +1194,77 @@ DirectReduction::~DirectReduction() {
   }
 }
 
+// Note [Direct allgather]
+// An allgather of host tensors in a group inside one node (Note [Direct collectives inside one
+// node]) that its check does not carry: each rank sends its input to every other rank and receives
+// rank j's straight into block j of the output, every message posted at once (nothing to step).
+// After the check's round trip, Open MPI's MPI_Iallgather (libnbc) ran at 0.53-0.94x of MPI's
+// blocking allgather from 16 to 256 KiB on 2 and 4 ranks, this at 0.67-1.02x; from 1 MiB up both
+// ran at MPI's speed (benchmarks/README.md, "Direct allreduce and allgather"). The messages go over
+// the check channel's communicator under a tag of their own, as the direct reduce-scatter's do;
+// with checks off, a rank that called with another size is caught by the lengths received.
+class DirectAllgather final : public MpiPolledWork {
+ public:
+  DirectAllgather(std::shared_ptr<CommHandle> channel, OpContext context, double timeout_s,
+                  int rank, int n, const Tensor& input, const Tensor& output, int tag)
+      : MpiPolledWork(std::move(channel), std::move(context), timeout_s),
+        rank_(rank),
+        n_(n),
+        block_(int64_t(input.nbytes())),
+        input_(input.detach()),
+        output_(output.detach()) {
+    const int64_t block = block_;
+    char* mine = bytes_at(output_, 0) + int64_t(rank) * block;
+    if (mine != bytes_at(input_, 0)) std::memcpy(mine, bytes_at(input_, 0), size_t(block));
+    requests_.assign(size_t(2 * (n - 1)), MPI_REQUEST_NULL);
+    statuses_.resize(requests_.size());
+    for (int i = 1; i < n; ++i) {
+      const int from = (rank + i) % n, to = (rank - i + n) % n;
+      LOOM_MPI_CHECK_IN(this->context(),
+                        MPI_Irecv(bytes_at(output_, 0) + int64_t(from) * block, int(block),
+                                  MPI_BYTE, from, tag, comm->comm, &requests_[size_t(i - 1)]));
+      LOOM_MPI_CHECK_IN(this->context(), MPI_Isend(mine, int(block), MPI_BYTE, to, tag, comm->comm,
+                                                   &requests_[size_t(n - 1 + i - 1)]));
+    }
+  }
+  ~DirectAllgather() override;
+
+ protected:
+  bool poll() override {
+    if (!test_all(requests_, statuses_, context())) return false;
+    for (int i = 1; i < n_; ++i) {  // with checks off, a rank may have called with another size
+      int got = 0;
+      MPI_Get_count(&statuses_[size_t(i - 1)], MPI_BYTE, &got);
+      if (got != block_)
+        throw CommError(loom::detail::str_cat(
+            "[rank ", error_rank(), "] ", context().str(), ": rank ", (rank_ + i) % n_, " sent ",
+            got, " bytes of its allgather input, this rank expected ", block_,
+            " (the ranks called allgather with different sizes)"));
+    }
+    return true;
+  }
+  void finish() override {
+    input_ = output_ = Tensor();
+    if (comm) comm->failed = false;  // the group works again
+    comm.reset();
+  }
+
+ private:
+  int rank_, n_;
+  int64_t block_;                      // bytes of every rank's input
+  Tensor input_, output_;              // what MPI reads and writes: alive until completion
+  std::vector<MPI_Request> requests_;  // n - 1 receives, then n - 1 sends
+  std::vector<MPI_Status> statuses_;
+};
+
+DirectAllgather::~DirectAllgather() {
+  if (done()) return;
+  // See Note [Abandoned operations].
+  if (!settles([this] { return poll(); }))
+    abandoned().push_back(
+        Abandoned{std::move(requests_), {input_, output_}, {}, nullptr, std::move(comm)});
+}
+
 // ---------------------------------------------------------------- the communicator
 
 int comm_rank(MPI_Comm comm) {
@@ -1321,6 +1392,12 @@ class MpiCommunicator final : public Communicator {
 
   WorkPtr allgather_impl(const Tensor& input, Tensor& output, const AllgatherOptions&,
                          const OpInfo& info) override {
+    // See Note [Direct allgather].
+    if (one_node_ && input.device().is_cpu() && output.device().is_cpu() && input.numel() > 0 &&
+        input.numel() <= mpi_max_count() && input.nbytes() <= size_t(INT_MAX))
+      return std::make_shared<DirectAllgather>(checks_->handle_, context_of(info),
+                                               timeout_seconds(), rank(), size(), input, output,
+                                               next_direct_tag());
     const int count = fits_one_call(info, "input", input.numel());
     const DType dt = input.dtype();
     // In place: the input is this rank's chunk of the output, where MPI_IN_PLACE expects it.
