@@ -132,41 +132,6 @@ TEST(Collectives, ReduceScatterInPiecesEveryDtypeOpInAndOutOfPlace) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
-// Three direct reduce-scatters in flight together (Note [Direct reduce-scatter] in
-// mpi_backend.cpp), two of them in pieces, posted before any is waited for; even ranks wait for
-// them in call order, odd ranks in reverse. A version that posted a block's later pieces only
-// from its own wait hung here (each rank waiting for a piece the other would post only once it
-// polled that reduce-scatter: Note [Works that post as they go] in work.h), and under one tag for
-// all a piece of one met a receive of another (truncated). Each rank's values are offset per
-// call, so results swapped between the calls are wrong too.
-TEST(Collectives, ReduceScattersInFlightTogetherWaitedInAnyOrder) {
-  auto comm = world_comm();
-  const int r = comm->rank(), size = comm->size();
-  if (size == 1) GTEST_SKIP() << "nothing in flight on one rank";
-  const auto members = all_ranks(size);
-  const int64_t largest = 4 * 1024 * 1024 / (size - 1) / 4;  // f32 elements in one piece
-  const int64_t blocks[3] = {3 * largest + 5, largest - 7, 2 * largest + 1};
-  std::vector<Tensor> outs;
-  std::vector<WorkPtr> works;
-  for (int c = 0; c < 3; ++c) {
-    const int64_t n = blocks[c], offset = 1000 * c;
-    Tensor in = make(DType::kF32, n * size, [&](int64_t i) { return reduce_value(r, i + offset); });
-    outs.push_back(garbage(DType::kF32, n));
-    works.push_back(comm->reduce_scatter(in, outs.back()));
-  }
-  int64_t wrong = 0;
-  for (int k = 0; k < 3; ++k) {
-    const int c = r % 2 == 0 ? k : 2 - k;
-    works[size_t(c)]->wait();
-    const int64_t n = blocks[c], offset = 1000 * c;
-    wrong += count_wrong(name_of("reduce_scatter in flight", DType::kF32, n, "sum"),
-                         outs[size_t(c)], [&](int64_t j) {
-                           return reduced(ReduceOp::kSum, DType::kF32, members, r * n + j + offset);
-                         });
-  }
-  EXPECT_EQ(total_wrong(wrong), 0);
-}
-
 // An allreduce past the direct reduce-scatter's scratch (Note [Direct allreduce] in
 // mpi_backend.cpp: 16 MiB and up on 2 ranks, the pieces from 4 MiB over the other ranks): blocks
 // of ceil(count / n) elements with a shorter last one, reduced in pieces, then gathered; in place
@@ -187,9 +152,12 @@ TEST(Collectives, AllreduceInPiecesEveryDtypeInAndOutOfPlace) {
 }
 
 // Direct allreduces (Note [Direct allreduce] in mpi_backend.cpp) and reduce-scatters in flight
-// together, waited for in call order on even ranks and in reverse on odd ones: an allreduce
-// posts its allgather only once its reduce-scatter is done, so a rank waiting for another one
-// must still take that step (Note [Works that post as they go] in work.h).
+// together, two of them in pieces, waited for in call order on even ranks and in reverse on odd
+// ones: a later piece's receive and an allreduce's allgather are posted only as earlier messages
+// arrive, so a rank waiting for another collective must still take those steps (Note [Works that
+// post as they go] in work.h; without it this hangs), and each collective has a tag of its own
+// (under one tag for all, a piece of one met a receive of another: truncated). Each collective's
+// values are offset, so results swapped between them are wrong too.
 TEST(Collectives, DirectReductionsInFlightTogetherWaitedInAnyOrder) {
   auto comm = world_comm();
   const int r = comm->rank(), size = comm->size();
