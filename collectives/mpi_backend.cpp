@@ -1,8 +1,9 @@
-// The MPI backend: every op posts nonblocking MPI calls (MPI_Iallreduce, ...) and returns an
-// MpiWork that polls them with MPI_Testall until done or past its deadline
-// (See Note [Deadlines] in communicator.cpp). Three decisions that are not obvious:
-// See Note [MPI staging], Note [Abandoned operations], and all_to_all_impl on why it always
-// posts MPI_Ialltoallv.
+// The MPI backend: every op posts nonblocking MPI calls (MPI_Iallreduce, ...; or, for the host
+// reductions and allgathers of a group inside one node, loom's own point-to-point messages: Note
+// [Direct collectives inside one node]) and returns a work that polls them with MPI_Testall until
+// done or past its deadline (See Note [Deadlines] in communicator.cpp). Three decisions that are
+// not obvious: See Note [MPI staging], Note [Abandoned operations], and all_to_all_impl on why it
+// always posts MPI_Ialltoallv.
 #include "collectives/mpi_backend.h"
 
 #include <algorithm>
