@@ -82,8 +82,9 @@ void reduce_ranks(const void* const* by_rank, int n, DType dtype, ReduceOp op, i
   LOOM_ASSERT(false, "reduce_ranks on ", dtype_name(dtype));
 }
 
-void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int first_rank,
-                          DType dtype, ReduceOp op, int64_t first, int64_t count, void* out) {
+void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, const int* position_of,
+                          int first_position, DType dtype, ReduceOp op, int64_t first,
+                          int64_t count, void* out) {
   LOOM_ASSERT(
       n > 0 && count >= 0 && (first + count) * int64_t(dtype_size(dtype)) <= int64_t(block_bytes),
       "reduce_in_rank_order: elements [", first, ", ", first + count, ") outside a block of ",
@@ -98,8 +99,10 @@ void reduce_in_rank_order(const void* blocks, size_t block_bytes, int n, int fir
     on_heap.resize(size_t(n));
     by_rank = on_heap.data();
   }
-  for (int j = 0; j < n; ++j)
-    by_rank[j] = b + int64_t(((j - first_rank) % n + n) % n) * int64_t(block_bytes) + offset;
+  for (int j = 0; j < n; ++j) {
+    const int at = ((position_of ? position_of[j] : j) - first_position) % n;
+    by_rank[j] = b + int64_t(at < 0 ? at + n : at) * int64_t(block_bytes) + offset;
+  }
   reduce_ranks(by_rank, n, dtype, op, count, out);
 }
 

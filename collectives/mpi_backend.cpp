@@ -23,6 +23,7 @@
 #include "collectives/carried.h"
 #include "collectives/mpi_check.h"
 #include "collectives/termination.h"
+#include "collectives/topology.h"
 #include "collectives/work.h"
 
 namespace loom::comm {
@@ -684,23 +685,27 @@ PointToPointWork::~PointToPointWork() {
 
 // Note [Signature exchange]
 // The check channel's exchange (Note [Collective signatures]) is a max over the group plus, for
-// a carried collective (Note [Small collectives in their check]), the collective itself. The
-// first phase is ceil(log2 n) rounds of one send and one receive per rank, whatever the call:
-// in round k each rank sends to r - 2^k and receives from r + 2^k, with tag k. Each message is
-// [max hash, max ~hash, payload bytes that follow, payload]; a rank folds the pair it receives
-// into its own, so after the rounds every rank has the max over every rank (a dissemination).
-// The payload depends on the call:
+// a carried collective (Note [Small collectives in their check]), the collective itself. It runs
+// over the ranks laid out in the group's exchange order (Note [Node-interleaved exchange order]
+// in topology.h: group-rank order inside one node); "position" below is a place in that order.
+// The first phase is ceil(log2 n) rounds of one send and one receive per rank, whatever the call:
+// in round k the rank at position p sends to position p - 2^k and receives from p + 2^k, with
+// tag k. Each message is [max hash, max ~hash, payload bytes that follow, payload]; a rank folds
+// the pair it receives into its own, so after the rounds every rank has the max over every rank
+// (a dissemination). The payload depends on the call:
 // - none (a plain check, or a barrier);
-// - an allgather's blocks, as Bruck's allgather: rank r holds the blocks of ranks r, r+1, ...
-//   (mod n) and in round k sends the first min(2^k, n - held) it holds, receiving r + 2^k's,
-//   which continue its own (the smallest allreduces too: each rank then reduces all inputs);
+// - an allgather's blocks, as Bruck's allgather: position p holds the blocks of positions p,
+//   p+1, ... (mod n) and in round k sends the first min(2^k, n - held) it holds, receiving
+//   p + 2^k's, which continue its own (the smallest allreduces too: each rank then reduces all
+//   inputs);
 // - a reduction's blocks (reduce_scatter, allreduce: its input cut into n blocks, block j for
-//   rank j), as Bruck's all-to-all: rank r keeps at index i the block bound for rank r - i and in
-//   round k sends those at the indices with bit k set, receiving r + 2^k's at the same indices;
-//   after the rounds index i holds rank r + i's block for rank r. Each rank then reduces its
-//   blocks in rank order (collectives/carried.h), so the result has the same bits on every rank
-//   and for every message pattern. An allreduce then gathers the reduced blocks, as an
-//   allgather's, in a second phase (tags 32 + k) that only a group whose check agreed runs.
+//   rank j), as Bruck's all-to-all: position p keeps at index i the block bound for position
+//   p - i and in round k sends those at the indices with bit k set, receiving p + 2^k's at the
+//   same indices; after the rounds index i holds position p + i's block for p. Each rank then
+//   reduces its blocks in rank order (collectives/carried.h), so the result has the same bits on
+//   every rank, for every message pattern and every order. An allreduce then gathers the reduced
+//   blocks, as an allgather's, in a second phase (tags 32 + k) that only a group whose check
+//   agreed runs.
 // Outputs are written only when the check agrees: nothing of a mismatched call is touched.
 // Every receive has room for the largest message any call may send, so a peer making another
 // call (another payload size) is read, not truncated, and makes the receiver mark the check
@@ -737,16 +742,36 @@ ExchangeScratch take_scratch(std::vector<ExchangeScratch>& spare, size_t words) 
   return s;
 }
 
+// The positions a group's signature exchanges run their rounds in (Note [Node-interleaved exchange
+// order], topology.h): rank_at[p] is the group rank at position p; position_of is its inverse.
+struct ExchangeOrder {
+  std::vector<int> rank_at, position_of;
+  explicit ExchangeOrder(std::vector<int> order) : rank_at(std::move(order)) {
+    position_of.assign(rank_at.size(), -1);
+    for (size_t p = 0; p < rank_at.size(); ++p) position_of[size_t(rank_at[p])] = int(p);
+  }
+};
+using ExchangeOrderPtr = std::shared_ptr<const ExchangeOrder>;
+
+std::vector<int> identity_order(int n) {
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) order[size_t(r)] = r;
+  return order;
+}
+
 class SignatureExchange final : public MpiPolledWork {
  public:
   using Kind = CheckPayload::Kind;
 
   // `pair`: as check_exchange_impl's, written when the first phase completes.
   SignatureExchange(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-                    int rank, int n, int64_t* pair, const CheckPayload& payload, SpareScratch spare)
+                    int rank, int n, ExchangeOrderPtr order, int64_t* pair,
+                    const CheckPayload& payload, SpareScratch spare)
       : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
         rank_(rank),
         n_(n),
+        order_(std::move(order)),
+        position_(order_->position_of[size_t(rank)]),
         pair_(pair),
         p_(payload),
         block_(int64_t(payload.block)),
@@ -768,9 +793,9 @@ class SignatureExchange final : public MpiPolledWork {
         break;
       case Kind::kReduceScatter:
       case Kind::kAllreduce:
-        // Index i: the block bound for rank r - i (an allreduce's last blocks may be short).
+        // Index i: the block bound for position p - i (an allreduce's last blocks may be short).
         for (int i = 0; i < n_; ++i) {
-          const int64_t to = (rank_ - i + n_) % n_;
+          const int64_t to = rank_at(position_ - i);
           const int64_t bytes = std::min(block_, int64_t(p_.input_bytes) - to * block_);
           if (bytes > 0) std::memcpy(blocks_ + i * block_, input + to * block_, size_t(bytes));
         }
@@ -861,10 +886,10 @@ class SignatureExchange final : public MpiPolledWork {
     }
     const int tag = (first_phase_ ? 0 : kSecondPhaseTag) + round_;
     const MPI_Comm c = comm->comm;
-    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(in_, int(kCheckMessage), MPI_BYTE, (rank_ + step) % n_,
-                                           tag, c, &requests_[0]));
+    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(in_, int(kCheckMessage), MPI_BYTE,
+                                           rank_at(position_ + step), tag, c, &requests_[0]));
     LOOM_MPI_CHECK_IN(context(), MPI_Isend(out_, int(kCheckHeader + blocks * block_), MPI_BYTE,
-                                           (rank_ - step + n_) % n_, tag, c, &requests_[1]));
+                                           rank_at(position_ - step), tag, c, &requests_[1]));
   }
 
   // Keeps what a round brought.
@@ -884,13 +909,17 @@ class SignatureExchange final : public MpiPolledWork {
       }
   }
 
+  // The group rank at position p (mod n) of the exchange order.
+  int rank_at(int64_t p) const { return order_->rank_at[size_t(((p % n_) + n_) % n_)]; }
+
   // This rank's share of a reduction: op over every rank's block for it, in rank order (index i
-  // holds rank r + i's).
+  // holds position p + i's).
   void reduce_mine(void* out) {
     const int64_t element = int64_t(dtype_size(p_.dtype));
     const int64_t count =
         std::clamp<int64_t>(int64_t(p_.input_bytes) - rank_ * block_, 0, block_) / element;
-    reduce_in_rank_order(blocks_, size_t(block_), n_, rank_, p_.dtype, p_.op, 0,
+    reduce_in_rank_order(blocks_, size_t(block_), n_, order_->position_of.data(), position_,
+                         p_.dtype, p_.op, 0,
                          p_.kind == Kind::kReduceScatter ? block_ / element : count, out);
   }
 
@@ -903,16 +932,16 @@ class SignatureExchange final : public MpiPolledWork {
       case Kind::kReduceScatter:
         if (block_ > 0) reduce_mine(out);
         return;
-      case Kind::kAllreduceByAllgather:  // held[i] is rank (r + i) % n's whole input
-        reduce_in_rank_order(held(), size_t(block_), n_, rank_, p_.dtype, p_.op, 0,
-                             block_ / int64_t(dtype_size(p_.dtype)), out);
+      case Kind::kAllreduceByAllgather:  // held[i] is position p + i's whole input
+        reduce_in_rank_order(held(), size_t(block_), n_, order_->position_of.data(), position_,
+                             p_.dtype, p_.op, 0, block_ / int64_t(dtype_size(p_.dtype)), out);
         return;
       case Kind::kAllgather:
       case Kind::kAllreduce: {
-        // held[i] is rank (r + i) % n's block: into rank order (an allreduce's last short).
+        // held[i] is position p + i's block: into rank order (an allreduce's last short).
         const int64_t total = p_.kind == Kind::kAllgather ? block_ * n_ : int64_t(p_.input_bytes);
         for (int64_t i = 0; i < n_; ++i) {
-          const int64_t j = (rank_ + i) % n_;
+          const int64_t j = rank_at(position_ + i);
           const int64_t bytes = std::min(block_, total - j * block_);
           if (bytes > 0) std::memcpy(out + j * block_, held() + i * block_, size_t(bytes));
         }
@@ -922,6 +951,8 @@ class SignatureExchange final : public MpiPolledWork {
   }
 
   int rank_, n_;
+  ExchangeOrderPtr order_;
+  int position_;  // this rank's, in order_
   int64_t* pair_;
   CheckPayload p_;
   int64_t block_;
@@ -1304,6 +1335,10 @@ class MpiCommunicator final : public Communicator {
       LOOM_MPI_CHECK(
           MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &local));
       one_node_ = comm_size(local) == size();
+      // See Note [Node-interleaved exchange order] (topology.h).
+      if (!one_node_)
+        checks_->exchange_order_ =
+            std::make_shared<ExchangeOrder>(exchange_order(node_of_ranks(local)));
       LOOM_MPI_CHECK(MPI_Comm_free(&local));
     }
   }
@@ -1562,7 +1597,8 @@ class MpiCommunicator final : public Communicator {
                 "signature exchange carrying ", payload.bytes(size()), " bytes");
     // By value, not `this`: the work keeps the MPI communicator alive, not the group.
     return std::make_shared<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
-                                               size(), pair, payload, spare_scratch_);
+                                               size(), exchange_order_, pair, payload,
+                                               spare_scratch_);
   }
 
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {
@@ -1606,12 +1642,35 @@ class MpiCommunicator final : public Communicator {
 
   Communicator* check_channel() override { return checks_.get(); }
 
+  // Each group rank's node, numbered by first rank (as comm::node_map's), from `local`: this
+  // rank's MPI_COMM_TYPE_SHARED part of comm_, ordered by group rank. Collective over comm_.
+  std::vector<int> node_of_ranks(MPI_Comm local) const {
+    MPI_Group group = MPI_GROUP_NULL, local_group = MPI_GROUP_NULL;
+    LOOM_MPI_CHECK(MPI_Comm_group(comm_, &group));
+    LOOM_MPI_CHECK(MPI_Comm_group(local, &local_group));
+    int first = 0, first_rank = -1;  // the node's first rank, as a group rank
+    LOOM_MPI_CHECK(MPI_Group_translate_ranks(local_group, 1, &first, group, &first_rank));
+    LOOM_MPI_CHECK(MPI_Group_free(&local_group));
+    LOOM_MPI_CHECK(MPI_Group_free(&group));
+    std::vector<int> first_of(size_t(size()), -1);
+    LOOM_MPI_CHECK(MPI_Allgather(&first_rank, 1, MPI_INT, first_of.data(), 1, MPI_INT, comm_));
+    std::vector<int> node_of(first_of.size()), firsts;
+    for (size_t r = 0; r < first_of.size(); ++r) {
+      auto it = std::find(firsts.begin(), firsts.end(), first_of[r]);
+      node_of[r] = int(it - firsts.begin());
+      if (it == firsts.end()) firsts.push_back(first_of[r]);
+    }
+    return node_of;
+  }
+
   std::shared_ptr<CommHandle> handle_;
   MPI_Comm comm_;  // handle_->comm
   int tag_ub_ = 32767;
   std::unique_ptr<MpiCommunicator> checks_;  // the check channel; null at size 1
-  // As the check channel: scratch buffers of completed signature exchanges, for the next one.
+  // As the check channel: scratch buffers of completed signature exchanges, for the next one, and
+  // the order their rounds run in (the group's creator sets it when the group spans nodes).
   SpareScratch spare_scratch_ = std::make_shared<std::vector<ExchangeScratch>>();
+  ExchangeOrderPtr exchange_order_ = std::make_shared<ExchangeOrder>(identity_order(size()));
   // The direct reduce-scatters' scratch buffers (Note [Direct reduce-scatter]).
   SpareScratch spare_direct_ = std::make_shared<std::vector<ExchangeScratch>>();
   bool one_node_ = false;      // every rank shares this rank's node: Note [Direct collectives ...]

@@ -46,4 +46,44 @@ NodeMap node_map(Communicator& group) {
   return map;
 }
 
+namespace {
+
+// The rounds of a dissemination over `order` in which some pair of ranks is on two nodes.
+int crossing_rounds(const std::vector<int>& node_of_rank, const std::vector<int>& order) {
+  const size_t n = order.size();
+  int crossing = 0;
+  for (size_t step = 1; step < n; step *= 2) {
+    for (size_t p = 0; p < n; ++p)
+      if (node_of_rank[size_t(order[p])] != node_of_rank[size_t(order[(p + n - step) % n])]) {
+        ++crossing;
+        break;
+      }
+  }
+  return crossing;
+}
+
+}  // namespace
+
+std::vector<int> exchange_order(const std::vector<int>& node_of_rank) {
+  const int n = int(node_of_rank.size());
+  std::vector<int> index_in_node(static_cast<size_t>(n)), seen;  // seen[node]: its ranks so far
+  for (int r = 0; r < n; ++r) {
+    const int node = node_of_rank[size_t(r)];
+    LOOM_CHECK(node >= 0 && node < n, "exchange_order: rank ", r, " is on node ", node,
+               ", outside [0, ", n, ")");
+    if (size_t(node) >= seen.size()) seen.resize(size_t(node) + 1, 0);
+    index_in_node[size_t(r)] = seen[size_t(node)]++;
+  }
+  std::vector<int> ranks(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) ranks[size_t(r)] = r;
+  std::vector<int> interleaved = ranks;
+  std::stable_sort(interleaved.begin(), interleaved.end(), [&](int a, int b) {
+    const int ia = index_in_node[size_t(a)], ib = index_in_node[size_t(b)];
+    return ia != ib ? ia < ib : node_of_rank[size_t(a)] < node_of_rank[size_t(b)];
+  });
+  return crossing_rounds(node_of_rank, interleaved) < crossing_rounds(node_of_rank, ranks)
+             ? interleaved
+             : ranks;
+}
+
 }  // namespace loom::comm
