@@ -427,11 +427,27 @@ void Communicator::set_debug(bool on) {
   debug_ = on;
 }
 
-bool Communicator::carried_by_check(const CheckPayload& payload, size_t limit, bool on_host) {
+size_t Communicator::carried_limit(CheckPayload::Kind kind) const {
+  switch (kind) {
+    case CheckPayload::Kind::kNone:
+      return 0;
+    case CheckPayload::Kind::kAllgather:
+      return kCarriedAllgatherBytes;
+    case CheckPayload::Kind::kAllreduceByAllgather:
+      return kAllreduceByAllgatherBytes;
+    case CheckPayload::Kind::kAllreduce:
+      return kCarriedAllreduceBytes;
+    case CheckPayload::Kind::kReduceScatter:
+      return kCarriedReduceScatterBytes;
+  }
+  return 0;
+}
+
+bool Communicator::carried_by_check(const CheckPayload& payload, bool on_host) {
   if (size_ == 1 || !on_host) return false;  // checks off too: Note [Carried when unchecked]
   Communicator* channel = check_channel();
   const size_t bytes = payload.bytes(size_);
-  return channel && bytes <= limit && bytes <= channel->check_payload_limit();
+  return channel && bytes <= carried_limit(payload.kind) && bytes <= channel->check_payload_limit();
 }
 
 WorkPtr Communicator::collective(const Signature& given, size_t bytes,
@@ -631,11 +647,11 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   const int64_t chunk = (input.numel() + size_ - 1) / size_;  // elements per rank's block
   CheckPayload carried = payload_of(CheckPayload::Kind::kAllreduceByAllgather, input, output,
                                     input.nbytes(), options.op);
-  if (carried_by_check(carried, kAllreduceByAllgatherBytes, on_host(input, output)))
+  if (carried_by_check(carried, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   carried.kind = CheckPayload::Kind::kAllreduce;
   carried.block = size_t(chunk) * dtype_size(input.dtype());
-  if (carried_by_check(carried, kCarriedAllreduceBytes, on_host(input, output)))
+  if (carried_by_check(carried, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return allreduce_impl(input, output, options, info);
@@ -662,7 +678,7 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
                       int(options.op),  site.file_name(), int(site.line())};
   const CheckPayload carried =
       payload_of(CheckPayload::Kind::kReduceScatter, input, output, output.nbytes(), options.op);
-  if (carried_by_check(carried, kCarriedReduceScatterBytes, on_host(input, output)))
+  if (carried_by_check(carried, on_host(input, output)))
     return collective(sig, input.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return reduce_scatter_impl(input, output, options, info);
@@ -682,7 +698,7 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
                       -1,          site.file_name(), int(site.line())};
   const CheckPayload carried =
       payload_of(CheckPayload::Kind::kAllgather, input, output, input.nbytes(), ReduceOp::kSum);
-  if (carried_by_check(carried, kCarriedAllgatherBytes, on_host(input, output)))
+  if (carried_by_check(carried, on_host(input, output)))
     return collective(sig, output.nbytes(), nullptr, Carried{carried, input, output});
   return collective(sig, output.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return allgather_impl(input, output, options, info);
@@ -779,7 +795,7 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops) {
 }
 
 WorkPtr Communicator::barrier(const BarrierOptions& options) {
-  if (carried_by_check(CheckPayload{}, 0, true))  // the check is the barrier
+  if (carried_by_check(CheckPayload{}, true))  // the check is the barrier
     return collective({"barrier"}, 0, nullptr, Carried{});
   return collective({"barrier"}, 0,
                     [=, this](const OpInfo& info) { return barrier_impl(options, info); });

@@ -291,6 +291,11 @@ class Communicator {
   }
   // The most bytes (CheckPayload::bytes) that check_exchange_impl carries; 0: none.
   virtual size_t check_payload_limit() const { return 0; }
+  // The largest collective of `kind` (CheckPayload::bytes over the group) worth carrying in its
+  // check (Note [Small collectives in their check]): the sizes measured inside one node, unless
+  // the backend knows its group is better served otherwise. Every rank of the group must answer
+  // alike.
+  virtual size_t carried_limit(CheckPayload::Kind kind) const;
 
   // For the destructor of a backend whose groups queue checked collectives: posts what is still
   // queued (each once its check agrees, as the other ranks expect; a Work dropped unfinished
@@ -327,7 +332,7 @@ class Communicator {
   };
   // Whether a collective travels inside its check: `payload` (bytes() of it) fits the channel
   // and `limit`, and its buffers are host memory.
-  bool carried_by_check(const CheckPayload& payload, size_t limit, bool on_host);
+  bool carried_by_check(const CheckPayload& payload, bool on_host);
   // Posts a collective: begin(), then post(info) at once, or once its signature check agrees;
   // a carried one is done by its check instead.
   WorkPtr collective(const Signature& signature, size_t bytes,

@@ -1589,6 +1589,23 @@ class MpiCommunicator final : public Communicator {
 
   size_t check_payload_limit() const override { return kCarriedBytes; }
 
+  // Note [Carried across nodes]
+  // In a group spanning nodes a collective's check costs a network round trip before MPI's
+  // call (its own rounds across nodes after it), where a carried one crosses once for both; and
+  // with the exchange's ranks interleaved by node (Note [Node-interleaved exchange order],
+  // topology.h) a carried allgather sends each block across a node's link once, as few bytes as
+  // any allgather can. Measured on emulated nodes (benchmarks/README.md, "Across nodes: the
+  // check's exchange"; loom / MPI_Allgather, carried against not): allgather 16-256 KiB 0.52-0.65
+  // -> 0.88-1.29 on 2 x 2, 0.38-0.76 -> 0.77-1.15 on 4 x 2; an allreduce as an allgather of
+  // its inputs at 64 KiB (2 x 2) and 128 KiB (4 x 2) over the group 0.89-1.08 -> 1.22-1.49,
+  // level at 256 KiB; two-phase allreduces and reduce-scatters gained nothing clear, and keep the
+  // sizes measured inside one node.
+  size_t carried_limit(CheckPayload::Kind kind) const override {
+    if (!one_node_ && kind == CheckPayload::Kind::kAllgather) return kCarriedBytes;
+    if (!one_node_ && kind == CheckPayload::Kind::kAllreduceByAllgather) return 128 * 1024;
+    return Communicator::carried_limit(kind);
+  }
+
   WorkPtr check_exchange_impl(int64_t* pair, const CheckPayload& payload,
                               const OpInfo& info) override {
     LOOM_ASSERT(payload.bytes(size()) <= kCarriedBytes &&
