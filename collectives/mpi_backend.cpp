@@ -1596,13 +1596,16 @@ class MpiCommunicator final : public Communicator {
   // topology.h) a carried allgather sends each block across a node's link once, as few bytes as
   // any allgather can. Measured on emulated nodes (benchmarks/README.md, "Across nodes: the
   // check's exchange"; loom / MPI_Allgather, carried against not): allgather 16-256 KiB 0.52-0.65
-  // -> 0.88-1.29 on 2 x 2, 0.38-0.76 -> 0.77-1.15 on 4 x 2; an allreduce as an allgather of
-  // its inputs at 64 KiB (2 x 2) and 128 KiB (4 x 2) over the group 0.89-1.08 -> 1.22-1.49,
-  // level at 256 KiB; two-phase allreduces and reduce-scatters gained nothing clear, and keep the
-  // sizes measured inside one node.
+  // -> 0.88-1.29 on 2 x 2, 0.38-0.76 -> 0.77-1.15 on 4 x 2; a 16 KiB allreduce as an allgather
+  // of its inputs (64 KiB over 2 x 2, 128 KiB over 4 x 2) 0.89-1.08 -> 1.22-1.49, level at 256
+  // KiB; a 64 KiB allreduce in two phases 0.70-0.74 -> 0.79-0.88 (worse from 128 KiB:
+  // 0.59-0.68 against 0.73-0.85). Reduce-scatters carried up to 256 KiB moved within the noise
+  // and keep the sizes measured inside one node. Whether the group spans nodes is the same answer
+  // on every rank of it (MPI_Comm_split_type), so every rank still decides alike.
   size_t carried_limit(CheckPayload::Kind kind) const override {
     if (!one_node_ && kind == CheckPayload::Kind::kAllgather) return kCarriedBytes;
     if (!one_node_ && kind == CheckPayload::Kind::kAllreduceByAllgather) return 128 * 1024;
+    if (!one_node_ && kind == CheckPayload::Kind::kAllreduce) return 64 * 1024;
     return Communicator::carried_limit(kind);
   }
 
