@@ -753,12 +753,6 @@ struct ExchangeOrder {
 };
 using ExchangeOrderPtr = std::shared_ptr<const ExchangeOrder>;
 
-std::vector<int> identity_order(int n) {
-  std::vector<int> order(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) order[size_t(r)] = r;
-  return order;
-}
-
 class SignatureExchange final : public MpiPolledWork {
  public:
   using Kind = CheckPayload::Kind;
@@ -1690,7 +1684,8 @@ class MpiCommunicator final : public Communicator {
   // As the check channel: scratch buffers of completed signature exchanges, for the next one, and
   // the order their rounds run in (the group's creator sets it when the group spans nodes).
   SpareScratch spare_scratch_ = std::make_shared<std::vector<ExchangeScratch>>();
-  ExchangeOrderPtr exchange_order_ = std::make_shared<ExchangeOrder>(identity_order(size()));
+  ExchangeOrderPtr exchange_order_ =  // one node: group-rank order
+      std::make_shared<ExchangeOrder>(exchange_order(std::vector<int>(size_t(size()), 0)));
   // The direct reduce-scatters' scratch buffers (Note [Direct reduce-scatter]).
   SpareScratch spare_direct_ = std::make_shared<std::vector<ExchangeScratch>>();
   bool one_node_ = false;      // every rank shares this rank's node: Note [Direct collectives ...]
