@@ -974,28 +974,28 @@ SignatureExchange::~SignatureExchange() {
 // Open MPI serves the nonblocking reduce-scatter loom would post from coll/libnbc, and its blocking
 // one reduces to a root and scatters; on the shared-memory transport both moved about half of what
 // the transport allows (benchmarks/README.md, "Direct reduce-scatter": libnbc at 0.34-0.65x of the
-// blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes every host reduce-scatter of a
-// group inside one node itself (Note [Direct collectives inside one node]): each rank sends block j
-// of its input straight to rank j (no copy) and receives every other rank's block for it into a
-// scratch buffer, then reduces the n blocks in rank order (collectives/carried.h): the bits of the
-// carried reduce-scatter, for every message pattern. The scratch is bounded (kDirectScratchBytes; a
-// whole-bucket buffer would add a gradient copy to ZeRO's peak): when the other ranks' blocks do
-// not fit it, the blocks travel in pieces, two pieces' receives posted at a time, and a piece's
-// receives are posted again for the piece two on once it is reduced (into the output, whose piece
-// no later message reads). Sends are all posted at once, from the input. A piece posted only as an
-// earlier one is reduced needs stepping while the rank waits for anything else (Note [Works that
-// post as they go], work.h): a first version without that hung when two ranks waited for two
-// reduce-scatters in different orders. Two scratch buffers are kept per group for the next calls
-// (host memory, as MPI's own buffers are). The messages go over the check channel's communicator,
-// where no user message can match them, each reduce-scatter under a tag of its own (kDirectTag and
-// up, counted per group: every rank posts its collectives in the same order, the check queue's or,
-// with checks off, the calls'), so that neither a check nor another reduce-scatter in flight can
-// match them; within one, a sender's pieces and a receiver's receives go in piece order, which
-// MPI's matching keeps. With checks off, a rank calling with another size is caught only where a
-// piece arrives short (an error naming both lengths); a longer one is MPI's truncation, which Open
-// MPI 4.1's TCP transport turned into a heap overwrite (an unchecked test of it crashed a later one
-// across emulated nodes): undefined, as any collective called with different sizes without the
-// check.
+// blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes every host reduce-scatter
+// itself, inside one node and across nodes (Note [Direct collectives inside one node]): each rank
+// sends block j of its input straight to rank j (no copy) and receives every other rank's block for
+// it into a scratch buffer, then reduces the n blocks in rank order (collectives/carried.h): the
+// bits of the carried reduce-scatter, for every message pattern. The scratch is bounded
+// (kDirectScratchBytes; a whole-bucket buffer would add a gradient copy to ZeRO's peak): when the
+// other ranks' blocks do not fit it, the blocks travel in pieces, two pieces' receives posted at a
+// time, and a piece's receives are posted again for the piece two on once it is reduced (into the
+// output, whose piece no later message reads). Sends are all posted at once, from the input. A
+// piece posted only as an earlier one is reduced needs stepping while the rank waits for anything
+// else (Note [Works that post as they go], work.h): a first version without that hung when two
+// ranks waited for two reduce-scatters in different orders. Two scratch buffers are kept per group
+// for the next calls (host memory, as MPI's own buffers are). The messages go over the check
+// channel's communicator, where no user message can match them, each reduce-scatter under a tag of
+// its own (kDirectTag and up, counted per group: every rank posts its collectives in the same
+// order, the check queue's or, with checks off, the calls'), so that neither a check nor another
+// reduce-scatter in flight can match them; within one, a sender's pieces and a receiver's receives
+// go in piece order, which MPI's matching keeps. With checks off, a rank calling with another size
+// is caught only where a piece arrives short (an error naming both lengths); a longer one is MPI's
+// truncation, which Open MPI 4.1's TCP transport turned into a heap overwrite (an unchecked test of
+// it crashed a later one across emulated nodes): undefined, as any collective called with different
+// sizes without the check.
 constexpr size_t kDirectScratchBytes = 4 * 1024 * 1024;
 constexpr int64_t kPiecesInFlight = 2;  // per peer: one being reduced while the next arrives
 constexpr int kDirectTag = 64;  // the first; above every tag of a signature exchange (< 2 x 32)
@@ -1033,10 +1033,18 @@ int64_t direct_piece_bytes(int64_t block_bytes, int n) {
 // each rank exchanges with every other. Inside one node that is what the shared-memory transport
 // does best; across nodes, each node's link then carries L (n - L) / n of the data per phase (L
 // ranks of the node, n in all), where a ring whose ranks are in node order crosses it once, (n - 1)
-// / n: 1.3x more on 2 nodes of 2 ranks, 1.7x on 4 of 2, on the slowest link. So they are used only
-// in groups whose ranks all share a node (MPI_Comm_split_type, at the group's construction); a
-// group across nodes keeps MPI's calls (and its two levels: README.md, "Multi-node on one
-// machine"), whose node-local level is such a group.
+// / n: 1.3x more on 2 nodes of 2 ranks, 1.7x on 4 of 2, on the slowest link. So the allreduce and
+// the allgather are used only in groups whose ranks all share a node (MPI_Comm_split_type, at the
+// group's construction); a group across nodes keeps MPI's calls for them (and its two levels:
+// README.md, "Multi-node on one machine"), whose node-local level is such a group. The
+// reduce-scatter is direct in every group: Open MPI's reduce-scatters are no ring either (the
+// blocking one reduces to a root and scatters; libnbc's, which loom would post, ran at half the
+// transport's speed inside one node: Note [Direct reduce-scatter]), and on emulated nodes the
+// direct one beat the libnbc call at every size from 256 KiB (benchmarks/README.md, "Across
+// nodes"; loom / MPI's blocking call, libnbc -> direct: 4 x 2 nodes on 1 Gbit/s links 0.72-0.75
+// -> 0.98-1.03 at 256 KiB, 0.99-1.00 -> 1.42-1.44 at 16 MiB; unshaped 2 x 2 0.51-0.63 -> 0.96-1.12
+// at 1 MiB), but for 2 x 2 on 1 Gbit/s links at 1-4 MiB, where it ran at 0.9-1.0x the libnbc
+// call's speed (both above MPI's blocking one).
 
 // A reduce-scatter made as Note [Direct reduce-scatter] says, or an allreduce made of one and an
 // allgather of the reduced blocks (Note [Direct allreduce]).
@@ -1383,8 +1391,8 @@ class MpiCommunicator final : public Communicator {
   WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output, const ReduceScatterOptions& o,
                               const OpInfo& info) override {
     // See Note [Direct reduce-scatter] (a block MPI's calls would refuse is refused below).
-    if (one_node_ && input.device().is_cpu() && output.device().is_cpu() &&
-        output.numel() <= mpi_max_count() && output.numel() > 0)
+    if (input.device().is_cpu() && output.device().is_cpu() && output.numel() <= mpi_max_count() &&
+        output.numel() > 0)
       return std::make_shared<DirectReduction>(
           DirectReduction::Kind::kReduceScatter, checks_->handle_, context_of(info),
           timeout_seconds(), rank(), size(), input, output, o.op, next_direct_tag(), spare_direct_);
