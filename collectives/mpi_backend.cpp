@@ -1391,8 +1391,9 @@ class MpiCommunicator final : public Communicator {
   WorkPtr reduce_scatter_impl(const Tensor& input, Tensor& output, const ReduceScatterOptions& o,
                               const OpInfo& info) override {
     // See Note [Direct reduce-scatter] (a block MPI's calls would refuse is refused below).
-    if (input.device().is_cpu() && output.device().is_cpu() && output.numel() <= mpi_max_count() &&
-        output.numel() > 0)
+    // A group of one has no check channel for the messages (MPI's call copies).
+    if (size() > 1 && input.device().is_cpu() && output.device().is_cpu() &&
+        output.numel() <= mpi_max_count() && output.numel() > 0)
       return std::make_shared<DirectReduction>(
           DirectReduction::Kind::kReduceScatter, checks_->handle_, context_of(info),
           timeout_seconds(), rank(), size(), input, output, o.op, next_direct_tag(), spare_direct_);
