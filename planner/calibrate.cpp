@@ -70,7 +70,8 @@ double gpt_seconds(const TransformerShape& s, int64_t layers, int batch,
                    const CalibrationOptions& o, const std::shared_ptr<comm::Communicator>& comm) {
   GptConfig cfg;
   cfg.max_seq_len = s.seq;
-  cfg.vocab = cfg.padded_vocab = s.vocab;
+  cfg.vocab = s.vocab;
+  cfg.padded_vocab = padded_vocab_for(s.vocab);  // as loom-gpt pads it
   cfg.layers = layers;
   cfg.heads = s.heads;
   cfg.channels = s.hidden;
@@ -88,6 +89,20 @@ double gpt_seconds(const TransformerShape& s, int64_t layers, int batch,
   });
 }
 
+// Uniform values in [-1, 1) from a fixed LCG. GEMMs are timed on these, never on constants: a
+// bf16 GEMM on the H200 ran at 912 TFLOP/s on constant inputs against 725 on random ones (its
+// tensor cores draw less power on repeated values and keep a higher clock).
+Tensor random_tensor(const Shape& shape, const CalibrationOptions& o) {
+  std::vector<float> v(size_t(shape_numel(shape)));
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (float& x : v) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = float(double(state >> 40) / double(1ull << 23) - 1.0);
+  }
+  Tensor t = Tensor::from_vector(v, shape).to(o.device);
+  return o.dtype == DType::kF32 ? t : t.to(o.dtype);
+}
+
 }  // namespace
 
 Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
@@ -102,8 +117,8 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
   // the three forms a training step runs them: forward (x w), the input's gradient (dy w^T) and
   // the weight's (x^T dy).
   for (int64_t n = 64; n <= o.max_gemm / 2; n *= 2) {
-    const Tensor x = Tensor::full({4 * n, n}, 0.5, o.dtype, o.device);
-    const Tensor w = Tensor::full({n, n}, 0.25, o.dtype, o.device);
+    const Tensor x = random_tensor({4 * n, n}, o);
+    const Tensor w = random_tensor({n, n}, o);
     Tensor out;
     seconds.push_back(fastest_seconds(o.repeats, comm,
                                       [&] {
@@ -141,26 +156,61 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
     settle(y);
   });
   const double op_bytes = 2.0 * double(x.numel()) * double(dtype_size(o.dtype));
-  double bandwidth =
+  const double bandwidth =
       std::min({2.0 * double(elements) * 4.0 / copy_s, op_bytes / gelu_s, op_bytes / softmax_s});
 
-  // One block (a GPT of 3 blocks less one of 1, halved): what its GEMMs do not explain is its
-  // element-wise traffic (3x the forward's: forward once, backward twice), at this bandwidth.
+  // Note [Calibrating the block]
+  // One block's forward + backward (a GPT of 3 blocks less one of 1, halved) at two micro-batch
+  // sizes, b and 2b. What its GEMMs do not explain is fitted to overhead + bytes / bandwidth,
+  // with bytes the cost model's element-wise traffic (3x the forward's: forward once, backward
+  // twice): the slope is the block's bandwidth (block_bandwidth: its attention beyond the GEMM
+  // curve and its small kernels are in it, so on a GPU it is far below the kernels' rate, which
+  // the optimizer, the loss and the embedding keep), the intercept a fixed time per block and
+  // micro-batch (kernel launches, host work the device waits for). The same fit on the 1-block
+  // model less its block gives the rest's (embedding, head, loss) fixed time per micro-batch.
+  // Why: on the H200, loom-gpt's bf16 GPT-2 124M step (batch 8) took 80.2, 96.0, 135.8 and
+  // 206.9 ms in 1, 2, 4 and 8 micro-batches, 18 ms more per micro-batch whatever its size; one
+  // bandwidth fitted at one size, for every byte, predicted 141-150 ms for the first three, and
+  // the optimizer at the block's rate took 11 ms where its kernel takes 0.9.
   o.block.check();
-  const double block_s = (gpt_seconds(o.block, 3, o.block_batch, o, comm) -
-                          gpt_seconds(o.block, 1, o.block_batch, o, comm)) /
-                         2.0;
   DeviceRates fitted;
   fitted.peak_flops = rate;
   fitted.gemm_efficiency = 1.0;
   fitted.gemm_half_flops = std::max(0.0, intercept * rate);
-  const double gemm_s = 3.0 * layer_gemms_forward(o.block, o.block_batch, 1, fitted);
+  fitted.memory_bandwidth = bandwidth;
   Execution loom = execution_preset("loom");  // loom's blocks: masks regenerated, never stored
-  loom.activation_bytes = double(dtype_size(o.dtype));
-  const double bytes =
-      3.0 * layer_elementwise_bytes_forward(o.block, o.block_batch, 1, false, loom);
-  // A block no slower than its GEMMs (noise) keeps the kernels' figure.
-  if (block_s > gemm_s * 1.05) bandwidth = bytes / (block_s - gemm_s);
+  loom.param_bytes = loom.activation_bytes = loom.logits_bytes = double(dtype_size(o.dtype));
+  const int batches[2] = {o.block_batch, 2 * o.block_batch};
+  double residual[2], bytes[2], one_block_model[2];
+  for (int i = 0; i < 2; ++i) {
+    one_block_model[i] = gpt_seconds(o.block, 1, batches[i], o, comm);
+    const double block_s =
+        (gpt_seconds(o.block, 3, batches[i], o, comm) - one_block_model[i]) / 2.0;
+    residual[i] = block_s - 3.0 * layer_gemms_forward(o.block, batches[i], 1, fitted);
+    bytes[i] = 3.0 * layer_elementwise_bytes_forward(o.block, batches[i], 1, false, loom);
+  }
+  double block_overhead = 0, block_bw = bandwidth;
+  if (residual[1] > residual[0] && residual[0] > 0) {
+    block_bw = (bytes[1] - bytes[0]) / (residual[1] - residual[0]);
+    block_overhead = residual[0] - bytes[0] / block_bw;
+    // An intercept the noise made negative: no fixed part, the larger size's bytes at one rate.
+    if (block_overhead <= 0) block_overhead = 0, block_bw = bytes[1] / residual[1];
+  } else if (residual[1] > 0) {  // noise: one rate from the larger size, no fixed part
+    block_bw = bytes[1] / residual[1];
+  }  // a block no slower than its GEMMs (noise) keeps the kernels' rate
+  // The rest of the model: the 1-block model's time less its block and less what the cost model
+  // gives its embedding and head; the part that does not grow with the micro-batch is the
+  // rest's fixed time (rest = overhead + slope b at b and 2b: the intercept is 2 rest(b) -
+  // rest(2b)).
+  double rest[2];
+  for (int i = 0; i < 2; ++i) {
+    const double block_s = block_overhead + bytes[i] / block_bw +
+                           3.0 * layer_gemms_forward(o.block, batches[i], 1, fitted);
+    const EndCosts ends = end_costs(o.block, batches[i], 1, loom, fitted);
+    rest[i] = one_block_model[i] - block_s - ends.embed_forward - ends.embed_backward -
+              ends.head_forward - ends.head_backward;
+  }
+  const double rest_overhead = std::max(0.0, 2.0 * rest[0] - rest[1]);
 
   double latency = c.intra.latency_s, link = c.intra.bandwidth;
   const int ranks = comm ? comm->size() : 1;
@@ -181,17 +231,23 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
     latency = std::max(0.0, (t[0] - per_byte * b0) / (2.0 * (n - 1)));
   }
 
-  double measured[5] = {rate, std::max(0.0, intercept * rate), bandwidth, latency, link};
+  double measured[8] = {rate,          std::max(0.0, intercept * rate),
+                        bandwidth,     latency,
+                        link,          block_overhead,
+                        rest_overhead, block_bw};
   if (comm && ranks > 1) {  // rank 0's figures everywhere
-    Tensor m = Tensor::from_vector(std::vector<float>(measured, measured + 5), {5});
+    Tensor m = Tensor::from_vector(std::vector<float>(measured, measured + 8), {8});
     comm->broadcast(m)->wait();
-    for (int i = 0; i < 5; ++i) measured[i] = m.data<float>()[i];
+    for (int i = 0; i < 8; ++i) measured[i] = m.data<float>()[i];
   }
   c.device.name = o.device.is_cpu() ? "calibrated-cpu" : c.device.name + "-calibrated";
   c.device.peak_flops = o.peak_flops > 0 ? o.peak_flops : measured[0];
   c.device.gemm_efficiency = std::min(1.0, measured[0] / c.device.peak_flops);
   c.device.gemm_half_flops = measured[1];
   c.device.memory_bandwidth = measured[2];
+  c.device.block_overhead_s = measured[5];
+  c.device.rest_overhead_s = measured[6];
+  c.device.block_bandwidth = measured[7];
   c.intra.latency_s = measured[3];
   c.intra.bandwidth = measured[4];
   c.inter = c.intra;

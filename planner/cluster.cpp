@@ -101,6 +101,9 @@ void Cluster::check() const {
       device.gemm_efficiency > 0 && device.gemm_efficiency <= 1 && device.gemm_half_flops >= 0,
       "planner: gemm_efficiency must be in (0, 1] and gemm_half_flops >= 0");
   LOOM_CHECK(
+      device.block_overhead_s >= 0 && device.rest_overhead_s >= 0 && device.block_bandwidth >= 0,
+      "planner: block_overhead_s, rest_overhead_s and block_bandwidth must be >= 0");
+  LOOM_CHECK(
       intra.bandwidth > 0 && inter.bandwidth > 0 && intra.latency_s >= 0 && inter.latency_s >= 0,
       "planner: link bandwidths must be positive and latencies >= 0");
 }
@@ -136,6 +139,9 @@ Cluster read_profile(const std::string& path, Cluster base) {
     read_field(d, "memory_bandwidth", base.device.memory_bandwidth, where);
     read_field(d, "gemm_efficiency", base.device.gemm_efficiency, where);
     read_field(d, "gemm_half_flops", base.device.gemm_half_flops, where);
+    read_field(d, "block_overhead_s", base.device.block_overhead_s, where);
+    read_field(d, "rest_overhead_s", base.device.rest_overhead_s, where);
+    read_field(d, "block_bandwidth", base.device.block_bandwidth, where);
     read_field(d, "reserved_bytes", base.device.reserved_bytes, where);
     read_field(d, "fragmentation", base.device.fragmentation, where);
   }
@@ -155,6 +161,9 @@ void write_profile(const std::string& path, const Cluster& c) {
                  {"memory_bandwidth", c.device.memory_bandwidth},
                  {"gemm_efficiency", c.device.gemm_efficiency},
                  {"gemm_half_flops", c.device.gemm_half_flops},
+                 {"block_overhead_s", c.device.block_overhead_s},
+                 {"rest_overhead_s", c.device.rest_overhead_s},
+                 {"block_bandwidth", c.device.block_bandwidth},
                  {"reserved_bytes", c.device.reserved_bytes},
                  {"fragmentation", c.device.fragmentation}};
   // A level with no bandwidth was not measured (calibrating on one rank): left out, so reading

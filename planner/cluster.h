@@ -30,7 +30,21 @@ struct DeviceRates {
   // allocator's fragmentation as a fraction of what is allocated.
   double reserved_bytes = 0.0;
   double fragmentation = 0.0;
+  // Fixed time per micro-batch that no byte or FLOP explains (kernel launches, host work the
+  // device waits for): per transformer block (forward + backward) and for the rest of the model
+  // (embedding, head, loss). Calibrated (Note [Calibrating the block]); 0 in the presets.
+  double block_overhead_s = 0.0;
+  double rest_overhead_s = 0.0;
+  // The rate a transformer block's element-wise traffic moves at, when calibrated on the block
+  // (its attention and launches included); 0: memory_bandwidth. memory_bandwidth itself stays
+  // the element-wise kernels' rate, for the optimizer, the loss and the embedding.
+  double block_bandwidth = 0.0;
 };
+
+// The bandwidth a block's element-wise bytes are divided by (DeviceRates::block_bandwidth).
+inline double block_bandwidth(const DeviceRates& d) {
+  return d.block_bandwidth > 0 ? d.block_bandwidth : d.memory_bandwidth;
+}
 
 struct Cluster {
   int gpus = 0;

@@ -166,7 +166,7 @@ MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const 
   const double gemms = attention + router + expert_gemms;
   const double elementwise =
       2.0 * moe_layer_activation_bytes(m, l.mb, l.tp, l.sp, load, Recompute::kNone, e) /
-      d.memory_bandwidth;
+      block_bandwidth(d);
   // tp: the attention's all-reduce each way (with sp its all-gather and reduce-scatter, and the
   // MoE's gather of the whole sequence and scatter back).
   const double allreduce =
@@ -180,13 +180,30 @@ MoeLayerCosts moe_layer_costs(const TransformerShape& m, const Layout& l, const 
   const double counts = all_gather_seconds(8.0 * (experts + 1) * l.dp, l.dp, dp_link(l, c)) +
                         all_to_all_seconds(8.0 * experts, l.ep, ep_link(l, c));
   MoeLayerCosts out;
-  out.forward = gemms + elementwise + tp + exchange + counts;
+  out.forward = gemms + elementwise + tp + exchange + counts + d.block_overhead_s / 3.0;
   out.recompute = l.recompute == Recompute::kFull ? out.forward : attention_recompute;
-  out.backward = 2.0 * gemms + 2.0 * elementwise + tp + exchange + out.recompute;
+  out.backward = 2.0 * gemms + 2.0 * elementwise + tp + exchange + out.recompute +
+                 2.0 * d.block_overhead_s / 3.0;
   const bool full = l.recompute == Recompute::kFull;
   out.tp_comm = (full ? 3.0 : 2.0) * tp;
   out.ep_comm = (full ? 3.0 : 2.0) * exchange + (full ? 2.0 : 1.0) * counts;
   return out;
+}
+
+EndCosts end_costs(const TransformerShape& m, int mb, int tp, const Execution& e,
+                   const DeviceRates& d) {
+  const double b = double(mb), s = double(m.seq), h = double(m.hidden);
+  const double vocab_t = double(m.vocab) / tp;
+  const double activation_bytes = b * s * h * e.param_bytes;
+  const double logits_flops = 2.0 * b * s * h * vocab_t;
+  // The logits written, read for the softmax, their gradient written.
+  const double loss_bytes = 3.0 * e.logits_bytes * b * s * vocab_t;
+  EndCosts ends;
+  ends.embed_forward = activation_bytes / d.memory_bandwidth;
+  ends.embed_backward = 2.0 * activation_bytes / d.memory_bandwidth;
+  ends.head_forward = gemm_seconds(logits_flops, d) + loss_bytes / d.memory_bandwidth;
+  ends.head_backward = 2.0 * gemm_seconds(logits_flops, d) + loss_bytes / d.memory_bandwidth;
+  return ends;
 }
 
 ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, const Execution& e) {
@@ -197,19 +214,21 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
 
   const double scores = double(m.heads) * s * s * b * (2 * e.activation_bytes + e.mask_bytes) / t;
   const double elementwise_f =
-      layer_elementwise_bytes_forward(m, l.mb, l.tp, l.sp, e) / d.memory_bandwidth;
+      layer_elementwise_bytes_forward(m, l.mb, l.tp, l.sp, e) / block_bandwidth(d);
   const double gemm_f = layer_gemms_forward(m, l.mb, l.tp, d);
   const double activation_bytes = b * s * h * e.param_bytes;
   const double tp_f =
       2.0 * tp_collective_seconds(CollectiveOp::kAllreduce, activation_bytes, l, c, e);
 
-  const double layer_f = gemm_f + elementwise_f + tp_f;
+  // A block's fixed time per micro-batch (DeviceRates::block_overhead_s): a third in the
+  // forward, two in the backward, as its kernels are.
+  const double layer_f = gemm_f + elementwise_f + tp_f + d.block_overhead_s / 3.0;
   double layer_recompute = 0;
   if (l.recompute == Recompute::kSelective) {
     switch (e.selective) {
       case SelectivePolicy::kAttention:
         layer_recompute =
-            attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / d.memory_bandwidth;
+            attention_gemms_forward(m, l.mb, l.tp, d) + 2.0 * scores / block_bandwidth(d);
         break;
       case SelectivePolicy::kEveryOtherMatmul: {  // Note [Recomputing every other matmul]
         layer_recompute = elementwise_f;
@@ -227,7 +246,8 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   // sp's backward gathers the column-parallel linears' inputs again: two all-gathers, one
   // all-reduce's time (Execution::sp_regather_exposed).
   const double regather = l.sp && e.sp_regather_exposed ? tp_f / 2.0 : 0.0;
-  const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + regather + layer_recompute;
+  const double layer_b = 2.0 * gemm_f + 2.0 * elementwise_f + tp_f + regather + layer_recompute +
+                         2.0 * d.block_overhead_s / 3.0;
   double recomputed_tp = l.recompute == Recompute::kFull ? tp_f : 0.0;
   if (l.recompute == Recompute::kSelective && e.selective == SelectivePolicy::kEveryOtherLayer)
     recomputed_tp = 0.5 * tp_f;
@@ -282,16 +302,15 @@ ActionCosts action_costs(const Workload& w, const Layout& l, const Cluster& c, c
   }
 
   // The first stage looks up b s tokens (vocab-parallel: an all-reduce of the result), the last
-  // computes the logits (one GEMM of 2 b s h V / t) and the loss over f32 logits (written, read
-  // for the softmax, the gradient written: 3 * 4 b s V / t bytes), each twice in the backward.
-  const double vocab_t = double(m.vocab) / t;
-  a.embed_forward = activation_bytes / d.memory_bandwidth +
+  // computes the logits (one GEMM of 2 b s h V / t) and the loss (end_costs), each GEMM twice in
+  // the backward.
+  const EndCosts ends = end_costs(m, l.mb, l.tp, e, d);
+  a.embed_forward = ends.embed_forward +
                     tp_collective_seconds(CollectiveOp::kAllreduce, activation_bytes, l, c, e);
-  a.embed_backward = 2.0 * activation_bytes / d.memory_bandwidth;
-  const double logits_flops = 2.0 * b * s * h * vocab_t;
-  const double loss_bytes = 3.0 * 4.0 * b * s * vocab_t;
-  a.head_forward = gemm_seconds(logits_flops, d) + loss_bytes / d.memory_bandwidth;
-  a.head_backward = 2.0 * gemm_seconds(logits_flops, d) + loss_bytes / d.memory_bandwidth;
+  a.embed_backward = ends.embed_backward;
+  // The rest's fixed time goes to the last stage, with the head (the embedding's share is small).
+  a.head_forward = ends.head_forward + d.rest_overhead_s / 3.0;
+  a.head_backward = ends.head_backward + 2.0 * d.rest_overhead_s / 3.0;
 
   if (l.pp > 1) {
     const double sent = e.scatter_gather_p2p ? activation_bytes / t : activation_bytes;

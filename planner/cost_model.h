@@ -85,6 +85,15 @@ double layer_gemms_forward(const TransformerShape& m, int mb, int tp, const Devi
 double layer_elementwise_bytes_forward(const TransformerShape& m, int mb, int tp, bool sp,
                                        const Execution& e);
 
+// The embedding lookup's and the head's (logits GEMM, the loss) device time for one micro-batch
+// of mb sequences, one tp rank's share of the vocabulary, without communication; each side's
+// forward and backward. The rest's fixed time (rest_overhead_s) is not in them.
+struct EndCosts {
+  double embed_forward = 0, embed_backward = 0, head_forward = 0, head_backward = 0;
+};
+EndCosts end_costs(const TransformerShape& m, int mb, int tp, const Execution& e,
+                   const DeviceRates& d);
+
 // The link level each group of the layout crosses, given the mesh order (layout.h): a group
 // spanning consecutive ranks stays inside a node while it spans at most gpus_per_node.
 const LinkLevel& tp_link(const Layout& l, const Cluster& c);

@@ -12,6 +12,7 @@ Execution execution_preset(const std::string& name) {
   if (name == "loom") {
     // MixedPrecisionOptimizer / ZeRO in bf16: gradients in the parameters' dtype, f32 masters;
     // GradReducer's buckets overlap the backward; point-to-point sends carry whole activations.
+    e.logits_bytes = e.activation_bytes;
     return e;
   }
   if (name == "loom-f32") {  // f32 training: weights, gradients, Adam's two moments, no masters

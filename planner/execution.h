@@ -39,6 +39,10 @@ struct Execution {
   // dropout masks of mask_bytes (0: loom's counter-based dropout regenerates them).
   double activation_bytes = 2.0;
   double mask_bytes = 0.0;
+  // The logits and their gradient, per element: f32 where the runtime upcasts them for the loss
+  // (Megatron, torchtitan); loom keeps them in the model's dtype (its cross-entropy kernels read
+  // bf16 logits and compute in f32), so its bf16 "loom" preset holds 2 bytes.
+  double logits_bytes = 4.0;
   // Data-parallel gradient reductions overlap the last micro-batch's backward (loom's buckets
   // launch as they fill); without it they all follow the last backward.
   bool overlap_grad_reduce = true;

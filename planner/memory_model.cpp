@@ -272,7 +272,8 @@ double rank_parameters(const TransformerShape& m, const Layout& l, int rank) {
 //   its buckets or shards all along, while a rank without it allocates them in its first
 //   backward of the step (zero_grad drops them after the step). The temporaries, whichever is
 //   larger: on a last stage the loss's (the final LayerNorm's and the output layer's inputs, the
-//   f32 logits and their gradient), or the first layer backward's: the output layer's fresh
+//   logits and their gradient, Execution::logits_bytes each), or the first layer backward's: the
+//   output layer's fresh
 //   weight gradients (last stage) and the last layer's second MLP linear's (fresh even when
 //   accumulating: a backward makes a gradient and then adds it), the incoming gradient of the
 //   residual stream and the gradient of that linear's input (4h/t per token); plus, on a stage
@@ -381,7 +382,7 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
   };
   const double head_fresh = rc.last ? G * (table + m.final_norm_parameters()) : 0.0;
   const double loss =
-      rc.last ? E * (stream + s * b * h) + 2.0 * 4.0 * s * b * double(m.vocab) / t : 0.0;
+      rc.last ? E * (stream + s * b * h) + 2.0 * e.logits_bytes * s * b * double(m.vocab) / t : 0.0;
   // Sharded gradients arrive whole first: ZeRO-3 holds one block's (a layer's; the experts' wait
   // for the end of the backward) until their reduce-scatter; ZeRO-2 stages them in a bucket
   // filling and one reducing (Note [ZeRO-2 keeps one bucket in flight] in

@@ -37,4 +37,11 @@ struct GptConfig {
       const;  // "layers 12 heads 12 channels 768 vocab 50257 (padded 50304) seq 1024"
 };
 
+// The rows loom-gpt gives the embedding for `vocab` tokens: matmuls over the vocabulary run
+// fastest on round sizes; llm.c pads 50257 to 50304 (x128).
+inline int64_t padded_vocab_for(int64_t vocab) {
+  const int64_t multiple = vocab > 1024 ? 128 : 16;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
 }  // namespace loom

@@ -67,12 +67,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-int64_t padded_vocab_for(int64_t vocab) {
-  // Matmuls over the vocabulary run fastest on round sizes; llm.c pads 50257 to 50304 (x128).
-  const int64_t multiple = vocab > 1024 ? 128 : 16;
-  return (vocab + multiple - 1) / multiple * multiple;
-}
-
 // The model shape: from the checkpoint when there is one (explicit flags must agree), else from
 // the flags and the data's vocabulary.
 std::string moe_str(const nn::MoeOptions& m, int64_t channels) {

@@ -72,10 +72,12 @@ int calibrate_command(const cli::Flags& f) {
     write_profile(f.get_string("calibrate"), c);
     std::printf(
         "calibrated on %d rank(s) (%s): GEMM %.1f GFLOP/s at large sizes, half of it at "
-        "%.0f MFLOP; element-wise %.1f GB/s; ",
+        "%.0f MFLOP; element-wise kernels %.1f GB/s; a block's element-wise traffic %.1f GB/s, "
+        "plus %.3f ms per block and %.3f ms for the rest per micro-batch; ",
         world->size(), f.get_string("device").c_str(),
         c.device.peak_flops * c.device.gemm_efficiency / 1e9, c.device.gemm_half_flops / 1e6,
-        c.device.memory_bandwidth / 1e9);
+        c.device.memory_bandwidth / 1e9, block_bandwidth(c.device) / 1e9,
+        c.device.block_overhead_s * 1e3, c.device.rest_overhead_s * 1e3);
     if (world->size() > 1)
       std::printf("all-reduce latency %.1f us, bandwidth %.2f GB/s\n", c.intra.latency_s * 1e6,
                   c.intra.bandwidth / 1e9);
