@@ -331,7 +331,7 @@ class Communicator {
     Tensor input, output;
   };
   // Whether a collective travels inside its check: `payload` (bytes() of it) fits the channel
-  // and `limit`, and its buffers are host memory.
+  // and carried_limit(payload's kind), and its buffers are host memory.
   bool carried_by_check(const CheckPayload& payload, bool on_host);
   // Posts a collective: begin(), then post(info) at once, or once its signature check agrees;
   // a carried one is done by its check instead.
