@@ -1,16 +1,19 @@
 // The planner's predicted step times against published training runs
 // (planner/data/published_runs.json, with every source's quotes): Korthikanti et al.'s Megatron
-// runs on A100s, torchtitan's Llama runs with FSDP2 on A100s and H100s, and vTrain's 109
-// measured Megatron runs on A100 clusters (planner/data/vtrain_ground_truth_multi.csv). Each GPU
-// type's GEMM efficiency is calibrated on one run (two in all, named below); every other run is
-// a prediction, held to the planner issue's goals where they are met (median error 10%, worst
-// 20%; on vTrain's set, the predicted best layout within 5% of the measured best, and a rank
-// correlation of 0.9) and printed beside them where not.
+// runs on A100s, torchtitan's Llama runs with FSDP2 on A100s and H100s, and vTrain's measured
+// Megatron runs on A100s, 109 on clusters of 64-512 and 1,440 inside one node
+// (planner/data/vtrain_ground_truth_{multi,single}.csv). Three runs are calibrated on, named
+// below: on the A100, Megatron's GEMM efficiency (Korthikanti et al.'s 175B) and its fixed time per
+// layer and micro-batch (one single-node vTrain run); on torchtitan's H100s, the efficiency (its
+// 8-GPU run). Every other run is a prediction, held to the planner issue's goals where they are
+// met (median error 10%, worst 20%; on vTrain's sets, the predicted best layout within 5% of the
+// measured best, and a rank correlation of 0.9) and printed beside them where not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -93,37 +96,80 @@ std::vector<KorthikantiRow> korthikanti_rows() {
   return rows;
 }
 
-Prediction predict_korthikanti(const KorthikantiRow& row, double efficiency) {
-  Cluster c = cluster_preset("a100-80gb", row.l.gpus(), 8);
-  c.device.gemm_efficiency = efficiency;
-  const Prediction p = evaluate(row.w, row.l, c, execution_preset("megatron"));
+// Megatron-LM's rates on the A100: its GEMMs' efficiency and a fixed time per layer and
+// micro-batch (DeviceRates::block_overhead_s: the kernels' launches and the small kernels
+// between GEMMs, which weigh on small layers and micro-batches).
+struct A100Rates {
+  double efficiency = 0;
+  double layer_fixed_s = 0;
+};
+
+Cluster a100_cluster(int gpus, const A100Rates& rates) {
+  Cluster c = cluster_preset("a100-80gb", gpus, 8);
+  c.device.gemm_efficiency = rates.efficiency;
+  c.device.block_overhead_s = rates.layer_fixed_s;
+  return c;
+}
+
+Prediction predict_korthikanti(const KorthikantiRow& row, const A100Rates& rates) {
+  const Prediction p =
+      evaluate(row.w, row.l, a100_cluster(row.l.gpus(), rates), execution_preset("megatron"));
   EXPECT_TRUE(p.problem.empty()) << row.id << ": " << p.problem;
   return p;
 }
 
-// The A100's efficiency, calibrated on one point: 175B with selective recomputation and sp,
-// 13.75 s.
-double a100_efficiency(const std::vector<KorthikantiRow>& rows) {
+// vTrain's single-node run that is most its fixed costs: the smallest layers (hidden 1024, 16
+// heads, sequence 1024), micro-batch 1, data parallelism alone, and of those the most layers and
+// micro-batches per GPU (24 layers, 16 micro-batches on each of 8 GPUs): 1.274 s.
+constexpr double kVtrainFixedAnchorSeconds = 1274.038819e-3;
+Prediction predict_vtrain_fixed_anchor(const A100Rates& rates) {
+  Layout l;
+  l.dp = 8, l.mb = 1, l.recompute = Recompute::kFull;
+  const Workload w{{24, 1024, 16, 1024, 50257}, 128};
+  return evaluate(w, l, a100_cluster(8, rates), execution_preset("megatron"));
+}
+
+// The A100 calibrated on two points: the efficiency on Korthikanti et al.'s 175B with selective
+// recomputation and sp (13.75 s), the fixed time on vTrain's anchor above. Each moves the other
+// (the 175B runs 64 micro-batches of 12 layers per stage), so they are solved in turns; the step
+// is linear in the fixed time, so one secant step each turn settles it. Without `fixed_time`, the
+// efficiency alone on the 175B point (0.661): a rate that carries Megatron's fixed costs at the
+// 175B's layer size inside it.
+A100Rates a100_rates(bool fixed_time = true) {
+  const std::vector<KorthikantiRow> rows = korthikanti_rows();
   const KorthikantiRow& anchor = *std::find_if(rows.begin(), rows.end(), [](const auto& r) {
     return r.id == "korthikanti2022_175B_selective_sp";
   });
-  return calibrate_efficiency([&](double eff) { return predict_korthikanti(anchor, eff).step_s; },
-                              anchor.measured);
+  A100Rates rates;
+  for (int turn = 0; turn < (fixed_time ? 8 : 1); ++turn) {
+    rates.efficiency = calibrate_efficiency(
+        [&](double eff) {
+          return predict_korthikanti(anchor, {eff, rates.layer_fixed_s}).step_s;
+        },
+        anchor.measured);
+    if (!fixed_time) break;
+    const double at0 = predict_vtrain_fixed_anchor({rates.efficiency, 0}).step_s;
+    const double at1 = predict_vtrain_fixed_anchor({rates.efficiency, 1e-3}).step_s;
+    rates.layer_fixed_s = std::max(0.0, 1e-3 * (kVtrainFixedAnchorSeconds - at0) / (at1 - at0));
+  }
+  return rates;
 }
 
 TEST(PlannerPublished, KorthikantiTable5IterationTimes) {
   const std::vector<KorthikantiRow> rows = korthikanti_rows();
   ASSERT_EQ(rows.size(), 8u);
-  const double eff = a100_efficiency(rows);
+  const A100Rates rates = a100_rates();
   Errors errors;
   for (const KorthikantiRow& row : rows) {
-    const Prediction p = predict_korthikanti(row, eff);
+    const Prediction p = predict_korthikanti(row, rates);
     std::printf("%-40s measured %7.2f s predicted %7.2f s (%+.1f%%) memory %.1f GB%s\n",
                 row.id.c_str(), row.measured, p.step_s, 100 * (p.step_s / row.measured - 1),
                 p.memory.total() / 1e9, p.oom ? " OOM" : "");
     if (row.id != "korthikanti2022_175B_selective_sp") errors.add(p.step_s, row.measured);
   }
-  std::printf("calibrated A100 GEMM efficiency %.3f\n", eff);
+  std::printf(
+      "calibrated A100: GEMM efficiency %.3f, fixed time per layer and micro-batch %.2f ms\n",
+      rates.efficiency, 1e3 * rates.layer_fixed_s);
   errors.expect_within_goal("Korthikanti et al., Table 5");
 }
 
@@ -193,23 +239,32 @@ TEST(PlannerPublished, TorchtitanLlamaThroughput) {
   ASSERT_EQ(rows.size(), 10u);  // 8 on A100s, 2 on H100s
 
   const std::string h100_anchor = "torchtitan_h100_t1_8b_8gpu_FSDP";
-  auto predict = [&](const Row& row, double efficiency) {
+  auto predict = [&](const Row& row, const A100Rates& rates) {
     Cluster c = cluster_preset(row.gpu, row.l.gpus(), 8);
-    c.device.gemm_efficiency = efficiency;
+    c.device.gemm_efficiency = rates.efficiency;
+    c.device.block_overhead_s = rates.layer_fixed_s;
     if (row.gpu == "h100-sxm") c.device.memory_bytes = 96e9;  // "96GB HBM2e"
     const Prediction p = evaluate(row.w, row.l, c, execution_preset(row.execution));
     EXPECT_TRUE(p.problem.empty()) << row.id << ": " << p.problem;
     return p;
   };
-  // The A100's efficiency is Megatron's runs' (above): the torchtitan A100 rows are predicted
-  // from another runtime's calibration. Their H100s (500 W, HBM2e: "between SXM and NVL", peak
-  // unknown) are calibrated on one run, 8 GPUs in one node.
-  const double a100 = a100_efficiency(korthikanti_rows());
+  // The A100's rate is Megatron's runs' (above): the torchtitan A100 rows are predicted from
+  // another runtime's calibration, its one-point form. torchtitan's own fixed time per layer is
+  // not known; with Megatron's (1.6 ms) and the efficiency fitted beside it (0.745), its rows come
+  // out 5-24% fast (median 10.0%): in early 2024 torchtitan got less of an A100 than Megatron,
+  // which the rate fitted at the 175B's layer size, fixed costs inside, carries over to these
+  // large layers. Their H100s (500 W, HBM2e: "between SXM and NVL", peak unknown) are calibrated
+  // on one run, 8 GPUs in one node.
+  const A100Rates a100 = a100_rates(false);
   const Row& anchor =
       *std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.id == h100_anchor; });
   const double seq_tokens = double(anchor.w.model.seq * anchor.w.global_batch);
-  const double h100 = calibrate_efficiency([&](double eff) { return predict(anchor, eff).step_s; },
-                                           seq_tokens / (anchor.measured_tps * anchor.l.gpus()));
+  const A100Rates h100{calibrate_efficiency(
+                           [&](double eff) {
+                             return predict(anchor, {eff, 0}).step_s;
+                           },
+                           seq_tokens / (anchor.measured_tps * anchor.l.gpus())),
+                       0};
 
   Errors errors;
   for (const Row& row : rows) {
@@ -226,8 +281,8 @@ TEST(PlannerPublished, TorchtitanLlamaThroughput) {
     std::printf("\n");
     if (row.id != h100_anchor) errors.add(tps, row.measured_tps);
   }
-  std::printf("GEMM efficiency: A100 %.3f (from Korthikanti et al.), H100 %.3f (from %s)\n", a100,
-              h100, h100_anchor.c_str());
+  std::printf("GEMM efficiency: A100 %.3f (Megatron's), H100 %.3f (from %s)\n", a100.efficiency,
+              h100.efficiency, h100_anchor.c_str());
   errors.expect_within_goal("torchtitan, Llama with FSDP2");
 }
 
@@ -257,73 +312,169 @@ double spearman(const std::vector<double>& x, const std::vector<double>& y) {
   return cov / std::sqrt(vx * vy);
 }
 
-// vTrain's measured runs (Bang et al., MICRO 2024): GPT models of 3.6B to 175B on 64 to 512 A100s
-// under Megatron-LM, each model in 15 to 47 layouts (tp, dp, pp and micro-batch), every one with
-// full recomputation, the non-interleaved 1F1B schedule and the data-parallel all-reduce after
-// the backward (their validation configs), vocabulary 50257, sequence 2048. The cluster: 8 A100s
-// per node on NVLink (the A100 preset's datasheet rate), 800 Gbit/s per node between nodes (their
-// config: 12.5 GB/s per GPU). No vTrain row is calibrated on: the A100 efficiency is Korthikanti
-// et al.'s 175B point's. Goals met and held: the median error, and for each model the layout the
-// planner ranks first measured within 5% of the measured best. Printed, not met: the worst row
-// (small micro-batches at tp 4 to 16 run up to 1.7x longer than the model's GEMM curve and
-// collectives allow; tp 2 with 8-16 stages of the 39B model 1.3-1.5x) and the rank correlation
-// for three of the four models (the layouts within a few percent of each other are ordered
-// differently).
-TEST(PlannerPublished, VtrainMeasuredA100Runs) {
-  std::ifstream in("planner/data/vtrain_ground_truth_multi.csv");
-  ASSERT_TRUE(in.good()) << "planner/data/vtrain_ground_truth_multi.csv (run from the source tree)";
+// vTrain's ground truth (Bang et al., MICRO 2024, VIA-Research/vTrain's data/): Megatron-LM
+// iterations on A100s, every one with full recomputation, the non-interleaved 1F1B schedule and
+// the data-parallel all-reduce after the backward (their validation configs), vocabulary 50257.
+// The cluster: 8 A100s per node on NVLink (the A100 preset's datasheet rate), 800 Gbit/s per node
+// between nodes (their config: 12.5 GB/s per GPU). No vTrain row is calibrated on: the A100
+// efficiency is Korthikanti et al.'s 175B point's.
+struct VtrainRun {
+  std::string group;  // the runs that choose among layouts of one model on one cluster
+  Workload w;
+  Layout l;
+  double measured = 0;  // seconds per iteration
+};
+
+// `fields` of one CSV row name, in order: GPUs, global batch, micro batch, hidden, heads, layers,
+// sequence, tp, dp, pp, milliseconds (the multi-node file puts the billions first).
+VtrainRun vtrain_run(const std::vector<std::string>& f, const std::string& group) {
+  VtrainRun r;
+  r.group = group;
+  r.w = {{std::stoll(f[5]), std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[6]), 50257},
+         std::stoll(f[1])};
+  r.l.mb = std::stoi(f[2]), r.l.tp = std::stoi(f[7]), r.l.dp = std::stoi(f[8]);
+  r.l.pp = std::stoi(f[9]);
+  r.l.recompute = Recompute::kFull;
+  r.measured = std::stod(f[10]) / 1000;
+  EXPECT_EQ(r.l.gpus(), std::stoi(f[0])) << group;
+  return r;
+}
+
+std::vector<VtrainRun> vtrain_runs(const std::string& path, bool multi_node) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path << " (run from the source tree)";
+  std::vector<VtrainRun> runs;
   std::string line;
   std::getline(in, line);  // the header
-  const double a100 = a100_efficiency(korthikanti_rows());
-  const Execution e = execution_preset("megatron");
-  struct Run {
-    std::string layout;
-    double measured = 0, predicted = 0;
-  };
-  std::map<std::string, std::vector<Run>> by_model;
-  Errors errors;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string field; std::getline(ss, field, ',');) f.push_back(field);
-    ASSERT_EQ(f.size(), 12u) << line;
-    // billion, GPUs, global batch, micro batch, hidden, heads, layers, seq, tp, dp, pp, ms
-    const int gpus = std::stoi(f[1]);
-    const Workload w{
-        {std::stoll(f[6]), std::stoll(f[4]), std::stoll(f[5]), std::stoll(f[7]), 50257},
-        std::stoll(f[2])};
-    Layout l;
-    l.mb = std::stoi(f[3]), l.tp = std::stoi(f[8]), l.dp = std::stoi(f[9]), l.pp = std::stoi(f[10]);
-    l.recompute = Recompute::kFull;
-    Cluster c = cluster_preset("a100-80gb", gpus, 8);
-    c.device.gemm_efficiency = a100;
-    c.inter.bandwidth = 800e9 / 8 / 8;  // 800 Gbit/s per node of 8
-    const Prediction p = evaluate(w, l, c, e);
-    ASSERT_TRUE(p.problem.empty()) << line << ": " << p.problem;
-    const double measured = std::stod(f[11]) / 1000;
-    by_model[f[0]].push_back({l.str(), measured, p.step_s});
-    errors.add(p.step_s, measured);
-    std::printf("%5sB %-62s measured %6.2f s predicted %6.2f s (%+.1f%%)\n", f[0].c_str(),
-                l.str().c_str(), measured, p.step_s, 100 * (p.step_s / measured - 1));
+    EXPECT_EQ(f.size(), multi_node ? 12u : 11u) << line;
+    if (f.size() != (multi_node ? 12u : 11u)) continue;
+    // multi: one model per billions figure; single: one per GPUs, global batch, hidden, layers.
+    const std::string group =
+        multi_node ? f[0] + "B"
+                   : f[0] + " GPUs, batch " + f[1] + ", hidden " + f[3] + ", " + f[5] + " layers";
+    if (multi_node) f.erase(f.begin());
+    runs.push_back(vtrain_run(f, group));
   }
-  ASSERT_EQ(errors.errors.size(), 109u);
-  errors.print("vTrain, 109 runs");
-  EXPECT_LE(errors.median(), 0.10);
-  for (const auto& [model, runs] : by_model) {
+  return runs;
+}
+
+bool is_vtrain_fixed_anchor(const VtrainRun& r) {
+  return r.group == "8 GPUs, batch 128, hidden 1024, 24 layers" && r.l.dp == 8 && r.l.mb == 1 &&
+         std::abs(r.measured - kVtrainFixedAnchorSeconds) < 1e-9;
+}
+
+Prediction predict_vtrain(const VtrainRun& r, const A100Rates& rates) {
+  Cluster c = a100_cluster(r.l.gpus(), rates);
+  c.inter.bandwidth = 800e9 / 8 / 8;  // 800 Gbit/s per node of 8
+  const Prediction p = evaluate(r.w, r.l, c, execution_preset("megatron"));
+  EXPECT_TRUE(p.problem.empty()) << r.group << " " << r.l.str() << ": " << p.problem;
+  return p;
+}
+
+struct VtrainGroup {
+  size_t layouts = 0;
+  double rank_correlation = 0;
+  double pick_over_best = 0;  // the measured time of the layout predicted fastest, over the best's
+};
+
+// Predicts every run, prints each (if `print_rows`) and each group's rank correlation and pick,
+// and returns the groups of at least `min_layouts` layouts.
+std::map<std::string, VtrainGroup> check_vtrain(const std::vector<VtrainRun>& runs, Errors& errors,
+                                                bool print_rows, size_t min_layouts) {
+  struct Run {
+    std::string layout;
+    double measured = 0, predicted = 0;
+  };
+  const A100Rates a100 = a100_rates();
+  std::map<std::string, std::vector<Run>> by_group;
+  for (const VtrainRun& r : runs) {
+    const Prediction p = predict_vtrain(r, a100);
+    by_group[r.group].push_back({r.l.str(), r.measured, p.step_s});
+    if (!is_vtrain_fixed_anchor(r)) errors.add(p.step_s, r.measured);
+    if (print_rows)
+      std::printf("%-40s %-62s measured %8.3f s predicted %8.3f s (%+.1f%%)\n", r.group.c_str(),
+                  r.l.str().c_str(), r.measured, p.step_s, 100 * (p.step_s / r.measured - 1));
+  }
+  std::map<std::string, VtrainGroup> out;
+  for (const auto& [name, group] : by_group) {
+    if (group.size() < min_layouts) continue;
     std::vector<double> measured, predicted;
-    for (const Run& r : runs) measured.push_back(r.measured), predicted.push_back(r.predicted);
-    const Run& pick = *std::min_element(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
+    for (const Run& r : group) measured.push_back(r.measured), predicted.push_back(r.predicted);
+    const Run& pick = *std::min_element(group.begin(), group.end(), [](const Run& a, const Run& b) {
       return a.predicted < b.predicted;
     });
     const double best = *std::min_element(measured.begin(), measured.end());
+    const VtrainGroup g{group.size(), spearman(measured, predicted), pick.measured / best - 1};
     std::printf(
-        "%sB, %zu layouts: rank correlation %.3f (goal 0.9); the planner's pick %s "
-        "measured %.2f s, %+.1f%% over the measured best %.2f s\n",
-        model.c_str(), runs.size(), spearman(measured, predicted), pick.layout.c_str(),
-        pick.measured, 100 * (pick.measured / best - 1), best);
-    EXPECT_LE(pick.measured, 1.05 * best) << model << "B";
+        "%s, %zu layouts: rank correlation %.3f (goal 0.9); the planner's pick %s measured "
+        "%.3f s, %+.1f%% over the measured best %.3f s\n",
+        name.c_str(), g.layouts, g.rank_correlation, pick.layout.c_str(), pick.measured,
+        100 * g.pick_over_best, best);
+    out[name] = g;
   }
+  return out;
+}
+
+// The multi-node set: 109 runs of GPT models of 3.6B to 175B on 64 to 512 A100s, sequence 2048,
+// each model in 15 to 47 layouts (tp, dp, pp and micro-batch). Goals met and held: the median
+// error, and for each model the layout the planner ranks first measured within 5% of the
+// measured best. Printed, not met: the worst row (3.6B at tp 8 with micro-batch 64 runs 2x its
+// time at 32; tp 2 with 8-16 stages of the 39B model 1.3-1.6x the model's) and the rank
+// correlation for the 18.4B and 39.1B models (layouts within a few percent of each other are
+// ordered differently).
+TEST(PlannerPublished, VtrainMeasuredA100Runs) {
+  const std::vector<VtrainRun> runs =
+      vtrain_runs("planner/data/vtrain_ground_truth_multi.csv", true);
+  ASSERT_EQ(runs.size(), 109u);
+  Errors errors;
+  const auto groups = check_vtrain(runs, errors, true, 2);
+  errors.print("vTrain, 109 runs");
+  EXPECT_LE(errors.median(), 0.10);
+  ASSERT_EQ(groups.size(), 4u);
+  for (const auto& [model, g] : groups) EXPECT_LE(g.pick_over_best, 0.05) << model;
+}
+
+// The single-node set: 1,440 runs of small GPT models (hidden 1024 or 2048, 16 heads, 12 to 24
+// layers, sequence 1024) on 2, 4 or 8 A100s of one node, global batch 2 to 128, grouped by model,
+// GPUs and batch into 136 choices among 3 to 26 layouts: the regime where a layer's fixed costs
+// weigh most (without the fixed time the groups' median rank correlation is 0.35, the median
+// error 34%). Held: the rank correlation and pick goals for the median group. Printed: the
+// errors (their goal is not met: the fixed time is costed as added to the GEMMs at every
+// micro-batch size, where the measured runs hide part of it behind larger micro-batches' work, and
+// tp 8 at micro-batch 1 runs 1.4-1.8x the model). LOOM_PRINT_ROWS=1 prints every run.
+TEST(PlannerPublished, VtrainSingleNodeA100Runs) {
+  const std::vector<VtrainRun> runs =
+      vtrain_runs("planner/data/vtrain_ground_truth_single.csv", false);
+  ASSERT_EQ(runs.size(), 1440u);
+  ASSERT_EQ(std::count_if(runs.begin(), runs.end(), is_vtrain_fixed_anchor), 1)
+      << "the fixed time's calibration run is in the file, once";
+  Errors errors;
+  const auto groups = check_vtrain(runs, errors, std::getenv("LOOM_PRINT_ROWS") != nullptr, 3);
+  errors.print("vTrain single node, 1440 runs less the calibration run");
+  ASSERT_EQ(groups.size(), 136u);
+  std::vector<double> correlations, picks;
+  for (const auto& [name, g] : groups)
+    correlations.push_back(g.rank_correlation), picks.push_back(g.pick_over_best);
+  std::sort(correlations.begin(), correlations.end());
+  std::sort(picks.begin(), picks.end());
+  const double median_correlation = correlations[correlations.size() / 2];
+  const double median_pick = picks[picks.size() / 2];
+  const auto within = [&](double limit) {
+    return std::count_if(picks.begin(), picks.end(), [&](double p) { return p <= limit; });
+  };
+  std::printf(
+      "%zu groups of 3 or more layouts: rank correlation median %.3f, lowest %.3f, %td of them "
+      ">= 0.9; the pick over the measured best: median %+.1f%%, worst %+.1f%%, within 5%% in %td\n",
+      groups.size(), median_correlation, correlations.front(),
+      std::count_if(correlations.begin(), correlations.end(), [](double c) { return c >= 0.9; }),
+      100 * median_pick, 100 * picks.back(), within(0.05));
+  EXPECT_GE(median_correlation, 0.9);
+  EXPECT_LE(median_pick, 0.05);
 }
 
 }  // namespace
