@@ -131,8 +131,8 @@ Prediction predict_vtrain_fixed_anchor(const A100Rates& rates) {
 
 // The A100 calibrated on two points: the efficiency on Korthikanti et al.'s 175B with selective
 // recomputation and sp (13.75 s), the fixed time on vTrain's anchor above. Each moves the other
-// (the 175B runs 64 micro-batches of 12 layers per stage), so they are solved in turns; the step
-// is linear in the fixed time, so one secant step each turn settles it. Without `fixed_time`, the
+// (the 175B runs 64 micro-batches of 12 layers per stage), so they are solved in turns, the
+// fixed time by bisection (the anchor's step grows with it). Without `fixed_time`, the
 // efficiency alone on the 175B point (0.661): a rate that carries Megatron's fixed costs at the
 // 175B's layer size inside it.
 A100Rates a100_rates(bool fixed_time = true) {
@@ -148,9 +148,13 @@ A100Rates a100_rates(bool fixed_time = true) {
         },
         anchor.measured);
     if (!fixed_time) break;
-    const double at0 = predict_vtrain_fixed_anchor({rates.efficiency, 0}).step_s;
-    const double at1 = predict_vtrain_fixed_anchor({rates.efficiency, 1e-3}).step_s;
-    rates.layer_fixed_s = std::max(0.0, 1e-3 * (kVtrainFixedAnchorSeconds - at0) / (at1 - at0));
+    double lo = 0, hi = 20e-3;
+    for (int i = 0; i < 50; ++i) {
+      const double mid = (lo + hi) / 2;
+      const double step = predict_vtrain_fixed_anchor({rates.efficiency, mid}).step_s;
+      (step < kVtrainFixedAnchorSeconds ? lo : hi) = mid;
+    }
+    rates.layer_fixed_s = (lo + hi) / 2;
   }
   return rates;
 }
