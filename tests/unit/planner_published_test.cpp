@@ -159,6 +159,23 @@ A100Rates a100_rates(bool fixed_time = true) {
   return rates;
 }
 
+// The profile loom ships for planning Megatron-LM on A100s (`loom-plan --gpu a100-80gb
+// --execution megatron --profile planner/profiles/a100-megatron.json`) holds the calibration
+// above, to the digits it prints.
+TEST(PlannerPublished, ShippedMegatronA100ProfileIsTheCalibration) {
+  const Cluster shipped =
+      read_profile("planner/profiles/a100-megatron.json", cluster_preset("a100-80gb", 8, 8));
+  const A100Rates rates = a100_rates();
+  EXPECT_NEAR(shipped.device.gemm_efficiency, rates.efficiency, 5e-5);
+  EXPECT_NEAR(shipped.device.block_overhead_s, rates.layer_fixed_s, 5e-8);
+  // Everything else is the preset's.
+  const Cluster preset = cluster_preset("a100-80gb", 8, 8);
+  EXPECT_EQ(shipped.device.peak_flops, preset.device.peak_flops);
+  EXPECT_EQ(shipped.device.gemm_half_flops, preset.device.gemm_half_flops);
+  EXPECT_EQ(shipped.intra.bandwidth, preset.intra.bandwidth);
+  EXPECT_EQ(shipped.inter.bandwidth, preset.inter.bandwidth);
+}
+
 TEST(PlannerPublished, KorthikantiTable5IterationTimes) {
   const std::vector<KorthikantiRow> rows = korthikanti_rows();
   ASSERT_EQ(rows.size(), 8u);
@@ -172,7 +189,7 @@ TEST(PlannerPublished, KorthikantiTable5IterationTimes) {
     if (row.id != "korthikanti2022_175B_selective_sp") errors.add(p.step_s, row.measured);
   }
   std::printf(
-      "calibrated A100: GEMM efficiency %.3f, fixed time per layer and micro-batch %.2f ms\n",
+      "calibrated A100: GEMM efficiency %.4f, fixed time per layer and micro-batch %.4f ms\n",
       rates.efficiency, 1e3 * rates.layer_fixed_s);
   errors.expect_within_goal("Korthikanti et al., Table 5");
 }
