@@ -109,12 +109,17 @@ void Cluster::check() const {
 }
 
 std::string Cluster::str() const {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "%d x %s (%d per node): %.1f TFLOP/s, %.1f GB, links %.0f GB/s inside a node, "
-                "%.1f GB/s between nodes",
-                gpus, device.name.c_str(), gpus_per_node, device.peak_flops / 1e12,
-                device.memory_bytes / 1e9, intra.bandwidth / 1e9, inter.bandwidth / 1e9);
+  char buf[384];
+  int n = std::snprintf(buf, sizeof buf,
+                        "%d x %s (%d per node): %.1f TFLOP/s (GEMMs at %.1f%% of it), %.1f GB, "
+                        "links %.0f GB/s inside a node, %.1f GB/s between nodes",
+                        gpus, device.name.c_str(), gpus_per_node, device.peak_flops / 1e12,
+                        100 * device.gemm_efficiency, device.memory_bytes / 1e9,
+                        intra.bandwidth / 1e9, inter.bandwidth / 1e9);
+  // A calibrated or shipped profile's fixed times (DeviceRates::block_overhead_s).
+  if (device.block_overhead_s > 0 && n > 0 && size_t(n) < sizeof buf)
+    std::snprintf(buf + n, sizeof buf - size_t(n), ", %.2f ms fixed per layer and micro-batch",
+                  1e3 * device.block_overhead_s);
   return buf;
 }
 

@@ -25,7 +25,8 @@ def plan(*, layers, hidden, heads, global_batch, gpus, seq=2048, vocab=51200, gp
     as ``"dp=..,tp=..,pp=..,v=..,mb=..,schedule=..,zero=..,recompute=none|selective|full,sp=0|1"``)
     that layout's record (``"problem"`` says why it cannot run). ``gpu`` is a preset
     (``a100-80gb``, ``h100-sxm``, ``h200``); ``profile`` a file from ``loom-plan --calibrate``
-    overriding its rates; ``execution`` whose runtime runs the plan (``loom``, ``loom-f32``,
+    (or ``planner/profiles/a100-megatron.json``, Megatron-LM's measured A100 rates) overriding
+    its rates; ``execution`` whose runtime runs the plan (``loom``, ``loom-f32``,
     ``loom-cpu``, ``megatron``, ``torchtitan``, ``torchtitan-layer-sac``). ``block`` is
     ``"gpt"`` or ``"llama"`` (RMSNorm, SwiGLU MLP, rotary positions, untied output), with
     ``ffn_hidden`` the MLP's width (0: 4 x hidden) and ``kv_heads`` grouped-query attention's
