@@ -23,6 +23,16 @@
 // two-level under auto only when the table prefers that at every size from 1 KiB. A call that
 // goes hierarchical is tallied as the group's (op_count, op_bytes) and
 // checked by the levels' own signature checks.
+//
+// Note [A margin for two levels]
+// The two-level prediction adds up levels measured one at a time; running them in one call adds
+// what none of them showed alone: the levels' traffic and the ranks' own copies and reductions
+// competing for the same cores and memory, and one more step to post between them. So two
+// levels are chosen only when predicted at least 20% faster than flat. Measured on the emulated
+// 4 x 2 cluster, unshaped (benchmarks/README.md, "Emulated cluster"): the table predicted the
+// two-level allreduce 16% faster than flat at 4 MiB, and it ran 34% slower (22.6 against
+// 16.9 ms); where the links across nodes are the bottleneck the two levels' predicted gain is
+// L-fold (L ranks per node) and the margin does not change the choice.
 #include "collectives/algorithm.h"
 
 #include <algorithm>

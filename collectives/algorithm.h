@@ -34,8 +34,11 @@ struct CollectiveCosts {
   // all-gather's output) flat and in two levels.
   double flat(const std::string& op, double bytes) const;
   double hierarchical(const std::string& op, double bytes) const;
+  // Two levels when predicted at least kHierarchicalMargin of the flat call's time faster: See
+  // Note [A margin for two levels] in algorithm.cpp.
+  static constexpr double kHierarchicalMargin = 0.2;
   bool prefers_hierarchical(const std::string& op, double bytes) const {
-    return hierarchical(op, bytes) < flat(op, bytes);
+    return hierarchical(op, bytes) < (1.0 - kHierarchicalMargin) * flat(op, bytes);
   }
   // The smallest power-of-two size from 1 KiB to 1 GiB at which `op` goes hierarchical (and
   // stays so up to 1 GiB), or 0 when none.
