@@ -21,8 +21,9 @@ enum class SelectivePolicy { kAttention, kEveryOtherMatmul, kEveryOtherLayer };
 
 // A collective over a group with L of its ranks in each of N > 1 nodes:
 //   kOneRing    one ring on its slowest hop: one GPU's link between nodes.
-//   kTwoLevels  loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp): the faster of one ring
-//               and two levels, inside the node and then across nodes over 1/L of the bytes.
+//   kTwoLevels  loom's LOOM_COLL_ALGO=auto (collectives/algorithm.cpp): one ring, or two levels
+//               (inside the node, then across nodes over 1/L of the bytes) where those are
+//               20% faster.
 //   kNicRings   NCCL's rings: one ring channel per NIC, each crossing between nodes on its own
 //               GPU's link, so the ring runs at the node's L links together (or NVLink's rate,
 //               if slower) with one ring's 2 (n - 1) / n traffic. Two levels cross with
