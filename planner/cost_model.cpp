@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "collectives/algorithm.h"
 #include "planner/memory_model.h"
 
 namespace loom::planner {
@@ -53,10 +54,6 @@ GroupSpan dp_span(const Layout& l, const Cluster& c) {
 
 namespace {
 
-// loom's LOOM_COLL_ALGO=auto goes two-level only when predicted this much faster than flat
-// (Note [A margin for two levels] in collectives/algorithm.cpp).
-constexpr double kTwoLevelsMargin = 0.2;
-
 // A collective over n ranks spread as `span` over the nodes: one ring on `link` (its slowest
 // hop), and across nodes as the execution runs it (SpanningCollectives).
 double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const GroupSpan& span,
@@ -83,8 +80,10 @@ double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const Gr
                   ring_seconds(op, across, span.nodes, c.inter);
       break;
   }
-  // loom's auto takes two levels only when its table predicts them kTwoLevelsMargin faster.
-  return two_level < (1.0 - kTwoLevelsMargin) * flat ? two_level : flat;
+  // loom's auto takes two levels only when its table predicts them that much faster (Note [A
+  // margin for two levels] in collectives/algorithm.cpp).
+  const double margin = comm::CollectiveCosts::kHierarchicalMargin;
+  return two_level < (1.0 - margin) * flat ? two_level : flat;
 }
 
 }  // namespace

@@ -260,10 +260,9 @@ TEST(PlannerPublished, TorchtitanLlamaThroughput) {
   ASSERT_EQ(rows.size(), 10u);  // 8 on A100s, 2 on H100s
 
   const std::string h100_anchor = "torchtitan_h100_t1_8b_8gpu_FSDP";
-  auto predict = [&](const Row& row, const CalibratedRates& rates) {
+  auto predict = [&](const Row& row, double efficiency) {
     Cluster c = cluster_preset(row.gpu, row.l.gpus(), 8);
-    c.device.gemm_efficiency = rates.efficiency;
-    c.device.block_overhead_s = rates.layer_fixed_s;
+    c.device.gemm_efficiency = efficiency;
     if (row.gpu == "h100-sxm") c.device.memory_bytes = 96e9;  // "96GB HBM2e"
     const Prediction p = evaluate(row.w, row.l, c, execution_preset(row.execution));
     EXPECT_TRUE(p.problem.empty()) << row.id << ": " << p.problem;
@@ -276,16 +275,12 @@ TEST(PlannerPublished, TorchtitanLlamaThroughput) {
   // which the rate fitted at the 175B's layer size, fixed costs inside, carries over to these
   // large layers. Their H100s (500 W, HBM2e: "between SXM and NVL", peak unknown) are calibrated
   // on one run, 8 GPUs in one node.
-  const CalibratedRates a100 = a100_rates(false);
+  const double a100 = a100_rates(false).efficiency;
   const Row& anchor =
       *std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.id == h100_anchor; });
   const double seq_tokens = double(anchor.w.model.seq * anchor.w.global_batch);
-  const CalibratedRates h100{calibrate_efficiency(
-                                 [&](double eff) {
-                                   return predict(anchor, {eff, 0}).step_s;
-                                 },
-                                 seq_tokens / (anchor.measured_tps * anchor.l.gpus())),
-                             0};
+  const double h100 = calibrate_efficiency([&](double eff) { return predict(anchor, eff).step_s; },
+                                           seq_tokens / (anchor.measured_tps * anchor.l.gpus()));
 
   Errors errors;
   for (const Row& row : rows) {
@@ -302,8 +297,8 @@ TEST(PlannerPublished, TorchtitanLlamaThroughput) {
     std::printf("\n");
     if (row.id != h100_anchor) errors.add(tps, row.measured_tps);
   }
-  std::printf("GEMM efficiency: A100 %.3f (Megatron's), H100 %.3f (from %s)\n", a100.efficiency,
-              h100.efficiency, h100_anchor.c_str());
+  std::printf("GEMM efficiency: A100 %.3f (Megatron's), H100 %.3f (from %s)\n", a100, h100,
+              h100_anchor.c_str());
   errors.expect_within_goal("torchtitan, Llama with FSDP2");
 }
 
