@@ -5,18 +5,23 @@
 // the two levels pay an extra step's latency and staging copies, and gain only where the
 // network, not the node, is the bottleneck (on 2 nodes a flat reduce-scatter + all-gather
 // already sends a node's minimum across its link: benchmarks/README.md, "Emulated cluster").
-// So the choice is measured, not assumed: set_algorithm(kAuto) times each level's allreduce and
-// all-to-all at two sizes, fits time = alpha + beta x bytes per level (and a local copy), and
-// every call then compares the two predictions:
+// So the choice is measured, not assumed: set_algorithm(kAuto) times each level's allreduce,
+// reduce-scatter, all-gather and all-to-all at two sizes, fits time = alpha + beta x bytes per
+// level (and a local copy), and every call then compares the two predictions:
 //   allreduce(S)      flat: F_ar(S)
 //                     two levels: reduce-scatter in the node, allreduce of S/L across, all-gather
 //                     in the node = I_rs(S) + X_ar(S/L) + I_ag(S) + copy(2S)
 //   reduce_scatter(S) flat: F_rs(S); two levels: I_rs(S) + X_rs(S/L) + copy(S)
 //   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + I_ag(S) + copy(S)
 //   all_to_all(S)     flat: F_a2a(S); two levels: I_a2a(S) + X_a2a(S) + copy(2S)
-// with F, I, X the flat group, the node and the across-nodes levels, and a reduce-scatter or an
-// all-gather of S taken as alpha + beta x S/2 of the level's allreduce (each is half of a
-// bandwidth-optimal allreduce). The table is the slowest rank's measurement of each entry,
+// with F, I, X the flat group, the node and the across-nodes levels. Each collective is timed as
+// itself: a group across nodes runs MPI's own calls (Note [Direct collectives inside one node] in
+// mpi_backend.cpp), and Open MPI's reduce-scatter and all-gather there are no halves of its
+// allreduce. Taken as halves (the first table), they stayed flat on the emulated clusters with
+// 1 Gbit/s links, where the two levels ran 1.5-3.2x faster: on 2 x 4 at 16 MiB a flat
+// reduce-scatter took 325 ms and all-gather 447 ms, more than the allreduce, in two levels 118
+// and 138 ms (benchmarks/README.md, "Reduce-scatter and all-gather across nodes, timed as
+// themselves"). The table is the slowest rank's measurement of each entry,
 // agreed by one allreduce, so every rank predicts alike and picks the same form: the two forms
 // post different collectives, and ranks that disagreed would wait on each other until the
 // deadline. For the same reason an all-to-all with splits (each rank's byte count its own) goes
@@ -39,6 +44,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <vector>
 
 #include "collectives/hierarchical.h"
@@ -76,11 +82,6 @@ AlphaBeta AlphaBeta::fit(double small, double t_small, double large, double t_la
 
 namespace {
 
-// A reduce-scatter or all-gather of `bytes` at a level whose allreduce is `ar`.
-double half_of(const AlphaBeta& ar, double bytes) {
-  return ar.alpha_s + ar.beta_s_per_byte * bytes / 2;
-}
-
 void check_op(const std::string& op) {
   LOOM_CHECK(op == "allreduce" || op == "reduce_scatter" || op == "allgather" || op == "all_to_all",
              "CollectiveCosts: unknown collective '", op,
@@ -92,17 +93,21 @@ void check_op(const std::string& op) {
 double CollectiveCosts::flat(const std::string& op, double bytes) const {
   check_op(op);
   if (op == "allreduce") return flat_allreduce.at(bytes);
-  if (op == "all_to_all") return flat_all_to_all.at(bytes);
-  return half_of(flat_allreduce, bytes);
+  if (op == "reduce_scatter") return flat_reduce_scatter.at(bytes);
+  if (op == "allgather") return flat_allgather.at(bytes);
+  return flat_all_to_all.at(bytes);
 }
 
 double CollectiveCosts::hierarchical(const std::string& op, double bytes) const {
   check_op(op);
   const double part = bytes / ranks_per_node;
   if (op == "allreduce")
-    return 2 * half_of(intra_allreduce, bytes) + inter_allreduce.at(part) + copy.at(2 * bytes);
-  if (op == "reduce_scatter" || op == "allgather")
-    return half_of(intra_allreduce, bytes) + half_of(inter_allreduce, part) + copy.at(bytes);
+    return intra_reduce_scatter.at(bytes) + inter_allreduce.at(part) + intra_allgather.at(bytes) +
+           copy.at(2 * bytes);
+  if (op == "reduce_scatter")
+    return intra_reduce_scatter.at(bytes) + inter_reduce_scatter.at(part) + copy.at(bytes);
+  if (op == "allgather")
+    return inter_allgather.at(part) + intra_allgather.at(bytes) + copy.at(bytes);
   return intra_all_to_all.at(bytes) + inter_all_to_all.at(bytes) + copy.at(2 * bytes);
 }
 
@@ -141,10 +146,17 @@ std::string CollectiveCosts::str() const {
     s += detail::str_cat(s.empty() ? "" : ", ", op, " ",
                          from == 0 ? std::string("flat") : "hierarchical from " + size_str(from));
   }
-  s += "; measured: " + level_str("allreduce flat", flat_allreduce) + ", " +
-       level_str("node", intra_allreduce) + ", " + level_str("across", inter_allreduce) + "; " +
-       level_str("all_to_all flat", flat_all_to_all) + ", " + level_str("node", intra_all_to_all) +
-       ", " + level_str("across", inter_all_to_all) + "; " + level_str("copy", copy);
+  auto levels = [](const char* op, const AlphaBeta& flat, const AlphaBeta& intra,
+                   const AlphaBeta& inter) {
+    return level_str(op, flat) + ", " + level_str("node", intra) + ", " +
+           level_str("across", inter) + "; ";
+  };
+  s += "; measured: " + levels("allreduce flat", flat_allreduce, intra_allreduce, inter_allreduce) +
+       levels("reduce_scatter flat", flat_reduce_scatter, intra_reduce_scatter,
+              inter_reduce_scatter) +
+       levels("allgather flat", flat_allgather, intra_allgather, inter_allgather) +
+       levels("all_to_all flat", flat_all_to_all, intra_all_to_all, inter_all_to_all) +
+       level_str("copy", copy);
   return s;
 }
 
@@ -179,6 +191,16 @@ CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
       Tensor t = Tensor::zeros({int64_t(bytes) / 4});
       seconds.push_back(seconds_per_call([&] { c->allreduce(t)->wait(); }));
     }
+    for (Communicator* c : comms) {  // `bytes` of input
+      const int64_t block = std::max<int64_t>(1, int64_t(bytes) / 4 / c->size());
+      Tensor in = Tensor::zeros({block * c->size()}), out = Tensor::empty({block});
+      seconds.push_back(seconds_per_call([&] { c->reduce_scatter(in, out)->wait(); }));
+    }
+    for (Communicator* c : comms) {  // `bytes` of output
+      const int64_t block = std::max<int64_t>(1, int64_t(bytes) / 4 / c->size());
+      Tensor in = Tensor::zeros({block}), out = Tensor::empty({block * c->size()});
+      seconds.push_back(seconds_per_call([&] { c->allgather(in, out)->wait(); }));
+    }
     for (Communicator* c : comms) {
       const int64_t n = std::max<int64_t>(1, int64_t(bytes) / 4 / c->size()) * c->size();
       Tensor in = Tensor::zeros({n}), out = Tensor::empty({n});
@@ -193,20 +215,29 @@ CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
   Tensor agreed = Tensor::from_vector(ns, {int64_t(ns.size())});
   group.allreduce(agreed, {ReduceOp::kMax})->wait();
   ns = agreed.to_vector<int64_t>();
-  const size_t per_size = 7;
+  const size_t per_size = seconds.size() / 2;
   auto fit = [&](size_t i) {
     return AlphaBeta::fit(kSmall, double(ns[i]) * 1e-9, kLarge, double(ns[per_size + i]) * 1e-9);
   };
   CollectiveCosts costs;
   costs.nodes = levels.nodes();
   costs.ranks_per_node = levels.ranks_per_node();
-  costs.flat_allreduce = fit(0);
-  costs.intra_allreduce = fit(1);
-  costs.inter_allreduce = fit(2);
-  costs.flat_all_to_all = fit(3);
-  costs.intra_all_to_all = fit(4);
-  costs.inter_all_to_all = fit(5);
-  costs.copy = fit(6);
+  AlphaBeta* measured[] = {&costs.flat_allreduce,
+                           &costs.intra_allreduce,
+                           &costs.inter_allreduce,
+                           &costs.flat_reduce_scatter,
+                           &costs.intra_reduce_scatter,
+                           &costs.inter_reduce_scatter,
+                           &costs.flat_allgather,
+                           &costs.intra_allgather,
+                           &costs.inter_allgather,
+                           &costs.flat_all_to_all,
+                           &costs.intra_all_to_all,
+                           &costs.inter_all_to_all,
+                           &costs.copy};
+  LOOM_CHECK(per_size == std::size(measured), "measure_costs: ", per_size,
+             " measures for a table of ", std::size(measured));
+  for (size_t i = 0; i < per_size; ++i) *measured[i] = fit(i);
   return costs;
 }
 

@@ -1,8 +1,9 @@
 // The cost table a group picks flat or hierarchical collectives by (Algorithm::kAuto; Note [Flat
 // or hierarchical] in algorithm.cpp): an alpha-beta model (time = alpha + beta x bytes) of each
-// level's allreduce and all-to-all — the whole group (flat), the ranks of one node, the ranks of
-// one local index across nodes — and of a local copy, measured when the algorithm is set and
-// made the same on every rank (each entry the slowest rank's), so that every rank picks alike.
+// level's allreduce, reduce-scatter, all-gather and all-to-all — the whole group (flat), the ranks
+// of one node, the ranks of one local index across nodes — and of a local copy, measured when the
+// algorithm is set and made the same on every rank (each entry the slowest rank's), so that every
+// rank picks alike.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,11 @@ struct AlphaBeta {
 
 struct CollectiveCosts {
   int nodes = 1, ranks_per_node = 1;
+  // By the bytes of an allreduce's, a reduce-scatter's or an all-to-all's input, an
+  // all-gather's output.
   AlphaBeta flat_allreduce, intra_allreduce, inter_allreduce;
+  AlphaBeta flat_reduce_scatter, intra_reduce_scatter, inter_reduce_scatter;
+  AlphaBeta flat_allgather, intra_allgather, inter_allgather;
   AlphaBeta flat_all_to_all, intra_all_to_all, inter_all_to_all;
   AlphaBeta copy;  // a local copy of `bytes` (the two-level forms' staging)
 
