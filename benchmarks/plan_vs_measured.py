@@ -18,11 +18,17 @@ With --device cuda (one GPU, --ranks 1) the calibration measures the GPU in bf16
 in bf16 on it, the predictions use `--execution loom` (bf16 with f32 masters), and each row also
 shows the prediction from the --gpu datasheet preset alone, uncalibrated.
 
+With --nodes N the ranks run on an emulated cluster of N nodes (scripts/cluster.sh, as root: each
+node its own network namespace and shared memory, TCP between nodes, every node's link shaped to
+--inter-bw), brought up for the run and taken down after; the calibration then measures both link
+levels (inside a node and across nodes) and the predictions place --ranks / N ranks per node.
+
 With --moe the model's every other layer is a mixture of experts (4 experts, top-2, 2 x dim
 wide) and the layouts add expert parallelism (MOE_LAYOUTS).
 
   python3 benchmarks/plan_vs_measured.py --ranks 2
   python3 benchmarks/plan_vs_measured.py --ranks 2 --moe
+  python3 benchmarks/plan_vs_measured.py --ranks 4 --nodes 2 --inter-bw 1gbit   (as root)
   python3 benchmarks/plan_vs_measured.py --ranks 1 --device cuda --gpu h200 --layers 12 \
       --dim 768 --heads 12 --seq 1024 --vocab 50257   (GPT-2 124M on one GPU)
 """
@@ -74,8 +80,14 @@ MOE_LAYOUTS = {
 }
 
 
-def run(cmd, ranks):
-    full = (MPI + ["-np", str(ranks)] + cmd) if ranks > 1 else cmd
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+
+
+def run(cmd, ranks, on_cluster=False):
+    if on_cluster:
+        full = ["bash", CLUSTER, "run", "--np", str(ranks), "--"] + cmd
+    else:
+        full = (MPI + ["-np", str(ranks)] + cmd) if ranks > 1 else cmd
     proc = subprocess.run(full, capture_output=True, text=True, env=ENV)
     if proc.returncode != 0:
         raise RuntimeError(f"failed: {' '.join(full)}\n{proc.stdout}\n{proc.stderr}")
@@ -135,17 +147,39 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cuda: calibrate and train on one GPU in bf16 (--ranks 1)")
     p.add_argument("--gpu", default="h100-sxm", help="--device cuda: loom-plan's GPU preset")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="run on an emulated cluster of this many nodes (scripts/cluster.sh; root)")
+    p.add_argument("--inter-bw", default="1gbit",
+                   help="--nodes: every node's link rate (tc syntax), both directions")
     p.add_argument("--bin", default=BIN, help="where loom-gpt and loom-plan are (build-gpu/bin on "
                    "the GPU machine, after scripts/gpu_check.sh)")
     args = p.parse_args()
-    bin_dir = args.bin
     on_gpu = args.device == "cuda"
     if on_gpu and args.ranks != 1:
         sys.exit("--device cuda measures one GPU: use --ranks 1")
+    if args.nodes > 1 and (args.ranks % args.nodes or args.ranks == args.nodes or on_gpu):
+        sys.exit(f"--nodes {args.nodes}: --ranks must be a multiple of it, with 2 or more ranks "
+                 "per node, on the CPU")
     layouts = (MOE_LAYOUTS if args.moe else LAYOUTS)[args.ranks]
     if on_gpu and not args.moe:  # one GPU: micro-batch sizes down to 1, recomputation at two
         layouts = ["dp=1,mb=8", "dp=1,mb=4", "dp=1,mb=2", "dp=1,mb=1", "dp=1,mb=8,recompute=full",
                    "dp=1,mb=4,recompute=full"]
+    on_cluster = args.nodes > 1
+    if on_cluster:
+        subprocess.run(["bash", CLUSTER, "down"], check=True, capture_output=True)
+        subprocess.run(["bash", CLUSTER, "up", str(args.nodes), "--ranks-per-node",
+                        str(args.ranks // args.nodes), "--inter-bw", args.inter_bw], check=True)
+    try:
+        rows = measure(args, layouts, on_gpu, on_cluster)
+    finally:
+        if on_cluster:
+            subprocess.run(["bash", CLUSTER, "down"], check=True, capture_output=True)
+    report(args, rows)
+
+
+def measure(args, layouts, on_gpu, on_cluster):
+    """Calibrates, then trains and predicts every layout: one row per layout that ran."""
+    bin_dir = args.bin
     with tempfile.TemporaryDirectory() as d:
         # llm.c's token file: a 256 x int32 header (magic, version, count), then uint16 tokens.
         # Written without numpy, which the GPU machine's python3 lacks.
@@ -162,7 +196,7 @@ def main():
         if on_gpu:  # the element-wise term is fitted on this model's layer shape
             calibrate += ["--device", "cuda", "--gpu", args.gpu, "--hidden", str(args.dim),
                           "--heads", str(args.heads), "--seq", str(args.seq), "--vocab", str(args.vocab)]
-        print(run(calibrate, args.ranks).strip())
+        print(run(calibrate, args.ranks, on_cluster).strip())
         if on_gpu:
             print(open(profile).read().strip())
         device = ["--device", "cuda", "--dtype", "bf16"] if on_gpu else []
@@ -180,7 +214,7 @@ def main():
                            "--batch", str(args.batch), "--steps", str(args.steps), "--threads", "1",
                            "--eval-every", "100000", "--lr-schedule", "constant", "--warmup-steps",
                            "0", "--metrics-file", metrics] + model + device
-                          + gpt_flags(layout, args.batch), args.ranks)
+                          + gpt_flags(layout, args.batch), args.ranks, on_cluster)
             except RuntimeError as e:  # one layout's failure is reported; the others still run
                 print(f"{layout:34s} FAILED: {str(e)[-600:]}", flush=True)
                 continue
@@ -193,7 +227,7 @@ def main():
             measured_peak = float(peak.group(1)) if peak else float("nan")
             evaluate = [os.path.join(bin_dir, "loom-plan"), "--hidden", str(args.dim),
                         "--global-batch", str(args.batch), "--gpus", str(args.ranks),
-                        "--gpus-per-node", str(args.ranks), "--execution", execution,
+                        "--gpus-per-node", str(args.ranks // args.nodes), "--execution", execution,
                         "--evaluate", layout, "--json"] + model
             if on_gpu:
                 evaluate += ["--gpu", args.gpu]
@@ -214,13 +248,18 @@ def main():
                   f"({100 * (predicted_peak / measured_peak - 1):+.1f}%)"
                   + (f"  datasheet preset alone {preset * 1e3:.1f} ms "
                      f"({100 * (preset / measured - 1):+.1f}%)" if on_gpu else ""), flush=True)
+    return rows
+
+
+def report(args, rows):
     if not rows:
         sys.exit("no layout ran")
     errors = sorted(abs(r[2] / r[1] - 1) for r in rows)
     memory_errors = sorted(abs(r[6] / r[5] - 1) for r in rows)
     best_measured = min(r[1] for r in rows)
     pick = min(rows, key=lambda r: r[2])
-    print(f"{len(rows)} layouts on {args.ranks} rank(s): median error {100 * statistics.median(errors):.1f}%, "
+    where = f" on {args.nodes} nodes ({args.inter_bw} links)" if args.nodes > 1 else ""
+    print(f"{len(rows)} layouts on {args.ranks} rank(s){where}: median error {100 * statistics.median(errors):.1f}%, "
           f"worst {100 * errors[-1]:.1f}%; the planner's pick {pick[0]} measured "
           f"{pick[1] * 1e3:.1f} ms, the measured best {best_measured * 1e3:.1f} ms "
           f"({100 * (pick[1] / best_measured - 1):+.1f}%), rank correlation "

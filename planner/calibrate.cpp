@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include "collectives/hierarchical.h"
 #include "core/error.h"
 #include "core/nn/gpt.h"
 #include "core/ops.h"
@@ -101,6 +102,27 @@ Tensor random_tensor(const Shape& shape, const CalibrationOptions& o) {
   }
   Tensor t = Tensor::from_vector(v, shape).to(o.device);
   return o.dtype == DType::kF32 ? t : t.to(o.dtype);
+}
+
+// A ring all-reduce's LinkLevel on `group` (cost_model.h's formula): t(B) = 2(n-1) latency +
+// 2(n-1)/n * B / bandwidth, timed at two sizes. Every group of `world` measures at once (world's
+// barrier starts each run).
+LinkLevel ring_allreduce_link(comm::Communicator& group,
+                              const std::shared_ptr<comm::Communicator>& world,
+                              const CalibrationOptions& o) {
+  const int64_t small = 2048, large = 8 << 20;  // f32 elements: 8 KiB and 32 MiB
+  double t[2];
+  int i = 0;
+  for (int64_t count : {small, large}) {
+    Tensor x = Tensor::full({count}, 1.0, DType::kF32, o.device);
+    world->barrier_sync();
+    t[i++] = median_seconds(o.repeats, world, [&] { group.allreduce_sync(x); });
+  }
+  const double n = group.size(), b0 = 4.0 * small, b1 = 4.0 * large;
+  const double per_byte = (t[1] - t[0]) / (b1 - b0);  // 2(n-1)/n / bandwidth
+  LOOM_CHECK(per_byte > 0, "calibrate: the all-reduce of 32 MiB over ", group.size(),
+             " ranks was not slower than 8 KiB's");
+  return {std::max(0.0, (t[0] - per_byte * b0) / (2.0 * (n - 1))), 2.0 * (n - 1) / n / per_byte};
 }
 
 }  // namespace
@@ -212,33 +234,40 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
   }
   const double rest_overhead = std::max(0.0, 2.0 * rest[0] - rest[1]);
 
-  double latency = c.intra.latency_s, link = c.intra.bandwidth;
+  // Note [Calibrating two link levels]
+  // A ring all-reduce's latency and bandwidth per link level, each level's group measured with
+  // every such group running at once: inside a node, every node's ranks together; across nodes,
+  // every local index's ranks together (each rank's share of its node's link when all of them
+  // cross, which is what a per-GPU LinkLevel is, and what dp groups outside a node and the
+  // second level of loom's two-level collectives see). A group that does not split evenly into
+  // nodes of two or more ranks (one node, one rank per node) is measured whole, for both levels.
+  LinkLevel intra = c.intra, inter = c.inter;
   const int ranks = comm ? comm->size() : 1;
   if (ranks > 1) {
-    // t(B) = 2(n-1) latency + 2(n-1)/n * B / bandwidth at two sizes: two equations.
-    const int64_t small = 2048, large = 8 << 20;  // f32 elements: 8 KiB and 32 MiB
-    double t[2];
-    int i = 0;
-    for (int64_t count : {small, large}) {
-      Tensor x = Tensor::full({count}, 1.0, DType::kF32, o.device);
-      comm->barrier_sync();
-      t[i++] = median_seconds(o.repeats, comm, [&] { comm->allreduce_sync(x); });
+    const comm::Hierarchy levels(*comm, o.node_of_rank);
+    if (levels.applies()) {
+      intra = ring_allreduce_link(levels.intra(), comm, o);
+      inter = ring_allreduce_link(levels.inter(), comm, o);
+    } else {
+      intra = inter = ring_allreduce_link(*comm, comm, o);
     }
-    const double n = ranks, b0 = 4.0 * small, b1 = 4.0 * large;
-    const double per_byte = (t[1] - t[0]) / (b1 - b0);  // 2(n-1)/n / bandwidth
-    LOOM_CHECK(per_byte > 0, "calibrate: the all-reduce of 32 MiB was not slower than 8 KiB's");
-    link = 2.0 * (n - 1) / n / per_byte;
-    latency = std::max(0.0, (t[0] - per_byte * b0) / (2.0 * (n - 1)));
   }
 
-  double measured[8] = {rate,          std::max(0.0, intercept * rate),
-                        bandwidth,     latency,
-                        link,          block_overhead,
-                        rest_overhead, block_bw};
+  constexpr int kMeasured = 10;
+  double measured[kMeasured] = {rate,
+                                std::max(0.0, intercept * rate),
+                                bandwidth,
+                                intra.latency_s,
+                                intra.bandwidth,
+                                block_overhead,
+                                rest_overhead,
+                                block_bw,
+                                inter.latency_s,
+                                inter.bandwidth};
   if (comm && ranks > 1) {  // rank 0's figures everywhere
-    Tensor m = Tensor::from_vector(std::vector<float>(measured, measured + 8), {8});
+    Tensor m = Tensor::from_vector(std::vector<float>(measured, measured + kMeasured), {kMeasured});
     comm->broadcast(m)->wait();
-    for (int i = 0; i < 8; ++i) measured[i] = m.data<float>()[i];
+    for (int i = 0; i < kMeasured; ++i) measured[i] = m.data<float>()[i];
   }
   c.device.name = o.device.is_cpu() ? "calibrated-cpu" : c.device.name + "-calibrated";
   c.device.peak_flops = o.peak_flops > 0 ? o.peak_flops : measured[0];
@@ -248,9 +277,8 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
   c.device.block_overhead_s = measured[5];
   c.device.rest_overhead_s = measured[6];
   c.device.block_bandwidth = measured[7];
-  c.intra.latency_s = measured[3];
-  c.intra.bandwidth = measured[4];
-  c.inter = c.intra;
+  c.intra = {measured[3], measured[4]};
+  c.inter = {measured[8], measured[9]};
   return c;
 }
 

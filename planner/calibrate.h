@@ -6,11 +6,13 @@
 // sizes, fitted to cost_model.h's formula). All ranks take part (sharing the machine as a run
 // would); every rank returns rank 0's figures.
 //
-// A profile from one node measures one link level: both `intra` and `inter` get it (run it across
-// nodes, one rank per node, and keep that run's `inter` for the other).
+// Across nodes (the communicator's ranks spread evenly over two or more nodes of two or more ranks
+// each) both link levels are measured, inside a node and across nodes (Note [Calibrating two link
+// levels]); from one node, or one rank per node, one level is: both `intra` and `inter` get it.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "core/device.h"
@@ -34,6 +36,9 @@ struct CalibrationOptions {
   // the shape you plan for when you can.
   TransformerShape block{1, 256, 4, 128, 256, {}};  // layers: unused
   int block_batch = 4;
+  // Each rank's node (comm::Hierarchy's node_of_rank); empty: the host names' (comm::node_map).
+  // A test may split one host.
+  std::vector<int> node_of_rank;
 };
 
 Cluster calibrate(Cluster base, const std::shared_ptr<comm::Communicator>& comm,

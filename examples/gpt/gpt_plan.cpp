@@ -51,6 +51,7 @@ planner::Cluster plan_cluster(const GptOptions& o, const GptConfig& config,
   calib.device = device;
   calib.block = {1, config.channels, config.heads, o.seq > 0 ? o.seq : config.max_seq_len, 256, {}};
   calib.block_batch = int(std::min<int64_t>(4, o.batch));
+  calib.node_of_rank = nodes.node_of_rank;
   if (device.is_cpu()) {
     c.device = planner::cpu_device(c.gpus_per_node);
     c.intra = c.inter = {1e-6, 1e10};  // replaced by the measured all-reduce with 2+ ranks

@@ -12,10 +12,12 @@
 // the best with its step, tokens/s, TFLOP/s per GPU, MFU, bubble, communication share and memory
 // per GPU, and says why each runner-up lost. --json prints the same records as JSON.
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "collectives/topology.h"
 #include "common/flags.h"
 #include "core/error.h"
 #include "planner/calibrate.h"
@@ -46,9 +48,11 @@ void print_prediction(const char* label, const Prediction& p) {
 
 int calibrate_command(const cli::Flags& f) {
   auto world = comm::world();
+  const comm::NodeMap nodes = comm::node_map(*world);
   Cluster base;
   base.gpus = world->size();
-  base.gpus_per_node = world->size();
+  base.gpus_per_node =
+      int(std::count(nodes.node_of_rank.begin(), nodes.node_of_rank.end(), 0));  // node 0's
   const bool on_cpu = f.get_string("device") == "cpu";
   if (!on_cpu || f.was_set("gpu")) {
     base.device = device_preset(f.get_string("gpu"));
@@ -60,7 +64,9 @@ int calibrate_command(const cli::Flags& f) {
   o.dtype = on_cpu ? DType::kF32 : DType::kBF16;
   o.max_gemm = on_cpu ? 1024 : 8192;
   o.peak_flops = on_cpu ? 0.0 : base.device.peak_flops;
-  if (on_cpu) base.device = cpu_device(world->size());  // no datasheet: rates calibrated below
+  // No datasheet: rates calibrated below; each rank's memory is its share of its node's.
+  if (on_cpu) base.device = cpu_device(base.gpus_per_node);
+  o.node_of_rank = nodes.node_of_rank;
   // The block the element-wise term is fitted on: the planned model's layer shape when given.
   if (f.was_set("hidden")) o.block.hidden = f.get_int("hidden");
   if (f.was_set("heads")) o.block.heads = f.get_int("heads");
@@ -78,7 +84,14 @@ int calibrate_command(const cli::Flags& f) {
         c.device.peak_flops * c.device.gemm_efficiency / 1e9, c.device.gemm_half_flops / 1e6,
         c.device.memory_bandwidth / 1e9, block_bandwidth(c.device) / 1e9,
         c.device.block_overhead_s * 1e3, c.device.rest_overhead_s * 1e3);
-    if (world->size() > 1)
+    if (world->size() > 1 &&
+        (c.intra.latency_s != c.inter.latency_s || c.intra.bandwidth != c.inter.bandwidth))
+      std::printf(
+          "all-reduce over %d node(s): inside a node latency %.1f us, bandwidth %.2f GB/s; "
+          "across nodes latency %.1f us, bandwidth %.3f GB/s per rank\n",
+          nodes.nodes(), c.intra.latency_s * 1e6, c.intra.bandwidth / 1e9, c.inter.latency_s * 1e6,
+          c.inter.bandwidth / 1e9);
+    else if (world->size() > 1)
       std::printf("all-reduce latency %.1f us, bandwidth %.2f GB/s\n", c.intra.latency_s * 1e6,
                   c.intra.bandwidth / 1e9);
     else
