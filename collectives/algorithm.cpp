@@ -11,10 +11,12 @@
 //   allreduce(S)      flat: F_ar(S)
 //                     two levels: reduce-scatter in the node, allreduce of S/L across, all-gather
 //                     in the node = I_rs(S) + X_ar(S/L) + I_ag(S) + copy(2S)
-//   reduce_scatter(S) flat: F_rs(S); two levels: I_rs(S) + X_rs(S/L) + copy(S)
-//   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + I_ag(S) + copy(S)
+//   reduce_scatter(S) flat: F_rs(S); two levels: N x I_rs(S/N) + X_rs(S/L)
+//   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + N x I_ag(S/N)
 //   all_to_all(S)     flat: F_a2a(S); two levels: I_a2a(S) + X_a2a(S) + copy(2S)
-// with F, I, X the flat group, the node and the across-nodes levels. Each collective is timed as
+// with F, I, X the flat group, the node and the across-nodes levels, N nodes of L ranks (a
+// reduce-scatter or all-gather in the node is one call per node's slice: Note [Two levels
+// without staging] in hierarchical.cpp). Each collective is timed as
 // itself: a group across nodes runs MPI's own calls (Note [Direct collectives inside one node] in
 // mpi_backend.cpp), and Open MPI's reduce-scatter and all-gather there are no halves of its
 // allreduce. Taken as halves (the first table), they stayed flat on the emulated clusters with
@@ -104,10 +106,10 @@ double CollectiveCosts::hierarchical(const std::string& op, double bytes) const 
   if (op == "allreduce")
     return intra_reduce_scatter.at(bytes) + inter_allreduce.at(part) + intra_allgather.at(bytes) +
            copy.at(2 * bytes);
+  const double node_slice = bytes / nodes;
   if (op == "reduce_scatter")
-    return intra_reduce_scatter.at(bytes) + inter_reduce_scatter.at(part) + copy.at(bytes);
-  if (op == "allgather")
-    return inter_allgather.at(part) + intra_allgather.at(bytes) + copy.at(bytes);
+    return nodes * intra_reduce_scatter.at(node_slice) + inter_reduce_scatter.at(part);
+  if (op == "allgather") return inter_allgather.at(part) + nodes * intra_allgather.at(node_slice);
   return intra_all_to_all.at(bytes) + inter_all_to_all.at(bytes) + copy.at(2 * bytes);
 }
 
