@@ -55,9 +55,12 @@ GroupSpan dp_span(const Layout& l, const Cluster& c) {
 namespace {
 
 // A collective over n ranks spread as `span` over the nodes: one ring on `link` (its slowest
-// hop), and across nodes as the execution runs it (SpanningCollectives).
+// hop), and across nodes as the execution runs it (SpanningCollectives); `two_levels` says
+// whether that is loom's two levels.
 double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const GroupSpan& span,
-                                  const LinkLevel& link, const Cluster& c, const Execution& e) {
+                                  const LinkLevel& link, const Cluster& c, const Execution& e,
+                                  bool* two_levels = nullptr) {
+  if (two_levels != nullptr) *two_levels = false;
   const double flat = ring_seconds(op, bytes, n, link);
   if (e.spanning == SpanningCollectives::kOneRing || span.nodes < 2 || span.local < 2) return flat;
   if (e.spanning == SpanningCollectives::kNicRings) {
@@ -83,10 +86,19 @@ double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const Gr
   // loom's auto takes two levels only when its table predicts them that much faster (Note [A
   // margin for two levels] in collectives/algorithm.cpp).
   const double margin = comm::CollectiveCosts::kHierarchicalMargin;
-  return two_level < (1.0 - margin) * flat ? two_level : flat;
+  if (two_level >= (1.0 - margin) * flat) return flat;
+  if (two_levels != nullptr) *two_levels = true;
+  return two_level;
 }
 
 }  // namespace
+
+bool dp_collective_in_two_levels(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                                 const Execution& e) {
+  bool two_levels = false;
+  spanned_collective_seconds(op, bytes, l.dp, dp_span(l, c), dp_link(l, c), c, e, &two_levels);
+  return two_levels;
+}
 
 double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e) {

@@ -74,6 +74,10 @@ GroupSpan dp_span(const Layout& l, const Cluster& c);
 // or across nodes as Execution::spanning says.
 double dp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
                              const Execution& e);
+// Whether that collective runs in loom's two levels (kTwoLevels across nodes, where predicted
+// faster by collectives' margin): they hold buffers of their own (memory_model.cpp).
+bool dp_collective_in_two_levels(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,
+                                 const Execution& e);
 // The same for the tensor-parallel group: inside a node, or over whole nodes when tp exceeds one.
 GroupSpan tp_span(const Layout& l, const Cluster& c);
 double tp_collective_seconds(CollectiveOp op, double bytes, const Layout& l, const Cluster& c,

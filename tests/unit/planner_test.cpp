@@ -236,6 +236,30 @@ TEST(PlannerMemory, ZeroStagesDivideTheStateAsThePaperSays) {
   }
 }
 
+// ZeRO-3's gathers across nodes in two levels hold what came across (a layer over the node's
+// ranks) beside the gathered layers: counted where loom takes the two levels (a slow network),
+// not where it stays flat (one node, or a network as fast as the node).
+TEST(PlannerMemory, TwoLevelGathersHoldALayerOverTheNodesRanks) {
+  const Workload w{shape(8, 1024, 16), 64};
+  const Execution e = execution_preset("loom");
+  Layout l;
+  l.dp = 16;
+  l.zero = 3;
+  Cluster nodes = cluster_preset("a100-80gb", 16, 4);  // 4 nodes of 4
+  nodes.intra = {0.0, 300e9};
+  nodes.inter = {0.0, 1e9};
+  const double layer = 12.0 * 1024 * 1024 + 7 * 1024 + 6 * 1024;
+  const double bytes = layer * e.param_bytes;
+  ASSERT_TRUE(dp_collective_in_two_levels(CollectiveOp::kAllGather, bytes, l, nodes, e));
+  const MemoryBreakdown two = rank_memory(w, l, nodes, e, 0, InFlight{1, 0});
+  const MemoryBreakdown one =
+      rank_memory(w, l, cluster_preset("a100-80gb", 16, 16), e, 0, InFlight{1, 0});
+  EXPECT_DOUBLE_EQ(two.gathered - one.gathered, bytes / 4);
+  nodes.inter = nodes.intra;  // as fast across as inside: flat, nothing more
+  ASSERT_FALSE(dp_collective_in_two_levels(CollectiveOp::kAllGather, bytes, l, nodes, e));
+  EXPECT_DOUBLE_EQ(rank_memory(w, l, nodes, e, 0, InFlight{1, 0}).gathered, one.gathered);
+}
+
 // Split over pp ranks and tp shards, the parameters add up to the model, plus the output layer's
 // tied copy on the last stage and the per-tp-rank copies of what tp does not split.
 TEST(PlannerMemory, RankParametersAddUpToTheModel) {
