@@ -171,9 +171,6 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
              "Hierarchy::allreduce: input ", input.str(), " and output ", output.str(),
              " (contiguous, one dtype and size)");
   const int64_t n = input.numel(), chunk = (n + local_ - 1) / local_;
-  // The node's reduce-scatter needs L equal pieces: a staging buffer padded with zeros.
-  Tensor staged = Tensor::zeros({chunk * local_}, input.dtype(), input.device());
-  if (n > 0) staged.narrow(0, 0, n).copy_(input.reshape({n}));
   Tensor mine = Tensor::empty({chunk}, input.dtype(), input.device());
   Tensor tensor = output;
   Communicator *intra = intra_.get(), *inter = inter_.get();
@@ -181,6 +178,26 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
   // of the whole sum); max, min and sum as they are.
   const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const int size = size_;
+  if (n > 0 && n % local_ == 0) {
+    // L equal pieces already: from the input and into the output, no staging (Note [Two levels
+    // without staging]; in place, the all-gather is posted once the reduce-scatter is done).
+    const Tensor from = input.reshape({n});
+    Tensor into = output.reshape({n});
+    std::vector<Step> steps = {
+        {intra, [=]() mutable { return intra->reduce_scatter(from, mine, {level}); }},
+        {inter, [=]() mutable { return inter->allreduce(mine, {level}); }},
+        {intra, [=]() mutable { return intra->allgather(mine, into); }},
+    };
+    std::function<void()> finish;
+    if (op == ReduceOp::kAvg)
+      finish = [into, size]() mutable {
+        into.copy_(scale(into.to(DType::kF32), 1.0 / size).to(into.dtype()));
+      };
+    return chain(std::move(steps), std::move(finish));
+  }
+  // The node's reduce-scatter needs L equal pieces: a staging buffer padded with zeros.
+  Tensor staged = Tensor::zeros({chunk * local_}, input.dtype(), input.device());
+  if (n > 0) staged.narrow(0, 0, n).copy_(input.reshape({n}));
   std::vector<Step> steps = {
       {intra, [=]() mutable { return intra->reduce_scatter(staged, mine, {level}); }},
       {inter, [=]() mutable { return inter->allreduce(mine, {level}); }},

@@ -50,6 +50,14 @@ void check_against_flat(Hierarchy& h, Communicator& world) {
     world.allreduce(flat)->wait();
     h.allreduce(hier)->wait();
     EXPECT_EQ(hier.to_vector<int64_t>(), flat.to_vector<int64_t>()) << "allreduce i64 sum";
+    // Out of place (n a multiple of the node's ranks: straight from the input into the output).
+    const Tensor in_ar = input_of(world.rank(), n, DType::kI64);
+    Tensor out_ar = Tensor::empty({n}, DType::kI64);
+    h.allreduce(in_ar, out_ar)->wait();
+    EXPECT_EQ(out_ar.to_vector<int64_t>(), flat.to_vector<int64_t>()) << "allreduce out of place";
+    EXPECT_EQ(in_ar.to_vector<int64_t>(),
+              input_of(world.rank(), n, DType::kI64).to_vector<int64_t>())
+        << "allreduce out of place leaves its input";
 
     const int size = world.size();
     Tensor in = input_of(world.rank(), n * size, DType::kF32);
