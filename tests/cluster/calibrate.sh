@@ -11,19 +11,11 @@ set -euo pipefail
 build=$1
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../../scripts/cluster.sh
-skip() { echo "skipped: $*"; exit 77; }
-[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces (scripts/cluster.sh)"
-for tool in ip tc nsenter unshare mpirun python3; do
-  command -v "$tool" > /dev/null || skip "'$tool' not found"
-done
-probe=loom-probe-$$
-ip netns add "$probe" 2> /dev/null || skip "cannot make a network namespace here (ip netns add failed)"
-ip netns delete "$probe"
-unshare --uts --mount true 2> /dev/null || skip "cannot make UTS and mount namespaces here (unshare failed)"
+source "$here/preflight.sh" mpirun python3
 
+dir=$(mktemp -d "$build/cluster-calibrate.XXXXXX")
 bash "$cluster" down
 trap 'bash "$cluster" down; rm -rf "$dir"' EXIT
-dir=$(mktemp -d "$build/cluster-calibrate.XXXXXX")
 bash "$cluster" up 2 --ranks-per-node 2 --inter-bw 1gbit
 out=$(bash "$cluster" run --np 4 -- "$build/bin/loom-plan" --calibrate "$dir/profile.json")
 echo "$out"

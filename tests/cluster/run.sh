@@ -11,15 +11,7 @@ set -euo pipefail
 nodes=$1; ranks=$2; build=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../../scripts/cluster.sh
-skip() { echo "skipped: $*"; exit 77; }
-[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces (scripts/cluster.sh)"
-for tool in ip tc nsenter unshare mpirun; do
-  command -v "$tool" > /dev/null || skip "'$tool' not found"
-done
-probe=loom-probe-$$
-ip netns add "$probe" 2> /dev/null || skip "cannot make a network namespace here (ip netns add failed)"
-ip netns delete "$probe"
-unshare --uts --mount true 2> /dev/null || skip "cannot make UTS and mount namespaces here (unshare failed)"
+source "$here/preflight.sh" mpirun
 
 # A cluster left by an interrupted run is taken down first; this one always is.
 bash "$cluster" down
