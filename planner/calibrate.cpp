@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "collectives/hierarchical.h"
@@ -40,6 +41,24 @@ std::vector<double> timed_runs(int repeats, const std::shared_ptr<comm::Communic
   return s;
 }
 
+// Each rank's measurements, averaged over the ranks (every rank gets the same): every rank runs
+// the same work at once, and on ranks sharing cores one rank's figures alone are noisy. With
+// rank 0's alone, 4 ranks on the development VM's 2 vCPUs fitted a GEMM curve whose time at one
+// block's micro-batch of 4 and of 8 ranged over 26-38 and 52-76 ms between ranks in one
+// calibration, and the fixed time per block fitted from what the GEMMs leave ranged over 0 to
+// 18 ms between calibrations.
+std::vector<double> mean_over_ranks(std::vector<double> v,
+                                    const std::shared_ptr<comm::Communicator>& comm) {
+  if (!comm || comm->size() == 1 || v.empty()) return v;
+  std::vector<int64_t> ns;  // summed as integers of nanoseconds: no f64 tensors
+  for (double x : v) ns.push_back(int64_t(x * 1e9));
+  Tensor t = Tensor::from_vector(ns, {int64_t(ns.size())});
+  comm->allreduce(t)->wait();
+  ns = t.to_vector<int64_t>();
+  for (size_t i = 0; i < v.size(); ++i) v[i] = double(ns[i]) * 1e-9 / comm->size();
+  return v;
+}
+
 // The GEMM curve takes each size's fastest run: noise only adds time, and one slow run among a
 // few skewed the fit's slope by 5x on the development VM. Everything else takes the median, the
 // typical run a training step is made of; the block fit (below) then carries the difference.
@@ -66,28 +85,59 @@ std::pair<double, double> fit_line(const std::vector<double>& x, const std::vect
   return {slope, (sy - slope * sx) / sw};
 }
 
-// One training forward + backward of loom's GPT with `layers` blocks of `s`'s shape.
-double gpt_seconds(const TransformerShape& s, int64_t layers, int batch,
-                   const CalibrationOptions& o, const std::shared_ptr<comm::Communicator>& comm) {
-  GptConfig cfg;
-  cfg.max_seq_len = s.seq;
-  cfg.vocab = s.vocab;
-  cfg.padded_vocab = padded_vocab_for(s.vocab);  // as loom-gpt pads it
-  cfg.layers = layers;
-  cfg.heads = s.heads;
-  cfg.channels = s.hidden;
-  nn::GPT model(cfg);
-  model.to(o.device);
-  if (o.dtype != DType::kF32) model.to(o.dtype);
+// One training forward + backward of loom's GPT with `s`'s shape, at 1 and 3 blocks: the median
+// of the 1-block model's times and of the differences (3 blocks less 1), taken in pairs, one run
+// of each in turn, so that a drift of the machine hits both sides of a difference alike. Ranks
+// sharing cores make single runs noisy: on 4 ranks sharing the development VM's 2 vCPUs, the
+// fixed time per block fitted from two separate medians came out anywhere from 0 to 18 ms in five
+// calibrations in a row.
+struct BlockTimes {
+  double one_block_model = 0;  // seconds
+  double two_blocks = 0;       // seconds that 2 more blocks add
+};
+
+BlockTimes gpt_block_seconds(const TransformerShape& s, int batch, const CalibrationOptions& o,
+                             const std::shared_ptr<comm::Communicator>& comm) {
+  auto model_of = [&](int64_t layers) {
+    GptConfig cfg;
+    cfg.max_seq_len = s.seq;
+    cfg.vocab = s.vocab;
+    cfg.padded_vocab = padded_vocab_for(s.vocab);  // as loom-gpt pads it
+    cfg.layers = layers;
+    cfg.heads = s.heads;
+    cfg.channels = s.hidden;
+    auto model = std::make_unique<nn::GPT>(cfg);
+    model->to(o.device);
+    if (o.dtype != DType::kF32) model->to(o.dtype);
+    return model;
+  };
+  std::unique_ptr<nn::GPT> models[2] = {model_of(1), model_of(3)};
   std::vector<int64_t> ids(size_t(batch * s.seq));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 7919 % size_t(s.vocab));
   const Tensor idx = Tensor::from_vector(ids, {batch, s.seq}, o.device);
-  return median_seconds(o.repeats, comm, [&] {
+  auto run = [&](nn::GPT& model) {
+    if (comm) comm->barrier_sync();
+    const auto t0 = Clock::now();
     model.zero_grad();
     Tensor loss = model.loss(idx, idx);
     loss.backward();
     settle(loss);
-  });
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  for (auto& m : models) run(*m);  // warm-up: allocations, kernels, first-touch pages
+  const int pairs = comm && comm->size() > 1 ? std::max(o.repeats, 9) : o.repeats;
+  std::vector<double> one, added;
+  for (int i = 0; i < pairs; ++i) {
+    const double t1 = run(*models[0]);
+    one.push_back(t1);
+    added.push_back(run(*models[1]) - t1);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  const std::vector<double> mean = mean_over_ranks({median(one), median(added)}, comm);
+  return {mean[0], mean[1]};
 }
 
 // Uniform values in [-1, 1) from a fixed LCG. GEMMs are timed on these, never on constants: the
@@ -118,6 +168,8 @@ LinkLevel ring_allreduce_link(comm::Communicator& group,
     world->barrier_sync();
     t[i++] = median_seconds(o.repeats, world, [&] { group.allreduce_sync(x); });
   }
+  const std::vector<double> mean = mean_over_ranks({t[0], t[1]}, world);  // every group's
+  t[0] = mean[0], t[1] = mean[1];
   const double n = group.size(), b0 = 4.0 * small, b1 = 4.0 * large;
   const double per_byte = (t[1] - t[0]) / (b1 - b0);  // 2(n-1)/n / bandwidth
   LOOM_CHECK(per_byte > 0, "calibrate: the all-reduce of 32 MiB over ", group.size(),
@@ -133,7 +185,7 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
              "calibrate: repeats must be >= 1 and max_gemm "
              ">= 256, got ",
              o.repeats, " and ", o.max_gemm);
-  // Measured on every rank (they share the machine's cores as a run would), kept from rank 0.
+  // Measured on every rank (they share the machine's cores as a run would), averaged over them.
   std::vector<double> flops, seconds;
   // A layer's GEMMs: activations of 4n rows (tokens) by n (channels) against n x n weights, in
   // the three forms a training step runs them: forward (x w), the input's gradient (dy w^T) and
@@ -152,6 +204,7 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
                       3.0);
     flops.push_back(2.0 * 4.0 * double(n) * double(n) * double(n));
   }
+  seconds = mean_over_ranks(seconds, comm);
   const auto [slope, intercept] = fit_line(flops, seconds);
   LOOM_CHECK(slope > 0, "calibrate: GEMM times did not grow with size (", seconds.front(), " s to ",
              seconds.back(), " s): the machine is too noisy to calibrate");
@@ -177,9 +230,10 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
     y = softmax(x);
     settle(y);
   });
+  const std::vector<double> kernels = mean_over_ranks({copy_s, gelu_s, softmax_s}, comm);
   const double op_bytes = 2.0 * double(x.numel()) * double(dtype_size(o.dtype));
-  const double bandwidth =
-      std::min({2.0 * double(elements) * 4.0 / copy_s, op_bytes / gelu_s, op_bytes / softmax_s});
+  const double bandwidth = std::min(
+      {2.0 * double(elements) * 4.0 / kernels[0], op_bytes / kernels[1], op_bytes / kernels[2]});
 
   // Note [Calibrating the block]
   // One block's forward + backward (a GPT of 3 blocks less one of 1, halved) at two micro-batch
@@ -205,9 +259,9 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
   const int batches[2] = {o.block_batch, 2 * o.block_batch};
   double residual[2], bytes[2], one_block_model[2];
   for (int i = 0; i < 2; ++i) {
-    one_block_model[i] = gpt_seconds(o.block, 1, batches[i], o, comm);
-    const double block_s =
-        (gpt_seconds(o.block, 3, batches[i], o, comm) - one_block_model[i]) / 2.0;
+    const BlockTimes times = gpt_block_seconds(o.block, batches[i], o, comm);
+    one_block_model[i] = times.one_block_model;
+    const double block_s = times.two_blocks / 2.0;
     residual[i] = block_s - 3.0 * layer_gemms_forward(o.block, batches[i], 1, fitted);
     bytes[i] = 3.0 * layer_elementwise_bytes_forward(o.block, batches[i], 1, false, loom);
   }
@@ -264,7 +318,7 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
                                 block_bw,
                                 inter.latency_s,
                                 inter.bandwidth};
-  if (comm && ranks > 1) {  // rank 0's figures everywhere
+  if (comm && ranks > 1) {  // rank 0's fits everywhere (the same, from the same means)
     Tensor m = Tensor::from_vector(std::vector<float>(measured, measured + kMeasured), {kMeasured});
     comm->broadcast(m)->wait();
     for (int i = 0; i < kMeasured; ++i) measured[i] = m.data<float>()[i];

@@ -4,7 +4,7 @@
 // beyond its GEMMs, per byte of the cost model's element-wise traffic; See CalibrationOptions) and,
 // when the communicator has more than one rank, the ring all-reduce's latency and bandwidth (two
 // sizes, fitted to cost_model.h's formula). All ranks take part (sharing the machine as a run
-// would); every rank returns rank 0's figures.
+// would), each measurement the mean over the ranks; every rank returns the same figures.
 //
 // Across nodes (the communicator's ranks spread evenly over two or more nodes of two or more ranks
 // each) both link levels are measured, inside a node and across nodes (Note [Calibrating two link
