@@ -16,7 +16,9 @@
 //   all_to_all(S)     flat: F_a2a(S); two levels: I_a2a(S) + X_a2a(S) + copy(2S)
 // with F, I, X the flat group, the node and the across-nodes levels, N nodes of L ranks (a
 // reduce-scatter or all-gather in the node is one call per node's slice: Note [Two levels
-// without staging] in hierarchical.cpp). Each collective is timed as
+// without staging] in hierarchical.cpp; an allreduce's copies are those of a length that is no
+// multiple of L, which is staged; a multiple runs in place, and the prediction keeps the copies
+// for both, since the size alone decides). Each collective is timed as
 // itself: a group across nodes runs MPI's own calls (Note [Direct collectives inside one node] in
 // mpi_backend.cpp), and Open MPI's reduce-scatter and all-gather there are no halves of its
 // allreduce. Taken as halves (the first table), they stayed flat on the emulated clusters with

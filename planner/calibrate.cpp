@@ -307,32 +307,17 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
     }
   }
 
-  constexpr int kMeasured = 10;
-  double measured[kMeasured] = {rate,
-                                std::max(0.0, intercept * rate),
-                                bandwidth,
-                                intra.latency_s,
-                                intra.bandwidth,
-                                block_overhead,
-                                rest_overhead,
-                                block_bw,
-                                inter.latency_s,
-                                inter.bandwidth};
-  if (comm && ranks > 1) {  // rank 0's fits everywhere (the same, from the same means)
-    Tensor m = Tensor::from_vector(std::vector<float>(measured, measured + kMeasured), {kMeasured});
-    comm->broadcast(m)->wait();
-    for (int i = 0; i < kMeasured; ++i) measured[i] = m.data<float>()[i];
-  }
+  // Every rank fitted the same means (mean_over_ranks), so every rank returns the same figures.
   c.device.name = o.device.is_cpu() ? "calibrated-cpu" : c.device.name + "-calibrated";
-  c.device.peak_flops = o.peak_flops > 0 ? o.peak_flops : measured[0];
-  c.device.gemm_efficiency = std::min(1.0, measured[0] / c.device.peak_flops);
-  c.device.gemm_half_flops = measured[1];
-  c.device.memory_bandwidth = measured[2];
-  c.device.block_overhead_s = measured[5];
-  c.device.rest_overhead_s = measured[6];
-  c.device.block_bandwidth = measured[7];
-  c.intra = {measured[3], measured[4]};
-  c.inter = {measured[8], measured[9]};
+  c.device.peak_flops = o.peak_flops > 0 ? o.peak_flops : rate;
+  c.device.gemm_efficiency = std::min(1.0, rate / c.device.peak_flops);
+  c.device.gemm_half_flops = std::max(0.0, intercept * rate);
+  c.device.memory_bandwidth = bandwidth;
+  c.device.block_overhead_s = block_overhead;
+  c.device.rest_overhead_s = rest_overhead;
+  c.device.block_bandwidth = block_bw;
+  c.intra = intra;
+  c.inter = inter;
   return c;
 }
 
