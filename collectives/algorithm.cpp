@@ -10,7 +10,9 @@
 // level (and a local copy), and every call then compares the two predictions:
 //   allreduce(S)      flat: F_ar(S)
 //                     two levels: reduce-scatter in the node, allreduce of S/L across, all-gather
-//                     in the node = I_rs(S) + X_ar(S/L) + I_ag(S) + copy(2S)
+//                     in the node, in K pieces of s = S/K (Note [Pipelined two-level
+//                     allreduce] in hierarchical.cpp): with node = I_rs(s) + I_ag(s) and
+//                     across = X_ar(s/L), node + across + (K - 1) max(node, across) + copy(2S)
 //   reduce_scatter(S) flat: F_rs(S); two levels: N x I_rs(S/N) + X_rs(S/L)
 //   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + N x I_ag(S/N)
 //   all_to_all(S)     flat: F_a2a(S); two levels: I_a2a(S) + X_a2a(S) + copy(2S)
@@ -105,9 +107,13 @@ double CollectiveCosts::flat(const std::string& op, double bytes) const {
 double CollectiveCosts::hierarchical(const std::string& op, double bytes) const {
   check_op(op);
   const double part = bytes / ranks_per_node;
-  if (op == "allreduce")
-    return intra_reduce_scatter.at(bytes) + inter_allreduce.at(part) + intra_allgather.at(bytes) +
-           copy.at(2 * bytes);
+  if (op == "allreduce") {
+    // K pieces: the first crosses both levels alone, then the busier level sets the pace.
+    const int k = allreduce_pieces(size_t(bytes), piece_bytes);
+    const double node = intra_reduce_scatter.at(bytes / k) + intra_allgather.at(bytes / k);
+    const double across = inter_allreduce.at(part / k);
+    return node + across + (k - 1) * std::max(node, across) + copy.at(2 * bytes);
+  }
   const double node_slice = bytes / nodes;
   if (op == "reduce_scatter")
     return nodes * intra_reduce_scatter.at(node_slice) + inter_reduce_scatter.at(part);
@@ -226,6 +232,7 @@ CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
   CollectiveCosts costs;
   costs.nodes = levels.nodes();
   costs.ranks_per_node = levels.ranks_per_node();
+  costs.piece_bytes = levels.piece_bytes();
   AlphaBeta* measured[] = {&costs.flat_allreduce,
                            &costs.intra_allreduce,
                            &costs.inter_allreduce,

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "collectives/communicator.h"
+#include "collectives/hierarchical.h"
 
 namespace loom::comm {
 
@@ -33,6 +34,7 @@ struct CollectiveCosts {
   AlphaBeta flat_allgather, intra_allgather, inter_allgather;
   AlphaBeta flat_all_to_all, intra_all_to_all, inter_all_to_all;
   AlphaBeta copy;  // a local copy of `bytes` (the two-level forms' staging)
+  size_t piece_bytes = kAllreducePieceBytes;  // the two-level allreduce's (Hierarchy's)
 
   // Predicted seconds of a call of `op` ("allreduce", "reduce_scatter", "allgather",
   // "all_to_all") moving `bytes` (an allreduce's, reduce-scatter's or all-to-all's input, an

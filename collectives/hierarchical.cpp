@@ -8,28 +8,51 @@
 
 namespace loom::comm {
 
-// One step of a two-level collective: the collective it posts, on which of the two groups.
+// One step of a two-level collective: the collective it posts, on which of the two groups, once
+// which earlier step of the same call has completed.
 struct Hierarchy::Step {
+  static constexpr int kPrevious = -2;  // the step before it (the first step: none)
+  static constexpr int kNone = -1;      // none: posted as soon as its turn comes
   const Communicator* group;
   std::function<WorkPtr()> post;
+  int after = kPrevious;  // or the index of the step it needs
 };
 
 // Note [Two-level calls in call order]
-// A two-level call is a chain of collectives on the node's group and the across-nodes group,
-// each posted once the one before it has completed. MPI and NCCL need every rank to post the
-// collectives of one group in the same order, and with several calls in flight (DDP's buckets,
-// ZeRO's prefetches) the order in which their steps complete differs between ranks. So a step
-// is posted only when every earlier call has posted all of its steps on the same group: on each
-// group, steps are posted in (call order, step order), on every rank alike, while a call's step
-// on one group may overlap an earlier call's step on the other (a reduce-scatter's step across
-// nodes with the next one's inside the node).
+// A two-level call is a list of collectives on the node's group and the across-nodes group,
+// posted in list order, each once the step it needs has completed (by default the one before
+// it: a chain). MPI and NCCL need every rank to post the collectives of one group in the same
+// order, and with several calls in flight (DDP's buckets, ZeRO's prefetches) the order in which
+// their steps complete differs between ranks. So a step is posted only when every earlier call
+// has posted all of its steps on the same group: on each group, steps are posted in (call
+// order, step order), on every rank alike, while a call's step on one group may overlap an
+// earlier call's step on the other (a reduce-scatter's step across nodes with the next one's
+// inside the node), and a call's steps may overlap each other where they do not depend on each
+// other (Note [Pipelined two-level allreduce]).
 struct Hierarchy::Chains {
   struct Chain {
     std::vector<Step> steps;
     std::function<void()> finish;  // a copy out of a staging buffer, after the last step
-    WorkPtr current;               // the last posted step, until seen complete
+    std::vector<WorkPtr> works;    // by step: posted and not yet seen complete
+    std::vector<char> complete;    // by step
     size_t posted = 0;
     bool done = false;
+
+    // The step `i` needs complete before it is posted, or -1.
+    int needs(size_t i) const {
+      const int after = steps[i].after;
+      return after == Step::kPrevious ? int(i) - 1 : after;
+    }
+    // The work the next post waits for, if it is in flight, else any of this call's in flight.
+    Work* blocking() const {
+      if (posted < steps.size()) {
+        const int need = needs(posted);
+        if (need >= 0 && !complete[size_t(need)]) return works[size_t(need)].get();
+      }
+      for (size_t i = 0; i < posted; ++i)
+        if (!complete[i]) return works[i].get();
+      return nullptr;
+    }
   };
   std::deque<std::shared_ptr<Chain>> calls;  // not yet done, in call order
 
@@ -40,15 +63,23 @@ struct Hierarchy::Chains {
       return std::find(busy.begin(), busy.end(), g) != busy.end();
     };
     for (const std::shared_ptr<Chain>& c : calls) {
-      while (!c->done) {
-        if (c->current != nullptr && !c->current->test()) break;
-        c->current = nullptr;
-        if (c->posted < c->steps.size()) {
+      for (bool moved = true; moved && !c->done;) {
+        moved = false;
+        for (size_t i = 0; i < c->posted; ++i)
+          if (!c->complete[i] && c->works[i]->test()) {
+            c->complete[i] = 1;
+            c->works[i] = nullptr;
+            moved = true;
+          }
+        while (c->posted < c->steps.size()) {
           const Step& step = c->steps[c->posted];
-          if (is_busy(step.group)) break;
-          c->current = step.post();
-          ++c->posted;
-        } else {
+          const int need = c->needs(c->posted);
+          if ((need >= 0 && !c->complete[size_t(need)]) || is_busy(step.group)) break;
+          c->works[c->posted++] = step.post();
+          moved = true;
+        }
+        if (c->posted == c->steps.size() &&
+            std::all_of(c->complete.begin(), c->complete.end(), [](char x) { return x != 0; })) {
           if (c->finish) c->finish();
           c->done = true;
         }
@@ -59,19 +90,15 @@ struct Hierarchy::Chains {
                 calls.end());
   }
 
-  // Blocks until `chain` is done: waits on its own step in flight, else (its next step waits
-  // its turn) on the earliest call's, which nothing holds back.
+  // Blocks until `chain` is done: waits on the step its next post needs, else on one of its
+  // own in flight, else (its next step waits its turn) on the earliest call's, which nothing
+  // holds back.
   void wait(Chain& chain) {
     for (progress(); !chain.done; progress()) {
-      Chain* target = &chain;
-      if (chain.current == nullptr)
-        for (const std::shared_ptr<Chain>& c : calls)
-          if (c->current != nullptr) {
-            target = c.get();
-            break;
-          }
-      LOOM_ASSERT(target->current != nullptr, "Hierarchy: a call waits with no step in flight");
-      target->current->wait();
+      Work* target = chain.blocking();
+      for (size_t i = 0; target == nullptr && i < calls.size(); ++i) target = calls[i]->blocking();
+      LOOM_ASSERT(target != nullptr, "Hierarchy: a call waits with no step in flight");
+      target->wait();
     }
   }
 };
@@ -141,7 +168,11 @@ Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank)
 Hierarchy::~Hierarchy() = default;
 
 WorkPtr Hierarchy::chain(std::vector<Step> steps, std::function<void()> finish) {
+  for (size_t i = 0; i < steps.size(); ++i)
+    LOOM_ASSERT(steps[i].after < int(i), "Hierarchy: step ", i, " needs a later one");
   auto c = std::make_shared<Chains::Chain>();
+  c->works.resize(steps.size());
+  c->complete.assign(steps.size(), 0);
   c->steps = std::move(steps);
   c->finish = std::move(finish);
   chains_->calls.push_back(c);
@@ -163,6 +194,28 @@ void check_avg(const char* op, ReduceOp reduce, DType dtype) {
 
 }  // namespace
 
+int allreduce_pieces(size_t bytes, size_t piece_bytes) {
+  if (piece_bytes == 0) return 1;
+  const size_t pieces = (bytes + piece_bytes - 1) / piece_bytes;
+  return int(std::clamp<size_t>(pieces, 1, size_t(kMaxAllreducePieces)));
+}
+
+// Note [Pipelined two-level allreduce]
+// The three steps of a two-level allreduce use different resources: the node's reduce-scatter
+// and all-gather its ranks' memory and cores, the allreduce across nodes the network. Run one
+// after the other, a step waits for the whole of the one before it, and across nodes the link
+// idles while the node reduces: on the emulated 2 x 4 cluster with 1 Gbit/s links the two levels
+// reached 0.65 of a node's link bound at 16 MiB (benchmarks/README.md, "Emulated cluster"). So a
+// large allreduce runs as K pieces of about piece_bytes (at most kMaxAllreducePieces), each
+// piece its three steps, posted in the order
+//   RS0, AR0, RS1, AG0, AR1, RS2, AG1, AR2, ..., AG(K-1)
+// where piece k's AR needs its RS and its AG needs its AR, and a reduce-scatter needs nothing
+// but its turn: while piece k crosses the network, piece k + 1 is reduced in the node and piece
+// k - 1 gathered. Posting in list order keeps at most two pieces inside the node at once and
+// the order of each group's collectives the same on every rank (Note [Two-level calls in call
+// order]). The pieces are disjoint ranges of the buffer, a multiple of L elements each, so in
+// place a piece's all-gather overwrites nothing another piece still reads, and every element is
+// reduced as in the unpieced call (in the node in rank order, then across nodes).
 WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
   LOOM_CHECK(applies_, "Hierarchy::allreduce on ", str());
   check_avg("allreduce", op, input.dtype());
@@ -170,45 +223,85 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
                  input.dtype() == output.dtype(),
              "Hierarchy::allreduce: input ", input.str(), " and output ", output.str(),
              " (contiguous, one dtype and size)");
-  const int64_t n = input.numel(), chunk = (n + local_ - 1) / local_;
+  const int64_t n = input.numel(), chunk = (n + local_ - 1) / local_, padded = chunk * local_;
+  // L equal pieces already: from the input and into the output, no staging (Note [Two levels
+  // without staging]); else a staging buffer padded with zeros to a multiple of L.
+  const bool staged = !(n > 0 && n % local_ == 0);
+  Tensor from, into;
+  if (staged) {
+    into = Tensor::zeros({padded}, input.dtype(), input.device());
+    if (n > 0) into.narrow(0, 0, n).copy_(input.reshape({n}));
+    from = into;
+  } else {
+    from = input.reshape({n});
+    into = output.reshape({n});
+  }
   Tensor mine = Tensor::empty({chunk}, input.dtype(), input.device());
-  Tensor tensor = output;
   Communicator *intra = intra_.get(), *inter = inter_.get();
   // avg: sums at both levels, then one division by the group size (as the flat call's rounding
   // of the whole sum); max, min and sum as they are.
   const ReduceOp level = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const int size = size_;
-  if (n > 0 && n % local_ == 0) {
-    // L equal pieces already: from the input and into the output, no staging (Note [Two levels
-    // without staging]; in place, the all-gather is posted once the reduce-scatter is done).
-    const Tensor from = input.reshape({n});
-    Tensor into = output.reshape({n});
-    std::vector<Step> steps = {
-        {intra, [=]() mutable { return intra->reduce_scatter(from, mine, {level}); }},
-        {inter, [=]() mutable { return inter->allreduce(mine, {level}); }},
-        {intra, [=]() mutable { return intra->allgather(mine, into); }},
-    };
-    std::function<void()> finish;
-    if (op == ReduceOp::kAvg)
-      finish = [into, size]() mutable {
-        into.copy_(scale(into.to(DType::kF32), 1.0 / size).to(into.dtype()));
-      };
-    return chain(std::move(steps), std::move(finish));
+  const int64_t local = local_;
+  // Pieces of a multiple of L elements (Note [Pipelined two-level allreduce]).
+  const int wanted = allreduce_pieces(size_t(padded) * dtype_size(input.dtype()), piece_bytes_);
+  const int64_t per_piece = (chunk + wanted - 1) / wanted;  // of `mine`'s elements
+  const int pieces = chunk == 0 ? 1 : int((chunk + per_piece - 1) / per_piece);
+  auto rs = [=](int64_t k) -> Step {
+    const int64_t at = k * per_piece, len = std::min(per_piece, chunk - at);
+    return {intra, [=]() mutable {
+              Tensor part = mine.narrow(0, at, len);
+              return intra->reduce_scatter(from.narrow(0, at * local, len * local), part, {level});
+            }};
+  };
+  auto ar = [=](int64_t k, int after) -> Step {
+    const int64_t at = k * per_piece, len = std::min(per_piece, chunk - at);
+    return {inter,
+            [=]() mutable {
+              Tensor part = mine.narrow(0, at, len);
+              return inter->allreduce(part, {level});
+            },
+            after};
+  };
+  auto ag = [=](int64_t k, int after) -> Step {
+    const int64_t at = k * per_piece, len = std::min(per_piece, chunk - at);
+    return {intra,
+            [=]() mutable {
+              Tensor part = into.narrow(0, at * local, len * local);
+              return intra->allgather(mine.narrow(0, at, len), part);
+            },
+            after};
+  };
+  std::vector<Step> steps;
+  std::vector<int> rs_at(size_t(pieces), 0),
+      ar_at(size_t(pieces), 0);  // where each piece's steps are
+  rs_at[0] = 0;
+  steps.push_back(rs(0));
+  ar_at[0] = 1;
+  steps.push_back(ar(0, rs_at[0]));
+  for (int k = 1; k < pieces; ++k) {
+    rs_at[size_t(k)] = int(steps.size());
+    steps.push_back(rs(k));
+    steps.back().after = Step::kNone;
+    steps.push_back(ag(k - 1, ar_at[size_t(k - 1)]));
+    ar_at[size_t(k)] = int(steps.size());
+    steps.push_back(ar(k, rs_at[size_t(k)]));
   }
-  // The node's reduce-scatter needs L equal pieces: a staging buffer padded with zeros.
-  Tensor staged = Tensor::zeros({chunk * local_}, input.dtype(), input.device());
-  if (n > 0) staged.narrow(0, 0, n).copy_(input.reshape({n}));
-  std::vector<Step> steps = {
-      {intra, [=]() mutable { return intra->reduce_scatter(staged, mine, {level}); }},
-      {inter, [=]() mutable { return inter->allreduce(mine, {level}); }},
-      {intra, [=]() mutable { return intra->allgather(mine, staged); }},
-  };
-  auto finish = [staged, tensor, n, op, size]() mutable {
-    if (n == 0) return;
-    Tensor result = staged.narrow(0, 0, n).reshape(tensor.shape());
-    if (op == ReduceOp::kAvg) result = scale(result.to(DType::kF32), 1.0 / size);
-    tensor.copy_(result.to(tensor.dtype()));
-  };
+  steps.push_back(ag(pieces - 1, ar_at[size_t(pieces - 1)]));
+
+  std::function<void()> finish;
+  Tensor tensor = output;
+  if (staged)
+    finish = [into, tensor, n, op, size]() mutable {
+      if (n == 0) return;
+      Tensor result = into.narrow(0, 0, n).reshape(tensor.shape());
+      if (op == ReduceOp::kAvg) result = scale(result.to(DType::kF32), 1.0 / size);
+      tensor.copy_(result.to(tensor.dtype()));
+    };
+  else if (op == ReduceOp::kAvg)
+    finish = [into, size]() mutable {
+      into.copy_(scale(into.to(DType::kF32), 1.0 / size).to(into.dtype()));
+    };
   return chain(std::move(steps), std::move(finish));
 }
 

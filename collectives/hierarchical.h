@@ -2,18 +2,19 @@
 // that the slow links between nodes carry 1/L of the data (L ranks per node) instead of all of
 // it.
 //   allreduce      = reduce-scatter inside the node, allreduce across nodes of the 1/L chunk each
-//                    rank holds, all-gather inside the node
-//   reduce_scatter = reduce-scatter across nodes of the node's share, then inside the node
-//   allgather      = all-gather inside the node, then across nodes
+//                    rank holds, all-gather inside the node; a large one in pieces, each
+//                    piece's step across nodes beside the next piece's inside the node
+//   reduce_scatter = reduce-scatter inside the node of each node's slice, then across nodes
+//   allgather      = all-gather across nodes, then inside the node into each node's slice
 //   all_to_all     = (Tutel's 2DH) an all-to-all inside the node that gathers on each rank what
 //                    its node sends to one local index, then one across nodes among the ranks
 //                    of that local index: N/L messages cross the network per rank, of L chunks
 //                    each, instead of N - N/L single chunks. With variable splits, the node's
 //                    ranks first exchange their split sizes (one small all-to-all inside the
 //                    node), since a rank forwards what its neighbours send.
-// Each level is an ordinary collective on a sub-group (checked, with deadlines), and the three
-// steps of one call are chained in a Work: posting the next step when the previous completes,
-// while the caller polls or waits. Results equal the flat call's up to rounding (sums are
+// Each level is an ordinary collective on a sub-group (checked, with deadlines), and the steps
+// of one call are held in a Work: posting each step when the one it needs completes, while the
+// caller polls or waits. Results equal the flat call's up to rounding (sums are
 // associated differently: node first; bf16/f16 round at each level); integer sums, max and min
 // are exact. avg is a sum at both levels divided once by the group size (floating dtypes).
 //
@@ -35,6 +36,14 @@
 
 namespace loom::comm {
 
+// A two-level allreduce of more than kAllreducePieceBytes runs as pieces of about that size, at
+// most kMaxAllreducePieces, each piece's step across nodes overlapping the next one's inside the
+// node (Note [Pipelined two-level allreduce] in hierarchical.cpp).
+constexpr size_t kAllreducePieceBytes = size_t(4) << 20;
+constexpr int kMaxAllreducePieces = 4;
+// How many pieces an allreduce of `bytes` runs as, with pieces of about `piece_bytes` (0: one).
+int allreduce_pieces(size_t bytes, size_t piece_bytes);
+
 class Hierarchy {
  public:
   // Collective over `group`. `nodes`: each group rank's node (default: node_map(group)); a
@@ -54,6 +63,11 @@ class Hierarchy {
   std::shared_ptr<Communicator> intra_ptr() const { return intra_; }
   std::shared_ptr<Communicator> inter_ptr() const { return inter_; }
   std::string str() const;  // "2 nodes x 4 ranks (hierarchical)" or why not
+
+  // The size allreduce() cuts its data into (0: never cut; default kAllreducePieceBytes). Every
+  // rank must set the same.
+  void set_piece_bytes(size_t bytes) { piece_bytes_ = bytes; }
+  size_t piece_bytes() const { return piece_bytes_; }
 
   // The group's collectives in two levels (as Communicator's: same arguments and results).
   // Require applies().
@@ -84,6 +98,7 @@ class Hierarchy {
   int size_ = 1;  // the group's
   bool applies_ = false;
   int nodes_ = 1, local_ = 1;
+  size_t piece_bytes_ = kAllreducePieceBytes;
   std::string why_not_;
 };
 

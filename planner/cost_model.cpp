@@ -72,11 +72,16 @@ double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const Gr
   const double across = bytes / span.local;
   double two_level = 0;
   switch (op) {
-    case CollectiveOp::kAllreduce:
-      two_level = reduce_scatter_seconds(bytes, span.local, c.intra) +
-                  allreduce_seconds(across, span.nodes, c.inter) +
-                  all_gather_seconds(bytes, span.local, c.intra);
+    case CollectiveOp::kAllreduce: {
+      // In pieces, the levels side by side (Note [Pipelined two-level allreduce] in
+      // collectives/hierarchical.cpp).
+      const int k = comm::allreduce_pieces(size_t(bytes), comm::kAllreducePieceBytes);
+      const double node = reduce_scatter_seconds(bytes / k, span.local, c.intra) +
+                          all_gather_seconds(bytes / k, span.local, c.intra);
+      const double cross = allreduce_seconds(across / k, span.nodes, c.inter);
+      two_level = node + cross + (k - 1) * std::max(node, cross);
       break;
+    }
     case CollectiveOp::kReduceScatter:
     case CollectiveOp::kAllGather:
       two_level = ring_seconds(op, bytes, span.local, c.intra) +

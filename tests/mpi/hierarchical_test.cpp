@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <vector>
-
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "collectives/algorithm.h"
 #include "collectives/hierarchical.h"
@@ -150,12 +151,18 @@ void check_routed(Communicator& routed, Communicator& world, bool all_hierarchic
 TEST(Hierarchy, EqualsTheFlatCollectivesOnNodesOfOneHost) {
   auto world = comm::world();
   const int n = world->size();
-  for (int local : {2, 4}) {
+  // Allreduces whole (the sizes here are under a piece) and in pieces of 16 bytes: up to
+  // kMaxAllreducePieces, the last one shorter, staged and not.
+  for (auto [local, piece] : {std::pair<int, size_t>{2, kAllreducePieceBytes},
+                              {2, 16},
+                              {4, kAllreducePieceBytes},
+                              {4, 16}}) {
     if (n % local != 0) continue;
     std::vector<int> nodes;
     for (int r = 0; r < n; ++r) nodes.push_back(r / local);
     Hierarchy h(world, nodes);
-    SCOPED_TRACE(h.str());
+    h.set_piece_bytes(piece);
+    SCOPED_TRACE(h.str() + ", pieces of " + std::to_string(piece) + " bytes");
     EXPECT_EQ(h.applies(), n / local > 1);
     if (!h.applies()) continue;
     EXPECT_EQ(h.ranks_per_node(), local);
@@ -164,6 +171,47 @@ TEST(Hierarchy, EqualsTheFlatCollectivesOnNodesOfOneHost) {
     EXPECT_EQ(h.inter().size(), n / local);
     check_against_flat(h, *world);
   }
+}
+
+// Note [Pipelined two-level allreduce]: a large allreduce runs as pieces, each its three steps,
+// pieces in flight together on the two levels; every element as the flat call's.
+TEST(Hierarchy, LargeAllreduceRunsInPieces) {
+  auto world = comm::world();
+  const int n = world->size();
+  if (n < 4 || n % 2 != 0) GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
+  std::vector<int> nodes;
+  for (int r = 0; r < n; ++r) nodes.push_back(r / 2);
+  Hierarchy h(world, nodes);
+  EXPECT_EQ(h.piece_bytes(), kAllreducePieceBytes);
+  EXPECT_EQ(allreduce_pieces(0, kAllreducePieceBytes), 1);
+  EXPECT_EQ(allreduce_pieces(kAllreducePieceBytes, kAllreducePieceBytes), 1);
+  EXPECT_EQ(allreduce_pieces(kAllreducePieceBytes + 1, kAllreducePieceBytes), 2);
+  EXPECT_EQ(allreduce_pieces(size_t(1) << 30, kAllreducePieceBytes), kMaxAllreducePieces);
+  EXPECT_EQ(allreduce_pieces(size_t(1) << 30, 0), 1);
+  // 3 MiB + 8 bytes of f32 in pieces of 1 MiB: 4 pieces (a little over 3 of 1 MiB), the last 3
+  // elements shorter.
+  static_assert(kMaxAllreducePieces >= 4);
+  h.set_piece_bytes(size_t(1) << 20);
+  const int64_t count = (int64_t(3) << 18) + 2;
+  const uint64_t rs = h.intra().op_count("reduce_scatter"), ag = h.intra().op_count("allgather");
+  const uint64_t ar = h.inter().op_count("allreduce");
+  Tensor flat = input_of(world->rank(), count, DType::kF32), hier = flat.clone();
+  world->allreduce(flat)->wait();
+  h.allreduce(hier)->wait();
+  expect_close(hier, flat, 1e-6, "allreduce in pieces");
+  EXPECT_EQ(h.intra().op_count("reduce_scatter") - rs, 4u);
+  EXPECT_EQ(h.inter().op_count("allreduce") - ar, 4u);
+  EXPECT_EQ(h.intra().op_count("allgather") - ag, 4u);
+  // Integer sums exact, in place and out of place, with another call in flight beside it.
+  Tensor big = input_of(world->rank(), count, DType::kI64), want = big.clone();
+  world->allreduce(want)->wait();
+  const Tensor in = big.clone();
+  Tensor out = Tensor::empty({count}, DType::kI64);
+  WorkPtr first = h.allreduce(big), second = h.allreduce(in, out);
+  (world->rank() % 2 == 0 ? first : second)->wait();
+  (world->rank() % 2 == 0 ? second : first)->wait();
+  EXPECT_EQ(big.to_vector<int64_t>(), want.to_vector<int64_t>()) << "in place";
+  EXPECT_EQ(out.to_vector<int64_t>(), want.to_vector<int64_t>()) << "out of place";
 }
 
 TEST(Hierarchy, UnevenOrInterleavedNodesStayFlat) {
@@ -225,6 +273,7 @@ TEST(Algorithm, ManyCallsInFlightCompleteInAnyOrder) {
   if (world->size() < 4 || world->size() % 2 != 0)
     GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
   Hierarchy h(world, nodes_of_size(world->size(), 2));
+  h.set_piece_bytes(512);  // allreduces of 2 to 8 pieces among the calls in flight
   const int size = world->size();
   std::vector<Tensor> sums, flat_sums, scattered, flat_scattered, gathered, flat_gathered;
   std::vector<WorkPtr> works;
@@ -352,6 +401,15 @@ TEST(Algorithm, CostModelPredictsTheTwoForms) {
   EXPECT_EQ(c.crossover("all_to_all"), size_t(0));
   EXPECT_NE(c.str().find("allreduce hierarchical from 32 KiB"), std::string::npos) << c.str();
   EXPECT_THROW(c.flat("broadcast", s), Error);
+  // Above a piece in pieces: with pieces of 1 MiB, 4 MiB as 4 of 1 MiB, the first through both
+  // levels, the other three at the pace of the slower one (here across: 10 us + 2.6 ms against
+  // 205 us).
+  c.piece_bytes = size_t(1) << 20;
+  const double node = 2 * (50e-6 + s / 2 * 1e-10), across = 10e-6 + s / 4 * 1e-8;
+  EXPECT_DOUBLE_EQ(c.hierarchical("allreduce", 4 * s), node + 4 * across + 2 * 4 * s * 1e-10);
+  c.piece_bytes = 0;  // whole: every level's time one after the other
+  EXPECT_DOUBLE_EQ(c.hierarchical("allreduce", 4 * s),
+                   2 * (50e-6 + 2 * s * 1e-10) + (10e-6 + s * 1e-8) + 2 * 4 * s * 1e-10);
 }
 
 // Each collective by its own measurement. The emulated 2 x 2 cluster's table with 1 Gbit/s links
