@@ -20,7 +20,8 @@
 // reduce-scatter or all-gather in the node is one call per node's slice: Note [Two levels
 // without staging] in hierarchical.cpp; an allreduce's copies are those of a length that is no
 // multiple of L, which is staged; a multiple runs in place, and the prediction keeps the copies
-// for both, since the size alone decides). Each collective is timed as
+// for both, since the size alone decides; above one piece both allreduce forms are timed whole:
+// Note [Pieced allreduces timed whole]). Each collective is timed as
 // itself: a group across nodes runs MPI's own calls (Note [Direct collectives inside one node] in
 // mpi_backend.cpp), and Open MPI's reduce-scatter and all-gather there are no halves of its
 // allreduce. Taken as halves (the first table), they stayed flat on the emulated clusters with
@@ -44,6 +45,18 @@
 // two-level allreduce 16% faster than flat at 4 MiB, and it ran 34% slower (22.6 against
 // 16.9 ms); where the links across nodes are the bottleneck the two levels' predicted gain is
 // L-fold (L ranks per node) and the margin does not change the choice.
+//
+// Note [Pieced allreduces timed whole]
+// A pieced two-level allreduce (Note [Pipelined two-level allreduce] in hierarchical.cpp) runs
+// its levels side by side, so its time is no sum of theirs, and how much of them overlaps
+// depends on whether they share what bounds them: on shaped links the node's steps hide behind
+// the network's, with every rank on the same two vCPUs they also compete for them. The table
+// therefore times one such call whole, at its most pieces (kMaxAllreducePieces x piece_bytes:
+// 16 MiB), beside the flat call at the same size, and above one piece predicts both forms from
+// those two times, scaled by the bytes (both are bandwidth-bound there). Timed rather than
+// composed, the forms need only a margin for the timings' spread (kTimedMargin, 5%), not the
+// composition's 20%. On the emulated clusters with 1 Gbit/s links the two levels ran 0.69-0.92
+// of the flat call's time at 16 MiB (benchmarks/README.md, "A two-level allreduce in pieces").
 #include "collectives/algorithm.h"
 
 #include <algorithm>
@@ -96,8 +109,14 @@ void check_op(const std::string& op) {
 
 }  // namespace
 
+bool CollectiveCosts::timed_whole(const std::string& op, double bytes) const {
+  check_op(op);
+  return op == "allreduce" && pieced_bytes > 0 && allreduce_pieces(size_t(bytes), piece_bytes) > 1;
+}
+
 double CollectiveCosts::flat(const std::string& op, double bytes) const {
   check_op(op);
+  if (timed_whole(op, bytes)) return flat_allreduce_pieced * bytes / pieced_bytes;
   if (op == "allreduce") return flat_allreduce.at(bytes);
   if (op == "reduce_scatter") return flat_reduce_scatter.at(bytes);
   if (op == "allgather") return flat_allgather.at(bytes);
@@ -107,6 +126,7 @@ double CollectiveCosts::flat(const std::string& op, double bytes) const {
 double CollectiveCosts::hierarchical(const std::string& op, double bytes) const {
   check_op(op);
   const double part = bytes / ranks_per_node;
+  if (timed_whole(op, bytes)) return hier_allreduce_pieced * bytes / pieced_bytes;
   if (op == "allreduce") {
     // K pieces: the first crosses both levels alone, then the busier level sets the pace.
     const int k = allreduce_pieces(size_t(bytes), piece_bytes);
@@ -167,28 +187,36 @@ std::string CollectiveCosts::str() const {
        levels("allgather flat", flat_allgather, intra_allgather, inter_allgather) +
        levels("all_to_all flat", flat_all_to_all, intra_all_to_all, inter_all_to_all) +
        level_str("copy", copy);
+  if (pieced_bytes > 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "; allreduce of %s timed whole: flat %.3g ms, two levels %.3g ms",
+                  size_str(size_t(pieced_bytes)).c_str(), flat_allreduce_pieced * 1e3,
+                  hier_allreduce_pieced * 1e3);
+    s += buf;
+  }
   return s;
 }
 
 namespace {
 
-// Median seconds of one call, after one call to warm up.
-double seconds_per_call(const std::function<void()>& call) {
+// Median seconds of one call of `repeats`, after one call to warm up.
+double seconds_per_call(const std::function<void()>& call, int repeats = 5) {
   call();
   std::vector<double> times;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
     call();
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::nth_element(times.begin(), times.begin() + 2, times.end());
-  return times[2];
+  std::nth_element(times.begin(), times.begin() + repeats / 2, times.end());
+  return times[size_t(repeats / 2)];
 }
 
 }  // namespace
 
-CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
+CollectiveCosts measure_costs(Communicator& group, Hierarchy& levels) {
   LOOM_CHECK(levels.applies(), "measure_costs: the two levels do not apply to group '",
              group.name(), "': ", levels.str());
   constexpr double kSmall = 4 << 10, kLarge = 1 << 20;
@@ -219,13 +247,21 @@ CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
     Tensor from = Tensor::zeros({int64_t(bytes) / 4}), to = Tensor::empty({int64_t(bytes) / 4});
     seconds.push_back(seconds_per_call([&] { to.copy_(from); }));
   }
+  const size_t per_size = seconds.size() / 2;
+  // Note [Pieced allreduces timed whole]: flat, then in two levels; median of 3 (a 16 MiB
+  // allreduce over 1 Gbit/s links takes 0.15-0.3 s).
+  const double pieced = double(levels.piece_bytes()) * kMaxAllreducePieces;
+  if (levels.piece_bytes() > 0) {
+    Tensor t = Tensor::zeros({std::max<int64_t>(1, int64_t(pieced) / 4)});
+    seconds.push_back(seconds_per_call([&] { group.allreduce(t)->wait(); }, 3));
+    seconds.push_back(seconds_per_call([&] { levels.allreduce(t)->wait(); }, 3));
+  }
   // The slowest rank's time of each, in nanoseconds, agreed by one allreduce.
   std::vector<int64_t> ns;
   for (double s : seconds) ns.push_back(int64_t(s * 1e9));
   Tensor agreed = Tensor::from_vector(ns, {int64_t(ns.size())});
   group.allreduce(agreed, {ReduceOp::kMax})->wait();
   ns = agreed.to_vector<int64_t>();
-  const size_t per_size = seconds.size() / 2;
   auto fit = [&](size_t i) {
     return AlphaBeta::fit(kSmall, double(ns[i]) * 1e-9, kLarge, double(ns[per_size + i]) * 1e-9);
   };
@@ -249,6 +285,11 @@ CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels) {
   LOOM_CHECK(per_size == std::size(measured), "measure_costs: ", per_size,
              " measures for a table of ", std::size(measured));
   for (size_t i = 0; i < per_size; ++i) *measured[i] = fit(i);
+  if (levels.piece_bytes() > 0) {
+    costs.pieced_bytes = pieced;
+    costs.flat_allreduce_pieced = double(ns[2 * per_size]) * 1e-9;
+    costs.hier_allreduce_pieced = double(ns[2 * per_size + 1]) * 1e-9;
+  }
   return costs;
 }
 

@@ -35,18 +35,27 @@ struct CollectiveCosts {
   AlphaBeta flat_all_to_all, intra_all_to_all, inter_all_to_all;
   AlphaBeta copy;  // a local copy of `bytes` (the two-level forms' staging)
   size_t piece_bytes = kAllreducePieceBytes;  // the two-level allreduce's (Hierarchy's)
+  // An allreduce of `pieced_bytes` (kMaxAllreducePieces pieces) timed whole, flat and in two
+  // levels, in seconds; 0: not measured (Note [Pieced allreduces timed whole]).
+  double pieced_bytes = 0, flat_allreduce_pieced = 0, hier_allreduce_pieced = 0;
 
   // Predicted seconds of a call of `op` ("allreduce", "reduce_scatter", "allgather",
   // "all_to_all") moving `bytes` (an allreduce's, reduce-scatter's or all-to-all's input, an
   // all-gather's output) flat and in two levels.
   double flat(const std::string& op, double bytes) const;
   double hierarchical(const std::string& op, double bytes) const;
-  // Two levels when predicted at least kHierarchicalMargin of the flat call's time faster: See
-  // Note [A margin for two levels] in algorithm.cpp.
+  // Two levels when predicted at least kHierarchicalMargin of the flat call's time faster (See
+  // Note [A margin for two levels] in algorithm.cpp), or kTimedMargin where both forms were
+  // timed whole at the size (Note [Pieced allreduces timed whole]).
   static constexpr double kHierarchicalMargin = 0.2;
+  static constexpr double kTimedMargin = 0.05;
   bool prefers_hierarchical(const std::string& op, double bytes) const {
-    return hierarchical(op, bytes) < (1.0 - kHierarchicalMargin) * flat(op, bytes);
+    const double margin = timed_whole(op, bytes) ? kTimedMargin : kHierarchicalMargin;
+    return hierarchical(op, bytes) < (1.0 - margin) * flat(op, bytes);
   }
+  // Whether both forms of `op` at `bytes` come from calls timed whole: a pieced allreduce
+  // (more than piece_bytes) when pieced_bytes was measured.
+  bool timed_whole(const std::string& op, double bytes) const;
   // The smallest power-of-two size from 1 KiB to 1 GiB at which `op` goes hierarchical (and
   // stays so up to 1 GiB), or 0 when none.
   size_t crossover(const std::string& op) const;
@@ -55,7 +64,8 @@ struct CollectiveCosts {
 };
 
 // Measures the table for `group` split as `levels` (which must apply()): collective over the
-// group, every rank calls it; blocking; host buffers of 4 KiB and 1 MiB.
-CollectiveCosts measure_costs(Communicator& group, const Hierarchy& levels);
+// group, every rank calls it; blocking; host buffers of 4 KiB and 1 MiB, and the pieced
+// allreduce at kMaxAllreducePieces x levels.piece_bytes() (unless that is 0).
+CollectiveCosts measure_costs(Communicator& group, Hierarchy& levels);
 
 }  // namespace loom::comm

@@ -89,8 +89,12 @@ double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const Gr
       break;
   }
   // loom's auto takes two levels only when its table predicts them that much faster (Note [A
-  // margin for two levels] in collectives/algorithm.cpp).
-  const double margin = comm::CollectiveCosts::kHierarchicalMargin;
+  // margin for two levels] in collectives/algorithm.cpp; a pieced allreduce it times whole:
+  // Note [Pieced allreduces timed whole]).
+  const bool pieced = op == CollectiveOp::kAllreduce &&
+                      comm::allreduce_pieces(size_t(bytes), comm::kAllreducePieceBytes) > 1;
+  const double margin =
+      pieced ? comm::CollectiveCosts::kTimedMargin : comm::CollectiveCosts::kHierarchicalMargin;
   if (two_level >= (1.0 - margin) * flat) return flat;
   if (two_levels != nullptr) *two_levels = true;
   return two_level;

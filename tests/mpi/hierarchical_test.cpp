@@ -322,6 +322,9 @@ TEST(Algorithm, AutoPicksByTheMeasuredTableAlikeOnEveryRank) {
     EXPECT_GE(ab.beta_s_per_byte, 0);
   }
   EXPECT_GT(costs->flat_allreduce.at(1 << 20), 0) << "a 1 MiB allreduce takes time";
+  EXPECT_EQ(costs->pieced_bytes, double(kMaxAllreducePieces * kAllreducePieceBytes));
+  EXPECT_GT(costs->flat_allreduce_pieced, 0);
+  EXPECT_GT(costs->hier_allreduce_pieced, 0);
   // Every rank holds the same table: its entries, summed as integers of nanoseconds, agree.
   Tensor mine =
       Tensor::from_vector(std::vector<int64_t>{int64_t(costs->flat_allreduce.at(1 << 20) * 1e9),
@@ -332,7 +335,7 @@ TEST(Algorithm, AutoPicksByTheMeasuredTableAlikeOnEveryRank) {
   world->allreduce(least, {ReduceOp::kMin})->wait();
   EXPECT_EQ(most.to_vector<int64_t>(), least.to_vector<int64_t>());
   for (const char* op : {"allreduce", "reduce_scatter", "allgather", "all_to_all"})
-    for (size_t bytes : {size_t(12), size_t(20000), size_t(1) << 24})
+    for (size_t bytes : {size_t(12), size_t(20000), size_t(1) << 24, size_t(1) << 26})
       EXPECT_EQ(group->goes_hierarchical(op, bytes), costs->prefers_hierarchical(op, double(bytes)))
           << op << " " << bytes;
   // With splits each rank moves its own byte count: the choice ignores it (two levels only
@@ -407,6 +410,25 @@ TEST(Algorithm, CostModelPredictsTheTwoForms) {
   c.piece_bytes = size_t(1) << 20;
   const double node = 2 * (50e-6 + s / 2 * 1e-10), across = 10e-6 + s / 4 * 1e-8;
   EXPECT_DOUBLE_EQ(c.hierarchical("allreduce", 4 * s), node + 4 * across + 2 * 4 * s * 1e-10);
+  // Timed whole at 16 MiB (Note [Pieced allreduces timed whole]): above a piece both forms come
+  // from those times, with the smaller margin; a piece and below, from the levels as before.
+  CollectiveCosts timed = c;
+  timed.pieced_bytes = 16 * s;
+  timed.flat_allreduce_pieced = 0.200;
+  timed.hier_allreduce_pieced = 0.180;  // 10% faster: past the 5% margin, not the 20%
+  EXPECT_TRUE(timed.timed_whole("allreduce", 2 * s));
+  EXPECT_FALSE(timed.timed_whole("allreduce", s)) << "one piece";
+  EXPECT_FALSE(timed.timed_whole("reduce_scatter", 2 * s));
+  EXPECT_FALSE(c.timed_whole("allreduce", 2 * s)) << "not measured";
+  EXPECT_DOUBLE_EQ(timed.flat("allreduce", 8 * s), 0.100);
+  EXPECT_DOUBLE_EQ(timed.hierarchical("allreduce", 8 * s), 0.090);
+  EXPECT_TRUE(timed.prefers_hierarchical("allreduce", 8 * s));
+  EXPECT_DOUBLE_EQ(timed.hierarchical("allreduce", s), c.hierarchical("allreduce", s));
+  timed.hier_allreduce_pieced = 0.195;  // 2.5% faster: within the timings' spread
+  EXPECT_FALSE(timed.prefers_hierarchical("allreduce", 8 * s));
+  EXPECT_NE(timed.str().find("allreduce of 16 MiB timed whole: flat 200 ms, two levels 195 ms"),
+            std::string::npos)
+      << timed.str();
   c.piece_bytes = 0;  // whole: every level's time one after the other
   EXPECT_DOUBLE_EQ(c.hierarchical("allreduce", 4 * s),
                    2 * (50e-6 + 2 * s * 1e-10) + (10e-6 + s * 1e-8) + 2 * 4 * s * 1e-10);
