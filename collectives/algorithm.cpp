@@ -13,8 +13,10 @@
 //                     in the node, in K pieces of s = S/K (Note [Pipelined two-level
 //                     allreduce] in hierarchical.cpp): with node = I_rs(s) + I_ag(s) and
 //                     across = X_ar(s/L), node + across + (K - 1) max(node, across) + copy(2S)
-//   reduce_scatter(S) flat: F_rs(S); two levels: N x I_rs(S/N) + X_rs(S/L)
-//   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + N x I_ag(S/N)
+//   reduce_scatter(S) flat: F_rs(S); two levels: N x I_rs(S/N) + X_rs(S/L), or in K pieces
+//                     with node = I_rs(s) + copy(s) and across = X_rs(s/L), as the allreduce's
+//   allgather(S)      flat: F_ag(S); two levels: X_ag(S/L) + N x I_ag(S/N), or in K pieces
+//                     likewise
 //   all_to_all(S)     flat: F_a2a(S); two levels: I_a2a(S) + X_a2a(S) + copy(2S)
 // with F, I, X the flat group, the node and the across-nodes levels, N nodes of L ranks (a
 // reduce-scatter or all-gather in the node is one call per node's slice: Note [Two levels
@@ -133,6 +135,16 @@ double CollectiveCosts::hierarchical(const std::string& op, double bytes) const 
     const double node = intra_reduce_scatter.at(bytes / k) + intra_allgather.at(bytes / k);
     const double across = inter_allreduce.at(part / k);
     return node + across + (k - 1) * std::max(node, across) + copy.at(2 * bytes);
+  }
+  const int k = allreduce_pieces(size_t(bytes), piece_bytes);
+  if (k > 1 && (op == "reduce_scatter" || op == "allgather")) {
+    // In pieces (Note [Two-level reduce-scatters and all-gathers in pieces]): per piece one
+    // call of each level and a staging copy of the node's, the levels side by side.
+    const bool rs = op == "reduce_scatter";
+    const double node =
+        (rs ? intra_reduce_scatter : intra_allgather).at(bytes / k) + copy.at(bytes / k);
+    const double across = (rs ? inter_reduce_scatter : inter_allgather).at(part / k);
+    return node + across + (k - 1) * std::max(node, across);
   }
   const double node_slice = bytes / nodes;
   if (op == "reduce_scatter")

@@ -15,7 +15,8 @@ struct Hierarchy::Step {
   static constexpr int kNone = -1;      // none: posted as soon as its turn comes
   const Communicator* group;
   std::function<WorkPtr()> post;
-  int after = kPrevious;  // or the index of the step it needs
+  int after = kPrevious;       // or the index of the step it needs
+  std::function<void()> done;  // run once its collective is seen complete (may be empty)
 };
 
 // Note [Two-level calls in call order]
@@ -69,6 +70,7 @@ struct Hierarchy::Chains {
           if (!c->complete[i] && c->works[i]->test()) {
             c->complete[i] = 1;
             c->works[i] = nullptr;
+            if (c->steps[i].done) c->steps[i].done();
             moved = true;
           }
         while (c->posted < c->steps.size()) {
@@ -329,13 +331,54 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
   const int64_t slice = int64_t(local_) * c;
   Tensor out = output;
   std::vector<Step> steps;
-  for (int64_t k = 0; k < nodes_; ++k)
-    steps.push_back({intra, [=]() mutable {
-                       Tensor slot = mine.narrow(0, k * c, c);
-                       return intra->reduce_scatter(flat_input.narrow(0, k * slice, slice), slot,
-                                                    {level});
-                     }});
-  steps.push_back({inter, [=]() mutable { return inter->reduce_scatter(mine, out, {level}); }});
+  const int wanted =
+      allreduce_pieces(size_t(input.numel()) * dtype_size(input.dtype()), piece_bytes_);
+  if (wanted > 1 && c >= wanted) {
+    // Note [Two-level reduce-scatters and all-gathers in pieces]
+    // Large ones run in pieces as the allreduce does (Note [Pipelined two-level allreduce]),
+    // each piece a range [a, a + len) of every rank's chunk: the node's reduce-scatter of piece
+    // j gathers, for each local index l, element range j of the chunks of (node k, l) for every
+    // k into a staging buffer [l][k][len] (a strided copy of 1/K of the input) and hands local
+    // rank l the node's sums [k][len], which is the reduce-scatter across nodes' input for its
+    // output's range j. An all-gather runs it in reverse, scattering each staged piece into the
+    // output once its gather inside the node completed. A piece's staging is held from its
+    // post to the step after it, so at most two pieces' (2/K of the data) are alive at once.
+    const int64_t per = (c + wanted - 1) / wanted, nodes = nodes_, local = local_;
+    const int pieces = int((c + per - 1) / per);
+    auto staged = std::make_shared<std::vector<Tensor>>(size_t(pieces));
+    for (int j = 0; j < pieces; ++j) {
+      const int64_t a = j * per, len = std::min(per, c - a);
+      Step node_step{intra, [=]() mutable {
+                       Tensor stage =
+                           Tensor::empty({local * nodes * len}, input.dtype(), input.device());
+                       for (int64_t l = 0; l < local; ++l)
+                         for (int64_t k = 0; k < nodes; ++k)
+                           stage.narrow(0, (l * nodes + k) * len, len)
+                               .copy_(flat_input.narrow(0, k * slice + l * c + a, len));
+                       (*staged)[size_t(j)] = stage;
+                       Tensor sums = mine.narrow(0, nodes * a, nodes * len);
+                       return intra->reduce_scatter(stage, sums, {level});
+                     }};
+      if (j > 0) node_step.after = Step::kNone;
+      steps.push_back(std::move(node_step));
+      steps.push_back({inter,
+                       [=]() mutable {
+                         (*staged)[size_t(j)] = Tensor();  // its reduce-scatter completed
+                         Tensor range = out.narrow(0, a, len);
+                         return inter->reduce_scatter(mine.narrow(0, nodes * a, nodes * len), range,
+                                                      {level});
+                       },
+                       int(steps.size()) - 1});
+    }
+  } else {
+    for (int64_t k = 0; k < nodes_; ++k)
+      steps.push_back({intra, [=]() mutable {
+                         Tensor slot = mine.narrow(0, k * c, c);
+                         return intra->reduce_scatter(flat_input.narrow(0, k * slice, slice), slot,
+                                                      {level});
+                       }});
+    steps.push_back({inter, [=]() mutable { return inter->reduce_scatter(mine, out, {level}); }});
+  }
   std::function<void()> finish;
   if (op == ReduceOp::kAvg)
     finish = [out, size]() mutable {
@@ -355,6 +398,43 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
   Communicator *intra = intra_.get(), *inter = inter_.get();
   Tensor flat_output = output.reshape({output.numel()});
   const int64_t slice = int64_t(local_) * c;
+  const int wanted =
+      allreduce_pieces(size_t(output.numel()) * dtype_size(output.dtype()), piece_bytes_);
+  if (wanted > 1 && c >= wanted) {
+    // Note [Two-level reduce-scatters and all-gathers in pieces], in reverse.
+    const int64_t per = (c + wanted - 1) / wanted, nodes = nodes_, local = local_;
+    const int pieces = int((c + per - 1) / per);
+    const Tensor flat_in = input.reshape({c});
+    auto staged = std::make_shared<std::vector<Tensor>>(size_t(pieces));
+    std::vector<Step> steps;
+    for (int j = 0; j < pieces; ++j) {
+      const int64_t a = j * per, len = std::min(per, c - a);
+      Step across_step{inter, [=]() mutable {
+                         Tensor gathered = across.narrow(0, nodes * a, nodes * len);
+                         return inter->allgather(flat_in.narrow(0, a, len), gathered);
+                       }};
+      if (j > 0) across_step.after = Step::kNone;
+      steps.push_back(std::move(across_step));
+      Step node_step{intra,
+                     [=]() mutable {
+                       Tensor stage =
+                           Tensor::empty({local * nodes * len}, input.dtype(), input.device());
+                       (*staged)[size_t(j)] = stage;
+                       return intra->allgather(across.narrow(0, nodes * a, nodes * len), stage);
+                     },
+                     int(steps.size()) - 1};
+      node_step.done = [=]() mutable {  // [l][k][len] into the output's chunk of (k, l)
+        Tensor stage = (*staged)[size_t(j)];
+        for (int64_t l = 0; l < local; ++l)
+          for (int64_t k = 0; k < nodes; ++k)
+            flat_output.narrow(0, k * slice + l * c + a, len)
+                .copy_(stage.narrow(0, (l * nodes + k) * len, len));
+        (*staged)[size_t(j)] = Tensor();
+      };
+      steps.push_back(std::move(node_step));
+    }
+    return chain(std::move(steps), nullptr);
+  }
   std::vector<Step> steps = {{inter, [=]() mutable { return inter->allgather(input, across); }}};
   for (int64_t k = 0; k < nodes_; ++k)
     steps.push_back({intra, [=]() mutable {

@@ -83,10 +83,14 @@ double spanned_collective_seconds(CollectiveOp op, double bytes, int n, const Gr
       break;
     }
     case CollectiveOp::kReduceScatter:
-    case CollectiveOp::kAllGather:
-      two_level = ring_seconds(op, bytes, span.local, c.intra) +
-                  ring_seconds(op, across, span.nodes, c.inter);
+    case CollectiveOp::kAllGather: {
+      // In pieces too (Note [Two-level reduce-scatters and all-gathers in pieces]).
+      const int k = comm::allreduce_pieces(size_t(bytes), comm::kAllreducePieceBytes);
+      const double node = ring_seconds(op, bytes / k, span.local, c.intra);
+      const double cross = ring_seconds(op, across / k, span.nodes, c.inter);
+      two_level = node + cross + (k - 1) * std::max(node, cross);
       break;
+    }
   }
   // loom's auto takes two levels only when its table predicts them that much faster (Note [A
   // margin for two levels] in collectives/algorithm.cpp; a pieced allreduce it times whole:

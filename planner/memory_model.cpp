@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "collectives/hierarchical.h"
 #include "core/error.h"
 #include "planner/cost_model.h"
 
@@ -351,8 +352,13 @@ MemoryBreakdown rank_memory(const Workload& w, const Layout& l, const Cluster& c
     // cluster with 1 Gbit/s links: rank 0 peaked 1.58 MB higher under auto than flat, a 3.15 MB
     // layer over 2 ranks; Note [Two levels without staging] in collectives/hierarchical.cpp).
     const double layer_bytes = layer_parameters(mine.back()) * e.param_bytes;
-    if (l.dp > 1 && dp_collective_in_two_levels(CollectiveOp::kAllGather, layer_bytes, l, c, e))
+    if (l.dp > 1 && dp_collective_in_two_levels(CollectiveOp::kAllGather, layer_bytes, l, c, e)) {
       gathered += layer_parameters(mine.back()) / dp_span(l, c).local;
+      // In K pieces, up to two pieces' staging of the node's gather (Note [Two-level
+      // reduce-scatters and all-gathers in pieces]).
+      const int k = comm::allreduce_pieces(size_t(layer_bytes), comm::kAllreducePieceBytes);
+      if (k > 1) gathered += 2.0 * layer_parameters(mine.back()) / k;
+    }
     mem.gathered = gathered * e.param_bytes;
   }
 

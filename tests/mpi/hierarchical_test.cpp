@@ -174,8 +174,9 @@ TEST(Hierarchy, EqualsTheFlatCollectivesOnNodesOfOneHost) {
 }
 
 // Note [Pipelined two-level allreduce]: a large allreduce runs as pieces, each its three steps,
-// pieces in flight together on the two levels; every element as the flat call's.
-TEST(Hierarchy, LargeAllreduceRunsInPieces) {
+// pieces in flight together on the two levels; every element as the flat call's. The same for
+// reduce-scatters and all-gathers.
+TEST(Hierarchy, LargeCallsRunInPieces) {
   auto world = comm::world();
   const int n = world->size();
   if (n < 4 || n % 2 != 0) GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
@@ -212,6 +213,35 @@ TEST(Hierarchy, LargeAllreduceRunsInPieces) {
   (world->rank() % 2 == 0 ? second : first)->wait();
   EXPECT_EQ(big.to_vector<int64_t>(), want.to_vector<int64_t>()) << "in place";
   EXPECT_EQ(out.to_vector<int64_t>(), want.to_vector<int64_t>()) << "out of place";
+
+  // Note [Two-level reduce-scatters and all-gathers in pieces]: with pieces of 64 KiB, a
+  // reduce-scatter of 20001 elements per rank and an all-gather of as many run as 4 pieces
+  // (the last 3 elements shorter), one call of each level per piece.
+  h.set_piece_bytes(size_t(64) << 10);
+  const int64_t c = 20001;
+  const uint64_t node_rs = h.intra().op_count("reduce_scatter");
+  const uint64_t across_rs = h.inter().op_count("reduce_scatter");
+  Tensor scatter_in = input_of(world->rank(), c * n, DType::kF32);
+  Tensor flat_rs = Tensor::empty({c}), hier_rs = Tensor::empty({c});
+  world->reduce_scatter(scatter_in, flat_rs)->wait();
+  h.reduce_scatter(scatter_in, hier_rs)->wait();
+  expect_close(hier_rs, flat_rs, 1e-6, "reduce_scatter in pieces");
+  EXPECT_EQ(h.intra().op_count("reduce_scatter") - node_rs, 4u);
+  EXPECT_EQ(h.inter().op_count("reduce_scatter") - across_rs, 4u);
+  Tensor in_i = input_of(world->rank(), c * n, DType::kI64);
+  Tensor flat_ri = Tensor::empty({c}, DType::kI64), hier_ri = Tensor::empty({c}, DType::kI64);
+  world->reduce_scatter(in_i, flat_ri)->wait();
+  h.reduce_scatter(in_i, hier_ri)->wait();
+  EXPECT_EQ(hier_ri.to_vector<int64_t>(), flat_ri.to_vector<int64_t>()) << "i64 reduce_scatter";
+  const uint64_t node_ag = h.intra().op_count("allgather");
+  const uint64_t across_ag = h.inter().op_count("allgather");
+  Tensor mine = input_of(world->rank() + 5, c, DType::kF32);
+  Tensor flat_ag = Tensor::empty({c * n}), hier_ag = Tensor::empty({c * n});
+  world->allgather(mine, flat_ag)->wait();
+  h.allgather(mine, hier_ag)->wait();
+  EXPECT_EQ(hier_ag.to_vector<float>(), flat_ag.to_vector<float>()) << "allgather in pieces";
+  EXPECT_EQ(h.intra().op_count("allgather") - node_ag, 4u);
+  EXPECT_EQ(h.inter().op_count("allgather") - across_ag, 4u);
 }
 
 TEST(Hierarchy, UnevenOrInterleavedNodesStayFlat) {
@@ -456,7 +486,15 @@ TEST(Algorithm, ReduceScatterAndAllgatherGoByTheirOwnTimes) {
   c.flat_reduce_scatter = {100e-6, 11e-9};  // as measured
   c.flat_allgather = {100e-6, 15e-9};
   EXPECT_DOUBLE_EQ(c.flat("reduce_scatter", s), 100e-6 + s * 11e-9);
-  // The node's part is one call per node (2 x 30 us), on its slice: no staging copy.
+  EXPECT_TRUE(c.prefers_hierarchical("reduce_scatter", s));
+  EXPECT_TRUE(c.prefers_hierarchical("allgather", s));
+  // In pieces (16 MiB: 4 of 4 MiB): per piece the node's call with its staging copy (30 us +
+  // s/4 x 0.36 ns) beside the across-nodes call on s/8 (8.7 ms), which sets the pace.
+  const double node = 30e-6 + s / 4 * (0.29e-9 + 0.07e-9), across = s / 8 * 8.3e-9;
+  EXPECT_DOUBLE_EQ(c.hierarchical("reduce_scatter", s), node + 4 * across);
+  EXPECT_DOUBLE_EQ(c.hierarchical("allgather", s), node + 4 * across);
+  // Whole: the node's part is one call per node (2 x 30 us), on its slice: no staging copy.
+  c.piece_bytes = 0;
   EXPECT_DOUBLE_EQ(c.hierarchical("reduce_scatter", s), 60e-6 + s * 0.29e-9 + s / 2 * 8.3e-9);
   EXPECT_DOUBLE_EQ(c.hierarchical("allgather", s), s / 2 * 8.3e-9 + 60e-6 + s * 0.29e-9);
   EXPECT_TRUE(c.prefers_hierarchical("reduce_scatter", s));

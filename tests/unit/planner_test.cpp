@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/hierarchical.h"
 #include "parallel/pipeline/generators.h"
 #include "planner/calibrate.h"
 #include "planner/search.h"
@@ -237,8 +238,9 @@ TEST(PlannerMemory, ZeroStagesDivideTheStateAsThePaperSays) {
 }
 
 // ZeRO-3's gathers across nodes in two levels hold what came across (a layer over the node's
-// ranks) beside the gathered layers: counted where loom takes the two levels (a slow network),
-// not where it stays flat (one node, or a network as fast as the node).
+// ranks) and, gathered in pieces, two pieces' staging beside the gathered layers: counted where
+// loom takes the two levels (a slow network), not where it stays flat (one node, or a network as
+// fast as the node).
 TEST(PlannerMemory, TwoLevelGathersHoldALayerOverTheNodesRanks) {
   const Workload w{shape(8, 1024, 16), 64};
   const Execution e = execution_preset("loom");
@@ -254,7 +256,10 @@ TEST(PlannerMemory, TwoLevelGathersHoldALayerOverTheNodesRanks) {
   const MemoryBreakdown two = rank_memory(w, l, nodes, e, 0, InFlight{1, 0});
   const MemoryBreakdown one =
       rank_memory(w, l, cluster_preset("a100-80gb", 16, 16), e, 0, InFlight{1, 0});
-  EXPECT_DOUBLE_EQ(two.gathered - one.gathered, bytes / 4);
+  // The layer (25 MB of bf16) over the node's 4 ranks, and as it is gathered in 4 pieces, two
+  // pieces' staging of the node's gather.
+  ASSERT_EQ(comm::allreduce_pieces(size_t(bytes), comm::kAllreducePieceBytes), 4);
+  EXPECT_DOUBLE_EQ(two.gathered - one.gathered, bytes / 4 + 2 * bytes / 4);
   nodes.inter = nodes.intra;  // as fast across as inside: flat, nothing more
   ASSERT_FALSE(dp_collective_in_two_levels(CollectiveOp::kAllGather, bytes, l, nodes, e));
   EXPECT_DOUBLE_EQ(rank_memory(w, l, nodes, e, 0, InFlight{1, 0}).gathered, one.gathered);
