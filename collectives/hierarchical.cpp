@@ -15,8 +15,8 @@ struct Hierarchy::Step {
   static constexpr int kNone = -1;      // none: posted as soon as its turn comes
   const Communicator* group;
   std::function<WorkPtr()> post;
-  int after = kPrevious;       // or the index of the step it needs
-  std::function<void()> done;  // run once its collective is seen complete (may be empty)
+  int after = kPrevious;                 // or the index of the step it needs
+  std::function<void()> done = nullptr;  // run once its collective is seen complete (or none)
 };
 
 // Note [Two-level calls in call order]
