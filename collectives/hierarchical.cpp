@@ -202,6 +202,36 @@ int allreduce_pieces(size_t bytes, size_t piece_bytes) {
   return int(std::clamp<size_t>(pieces, 1, size_t(kMaxAllreducePieces)));
 }
 
+namespace {
+
+// `n` elements cut into about `wanted` equal pieces, the last one shorter (zero: one empty).
+struct Pieces {
+  int64_t n, per;
+  int count;
+  Pieces(int64_t total, int wanted)
+      : n(total),
+        per(std::max<int64_t>(1, (total + wanted - 1) / wanted)),
+        count(total == 0 ? 1 : int((total + per - 1) / per)) {}
+  int64_t at(int64_t j) const { return j * per; }
+  int64_t len(int64_t j) const { return std::min(per, n - at(j)); }
+};
+
+// Piece [a, a + len) of every group rank's chunk of c elements, between a buffer in group rank
+// order (node k, local l: chunk k L + l) and a staging buffer [l][k][len]: gathered into the
+// staging (`to_stage`) or scattered back out of it (Note [Two-level reduce-scatters and
+// all-gathers in pieces]).
+void move_piece(Tensor grouped, Tensor stage, int64_t nodes, int64_t local, int64_t c, int64_t a,
+                int64_t len, bool to_stage) {
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t k = 0; k < nodes; ++k) {
+      Tensor in_group = grouped.narrow(0, (k * local + l) * c + a, len);
+      Tensor staged = stage.narrow(0, (l * nodes + k) * len, len);
+      (to_stage ? staged : in_group).copy_(to_stage ? in_group : staged);
+    }
+}
+
+}  // namespace
+
 // Note [Pipelined two-level allreduce]
 // The three steps of a two-level allreduce use different resources: the node's reduce-scatter
 // and all-gather its ranks' memory and cores, the allreduce across nodes the network. Run one
@@ -247,17 +277,17 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
   const int64_t local = local_;
   // Pieces of a multiple of L elements (Note [Pipelined two-level allreduce]).
   const int wanted = allreduce_pieces(size_t(padded) * dtype_size(input.dtype()), piece_bytes_);
-  const int64_t per_piece = (chunk + wanted - 1) / wanted;  // of `mine`'s elements
-  const int pieces = chunk == 0 ? 1 : int((chunk + per_piece - 1) / per_piece);
+  const Pieces part_of(chunk, wanted);  // of `mine`'s elements
+  const int pieces = part_of.count;
   auto rs = [=](int64_t k) -> Step {
-    const int64_t at = k * per_piece, len = std::min(per_piece, chunk - at);
+    const int64_t at = part_of.at(k), len = part_of.len(k);
     return {intra, [=]() mutable {
               Tensor part = mine.narrow(0, at, len);
               return intra->reduce_scatter(from.narrow(0, at * local, len * local), part, {level});
             }};
   };
   auto ar = [=](int64_t k, int after) -> Step {
-    const int64_t at = k * per_piece, len = std::min(per_piece, chunk - at);
+    const int64_t at = part_of.at(k), len = part_of.len(k);
     return {inter,
             [=]() mutable {
               Tensor part = mine.narrow(0, at, len);
@@ -266,7 +296,7 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
             after};
   };
   auto ag = [=](int64_t k, int after) -> Step {
-    const int64_t at = k * per_piece, len = std::min(per_piece, chunk - at);
+    const int64_t at = part_of.at(k), len = part_of.len(k);
     return {intra,
             [=]() mutable {
               Tensor part = into.narrow(0, at * local, len * local);
@@ -345,18 +375,15 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
     // On the emulated 2 x 4 cluster with 1 Gbit/s links, at 16 MiB: reduce-scatter 91-97 ms in
     // pieces against 114-131 whole, all-gather 85-92 against 122-134 (the link bound: 67 ms).
     // Each element is reduced as in the whole call: in the node in rank order, then across.
-    const int64_t per = (c + wanted - 1) / wanted, nodes = nodes_, local = local_;
-    const int pieces = int((c + per - 1) / per);
-    auto staged = std::make_shared<std::vector<Tensor>>(size_t(pieces));
-    for (int j = 0; j < pieces; ++j) {
-      const int64_t a = j * per, len = std::min(per, c - a);
+    const Pieces pieces(c, wanted);
+    const int64_t nodes = nodes_, local = local_;
+    auto staged = std::make_shared<std::vector<Tensor>>(size_t(pieces.count));
+    for (int j = 0; j < pieces.count; ++j) {
+      const int64_t a = pieces.at(j), len = pieces.len(j);
       Step node_step{intra, [=]() mutable {
                        Tensor stage =
                            Tensor::empty({local * nodes * len}, input.dtype(), input.device());
-                       for (int64_t l = 0; l < local; ++l)
-                         for (int64_t k = 0; k < nodes; ++k)
-                           stage.narrow(0, (l * nodes + k) * len, len)
-                               .copy_(flat_input.narrow(0, k * slice + l * c + a, len));
+                       move_piece(flat_input, stage, nodes, local, c, a, len, true);
                        (*staged)[size_t(j)] = stage;
                        Tensor sums = mine.narrow(0, nodes * a, nodes * len);
                        return intra->reduce_scatter(stage, sums, {level});
@@ -404,13 +431,13 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
       allreduce_pieces(size_t(output.numel()) * dtype_size(output.dtype()), piece_bytes_);
   if (wanted > 1 && c >= wanted) {
     // Note [Two-level reduce-scatters and all-gathers in pieces], in reverse.
-    const int64_t per = (c + wanted - 1) / wanted, nodes = nodes_, local = local_;
-    const int pieces = int((c + per - 1) / per);
+    const Pieces pieces(c, wanted);
+    const int64_t nodes = nodes_, local = local_;
     const Tensor flat_in = input.reshape({c});
-    auto staged = std::make_shared<std::vector<Tensor>>(size_t(pieces));
+    auto staged = std::make_shared<std::vector<Tensor>>(size_t(pieces.count));
     std::vector<Step> steps;
-    for (int j = 0; j < pieces; ++j) {
-      const int64_t a = j * per, len = std::min(per, c - a);
+    for (int j = 0; j < pieces.count; ++j) {
+      const int64_t a = pieces.at(j), len = pieces.len(j);
       Step across_step{inter, [=]() mutable {
                          Tensor gathered = across.narrow(0, nodes * a, nodes * len);
                          return inter->allgather(flat_in.narrow(0, a, len), gathered);
@@ -426,11 +453,7 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
                      },
                      int(steps.size()) - 1};
       node_step.done = [=]() mutable {  // [l][k][len] into the output's chunk of (k, l)
-        Tensor stage = (*staged)[size_t(j)];
-        for (int64_t l = 0; l < local; ++l)
-          for (int64_t k = 0; k < nodes; ++k)
-            flat_output.narrow(0, k * slice + l * c + a, len)
-                .copy_(stage.narrow(0, (l * nodes + k) * len, len));
+        move_piece(flat_output, (*staged)[size_t(j)], nodes, local, c, a, len, false);
         (*staged)[size_t(j)] = Tensor();
       };
       steps.push_back(std::move(node_step));
