@@ -348,10 +348,8 @@ bool Communicator::goes_hierarchical(const char* op, size_t bytes) const {
   return false;
 }
 
-Hierarchy* Communicator::route(const char* op, size_t bytes) {
-  if (!goes_hierarchical(op, bytes)) return nullptr;
-  tally(std::string(op) == "all_to_all(v)" ? "all_to_all" : op, bytes);
-  return hierarchy_.get();
+std::shared_ptr<Hierarchy> Communicator::route(const char* op, size_t bytes) const {
+  return goes_hierarchical(op, bytes) ? hierarchy_ : nullptr;
 }
 
 std::string Communicator::algorithm_str() const {

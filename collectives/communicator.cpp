@@ -168,6 +168,8 @@ uint64_t hash_bytes(uint64_t h, const void* data, size_t n) {
 // The site a ScopedCallSite set on this thread (empty: none).
 thread_local std::string t_site_file;
 thread_local int t_site_line = 0;
+// Set while a Communicator::CheckedByCaller lives on this thread.
+thread_local bool t_checked_by_caller = false;
 
 constexpr int64_t kFields = 7;      // op, dtype, count, root, reduce, line, collectives before
 constexpr int64_t kSiteBytes = 48;  // the file name, truncated, zero-padded
@@ -239,6 +241,12 @@ ScopedCallSite::~ScopedCallSite() {
   t_site_line = previous_line_;
 }
 
+Communicator::CheckedByCaller::CheckedByCaller() : previous_(t_checked_by_caller) {
+  t_checked_by_caller = true;
+}
+
+Communicator::CheckedByCaller::~CheckedByCaller() { t_checked_by_caller = previous_; }
+
 Communicator::Communicator(int rank, int size, std::string name)
     : rank_(rank),
       size_(size),
@@ -306,6 +314,8 @@ struct Communicator::Pending {
   std::exception_ptr post_error;
   bool dropped = false;    // its Work is gone: the group's next call raises its error instead
   bool unchecked = false;  // carried with checks off: only its length was compared
+  // Posted in turn with no exchange at all (a CheckedByCaller step queued behind others).
+  bool no_check = false;
   // A wait for its check raised (a timeout: a rank did not join). Its Work's destructor then does
   // not wait again: the late rank's check, arriving during that wait, would post the collective
   // on both ranks after this one had already raised (both ranks must see the same outcome; the
@@ -458,6 +468,10 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
   // A carried collective goes through the queue with checks off too (Note [Carried when
   // unchecked]), under a hash every rank shares.
   if (size_ == 1 || (!debug_ && post)) return post(info);
+  // A step of a call checked whole elsewhere: posted at once unless earlier collectives of
+  // the group wait for their checks, which it must not pass.
+  const bool by_caller = t_checked_by_caller;
+  if (by_caller && post && (!queue_ || queue_->waiting.empty())) return post(info);
   auto p = std::make_shared<Pending>();
   p->info = info;
   p->sig = given;
@@ -476,12 +490,14 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
                sig.reduce,      sig.line,           int64_t(nth)};
   uint64_t h = hash_bytes(14695981039346656037ull, p->fields.data(), sizeof p->fields);
   h = hash_bytes(h, p->file, std::strlen(p->file));
-  p->unchecked = !debug_;
+  p->unchecked = !debug_ || by_caller;
+  p->no_check = by_caller && post;
   if (p->unchecked) h = 0;  // every rank's call agrees
   p->check = {int64_t(h), int64_t(~h)};
 
   Communicator* channel = check_channel();
-  if (!channel) {  // checked on the group itself, before posting
+  if (!channel) {                      // checked on the group itself, before posting
+    if (by_caller) return post(info);  // (a carried one needs a channel: there is none here)
     Tensor check = Tensor::from_external(p->check.data(), {2}, {1}, DType::kI64, nullptr);
     allreduce_impl(check, check, AllreduceOptions{ReduceOp::kMax},
                    OpInfo{sig.op, info.sequence, info.bytes})
@@ -509,6 +525,10 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
 }
 
 void Communicator::post_check(Pending& p, Communicator& channel) {
+  if (p.no_check) {  // its pair already agrees
+    p.check_work = completed_work();
+    return;
+  }
   if (channel.timeout_seconds() != timeout_s_) channel.set_timeout_seconds(timeout_s_);
   // Named as the collective it checks: a timeout reads "allreduce #17" of this group.
   p.check_work = channel.check_exchange_impl(p.check.data(), p.carried.payload,
@@ -637,11 +657,13 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
   check_reducible("allreduce", input);
   LOOM_CHECK(input.numel() == output.numel(), "allreduce: input has ", input.numel(),
              " elements but output has ", output.numel());
-  if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
-    if (Hierarchy* h = route("allreduce", input.nbytes()))
-      return h->allreduce(input, output, options.op);
   const Signature sig{"allreduce",     input.dtype(),    input.numel(),   -1,
                       int(options.op), site.file_name(), int(site.line())};
+  if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
+    if (std::shared_ptr<Hierarchy> h = route("allreduce", input.nbytes()))
+      return collective(sig, input.nbytes(), [=, output = output](const OpInfo&) mutable {
+        return h->allreduce(input, output, options.op, Hierarchy::Checks::kByCaller);
+      });
   // The smallest as one allgather of the inputs, the others in two phases (reduce-scatter
   // inside the check, then allgather): See Note [Signature exchange] in mpi_backend.cpp.
   const int64_t chunk = (input.numel() + size_ - 1) / size_;  // elements per rank's block
@@ -671,11 +693,13 @@ WorkPtr Communicator::reduce_scatter(const Tensor& input, Tensor& output,
   LOOM_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input has ", input.numel(),
              " elements, expected group size ", size_, " x output's ", output.numel(), " = ",
              output.numel() * size_);
-  if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
-    if (Hierarchy* h = route("reduce_scatter", input.nbytes()))
-      return h->reduce_scatter(input, output, options.op);
   const Signature sig{"reduce_scatter", input.dtype(),    input.numel(),   -1,
                       int(options.op),  site.file_name(), int(site.line())};
+  if (options.op != ReduceOp::kAvg || is_floating(input.dtype()))
+    if (std::shared_ptr<Hierarchy> h = route("reduce_scatter", input.nbytes()))
+      return collective(sig, input.nbytes(), [=, output = output](const OpInfo&) mutable {
+        return h->reduce_scatter(input, output, options.op, Hierarchy::Checks::kByCaller);
+      });
   const CheckPayload carried =
       payload_of(CheckPayload::Kind::kReduceScatter, input, output, output.nbytes(), options.op);
   if (carried_by_check(carried, on_host(input, output)))
@@ -693,9 +717,12 @@ WorkPtr Communicator::allgather(const Tensor& input, Tensor& output,
   LOOM_CHECK(output.numel() == input.numel() * size_, "allgather: output has ", output.numel(),
              " elements, expected group size ", size_, " x input's ", input.numel(), " = ",
              input.numel() * size_);
-  if (Hierarchy* h = route("allgather", output.nbytes())) return h->allgather(input, output);
   const Signature sig{"allgather", input.dtype(),    input.numel(),   -1,
                       -1,          site.file_name(), int(site.line())};
+  if (std::shared_ptr<Hierarchy> h = route("allgather", output.nbytes()))
+    return collective(sig, output.nbytes(), [=, output = output](const OpInfo&) mutable {
+      return h->allgather(input, output, Hierarchy::Checks::kByCaller);
+    });
   const CheckPayload carried =
       payload_of(CheckPayload::Kind::kAllgather, input, output, input.nbytes(), ReduceOp::kSum);
   if (carried_by_check(carried, on_host(input, output)))
@@ -761,13 +788,15 @@ WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
   // With splits, ranks move different byte counts: the choice must not depend on them
   // (Note [Flat or hierarchical]).
   const bool equal = options.input_splits.empty() && options.output_splits.empty();
-  if (Hierarchy* h = route(equal ? "all_to_all" : "all_to_all(v)", input.nbytes()))
-    return h->all_to_all(input, output, o);
   // Split sizes may differ per rank; the dtype and the op must not (the count is not compared).
-  return collective({"all_to_all", input.dtype(), -1, -1, -1, site.file_name(), int(site.line())},
-                    input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
-                      return all_to_all_impl(input, output, o, info);
-                    });
+  const Signature sig{"all_to_all", input.dtype(), -1, -1, -1, site.file_name(), int(site.line())};
+  if (std::shared_ptr<Hierarchy> h = route(equal ? "all_to_all" : "all_to_all(v)", input.nbytes()))
+    return collective(sig, input.nbytes(), [=, output = output](const OpInfo&) mutable {
+      return h->all_to_all(input, output, o, Hierarchy::Checks::kByCaller);
+    });
+  return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
+    return all_to_all_impl(input, output, o, info);
+  });
 }
 
 WorkPtr Communicator::send(const Tensor& tensor, int peer, const PointToPointOptions& options) {

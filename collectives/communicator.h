@@ -322,8 +322,26 @@ class Communicator {
   };
   OpInfo begin(const char* op, size_t bytes);
   void tally(const char* op, size_t bytes);  // op_count's and op_bytes' counts
-  // The Hierarchy to run a call on (goes_hierarchical), tallied as this group's; else null.
-  Hierarchy* route(const char* op, size_t bytes);
+  // The Hierarchy to run a call on (goes_hierarchical), else null. A routed call is still this
+  // group's collective: checked here as a whole, then made in two levels (Note [Two-level calls
+  // checked whole] in hierarchical.cpp).
+  std::shared_ptr<Hierarchy> route(const char* op, size_t bytes) const;
+  // While one lives, the collectives this thread posts have no signature check of their own:
+  // each is posted in its group's order, as a checked one would be once its check agreed (a
+  // small one still travels in its exchange, compared by length only: Note [Carried when
+  // unchecked]). For comm::Hierarchy's steps, whose whole call was checked on the group it
+  // serves (Note [Two-level calls checked whole]).
+  friend class Hierarchy;
+  class CheckedByCaller {
+   public:
+    CheckedByCaller();
+    ~CheckedByCaller();
+    CheckedByCaller(const CheckedByCaller&) = delete;
+    CheckedByCaller& operator=(const CheckedByCaller&) = delete;
+
+   private:
+    bool previous_;
+  };
   // A small collective done by its signature check's exchange (Note [Small collectives in their
   // check]): the payload, and the tensors whose memory it points into, kept until it is done.
   struct Carried {

@@ -30,9 +30,25 @@ struct Hierarchy::Step {
 // earlier call's step on the other (a reduce-scatter's step across nodes with the next one's
 // inside the node), and a call's steps may overlap each other where they do not depend on each
 // other (Note [Pipelined two-level allreduce]).
+// Note [Two-level calls checked whole]
+// A call a Communicator routes here is that group's collective, and is checked there as the
+// flat call would be (Note [Collective signatures]): one exchange over the whole group with the
+// user's signature (op, dtype, count, reduction, the caller's file and line). Once it agrees,
+// every rank made this call and so built the same steps; they are posted with no checks of
+// their own (Communicator::CheckedByCaller), each still in its sub-group's order. Before, each
+// step was checked on its sub-group, which saw only hierarchical.cpp's lines and the pieces'
+// counts: swapped calls of one size went unnoticed on a two-level group (and summed one tensor
+// with another), where the flat group raises; a call of another count whose first pieces
+// matched ran until a later piece; a rank whose call went flat under auto (another size, under
+// the crossover) while its peers went two levels met no check and waited out the timeout; and an
+// error named an internal step. Now each of those raises on every rank, naming the ranks' own
+// calls, and nothing of the call is posted, so the group stays usable. A call made on the
+// Hierarchy directly (tests, the cost measurements) checks each step, as does an all-to-all
+// with splits (its steps' sizes come from the splits, which no signature holds).
 struct Hierarchy::Chains {
   struct Chain {
     std::vector<Step> steps;
+    Checks checks = Checks::kEachStep;
     std::function<void()> finish;  // a copy out of a staging buffer, after the last step
     std::vector<WorkPtr> works;    // by step: posted and not yet seen complete
     std::vector<char> complete;    // by step
@@ -56,14 +72,25 @@ struct Hierarchy::Chains {
     }
   };
   std::deque<std::shared_ptr<Chain>> calls;  // not yet done, in call order
+  bool progressing = false;                  // inside progress()
 
-  // Posts and completes what it can without blocking.
+  // Posts and completes what it can without blocking. Not re-entered: a step's test may make
+  // a routed call (its group's check agreed while the step's wait polled every queue: Note
+  // [Two-level calls checked whole]), whose chain() then only joins `calls`, which this loop
+  // reaches.
   void progress() {
+    if (progressing) return;
+    progressing = true;
+    struct Done {
+      bool& flag;
+      ~Done() { flag = false; }
+    } done{progressing};
     std::vector<const Communicator*> busy;  // groups with an earlier call's step not yet posted
     auto is_busy = [&](const Communicator* g) {
       return std::find(busy.begin(), busy.end(), g) != busy.end();
     };
-    for (const std::shared_ptr<Chain>& c : calls) {
+    for (size_t ci = 0; ci < calls.size(); ++ci) {  // by index: calls may join meanwhile
+      const std::shared_ptr<Chain> c = calls[ci];
       for (bool moved = true; moved && !c->done;) {
         moved = false;
         for (size_t i = 0; i < c->posted; ++i)
@@ -77,7 +104,7 @@ struct Hierarchy::Chains {
           const Step& step = c->steps[c->posted];
           const int need = c->needs(c->posted);
           if ((need >= 0 && !c->complete[size_t(need)]) || is_busy(step.group)) break;
-          c->works[c->posted++] = step.post();
+          c->works[c->posted++] = post(step, c->checks);
           moved = true;
         }
         if (c->posted == c->steps.size() &&
@@ -96,12 +123,19 @@ struct Hierarchy::Chains {
   // own in flight, else (its next step waits its turn) on the earliest call's, which nothing
   // holds back.
   void wait(Chain& chain) {
+    LOOM_ASSERT(!progressing, "Hierarchy: a call waited on while its steps are being posted");
     for (progress(); !chain.done; progress()) {
       Work* target = chain.blocking();
       for (size_t i = 0; target == nullptr && i < calls.size(); ++i) target = calls[i]->blocking();
       LOOM_ASSERT(target != nullptr, "Hierarchy: a call waits with no step in flight");
       target->wait();
     }
+  }
+
+  static WorkPtr post(const Step& step, Checks checks) {
+    if (checks == Checks::kEachStep) return step.post();
+    Communicator::CheckedByCaller checked;
+    return step.post();
   }
 };
 
@@ -169,13 +203,14 @@ Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank)
 
 Hierarchy::~Hierarchy() = default;
 
-WorkPtr Hierarchy::chain(std::vector<Step> steps, std::function<void()> finish) {
+WorkPtr Hierarchy::chain(std::vector<Step> steps, std::function<void()> finish, Checks checks) {
   for (size_t i = 0; i < steps.size(); ++i)
     LOOM_ASSERT(steps[i].after < int(i), "Hierarchy: step ", i, " needs a later one");
   auto c = std::make_shared<Chains::Chain>();
   c->works.resize(steps.size());
   c->complete.assign(steps.size(), 0);
   c->steps = std::move(steps);
+  c->checks = checks;
   c->finish = std::move(finish);
   chains_->calls.push_back(c);
   chains_->progress();  // posts the first step unless an earlier call holds its group
@@ -248,7 +283,7 @@ void move_piece(Tensor grouped, Tensor stage, int64_t nodes, int64_t local, int6
 // order]). The pieces are disjoint ranges of the buffer, a multiple of L elements each, so in
 // place a piece's all-gather overwrites nothing another piece still reads, and every element is
 // reduced as in the unpieced call (in the node in rank order, then across nodes).
-WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
+WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Checks checks) {
   LOOM_CHECK(applies_, "Hierarchy::allreduce on ", str());
   check_avg("allreduce", op, input.dtype());
   LOOM_CHECK(input.is_contiguous() && output.is_contiguous() && input.numel() == output.numel() &&
@@ -330,10 +365,10 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
     finish = [into, size]() mutable {
       into.copy_(scale(into.to(DType::kF32), 1.0 / size).to(into.dtype()));
     };
-  return chain(std::move(steps), std::move(finish));
+  return chain(std::move(steps), std::move(finish), checks);
 }
 
-WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op, Checks checks) {
   LOOM_CHECK(applies_, "Hierarchy::reduce_scatter on ", str());
   check_avg("reduce_scatter", op, input.dtype());
   const int64_t c = output.numel();
@@ -413,10 +448,10 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
     finish = [out, size]() mutable {
       out.copy_(scale(out.to(DType::kF32), 1.0 / size).to(out.dtype()));
     };
-  return chain(std::move(steps), std::move(finish));
+  return chain(std::move(steps), std::move(finish), checks);
 }
 
-WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
+WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output, Checks checks) {
   LOOM_CHECK(applies_, "Hierarchy::allgather on ", str());
   const int64_t c = input.numel();
   LOOM_CHECK(output.numel() == c * size_ && input.is_contiguous() && output.is_contiguous(),
@@ -458,7 +493,7 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
       };
       steps.push_back(std::move(node_step));
     }
-    return chain(std::move(steps), nullptr);
+    return chain(std::move(steps), nullptr, checks);
   }
   std::vector<Step> steps = {{inter, [=]() mutable { return inter->allgather(input, across); }}};
   for (int64_t k = 0; k < nodes_; ++k)
@@ -466,20 +501,21 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output) {
                        Tensor node_k = flat_output.narrow(0, k * slice, slice);
                        return intra->allgather(across.narrow(0, k * c, c), node_k);
                      }});
-  return chain(std::move(steps), nullptr);
+  return chain(std::move(steps), nullptr, checks);
 }
 
-WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options) {
+WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options,
+                              Checks checks) {
   LOOM_CHECK(applies_, "Hierarchy::all_to_all on ", str());
   LOOM_CHECK(input.is_contiguous() && output.is_contiguous() && input.dtype() == output.dtype(),
              "Hierarchy::all_to_all: input ", input.str(), " and output ", output.str(),
              " (contiguous, one dtype)");
   if (options.input_splits.empty() && options.output_splits.empty())
-    return all_to_all_equal(input, output);
-  return all_to_all_variable(input, output, options);
+    return all_to_all_equal(input, output, checks);
+  return all_to_all_variable(input, output, options);  // its steps checked: See Checks
 }
 
-WorkPtr Hierarchy::all_to_all_equal(const Tensor& input, Tensor& output) {
+WorkPtr Hierarchy::all_to_all_equal(const Tensor& input, Tensor& output, Checks checks) {
   const int64_t n = size_;
   LOOM_CHECK(input.numel() == output.numel() && input.numel() % n == 0,
              "Hierarchy::all_to_all: input ", input.str(), " and output ", output.str(),
@@ -502,7 +538,7 @@ WorkPtr Hierarchy::all_to_all_equal(const Tensor& input, Tensor& output) {
          return inter->all_to_all(by_node, out);
        }},
   };
-  return chain(std::move(steps), nullptr);
+  return chain(std::move(steps), nullptr, checks);
 }
 
 namespace {
@@ -607,7 +643,7 @@ WorkPtr Hierarchy::all_to_all_variable(const Tensor& input, Tensor& output,
          return inter->all_to_all(state->by_node, out, {inter_in, inter_out});
        }},
   };
-  return chain(std::move(steps), nullptr);
+  return chain(std::move(steps), nullptr, Checks::kEachStep);
 }
 
 }  // namespace loom::comm

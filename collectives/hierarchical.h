@@ -12,11 +12,13 @@
 //                    each, instead of N - N/L single chunks. With variable splits, the node's
 //                    ranks first exchange their split sizes (one small all-to-all inside the
 //                    node), since a rank forwards what its neighbours send.
-// Each level is an ordinary collective on a sub-group (checked, with deadlines), and the steps
-// of one call are held in a Work: posting each step when the one it needs completes, while the
-// caller polls or waits. Results equal the flat call's up to rounding (sums are
-// associated differently: node first; bf16/f16 round at each level); integer sums, max and min
-// are exact. avg is a sum at both levels divided once by the group size (floating dtypes).
+// Each level is an ordinary collective on a sub-group (with deadlines), and the steps of one
+// call are held in a Work: posting each step when the one it needs completes, while the caller
+// polls or waits. A call routed by a Communicator is checked there whole, as the user made it,
+// and its steps go unchecked; a call made here directly checks each step (Checks). Results equal
+// the flat call's up to rounding (sums are associated differently: node first; bf16/f16 round at
+// each level); integer sums, max and min are exact. avg is a sum at both levels divided once by the
+// group size (floating dtypes).
 //
 // Ranks must be spread evenly: every node holds the same number of the group's ranks, and group
 // rank r of node n sits at place (n, local index) in node order then rank order (what placing
@@ -69,15 +71,25 @@ class Hierarchy {
   void set_piece_bytes(size_t bytes) { piece_bytes_ = bytes; }
   size_t piece_bytes() const { return piece_bytes_; }
 
+  // Who checks a call's signature (Note [Two-level calls checked whole] in hierarchical.cpp):
+  // each step on its sub-group (a call made on the Hierarchy directly), or the group the
+  // Hierarchy serves, once for the whole call and before it is made (a Communicator's routed
+  // calls), its steps then posted without checks of their own. An all-to-all with splits
+  // checks its steps either way: their sizes come from the splits, which no signature holds.
+  enum class Checks : uint8_t { kEachStep, kByCaller };
+
   // The group's collectives in two levels (as Communicator's: same arguments and results).
   // Require applies().
-  WorkPtr allreduce(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum);
+  WorkPtr allreduce(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum,
+                    Checks checks = Checks::kEachStep);
   WorkPtr allreduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) {
     return allreduce(tensor, tensor, op);
   }
-  WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum);
-  WorkPtr allgather(const Tensor& input, Tensor& output);
-  WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {});
+  WorkPtr reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum,
+                         Checks checks = Checks::kEachStep);
+  WorkPtr allgather(const Tensor& input, Tensor& output, Checks checks = Checks::kEachStep);
+  WorkPtr all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {},
+                     Checks checks = Checks::kEachStep);
 
   ~Hierarchy();
   Hierarchy(const Hierarchy&) = delete;
@@ -89,8 +101,8 @@ class Hierarchy {
  private:
   struct Step;  // one collective of a call, on the node's or the across-nodes group
   // A call of `steps`, posted in turn, then `finish`.
-  WorkPtr chain(std::vector<Step> steps, std::function<void()> finish);
-  WorkPtr all_to_all_equal(const Tensor& input, Tensor& output);
+  WorkPtr chain(std::vector<Step> steps, std::function<void()> finish, Checks checks);
+  WorkPtr all_to_all_equal(const Tensor& input, Tensor& output, Checks checks);
   WorkPtr all_to_all_variable(const Tensor& input, Tensor& output, const AllToAllOptions& options);
 
   std::shared_ptr<Chains> chains_;

@@ -334,6 +334,97 @@ TEST(Algorithm, ManyCallsInFlightCompleteInAnyOrder) {
   }
 }
 
+// Note [Two-level calls checked whole]: a routed call is checked on its group as the user made
+// it. Each step used to be checked on its own, by hierarchical.cpp's lines and the pieces'
+// counts: these calls then went unnoticed (the swapped ones summed into each other) or raised
+// naming an internal step.
+TEST(Algorithm, RoutedCallsAreCheckedAsTheUserMadeThem) {
+  auto world = comm::world();
+  if (world->size() < 4 || world->size() % 2 != 0)
+    GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
+  const int rank = world->rank();
+  auto group = world->split(0, rank, "checked whole");
+  group->set_timeout_seconds(30);  // a call that is not caught fails instead of hanging
+  group->set_algorithm(Algorithm::kHierarchical, nodes_of_size(world->size(), 2));
+  ASSERT_TRUE(group->goes_hierarchical("allreduce", 256));
+  auto raises = [&](const WorkPtr& work, const std::vector<std::string>& named) {
+    try {
+      work->wait();
+      ADD_FAILURE() << "expected CommError on rank " << rank;
+    } catch (const CommError& e) {
+      for (const std::string& text : named)
+        EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
+            << text << " in " << e.what();
+    }
+  };
+  const Tensor original = input_of(rank, 64, DType::kF32);
+
+  // Two calls of one size from different lines, as a rank that swapped two allreduces makes.
+  Tensor t = original.clone();
+  const int line_a = __LINE__ + 1;
+  WorkPtr swapped = rank == 1 ? group->allreduce(t) : nullptr;
+  const int line_b = __LINE__ + 1;
+  if (rank != 1) swapped = group->allreduce(t);
+  raises(swapped, {"disagree", "hierarchical_test.cpp:" + std::to_string(line_a),
+                   "hierarchical_test.cpp:" + std::to_string(line_b)});
+  EXPECT_EQ(t.to_vector<float>(), original.to_vector<float>()) << "nothing of it was posted";
+
+  // Another count on each node (64 and 62 elements: 31 or 32 across nodes per rank): named as
+  // the calls' counts, not their steps'.
+  Tensor shorter = original.narrow(0, 0, rank < 2 ? 64 : 62).clone();
+  raises(group->allreduce(shorter), {"disagree", "count 64", "count 62"});
+  Tensor gathered = Tensor::empty({(rank < 2 ? 64 : 62) * world->size()});
+  raises(group->allgather(shorter, gathered), {"allgather", "count 64", "count 62"});
+
+  // The group is still usable: nothing of the failed calls was posted anywhere.
+  Tensor sum = original.clone(), flat = original.clone();
+  group->allreduce(sum)->wait();
+  world->allreduce(flat)->wait();
+  expect_close(sum, flat, 1e-6, "allreduce after the failed calls");
+}
+
+// Routed calls in flight together, polled and waited per rank in different orders: each group
+// check agrees inside some other work's poll, which then makes the call (Note [Two-level calls
+// checked whole]); with checks on and off, every result is the flat call's.
+TEST(Algorithm, RoutedCallsInFlightCompleteInAnyOrder) {
+  auto world = comm::world();
+  if (world->size() < 4 || world->size() % 2 != 0)
+    GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
+  auto group = world->split(0, world->rank(), "routed in flight");
+  group->set_algorithm(Algorithm::kHierarchical, nodes_of_size(world->size(), 2));
+  const int size = world->size();
+  for (bool checked : {true, false}) {
+    SCOPED_TRACE(checked ? "checks on" : "checks off");
+    group->set_debug(checked);
+    std::vector<Tensor> sums, scattered, gathered, flat_sums, flat_scattered, flat_gathered;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 5; ++k) {
+      const int64_t n = 7 + 900 * k;
+      sums.push_back(input_of(world->rank() + k, n, DType::kF32));
+      flat_sums.push_back(sums.back().clone());
+      works.push_back(group->allreduce(sums.back()));
+      Tensor in = input_of(world->rank() - k, n * size, DType::kF32);
+      scattered.push_back(Tensor::empty({n}));
+      flat_scattered.push_back(Tensor::empty({n}));
+      works.push_back(group->reduce_scatter(in, scattered.back()));
+      world->reduce_scatter(in, flat_scattered.back())->wait();
+      Tensor mine = input_of(world->rank() * 3 + k, n, DType::kF32);
+      gathered.push_back(Tensor::empty({n * size}));
+      flat_gathered.push_back(Tensor::empty({n * size}));
+      works.push_back(group->allgather(mine, gathered.back()));
+      world->allgather(mine, flat_gathered.back())->wait();
+    }
+    for (size_t i = size_t(world->rank()) % 3; i < works.size(); i += 3) works[i]->test();
+    for (size_t i = works.size(); i-- > 0;) works[i]->wait();
+    for (size_t k = 0; k < sums.size(); ++k) {
+      world->allreduce(flat_sums[k])->wait();
+      expect_close(sums[k], flat_sums[k], 1e-6, "allreduce in flight");
+      expect_close(scattered[k], flat_scattered[k], 1e-6, "reduce_scatter in flight");
+      EXPECT_EQ(gathered[k].to_vector<float>(), flat_gathered[k].to_vector<float>());
+    }
+  }
+}
+
 TEST(Algorithm, AutoPicksByTheMeasuredTableAlikeOnEveryRank) {
   auto world = comm::world();
   if (world->size() < 4) GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
