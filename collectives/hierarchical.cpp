@@ -45,6 +45,11 @@ struct Hierarchy::Step {
 // calls, and nothing of the call is posted, so the group stays usable. A call made on the
 // Hierarchy directly (tests, the cost measurements) checks each step, as does an all-to-all
 // with splits (its steps' sizes come from the splits, which no signature holds).
+// A routed call is made when its check agrees, which may be inside any loom wait or test (Note
+// [The check queue]), a wait for another call's step among them: its chain() then progresses
+// every call in flight and may complete that very step. So Chains::wait holds the step it waits
+// for, PollingWork::wait notices a completion made meanwhile, and progress() is not re-entered
+// (a DDP step on the emulated 2 x 2 cluster aborted with "pure virtual method called" before).
 struct Hierarchy::Chains {
   struct Chain {
     std::vector<Step> steps;
@@ -61,13 +66,13 @@ struct Hierarchy::Chains {
       return after == Step::kPrevious ? int(i) - 1 : after;
     }
     // The work the next post waits for, if it is in flight, else any of this call's in flight.
-    Work* blocking() const {
+    WorkPtr blocking() const {
       if (posted < steps.size()) {
         const int need = needs(posted);
-        if (need >= 0 && !complete[size_t(need)]) return works[size_t(need)].get();
+        if (need >= 0 && !complete[size_t(need)]) return works[size_t(need)];
       }
       for (size_t i = 0; i < posted; ++i)
-        if (!complete[i]) return works[i].get();
+        if (!complete[i]) return works[i];
       return nullptr;
     }
   };
@@ -94,7 +99,7 @@ struct Hierarchy::Chains {
       for (bool moved = true; moved && !c->done;) {
         moved = false;
         for (size_t i = 0; i < c->posted; ++i)
-          if (!c->complete[i] && c->works[i]->test()) {
+          if (WorkPtr w = c->works[i]; !c->complete[i] && w->test()) {
             c->complete[i] = 1;
             c->works[i] = nullptr;
             if (c->steps[i].done) c->steps[i].done();
@@ -121,11 +126,12 @@ struct Hierarchy::Chains {
 
   // Blocks until `chain` is done: waits on the step its next post needs, else on one of its
   // own in flight, else (its next step waits its turn) on the earliest call's, which nothing
-  // holds back.
+  // holds back. The target is held here: its wait may make a routed call whose chain()
+  // progresses every call (Note [Two-level calls checked whole]), completing and dropping it.
   void wait(Chain& chain) {
     LOOM_ASSERT(!progressing, "Hierarchy: a call waited on while its steps are being posted");
     for (progress(); !chain.done; progress()) {
-      Work* target = chain.blocking();
+      WorkPtr target = chain.blocking();
       for (size_t i = 0; target == nullptr && i < calls.size(); ++i) target = calls[i]->blocking();
       LOOM_ASSERT(target != nullptr, "Hierarchy: a call waits with no step in flight");
       target->wait();

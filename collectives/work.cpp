@@ -89,7 +89,9 @@ void PollingWork::wait() {
   Clock::time_point patient_until;
   WaitingScope waiting;   // See Note [Termination by the launcher]
   std::string described;  // the op in words, once the wait is slow
-  for (int polls = 0; !poll_or_raise(); ++polls) {
+  // done_ may be set meanwhile: a routed call made from the progress below tests every two-level
+  // step in flight, this one among them (Note [Two-level calls checked whole]).
+  for (int polls = 0; !done_ && !poll_or_raise(); ++polls) {
     progress_checks();  // See Note [The check queue]
     step_works();       // See Note [Works that post as they go]
     // Most small collectives finish within a few polls: spin before giving up the core
@@ -116,7 +118,7 @@ void PollingWork::wait() {
     else
       std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  complete();
+  if (!done_) complete();
 }
 
 }  // namespace loom::comm

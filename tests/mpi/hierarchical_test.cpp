@@ -383,9 +383,10 @@ TEST(Algorithm, RoutedCallsAreCheckedAsTheUserMadeThem) {
   expect_close(sum, flat, 1e-6, "allreduce after the failed calls");
 }
 
-// Routed calls in flight together, polled and waited per rank in different orders: each group
-// check agrees inside some other work's poll, which then makes the call (Note [Two-level calls
-// checked whole]); with checks on and off, every result is the flat call's.
+// Routed calls in flight together, polled and waited in different orders: a later call's group
+// check agrees inside the wait for an earlier call's step, which then makes the later call and
+// progresses every call, the awaited step's among them (Note [Two-level calls checked whole]);
+// with checks on and off, every result is the flat call's.
 TEST(Algorithm, RoutedCallsInFlightCompleteInAnyOrder) {
   auto world = comm::world();
   if (world->size() < 4 || world->size() % 2 != 0)
@@ -393,13 +394,15 @@ TEST(Algorithm, RoutedCallsInFlightCompleteInAnyOrder) {
   auto group = world->split(0, world->rank(), "routed in flight");
   group->set_algorithm(Algorithm::kHierarchical, nodes_of_size(world->size(), 2));
   const int size = world->size();
-  for (bool checked : {true, false}) {
-    SCOPED_TRACE(checked ? "checks on" : "checks off");
+  for (auto [checked, in_call_order] : {std::pair{true, true}, std::pair{true, false},
+                                        std::pair{false, true}, std::pair{false, false}}) {
+    SCOPED_TRACE(::testing::Message() << (checked ? "checks on" : "checks off")
+                                      << (in_call_order ? ", waited in call order" : ""));
     group->set_debug(checked);
     std::vector<Tensor> sums, scattered, gathered, flat_sums, flat_scattered, flat_gathered;
     std::vector<WorkPtr> works;
     for (int k = 0; k < 5; ++k) {
-      const int64_t n = 7 + 900 * k;
+      const int64_t n = 7 + 9000 * k;  // up to steps past what a check carries
       sums.push_back(input_of(world->rank() + k, n, DType::kF32));
       flat_sums.push_back(sums.back().clone());
       works.push_back(group->allreduce(sums.back()));
@@ -414,14 +417,37 @@ TEST(Algorithm, RoutedCallsInFlightCompleteInAnyOrder) {
       works.push_back(group->allgather(mine, gathered.back()));
       world->allgather(mine, flat_gathered.back())->wait();
     }
-    for (size_t i = size_t(world->rank()) % 3; i < works.size(); i += 3) works[i]->test();
-    for (size_t i = works.size(); i-- > 0;) works[i]->wait();
+    if (in_call_order) {
+      for (const WorkPtr& work : works) work->wait();
+    } else {
+      for (size_t i = size_t(world->rank()) % 3; i < works.size(); i += 3) works[i]->test();
+      for (size_t i = works.size(); i-- > 0;) works[i]->wait();
+    }
     for (size_t k = 0; k < sums.size(); ++k) {
       world->allreduce(flat_sums[k])->wait();
       expect_close(sums[k], flat_sums[k], 1e-6, "allreduce in flight");
       expect_close(scattered[k], flat_scattered[k], 1e-6, "reduce_scatter in flight");
       EXPECT_EQ(gathered[k].to_vector<float>(), flat_gathered[k].to_vector<float>());
     }
+  }
+  // A large call waited on first with many small ones queued behind it: their checks agree
+  // while its steps are awaited, so the steps are progressed (and completed) from inside
+  // their own waits, many times over (this crashed a DDP step on the emulated cluster).
+  group->set_debug(true);
+  Tensor large = input_of(world->rank(), 1 << 18, DType::kF32), flat_large = large.clone();
+  std::vector<Tensor> small, flat_small;
+  std::vector<WorkPtr> works = {group->allreduce(large)};
+  for (int k = 0; k < 40; ++k) {
+    small.push_back(input_of(world->rank() + k, 1000, DType::kF32));
+    flat_small.push_back(small.back().clone());
+    works.push_back(group->allreduce(small.back()));
+  }
+  for (const WorkPtr& work : works) work->wait();
+  world->allreduce(flat_large)->wait();
+  expect_close(large, flat_large, 1e-6, "the large allreduce");
+  for (size_t k = 0; k < small.size(); ++k) {
+    world->allreduce(flat_small[k])->wait();
+    expect_close(small[k], flat_small[k], 1e-6, "a small allreduce behind it");
   }
 }
 
