@@ -788,11 +788,15 @@ WorkPtr Communicator::all_to_all(const Tensor& input, Tensor& output,
   // With splits, ranks move different byte counts: the choice must not depend on them
   // (Note [Flat or hierarchical]).
   const bool equal = options.input_splits.empty() && options.output_splits.empty();
-  // Split sizes may differ per rank; the dtype and the op must not (the count is not compared).
-  const Signature sig{"all_to_all", input.dtype(), -1, -1, -1, site.file_name(), int(site.line())};
+  // With splits, sizes may differ per rank and the count is not compared; without, every rank
+  // sends and receives numel / size per peer, so the counts must agree.
+  const Signature sig{"all_to_all",     input.dtype(),   equal ? input.numel() : -1, -1, -1,
+                      site.file_name(), int(site.line())};
   if (std::shared_ptr<Hierarchy> h = route(equal ? "all_to_all" : "all_to_all(v)", input.nbytes()))
     return collective(sig, input.nbytes(), [=, output = output](const OpInfo&) mutable {
-      return h->all_to_all(input, output, o, Hierarchy::Checks::kByCaller);
+      // Without splits, the equal form: no exchange of split sizes, its steps unchecked.
+      return h->all_to_all(input, output, equal ? AllToAllOptions{} : o,
+                           Hierarchy::Checks::kByCaller);
     });
   return collective(sig, input.nbytes(), [=, this, output = output](const OpInfo& info) mutable {
     return all_to_all_impl(input, output, o, info);

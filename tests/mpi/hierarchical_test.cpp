@@ -404,6 +404,10 @@ TEST(Algorithm, RoutedCallsAreCheckedAsTheUserMadeThem) {
   raises(group->allreduce(shorter), {"disagree", "count 64", "count 62"});
   Tensor gathered = Tensor::empty({(rank < 2 ? 64 : 62) * world->size()});
   raises(group->allgather(shorter, gathered), {"allgather", "count 64", "count 62"});
+  const int64_t per_peer = rank < 2 ? 3 : 2;  // an equal all-to-all of another size per node
+  Tensor sent = Tensor::zeros({per_peer * world->size()}), got = sent.clone();
+  raises(group->all_to_all(sent, got), {"all_to_all", "count " + std::to_string(3 * world->size()),
+                                        "count " + std::to_string(2 * world->size())});
 
   // The group is still usable: nothing of the failed calls was posted anywhere.
   Tensor sum = original.clone(), flat = original.clone();
