@@ -271,6 +271,11 @@ class Communicator {
   virtual WorkPtr all_to_all_impl(const Tensor& input, Tensor& output, const AllToAllOptions& o,
                                   const OpInfo& info) = 0;
   virtual WorkPtr batch_p2p_impl(const std::vector<P2POp>& ops, const OpInfo& info) = 0;
+  // One send or receive (send() and recv()): a backend with a quicker path for a single message
+  // overrides it (Note [A single message's cost] in mpi_backend.cpp); else a batch of one.
+  virtual WorkPtr p2p_impl(const P2POp& op, const OpInfo& info) {
+    return batch_p2p_impl({op}, info);
+  }
   virtual WorkPtr barrier_impl(const BarrierOptions& o, const OpInfo& info) = 0;
   virtual std::shared_ptr<Communicator> split_impl(int color, int key, const std::string& name) = 0;
 
@@ -322,6 +327,7 @@ class Communicator {
   };
   OpInfo begin(const char* op, size_t bytes);
   void tally(const char* op, size_t bytes);  // op_count's and op_bytes' counts
+  void check_p2p(const P2POp& op) const;     // a send's or receive's arguments
   // The Hierarchy to run a call on (goes_hierarchical), else null. A routed call is still this
   // group's collective: checked here as a whole, then made in two levels (Note [Two-level calls
   // checked whole] in hierarchical.cpp).
@@ -384,7 +390,7 @@ class Communicator {
   uint64_t sequence_ = 0;
   uint64_t collectives_ = 0;  // the collectives among them: See Note [Collective signatures]
   struct OpTally {
-    std::string op;
+    const char* op;  // a string literal, as OpInfo::op
     uint64_t count = 0, bytes = 0;
   };
   std::vector<OpTally> op_counts_;

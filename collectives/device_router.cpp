@@ -39,6 +39,7 @@ struct Inner : Communicator {
   using Communicator::broadcast_impl;
   using Communicator::check_channel;
   using Communicator::OpInfo;
+  using Communicator::p2p_impl;
   using Communicator::reduce_impl;
   using Communicator::reduce_scatter_impl;
   using Communicator::split_impl;
@@ -118,6 +119,9 @@ class DeviceRouter final : public Communicator {
     WorkPtr device_work = (inner(*device_).*&Inner::batch_p2p_impl)(on_device, info);
     WorkPtr host_work = (inner(*host_).*&Inner::batch_p2p_impl)(on_host, info);
     return std::make_shared<BothWork>(std::move(device_work), std::move(host_work));
+  }
+  WorkPtr p2p_impl(const P2POp& op, const OpInfo& info) override {
+    return (route(op.tensor).*&Inner::p2p_impl)(op, info);
   }
   WorkPtr barrier_impl(const BarrierOptions& o, const OpInfo& info) override {
     return (inner(*host_).*&Inner::barrier_impl)(o, info);

@@ -619,29 +619,56 @@ MpiWork::~MpiWork() {
                                     nullptr, std::move(comm)});
 }
 
-// One send or receive of a host buffer MPI carries as it is: the common case of batch_p2p (a
-// pipeline's activations, a ping-pong) without its general machinery, which allocated nine to
-// eleven times per call (request and status vectors, the closures checking lengths and copying
-// staged receives back, a detached tensor).
+// Note [A single message's cost]
+// send() and recv() of a host buffer MPI carries as it is (a pipeline's activations, a
+// ping-pong) skip batch_p2p's general machinery (request and status vectors, closures that check
+// lengths and copy staged receives back), which allocated nine to eleven times per call. And
+// the message is tested once right after it is posted: a small send is complete as soon as the
+// transport has copied it out (eager, on shared memory up to 4 KiB), a receive whose message has
+// already arrived is complete too; such a call returns the shared completed work and allocates
+// nothing. Only a message still in flight gets a PointToPointWork, which owns its request. The
+// one test costs one turn of MPI's progress engine when the message is not complete, which the
+// wait would have spent anyway.
+
+// Elements a completed receive got. A shorter message than the buffer arrives without an MPI
+// error, so each receive compares this with its length (a longer one is MPI_ERR_TRUNCATE,
+// except that Open MPI 4.1 truncates a message a rank sends to itself without a word).
+int received_count(const MPI_Status& status, MPI_Datatype type) {
+  int got = 0;
+  MPI_Get_count(&status, type, &got);
+  return got;
+}
+
+CommError short_receive(const OpContext& context, int peer, int tag, int got, int expected) {
+  return CommError(loom::detail::str_cat(
+      "[rank ", error_rank(), "] ", context.str(), ": recv from rank ", peer, " with tag ", tag,
+      " got ", got, " elements, expected ", expected, " (the matching send is shorter)"));
+}
+
+// An operation that failed as it was posted: its wait and test raise the error.
+class FailedWork final : public Work {
+ public:
+  explicit FailedWork(std::exception_ptr error) : error_(std::move(error)) {}
+  void wait() override { std::rethrow_exception(error_); }
+  bool test() override { std::rethrow_exception(error_); }
+
+ private:
+  std::exception_ptr error_;
+};
+
+// A send or receive posted and not yet complete (Note [A single message's cost]).
 class PointToPointWork final : public MpiPolledWork {
  public:
   PointToPointWork(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-                   const P2POp& op)
+                   const P2POp& op, MPI_Datatype type, MPI_Request posted)
       : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
         tensor_(op.tensor),
         recv_(op.kind == P2POp::Kind::kRecv),
         count_(int(op.tensor.numel())),
-        type_(transport_type(op.tensor.dtype())),
+        type_(type),
         peer_(op.peer),
-        tag_(op.tag) {
-    void* data = tensor_.numel() > 0 ? tensor_.data_ptr() : nullptr;
-    if (recv_)
-      LOOM_MPI_CHECK_IN(this->context(),
-                        MPI_Irecv(data, count_, type_, peer_, tag_, comm->comm, &request_));
-    else
-      LOOM_MPI_CHECK_IN(this->context(),
-                        MPI_Isend(data, count_, type_, peer_, tag_, comm->comm, &request_));
-  }
+        tag_(op.tag),
+        request_(posted) {}
   ~PointToPointWork() override;
 
  protected:
@@ -656,14 +683,8 @@ class PointToPointWork final : public MpiPolledWork {
     if (comm) comm->failed = false;  // the group works again
     comm.reset();
     if (!recv_) return;
-    // A shorter message than the receive buffer arrives without an MPI error: catch it here
-    // (as batch_p2p does).
-    int got = 0;
-    MPI_Get_count(&status_, type_, &got);
-    if (got != count_)
-      throw CommError(loom::detail::str_cat(
-          "[rank ", error_rank(), "] ", context().str(), ": recv from rank ", peer_, " with tag ",
-          tag_, " got ", got, " elements, expected ", count_, " (the matching send is shorter)"));
+    if (const int got = received_count(status_, type_); got != count_)
+      throw short_receive(context(), peer_, tag_, got, count_);
   }
 
  private:
@@ -672,7 +693,7 @@ class PointToPointWork final : public MpiPolledWork {
   int count_;
   MPI_Datatype type_;
   int peer_, tag_;
-  MPI_Request request_ = MPI_REQUEST_NULL;
+  MPI_Request request_;
   MPI_Status status_{};
 };
 
@@ -1531,14 +1552,55 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
+  // Whether MPI carries `op`'s tensor as it is: on the host, of a type MPI has, in one message.
+  static bool carried_as_is(const P2POp& op) {
+    return !needs_staging(op.tensor, op.tensor.dtype()) && op.tensor.numel() <= mpi_max_count();
+  }
+
+  // See Note [A single message's cost].
+  WorkPtr p2p_impl(const P2POp& op, const OpInfo& info) override {
+    // Each of the tensor's properties read once: a small message's whole cost is a few hundred
+    // nanoseconds.
+    const Tensor& t = op.tensor;
+    const int64_t numel = t.numel();
+    if (op.tag > tag_ub_ || !t.device().is_cpu() || numel > mpi_max_count())
+      return batch_p2p_impl({op}, info);
+    const bool recv = op.kind == P2POp::Kind::kRecv;
+    const int count = int(numel);
+    const MPI_Datatype type = transport_type(t.dtype());
+    void* data = count > 0 ? t.data_ptr() : nullptr;
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int posted = recv ? MPI_Irecv(data, count, type, op.peer, op.tag, comm_, &request)
+                            : MPI_Isend(data, count, type, op.peer, op.tag, comm_, &request);
+    if (posted != MPI_SUCCESS)
+      check_mpi(posted, recv ? "MPI_Irecv" : "MPI_Isend", __FILE__, __LINE__, context_of(info));
+    int complete = 0;
+    MPI_Status status{};
+    const int tested = MPI_Test(&request, &complete, &status);
+    if (tested == MPI_SUCCESS && !complete)
+      return std::make_shared<PointToPointWork>(handle_, context_of(info), timeout_seconds(), op,
+                                                type, request);
+    // Complete, or failed (a longer message is MPI_ERR_TRUNCATE): a failure is raised by the
+    // work's wait, as for a message still in flight, not by this call (its peer may still wait
+    // for this rank's next message).
+    try {
+      if (tested != MPI_SUCCESS)
+        check_mpi(tested, "MPI_Test", __FILE__, __LINE__, context_of(info));
+      if (const int got = recv ? received_count(status, type) : count; got != count)
+        throw short_receive(context_of(info), op.peer, op.tag, got, count);
+    } catch (const CommError&) {
+      handle_->failed = true;  // as a Work whose wait raised
+      return std::make_shared<FailedWork>(std::current_exception());
+    }
+    handle_->failed = false;  // the group works again, as when a PointToPointWork completes
+    return completed_work();
+  }
+
   WorkPtr batch_p2p_impl(const std::vector<P2POp>& ops, const OpInfo& info) override {
     for (const P2POp& p : ops)
       LOOM_CHECK(p.tag <= tag_ub_, describe(info), ": tag ", p.tag,
                  " is above this MPI's limit MPI_TAG_UB = ", tag_ub_);
-    if (ops.size() == 1 && !needs_staging(ops[0].tensor, ops[0].tensor.dtype()) &&
-        ops[0].tensor.numel() <= mpi_max_count())
-      return std::make_shared<PointToPointWork>(handle_, context_of(info), timeout_seconds(),
-                                                ops[0]);
+    if (ops.size() == 1 && carried_as_is(ops[0])) return p2p_impl(ops[0], info);
     auto w = make_work(info, {});
     struct Expect {  // a receive piece, checked for its length once complete
       size_t request;
@@ -1572,19 +1634,9 @@ class MpiCommunicator final : public Communicator {
     w->statuses.resize(w->requests.size());
     MpiWork* raw = w.get();  // `then` runs inside the work, so the pointer outlives it
     w->then = [raw, expect = std::move(expect), results = std::move(results)] {
-      // A shorter message than the receive buffer arrives without an MPI error: catch it here.
-      // (A longer one is MPI_ERR_TRUNCATE, except that Open MPI 4.1 truncates a message a rank
-      // sends to itself without a word.)
-      for (const Expect& e : expect) {
-        int got = 0;
-        MPI_Get_count(&raw->statuses[e.request], e.type, &got);
-        if (got != e.count) {
-          throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", raw->context().str(),
-                                                ": recv from rank ", e.peer, " with tag ", e.tag,
-                                                " got ", got, " elements, expected ", e.count,
-                                                " (the matching send is shorter)"));
-        }
-      }
+      for (const Expect& e : expect)  // See received_count
+        if (const int got = received_count(raw->statuses[e.request], e.type); got != e.count)
+          throw short_receive(raw->context(), e.peer, e.tag, got, e.count);
       for (const auto& [buf, t] : results) store(buf, t);
     };
     return w;

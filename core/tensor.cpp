@@ -176,18 +176,10 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 
 // ---------------------------------------------------------------- properties
 
-void Tensor::require_defined(const char* what) const {
-  LOOM_CHECK(impl_ != nullptr, "Tensor::", what, ": the tensor is undefined");
+void Tensor::fail_undefined(const char* what) {
+  LOOM_FAIL("Tensor::", what, ": the tensor is undefined");
 }
 
-const Shape& Tensor::shape() const {
-  require_defined("shape");
-  return impl_->shape;
-}
-const Shape& Tensor::strides() const {
-  require_defined("strides");
-  return impl_->strides;
-}
 int64_t Tensor::size(int64_t d) const {
   int64_t n = dim();
   LOOM_CHECK(d >= -n && d < n, "Tensor::size: dim ", d, " out of range for ", n, "-D tensor");
@@ -196,15 +188,6 @@ int64_t Tensor::size(int64_t d) const {
 int64_t Tensor::offset() const {
   require_defined("offset");
   return impl_->offset;
-}
-int64_t Tensor::numel() const { return shape_numel(shape()); }
-DType Tensor::dtype() const {
-  require_defined("dtype");
-  return impl_->dtype;
-}
-Device Tensor::device() const {
-  require_defined("device");
-  return impl_->device;
 }
 const std::shared_ptr<Storage>& Tensor::storage() const {
   require_defined("storage");

@@ -201,6 +201,7 @@ class Tensor {
 
  private:
   void require_defined(const char* what) const;
+  [[noreturn]] static void fail_undefined(const char* what);
   std::shared_ptr<TensorImpl> impl_;
 };
 
@@ -229,6 +230,30 @@ struct TensorImpl {
   std::shared_ptr<uint64_t> root_generation;  // a root's own count (made with its first view)
   uint64_t view_generation = 0;               // views only
 };
+
+// The properties every op and collective reads, inline: the checks of a small collective or a
+// send read a few dozen of them, and out of line each was a call and a check with its message.
+inline void Tensor::require_defined(const char* what) const {
+  if (impl_ == nullptr) [[unlikely]]
+    fail_undefined(what);
+}
+inline const Shape& Tensor::shape() const {
+  require_defined("shape");
+  return impl_->shape;
+}
+inline const Shape& Tensor::strides() const {
+  require_defined("strides");
+  return impl_->strides;
+}
+inline int64_t Tensor::numel() const { return shape_numel(shape()); }
+inline DType Tensor::dtype() const {
+  require_defined("dtype");
+  return impl_->dtype;
+}
+inline Device Tensor::device() const {
+  require_defined("device");
+  return impl_->device;
+}
 
 // Makes a tensor over existing storage (a view): no copy, no autograd history.
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);

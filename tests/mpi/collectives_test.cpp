@@ -794,6 +794,41 @@ TEST(MpiBackend, MismatchedSendRecvLengthsAreErrors) {
   }
   comm->barrier_sync();
 }
+
+// A receive posted once its message has arrived completes as it is posted (Note [A single
+// message's cost] in collectives/mpi_backend.cpp): its values, and a shorter message's error, are
+// those of a receive posted first. Sizes from empty to past the eager limit (whose send waits for
+// the receive), every dtype.
+TEST(MpiBackend, ReceivesPostedAfterTheirMessageArrived) {
+  auto comm = world_comm();
+  if (std::string(comm->backend()) != "mpi") GTEST_SKIP() << "backend " << comm->backend();
+  const int r = comm->rank(), size = comm->size();
+  const int next = (r + 1) % size, prev = (r + size - 1) % size;
+  int64_t wrong = 0;
+  for (DType dt : kDTypes)
+    for (int64_t n : {0, 1, 256, 1000, 70000}) {
+      WorkPtr send = comm->send(make(dt, n, [&](int64_t i) { return move_value(r, i); }), next,
+                                PointToPointOptions{3});
+      comm->barrier_sync();  // every rank has sent: the small messages are there to be received
+      Tensor got = garbage(dt, n);
+      WorkPtr recv = comm->recv(got, prev, PointToPointOptions{3});
+      wait_all({send, recv});
+      wrong += count_wrong(name_of("recv after its message", dt, n), got,
+                           [&](int64_t i) { return move_value(prev, i); });
+    }
+  comm->send(Tensor::ones({10}), next, PointToPointOptions{4})->wait();
+  comm->barrier_sync();
+  Tensor twenty = Tensor::zeros({20});
+  try {
+    comm->recv(twenty, prev, PointToPointOptions{4})->wait();
+    ADD_FAILURE() << "a 10-element message that had arrived filled a 20-element recv";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("got 10 elements, expected 20"), std::string::npos)
+        << e.what();
+  }
+  comm->barrier_sync();
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
 #endif
 
 }  // namespace
