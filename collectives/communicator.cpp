@@ -613,8 +613,10 @@ std::string Communicator::explanation(Pending& p) {
   const auto* f_bytes = static_cast<const char*>(p.files.data_ptr());
   auto call_of = [&](int r) {
     const int64_t* f = &v[size_t(r * kFields)];
+    // No count: an all-to-all with splits, whose sizes may differ by rank.
     std::string text =
-        detail::str_cat(kCollectiveOps[f[0]], " ", dtype_name(DType(f[1])), " count ", f[2]);
+        detail::str_cat(kCollectiveOps[f[0]], " ", dtype_name(DType(f[1])),
+                        f[2] >= 0 ? detail::str_cat(" count ", f[2]) : " with splits");
     if (f[3] >= 0) text += detail::str_cat(" root ", f[3]);
     if (f[4] >= 0) text += detail::str_cat(" ", reduce_op_name(ReduceOp(f[4])));
     const std::string file(f_bytes + size_t(r) * kSiteBytes);

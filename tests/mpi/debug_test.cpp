@@ -83,6 +83,17 @@ TEST(CommDebug, GoodCollectivesPassAndMismatchesRaiseOnEveryRank) {
                     g->broadcast(x, {r == last ? 0 : last})->wait();
                   },
                   {"root 0", detail::str_cat("root ", last)});
+  // An all-to-all with explicit splits on rank 0, the equal form elsewhere: the equal form's
+  // count is compared, the other has none (its sizes may differ by rank).
+  expect_mismatch(*g,
+                  [&] {
+                    Tensor in = Tensor::ones({4 * n}), out = Tensor::zeros({4 * n});
+                    AllToAllOptions o;
+                    if (r == 0) o.input_splits = o.output_splits = std::vector<int64_t>(n, 4);
+                    g->all_to_all(in, out, o)->wait();
+                  },
+                  {"rank 0: all_to_all f32 with splits at debug_test.cpp:",
+                   detail::str_cat("all_to_all f32 count ", 4 * n, " at debug_test.cpp:")});
   // Reduction.
   expect_mismatch(*g,
                   [&] {
