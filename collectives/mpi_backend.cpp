@@ -1559,16 +1559,12 @@ class MpiCommunicator final : public Communicator {
 
   // See Note [A single message's cost].
   WorkPtr p2p_impl(const P2POp& op, const OpInfo& info) override {
-    // Each of the tensor's properties read once: a small message's whole cost is a few hundred
-    // nanoseconds.
-    const Tensor& t = op.tensor;
-    const int64_t numel = t.numel();
-    if (op.tag > tag_ub_ || !t.device().is_cpu() || numel > mpi_max_count())
-      return batch_p2p_impl({op}, info);
+    // The rest, and a tag beyond MPI's (which batch_p2p_impl names), go the general way.
+    if (op.tag > tag_ub_ || !carried_as_is(op)) return batch_p2p_impl({op}, info);
     const bool recv = op.kind == P2POp::Kind::kRecv;
-    const int count = int(numel);
-    const MPI_Datatype type = transport_type(t.dtype());
-    void* data = count > 0 ? t.data_ptr() : nullptr;
+    const int count = int(op.tensor.numel());
+    const MPI_Datatype type = transport_type(op.tensor.dtype());
+    void* data = count > 0 ? op.tensor.data_ptr() : nullptr;
     MPI_Request request = MPI_REQUEST_NULL;
     const int posted = recv ? MPI_Irecv(data, count, type, op.peer, op.tag, comm_, &request)
                             : MPI_Isend(data, count, type, op.peer, op.tag, comm_, &request);
