@@ -22,6 +22,7 @@
 
 #include "collectives/carried.h"
 #include "collectives/mpi_check.h"
+#include "collectives/recycled.h"
 #include "collectives/termination.h"
 #include "collectives/topology.h"
 #include "collectives/work.h"
@@ -1574,8 +1575,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Status status{};
     const int tested = MPI_Test(&request, &complete, &status);
     if (tested == MPI_SUCCESS && !complete)
-      return std::make_shared<PointToPointWork>(handle_, context_of(info), timeout_seconds(), op,
-                                                type, request);
+      return make_recycled<PointToPointWork>(handle_, context_of(info), timeout_seconds(), op, type,
+                                             request);
     // Complete, or failed (a longer message is MPI_ERR_TRUNCATE): a failure is raised by the
     // work's wait, as for a message still in flight, not by this call (its peer may still wait
     // for this rank's next message).
@@ -1667,9 +1668,8 @@ class MpiCommunicator final : public Communicator {
                      (payload.input != nullptr && payload.output != nullptr)),
                 "signature exchange carrying ", payload.bytes(size()), " bytes");
     // By value, not `this`: the work keeps the MPI communicator alive, not the group.
-    return std::make_shared<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
-                                               size(), exchange_order_, pair, payload,
-                                               spare_scratch_);
+    return make_recycled<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
+                                            size(), exchange_order_, pair, payload, spare_scratch_);
   }
 
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {

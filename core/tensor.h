@@ -245,7 +245,14 @@ inline const Shape& Tensor::strides() const {
   require_defined("strides");
   return impl_->strides;
 }
-inline int64_t Tensor::numel() const { return shape_numel(shape()); }
+inline int64_t Tensor::numel() const {
+  // The product inline (a small collective asks a dozen times); a product that overflows goes to
+  // shape_numel, which knows a zero size further on and raises otherwise.
+  int64_t n = 1;
+  for (int64_t s : shape())
+    if (__builtin_mul_overflow(n, s, &n)) return shape_numel(shape());
+  return n;
+}
 inline DType Tensor::dtype() const {
   require_defined("dtype");
   return impl_->dtype;
