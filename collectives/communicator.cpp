@@ -552,10 +552,14 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
     p->post = std::move(post);
   else
     p->carried = std::move(carried);
-  if (queue_->waiting.empty()) post_check(*p, *channel);
+  const bool first = queue_->waiting.empty();
+  if (first) post_check(*p, *channel);
   queue_->waiting.push_back(p);
   ++g_queued;
-  advance(nullptr);
+  // A carried collective whose exchange this call just posted has nothing to post when it
+  // completes: its wait or the group's next call finds it done. Any other may let the group's
+  // collectives go out now (a posted one overlaps what the caller does next).
+  if (!first || p->post) advance(nullptr);
   return make_recycled<CheckedWork>(queue_, std::move(p));
 }
 
@@ -580,12 +584,13 @@ void Communicator::advance(const Pending* until) {
   Communicator& channel = *check_channel();
   auto& waiting = queue_->waiting;
   while (!waiting.empty()) {
-    const std::shared_ptr<Pending> head = waiting.front();
-    // A check that times out stays at the head: waiting again resumes it, as for any Work.
+    // A check that times out stays at the head: waiting again resumes it, as for any Work. The
+    // head stays queued while its check runs (a routed call made meanwhile must queue behind it).
     if (until)
-      head->check_work->wait();
-    else if (!head->check_work->test())
+      waiting.front()->check_work->wait();
+    else if (!waiting.front()->check_work->test())
       return;
+    const std::shared_ptr<Pending> head = std::move(waiting.front());
     waiting.pop_front();
     --g_queued;
     if (hashes_agree(head->check.data())) {
