@@ -99,11 +99,12 @@ namespace loom::comm {
 // MPI's allgather); an allreduce as one allgather of the inputs up to 16 KiB over the group, in
 // two phases up to 32 KiB (at 64 KiB its copies made it 0.65-0.67x of MPI's where MPI's own
 // call after a check was 0.67-0.77x, at 128-256 KiB 0.58-0.69x against 0.83-0.90x); a
-// reduce_scatter up to 64 KiB of input (0.83x there against 0.56x). On two ranks an allreduce
-// goes as the allgather of the inputs up to the two phases' limit: there each rank sends the same
-// bytes either way (its whole input, or half of it twice), in one round trip instead of two
-// (16 KiB on 2 ranks of the Zen 3 VM: 0.70-0.72x -> 0.89x of MPI's, 32 KiB 0.64-0.67x ->
-// 0.72-0.79x; medians of 5 and 10 runs).
+// reduce_scatter up to 64 KiB of input (0.83x there against 0.56x). Two ranks carry more. An
+// allreduce goes as the allgather of the inputs up to the two phases' limit: there each rank
+// sends the same bytes either way (its whole input, or half of it twice), in one round trip
+// instead of two (on the Zen 3 VM, 16 KiB: 0.70-0.72x -> 0.89x of MPI's; 32 KiB: 0.64-0.67x ->
+// 0.72-0.79x; medians of 5 and 10 runs). An allgather is carried up to 16 KiB of output (16 KiB:
+// 0.54x -> 0.65x; at 32-64 KiB carried was slower, 0.58-0.59x against 0.61-0.69x; 6 runs).
 
 namespace {
 
@@ -473,7 +474,7 @@ size_t Communicator::carried_limit(CheckPayload::Kind kind) const {
     case CheckPayload::Kind::kNone:
       return 0;
     case CheckPayload::Kind::kAllgather:
-      return kCarriedAllgatherBytes;
+      return size_ == 2 ? 2 * kCarriedAllgatherBytes : kCarriedAllgatherBytes;
     case CheckPayload::Kind::kAllreduceByAllgather:
       return size_ == 2 ? 2 * kCarriedAllreduceBytes : kAllreduceByAllgatherBytes;
     case CheckPayload::Kind::kAllreduce:
