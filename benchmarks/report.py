@@ -406,12 +406,25 @@ def command_output(cmd):
         return ""
 
 
-def machine():
-    cpu = "unknown"
+def cpu_name():
+    """The first CPU's model name with its family, model and widest vector extension: VMs often
+    name only "AMD EPYC", and the figures move with the generation (Zen 3 against Zen 4)."""
+    fields = {}
     for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+        if not line.strip():
+            break  # the first processor's block only
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = fields.get("flags", "").split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    name = fields.get("model name", "unknown")
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']} model {fields['model']}, {vector})"
+    return f"{name} ({vector})"
+
+
+def machine():
+    cpu = cpu_name()
     mem = 0
     for line in open("/proc/meminfo"):
         if line.startswith("MemTotal"):
