@@ -507,8 +507,8 @@ WorkPtr Communicator::collective(const Signature& given, size_t bytes,
   auto p = make_recycled<Pending>();
   p->info = info;
   p->sig = given;
-  uint64_t file_hash = site_hash("");
-  if (given.file) {  // a ScopedCallSite's place replaces the C++ caller's
+  uint64_t file_hash = 0;  // no place: a rooted collective or a barrier
+  if (given.file) {        // a ScopedCallSite's place replaces the C++ caller's
     if (t_site_file.empty()) {
       const SiteFile& site = site_file(given.file);
       p->file = site.base;

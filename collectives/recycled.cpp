@@ -65,6 +65,8 @@ size_t class_of(size_t bytes) { return bytes == 0 ? 0 : (bytes - 1) / kGranule; 
 
 }  // namespace
 
+bool recycles() { return kRecycle; }
+
 void* recycled_allocate(size_t bytes) {
   const size_t c = class_of(bytes);
   if (!kRecycle || c >= kClasses) return ::operator new(bytes);

@@ -12,6 +12,8 @@ namespace loom::comm {
 namespace recycling {
 void* recycled_allocate(size_t bytes);
 void recycled_free(void* block, size_t bytes) noexcept;
+// False under AddressSanitizer, where every block is a plain allocation.
+bool recycles();
 }  // namespace recycling
 
 // An allocator for std::allocate_shared: the object and its control block in one recycled block.

@@ -14,18 +14,6 @@
 namespace loom::comm {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kRecycles = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kRecycles = false;
-#else
-constexpr bool kRecycles = true;
-#endif
-#else
-constexpr bool kRecycles = true;
-#endif
-
 struct Counted {
   static int live;
   std::array<int64_t, 20> values{};
@@ -53,7 +41,7 @@ TEST(Recycled, ObjectsAreConstructedDestroyedAndKeepTheirValues) {
 }
 
 TEST(Recycled, AFreedBlockIsTheNextObjectsOfItsSize) {
-  if (!kRecycles) GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  if (!recycling::recycles()) GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
   const void* first = make_recycled<Counted>(1).get();  // freed at the end of the statement
   auto again = make_recycled<Counted>(2);
   EXPECT_EQ(again.get(), first);
@@ -61,7 +49,7 @@ TEST(Recycled, AFreedBlockIsTheNextObjectsOfItsSize) {
 }
 
 TEST(Recycled, ABlockFreedOnAnotherThreadIsThatThreads) {
-  if (!kRecycles) GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  if (!recycling::recycles()) GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
   auto made_here = make_recycled<Counted>(3);
   const void* block = made_here.get();
   const void* reused_there = nullptr;
