@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <exception>
 #include <functional>
 
 #include "core/ops.h"
@@ -50,8 +51,25 @@ struct Hierarchy::Step {
 // every call in flight and may complete that very step. So Chains::wait holds the step it waits
 // for, PollingWork::wait notices a completion made meanwhile, and progress() is not re-entered
 // (a DDP step on the emulated 2 x 2 cluster aborted with "pure virtual method called" before).
+// Note [A failed two-level call]
+// When a step raises (it timed out, or its own check found the ranks disagreeing), its call can
+// no longer post its later steps, and the calls after it cannot post theirs either: a step is
+// posted only once every earlier call has posted on its group (Note [Two-level calls in call
+// order]), and skipping the failed call's steps would post the rest out of order on this rank
+// alone. Before, the failed call stayed in the queue: a later call waited on the failed step
+// again, for another whole timeout, and then raised that step's error as its own; dropping the
+// failed call's Work waited the timeout once more. Now the failure is final, as an NCCL
+// communicator's abort is: the failed call's wait and test raise its error again at once, every
+// call in flight raises that an earlier call failed, naming it, and so does every later call as
+// it is made, without waiting. Dropping them waits for nothing. The sub-groups' own steps
+// already in flight are left to their Works' usual ends (Note [Abandoned operations] in
+// mpi_backend.cpp). The group's flat collectives stay usable as before.
 struct Hierarchy::Chains {
+  explicit Chains(std::string group_name) : name(std::move(group_name)) {}
+
   struct Chain {
+    const char* op = "";
+    std::exception_ptr error;  // its failure, or an earlier call's: Note [A failed two-level call]
     std::vector<Step> steps;
     Checks checks = Checks::kEachStep;
     std::function<void()> finish;  // a copy out of a staging buffer, after the last step
@@ -78,6 +96,37 @@ struct Hierarchy::Chains {
   };
   std::deque<std::shared_ptr<Chain>> calls;  // not yet done, in call order
   bool progressing = false;                  // inside progress()
+  const std::string name;                    // the group's
+  std::string failure;  // the first failed call and its error, in words (empty: none)
+
+  // What a call raises when it cannot run or finish because an earlier call failed.
+  CommError after_failure(const char* op, const char* what) const {
+    return CommError(detail::str_cat(
+        "[rank ", error_rank(), "] group '", name, "': a two-level ", op, " ", what,
+        ": an earlier two-level call on the group failed (", failure,
+        "); after a failure the group's two-level calls stop, since their steps could no longer "
+        "be posted in the same order on every rank"));
+  }
+
+  // `culprit`'s step raised `error`: every call in flight fails (Note [A failed two-level call]).
+  void fail(Chain& culprit, std::exception_ptr error) {
+    if (!failure.empty()) {  // failed already, from inside this step's wait
+      if (!culprit.error) culprit.error = std::move(error);
+      return;
+    }
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    failure = detail::str_cat("its ", culprit.op, ": ", what);
+    culprit.error = std::move(error);
+    for (const std::shared_ptr<Chain>& c : calls)
+      if (c.get() != &culprit) c->error = std::make_exception_ptr(after_failure(c->op, "failed"));
+    calls.clear();
+  }
 
   // Posts and completes what it can without blocking. Not re-entered: a step's test may make
   // a routed call (its group's check agreed while the step's wait polled every queue: Note
@@ -91,37 +140,47 @@ struct Hierarchy::Chains {
       ~Done() { flag = false; }
     } done{progressing};
     std::vector<const Communicator*> busy;  // groups with an earlier call's step not yet posted
-    auto is_busy = [&](const Communicator* g) {
-      return std::find(busy.begin(), busy.end(), g) != busy.end();
-    };
     for (size_t ci = 0; ci < calls.size(); ++ci) {  // by index: calls may join meanwhile
       const std::shared_ptr<Chain> c = calls[ci];
-      for (bool moved = true; moved && !c->done;) {
-        moved = false;
-        for (size_t i = 0; i < c->posted; ++i)
-          if (WorkPtr w = c->works[i]; !c->complete[i] && w->test()) {
-            c->complete[i] = 1;
-            c->works[i] = nullptr;
-            if (c->steps[i].done) c->steps[i].done();
-            moved = true;
-          }
-        while (c->posted < c->steps.size()) {
-          const Step& step = c->steps[c->posted];
-          const int need = c->needs(c->posted);
-          if ((need >= 0 && !c->complete[size_t(need)]) || is_busy(step.group)) break;
-          c->works[c->posted++] = post(step, c->checks);
-          moved = true;
-        }
-        if (c->posted == c->steps.size() &&
-            std::all_of(c->complete.begin(), c->complete.end(), [](char x) { return x != 0; })) {
-          if (c->finish) c->finish();
-          c->done = true;
-        }
+      try {
+        advance(*c, busy);
+      } catch (...) {  // a step's test or post raised: Note [A failed two-level call]
+        fail(*c, std::current_exception());
+        return;
       }
       for (size_t i = c->posted; i < c->steps.size(); ++i) busy.push_back(c->steps[i].group);
     }
     calls.erase(std::remove_if(calls.begin(), calls.end(), [](const auto& c) { return c->done; }),
                 calls.end());
+  }
+
+  // progress() for one call: completes its steps in flight that have, and posts those whose
+  // turn came (none on a `busy` group), until nothing moves.
+  static void advance(Chain& c, const std::vector<const Communicator*>& busy) {
+    for (bool moved = true; moved && !c.done;) {
+      moved = false;
+      for (size_t i = 0; i < c.posted; ++i)
+        if (WorkPtr w = c.works[i]; !c.complete[i] && w->test()) {
+          c.complete[i] = 1;
+          c.works[i] = nullptr;
+          if (c.steps[i].done) c.steps[i].done();
+          moved = true;
+        }
+      while (c.posted < c.steps.size()) {
+        const Step& step = c.steps[c.posted];
+        const int need = c.needs(c.posted);
+        if ((need >= 0 && !c.complete[size_t(need)]) ||
+            std::find(busy.begin(), busy.end(), step.group) != busy.end())
+          break;
+        c.works[c.posted++] = post(step, c.checks);
+        moved = true;
+      }
+      if (c.posted == c.steps.size() &&
+          std::all_of(c.complete.begin(), c.complete.end(), [](char x) { return x != 0; })) {
+        if (c.finish) c.finish();
+        c.done = true;
+      }
+    }
   }
 
   // Blocks until `chain` is done: waits on the step its next post needs, else on one of its
@@ -130,12 +189,19 @@ struct Hierarchy::Chains {
   // progresses every call (Note [Two-level calls checked whole]), completing and dropping it.
   void wait(Chain& chain) {
     LOOM_ASSERT(!progressing, "Hierarchy: a call waited on while its steps are being posted");
-    for (progress(); !chain.done; progress()) {
+    for (progress(); !chain.done && !chain.error; progress()) {
       WorkPtr target = chain.blocking();
-      for (size_t i = 0; target == nullptr && i < calls.size(); ++i) target = calls[i]->blocking();
+      std::shared_ptr<Chain> owner;  // of target, when another call's
+      for (size_t i = 0; target == nullptr && i < calls.size(); ++i)
+        if ((target = calls[i]->blocking())) owner = calls[i];
       LOOM_ASSERT(target != nullptr, "Hierarchy: a call waits with no step in flight");
-      target->wait();
+      try {
+        target->wait();
+      } catch (...) {  // Note [A failed two-level call]
+        fail(owner ? *owner : chain, std::current_exception());
+      }
     }
+    if (chain.error) std::rethrow_exception(chain.error);
   }
 
   static WorkPtr post(const Step& step, Checks checks) {
@@ -168,6 +234,7 @@ class ChainedWork final : public Work {
   }
   bool test() override {
     if (!chain_->done) chains_->progress();
+    if (chain_->error) std::rethrow_exception(chain_->error);
     return chain_->done;
   }
 
@@ -184,7 +251,7 @@ Tensor swap_leading(const Tensor& x, int64_t a, int64_t b, int64_t c) {
 }  // namespace
 
 Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank)
-    : chains_(std::make_shared<Chains>()), size_(group.size()) {
+    : chains_(std::make_shared<Chains>(group.name())), size_(group.size()) {
   const int n = size_;
   if (node_of_rank.empty()) node_of_rank = node_map(group).node_of_rank;
   LOOM_CHECK(int(node_of_rank.size()) == n, "Hierarchy: ", node_of_rank.size(),
@@ -209,7 +276,9 @@ Hierarchy::Hierarchy(Communicator& group, std::vector<int> node_of_rank)
 
 Hierarchy::~Hierarchy() = default;
 
-WorkPtr Hierarchy::chain(std::vector<Step> steps, std::function<void()> finish, Checks checks) {
+WorkPtr Hierarchy::chain(const char* op, std::vector<Step> steps, std::function<void()> finish,
+                         Checks checks) {
+  if (!chains_->failure.empty()) throw chains_->after_failure(op, "cannot run");
   for (size_t i = 0; i < steps.size(); ++i)
     LOOM_ASSERT(steps[i].after < int(i), "Hierarchy: step ", i, " needs a later one");
   auto c = std::make_shared<Chains::Chain>();
@@ -218,6 +287,7 @@ WorkPtr Hierarchy::chain(std::vector<Step> steps, std::function<void()> finish, 
   c->steps = std::move(steps);
   c->checks = checks;
   c->finish = std::move(finish);
+  c->op = op;
   chains_->calls.push_back(c);
   chains_->progress();  // posts the first step unless an earlier call holds its group
   return std::make_shared<ChainedWork>(chains_, std::move(c));
@@ -371,7 +441,7 @@ WorkPtr Hierarchy::allreduce(const Tensor& input, Tensor& output, ReduceOp op, C
     finish = [into, size]() mutable {
       into.copy_(scale(into.to(DType::kF32), 1.0 / size).to(into.dtype()));
     };
-  return chain(std::move(steps), std::move(finish), checks);
+  return chain("allreduce", std::move(steps), std::move(finish), checks);
 }
 
 WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op, Checks checks) {
@@ -454,7 +524,7 @@ WorkPtr Hierarchy::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
     finish = [out, size]() mutable {
       out.copy_(scale(out.to(DType::kF32), 1.0 / size).to(out.dtype()));
     };
-  return chain(std::move(steps), std::move(finish), checks);
+  return chain("reduce_scatter", std::move(steps), std::move(finish), checks);
 }
 
 WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output, Checks checks) {
@@ -499,7 +569,7 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output, Checks checks)
       };
       steps.push_back(std::move(node_step));
     }
-    return chain(std::move(steps), nullptr, checks);
+    return chain("allgather", std::move(steps), nullptr, checks);
   }
   std::vector<Step> steps = {{inter, [=]() mutable { return inter->allgather(input, across); }}};
   for (int64_t k = 0; k < nodes_; ++k)
@@ -507,7 +577,7 @@ WorkPtr Hierarchy::allgather(const Tensor& input, Tensor& output, Checks checks)
                        Tensor node_k = flat_output.narrow(0, k * slice, slice);
                        return intra->allgather(across.narrow(0, k * c, c), node_k);
                      }});
-  return chain(std::move(steps), nullptr, checks);
+  return chain("allgather", std::move(steps), nullptr, checks);
 }
 
 WorkPtr Hierarchy::all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options,
@@ -544,7 +614,7 @@ WorkPtr Hierarchy::all_to_all_equal(const Tensor& input, Tensor& output, Checks 
          return inter->all_to_all(by_node, out);
        }},
   };
-  return chain(std::move(steps), nullptr, checks);
+  return chain("all_to_all", std::move(steps), nullptr, checks);
 }
 
 namespace {
@@ -649,7 +719,7 @@ WorkPtr Hierarchy::all_to_all_variable(const Tensor& input, Tensor& output,
          return inter->all_to_all(state->by_node, out, {inter_in, inter_out});
        }},
   };
-  return chain(std::move(steps), nullptr, Checks::kEachStep);
+  return chain("all_to_all", std::move(steps), nullptr, Checks::kEachStep);
 }
 
 }  // namespace loom::comm

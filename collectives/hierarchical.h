@@ -100,8 +100,9 @@ class Hierarchy {
 
  private:
   struct Step;  // one collective of a call, on the node's or the across-nodes group
-  // A call of `steps`, posted in turn, then `finish`.
-  WorkPtr chain(std::vector<Step> steps, std::function<void()> finish, Checks checks);
+  // A call of `op` made of `steps`, posted in turn, then `finish`.
+  WorkPtr chain(const char* op, std::vector<Step> steps, std::function<void()> finish,
+                Checks checks);
   WorkPtr all_to_all_equal(const Tensor& input, Tensor& output, Checks checks);
   WorkPtr all_to_all_variable(const Tensor& input, Tensor& output, const AllToAllOptions& options);
 

@@ -4,6 +4,7 @@
 // are exact; f32 sums within rounding (the sums are associated node first).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -361,6 +362,60 @@ TEST(Algorithm, ManyCallsInFlightCompleteInAnyOrder) {
   calls_in_flight_equal_the_flat(
       *world, on_hierarchy, 6, [](int k) { return int64_t(50 + 300 * k); },
       polled_then_waited_backwards(world->rank(), 2));
+}
+
+// Note [A failed two-level call]: node 0 calls with 64 elements, the others with 62, so every
+// rank's step across nodes finds the ranks disagreeing (after the step inside the node went
+// through), and nothing is left posted. That call raises, again at once when waited on again;
+// the next call raises at once, naming the failed one, where it used to wait on the failed step
+// again (a whole timeout, had that step timed out) and raise the step's error as its own. The
+// group's flat collectives still work.
+TEST(Hierarchy, AFailedCallStopsTheLaterOnesAtOnce) {
+  auto world = comm::world();
+  if (world->size() < 4 || world->size() % 2 != 0)
+    GTEST_SKIP() << "needs 2 nodes of 2 ranks or more";
+  const int rank = world->rank();
+  auto group = world->split(0, rank, "failed call");
+  Hierarchy h(*group, nodes_of_size(world->size(), 2));
+  ASSERT_TRUE(h.applies());
+  for (Communicator* g : {group.get(), &h.intra(), &h.inter()})
+    g->set_timeout_seconds(30);  // a wait that does not end as it should fails, not hangs
+  auto error_of = [&](const WorkPtr& work) -> std::string {
+    try {
+      work->wait();
+    } catch (const CommError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected CommError on rank " << rank;
+    return "";
+  };
+
+  Tensor uneven = input_of(rank, rank < 2 ? 64 : 62, DType::kF32);
+  WorkPtr failed = h.allreduce(uneven);
+  const std::string first = error_of(failed);
+  EXPECT_NE(first.find("disagree"), std::string::npos) << first;
+  EXPECT_EQ(error_of(failed), first) << "waited on again: the same error";
+
+  const auto start = std::chrono::steady_clock::now();
+  Tensor t = input_of(rank, 64, DType::kF32);
+  std::string later;
+  try {
+    later = error_of(h.allreduce(t));  // raised as it is made, or by its wait
+  } catch (const CommError& e) {
+    later = e.what();
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const char* part :
+       {"group 'failed call'", "a two-level allreduce cannot run",
+        "an earlier two-level call on the group failed (its allreduce: ", "disagree"})
+    EXPECT_NE(later.find(part), std::string::npos) << "'" << part << "' in: " << later;
+  EXPECT_LT(waited, 10.0) << "the later call waited instead of raising (timeout 30 s)";
+
+  Tensor sum = t.clone(), flat = t.clone();
+  group->allreduce(sum)->wait();
+  world->allreduce(flat)->wait();
+  expect_close(sum, flat, 1e-6, "the group's flat allreduce after the failed two-level call");
 }
 
 // Note [Two-level calls checked whole]: a routed call is checked on its group as the user made
