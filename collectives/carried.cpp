@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -30,16 +31,13 @@ void combine_block(ReduceOp op, const T* x, int64_t count, Acc* acc) {
   }
 }
 
-// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type. The result
-// is combined a tile at a time in an accumulator on the stack and then stored: no allocation (a
-// carried collective is small, and a scratch allocation was a visible part of its time), and
-// `out` may alias a block (each tile is read whole before it is written).
 // Whether out[i] = combine(a[i], b[i]) can be written straight into `out`: each element is read
 // before it is written, so `out` may be either block itself, but not a shifted part of one.
 template <typename T>
 bool writes_in_one_pass(const T* a, const T* b, int64_t count, const T* out) {
+  const std::less<const T*> below;  // a total order, also between unrelated buffers
   auto clear = [&](const T* block) {
-    return block == out || block + count <= out || out + count <= block;
+    return block == out || !below(out, block + count) || !below(block, out + count);
   };
   return clear(a) && clear(b);
 }
@@ -64,6 +62,10 @@ void reduce_two(const T* a, const T* b, ReduceOp op, int64_t count, T* out) {
   }
 }
 
+// Acc: the type the reduction runs in (f32 for the 16-bit floats); T: the stored type. The result
+// is combined a tile at a time in an accumulator on the stack and then stored: no allocation (a
+// carried collective is small, and a scratch allocation was a visible part of its time), and
+// `out` may alias a block (each tile is read whole before it is written).
 template <typename T, typename Acc>
 void reduce_blocks(const T* const* by_rank, int n, ReduceOp op, int64_t count, T* out) {
   if constexpr (std::is_same_v<T, Acc>) {
