@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -14,14 +15,29 @@
 
 namespace loom::bench {
 
+// The usage line: every flag with its current value, which is its default before parsing.
+inline std::string int_flags_usage(const char* program,
+                                   const std::map<std::string, int64_t*>& fields) {
+  std::string usage = std::string("usage: ") + program;
+  for (const auto& [name, value] : fields)
+    usage += " [--" + name + " " + std::to_string(*value) + "]";
+  return usage;
+}
+
 // Sets *fields[name] from each `--name value` pair; an unknown flag, a missing value or a value
-// that is not a positive integer is an error naming it.
+// that is not a positive integer is an error naming it. `--help` (or `-h`) prints the usage and
+// exits, before any rank has started MPI.
 inline void parse_int_flags(int argc, char** argv, const char* program,
                             const std::map<std::string, int64_t*>& fields) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::printf("%s\n", int_flags_usage(program, fields).c_str());
+      std::exit(0);
+    }
     auto it = flag.rfind("--", 0) == 0 ? fields.find(flag.substr(2)) : fields.end();
-    LOOM_CHECK(it != fields.end(), program, ": unknown flag ", flag);
+    LOOM_CHECK(it != fields.end(), program, ": unknown flag ", flag, "\n",
+               int_flags_usage(program, fields));
     LOOM_CHECK(i + 1 < argc, program, ": ", flag, " needs a value");
     char* end = nullptr;
     const long long v = std::strtoll(argv[i + 1], &end, 10);

@@ -72,6 +72,10 @@ constexpr size_t kRawBuffer = size_t(64) << 20;  // the raw phases' source/targe
 constexpr size_t kDirectAlign = 4096;
 constexpr size_t kDirectBlock = size_t(8) << 20;
 
+constexpr const char* kUsage =
+    "usage: mpirun -np N loom-bench-checkpoint [--dir /tmp] [--repeat 3] [--layers 12]\n"
+    "    [--full-load 0|1] [--json]";
+
 struct Args {
   std::string dir = "/tmp";
   int64_t repeat = 3;
@@ -88,18 +92,21 @@ Args parse(int argc, char** argv) {
       a.json = true;
       continue;
     }
-    LOOM_CHECK(i + 1 < argc, kProgram, ": ", flag, " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--dir") {
-      a.dir = value;
-      continue;
+    if (flag == "--help" || flag == "-h") {  // before MPI starts, so a plain exit is clean
+      std::printf("%s\n", kUsage);
+      std::exit(0);
     }
     int64_t* field = flag == "--repeat"      ? &a.repeat
                      : flag == "--layers"    ? &a.layers
                      : flag == "--full-load" ? &a.full_load
                                              : nullptr;
-    LOOM_CHECK(field, kProgram, ": unknown flag ", flag,
-               " (flags: --dir PATH --repeat N --layers N --full-load 0|1 --json)");
+    LOOM_CHECK(field || flag == "--dir", kProgram, ": unknown flag ", flag, "\n", kUsage);
+    LOOM_CHECK(i + 1 < argc, kProgram, ": ", flag, " needs a value");
+    const std::string value = argv[++i];
+    if (!field) {
+      a.dir = value;
+      continue;
+    }
     const bool binary = flag == "--full-load";
     char* end = nullptr;
     const long long v = std::strtoll(value.c_str(), &end, 10);
