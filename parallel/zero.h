@@ -231,6 +231,13 @@ class ZeroOptimizer : public optim::Optimizer {
   // loaded them): stages 1 and 2 all-gather every rank's shards into every rank's parameters;
   // stage 3 drops any gathered copy, which is stale. Collective in stages 1 and 2.
   void parameters_changed();
+  // Whether a checkpoint may fill the whole parameters on every rank instead of this rank's
+  // pieces and parameters_changed(): stages 1 and 2 without own parameters, whose pieces view
+  // the whole parameters, so nothing is left to gather (Note [ZeRO's parameters read whole when
+  // cached] in parallel/checkpoint/training_state.cpp).
+  bool pieces_view_whole_parameters() const { return !sharded_ && own_.empty(); }
+  // The ranks that share the parameters' pieces (parameters_changed gathers over them).
+  comm::Communicator& shard_group() const { return reducer_.group(); }
 
   int stage() const { return options_.stage; }
   bool hybrid() const { return options_.replicas != nullptr; }  // sharded with replicas

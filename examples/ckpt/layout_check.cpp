@@ -52,6 +52,18 @@ uint64_t LayoutCheck::max_bytes() const {
   return n;
 }
 
+uint64_t LayoutCheck::whole_bytes() const {
+  uint64_t n = 0;
+  for (const RankRead& r : ranks) n += r.whole_bytes;
+  return n;
+}
+
+uint64_t LayoutCheck::max_whole_bytes() const {
+  uint64_t n = 0;
+  for (const RankRead& r : ranks) n = std::max(n, r.whole_bytes);
+  return n;
+}
+
 LayoutCheck check_layout(const std::string& path, const io::CheckpointManifest& manifest,
                          const gpt::GptOptions& o) {
   const GptConfig config = checkpoint_gpt_config(manifest, path);
@@ -89,6 +101,10 @@ LayoutCheck check_layout(const std::string& path, const io::CheckpointManifest& 
     r.pieces = plan.sources.size();
     r.files = plan.bytes_per_file(manifest).size();
     r.bytes = plan.bytes();
+    // The same stored parameters read whole: plans only if the ZeRO pieces' plan did.
+    r.whole_bytes =
+        checkpoint::plan_load(path, manifest, gpt::planned_load(config, o, rank, manifest, true))
+            .bytes();
     out.ranks.push_back(r);
   }
   for (auto& [name, runs] : loaded) {

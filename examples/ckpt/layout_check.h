@@ -24,6 +24,9 @@ struct RankRead {
   size_t files = 0;            // data files it opens
   uint64_t elements = 0;       // it loads
   uint64_t bytes = 0;          // it reads (whole checksum chunks)
+  // What it reads when ZeRO's parameters are read whole, from the page cache (Note [ZeRO's
+  // parameters read whole when cached]); `bytes` where the layout never reads so.
+  uint64_t whole_bytes = 0;
 };
 
 struct LayoutCheck {
@@ -34,6 +37,8 @@ struct LayoutCheck {
   std::vector<std::string> unused;  // checkpoint tensors the layout does not load (see why())
   uint64_t bytes() const;
   uint64_t max_bytes() const;
+  uint64_t whole_bytes() const;  // the same, with ZeRO's parameters read whole
+  uint64_t max_whole_bytes() const;
 };
 
 // Plans every rank of the layout in `o` against the checkpoint (a loom-gpt one). Throws naming

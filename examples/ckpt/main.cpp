@@ -402,6 +402,12 @@ int check(int argc, char** argv) {
       format_bytes(total_file_bytes(c.manifest)).c_str(), s);
   std::printf("bytes in all: %" PRIu64 ", most on one rank: %" PRIu64 "\n", r.bytes(),
               r.max_bytes());
+  if (r.whole_bytes() != r.bytes())
+    std::printf(
+        "from the page cache (ZeRO stage %" PRId64
+        " reads the parameters whole when every rank has them cached): bytes in all: %" PRIu64
+        ", most on one rank: %" PRIu64 "\n",
+        o.zero, r.whole_bytes(), r.max_whole_bytes());
   return 0;
 }
 

@@ -78,9 +78,10 @@ nlohmann::json run_state(const GptConfig& c, const GptOptions& o, int world_size
   return s;
 }
 
-std::vector<parallel::checkpoint::PieceRequest> planned_load(
-    const GptConfig& config, const GptOptions& o, int world_rank,
-    const io::CheckpointManifest& manifest) {
+std::vector<parallel::checkpoint::PieceRequest> planned_load(const GptConfig& config,
+                                                             const GptOptions& o, int world_rank,
+                                                             const io::CheckpointManifest& manifest,
+                                                             bool whole_parameters) {
   namespace ckpt = parallel::checkpoint;
   const parallel::DeviceMesh mesh =
       parallel::DeviceMesh::plan(world_rank, int(o.pp), int(o.dp), int(o.tp));
@@ -98,6 +99,9 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
   }
   const DType dtype = parse_dtype(o.dtype);
   std::vector<ckpt::ParamPlace> places;
+  // The parameters' places when ZeRO's pieces view them whole and they are read so; else empty.
+  std::vector<ckpt::ParamPlace> whole;
+  whole_parameters = whole_parameters && (o.zero == 1 || o.zero == 2);
   if (o.pp > 1) {  // as PipelineStep builds them
     check_pipeline_options(o);
     auto tp = o.tp > 1 || o.sequence_parallel ? mesh.tp_ptr() : nullptr;
@@ -115,6 +119,12 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
                                  parallel::ZeroOptimizer::planned_pieces(
                                      set, pipeline_zero_options(o), shard_rank, shard_size),
                                  global);
+      if (whole_parameters &&
+          parallel::parameters_by_owner(set, pipeline_zero_options(o).own_parameters, true)
+              .empty()) {
+        whole = ckpt::parameter_places(set);
+        for (ckpt::ParamPlace& p : whole) p.name = global(p.name);
+      }
     }
   } else {  // as main and DataParallelStep build them
     GptModel model(config, o, mesh);
@@ -127,6 +137,8 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
       places = ckpt::zero_places(
           module, parallel::parameters_by_owner(module, z.own_parameters, false),
           parallel::ZeroOptimizer::planned_pieces(module, z, shard_rank, shard_size));
+      if (whole_parameters && parallel::parameters_by_owner(module, z.own_parameters, true).empty())
+        whole = ckpt::parameter_places(module);
       if (z.own_replicas)  // the experts: what this rank steps of them, as the optimizer does
         for (const auto& own : parallel::ZeroOptimizer::planned_own_places(
                  module, z, z.own_replicas->rank(), z.own_replicas->size())) {
@@ -136,7 +148,8 @@ std::vector<parallel::checkpoint::PieceRequest> planned_load(
         }
     }
   }
-  return ckpt::planned_requests(places, dtype, manifest);
+  return whole.empty() ? ckpt::planned_requests(places, dtype, manifest)
+                       : ckpt::planned_requests(whole, places, dtype, manifest);
 }
 
 int64_t resume_batch_index(const ResumePoint& p, const GptOptions& o) {

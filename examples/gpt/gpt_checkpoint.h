@@ -36,10 +36,14 @@ nlohmann::json run_state(const GptConfig& config, const GptOptions& o, int world
 // --bucket-mb, --sequence-parallel) asks a checkpoint for when it resumes, worked out in this
 // process without running that layout: the modules the rank builds, over planning groups
 // (parallel::DeviceMesh::plan), and ZeRO's pieces of them. Throws naming what the layout cannot
-// hold (heads that --tp does not divide, more stages than blocks, ...).
-std::vector<parallel::checkpoint::PieceRequest> planned_load(
-    const GptConfig& config, const GptOptions& o, int world_rank,
-    const io::CheckpointManifest& manifest);
+// hold (heads that --tp does not divide, more stages than blocks, ...). With `whole_parameters`,
+// ZeRO stages 1 and 2 ask for every parameter whole where their pieces view the whole
+// parameters, as a resume does when the checkpoint is in the page cache (Note [ZeRO's
+// parameters read whole when cached]); other layouts ask as without.
+std::vector<parallel::checkpoint::PieceRequest> planned_load(const GptConfig& config,
+                                                             const GptOptions& o, int world_rank,
+                                                             const io::CheckpointManifest& manifest,
+                                                             bool whole_parameters = false);
 
 // Checks that the flags read the same data as the saved run; returns the batch index to go on
 // from. Throws naming the flag that differs.

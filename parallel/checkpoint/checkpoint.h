@@ -179,6 +179,12 @@ struct LoadStats {
 LoadStats load(const std::string& path, const io::CheckpointManifest& manifest,
                const std::vector<StatePiece>& pieces, comm::Communicator& group);
 
+// Whether every byte a load of `pieces` would read from `path` sits in this machine's page cache
+// now (parallel/checkpoint/page_cache.cpp). Reads nothing, communicates nothing; false where it
+// cannot tell (a missing file, a plan load would refuse).
+bool in_page_cache(const std::string& path, const io::CheckpointManifest& manifest,
+                   const std::vector<StatePiece>& pieces);
+
 // Reads every chunk of every file of the checkpoint and checks its checksum and the file sizes.
 // Throws naming the first damaged file and tensor. Local.
 void verify(const std::string& path, const io::CheckpointManifest& manifest);

@@ -1,6 +1,7 @@
 // See parallel/checkpoint/training_state.h.
 #include "parallel/checkpoint/training_state.h"
 
+#include <cstdlib>
 #include <optional>
 
 #include "core/error.h"
@@ -72,6 +73,61 @@ std::vector<int64_t> update_counts(const std::vector<ParamPlace>& places,
   return counts;
 }
 
+// Note [ZeRO's parameters read whole when cached]
+// ZeRO stages 1 and 2 keep every parameter whole on every rank, and a load can fill them two
+// ways. By pieces: each rank reads its own pieces and parameters_changed() all-gathers the rest,
+// so each stored byte is read once and then moved twice more per receiving rank (Open MPI's
+// shared memory copies it in and out). Whole: each rank reads every parameter itself, each
+// stored byte read by every rank. From the page cache a read is one copy of memory, the
+// cheapest way to move the bytes: GPT-2 124M's ZeRO-1 state on 2 ranks of the 2-vCPU VM loaded
+// warm in 0.26-0.29 s whole against 0.30-0.35 s by pieces (loom-bench-checkpoint, the two taken
+// in turn; benchmarks/README.md). From a disk, or a file system that many ranks share, whole
+// reads multiply the reading by the group's size, and the gather wins. So the parameters are
+// read whole when every byte of them is in every rank's page cache at the load's start
+// (in_page_cache: mincore over the data files), agreed over the shard group, since the gather
+// is collective and one rank cannot skip it alone. Both ways read the same stored bytes, so the
+// parameters get the same bits. LOOM_CKPT_PARAMETERS=whole|pieces forces a way (auto, the
+// default: the rule above); whole still needs a layout whose pieces view the whole parameters.
+enum class ParameterRead { kAuto, kWhole, kPieces };
+
+ParameterRead parameter_read_from_environment() {
+  const char* v = std::getenv("LOOM_CKPT_PARAMETERS");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "auto") return ParameterRead::kAuto;
+  if (s == "whole") return ParameterRead::kWhole;
+  LOOM_CHECK(s == "pieces", "LOOM_CKPT_PARAMETERS must be auto, whole or pieces, got '", s, "'");
+  return ParameterRead::kPieces;
+}
+
+// "model.<name>" of every parameter `zero` manages, whole, viewing the live parameters; empty
+// where its pieces do not view them whole (stage 3, own parameters).
+std::vector<StatePiece> whole_parameter_pieces(const nn::Module& module, const ZeroOptimizer& zero,
+                                               const GlobalName& global_name,
+                                               const io::CheckpointManifest& manifest) {
+  if (!zero.pieces_view_whole_parameters()) return {};
+  std::vector<ParamPlace> places;
+  std::vector<Tensor> values;
+  for (const auto& [name, p] : zero.named_parameters()) {
+    places.push_back({global_name ? global_name(name) : name, parameter_placement(module, name)});
+    values.push_back(p.detach());
+  }
+  std::vector<StatePiece> pieces = value_pieces(places, values);
+  for (StatePiece& p : pieces) p.name = across_dtypes(p.name, p.data.dtype(), manifest);
+  return pieces;
+}
+
+// Whether every rank of `group` reads `whole` (Note [ZeRO's parameters read whole when cached]).
+// Collective over `group`.
+bool read_whole(const std::string& path, const io::CheckpointManifest& manifest,
+                const std::vector<StatePiece>& whole, comm::Communicator& group) {
+  const ParameterRead how = parameter_read_from_environment();
+  if (whole.empty() || how == ParameterRead::kPieces) return false;
+  if (how == ParameterRead::kWhole) return true;
+  Tensor cached = Tensor::full({1}, in_page_cache(path, manifest, whole) ? 1.0 : 0.0, DType::kI32);
+  if (group.size() > 1) group.allreduce_sync(cached, comm::ReduceOp::kMin);
+  return cached.to_vector<int32_t>()[0] == 1;
+}
+
 }  // namespace
 
 Placement parameter_placement(const nn::Module& module, const std::string& name) {
@@ -114,14 +170,20 @@ std::vector<ParamPlace> zero_places(const nn::Module& module, const NamedParams&
 
 std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& places, DType dtype,
                                            const io::CheckpointManifest& manifest) {
+  return planned_requests(places, places, dtype, manifest);
+}
+
+std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& parameters,
+                                           const std::vector<ParamPlace>& state, DType dtype,
+                                           const io::CheckpointManifest& manifest) {
   std::vector<PieceRequest> out;
   auto add = [&](const std::string& name, const Placement& placement, DType held) {
     const std::string from = across_dtypes(name, held, manifest);
     for (const Placement::Part& part : placement.parts)
       out.push_back({from, placement.global_shape, part.region, held});
   };
-  for (const ParamPlace& p : places) {
-    add("model." + p.name, p.placement, dtype);
+  for (const ParamPlace& p : parameters) add("model." + p.name, p.placement, dtype);
+  for (const ParamPlace& p : state) {
     // The optimizer state kinds the checkpoint has for this parameter ("optim.<name>.<kind>",
     // kind without dots); the master by the layout's dtype, whatever the checkpoint's.
     const std::string prefix = "optim." + p.name + ".";
@@ -346,14 +408,18 @@ LoadStats TrainingState::load(const std::string& path, const io::CheckpointManif
                               comm::Communicator& group) {
   std::vector<StatePiece> pieces;
   std::unique_ptr<OptimizerStateLoad> opt;
+  bool whole_read = false;  // ZeRO's parameters read whole: nothing to gather
   const std::vector<ParamPlace> places = zero_ ? zero_places() : this->places();
   if (!zero_) {
     pieces = value_pieces(places, module_.parameters());
     opt = std::make_unique<OptimizerStateLoad>(optimizer_, places, manifest.state);
   } else {
     // Each rank reads its own pieces of the parameters (1/N of them); stages 1 and 2, which keep
-    // every parameter whole, all-gather the rest afterwards (parameters_changed).
-    pieces = value_pieces(places, zero_values());
+    // every parameter whole, all-gather the rest afterwards (parameters_changed), or read them
+    // whole from the page cache (Note [ZeRO's parameters read whole when cached]).
+    std::vector<StatePiece> whole = whole_parameter_pieces(module_, *zero_, global_name_, manifest);
+    whole_read = read_whole(path, manifest, whole, zero_->shard_group());
+    pieces = whole_read ? std::move(whole) : value_pieces(places, zero_values());
     if (const optim::MasterWeights* m = zero_->masters()) {
       std::vector<StatePiece> mp = value_pieces(places, m->masters(), "optim.");
       for (StatePiece& p : mp) p.name += ".master";
@@ -377,7 +443,7 @@ LoadStats TrainingState::load(const std::string& path, const io::CheckpointManif
     scaler->restore(
         {s["scale"].get<double>(), s["good_in_a_row"].get<int64_t>(), s["skipped"].get<int64_t>()});
   }
-  if (zero_) zero_->parameters_changed();
+  if (zero_ && !whole_read) zero_->parameters_changed();
   return stats;
 }
 

@@ -60,6 +60,11 @@ std::vector<ParamPlace> zero_places(const nn::Module& module, const NamedParams&
 // one's), and the f32 masters of a bf16 / f16 layout, with Note [Masters across dtypes].
 std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& places, DType dtype,
                                            const io::CheckpointManifest& manifest);
+// The same with the parameters at `parameters` and the optimizer state at `state` (ZeRO's
+// parameters read whole: Note [ZeRO's parameters read whole when cached]).
+std::vector<PieceRequest> planned_requests(const std::vector<ParamPlace>& parameters,
+                                           const std::vector<ParamPlace>& state, DType dtype,
+                                           const io::CheckpointManifest& manifest);
 
 // Saving an optimizer over parameters at `places`: its state tensors (copies) and step counts.
 void add_optimizer_state(std::vector<StatePiece>& pieces, nlohmann::json& state,

@@ -3,9 +3,12 @@
 // element, tensor-parallel shards cut by ShardSpec::slice_of); then save and load round trips that
 // reshard between layouts, the commit protocol, and damaged checkpoints and bad input turned into
 // clear errors. Values are compared bit for bit: a checkpoint gives back exactly what it was given.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -587,6 +590,46 @@ TEST_F(CheckpointTest, RoundTripStoresEachElementOnce) {
 
   expect_loads_back(r.path, g);
   verify(r.path, m);
+}
+
+// Whether the kernel holds every page of the file at `path` now: mincore over a mapping of it,
+// written here apart from in_page_cache's.
+bool every_page_resident(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  EXPECT_GE(fd, 0) << path;
+  const size_t size = fs::file_size(path), page = size_t(::sysconf(_SC_PAGESIZE));
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  EXPECT_NE(map, MAP_FAILED);
+  std::vector<unsigned char> pages((size + page - 1) / page);
+  EXPECT_EQ(::mincore(map, size, pages.data()), 0);
+  ::munmap(map, size);
+  return std::all_of(pages.begin(), pages.end(), [](unsigned char c) { return (c & 1) != 0; });
+}
+
+// in_page_cache follows the kernel: true once the data file has been read, what mincore says once
+// its pages are dropped (a disk file system drops them; tmpfs has nowhere else to keep them), and
+// false, without raising, for a file gone or a request the checkpoint does not hold (the load
+// names those itself).
+TEST_F(CheckpointTest, InPageCacheFollowsTheDataFilesPages) {
+  const Globals g = make_globals(14);
+  const std::string ckpt = save_globals(path("ckpt"), 1, g).path;
+  const io::CheckpointManifest m = read_manifest(ckpt);
+  const std::vector<StatePiece> rooms = whole_rooms(g);
+  const std::string data = ckpt + "/rank-00000.safetensors";
+  read_bytes(data);  // through the page cache
+  EXPECT_TRUE(in_page_cache(ckpt, m, rooms));
+  const int fd = ::open(data.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  EXPECT_EQ(in_page_cache(ckpt, m, rooms), every_page_resident(data));
+  std::vector<StatePiece> other = rooms;
+  other.push_back(room(g, "model.w", Region::whole({6, 8}), DType::kF32));
+  other.back().name = "model.not_saved";
+  EXPECT_FALSE(in_page_cache(ckpt, m, other));
+  fs::remove(data);
+  EXPECT_FALSE(in_page_cache(ckpt, m, rooms));
 }
 
 // Saved in column blocks, loaded in row blocks, ZeRO-like flat ranges, and a ZeRO slice of a
