@@ -38,31 +38,25 @@ std::string first_gap(std::vector<Run>& runs, int64_t numel) {
   return detail::str_cat("[", next, ", ", end, ")");
 }
 
+// The sum and the largest of one field of every rank's reads.
+uint64_t total(const std::vector<RankRead>& ranks, uint64_t RankRead::*field) {
+  uint64_t n = 0;
+  for (const RankRead& r : ranks) n += r.*field;
+  return n;
+}
+
+uint64_t most(const std::vector<RankRead>& ranks, uint64_t RankRead::*field) {
+  uint64_t n = 0;
+  for (const RankRead& r : ranks) n = std::max(n, r.*field);
+  return n;
+}
+
 }  // namespace
 
-uint64_t LayoutCheck::bytes() const {
-  uint64_t n = 0;
-  for (const RankRead& r : ranks) n += r.bytes;
-  return n;
-}
-
-uint64_t LayoutCheck::max_bytes() const {
-  uint64_t n = 0;
-  for (const RankRead& r : ranks) n = std::max(n, r.bytes);
-  return n;
-}
-
-uint64_t LayoutCheck::whole_bytes() const {
-  uint64_t n = 0;
-  for (const RankRead& r : ranks) n += r.whole_bytes;
-  return n;
-}
-
-uint64_t LayoutCheck::max_whole_bytes() const {
-  uint64_t n = 0;
-  for (const RankRead& r : ranks) n = std::max(n, r.whole_bytes);
-  return n;
-}
+uint64_t LayoutCheck::bytes() const { return total(ranks, &RankRead::bytes); }
+uint64_t LayoutCheck::max_bytes() const { return most(ranks, &RankRead::bytes); }
+uint64_t LayoutCheck::whole_bytes() const { return total(ranks, &RankRead::whole_bytes); }
+uint64_t LayoutCheck::max_whole_bytes() const { return most(ranks, &RankRead::whole_bytes); }
 
 LayoutCheck check_layout(const std::string& path, const io::CheckpointManifest& manifest,
                          const gpt::GptOptions& o) {
