@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -67,8 +68,7 @@ bool in_page_cache(const std::string& path, const io::CheckpointManifest& manife
                                      sp.offset + std::min(sp.nbytes, (last + 1) * sp.chunk_bytes));
     }
     for (const auto& [file, r] : ranges) {
-      const std::string full = path.empty() || path.back() == '/' ? path + file : path + "/" + file;
-      if (!resident(full, r)) return false;
+      if (!resident((std::filesystem::path(path) / file).string(), r)) return false;
     }
     return true;
   } catch (const std::exception&) {  // a plan the load will refuse, naming why
