@@ -9,9 +9,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "core/error.h"
 
@@ -218,13 +223,125 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 // with a file that is read back only after a restart.
 // The rules O_DIRECT imposes: the buffer, the file offset and the length of every write aligned
 // to the device's logical block. kDirectAlign = 4096 covers 512-byte and 4 KiB sectors; the bytes
-// gather in a kDirectBlock staging buffer, written whenever it is full; commit() writes the last,
-// partial block padded with zeros to the alignment and truncates the file back to its length.
+// gather in a kDirectBlock staging block, written whenever it is full (by a thread of its own:
+// Note [Writing while staging]); commit() writes the last, partial block padded with zeros to the
+// alignment and truncates the file back to its length.
 // Fallbacks, each silent because the file comes out the same: a file system that refuses O_DIRECT
 // at open (tmpfs: EINVAL) gets a buffered file; one that refuses an aligned write (a larger
 // sector size) gets O_DIRECT turned off on the open file (fcntl) and the write retried buffered.
 constexpr size_t kDirectAlign = 4096;
 constexpr size_t kDirectBlock = size_t(8) << 20;
+
+// Note [Writing while staging]
+// A synchronous O_DIRECT pwrite() returns when the device has the bytes, and until then the
+// thread that fills the staging block waits; the device waits in turn while the next block is
+// checksummed and copied. So a full block goes to a writer thread (a BlockWriter, one per data
+// file) and the caller fills a second block while the first is written: the copy and the
+// checksums come off the save's critical path. On the development VM (virtio disk) a 1.5 GB save,
+// fsync included, took a median 3.15 s this way (10 runs, 2.9-4.0 s) against 3.95 s with the
+// caller writing (4 runs, 2.9-4.3 s), runs of each taken in turn: the disk's speed moves that much
+// from minute to minute. A second writer thread, three blocks and two writes in flight, measured
+// no faster (median 3.12 s over 9 runs, 2.3-4.1 s) and was not kept. Staging memory per file: two
+// kDirectBlock blocks. A write error is kept by the thread and rethrown in the caller by its next
+// full block or by commit(); the file is then dropped as before, its temporary removed.
+class DurableFile::BlockWriter {
+ public:
+  explicit BlockWriter(DurableFile& file) : file_(file) {
+    for (char*& b : blocks_) {
+      b = static_cast<char*>(std::aligned_alloc(kDirectAlign, kDirectBlock));
+      if (b == nullptr) {
+        free_blocks();
+        LOOM_FAIL("cannot allocate the ", kDirectBlock, "-byte staging blocks of ", file.path_);
+      }
+    }
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (...) {
+      free_blocks();
+      throw;
+    }
+  }
+
+  // Stops the thread after the write under way; a block still queued is dropped.
+  ~BlockWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+    free_blocks();
+  }
+
+  // The block being filled: kDirectBlock bytes, aligned.
+  char* block() const { return blocks_[filling_]; }
+
+  // Hands the filled block's first n bytes (a multiple of kDirectAlign) to the thread, to be
+  // written at the file's next offset, and returns when the other block is free to fill; rethrows
+  // a write error.
+  void submit(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return !queued_ || error_ != nullptr; });
+    if (error_ != nullptr) std::rethrow_exception(error_);
+    job_ = {blocks_[filling_], n, offset_};
+    queued_ = true;
+    offset_ += n;
+    filling_ = 1 - filling_;
+    changed_.notify_all();
+  }
+
+  // Waits until every submitted block is in the file; rethrows a write error.
+  void finish() {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return !queued_ || error_ != nullptr; });
+    if (error_ != nullptr) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Job {
+    const char* block = nullptr;
+    size_t n = 0;
+    uint64_t offset = 0;
+  };
+
+  // Writes each queued block and frees it (queued_ = false) when it is in the file.
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stop_ || queued_; });
+      if (stop_) return;
+      const Job job = job_;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        file_.pwrite_all(job.block, job.n, job.offset);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      queued_ = false;
+      changed_.notify_all();
+      if (error_ != nullptr) return;  // the file will be dropped
+    }
+  }
+
+  void free_blocks() {
+    for (char*& b : blocks_) std::free(std::exchange(b, nullptr));
+  }
+
+  DurableFile& file_;
+  std::array<char*, 2> blocks_{};
+  int filling_ = 0;      // the caller's: which block it fills
+  uint64_t offset_ = 0;  // the caller's: bytes handed to the thread so far
+  std::mutex mu_;
+  std::condition_variable changed_;  // a block queued or written, or stop
+  Job job_;                          // the block the thread writes or is about to
+  bool queued_ = false;              // job_ is not yet in the file
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 DurableFile::DurableFile(const std::string& path, WriteMode mode)
     : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())) {
@@ -233,11 +350,12 @@ DurableFile::DurableFile(const std::string& path, WriteMode mode)
     fd_ = ::open(tmp_path_.c_str(), flags | O_DIRECT, 0644);
     direct_ = fd_ >= 0;
     if (direct_) {
-      staging_ = static_cast<char*>(std::aligned_alloc(kDirectAlign, kDirectBlock));
-      if (staging_ == nullptr) {
+      try {
+        writer_ = std::make_unique<BlockWriter>(*this);
+      } catch (...) {
         ::close(fd_);
         ::unlink(tmp_path_.c_str());
-        LOOM_FAIL("cannot allocate the ", kDirectBlock, "-byte staging buffer of ", path_);
+        throw;
       }
     }
   }
@@ -246,18 +364,19 @@ DurableFile::DurableFile(const std::string& path, WriteMode mode)
 }
 
 DurableFile::~DurableFile() {
-  std::free(staging_);
+  writer_.reset();  // its thread uses fd_
   if (fd_ >= 0) {
     ::close(fd_);
     ::unlink(tmp_path_.c_str());
   }
 }
 
-void DurableFile::fail_write(int err, const char* what) const {
-  LOOM_FAIL("cannot write ", path_, " (", written_, " bytes written so far): ", what,
+void DurableFile::fail_write(int err, const char* what, uint64_t so_far) const {
+  LOOM_FAIL("cannot write ", path_, " (", so_far, " bytes written so far): ", what,
             err == ENOSPC ? " (the disk is full)" : "");
 }
 
+// Called by the writer's thread in kDirect mode.
 void DurableFile::pwrite_all(const char* p, size_t n, uint64_t offset) {
   while (n > 0) {
     const ssize_t w = ::pwrite(fd_, p, n, off_t(offset));
@@ -265,38 +384,36 @@ void DurableFile::pwrite_all(const char* p, size_t n, uint64_t offset) {
     if (w < 0 && errno == EINVAL && direct_) {
       // An alignment this file system does not take: the rest goes through the page cache.
       const int fl = ::fcntl(fd_, F_GETFL);
-      if (fl < 0 || ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) != 0) fail_write(errno, "fcntl");
+      if (fl < 0 || ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) != 0) fail_write(errno, "fcntl", offset);
       direct_ = false;
       continue;
     }
-    if (w <= 0) fail_write(errno, w < 0 ? std::strerror(errno) : "the write made no progress");
+    if (w <= 0)
+      fail_write(errno, w < 0 ? std::strerror(errno) : "the write made no progress", offset);
     p += w;
     n -= size_t(w);
     offset += uint64_t(w);
   }
 }
 
-void DurableFile::write_staged(size_t n) {
-  pwrite_all(staging_, n, flushed_);
-  flushed_ += n;
-  staged_ = 0;
-}
-
 void DurableFile::stage(const char* p, size_t n) {
   while (n > 0) {
     const size_t take = std::min(n, kDirectBlock - staged_);
-    std::memcpy(staging_ + staged_, p, take);
+    std::memcpy(writer_->block() + staged_, p, take);
     staged_ += take;
     p += take;
     n -= take;
-    if (staged_ == kDirectBlock) write_staged(kDirectBlock);
+    if (staged_ == kDirectBlock) {
+      writer_->submit(kDirectBlock);
+      staged_ = 0;
+    }
   }
 }
 
 void DurableFile::write(const void* data, size_t n) {
   LOOM_ASSERT(fd_ >= 0, "write after commit to ", path_);
   const auto* p = static_cast<const char*>(data);
-  if (staging_ != nullptr) {
+  if (writer_ != nullptr) {
     stage(p, n);
     written_ += n;
     return;
@@ -304,7 +421,8 @@ void DurableFile::write(const void* data, size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t(1) << 30));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail_write(errno, w < 0 ? std::strerror(errno) : "the write made no progress");
+    if (w <= 0)
+      fail_write(errno, w < 0 ? std::strerror(errno) : "the write made no progress", written_);
     p += w;
     n -= size_t(w);
     written_ += uint64_t(w);
@@ -313,12 +431,18 @@ void DurableFile::write(const void* data, size_t n) {
 
 void DurableFile::commit() {
   LOOM_ASSERT(fd_ >= 0, "commit twice to ", path_);
-  if (staging_ != nullptr && staged_ > 0) {
+  if (writer_ != nullptr) {
     // The last block, padded to the alignment with zeros, then the file cut back to its length.
     const size_t padded = (staged_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    std::memset(staging_ + staged_, 0, padded - staged_);
-    write_staged(padded);
-    if (::ftruncate(fd_, off_t(written_)) != 0) fail_write(errno, std::strerror(errno));
+    if (padded > 0) {
+      std::memset(writer_->block() + staged_, 0, padded - staged_);
+      writer_->submit(padded);
+      staged_ = 0;
+    }
+    writer_->finish();
+    writer_.reset();
+    if (padded > 0 && ::ftruncate(fd_, off_t(written_)) != 0)
+      fail_write(errno, std::strerror(errno), written_);
   }
   const int fd = fd_;
   fd_ = -1;

@@ -13,8 +13,10 @@
 // are deleted only after (3).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,8 @@ enum class WriteMode { kBuffered, kDirect };
 // file and the system's reason (a full disk says so). In kDirect mode the bytes go through an
 // aligned staging buffer with O_DIRECT where the file system allows it, and through the page
 // cache where it does not (tmpfs refuses O_DIRECT): the file's contents are the same either way.
+// A background thread writes the staged blocks while the caller fills the next one (Note [Writing
+// while staging]); a write error surfaces in the caller's next write() or commit().
 class DurableFile {
  public:
   explicit DurableFile(const std::string& path, WriteMode mode = WriteMode::kBuffered);
@@ -49,20 +53,20 @@ class DurableFile {
   bool direct() const { return direct_; }
 
  private:
+  class BlockWriter;  // Note [Writing while staging], in durable.cpp
+
   void stage(const char* p, size_t n);
-  void write_staged(size_t n);  // n bytes of the staging buffer at offset flushed_
   void pwrite_all(const char* p, size_t n, uint64_t offset);
-  [[noreturn]] void fail_write(int err, const char* what) const;
+  [[noreturn]] void fail_write(int err, const char* what, uint64_t so_far) const;
 
   std::string path_, tmp_path_;
   int fd_ = -1;
   uint64_t written_ = 0;
-  // kDirect: bytes wait in staging_ (kDirectBlock, aligned) until it is full; flushed_ bytes are
-  // in the file.
-  bool direct_ = false;
-  char* staging_ = nullptr;
+  // kDirect: bytes wait in the writer's current block (kDirectBlock, aligned) until it is full.
+  // Set by the writer's thread when an aligned write is refused, hence atomic.
+  std::atomic<bool> direct_{false};
+  std::unique_ptr<BlockWriter> writer_;
   size_t staged_ = 0;
-  uint64_t flushed_ = 0;
 };
 
 // `text` into `path` through a DurableFile.

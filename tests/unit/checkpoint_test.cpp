@@ -6,10 +6,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -231,6 +233,41 @@ TEST_F(DurableFileTest, DroppedDirectFileLeavesNothing) {
     f.write(bytes.data(), bytes.size());
   }
   EXPECT_TRUE(list_directory(dir_).empty());
+}
+
+// Note [Writing while staging]: a write that fails in the writer's threads, blocks after the
+// first, surfaces in the caller, naming the file and the system's reason, and the dropped file
+// leaves nothing. The failure is a file-size limit (RLIMIT_FSIZE, no root needed; SIGXFSZ ignored
+// so that the write returns EFBIG), set for the moment of the writes and restored.
+TEST_F(DurableFileTest, WriteErrorsInTheMiddleOfTheFileReachTheCaller) {
+  const size_t mib = size_t(1) << 20;
+  const std::string bytes(40 * mib, 'x');
+  for (WriteMode mode : {WriteMode::kDirect, WriteMode::kBuffered}) {
+    SCOPED_TRACE(mode == WriteMode::kDirect ? "direct" : "buffered");
+    const std::string file = path("data.safetensors");
+    rlimit saved{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+    rlimit limit = saved;
+    limit.rlim_cur = 20 * mib + 4096;  // inside the third 8 MiB block
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+    std::string error;
+    try {
+      DurableFile f(file, mode);
+      for (size_t at = 0; at < bytes.size(); at += 3 * mib + 7)
+        f.write(bytes.data() + at, std::min(3 * mib + 7, bytes.size() - at));
+      f.commit();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, old_handler);
+    EXPECT_NE(error.find("cannot write " + file + " ("), std::string::npos) << error;
+    EXPECT_NE(error.find("bytes written so far): " + std::string(std::strerror(EFBIG))),
+              std::string::npos)
+        << error;
+    EXPECT_TRUE(list_directory(dir_).empty());
+  }
 }
 
 // ---------------------------------------------------------------- for_each_overlap
