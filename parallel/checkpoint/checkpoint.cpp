@@ -769,8 +769,7 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
     for (const auto& [first, last] : src.chunk_runs) {
       for (uint64_t k = first; k <= last; k += per_block) {
         Block b{s, k, std::min(last, k + per_block - 1), 0, 0};
-        b.begin = b.first * sp.chunk_bytes;
-        b.end = std::min(sp.nbytes, (b.last + 1) * sp.chunk_bytes);
+        std::tie(b.begin, b.end) = ReadPlan::chunk_span(sp, b.first, b.last);
         for (size_t ci = 0; ci < src.copies.size(); ++ci) {
           const ReadPlan::Copy& c = src.copies[ci];
           const uint64_t lo = uint64_t(c.src_index) * es, hi = lo + uint64_t(c.n) * es;
@@ -809,6 +808,11 @@ std::vector<PieceRequest> requests_of(const std::vector<StatePiece>& pieces) {
     out.push_back({p.name, p.global_shape, p.region, p.data.dtype()});
   }
   return out;
+}
+
+std::pair<uint64_t, uint64_t> ReadPlan::chunk_span(const io::StoredPiece& sp, uint64_t first,
+                                                   uint64_t last) {
+  return {first * sp.chunk_bytes, std::min(sp.nbytes, (last + 1) * sp.chunk_bytes)};
 }
 
 uint64_t ReadPlan::bytes() const {
@@ -886,7 +890,8 @@ ReadPlan plan_load(const std::string& path, const io::CheckpointManifest& manife
       uint64_t last = k;
       while (last + 1 < needed.size() && needed[last + 1]) ++last;
       src.chunk_runs.emplace_back(k, last);
-      src.bytes += std::min(sp.nbytes, (last + 1) * sp.chunk_bytes) - k * sp.chunk_bytes;
+      const auto [begin, end] = ReadPlan::chunk_span(sp, k, last);
+      src.bytes += end - begin;
       k = last + 1;
     }
     plan.sources.push_back(std::move(src));

@@ -153,6 +153,10 @@ struct ReadPlan {
     std::vector<std::pair<uint64_t, uint64_t>> chunk_runs;  // [first, last] chunks to read
     uint64_t bytes = 0;                                     // those chunks' bytes
   };
+  // The bytes [begin, end) that chunks first..last of stored piece `sp` hold, counted from the
+  // piece's first byte (the last chunk may be short).
+  static std::pair<uint64_t, uint64_t> chunk_span(const io::StoredPiece& sp, uint64_t first,
+                                                  uint64_t last);
   std::vector<Source> sources;
 
   uint64_t bytes() const;  // read in all

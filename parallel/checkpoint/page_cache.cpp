@@ -63,9 +63,10 @@ bool in_page_cache(const std::string& path, const io::CheckpointManifest& manife
     std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> ranges;  // per data file
     for (const ReadPlan::Source& src : plan.sources) {
       const io::StoredPiece& sp = manifest.tensors.at(src.tensor).pieces[src.piece];
-      for (const auto& [first, last] : src.chunk_runs)
-        ranges[sp.file].emplace_back(sp.offset + first * sp.chunk_bytes,
-                                     sp.offset + std::min(sp.nbytes, (last + 1) * sp.chunk_bytes));
+      for (const auto& [first, last] : src.chunk_runs) {
+        const auto [begin, end] = ReadPlan::chunk_span(sp, first, last);
+        ranges[sp.file].emplace_back(sp.offset + begin, sp.offset + end);
+      }
     }
     for (const auto& [file, r] : ranges) {
       if (!resident((std::filesystem::path(path) / file).string(), r)) return false;
