@@ -281,8 +281,7 @@ class DurableFile::BlockWriter {
   // a write error.
   void submit(size_t n) {
     std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return !queued_ || error_ != nullptr; });
-    if (error_ != nullptr) std::rethrow_exception(error_);
+    wait_idle(lock);
     job_ = {blocks_[filling_], n, offset_};
     queued_ = true;
     offset_ += n;
@@ -293,11 +292,16 @@ class DurableFile::BlockWriter {
   // Waits until every submitted block is in the file; rethrows a write error.
   void finish() {
     std::unique_lock<std::mutex> lock(mu_);
+    wait_idle(lock);
+  }
+
+ private:
+  // Waits until the thread has written the block queued last; rethrows its write error.
+  void wait_idle(std::unique_lock<std::mutex>& lock) {
     changed_.wait(lock, [&] { return !queued_ || error_ != nullptr; });
     if (error_ != nullptr) std::rethrow_exception(error_);
   }
 
- private:
   struct Job {
     const char* block = nullptr;
     size_t n = 0;

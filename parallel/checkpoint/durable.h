@@ -37,7 +37,7 @@ enum class WriteMode { kBuffered, kDirect };
 // aligned staging buffer with O_DIRECT where the file system allows it, and through the page
 // cache where it does not (tmpfs refuses O_DIRECT): the file's contents are the same either way.
 // A background thread writes the staged blocks while the caller fills the next one (Note [Writing
-// while staging]); a write error surfaces in the caller's next write() or commit().
+// while staging]); a write error surfaces in a later write() or in commit().
 class DurableFile {
  public:
   explicit DurableFile(const std::string& path, WriteMode mode = WriteMode::kBuffered);

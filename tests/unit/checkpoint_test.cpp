@@ -235,7 +235,7 @@ TEST_F(DurableFileTest, DroppedDirectFileLeavesNothing) {
   EXPECT_TRUE(list_directory(dir_).empty());
 }
 
-// Note [Writing while staging]: a write that fails in the writer's threads, blocks after the
+// Note [Writing while staging]: a write that fails in the writer's thread, blocks after the
 // first, surfaces in the caller, naming the file and the system's reason, and the dropped file
 // leaves nothing. The failure is a file-size limit (RLIMIT_FSIZE, no root needed; SIGXFSZ ignored
 // so that the write returns EFBIG), set for the moment of the writes and restored.
