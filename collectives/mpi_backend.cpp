@@ -6,6 +6,8 @@
 // always posts MPI_Ialltoallv.
 #include "collectives/mpi_backend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -15,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,6 +26,7 @@
 #include "collectives/carried.h"
 #include "collectives/mpi_check.h"
 #include "collectives/recycled.h"
+#include "collectives/shared_mailbox.h"
 #include "collectives/termination.h"
 #include "collectives/topology.h"
 #include "collectives/work.h"
@@ -729,6 +733,9 @@ PointToPointWork::~PointToPointWork() {
 //   blocks, as an allgather's, in a second phase (tags 32 + k) that only a group whose check
 //   agreed runs.
 // Outputs are written only when the check agrees: nothing of a mismatched call is touched.
+// In a group whose ranks share a node the messages go through mailboxes in shared memory instead
+// of MPI_Isend / MPI_Irecv (Note [Mailboxes in shared memory], shared_mailbox.cpp): the same
+// rounds, the same messages, one mailbox per round standing for the round's tag.
 // Every receive has room for the largest message any call may send, so a peer making another
 // call (another payload size) is read, not truncated, and makes the receiver mark the check
 // failed (both of its pair set to the largest value, which no agreeing pair has); the hashes
@@ -746,6 +753,25 @@ constexpr size_t kCarriedBytes = 256 * 1024;
 // One message: the header and at most every payload.
 constexpr int64_t kCheckMessage = kCheckHeader + int64_t(kCarriedBytes);
 constexpr int kSecondPhaseTag = 32;  // above any first-phase round (ceil(log2 n) < 32)
+// The most a check carries when its group runs the exchange through mailboxes in shared memory
+// (Note [Mailboxes in shared memory], shared_mailbox.cpp): the largest a group inside one node
+// carries (communicator.cpp), so every message fits a mailbox's slot.
+constexpr size_t kMailboxCarriedBytes = 64 * 1024;
+using MailboxesPtr = std::shared_ptr<SharedMailboxes>;
+
+// Whether groups inside one node exchange through shared memory: unless LOOM_SHM_EXCHANGE=0.
+bool mailboxes_enabled() {
+  const char* v = std::getenv("LOOM_SHM_EXCHANGE");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// Note [Polling a mailbox on a shared core]
+// Open MPI's progress loop gives up the core after a poll that found nothing when its node holds
+// more ranks than cores (mpi_yield_when_idle), so the rank it waits for can run. A poll of a
+// mailbox is a load, and PollingWork::wait yields only after 1000 of them: with 4 ranks on the
+// 2-vCPU VM a 1 KiB allreduce took 31-40 us against MPI's 11-14. So where this node's ranks
+// outnumber its online cores (decided once, when the world is made), an empty poll yields too.
+bool g_ranks_outnumber_cores = false;
 
 // Scratch buffers of completed exchanges, for the next exchange: the message out, the message in
 // and a reduction's blocks. Host memory of the communicator, as MPI's own buffers are, not
@@ -780,9 +806,10 @@ class SignatureExchange final : public MpiPolledWork {
   using Kind = CheckPayload::Kind;
 
   // `pair`: as check_exchange_impl's, written when the first phase completes.
+  // `boxes`: the group's mailboxes in shared memory, or null to send through MPI.
   SignatureExchange(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
                     int rank, int n, ExchangeOrderPtr order, int64_t* pair,
-                    const CheckPayload& payload, SpareScratch spare)
+                    const CheckPayload& payload, SpareScratch spare, MailboxesPtr boxes)
       : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
         rank_(rank),
         n_(n),
@@ -791,10 +818,12 @@ class SignatureExchange final : public MpiPolledWork {
         pair_(pair),
         p_(payload),
         block_(int64_t(payload.block)),
-        spare_(std::move(spare)) {
+        spare_(std::move(spare)),
+        boxes_(std::move(boxes)) {
     scratch_ = take_scratch(*spare_, kScratchWords);
     out_ = scratch_->data();
-    in_ = out_ + kCheckMessage / int64_t(sizeof(int64_t));
+    received_in_ = out_ + kCheckMessage / int64_t(sizeof(int64_t));
+    in_ = received_in_;
     blocks_ = reinterpret_cast<char*>(out_) + 2 * kCheckMessage;
     out_[0] = pair[0];
     out_[1] = pair[1];
@@ -823,10 +852,7 @@ class SignatureExchange final : public MpiPolledWork {
 
  protected:
   bool poll() override {
-    int flag = 0;
-    check_mpi(MPI_Testall(2, requests_, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", __FILE__,
-              __LINE__, context());
-    if (flag == 0) return false;
+    if (!round_arrived()) return false;
     const int64_t expected = round_blocks() * block_;
     if (in_[2] != expected) {  // another call: fail the check on every rank
       LOOM_ASSERT(first_phase_, "second phase of ", context().str(), " got ", in_[2],
@@ -838,6 +864,7 @@ class SignatureExchange final : public MpiPolledWork {
       out_[1] = std::max(out_[1], in_[1]);
     }
     if (!failed_check_) take_round();
+    if (boxes_) boxes_->release(round_);
     ++round_;
     if (round_ < rounds()) {
       post_round();
@@ -900,12 +927,36 @@ class SignatureExchange final : public MpiPolledWork {
           at += block_;
         }
     }
+    const size_t message = size_t(kCheckHeader + blocks * block_);
+    if (boxes_) {  // See Note [Mailboxes in shared memory] (shared_mailbox.cpp)
+      send_to_ = rank_at(position_ - step);
+      send_bytes_ = message;
+      unsent_ = !boxes_->try_send(send_to_, round_, out_, send_bytes_);
+      return;
+    }
     const int tag = (first_phase_ ? 0 : kSecondPhaseTag) + round_;
     const MPI_Comm c = comm->comm;
-    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(in_, int(kCheckMessage), MPI_BYTE,
+    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(received_in_, int(kCheckMessage), MPI_BYTE,
                                            rank_at(position_ + step), tag, c, &requests_[0]));
-    LOOM_MPI_CHECK_IN(context(), MPI_Isend(out_, int(kCheckHeader + blocks * block_), MPI_BYTE,
-                                           rank_at(position_ - step), tag, c, &requests_[1]));
+    LOOM_MPI_CHECK_IN(context(), MPI_Isend(out_, int(message), MPI_BYTE, rank_at(position_ - step),
+                                           tag, c, &requests_[1]));
+  }
+
+  // Whether this round's message went out and the peer's came in (in_ then points at it), as
+  // MPI_Testall's two requests or the mailboxes say.
+  bool round_arrived() {
+    if (!boxes_) {
+      int flag = 0;
+      check_mpi(MPI_Testall(2, requests_, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", __FILE__,
+                __LINE__, context());
+      return flag != 0;
+    }
+    // Until the message is out, out_ is still to be sent: the round's results wait for both.
+    unsent_ = unsent_ && !boxes_->try_send(send_to_, round_, out_, send_bytes_);
+    in_ = unsent_ ? nullptr : static_cast<const int64_t*>(boxes_->peek(round_));
+    // See Note [Polling a mailbox on a shared core].
+    if (!in_ && g_ranks_outnumber_cores) std::this_thread::yield();
+    return in_ != nullptr;
   }
 
   // Keeps what a round brought.
@@ -974,9 +1025,15 @@ class SignatureExchange final : public MpiPolledWork {
   int64_t block_;
   SpareScratch spare_;
   ExchangeScratch scratch_;
-  int64_t* out_;  // the message out: header, then held blocks (allgather) or a packed round
-  int64_t* in_;   // the message in
-  char* blocks_;  // a reduction's n blocks, by index
+  MailboxesPtr boxes_;
+  // Through boxes_: this round's message, to rank send_to_, waits for room in its mailbox.
+  bool unsent_ = false;
+  int send_to_ = 0;
+  size_t send_bytes_ = 0;
+  int64_t* out_;          // the message out: header, then held blocks (allgather) or a packed round
+  int64_t* received_in_;  // where MPI receives the message in
+  const int64_t* in_;     // the message in: received_in_, or the mailbox's slot
+  char* blocks_;          // a reduction's n blocks, by index
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   bool first_phase_ = true;
   bool failed_check_ = false;
@@ -1359,6 +1416,7 @@ class MpiCommunicator final : public Communicator {
       LOOM_MPI_CHECK(
           MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &local));
       one_node_ = comm_size(local) == size();
+      if (one_node_ && mailboxes_enabled()) checks_->mailboxes_ = make_mailboxes();
       // See Note [Node-interleaved exchange order] (topology.h).
       if (!one_node_)
         checks_->exchange_order_ =
@@ -1639,7 +1697,9 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  size_t check_payload_limit() const override { return kCarriedBytes; }
+  size_t check_payload_limit() const override {
+    return mailboxes_ ? kMailboxCarriedBytes : kCarriedBytes;
+  }
 
   // Note [Carried across nodes]
   // In a group spanning nodes a collective's check costs a network round trip before MPI's
@@ -1669,7 +1729,8 @@ class MpiCommunicator final : public Communicator {
                 "signature exchange carrying ", payload.bytes(size()), " bytes");
     // By value, not `this`: the work keeps the MPI communicator alive, not the group.
     return make_recycled<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
-                                            size(), exchange_order_, pair, payload, spare_scratch_);
+                                            size(), exchange_order_, pair, payload, spare_scratch_,
+                                            mailboxes_);
   }
 
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {
@@ -1734,8 +1795,48 @@ class MpiCommunicator final : public Communicator {
     return node_of;
   }
 
+  // The check channel's mailboxes in shared memory (Note [Mailboxes in shared memory],
+  // shared_mailbox.cpp), made over comm_, collectively: null on every rank unless every rank of
+  // the group mapped them.
+  MailboxesPtr make_mailboxes() const {
+    int rounds = 0;
+    while ((1 << rounds) < size()) ++rounds;
+    const size_t capacity = size_t(kCheckHeader) + kMailboxCarriedBytes;
+    struct {
+      uint64_t cookie = 0;  // 0: the creator failed
+      char name[48] = {};
+    } id;
+    std::string why;
+    std::unique_ptr<SharedMailboxes> boxes;
+    if (rank() == 0) {
+      static uint64_t made = 0;
+      std::random_device random;
+      id.cookie = (uint64_t(random()) << 32 | random()) | 1;
+      std::snprintf(id.name, sizeof id.name, "/loom-%d-%llu", int(getpid()),
+                    static_cast<unsigned long long>(made++));
+      boxes = SharedMailboxes::create(id.name, id.cookie, rank(), size(), rounds, capacity, why);
+      if (!boxes) id.cookie = 0;
+    }
+    LOOM_MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm_));
+    if (rank() != 0 && id.cookie != 0)
+      boxes = SharedMailboxes::open(id.name, id.cookie, rank(), size(), rounds, capacity, why);
+    int mapped = boxes != nullptr, everywhere = 0;
+    LOOM_MPI_CHECK(MPI_Allreduce(&mapped, &everywhere, 1, MPI_INT, MPI_MIN, comm_));
+    if (rank() == 0 && id.cookie != 0) SharedMailboxes::unlink(id.name);
+    static bool told = false;  // once per process: every later group would say the same
+    if (!why.empty() && !told) {
+      told = true;
+      std::fprintf(stderr,
+                   "[rank %d] loom: note: group '%s' runs its signature checks through MPI, "
+                   "not shared memory (%s)\n",
+                   error_rank(), name().c_str(), why.c_str());
+    }
+    return everywhere ? MailboxesPtr(std::move(boxes)) : nullptr;
+  }
+
   std::shared_ptr<CommHandle> handle_;
-  MPI_Comm comm_;  // handle_->comm
+  MPI_Comm comm_;           // handle_->comm
+  MailboxesPtr mailboxes_;  // as the check channel of a group inside one node: Note [Mailboxes ...]
   int tag_ub_ = 32767;
   std::unique_ptr<MpiCommunicator> checks_;  // the check channel; null at size 1
   // As the check channel: scratch buffers of completed signature exchanges, for the next one, and
@@ -1783,6 +1884,13 @@ std::shared_ptr<Communicator> make_mpi_world() {
     LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_census_comm));
     LOOM_MPI_CHECK(MPI_Comm_set_errhandler(g_census_comm, MPI_ERRORS_RETURN));
     set_census_answer(census_answer);
+  }
+  {  // See Note [Polling a mailbox on a shared core]
+    MPI_Comm node = MPI_COMM_NULL;
+    LOOM_MPI_CHECK(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    g_ranks_outnumber_cores = comm_size(node) > sysconf(_SC_NPROCESSORS_ONLN);
+    LOOM_MPI_CHECK(MPI_Comm_free(&node));
   }
   MPI_Comm comm = MPI_COMM_NULL;
   LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

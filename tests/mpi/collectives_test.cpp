@@ -13,11 +13,13 @@
 // bf16/f16 round them, and the expectation rounds the same formula to the dtype the same way, so
 // the comparison is still bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -545,6 +547,37 @@ TEST(Collectives, SubGroupsReduceIndependentlyAndConcurrently) {
       count_wrong("reversed allgather", order, [&](int64_t j) { return double(size - 1 - j); });
   EXPECT_EQ(total_wrong(wrong), 0);
 }
+
+#if LOOM_WITH_MPI
+// A group inside one node maps mailboxes in shared memory for its checks (Note [Mailboxes in
+// shared memory], collectives/shared_mailbox.cpp) and removes their name once every rank has
+// them: nothing of this job's is left in /dev/shm (the creator, the group's rank 0, names them
+// after its pid), yet the group's small collectives, which go through them, give the right sums.
+TEST(Collectives, GroupsLeaveNothingInSharedMemory) {
+  auto world = world_comm();
+  if (world->size() == 1) GTEST_SKIP() << "a group of one has no checks";
+  int64_t wrong = 0;
+  auto group = world->split(0, world->rank(), "mailboxes");
+  Tensor creator = Tensor::full({1}, double(getpid()), DType::kI64);
+  group->broadcast(creator)->wait();
+  const std::string prefix = "loom-" + std::to_string(creator.to_vector<int64_t>()[0]) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) {
+      ADD_FAILURE() << "left in /dev/shm: " << name;
+      ++wrong;
+    }
+  }
+  const std::vector<int> all = all_ranks(world->size());
+  for (int64_t n : {int64_t(1), int64_t(256), int64_t(4099)}) {
+    Tensor sum = make(DType::kF32, n, [&](int64_t i) { return reduce_value(world->rank(), i); });
+    group->allreduce(sum)->wait();
+    wrong += count_wrong("mailbox allreduce", sum,
+                         [&](int64_t i) { return reduced(ReduceOp::kSum, DType::kF32, all, i); });
+  }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+#endif
 
 // ---------------------------------------------------------------- failures
 
