@@ -759,6 +759,13 @@ constexpr int kSecondPhaseTag = 32;  // above any first-phase round (ceil(log2 n
 constexpr size_t kMailboxCarriedBytes = 64 * 1024;
 using MailboxesPtr = std::shared_ptr<SharedMailboxes>;
 
+// The rounds of an exchange over n ranks: ceil(log2 n).
+int exchange_rounds(int n) {
+  int r = 0;
+  while ((1 << r) < n) ++r;
+  return r;
+}
+
 // Whether groups inside one node exchange through shared memory: unless LOOM_SHM_EXCHANGE=0.
 bool mailboxes_enabled() {
   const char* v = std::getenv("LOOM_SHM_EXCHANGE");
@@ -898,11 +905,7 @@ class SignatureExchange final : public MpiPolledWork {
   bool gathers() const {
     return !first_phase_ || (p_.kind != Kind::kReduceScatter && p_.kind != Kind::kAllreduce);
   }
-  int rounds() const {
-    int r = 0;
-    while ((1 << r) < n_) ++r;
-    return r;
-  }
+  int rounds() const { return exchange_rounds(n_); }
   char* held() { return reinterpret_cast<char*>(out_ + 3); }
   const char* received() const { return reinterpret_cast<const char*>(in_ + 3); }
 
@@ -1799,8 +1802,7 @@ class MpiCommunicator final : public Communicator {
   // shared_mailbox.cpp), made over comm_, collectively: null on every rank unless every rank of
   // the group mapped them.
   MailboxesPtr make_mailboxes() const {
-    int rounds = 0;
-    while ((1 << rounds) < size()) ++rounds;
+    const int rounds = exchange_rounds(size());
     const size_t capacity = size_t(kCheckHeader) + kMailboxCarriedBytes;
     struct {
       uint64_t cookie = 0;  // 0: the creator failed
