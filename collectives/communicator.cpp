@@ -105,6 +105,9 @@ namespace loom::comm {
 // instead of two (on the Zen 3 VM, 16 KiB: 0.70-0.72x -> 0.89x of MPI's; 32 KiB: 0.64-0.67x ->
 // 0.72-0.79x; medians of 5 and 10 runs). An allgather is carried up to 16 KiB of output (16 KiB:
 // 0.54x -> 0.65x; at 32-64 KiB carried was slower, 0.58-0.59x against 0.61-0.69x; 6 runs).
+// A backend may carry more (carried_limit): the MPI backend's groups inside one node, whose
+// exchanges go through mailboxes in shared memory, carry every kind up to 64 KiB, and groups
+// spanning nodes carry larger allgathers and allreduces (mpi_backend.cpp).
 
 namespace {
 
