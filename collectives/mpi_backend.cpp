@@ -17,7 +17,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1821,8 +1820,10 @@ class MpiCommunicator final : public Communicator {
     std::unique_ptr<SharedMailboxes> boxes;
     if (rank() == 0) {
       static uint64_t made = 0;
-      std::random_device random;
-      id.cookie = (uint64_t(random()) << 32 | random()) | 1;
+      // Tells this segment from a stale one of the same name (a dead job's with this pid). Not
+      // std::random_device, which may throw here, on rank 0 alone, while the others wait below.
+      id.cookie =
+          (uint64_t(Clock::now().time_since_epoch().count()) ^ uint64_t(getpid()) << 40 ^ made) | 1;
       std::snprintf(id.name, sizeof id.name, "/loom-%d-%llu", int(getpid()),
                     static_cast<unsigned long long>(made++));
       boxes = SharedMailboxes::create(id.name, id.cookie, rank(), size(), rounds, capacity, why);
