@@ -1721,7 +1721,7 @@ class MpiCommunicator final : public Communicator {
     if (!one_node_ && kind == CheckPayload::Kind::kAllreduceByAllgather) return 128 * 1024;
     if (!one_node_ && kind == CheckPayload::Kind::kAllreduce) return 64 * 1024;
     // Through mailboxes in shared memory a carried collective is cheaper than the sizes above
-    // were set for, so every kind is carried up to what a slot holds. Measured on the Zen 3 VM
+    // were set for, so every kind is carried up to what a slot holds. Measured on a 2-vCPU Xeon VM
     // (loom / MPI's call, medians of 4 runs, before -> after): allgather on 4 ranks 16-64 KiB
     // 0.84-0.87 -> 1.70-2.96, on 2 ranks 32-64 KiB 0.80-0.84 -> 1.01-1.18; a 64 KiB allreduce
     // 0.95 -> 1.45 (4 ranks), 0.99 -> 1.08 (2). Slots of 256 KiB, carrying up to that, were no
