@@ -931,9 +931,7 @@ class SignatureExchange final : public MpiPolledWork {
     }
     const size_t message = size_t(kCheckHeader + blocks * block_);
     if (boxes_) {  // See Note [Mailboxes in shared memory] (shared_mailbox.cpp)
-      send_to_ = rank_at(position_ - step);
-      send_bytes_ = message;
-      unsent_ = !boxes_->try_send(send_to_, round_, out_, send_bytes_);
+      unsent_ = !send_to_mailbox();
       return;
     }
     const int tag = (first_phase_ ? 0 : kSecondPhaseTag) + round_;
@@ -942,6 +940,13 @@ class SignatureExchange final : public MpiPolledWork {
                                            rank_at(position_ + step), tag, c, &requests_[0]));
     LOOM_MPI_CHECK_IN(context(), MPI_Isend(out_, int(message), MPI_BYTE, rank_at(position_ - step),
                                            tag, c, &requests_[1]));
+  }
+
+  // Puts this round's message (out_, as post_round packed it) into the mailbox of the rank it
+  // goes to; false while that mailbox is full.
+  bool send_to_mailbox() {
+    return boxes_->try_send(rank_at(position_ - (1 << round_)), round_, out_,
+                            size_t(kCheckHeader + out_[2]));
   }
 
   // Whether this round's message went out and the peer's came in (in_ then points at it), as
@@ -954,7 +959,7 @@ class SignatureExchange final : public MpiPolledWork {
       return flag != 0;
     }
     // Until the message is out, out_ is still to be sent: the round's results wait for both.
-    unsent_ = unsent_ && !boxes_->try_send(send_to_, round_, out_, send_bytes_);
+    unsent_ = unsent_ && !send_to_mailbox();
     in_ = unsent_ ? nullptr : static_cast<const int64_t*>(boxes_->peek(round_));
     // See Note [Polling a mailbox on a shared core].
     if (!in_ && g_ranks_outnumber_cores) std::this_thread::yield();
@@ -1028,10 +1033,7 @@ class SignatureExchange final : public MpiPolledWork {
   SpareScratch spare_;
   ExchangeScratch scratch_;
   MailboxesPtr boxes_;
-  // Through boxes_: this round's message, to rank send_to_, waits for room in its mailbox.
-  bool unsent_ = false;
-  int send_to_ = 0;
-  size_t send_bytes_ = 0;
+  bool unsent_ = false;   // through boxes_: this round's message waits for room in its mailbox
   int64_t* out_;          // the message out: header, then held blocks (allgather) or a packed round
   int64_t* received_in_;  // where MPI receives the message in
   const int64_t* in_;     // the message in: received_in_, or the mailbox's slot
