@@ -1812,8 +1812,8 @@ class MpiCommunicator final : public Communicator {
   // shared_mailbox.cpp), made over comm_, collectively: null on every rank unless every rank of
   // the group mapped them.
   MailboxesPtr make_mailboxes() const {
-    const int rounds = exchange_rounds(size());
-    const size_t capacity = size_t(kCheckHeader) + kMailboxCarriedBytes;
+    const MailboxLayout layout{size(), exchange_rounds(size()),
+                               size_t(kCheckHeader) + kMailboxCarriedBytes, 2};
     struct {
       uint64_t cookie = 0;  // 0: the creator failed
       char name[48] = {};
@@ -1828,12 +1828,12 @@ class MpiCommunicator final : public Communicator {
           (uint64_t(Clock::now().time_since_epoch().count()) ^ uint64_t(getpid()) << 40 ^ made) | 1;
       std::snprintf(id.name, sizeof id.name, "/loom-%d-%llu", int(getpid()),
                     static_cast<unsigned long long>(made++));
-      boxes = SharedMailboxes::create(id.name, id.cookie, rank(), size(), rounds, capacity, why);
+      boxes = SharedMailboxes::create(id.name, id.cookie, rank(), layout, why);
       if (!boxes) id.cookie = 0;
     }
     LOOM_MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm_));
     if (rank() != 0 && id.cookie != 0)
-      boxes = SharedMailboxes::open(id.name, id.cookie, rank(), size(), rounds, capacity, why);
+      boxes = SharedMailboxes::open(id.name, id.cookie, rank(), layout, why);
     int mapped = boxes != nullptr, everywhere = 0;
     LOOM_MPI_CHECK(MPI_Allreduce(&mapped, &everywhere, 1, MPI_INT, MPI_MIN, comm_));
     if (rank() == 0 && id.cookie != 0) SharedMailboxes::unlink(id.name);

@@ -24,10 +24,12 @@ namespace loom::comm {
 //
 // Each rank has one mailbox per round of the exchange: in round k it hears from one rank only,
 // and sends to one rank only, in every exchange and both phases, so a mailbox is a
-// single-producer, single-consumer queue and both sides can count its messages alike. A mailbox
-// is two counters on cache lines of their own (`posted`, written by the sender; `taken`, written
-// by the receiver) and kSlots message slots; message m (counted from 1) goes to slot m % kSlots.
-// The sender copies message m into its slot once `taken` >= m - kSlots (the receiver is done
+// single-producer, single-consumer queue and both sides can count its messages alike (a group's
+// point-to-point messages use a segment of their own, one mailbox per sending rank: Note
+// [Point-to-point through mailboxes], pair_channels.cpp). A mailbox is two counters on cache
+// lines of their own (`posted`, written by the sender; `taken`, written by the receiver) and
+// S message slots (the layout's `slots`); message m (counted from 1) goes to slot m % S. The
+// sender copies message m into its slot once `taken` >= m - S (the receiver is done
 // with the message that slot held), then stores `posted` = m with release order; the receiver
 // sees `posted` >= m with acquire order, reads the message where it lies, and stores `taken` = m.
 // Nothing blocks: a full mailbox makes the sender's poll return "not yet", and the exchange's
@@ -47,7 +49,7 @@ namespace loom::comm {
 struct SharedMailboxes::Box {
   alignas(64) uint64_t posted;
   alignas(64) uint64_t taken;
-  // kSlots slots of capacity_ bytes (rounded up to cache lines) follow.
+  // The layout's slots of `capacity` bytes (rounded up to cache lines) follow.
 };
 
 namespace {
@@ -59,8 +61,13 @@ size_t round_up(size_t bytes) { return (bytes + kLine - 1) / kLine * kLine; }
 
 constexpr size_t kCounters = 2 * kLine;  // a Box: `posted` and `taken`, a line each
 
-size_t box_stride(size_t capacity) {
-  return kCounters + SharedMailboxes::kSlots * round_up(capacity);
+size_t box_stride(const MailboxLayout& layout) {
+  return kCounters + size_t(layout.slots) * round_up(layout.capacity);
+}
+
+// The boxes one rank sends into or holds: every rank's, or its own.
+size_t all_boxes(const MailboxLayout& layout) {
+  return size_t(layout.ranks) * size_t(layout.boxes);
 }
 
 std::string errno_text(const char* what, const std::string& name, int err) {
@@ -84,27 +91,28 @@ void store_release(uint64_t& v, uint64_t x) {
 
 }  // namespace
 
-size_t SharedMailboxes::segment_bytes(int n, int rounds, size_t capacity) {
-  return kHeader + size_t(n) * size_t(rounds) * box_stride(capacity);
+size_t SharedMailboxes::segment_bytes(const MailboxLayout& layout) {
+  return kHeader + all_boxes(layout) * box_stride(layout);
 }
 
-SharedMailboxes::SharedMailboxes(void* base, size_t bytes, int rank, int rounds, size_t capacity)
+SharedMailboxes::SharedMailboxes(void* base, size_t bytes, int rank, const MailboxLayout& layout)
     : base_(base),
       bytes_(bytes),
       rank_(rank),
-      rounds_(rounds),
-      capacity_(capacity),
-      box_stride_(box_stride(capacity)),
-      sent_(size_t(rounds), 0),
-      received_(size_t(rounds), 0),
-      known_taken_(size_t(rounds), 0) {}
+      layout_(layout),
+      slot_stride_(round_up(layout.capacity)),
+      box_stride_(box_stride(layout)),
+      sent_(all_boxes(layout), 0),
+      known_taken_(all_boxes(layout), 0),
+      received_(size_t(layout.boxes), 0) {}
 
 SharedMailboxes::~SharedMailboxes() { munmap(base_, bytes_); }
 
 std::unique_ptr<SharedMailboxes> SharedMailboxes::create(const std::string& name, uint64_t cookie,
-                                                         int rank, int n, int rounds,
-                                                         size_t capacity, std::string& why) {
-  const size_t bytes = segment_bytes(n, rounds, capacity);
+                                                         int rank, const MailboxLayout& layout,
+                                                         std::string& why) {
+  LOOM_ASSERT(layout.ranks > 0 && layout.boxes > 0 && layout.slots > 0, "mailbox layout");
+  const size_t bytes = segment_bytes(layout);
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     why = errno_text("shm_open", name, errno);
@@ -124,13 +132,14 @@ std::unique_ptr<SharedMailboxes> SharedMailboxes::create(const std::string& name
   }
   // A new segment reads as zeros: every counter starts at 0. The cookie goes last.
   store_release(*static_cast<uint64_t*>(base), cookie);
-  return std::unique_ptr<SharedMailboxes>(new SharedMailboxes(base, bytes, rank, rounds, capacity));
+  return std::unique_ptr<SharedMailboxes>(new SharedMailboxes(base, bytes, rank, layout));
 }
 
 std::unique_ptr<SharedMailboxes> SharedMailboxes::open(const std::string& name, uint64_t cookie,
-                                                       int rank, int n, int rounds, size_t capacity,
+                                                       int rank, const MailboxLayout& layout,
                                                        std::string& why) {
-  const size_t bytes = segment_bytes(n, rounds, capacity);
+  LOOM_ASSERT(layout.ranks > 0 && layout.boxes > 0 && layout.slots > 0, "mailbox layout");
+  const size_t bytes = segment_bytes(layout);
   const int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) {
     why = errno_text("shm_open", name, errno);
@@ -151,45 +160,56 @@ std::unique_ptr<SharedMailboxes> SharedMailboxes::open(const std::string& name, 
     munmap(base, bytes);
     return nullptr;
   }
-  return std::unique_ptr<SharedMailboxes>(new SharedMailboxes(base, bytes, rank, rounds, capacity));
+  return std::unique_ptr<SharedMailboxes>(new SharedMailboxes(base, bytes, rank, layout));
 }
 
 void SharedMailboxes::unlink(const std::string& name) { shm_unlink(name.c_str()); }
 
-SharedMailboxes::Box& SharedMailboxes::box(int rank, int round) const {
+SharedMailboxes::Box& SharedMailboxes::box_of(int rank, int box) const {
   static_assert(sizeof(Box) == kCounters);
   char* at = static_cast<char*>(base_) + kHeader +
-             (size_t(rank) * size_t(rounds_) + size_t(round)) * box_stride_;
+             (size_t(rank) * size_t(layout_.boxes) + size_t(box)) * box_stride_;
   return *reinterpret_cast<Box*>(at);
 }
 
 char* SharedMailboxes::slot(Box& b, uint64_t message) const {
-  return reinterpret_cast<char*>(&b + 1) + (message % kSlots) * round_up(capacity_);
+  return reinterpret_cast<char*>(&b + 1) + (message % uint64_t(layout_.slots)) * slot_stride_;
 }
 
-bool SharedMailboxes::try_send(int to, int round, const void* message, size_t bytes) {
-  LOOM_ASSERT(bytes <= capacity_, "a mailbox message of ", bytes, " bytes, capacity ", capacity_);
-  Box& b = box(to, round);
-  const uint64_t m = sent_[size_t(round)] + 1;
-  uint64_t& known = known_taken_[size_t(round)];
-  if (known + kSlots < m) {
+bool SharedMailboxes::try_send(int to, int box, const void* message, size_t bytes) {
+  return try_send(to, box, message, bytes, nullptr, 0);
+}
+
+bool SharedMailboxes::try_send(int to, int box, const void* head, size_t head_bytes,
+                               const void* body, size_t body_bytes) {
+  const size_t bytes = head_bytes + body_bytes;
+  LOOM_ASSERT(bytes <= layout_.capacity, "a mailbox message of ", bytes, " bytes, capacity ",
+              layout_.capacity);
+  Box& b = box_of(to, box);
+  const size_t mine = size_t(to) * size_t(layout_.boxes) + size_t(box);
+  const uint64_t m = sent_[mine] + 1;
+  const uint64_t slots = uint64_t(layout_.slots);
+  uint64_t& known = known_taken_[mine];
+  if (known + slots < m) {
     known = load_acquire(b.taken);
-    if (known + kSlots < m) return false;
+    if (known + slots < m) return false;
   }
-  std::memcpy(slot(b, m), message, bytes);
+  char* into = slot(b, m);
+  std::memcpy(into, head, head_bytes);
+  if (body_bytes > 0) std::memcpy(into + head_bytes, body, body_bytes);
   store_release(b.posted, m);
-  sent_[size_t(round)] = m;
+  sent_[mine] = m;
   return true;
 }
 
-const void* SharedMailboxes::peek(int round) const {
-  Box& b = box(rank_, round);
-  const uint64_t m = received_[size_t(round)] + 1;
+const void* SharedMailboxes::peek(int box) const {
+  Box& b = box_of(rank_, box);
+  const uint64_t m = received_[size_t(box)] + 1;
   return load_acquire(b.posted) >= m ? slot(b, m) : nullptr;
 }
 
-void SharedMailboxes::release(int round) {
-  store_release(box(rank_, round).taken, ++received_[size_t(round)]);
+void SharedMailboxes::release(int box) {
+  store_release(box_of(rank_, box).taken, ++received_[size_t(box)]);
 }
 
 }  // namespace loom::comm

@@ -1,8 +1,8 @@
 // Mailboxes in shared memory (Note [Mailboxes in shared memory] in
 // collectives/shared_mailbox.cpp), each "rank" a mapping of its own in this process: messages
-// arrive whole and in order, a sender runs at most kSlots messages ahead of its receiver, the
-// dissemination's rounds keep their messages apart across threads, and a segment that is not the
-// group's is refused with the reason.
+// arrive whole and in order, a sender runs at most a mailbox's slots ahead of its receiver and
+// counts each mailbox apart, the dissemination's rounds keep their messages apart across threads,
+// and a segment that is not the group's is refused with the reason.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -24,15 +24,15 @@ std::string unique_name(const char* what) {
 }
 
 // `n` ranks' mappings of one new segment, its name already removed.
-std::vector<std::unique_ptr<SharedMailboxes>> group(int n, int rounds, size_t capacity) {
+std::vector<std::unique_ptr<SharedMailboxes>> group(const MailboxLayout& layout) {
   const std::string name = unique_name("group");
   const uint64_t cookie = 0x1234567890abcdefull;
   std::string why;
   std::vector<std::unique_ptr<SharedMailboxes>> ranks;
-  ranks.push_back(SharedMailboxes::create(name, cookie, 0, n, rounds, capacity, why));
+  ranks.push_back(SharedMailboxes::create(name, cookie, 0, layout, why));
   EXPECT_TRUE(ranks.back()) << why;
-  for (int r = 1; r < n; ++r) {
-    ranks.push_back(SharedMailboxes::open(name, cookie, r, n, rounds, capacity, why));
+  for (int r = 1; r < layout.ranks; ++r) {
+    ranks.push_back(SharedMailboxes::open(name, cookie, r, layout, why));
     EXPECT_TRUE(ranks.back()) << why;
   }
   SharedMailboxes::unlink(name);
@@ -46,29 +46,71 @@ int64_t read_word(const void* message) {
 }
 
 TEST(SharedMailboxes, MessagesArriveInOrderAndASenderWaitsForRoom) {
-  auto ranks = group(2, 1, 64);
-  ASSERT_TRUE(ranks[0] && ranks[1]);
-  SharedMailboxes& sender = *ranks[0];
-  SharedMailboxes& receiver = *ranks[1];
-  EXPECT_EQ(receiver.peek(0), nullptr);  // nothing sent yet
-  int64_t next = 1;
-  for (int i = 0; i < SharedMailboxes::kSlots; ++i, ++next)
-    EXPECT_TRUE(sender.try_send(1, 0, &next, sizeof next));
-  // Both slots hold unread messages: the next waits, and nothing of it is written.
-  EXPECT_FALSE(sender.try_send(1, 0, &next, sizeof next));
-  ASSERT_NE(receiver.peek(0), nullptr);
-  EXPECT_EQ(read_word(receiver.peek(0)), 1);
-  EXPECT_FALSE(sender.try_send(1, 0, &next, sizeof next));  // peeked is not read
-  receiver.release(0);
-  EXPECT_TRUE(sender.try_send(1, 0, &next, sizeof next));  // message 1's slot is free again
-  for (int64_t expected = 2; expected <= next; ++expected) {
-    ASSERT_NE(receiver.peek(0), nullptr) << expected;
-    EXPECT_EQ(read_word(receiver.peek(0)), expected);
+  for (int slots : {2, 4}) {
+    SCOPED_TRACE(slots);
+    auto ranks = group({2, 1, 64, slots});
+    ASSERT_TRUE(ranks[0] && ranks[1]);
+    SharedMailboxes& sender = *ranks[0];
+    SharedMailboxes& receiver = *ranks[1];
+    EXPECT_EQ(receiver.peek(0), nullptr);  // nothing sent yet
+    int64_t next = 1;
+    for (int i = 0; i < slots; ++i, ++next) EXPECT_TRUE(sender.try_send(1, 0, &next, sizeof next));
+    // Every slot holds an unread message: the next waits, and nothing of it is written.
+    EXPECT_FALSE(sender.try_send(1, 0, &next, sizeof next));
+    ASSERT_NE(receiver.peek(0), nullptr);
+    EXPECT_EQ(read_word(receiver.peek(0)), 1);
+    EXPECT_FALSE(sender.try_send(1, 0, &next, sizeof next));  // peeked is not read
     receiver.release(0);
+    EXPECT_TRUE(sender.try_send(1, 0, &next, sizeof next));  // message 1's slot is free again
+    for (int64_t expected = 2; expected <= next; ++expected) {
+      ASSERT_NE(receiver.peek(0), nullptr) << expected;
+      EXPECT_EQ(read_word(receiver.peek(0)), expected);
+      receiver.release(0);
+    }
+    EXPECT_EQ(receiver.peek(0), nullptr);
+    // Rank 0's own mailbox is untouched by rank 0's sends to rank 1.
+    EXPECT_EQ(sender.peek(0), nullptr);
   }
-  EXPECT_EQ(receiver.peek(0), nullptr);
-  // Rank 0's own mailbox is untouched by rank 0's sends to rank 1.
-  EXPECT_EQ(sender.peek(0), nullptr);
+}
+
+// One mailbox per sending rank (the point-to-point layout): a rank sending to two ranks, and
+// to itself, keeps a count per mailbox it sends into, so filling one does not hold the others.
+TEST(SharedMailboxes, ASenderCountsEachMailboxItSendsInto) {
+  auto ranks = group({3, 3, 64, 2});
+  for (const auto& r : ranks) ASSERT_TRUE(r);
+  SharedMailboxes& zero = *ranks[0];
+  for (int64_t m = 1; m <= 2; ++m) {
+    EXPECT_TRUE(zero.try_send(1, 0, &m, sizeof m));
+    const int64_t to_two = 10 + m, to_self = 20 + m;
+    EXPECT_TRUE(zero.try_send(2, 0, &to_two, sizeof to_two));
+    EXPECT_TRUE(zero.try_send(0, 0, &to_self, sizeof to_self));
+  }
+  int64_t more = 3;
+  EXPECT_FALSE(zero.try_send(1, 0, &more, sizeof more));  // rank 1's mailbox from 0 is full
+  ranks[2]->release(0);  // rank 2 reads one: only its mailbox has room again
+  EXPECT_FALSE(zero.try_send(1, 0, &more, sizeof more));
+  EXPECT_TRUE(zero.try_send(2, 0, &more, sizeof more));
+  // Rank 1 hears from rank 2 in another mailbox, untouched.
+  const int64_t from_two = 99;
+  EXPECT_TRUE(ranks[2]->try_send(1, 2, &from_two, sizeof from_two));
+  ASSERT_NE(ranks[1]->peek(2), nullptr);
+  EXPECT_EQ(read_word(ranks[1]->peek(2)), 99);
+  for (int64_t expected : {1, 2}) {
+    ASSERT_NE(ranks[1]->peek(0), nullptr);
+    EXPECT_EQ(read_word(ranks[1]->peek(0)), expected);
+    ranks[1]->release(0);
+  }
+  for (int64_t expected : {21, 22}) {
+    ASSERT_NE(zero.peek(0), nullptr);
+    EXPECT_EQ(read_word(zero.peek(0)), expected);
+    zero.release(0);
+  }
+  for (int64_t expected : {12, 3}) {
+    ASSERT_NE(ranks[2]->peek(0), nullptr);
+    EXPECT_EQ(read_word(ranks[2]->peek(0)), expected);
+    ranks[2]->release(0);
+  }
+  EXPECT_EQ(ranks[2]->peek(0), nullptr);
 }
 
 // The signature exchange's pattern on three ranks, one thread each: in round k rank r sends to
@@ -77,7 +119,7 @@ TEST(SharedMailboxes, MessagesArriveInOrderAndASenderWaitsForRoom) {
 TEST(SharedMailboxes, RoundsOfADisseminationAcrossThreads) {
   constexpr int kRanks = 3, kRounds = 2, kTurns = 20000;
   constexpr size_t kCapacity = 1024;
-  auto ranks = group(kRanks, kRounds, kCapacity);
+  auto ranks = group({kRanks, kRounds, kCapacity, 2});
   for (const auto& r : ranks) ASSERT_TRUE(r);
   std::atomic<int> wrong{0};
   auto run = [&](int rank) {
@@ -121,21 +163,21 @@ TEST(SharedMailboxes, RoundsOfADisseminationAcrossThreads) {
 TEST(SharedMailboxes, ASegmentThatIsNotTheGroupsIsRefused) {
   const std::string name = unique_name("refused");
   std::string why;
-  auto made = SharedMailboxes::create(name, 42, 0, 2, 1, 128, why);
+  auto made = SharedMailboxes::create(name, 42, 0, {2, 1, 128, 2}, why);
   ASSERT_TRUE(made) << why;
-  EXPECT_FALSE(SharedMailboxes::create(name, 42, 0, 2, 1, 128, why));  // the name is taken
+  EXPECT_FALSE(SharedMailboxes::create(name, 42, 0, {2, 1, 128, 2}, why));  // the name is taken
   EXPECT_NE(why.find("shm_open " + name), std::string::npos) << why;
 
-  EXPECT_FALSE(SharedMailboxes::open(name, 43, 1, 2, 1, 128, why));  // another cookie
+  EXPECT_FALSE(SharedMailboxes::open(name, 43, 1, {2, 1, 128, 2}, why));  // another cookie
   EXPECT_NE(why.find("another group's segment"), std::string::npos) << why;
 
-  EXPECT_FALSE(SharedMailboxes::open(name, 42, 1, 4, 2, 128, why));  // another layout
-  EXPECT_NE(why.find("expected " + std::to_string(SharedMailboxes::segment_bytes(4, 2, 128))),
+  EXPECT_FALSE(SharedMailboxes::open(name, 42, 1, {4, 2, 128, 2}, why));  // another layout
+  EXPECT_NE(why.find("expected " + std::to_string(SharedMailboxes::segment_bytes({4, 2, 128, 2}))),
             std::string::npos)
       << why;
 
   SharedMailboxes::unlink(name);
-  EXPECT_FALSE(SharedMailboxes::open(name, 42, 1, 2, 1, 128, why));  // gone
+  EXPECT_FALSE(SharedMailboxes::open(name, 42, 1, {2, 1, 128, 2}, why));  // gone
   EXPECT_NE(why.find("No such file"), std::string::npos) << why;
 }
 
