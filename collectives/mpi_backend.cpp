@@ -24,6 +24,7 @@
 
 #include "collectives/carried.h"
 #include "collectives/mpi_check.h"
+#include "collectives/pair_channels.h"
 #include "collectives/recycled.h"
 #include "collectives/shared_mailbox.h"
 #include "collectives/termination.h"
@@ -708,6 +709,160 @@ PointToPointWork::~PointToPointWork() {
     abandoned().push_back(Abandoned{{request_}, {tensor_}, {}, nullptr, std::move(comm)});
 }
 
+// Note [Polling a mailbox on a shared core]
+// Open MPI's progress loop gives up the core after a poll that found nothing when its node holds
+// more ranks than cores (mpi_yield_when_idle), so the rank it waits for can run. A poll of a
+// mailbox is a load, and PollingWork::wait yields only after 1000 of them: with 4 ranks on the
+// 2-vCPU VM a 1 KiB allreduce took 31-40 us against MPI's 11-14. So where this node's ranks
+// outnumber its online cores (decided once, when the world is made), an empty poll yields too:
+// the exchange's, and a send's or receive's through the point-to-point channels.
+bool g_ranks_outnumber_cores = false;
+
+// One send or receive through a group's PairChannels (Note [Point-to-point through mailboxes],
+// pair_channels.cpp): in its mailbox, or announced there with its bytes through MPI.
+struct ChannelMessage {
+  bool recv = false;
+  int peer = 0, tag = 0;
+  Tensor buffer;  // the host bytes sent or received into: alive until completion
+  Tensor result;  // a staged receive's destination, stored once it completes; else undefined
+  std::shared_ptr<PairChannels::Send> waiting_send;     // until it is in the mailbox
+  std::shared_ptr<PairChannels::Receive> waiting_recv;  // until its message arrived
+  Tensor discard;                      // an announced message of another length lands here
+  std::vector<MPI_Request> transport;  // an announced message's bytes, in pieces
+  std::string error;                   // a receive's length error, raised once complete
+};
+
+// Announced bytes travel in pieces MPI counts in an int.
+constexpr size_t kTransportPiece = size_t(1) << 30;
+
+void post_pieces(ChannelMessage& m, char* data, size_t bytes, MPI_Comm comm,
+                 const OpContext& context) {
+  for (size_t offset = 0; offset < bytes; offset += kTransportPiece) {
+    const int count = int(std::min(kTransportPiece, bytes - offset));
+    m.transport.push_back(MPI_REQUEST_NULL);
+    const int rc =
+        m.recv
+            ? MPI_Irecv(data + offset, count, MPI_BYTE, m.peer, m.tag, comm, &m.transport.back())
+            : MPI_Isend(data + offset, count, MPI_BYTE, m.peer, m.tag, comm, &m.transport.back());
+    if (rc != MPI_SUCCESS)
+      check_mpi(rc, m.recv ? "MPI_Irecv" : "MPI_Isend", __FILE__, __LINE__, context);
+  }
+}
+
+// A receive whose message arrived (`arrival`, of `got` bytes): its length checked, an announced
+// message's bytes posted (into scratch when the length is wrong, so its sender completes).
+void arrived(ChannelMessage& m, PairChannels::Arrival arrival, size_t got, MPI_Comm comm,
+             const OpContext& context) {
+  const size_t expected = m.buffer.nbytes();
+  if (got != expected) {
+    const size_t element = dtype_size(m.buffer.dtype());
+    m.error = loom::detail::str_cat(
+        "[rank ", error_rank(), "] ", context.str(), ": recv from rank ", m.peer, " with tag ",
+        m.tag, " got ", got / element, " elements, expected ", expected / element,
+        got < expected ? " (the matching send is shorter)" : " (the matching send is longer)");
+  }
+  if (arrival != PairChannels::Arrival::kAnnounced) return;
+  if (got != expected) {
+    m.discard = Tensor::empty({int64_t(got)}, DType::kU8);
+    post_pieces(m, bytes_at(m.discard, 0), got, comm, context);
+  } else {
+    post_pieces(m, bytes_at(m.buffer, 0), got, comm, context);
+  }
+}
+
+// Posts `m` (buffer, peer, tag and direction set): what is left is in its waiting_* records and
+// transport requests.
+void start(ChannelMessage& m, PairChannels& channels, MPI_Comm comm, const OpContext& context) {
+  const size_t bytes = m.buffer.nbytes();
+  char* data = bytes > 0 ? bytes_at(m.buffer, 0) : nullptr;
+  if (!m.recv) {
+    m.waiting_send = channels.send(m.peer, m.tag, data, bytes);
+    if (bytes > PairChannels::kInlineBytes) post_pieces(m, data, bytes, comm, context);
+    return;
+  }
+  size_t got = 0;
+  const PairChannels::Arrival arrival =
+      channels.receive(m.peer, m.tag, data, bytes, got, m.waiting_recv);
+  if (arrival != PairChannels::Arrival::kWaiting) arrived(m, arrival, got, comm, context);
+}
+
+// Sends and receives of one call through the group's PairChannels, in flight.
+class ChannelWork final : public MpiPolledWork {
+ public:
+  ChannelWork(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
+              std::shared_ptr<PairChannels> channels, std::vector<ChannelMessage> messages)
+      : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
+        channels_(std::move(channels)),
+        messages_(std::move(messages)) {
+    // A message waiting in a mailbox moves on in any wait (Note [Works that post as they go]):
+    // its peer may be waiting, before it receives, for something this rank does next.
+    if (!in_mailboxes()) keep_stepping();
+  }
+  ~ChannelWork() override;
+
+ protected:
+  void step() override {
+    if (in_mailboxes()) stop_stepping();
+  }
+  bool poll() override {
+    if (!in_mailboxes()) {
+      if (g_ranks_outnumber_cores) std::this_thread::yield();  // Note [Polling a mailbox on a ...]
+      return false;
+    }
+    for (ChannelMessage& m : messages_)
+      if (!m.transport.empty() &&
+          !test_all(m.transport.data(), nullptr, int(m.transport.size()), context()))
+        return false;
+    return true;
+  }
+  void finish() override {
+    if (comm) comm->failed = false;  // the group works again
+    comm.reset();
+    std::vector<ChannelMessage> messages = std::move(messages_);
+    for (ChannelMessage& m : messages)
+      if (!m.error.empty()) throw CommError(m.error);
+    for (ChannelMessage& m : messages)
+      if (m.result.defined()) store(m.buffer, m.result);
+  }
+
+ private:
+  // Takes the mailboxes' arrivals and sends what has room: whether every message is past its
+  // mailbox (sent into it, or its own arrived), with every announced receive's bytes posted.
+  bool in_mailboxes() {
+    channels_->progress();
+    bool all = true;
+    for (ChannelMessage& m : messages_) {
+      if (m.waiting_send && m.waiting_send->in_mailbox) m.waiting_send.reset();
+      if (m.waiting_recv && m.waiting_recv->arrival != PairChannels::Arrival::kWaiting) {
+        const std::shared_ptr<PairChannels::Receive> r = std::move(m.waiting_recv);
+        arrived(m, r->arrival, r->got, comm->comm, context());
+      }
+      all = all && !m.waiting_send && !m.waiting_recv;
+    }
+    return all;
+  }
+
+  std::shared_ptr<PairChannels> channels_;
+  std::vector<ChannelMessage> messages_;
+};
+
+ChannelWork::~ChannelWork() {
+  stop_stepping();
+  if (done()) return;
+  // See Note [Abandoned operations]. What still waits in the channels is forgotten there (a
+  // message that arrives for a forgotten receive goes to the next one posted).
+  if (settles([this] { return poll(); })) return;
+  Abandoned a{{}, {}, {}, nullptr, std::move(comm)};
+  for (ChannelMessage& m : messages_) {
+    if (m.waiting_send) channels_->cancel(m.waiting_send);
+    if (m.waiting_recv) channels_->cancel(m.waiting_recv);
+    a.requests.insert(a.requests.end(), m.transport.begin(), m.transport.end());
+    a.buffers.push_back(m.buffer);
+    if (m.discard.defined()) a.buffers.push_back(m.discard);  // MPI may still write it
+  }
+  abandoned().push_back(std::move(a));
+}
+
 // Note [Signature exchange]
 // The check channel's exchange (Note [Collective signatures]) is a max over the group plus, for
 // a carried collective (Note [Small collectives in their check]), the collective itself. It runs
@@ -770,14 +925,6 @@ bool mailboxes_enabled() {
   const char* v = std::getenv("LOOM_SHM_EXCHANGE");
   return v == nullptr || std::string(v) != "0";
 }
-
-// Note [Polling a mailbox on a shared core]
-// Open MPI's progress loop gives up the core after a poll that found nothing when its node holds
-// more ranks than cores (mpi_yield_when_idle), so the rank it waits for can run. A poll of a
-// mailbox is a load, and PollingWork::wait yields only after 1000 of them: with 4 ranks on the
-// 2-vCPU VM a 1 KiB allreduce took 31-40 us against MPI's 11-14. So where this node's ranks
-// outnumber its online cores (decided once, when the world is made), an empty poll yields too.
-bool g_ranks_outnumber_cores = false;
 
 // Scratch buffers of completed exchanges, for the next exchange: the message out, the message in
 // and a reduction's blocks. Host memory of the communicator, as MPI's own buffers are, not
@@ -1420,7 +1567,15 @@ class MpiCommunicator final : public Communicator {
       LOOM_MPI_CHECK(
           MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &local));
       one_node_ = comm_size(local) == size();
-      if (one_node_ && mailboxes_enabled()) checks_->mailboxes_ = make_mailboxes();
+      if (one_node_ && mailboxes_enabled()) {
+        const MailboxLayout exchange{size(), exchange_rounds(size()),
+                                     size_t(kCheckHeader) + kMailboxCarriedBytes, 2};
+        checks_->mailboxes_ = make_segment(exchange, "signature checks");
+        // See Note [Point-to-point through mailboxes] (pair_channels.cpp).
+        if (size() <= PairChannels::kMaxRanks)
+          if (auto boxes = make_segment(PairChannels::layout(size()), "point-to-point messages"))
+            channels_ = std::make_shared<PairChannels>(std::move(boxes), rank(), size());
+      }
       // See Note [Node-interleaved exchange order] (topology.h).
       if (!one_node_)
         checks_->exchange_order_ =
@@ -1624,6 +1779,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr p2p_impl(const P2POp& op, const OpInfo& info) override {
     // The rest, and a tag beyond MPI's (which batch_p2p_impl names), go the general way.
     if (op.tag > tag_ub_ || !carried_as_is(op)) return batch_p2p_impl({op}, info);
+    if (channels_) return channel_p2p(op, info);
     const bool recv = op.kind == P2POp::Kind::kRecv;
     const int count = int(op.tensor.numel());
     const MPI_Datatype type = transport_type(op.tensor.dtype());
@@ -1660,6 +1816,23 @@ class MpiCommunicator final : public Communicator {
       LOOM_CHECK(p.tag <= tag_ub_, describe(info), ": tag ", p.tag,
                  " is above this MPI's limit MPI_TAG_UB = ", tag_ub_);
     if (ops.size() == 1 && carried_as_is(ops[0])) return p2p_impl(ops[0], info);
+    if (channels_) {  // every message of the group goes through them, in order
+      const OpContext context = context_of(info);
+      std::vector<ChannelMessage> messages(ops.size());
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const P2POp& p = ops[i];
+        ChannelMessage& m = messages[i];
+        const DType dt = p.tensor.dtype();
+        m.recv = p.kind == P2POp::Kind::kRecv;
+        m.peer = p.peer;
+        m.tag = p.tag;
+        m.buffer = m.recv ? host_buffer(p.tensor, dt) : host_values(p.tensor, dt);
+        if (m.recv && needs_staging(p.tensor, dt)) m.result = p.tensor;
+        start(m, *channels_, comm_, context);
+      }
+      return std::make_shared<ChannelWork>(handle_, context, timeout_seconds(), channels_,
+                                           std::move(messages));
+    }
     auto w = make_work(info, {});
     struct Expect {  // a receive piece, checked for its length once complete
       size_t request;
@@ -1699,6 +1872,42 @@ class MpiCommunicator final : public Communicator {
       for (const auto& [buf, t] : results) store(buf, t);
     };
     return w;
+  }
+
+  // A send or receive of a host tensor through the group's channels (Note [Point-to-point
+  // through mailboxes], pair_channels.cpp). A small one whose mailbox has room, or whose message
+  // is here, completes as it is posted and allocates nothing.
+  WorkPtr channel_p2p(const P2POp& op, const OpInfo& info) {
+    const size_t bytes = op.tensor.nbytes();
+    void* data = bytes > 0 ? op.tensor.data_ptr() : nullptr;
+    ChannelMessage m;
+    m.recv = op.kind == P2POp::Kind::kRecv;
+    if (bytes <= PairChannels::kInlineBytes) {
+      size_t got = 0;
+      const PairChannels::Arrival arrival =
+          m.recv ? channels_->receive(op.peer, op.tag, data, bytes, got, m.waiting_recv)
+                 : PairChannels::Arrival::kWaiting;
+      if (!m.recv) m.waiting_send = channels_->send(op.peer, op.tag, data, bytes);
+      if (m.recv ? arrival == PairChannels::Arrival::kDelivered && got == bytes
+                 : m.waiting_send == nullptr) {
+        handle_->failed = false;  // the group works again, as when a work completes
+        return completed_work();
+      }
+      m.peer = op.peer;
+      m.tag = op.tag;
+      m.buffer = op.tensor;
+      if (m.recv && arrival != PairChannels::Arrival::kWaiting)
+        arrived(m, arrival, got, comm_, context_of(info));
+    } else {
+      m.peer = op.peer;
+      m.tag = op.tag;
+      m.buffer = op.tensor;
+      start(m, *channels_, comm_, context_of(info));
+    }
+    std::vector<ChannelMessage> messages(1);
+    messages[0] = std::move(m);
+    return std::make_shared<ChannelWork>(handle_, context_of(info), timeout_seconds(), channels_,
+                                         std::move(messages));
   }
 
   size_t check_payload_limit() const override {
@@ -1808,12 +2017,11 @@ class MpiCommunicator final : public Communicator {
     return node_of;
   }
 
-  // The check channel's mailboxes in shared memory (Note [Mailboxes in shared memory],
-  // shared_mailbox.cpp), made over comm_, collectively: null on every rank unless every rank of
-  // the group mapped them.
-  MailboxesPtr make_mailboxes() const {
-    const MailboxLayout layout{size(), exchange_rounds(size()),
-                               size_t(kCheckHeader) + kMailboxCarriedBytes, 2};
+  // A segment of mailboxes in shared memory (Note [Mailboxes in shared memory],
+  // shared_mailbox.cpp) for the group's `what`, made over comm_, collectively: null on every rank
+  // unless every rank of the group mapped it.
+  std::unique_ptr<SharedMailboxes> make_segment(const MailboxLayout& layout,
+                                                const char* what) const {
     struct {
       uint64_t cookie = 0;  // 0: the creator failed
       char name[48] = {};
@@ -1841,16 +2049,18 @@ class MpiCommunicator final : public Communicator {
     if (!why.empty() && !told) {
       told = true;
       std::fprintf(stderr,
-                   "[rank %d] loom: note: group '%s' runs its signature checks through MPI, "
-                   "not shared memory (%s)\n",
-                   error_rank(), name().c_str(), why.c_str());
+                   "[rank %d] loom: note: group '%s' sends its %s through MPI, not shared "
+                   "memory (%s)\n",
+                   error_rank(), name().c_str(), what, why.c_str());
     }
-    return everywhere ? MailboxesPtr(std::move(boxes)) : nullptr;
+    return everywhere ? std::move(boxes) : nullptr;
   }
 
   std::shared_ptr<CommHandle> handle_;
   MPI_Comm comm_;           // handle_->comm
   MailboxesPtr mailboxes_;  // as the check channel of a group inside one node: Note [Mailboxes ...]
+  std::shared_ptr<PairChannels> channels_;  // sends and receives inside one node, or null
+
   int tag_ub_ = 32767;
   std::unique_ptr<MpiCommunicator> checks_;  // the check channel; null at size 1
   // As the check channel: scratch buffers of completed signature exchanges, for the next one, and
