@@ -648,6 +648,43 @@ TEST(Collectives, TimeoutNamesGroupOpSequenceAndBytes) {
   if (r == 0) post_u()->wait();
 }
 
+// A receive whose sender is late raises CommError after the timeout, naming the op, its peer's
+// group and its bytes, small (in a mailbox: Note [Point-to-point through mailboxes] in
+// collectives/pair_channels.cpp) and large; waited for again once the message was sent, it
+// completes with the message's values.
+TEST(Collectives, ALateSendTimesItsReceiveOut) {
+  auto world = world_comm();
+  if (world->size() == 1) GTEST_SKIP() << "a late sender needs a second rank";
+  const int r = world->rank();
+  auto comm = world->split(0, r, "late-send");
+  comm->set_timeout_seconds(2);
+  for (int64_t n : {int64_t(256), int64_t(100000)}) {
+    SCOPED_TRACE(n);
+    WorkPtr recv;
+    Tensor got = Tensor::zeros({n});
+    if (r == 1) {
+      recv = comm->recv(got, 0, PointToPointOptions{7});
+      try {
+        recv->wait();
+        ADD_FAILURE() << "a receive completed though rank 0 never sent";
+      } catch (const CommError& e) {
+        const std::string msg = e.what();
+        for (const std::string& part :
+             {std::string("group 'late-send'"), std::string("recv"),
+              loom::detail::str_cat(n * 4, " bytes"), std::string("timed out")})
+          EXPECT_NE(msg.find(part), std::string::npos) << "message lacks '" << part << "': " << msg;
+      }
+    }
+    world->barrier_sync();  // rank 0 sends only once rank 1 has timed out
+    if (r == 0) comm->send(Tensor::full({n}, 3.0), 1, PointToPointOptions{7})->wait();
+    if (r == 1) {
+      recv->wait();
+      EXPECT_EQ(count_wrong("the late message", got, [](int64_t) { return 3.0; }), 0);
+    }
+    world->barrier_sync();
+  }
+}
+
 // Argument mistakes raise loom::Error on the calling rank before anything is posted: nothing
 // counts in the sequence, and the group stays in step (the collectives after them complete).
 TEST(Collectives, ArgumentErrorsStartNothing) {
