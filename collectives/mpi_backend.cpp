@@ -625,6 +625,8 @@ MpiWork::~MpiWork() {
 }
 
 // Note [A single message's cost]
+// (In a group inside one node of at most PairChannels::kMaxRanks ranks, messages go through the
+// group's channels instead: Note [Point-to-point through mailboxes], pair_channels.cpp.)
 // send() and recv() of a host buffer MPI carries as it is (a pipeline's activations, a
 // ping-pong) skip batch_p2p's general machinery (request and status vectors, closures that check
 // lengths and copy staged receives back), which allocated nine to eleven times per call. And
