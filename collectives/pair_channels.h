@@ -18,10 +18,12 @@ namespace loom::comm {
 
 class PairChannels {
  public:
-  // The largest message carried in its mailbox; a larger one is announced.
-  static constexpr size_t kInlineBytes = 16 * 1024;
-  // Messages a sender may run ahead of its receiver, per pair.
+  // Slots per mailbox: a sender may run this many chunks ahead of its receiver.
   static constexpr int kSlots = 4;
+  // The bytes of a message one slot carries (the first also carries its header).
+  static constexpr size_t kChunkBytes = 16 * 1024;
+  // The largest message carried in its mailbox, in chunks; a larger one is announced.
+  static constexpr size_t kInlineBytes = kSlots * kChunkBytes;
   // The largest group given channels: the segment grows with the square of the ranks
   // (kSlots x 16 KiB per ordered pair: 4 MiB at 8 ranks).
   static constexpr int kMaxRanks = 8;
@@ -49,7 +51,9 @@ class PairChannels {
     int peer = 0, tag = 0;
     const void* data = nullptr;
     size_t bytes = 0;
-    bool in_mailbox = false;  // sent (an announced one: its announcement)
+    bool in_mailbox = false;  // sent whole (an announced one: its announcement)
+    size_t put = 0;           // bytes in the mailbox so far
+    bool started = false;     // its first chunk (with the header) is in the mailbox
   };
 
   // `boxes`: the group's segment, of layout(n).
@@ -86,14 +90,27 @@ class PairChannels {
     bool announced;
     size_t bytes;
     std::vector<char> data;  // an inline message's bytes
+    bool whole;              // every chunk arrived
+  };
+  // A message in chunks whose later chunks are still to come (one per peer at most: its chunks
+  // follow each other in the mailbox).
+  struct Partial {
+    bool active = false;
+    char* into = nullptr;  // where its bytes go (null: a receive of another length, skipped)
+    size_t received = 0, total = 0;
+    std::shared_ptr<Receive> receive;  // its receive, if one matched it
+    bool kept = false;                 // else kept: unexpected_[peer].back() (else cancelled)
   };
 
-  bool try_put(const Send& s);
-  // Hands `peer`'s next message in the mailbox to the first posted receive with its tag, or keeps
-  // it; false when there is none.
+  // Puts what has room of `s` into its mailbox: whether all of it is there.
+  bool try_put(Send& s);
+  // Takes `peer`'s next chunk in the mailbox: a message's first goes to the first posted receive
+  // with its tag, or is kept; false when there is none.
   bool take_arrival(int peer);
   void take_arrivals(int peer);
-  // Hands the message under `header` (its bytes at `payload`) to `r`.
+  // A message in chunks came whole.
+  void completed(int peer);
+  // Hands the message under `header` (its bytes at `payload`, whole) to `r`.
   static void deliver(Receive& r, const Header& header, const void* payload);
 
   std::unique_ptr<SharedMailboxes> boxes_;
@@ -103,6 +120,7 @@ class PairChannels {
   std::vector<std::deque<std::shared_ptr<Send>>> waiting_sends_;
   std::vector<std::deque<std::shared_ptr<Receive>>> posted_;
   std::vector<std::deque<Unexpected>> unexpected_;
+  std::vector<Partial> partial_;
   bool any_waiting_sends_ = false;
 };
 

@@ -648,17 +648,17 @@ TEST(Collectives, TimeoutNamesGroupOpSequenceAndBytes) {
   if (r == 0) post_u()->wait();
 }
 
-// A receive whose sender is late raises CommError after the timeout, naming the op, its peer's
-// group and its bytes, small (in a mailbox: Note [Point-to-point through mailboxes] in
-// collectives/pair_channels.cpp) and large; waited for again once the message was sent, it
-// completes with the message's values.
+// A receive whose sender is late raises CommError after the timeout, naming the op, its group and
+// its bytes, small (in a mailbox, in one chunk or several: Note [Point-to-point through
+// mailboxes] in collectives/pair_channels.cpp) and large; waited for again once the message was
+// sent, it completes with the message's values.
 TEST(Collectives, ALateSendTimesItsReceiveOut) {
   auto world = world_comm();
   if (world->size() == 1) GTEST_SKIP() << "a late sender needs a second rank";
   const int r = world->rank();
   auto comm = world->split(0, r, "late-send");
   comm->set_timeout_seconds(2);
-  for (int64_t n : {int64_t(256), int64_t(100000)}) {
+  for (int64_t n : {int64_t(256), int64_t(10000), int64_t(100000)}) {
     SCOPED_TRACE(n);
     WorkPtr recv;
     Tensor got = Tensor::zeros({n});
@@ -834,15 +834,15 @@ TEST(MpiBackend, LargeCountsSplitIntoPiecesOrRaise) {
 }
 
 // A receive whose matching send is shorter, or longer, is a CommError on the receiver, never a
-// silently partial buffer; its sender completes, and the next messages arrive right. Small
-// messages and ones past a mailbox's (Note [Point-to-point through mailboxes] in
-// collectives/pair_channels.cpp), which are announced there and travel through MPI.
+// silently partial buffer; its sender completes, and the next messages arrive right. Messages of
+// one mailbox slot, of several, and ones past a mailbox's (Note [Point-to-point through
+// mailboxes] in collectives/pair_channels.cpp), which are announced there and travel through MPI.
 TEST(MpiBackend, MismatchedSendRecvLengthsAreErrors) {
   auto comm = world_comm();
   if (std::string(comm->backend()) != "mpi") GTEST_SKIP() << "backend " << comm->backend();
   const int r = comm->rank(), size = comm->size();
   const int next = (r + 1) % size, prev = (r + size - 1) % size;
-  for (int64_t n : {int64_t(10), int64_t(10000)}) {
+  for (int64_t n : {int64_t(10), int64_t(10000), int64_t(40000)}) {  // one chunk, four, announced
     SCOPED_TRACE(n);
     Tensor sent = Tensor::ones({n}), twice = Tensor::zeros({2 * n});
     WorkPtr recv = comm->recv(twice, prev, PointToPointOptions{11});
@@ -885,9 +885,9 @@ TEST(MpiBackend, MismatchedSendRecvLengthsAreErrors) {
   }
 }
 
-// Small messages (in a mailbox) and large ones (announced, through MPI) under one tag keep their
-// order, and more messages than a mailbox holds wait for receives posted later, in another tag
-// order, in a batch.
+// Small messages (in a mailbox, in one chunk or several) and large ones (announced, through MPI)
+// under one tag keep their order, and more messages than a mailbox holds wait for receives posted
+// later, in another tag order, in a batch.
 TEST(Collectives, MessagesOfEverySizeKeepTheirOrder) {
   auto comm = world_comm();
   const int r = comm->rank(), size = comm->size();

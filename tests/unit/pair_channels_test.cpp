@@ -184,6 +184,78 @@ TEST(PairChannels, ARankSendsToItselfPastItsSlotsAndCancels) {
             Arrival::kWaiting);
 }
 
+// Messages of several chunks: one kept while its chunks arrive goes to a receive posted
+// meanwhile, once whole; one of another length than its receive is reported and skipped; a
+// receive cancelled while its chunks arrive leaves the next message to the next receive.
+TEST(PairChannels, MessagesInChunksArriveWhole) {
+  auto ranks = channels(2);
+  ASSERT_EQ(ranks.size(), 2u);
+  PairChannels& zero = *ranks[0];
+  PairChannels& one = *ranks[1];
+  const size_t chunk_words = PairChannels::kChunkBytes / 4;
+  const auto two_chunks = words(1, chunk_words + 10);
+  const auto four_chunks = words(-7, 4 * chunk_words - 3);
+  EXPECT_EQ(zero.send(1, 1, two_chunks.data(), two_chunks.size() * 4), nullptr);
+  // Two of its four chunks fit beside the first message's two.
+  auto waiting = zero.send(1, 2, four_chunks.data(), four_chunks.size() * 4);
+  ASSERT_NE(waiting, nullptr);
+  one.progress();  // keeps the first message whole, the second's first two chunks
+  std::vector<int32_t> got_four(four_chunks.size(), 0);
+  size_t length = 0;
+  std::shared_ptr<PairChannels::Receive> pending;
+  EXPECT_EQ(one.receive(0, 2, got_four.data(), got_four.size() * 4, length, pending),
+            Arrival::kWaiting);
+  ASSERT_NE(pending, nullptr);
+  zero.progress();  // the last two chunks
+  EXPECT_TRUE(waiting->in_mailbox);
+  one.progress();
+  EXPECT_EQ(pending->arrival, Arrival::kDelivered);
+  EXPECT_EQ(pending->got, four_chunks.size() * 4);
+  EXPECT_EQ(got_four, four_chunks);
+  std::vector<int32_t> got_two(two_chunks.size(), 0);
+  EXPECT_EQ(one.receive(0, 1, got_two.data(), got_two.size() * 4, length, pending),
+            Arrival::kDelivered);
+  EXPECT_EQ(got_two, two_chunks);
+
+  // Another length: the receive learns it, its buffer untouched; the next message is right.
+  std::vector<int32_t> short_buffer(chunk_words, -1);
+  EXPECT_EQ(one.receive(0, 3, short_buffer.data(), short_buffer.size() * 4, length, pending),
+            Arrival::kWaiting);
+  send_all(zero, one, 1, 3, four_chunks.data(), four_chunks.size() * 4);
+  one.progress();
+  EXPECT_EQ(pending->arrival, Arrival::kDelivered);
+  EXPECT_EQ(pending->got, four_chunks.size() * 4);
+  EXPECT_EQ(short_buffer, std::vector<int32_t>(chunk_words, -1));
+
+  // Cancelled while its chunks arrive: the rest are skipped, not written.
+  std::vector<int32_t> cancelled(four_chunks.size(), 0);
+  EXPECT_EQ(one.receive(0, 4, cancelled.data(), cancelled.size() * 4, length, pending),
+            Arrival::kWaiting);
+  std::shared_ptr<PairChannels::Receive> first = pending;
+  std::vector<int32_t> second(four_chunks.size(), 0);
+  EXPECT_EQ(one.receive(0, 4, second.data(), second.size() * 4, length, pending),
+            Arrival::kWaiting);
+  EXPECT_EQ(zero.send(1, 4, two_chunks.data(), two_chunks.size() * 4), nullptr);
+  waiting = zero.send(1, 4, four_chunks.data(), four_chunks.size() * 4);
+  one.progress();  // the two-chunk message goes to the first receive: another length
+  EXPECT_EQ(first->arrival, Arrival::kDelivered);
+  EXPECT_EQ(first->got, two_chunks.size() * 4);
+  // The four-chunk message has begun arriving for `second`: two chunks in; cancel it.
+  one.cancel(pending);
+  send_all(zero, one, 1, 4, two_chunks.data(), 0);  // then an empty message
+  for (int i = 0; i < 4; ++i) {
+    zero.progress();
+    one.progress();
+  }
+  for (size_t i = 0; i < second.size(); ++i)
+    ASSERT_EQ(second[i], i < 2 * chunk_words ? four_chunks[i] : 0) << i;
+  EXPECT_EQ(cancelled, std::vector<int32_t>(four_chunks.size(), 0));
+  EXPECT_EQ(pending->arrival, Arrival::kWaiting);  // cancelled: never delivered
+  std::vector<int32_t> empty;
+  EXPECT_EQ(one.receive(0, 4, empty.data(), 0, length, pending), Arrival::kDelivered);
+  EXPECT_EQ(length, 0u);
+}
+
 // Two threads swap many messages of varying length and tag both ways, each receiving in an order
 // of its own: every message arrives whole, to the receive its tag and order name.
 TEST(PairChannels, TwoThreadsSwapMessagesOfEveryLength) {
