@@ -2062,7 +2062,6 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;           // handle_->comm
   MailboxesPtr mailboxes_;  // as the check channel of a group inside one node: Note [Mailboxes ...]
   std::shared_ptr<PairChannels> channels_;  // sends and receives inside one node, or null
-
   int tag_ub_ = 32767;
   std::unique_ptr<MpiCommunicator> checks_;  // the check channel; null at size 1
   // As the check channel: scratch buffers of completed signature exchanges, for the next one, and
