@@ -118,9 +118,7 @@ PairChannels::Arrival PairChannels::receive(int peer, int tag, void* data, size_
   pending = nullptr;
   Receive r{peer, tag, data, bytes, Arrival::kWaiting, 0};
   std::deque<std::shared_ptr<Receive>>& posted = posted_[size_t(peer)];
-  const bool earlier =
-      std::any_of(posted.begin(), posted.end(),
-                  [&](const std::shared_ptr<Receive>& p) { return p->tag == tag; });
+  const bool earlier = first_posted(peer, tag) != posted.end();
   bool in_chunks = false;  // its message is here, in chunks: taken below, as a posted receive's
   if (!earlier) {
     // The oldest kept message with this tag, else the mailbox's next ones in order.
@@ -165,6 +163,13 @@ PairChannels::Arrival PairChannels::receive(int peer, int tag, void* data, size_
   return arrival;
 }
 
+std::deque<std::shared_ptr<PairChannels::Receive>>::iterator PairChannels::first_posted(int peer,
+                                                                                        int tag) {
+  std::deque<std::shared_ptr<Receive>>& posted = posted_[size_t(peer)];
+  return std::find_if(posted.begin(), posted.end(),
+                      [tag](const std::shared_ptr<Receive>& r) { return r->tag == tag; });
+}
+
 bool PairChannels::take_arrival(int peer) {
   const void* message = boxes_->peek(peer);
   if (!message) return false;
@@ -182,9 +187,7 @@ bool PairChannels::take_arrival(int peer) {
   const char* payload = static_cast<const char*>(message) + sizeof header;
   const size_t bytes = size_t(header.bytes);
   std::deque<std::shared_ptr<Receive>>& posted = posted_[size_t(peer)];
-  const auto it =
-      std::find_if(posted.begin(), posted.end(),
-                   [&](const std::shared_ptr<Receive>& p) { return p->tag == header.tag; });
+  const auto it = first_posted(peer, header.tag);
   if (header.announced || chunks(bytes) == 1) {
     if (it != posted.end()) {
       deliver(**it, header, payload);
@@ -229,9 +232,7 @@ void PairChannels::completed(int peer) {
   std::deque<Unexpected>& kept = unexpected_[size_t(peer)];
   kept.back().whole = true;
   std::deque<std::shared_ptr<Receive>>& posted = posted_[size_t(peer)];
-  const auto it =
-      std::find_if(posted.begin(), posted.end(),
-                   [&](const std::shared_ptr<Receive>& p) { return p->tag == kept.back().tag; });
+  const auto it = first_posted(peer, kept.back().tag);
   if (it == posted.end()) return;
   const Header header{kept.back().tag, 0u, uint64_t(kept.back().bytes)};
   deliver(**it, header, kept.back().data.data());

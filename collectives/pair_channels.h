@@ -110,6 +110,9 @@ class PairChannels {
   void take_arrivals(int peer);
   // A message in chunks came whole.
   void completed(int peer);
+  // The first receive posted for `peer` with `tag` that no message matched yet, or the end of
+  // posted_[peer].
+  std::deque<std::shared_ptr<Receive>>::iterator first_posted(int peer, int tag);
   // Hands the message under `header` (its bytes at `payload`, whole) to `r`.
   static void deliver(Receive& r, const Header& header, const void* payload);
 

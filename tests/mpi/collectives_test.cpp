@@ -934,6 +934,42 @@ TEST(Collectives, MessagesOfEverySizeKeepTheirOrder) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
+// A large message's bytes move while its sender waits for something else (Note [Works that post
+// as they go], and ChannelWork in collectives/mpi_backend.cpp): in each pair of ranks the first
+// sends a large message, then waits for a small answer that the second sends only once the large
+// message has arrived. Sizes on both sides of the mailboxes' inline limit.
+TEST(Collectives, ALargeSendMovesWhileItsSenderWaitsForAnAnswer) {
+  auto comm = world_comm();
+  const int r = comm->rank(), size = comm->size();
+  if (size == 1) GTEST_SKIP() << "an answer needs a second rank";
+  const bool sender = r % 2 == 0;
+  const int peer = sender ? r + 1 : r - 1;
+  int64_t wrong = 0;
+  if (peer < size) {
+    for (int64_t n : {int64_t(10000), int64_t(100000), int64_t(2000000)})
+      for (int round = 0; round < 3; ++round) {
+        const double answer_value = double(n + round);
+        if (sender) {
+          WorkPtr send =
+              comm->send(make(DType::kF32, n, [&](int64_t i) { return move_value(r, i + round); }),
+                         peer, PointToPointOptions{5});
+          Tensor answer = garbage(DType::kF32, 1);
+          comm->recv(answer, peer, PointToPointOptions{6})->wait();
+          send->wait();
+          wrong += count_wrong(name_of("the answer", DType::kF32, n), answer,
+                               [&](int64_t) { return answer_value; });
+        } else {
+          Tensor got = garbage(DType::kF32, n);
+          comm->recv(got, peer, PointToPointOptions{5})->wait();
+          comm->send(Tensor::full({1}, answer_value), peer, PointToPointOptions{6})->wait();
+          wrong += count_wrong(name_of("the large message", DType::kF32, n), got,
+                               [&](int64_t i) { return move_value(peer, i + round); });
+        }
+      }
+  }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
 // A receive posted once its message has arrived completes as it is posted (Note [A single
 // message's cost] in collectives/mpi_backend.cpp): its values, and a shorter message's error, are
 // those of a receive posted first. Sizes from empty to past the eager limit (whose send waits for
