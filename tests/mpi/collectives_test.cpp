@@ -970,6 +970,46 @@ TEST(Collectives, ALargeSendMovesWhileItsSenderWaitsForAnAnswer) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
+// A large message's bytes move while its sender waits in another group (Note [MPI requests move
+// in every wait] in collectives/mpi_backend.cpp). In each four ranks, pairs {0, 1} and {2, 3}
+// (on emulated nodes of two ranks each a node, so the world's messages cross nodes and the pairs'
+// allreduces go through mailboxes): rank 0 sends a large message to rank 2 and joins its pair's
+// allreduce; rank 1 joins it only once rank 2, having received the large message, has told it so.
+TEST(Collectives, ALargeSendMovesWhileItsSenderWaitsInAnotherGroup) {
+  auto world = world_comm();
+  const int r = world->rank(), size = world->size();
+  if (size % 4 != 0) GTEST_SKIP() << "needs a multiple of 4 ranks, has " << size;
+  auto pair = world->split(r / 2, r, "pair");
+  const int role = r % 4, base = r - role;
+  int64_t wrong = 0;
+  for (int64_t n : {int64_t(100000), int64_t(2000000)}) {
+    WorkPtr send;
+    if (role == 0)
+      send = world->send(make(DType::kF32, n, [&](int64_t i) { return move_value(r, i); }),
+                         base + 2, PointToPointOptions{5});
+    if (role == 1) {
+      Tensor told = garbage(DType::kF32, 1);
+      world->recv(told, base + 2, PointToPointOptions{6})->wait();
+      wrong += count_wrong(name_of("rank 2's word", DType::kF32, n), told,
+                           [&](int64_t) { return double(n); });
+    }
+    if (role == 2) {
+      Tensor got = garbage(DType::kF32, n);
+      world->recv(got, base, PointToPointOptions{5})->wait();
+      wrong += count_wrong(name_of("the large message", DType::kF32, n), got,
+                           [&](int64_t i) { return move_value(base, i); });
+      world->send(Tensor::full({1}, double(n)), base + 1, PointToPointOptions{6})->wait();
+    }
+    Tensor sum = Tensor::full({256}, double(r));
+    pair->allreduce(sum)->wait();
+    const int first = r - r % 2;
+    wrong += count_wrong(name_of("the pair's sum", DType::kF32, 256), sum,
+                         [&](int64_t) { return double(2 * first + 1); });
+    if (send) send->wait();
+  }
+  EXPECT_EQ(total_wrong(wrong), 0);
+}
+
 // A receive posted once its message has arrived completes as it is posted (Note [A single
 // message's cost] in collectives/mpi_backend.cpp): its values, and a shorter message's error, are
 // those of a receive posted first. Sizes from empty to past the eager limit (whose send waits for
