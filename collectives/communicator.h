@@ -272,7 +272,7 @@ class Communicator {
                                   const OpInfo& info) = 0;
   virtual WorkPtr batch_p2p_impl(const std::vector<P2POp>& ops, const OpInfo& info) = 0;
   // One send or receive (send() and recv()): a backend with a quicker path for a single message
-  // overrides it (Note [A single message's cost] in mpi_backend.cpp); else a batch of one.
+  // overrides it (Note [A single message's cost] in mpi_point_to_point.cpp); else a batch of one.
   virtual WorkPtr p2p_impl(const P2POp& op, const OpInfo& info) {
     return batch_p2p_impl({op}, info);
   }

@@ -63,7 +63,7 @@ struct Hierarchy::Step {
 // call in flight raises that an earlier call failed, naming it, and so does every later call as
 // it is made, without waiting. Dropping them waits for nothing. The sub-groups' own steps
 // already in flight are left to their Works' usual ends (Note [Abandoned operations] in
-// mpi_backend.cpp). The group's flat collectives stay usable as before.
+// mpi_work.cpp). The group's flat collectives stay usable as before.
 struct Hierarchy::Chains {
   explicit Chains(std::string group_name) : name(std::move(group_name)) {}
 

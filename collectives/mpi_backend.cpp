@@ -2,8 +2,9 @@
 // reductions and allgathers of a group inside one node, loom's own point-to-point messages: Note
 // [Direct collectives inside one node]) and returns a work that polls them with MPI_Testall until
 // done or past its deadline (See Note [Deadlines] in communicator.cpp). Three decisions that are
-// not obvious: See Note [MPI staging], Note [Abandoned operations], and all_to_all_impl on why it
-// always posts MPI_Ialltoallv.
+// not obvious: See Note [MPI staging] and Note [Abandoned operations] (mpi_work.cpp), and
+// all_to_all_impl on why it always posts MPI_Ialltoallv. The works it shares, and the census of
+// late ranks, are in mpi_work.{h,cpp}; point-to-point messages in mpi_point_to_point.{h,cpp}.
 #include "collectives/mpi_backend.h"
 
 #include <unistd.h>
@@ -24,6 +25,8 @@
 
 #include "collectives/carried.h"
 #include "collectives/mpi_check.h"
+#include "collectives/mpi_point_to_point.h"
+#include "collectives/mpi_work.h"
 #include "collectives/pair_channels.h"
 #include "collectives/recycled.h"
 #include "collectives/shared_mailbox.h"
@@ -32,24 +35,6 @@
 #include "collectives/work.h"
 
 namespace loom::comm {
-
-// Note [MPI staging]
-// MPI is handed host buffers of a type it can reduce. A buffer is staged (copied into a host
-// tensor before the call, and the result copied back in finish()) when it lives on a GPU (Open
-// MPI from Debian is not CUDA-aware) or when a reduction runs on bf16/f16: MPI has no 16-bit
-// float types, so the values are widened to f32, reduced in f32, and rounded once at the end
-// (after the division for avg). Ops that only move data (allgather, broadcast, all_to_all,
-// send/recv) carry bf16/f16 as raw 16-bit words (MPI_UINT16_T), bit for bit.
-//
-// Note [Abandoned operations]
-// MPI may write into a receive buffer until its request completes, so the buffers of a Work
-// destroyed before completion must not be freed. Its destructor polls up to the group's timeout
-// (not forever: a peer that never joins must not turn an error into a hang; and not at all once
-// a wait on the same group has failed, so unwinding past many works does not wait for each),
-// then, if the op is still pending, abandons it: the requests and buffers move to a process-wide
-// list that is never freed. At exit MPI_Finalize is skipped while any abandoned op is pending,
-// since it would wait for the peer that never came (mpirun then reports the rank as exiting without
-// finalising).
 
 namespace {
 int64_t g_max_count = INT_MAX;
@@ -63,42 +48,7 @@ void set_mpi_max_count(int64_t count) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-bool mpi_finalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
-// An MPI communicator, freed when the last of its Communicator and its pending works lets go:
-// Open MPI's nonblocking collectives crash when their communicator is freed before they finish.
-struct CommHandle {
-  MPI_Comm comm = MPI_COMM_NULL;
-  bool failed = false;  // a work on it timed out or failed: See Note [Abandoned operations]
-  explicit CommHandle(MPI_Comm c) : comm(c) {}
-  CommHandle(const CommHandle&) = delete;
-  CommHandle& operator=(const CommHandle&) = delete;
-  ~CommHandle() {
-    // After MPI_Finalize (the world outlives it, in a static) there is nothing left to free.
-    if (!mpi_finalized()) MPI_Comm_free(&comm);
-  }
-};
-
-// ---------------------------------------------------------------- abandoned operations
-
-struct Abandoned {
-  std::vector<MPI_Request> requests;
-  std::vector<Tensor> buffers;  // what MPI may still read or write
-  std::vector<int> ints;        // counts, displacements, or split's (color, key) buffer
-  std::shared_ptr<std::vector<int64_t>> scratch;  // a signature exchange's messages
-  std::shared_ptr<CommHandle> comm;               // the communicator they run on
-};
-
-std::vector<Abandoned>& abandoned() {
-  static auto* list = new std::vector<Abandoned>();  // never freed: See Note [Abandoned operations]
-  return *list;
-}
+using namespace mpi_impl;  // NOLINT: the backend's own pieces (mpi_work.h, mpi_point_to_point.h)
 
 // How many abandoned ops are still pending (those that finished are dropped).
 size_t pending_abandoned() {
@@ -204,25 +154,6 @@ void finalize_atexit() { finalize_at_exit(0); }  // the status is not known here
 
 // ---------------------------------------------------------------- types and buffers
 
-// The MPI type a buffer travels as; bf16/f16 as raw words (See Note [MPI staging]).
-MPI_Datatype transport_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return MPI_FLOAT;
-    case DType::kBF16:
-    case DType::kF16:
-      return MPI_UINT16_T;
-    case DType::kI32:
-      return MPI_INT32_T;
-    case DType::kI64:
-      return MPI_INT64_T;
-    case DType::kU8:
-    case DType::kBool:
-      return MPI_UINT8_T;
-  }
-  LOOM_ASSERT(false, "unknown dtype ", int(t));
-}
-
 // The dtype a reduction runs in: f32 for bf16/f16, else the dtype itself.
 DType reduction_dtype(DType t) { return t == DType::kBF16 || t == DType::kF16 ? DType::kF32 : t; }
 
@@ -237,32 +168,6 @@ MPI_Op mpi_op(ReduceOp op) {
       return MPI_MIN;
   }
   LOOM_ASSERT(false, "unknown reduce op ", int(op));
-}
-
-// True when a host buffer of `dtype` cannot simply be t itself.
-bool needs_staging(const Tensor& t, DType dtype) {
-  return !t.device().is_cpu() || t.dtype() != dtype;
-}
-
-// A host tensor holding t's values as `dtype`: t itself when it already is one.
-Tensor host_values(const Tensor& t, DType dtype) {
-  Tensor h = t.detach();
-  if (!h.device().is_cpu()) h = h.to(Device::cpu());
-  if (h.dtype() != dtype) h = h.to(dtype);
-  return h;
-}
-
-// A host buffer for MPI to write t's result into, as `dtype`: t itself when it can be.
-Tensor host_buffer(const Tensor& t, DType dtype) {
-  if (!needs_staging(t, dtype)) return t.detach();
-  return Tensor::empty(t.shape(), dtype, Device::cpu());
-}
-
-// Brings a result from its host buffer into t, converting back to t's dtype; nothing to do when
-// the buffer is t's own memory.
-void store(const Tensor& host, Tensor t) {
-  if (t.numel() == 0 || (t.device().is_cpu() && host.data_ptr() == t.data_ptr())) return;
-  t.copy_(host.dtype() == t.dtype() ? host : host.to(t.dtype()));
 }
 
 // avg = sum / group size. Integers use C++ integer division (truncates toward zero).
@@ -287,10 +192,6 @@ void divide(const Tensor& host, int n) {
     default:
       LOOM_ASSERT(false, "avg on ", dtype_name(host.dtype()));
   }
-}
-
-char* bytes_at(const Tensor& t, int64_t element) {
-  return static_cast<char*>(t.data_ptr()) + element * int64_t(dtype_size(t.dtype()));
 }
 
 // [offset, count) pieces of n elements, each at most mpi_max_count() long. One (empty) piece
@@ -319,585 +220,6 @@ Tensor separate(const Tensor& send, const Tensor& recv) {
   const char* r = bytes_at(recv, 0);
   const bool overlap = s < r + recv.nbytes() && r < s + send.nbytes();
   return overlap ? send.clone() : send;
-}
-
-// ---------------------------------------------------------------- late ranks
-
-// Note [Late ranks]
-// A timeout says which ranks of the group had not arrived. MPI cannot tell (a collective does not
-// report who joined), so the timed-out rank asks: it sends every other rank of the group a
-// question on a communicator of its own (a duplicate of the world, so nothing else matches it)
-// and collects answers for up to kCensusSeconds. Every rank answers questions in the slow part of
-// any wait it is in (after its first thousand polls, so a fast collective never looks), with
-// what it is waiting for. A rank waiting for the same collective has arrived; one waiting for
-// another has not, and the answer says where it is; one that does not answer is not in a loom
-// wait at all: computing, stopped or dead. Questions and answers carry the asker's census number,
-// so an answer to an earlier census (a test that timed out before) is not taken for this one.
-// Send buffers stay alive until their sends complete; a question nobody answers costs a few bytes.
-
-MPI_Comm g_census_comm = MPI_COMM_NULL;
-constexpr int kCensusAsk = 1, kCensusAnswer = 2;
-constexpr double kCensusSeconds = 2.0;
-constexpr size_t kAnswerText = 248;
-struct CensusAnswerMessage {
-  int64_t census;          // the asker's number for this census
-  char text[kAnswerText];  // what the answering rank waits for
-};
-
-// Sends in flight, with their buffers; completed ones are dropped as new ones are added.
-struct CensusSend {
-  MPI_Request request = MPI_REQUEST_NULL;
-  std::unique_ptr<CensusAnswerMessage> message;
-};
-std::vector<CensusSend>& census_sends() {
-  static std::vector<CensusSend>* sends = new std::vector<CensusSend>();  // never freed: see above
-  return *sends;
-}
-void census_send(int to, int tag, std::unique_ptr<CensusAnswerMessage> message) {
-  std::vector<CensusSend>& sends = census_sends();
-  sends.erase(std::remove_if(sends.begin(), sends.end(),
-                             [](CensusSend& s) {
-                               int done = 0;
-                               MPI_Test(&s.request, &done, MPI_STATUS_IGNORE);
-                               return done != 0;
-                             }),
-              sends.end());
-  CensusSend s;
-  s.message = std::move(message);
-  if (MPI_Isend(s.message.get(), int(sizeof(CensusAnswerMessage)), MPI_BYTE, to, tag, g_census_comm,
-                &s.request) == MPI_SUCCESS)
-    sends.push_back(std::move(s));
-}
-
-// Answers every question that has arrived (See CensusAnswer in work.h).
-void census_answer(const std::string& waiting_for) {
-  if (g_census_comm == MPI_COMM_NULL || mpi_finalized()) return;
-  for (;;) {
-    int flag = 0;
-    MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kCensusAsk, g_census_comm, &flag, &status) != MPI_SUCCESS ||
-        !flag)
-      return;
-    int64_t census = 0;
-    if (MPI_Recv(&census, 1, MPI_INT64_T, status.MPI_SOURCE, kCensusAsk, g_census_comm,
-                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
-      return;
-    auto answer = std::make_unique<CensusAnswerMessage>();
-    answer->census = census;
-    std::snprintf(answer->text, kAnswerText, "%s", waiting_for.c_str());
-    census_send(status.MPI_SOURCE, kCensusAnswer, std::move(answer));
-  }
-}
-
-// `context` without its "(rank r of n) " part, which differs from rank to rank.
-std::string without_rank(std::string context) {
-  const size_t at = context.find(" (rank ");
-  const size_t end = at == std::string::npos ? at : context.find(") ", at);
-  if (end != std::string::npos) context.erase(at, end + 1 - at);
-  return context;
-}
-
-// Asks the other ranks of `comm` what they wait for and says which had not arrived at
-// `waiting_for` (See Note [Late ranks]).
-std::string census(MPI_Comm comm, const std::string& waiting_for) {
-  if (g_census_comm == MPI_COMM_NULL || mpi_finalized()) return "";
-  int n = 0, me = 0;
-  if (MPI_Comm_size(comm, &n) != MPI_SUCCESS || MPI_Comm_rank(comm, &me) != MPI_SUCCESS) return "";
-  // The group's ranks in the world (the census communicator is the world's duplicate).
-  MPI_Group group, world;
-  MPI_Comm_group(comm, &group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world);
-  std::vector<int> local(static_cast<size_t>(n)), global(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) local[size_t(i)] = i;
-  const int rc = MPI_Group_translate_ranks(group, n, local.data(), world, global.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
-  if (rc != MPI_SUCCESS) return "";
-  static int64_t next_census = 0;
-  const int64_t number = ++next_census;
-  for (int i = 0; i < n; ++i) {
-    if (i == me) continue;
-    auto question = std::make_unique<CensusAnswerMessage>();
-    question->census = number;
-    // Questions are a bare number: send the first 8 bytes of the message.
-    CensusSend s;
-    s.message = std::move(question);
-    if (MPI_Isend(&s.message->census, 1, MPI_INT64_T, global[size_t(i)], kCensusAsk, g_census_comm,
-                  &s.request) == MPI_SUCCESS)
-      census_sends().push_back(std::move(s));
-  }
-  std::vector<std::string> answers(static_cast<size_t>(n));
-  std::vector<bool> answered(static_cast<size_t>(n), false);
-  answered[size_t(me)] = true;
-  answers[size_t(me)] = waiting_for;
-  int missing = n - 1;
-  const auto until = Clock::now() + std::chrono::duration<double>(kCensusSeconds);
-  while (missing > 0 && Clock::now() < until) {
-    census_answer(waiting_for);  // the others may be asking too
-    int flag = 0;
-    MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kCensusAnswer, g_census_comm, &flag, &status) != MPI_SUCCESS)
-      break;
-    if (!flag) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      continue;
-    }
-    CensusAnswerMessage answer;
-    if (MPI_Recv(&answer, int(sizeof answer), MPI_BYTE, status.MPI_SOURCE, kCensusAnswer,
-                 g_census_comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-      break;
-    if (answer.census != number) continue;  // an answer to an earlier census
-    answer.text[kAnswerText - 1] = '\0';
-    const auto it = std::find(global.begin(), global.end(), status.MPI_SOURCE);
-    const size_t i = size_t(it - global.begin());
-    if (it == global.end() || answered[i]) continue;
-    answered[i] = true;
-    answers[i] = answer.text;
-    --missing;
-  }
-  // Ranks by what they were doing.
-  const std::string here = without_rank(waiting_for);
-  std::string arrived, elsewhere, silent;
-  auto name = [&](int i) {
-    return global[size_t(i)] == i ? std::to_string(i)
-                                  : detail::str_cat(i, " (world rank ", global[size_t(i)], ")");
-  };
-  for (int i = 0; i < n; ++i) {
-    const std::string who = name(i);
-    if (!answered[size_t(i)])
-      silent += detail::str_cat(silent.empty() ? "" : ", ", who);
-    else if (without_rank(answers[size_t(i)]) == here)
-      arrived += detail::str_cat(arrived.empty() ? "" : ", ", who);
-    else
-      elsewhere += detail::str_cat(elsewhere.empty() ? "" : "; ", who, " is waiting for ",
-                                   answers[size_t(i)]);
-  }
-  if (silent.empty() && elsewhere.empty()) return "";  // every rank is here: no late rank to name
-  std::string out = ". Ranks that had not arrived: ";
-  if (!silent.empty())
-    out += detail::str_cat(silent, " (not waiting in loom: computing, stopped or dead)");
-  if (!elsewhere.empty()) out += detail::str_cat(silent.empty() ? "" : "; ", elsewhere);
-  out += detail::str_cat(". Ranks waiting for it: ", arrived);
-  return out;
-}
-
-// ---------------------------------------------------------------- the work
-
-// A work that polls MPI requests on `comm`. A CommError from its wait or test (timed out, or MPI
-// failed) marks it and its communicator failed: its destructor, and those of the group's other
-// pending works, then abandon their operations at once instead of waiting again (See Note
-// [Abandoned operations]).
-// MPI_Testall over `requests`: whether all have completed. An error raises CommError in
-// `context`, naming the failed request's own error rather than MPI_ERR_IN_STATUS when
-// `statuses` has one per request (otherwise they are ignored).
-bool test_all(MPI_Request* requests, MPI_Status* statuses, int count, const OpContext& context) {
-  int flag = 0;
-  MPI_Status* st = statuses ? statuses : MPI_STATUSES_IGNORE;
-  int rc = MPI_Testall(count, requests, &flag, st);
-  if (rc == MPI_ERR_IN_STATUS && statuses) {
-    for (int i = 0; i < count; ++i)
-      if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
-        rc = statuses[i].MPI_ERROR;
-        break;
-      }
-  }
-  check_mpi(rc, "MPI_Testall", __FILE__, __LINE__, context);
-  return flag != 0;
-}
-bool test_all(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses,
-              const OpContext& context) {
-  return test_all(requests.data(), statuses.size() == requests.size() ? statuses.data() : nullptr,
-                  int(requests.size()), context);
-}
-
-class MpiPolledWork : public PollingWork {
- public:
-  MpiPolledWork(std::shared_ptr<CommHandle> comm, OpContext context, double timeout_s)
-      : PollingWork(std::move(context), timeout_s), comm(std::move(comm)), timeout_s_(timeout_s) {}
-
-  void wait() override {
-    try {
-      PollingWork::wait();
-    } catch (const CommError&) {
-      mark_failed();
-      throw;
-    }
-  }
-  bool test() override {
-    try {
-      return PollingWork::test();
-    } catch (const CommError&) {
-      mark_failed();
-      throw;
-    }
-  }
-
-  std::shared_ptr<CommHandle> comm;  // kept until the requests complete
-
- protected:
-  std::string late_ranks() override {
-    return comm && !mpi_finalized() ? census(comm->comm, waiting_for()) : "";
-  }
-
-  // For a destructor: whether `complete` (one poll: true once the operation is complete)
-  // succeeds within the group's timeout; false at once when a wait on the group already failed.
-  template <typename Complete>
-  bool settles(Complete&& complete) {
-    if (failed_ || (comm && comm->failed) || mpi_finalized()) return false;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    while (Clock::now() < deadline) {
-      try {
-        if (complete()) return true;
-      } catch (...) {
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    return false;
-  }
-
- private:
-  void mark_failed() {
-    failed_ = true;
-    if (comm) comm->failed = true;
-  }
-
-  double timeout_s_;
-  bool failed_ = false;
-};
-
-// Note [MPI requests move in every wait]
-// Open MPI moves a message past its eager limit, and runs a nonblocking collective's rounds, only
-// inside MPI calls on the rank; a wait that polls mailboxes alone (a small collective carried
-// through its check, a message in a point-to-point channel) makes none. So a rank that posted a
-// large send, or an allreduce, and then waited for such a thing stalled whatever its peers needed
-// from it until the wait's slow part, after 1000 polls, probed MPI. Every work with MPI requests
-// in flight is therefore stepped in every loom wait and test (Note [Works that post as they go]),
-// and its step tests them: one turn of MPI's progress engine. A step only tests; completion is
-// remembered, so the owner's poll does not test the freed requests again (their statuses hold
-// the received lengths). Measured on the 2-vCPU Xeon VM, 12 ranks on one host (the world's
-// messages through MPI, above PairChannels::kMaxRanks; pairs' allreduces through mailboxes), a
-// 400 KB send to another pair, then the pair's 1 KiB allreduce that waits for the receiver's
-// word (collectives_test's ALargeSendMovesWhileItsSenderWaitsInAnotherGroup, timed): 13.0-13.9 ms
-// -> 0.24-0.66 ms per round; 4 MB 12.2-15.5 -> 1.2-2.0 ms. Across emulated nodes (TCP) the same
-// rounds moved within the noise.
-class MpiWork final : public MpiPolledWork {
- public:
-  MpiWork(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s)
-      : MpiPolledWork(std::move(handle), std::move(context), timeout_s) {
-    keep_stepping();  // See Note [MPI requests move in every wait]
-  }
-  ~MpiWork() override;
-
-  std::vector<MPI_Request> requests;
-  std::vector<MPI_Status> statuses;  // filled by MPI_Testall when sized like requests
-  std::vector<Tensor> buffers;       // all that MPI reads or writes: alive until completion
-  std::vector<int> ints;             // count/displacement arrays or int buffers, as `buffers`
-  std::function<void()> then;        // post-processing once complete (divide, copy back, ...)
-
-  // Adds a request slot and returns it for the MPI call to fill.
-  MPI_Request* next_request() {
-    requests.push_back(MPI_REQUEST_NULL);
-    return &requests.back();
-  }
-
- protected:
-  void step() override {
-    if (poll()) stop_stepping();
-  }
-  bool poll() override {
-    if (!completed_ && !requests.empty() && !test_all(requests, statuses, context())) return false;
-    completed_ = true;
-    return true;
-  }
-
-  void finish() override {
-    std::function<void()> f = std::move(then);
-    then = nullptr;
-    if (f) f();
-    buffers.clear();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
-  }
-
- private:
-  bool completed_ = false;  // every request completed (in a poll or a step)
-};
-
-MpiWork::~MpiWork() {
-  stop_stepping();
-  if (done() || requests.empty()) return;
-  // See Note [Abandoned operations].
-  const bool settled = settles([this] {
-    if (!poll()) return false;
-    finish();  // the results are as complete as if wait() had been called
-    return true;
-  });
-  if (!settled)
-    abandoned().push_back(Abandoned{std::move(requests), std::move(buffers), std::move(ints),
-                                    nullptr, std::move(comm)});
-}
-
-// Note [A single message's cost]
-// (In a group inside one node of at most PairChannels::kMaxRanks ranks, messages go through the
-// group's channels instead: Note [Point-to-point through mailboxes], pair_channels.cpp.)
-// send() and recv() of a host buffer MPI carries as it is (a pipeline's activations, a
-// ping-pong) skip batch_p2p's general machinery (request and status vectors, closures that check
-// lengths and copy staged receives back), which allocated nine to eleven times per call. And
-// the message is tested once right after it is posted: a small send is complete as soon as the
-// transport has copied it out (eager, on shared memory up to 4 KiB), a receive whose message has
-// already arrived is complete too; such a call returns the shared completed work and allocates
-// nothing. Only a message still in flight gets a PointToPointWork, which owns its request. The
-// one test costs one turn of MPI's progress engine when the message is not complete, which the
-// wait would have spent anyway.
-
-// Elements a completed receive got. A shorter message than the buffer arrives without an MPI
-// error, so each receive compares this with its length (a longer one is MPI_ERR_TRUNCATE,
-// except that Open MPI 4.1 truncates a message a rank sends to itself without a word).
-int received_count(const MPI_Status& status, MPI_Datatype type) {
-  int got = 0;
-  MPI_Get_count(&status, type, &got);
-  return got;
-}
-
-CommError short_receive(const OpContext& context, int peer, int tag, int got, int expected) {
-  return CommError(loom::detail::str_cat(
-      "[rank ", error_rank(), "] ", context.str(), ": recv from rank ", peer, " with tag ", tag,
-      " got ", got, " elements, expected ", expected, " (the matching send is shorter)"));
-}
-
-// An operation that failed as it was posted: its wait and test raise the error.
-class FailedWork final : public Work {
- public:
-  explicit FailedWork(std::exception_ptr error) : error_(std::move(error)) {}
-  void wait() override { std::rethrow_exception(error_); }
-  bool test() override { std::rethrow_exception(error_); }
-
- private:
-  std::exception_ptr error_;
-};
-
-// A send or receive posted and not yet complete (Note [A single message's cost]).
-class PointToPointWork final : public MpiPolledWork {
- public:
-  PointToPointWork(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-                   const P2POp& op, MPI_Datatype type, MPI_Request posted)
-      : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
-        tensor_(op.tensor),
-        recv_(op.kind == P2POp::Kind::kRecv),
-        count_(int(op.tensor.numel())),
-        type_(type),
-        peer_(op.peer),
-        tag_(op.tag),
-        request_(posted) {
-    keep_stepping();  // See Note [MPI requests move in every wait]
-  }
-  ~PointToPointWork() override;
-
- protected:
-  void step() override {
-    if (poll()) stop_stepping();
-  }
-  bool poll() override {
-    if (completed_) return true;
-    int flag = 0;
-    check_mpi(MPI_Test(&request_, &flag, &status_), "MPI_Test", __FILE__, __LINE__, context());
-    completed_ = flag != 0;
-    return completed_;
-  }
-
-  void finish() override {
-    tensor_ = Tensor();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
-    if (!recv_) return;
-    if (const int got = received_count(status_, type_); got != count_)
-      throw short_receive(context(), peer_, tag_, got, count_);
-  }
-
- private:
-  Tensor tensor_;  // what MPI reads or writes: alive until completion
-  bool recv_;
-  int count_;
-  MPI_Datatype type_;
-  int peer_, tag_;
-  MPI_Request request_;
-  MPI_Status status_{};
-  bool completed_ = false;  // in a poll or a step; status_ holds what arrived
-};
-
-PointToPointWork::~PointToPointWork() {
-  stop_stepping();
-  if (done()) return;
-  // See Note [Abandoned operations].
-  if (!settles([this] { return poll(); }))
-    abandoned().push_back(Abandoned{{request_}, {tensor_}, {}, nullptr, std::move(comm)});
-}
-
-// Note [Polling a mailbox on a shared core]
-// Open MPI's progress loop gives up the core after a poll that found nothing when its node holds
-// more ranks than cores (mpi_yield_when_idle), so the rank it waits for can run. A poll of a
-// mailbox is a load, and PollingWork::wait yields only after 1000 of them: with 4 ranks on the
-// 2-vCPU VM a 1 KiB allreduce took 31-40 us against MPI's 11-14. So where this node's ranks
-// outnumber its online cores (decided once, when the world is made), an empty poll yields too:
-// the exchange's, and a send's or receive's through the point-to-point channels.
-bool g_ranks_outnumber_cores = false;
-
-// One send or receive through a group's PairChannels (Note [Point-to-point through mailboxes],
-// pair_channels.cpp): in its mailbox, or announced there with its bytes through MPI.
-struct ChannelMessage {
-  bool recv = false;
-  int peer = 0, tag = 0;
-  Tensor buffer;  // the host bytes sent or received into: alive until completion
-  Tensor result;  // a staged receive's destination, stored once it completes; else undefined
-  std::shared_ptr<PairChannels::Send> waiting_send;     // until it is in the mailbox
-  std::shared_ptr<PairChannels::Receive> waiting_recv;  // until its message arrived
-  Tensor discard;                      // an announced message of another length lands here
-  std::vector<MPI_Request> transport;  // an announced message's bytes, in pieces
-  std::string error;                   // a receive's length error, raised once complete
-};
-
-// Announced bytes travel in pieces MPI counts in an int.
-constexpr size_t kTransportPiece = size_t(1) << 30;
-
-void post_pieces(ChannelMessage& m, char* data, size_t bytes, MPI_Comm comm,
-                 const OpContext& context) {
-  for (size_t offset = 0; offset < bytes; offset += kTransportPiece) {
-    const int count = int(std::min(kTransportPiece, bytes - offset));
-    m.transport.push_back(MPI_REQUEST_NULL);
-    const int rc =
-        m.recv
-            ? MPI_Irecv(data + offset, count, MPI_BYTE, m.peer, m.tag, comm, &m.transport.back())
-            : MPI_Isend(data + offset, count, MPI_BYTE, m.peer, m.tag, comm, &m.transport.back());
-    if (rc != MPI_SUCCESS)
-      check_mpi(rc, m.recv ? "MPI_Irecv" : "MPI_Isend", __FILE__, __LINE__, context);
-  }
-}
-
-// A receive whose message arrived (`arrival`, of `got` bytes): its length checked, an announced
-// message's bytes posted (into scratch when the length is wrong, so its sender completes).
-void arrived(ChannelMessage& m, PairChannels::Arrival arrival, size_t got, MPI_Comm comm,
-             const OpContext& context) {
-  const size_t expected = m.buffer.nbytes();
-  if (got != expected) {
-    const size_t element = dtype_size(m.buffer.dtype());
-    m.error = loom::detail::str_cat(
-        "[rank ", error_rank(), "] ", context.str(), ": recv from rank ", m.peer, " with tag ",
-        m.tag, " got ", got / element, " elements, expected ", expected / element,
-        got < expected ? " (the matching send is shorter)" : " (the matching send is longer)");
-  }
-  if (arrival != PairChannels::Arrival::kAnnounced) return;
-  if (got != expected) {
-    m.discard = Tensor::empty({int64_t(got)}, DType::kU8);
-    post_pieces(m, bytes_at(m.discard, 0), got, comm, context);
-  } else {
-    post_pieces(m, bytes_at(m.buffer, 0), got, comm, context);
-  }
-}
-
-// Posts `m` (buffer, peer, tag and direction set): what is left is in its waiting_* records and
-// transport requests.
-void start(ChannelMessage& m, PairChannels& channels, MPI_Comm comm, const OpContext& context) {
-  const size_t bytes = m.buffer.nbytes();
-  char* data = bytes > 0 ? bytes_at(m.buffer, 0) : nullptr;
-  if (!m.recv) {
-    m.waiting_send = channels.send(m.peer, m.tag, data, bytes);
-    if (bytes > PairChannels::kInlineBytes) post_pieces(m, data, bytes, comm, context);
-    return;
-  }
-  size_t got = 0;
-  const PairChannels::Arrival arrival =
-      channels.receive(m.peer, m.tag, data, bytes, got, m.waiting_recv);
-  if (arrival != PairChannels::Arrival::kWaiting) arrived(m, arrival, got, comm, context);
-}
-
-// Sends and receives of one call through the group's PairChannels, in flight.
-class ChannelWork final : public MpiPolledWork {
- public:
-  ChannelWork(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-              std::shared_ptr<PairChannels> channels, std::vector<ChannelMessage> messages)
-      : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
-        channels_(std::move(channels)),
-        messages_(std::move(messages)) {
-    // A message waiting in a mailbox, or whose bytes MPI carries, moves on in any wait (Note
-    // [Works that post as they go]): its peer may be waiting, before it receives, for something
-    // this rank does next. MPI moves announced bytes only inside MPI calls (a sender's fragments
-    // on shared memory), and a wait for mailboxes alone makes none: with a large send in flight,
-    // a wait for its peer's small answer made no progress for 1000 polls, until the wait's slow
-    // part probed MPI. Measured on the 2-vCPU Xeon VM, a 400 KB send then a wait for its 4-byte
-    // answer, per round: 82-86 -> 45-50 us on 2 ranks, 2260-2480 -> 72-99 us on 4 (1.9-2.2x
-    // faster at 16 MB).
-    keep_stepping();
-  }
-  ~ChannelWork() override;
-
- protected:
-  void step() override {
-    if (in_mailboxes() && transported()) stop_stepping();
-  }
-  bool poll() override {
-    if (!in_mailboxes()) {
-      if (g_ranks_outnumber_cores) std::this_thread::yield();  // Note [Polling a mailbox on a ...]
-      return false;
-    }
-    return transported();
-  }
-  void finish() override {
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
-    std::vector<ChannelMessage> messages = std::move(messages_);
-    for (ChannelMessage& m : messages)
-      if (!m.error.empty()) throw CommError(m.error);
-    for (ChannelMessage& m : messages)
-      if (m.result.defined()) store(m.buffer, m.result);
-  }
-
- private:
-  // Takes the mailboxes' arrivals and sends what has room: whether every message is past its
-  // mailbox (sent into it, or its own arrived), with every announced receive's bytes posted.
-  bool in_mailboxes() {
-    channels_->progress();
-    bool all = true;
-    for (ChannelMessage& m : messages_) {
-      if (m.waiting_send && m.waiting_send->in_mailbox) m.waiting_send.reset();
-      if (m.waiting_recv && m.waiting_recv->arrival != PairChannels::Arrival::kWaiting) {
-        const std::shared_ptr<PairChannels::Receive> r = std::move(m.waiting_recv);
-        arrived(m, r->arrival, r->got, comm->comm, context());
-      }
-      all = all && !m.waiting_send && !m.waiting_recv;
-    }
-    return all;
-  }
-
-  // Whether the bytes MPI carries (announced messages') have all gone: one turn of MPI's
-  // progress engine when they have not.
-  bool transported() {
-    for (ChannelMessage& m : messages_)
-      if (!m.transport.empty() &&
-          !test_all(m.transport.data(), nullptr, int(m.transport.size()), context()))
-        return false;
-    return true;
-  }
-
-  std::shared_ptr<PairChannels> channels_;
-  std::vector<ChannelMessage> messages_;
-};
-
-ChannelWork::~ChannelWork() {
-  stop_stepping();
-  if (done()) return;
-  // See Note [Abandoned operations]. What still waits in the channels is forgotten there (a
-  // message that arrives for a forgotten receive goes to the next one posted).
-  if (settles([this] { return poll(); })) return;
-  Abandoned a{{}, {}, {}, nullptr, std::move(comm)};
-  for (ChannelMessage& m : messages_) {
-    if (m.waiting_send) channels_->cancel(m.waiting_send);
-    if (m.waiting_recv) channels_->cancel(m.waiting_recv);
-    a.requests.insert(a.requests.end(), m.transport.begin(), m.transport.end());
-    a.buffers.push_back(m.buffer);
-    if (m.discard.defined()) a.buffers.push_back(m.discard);  // MPI may still write it
-  }
-  abandoned().push_back(std::move(a));
 }
 
 // Note [Signature exchange]
@@ -1842,8 +1164,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Status status{};
     const int tested = MPI_Test(&request, &complete, &status);
     if (tested == MPI_SUCCESS && !complete)
-      return make_recycled<PointToPointWork>(handle_, context_of(info), timeout_seconds(), op, type,
-                                             request);
+      return message_work(handle_, context_of(info), timeout_seconds(), op, type, request);
     // Complete, or failed (a longer message is MPI_ERR_TRUNCATE): a failure is raised by the
     // work's wait, as for a message still in flight, not by this call (its peer may still wait
     // for this rank's next message).
@@ -1854,7 +1175,7 @@ class MpiCommunicator final : public Communicator {
         throw short_receive(context_of(info), op.peer, op.tag, got, count);
     } catch (const CommError&) {
       handle_->failed = true;  // as a Work whose wait raised
-      return std::make_shared<FailedWork>(std::current_exception());
+      return failed_work(std::current_exception());
     }
     handle_->failed = false;  // the group works again, as when a PointToPointWork completes
     return completed_work();
@@ -1877,10 +1198,9 @@ class MpiCommunicator final : public Communicator {
         m.tag = p.tag;
         m.buffer = m.recv ? host_buffer(p.tensor, dt) : host_values(p.tensor, dt);
         if (m.recv && needs_staging(p.tensor, dt)) m.result = p.tensor;
-        start(m, *channels_, comm_, context);
+        post_channel_message(m, *channels_, comm_, context);
       }
-      return std::make_shared<ChannelWork>(handle_, context, timeout_seconds(), channels_,
-                                           std::move(messages));
+      return channel_work(handle_, context, timeout_seconds(), channels_, std::move(messages));
     }
     auto w = make_work(info, {});
     struct Expect {  // a receive piece, checked for its length once complete
@@ -1932,15 +1252,15 @@ class MpiCommunicator final : public Communicator {
     m.peer = op.peer;
     m.tag = op.tag;
     m.buffer = op.tensor;
-    start(m, *channels_, comm_, context_of(info));
+    post_channel_message(m, *channels_, comm_, context_of(info));
     if (!m.waiting_send && !m.waiting_recv && m.transport.empty() && m.error.empty()) {
       handle_->failed = false;  // the group works again, as when a work completes
       return completed_work();
     }
     std::vector<ChannelMessage> messages(1);
     messages[0] = std::move(m);
-    return std::make_shared<ChannelWork>(handle_, context_of(info), timeout_seconds(), channels_,
-                                         std::move(messages));
+    return channel_work(handle_, context_of(info), timeout_seconds(), channels_,
+                        std::move(messages));
   }
 
   size_t check_payload_limit() const override {
@@ -2136,12 +1456,8 @@ std::shared_ptr<Communicator> make_mpi_world() {
     LOOM_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_exit_comm));
   }
-  if (g_census_comm == MPI_COMM_NULL) {  // See Note [Late ranks]
-    LOOM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_census_comm));
-    LOOM_MPI_CHECK(MPI_Comm_set_errhandler(g_census_comm, MPI_ERRORS_RETURN));
-    set_census_answer(census_answer);
-  }
-  {  // See Note [Polling a mailbox on a shared core]
+  start_census();  // See Note [Late ranks]
+  {                // See Note [Polling a mailbox on a shared core]
     MPI_Comm node = MPI_COMM_NULL;
     LOOM_MPI_CHECK(
         MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));

@@ -935,9 +935,9 @@ TEST(Collectives, MessagesOfEverySizeKeepTheirOrder) {
 }
 
 // A large message's bytes move while its sender waits for something else (Note [Works that post
-// as they go], and ChannelWork in collectives/mpi_backend.cpp): in each pair of ranks the first
-// sends a large message, then waits for a small answer that the second sends only once the large
-// message has arrived. Sizes on both sides of the mailboxes' inline limit.
+// as they go], and ChannelWork in collectives/mpi_point_to_point.cpp): in each pair of ranks the
+// first sends a large message, then waits for a small answer that the second sends only once the
+// large message has arrived. Sizes on both sides of the mailboxes' inline limit.
 TEST(Collectives, ALargeSendMovesWhileItsSenderWaitsForAnAnswer) {
   auto comm = world_comm();
   const int r = comm->rank(), size = comm->size();
@@ -971,7 +971,7 @@ TEST(Collectives, ALargeSendMovesWhileItsSenderWaitsForAnAnswer) {
 }
 
 // A large message's bytes move while its sender waits in another group (Note [MPI requests move
-// in every wait] in collectives/mpi_backend.cpp). In each four ranks, pairs {0, 1} and {2, 3}
+// in every wait] in collectives/mpi_work.h). In each four ranks, pairs {0, 1} and {2, 3}
 // (on emulated nodes of two ranks each a node, so the world's messages cross nodes and the pairs'
 // allreduces go through mailboxes): rank 0 sends a large message to rank 2 and joins its pair's
 // allreduce; rank 1 joins it only once rank 2, having received the large message, has told it so.
@@ -1011,9 +1011,9 @@ TEST(Collectives, ALargeSendMovesWhileItsSenderWaitsInAnotherGroup) {
 }
 
 // A receive posted once its message has arrived completes as it is posted (Note [A single
-// message's cost] in collectives/mpi_backend.cpp): its values, and a shorter message's error, are
-// those of a receive posted first. Sizes from empty to past the eager limit (whose send waits for
-// the receive), every dtype.
+// message's cost] in collectives/mpi_point_to_point.cpp): its values, and a shorter message's
+// error, are those of a receive posted first. Sizes from empty to past the eager limit (whose send
+// waits for the receive), every dtype.
 TEST(MpiBackend, ReceivesPostedAfterTheirMessageArrived) {
   auto comm = world_comm();
   if (std::string(comm->backend()) != "mpi") GTEST_SKIP() << "backend " << comm->backend();
