@@ -25,7 +25,7 @@
 // for both, since the size alone decides; above one piece both allreduce forms are timed whole:
 // Note [Pieced allreduces timed whole]). Each collective is timed as
 // itself: a group across nodes runs MPI's own calls (Note [Direct collectives inside one node] in
-// mpi_backend.cpp), and Open MPI's reduce-scatter and all-gather there are no halves of its
+// mpi_direct.cpp), and Open MPI's reduce-scatter and all-gather there are no halves of its
 // allreduce. Taken as halves (the first table), they stayed flat on the emulated clusters with
 // 1 Gbit/s links, where the two levels ran 1.5-3.2x faster: on 2 x 4 at 16 MiB a flat
 // reduce-scatter took 325 ms and all-gather 447 ms, more than the allreduce, in two levels 118

@@ -1,6 +1,6 @@
 // The reductions loom makes itself rather than MPI: a small collective carried by its signature
 // check (Note [Small collectives in their check], communicator.cpp) and the MPI backend's direct
-// reduce-scatter (Note [Direct reduce-scatter], mpi_backend.cpp). The exchange hands each rank
+// reduce-scatter (Note [Direct reduce-scatter], mpi_direct.cpp). The exchange hands each rank
 // every rank's block of the elements it reduces, and the rank combines them here, in rank order,
 // so that the result has the same bits whatever the message pattern was.
 #pragma once

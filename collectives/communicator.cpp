@@ -84,7 +84,7 @@ namespace loom::comm {
 // once the check has agreed. An allgather's inputs and the smallest allreduces' reach every rank
 // (each rank then reduces all of them); a reduce_scatter's blocks go each to its rank and are
 // reduced there; a larger allreduce does that and then gathers the reduced blocks, in a second
-// phase only a group whose check agreed runs (Note [Signature exchange] in mpi_backend.cpp).
+// phase only a group whose check agreed runs (Note [Signature exchange] in mpi_exchange.cpp).
 // Reductions combine the ranks' values in rank order (collectives/carried.h), so every rank gets
 // the same bits whatever the message pattern. A barrier is its check alone: the exchange reaches
 // every rank from every rank. Nothing else is posted, so a small collective costs one exchange
@@ -711,7 +711,7 @@ WorkPtr Communicator::allreduce(const Tensor& input, Tensor& output,
         return h->allreduce(input, output, options.op, Hierarchy::Checks::kByCaller);
       });
   // The smallest as one allgather of the inputs, the others in two phases (reduce-scatter
-  // inside the check, then allgather): See Note [Signature exchange] in mpi_backend.cpp.
+  // inside the check, then allgather): See Note [Signature exchange] in mpi_exchange.cpp.
   const int64_t chunk = (input.numel() + size_ - 1) / size_;  // elements per rank's block
   CheckPayload carried = payload_of(CheckPayload::Kind::kAllreduceByAllgather, input, output,
                                     input.nbytes(), options.op);

@@ -4,7 +4,9 @@
 // done or past its deadline (See Note [Deadlines] in communicator.cpp). Three decisions that are
 // not obvious: See Note [MPI staging] and Note [Abandoned operations] (mpi_work.cpp), and
 // all_to_all_impl on why it always posts MPI_Ialltoallv. The works it shares, and the census of
-// late ranks, are in mpi_work.{h,cpp}; point-to-point messages in mpi_point_to_point.{h,cpp}.
+// late ranks, are in mpi_work.{h,cpp}; point-to-point messages in mpi_point_to_point.{h,cpp}; the
+// signature check's exchange in mpi_exchange.{h,cpp}; the direct collectives in
+// mpi_direct.{h,cpp}.
 #include "collectives/mpi_backend.h"
 
 #include <unistd.h>
@@ -14,21 +16,19 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "collectives/carried.h"
 #include "collectives/mpi_check.h"
+#include "collectives/mpi_direct.h"
+#include "collectives/mpi_exchange.h"
 #include "collectives/mpi_point_to_point.h"
 #include "collectives/mpi_work.h"
 #include "collectives/pair_channels.h"
-#include "collectives/recycled.h"
 #include "collectives/shared_mailbox.h"
 #include "collectives/termination.h"
 #include "collectives/topology.h"
@@ -48,7 +48,7 @@ void set_mpi_max_count(int64_t count) {
 
 namespace {
 
-using namespace mpi_impl;  // NOLINT: the backend's own pieces (mpi_work.h, mpi_point_to_point.h)
+using namespace mpi_impl;  // NOLINT: the backend's own pieces (mpi_*.h)
 
 // How many abandoned ops are still pending (those that finished are dropped).
 size_t pending_abandoned() {
@@ -222,684 +222,6 @@ Tensor separate(const Tensor& send, const Tensor& recv) {
   return overlap ? send.clone() : send;
 }
 
-// Note [Signature exchange]
-// The check channel's exchange (Note [Collective signatures]) is a max over the group plus, for
-// a carried collective (Note [Small collectives in their check]), the collective itself. It runs
-// over the ranks laid out in the group's exchange order (Note [Node-interleaved exchange order]
-// in topology.h: group-rank order inside one node); "position" below is a place in that order.
-// The first phase is ceil(log2 n) rounds of one send and one receive per rank, whatever the call:
-// in round k the rank at position p sends to position p - 2^k and receives from p + 2^k, with
-// tag k. Each message is [max hash, max ~hash, payload bytes that follow, payload]; a rank folds
-// the pair it receives into its own, so after the rounds every rank has the max over every rank
-// (a dissemination). The payload depends on the call:
-// - none (a plain check, or a barrier);
-// - an allgather's blocks, as Bruck's allgather: position p holds the blocks of positions p,
-//   p+1, ... (mod n) and in round k sends the first min(2^k, n - held) it holds, receiving
-//   p + 2^k's, which continue its own (the smallest allreduces too: each rank then reduces all
-//   inputs);
-// - a reduction's blocks (reduce_scatter, allreduce: its input cut into n blocks, block j for
-//   rank j), as Bruck's all-to-all: position p keeps at index i the block bound for position
-//   p - i and in round k sends those at the indices with bit k set, receiving p + 2^k's at the
-//   same indices; after the rounds index i holds position p + i's block for p. Each rank then
-//   reduces its blocks in rank order (collectives/carried.h), so the result has the same bits on
-//   every rank, for every message pattern and every order. An allreduce then gathers the reduced
-//   blocks, as an allgather's, in a second phase (tags 32 + k) that only a group whose check
-//   agreed runs.
-// Outputs are written only when the check agrees: nothing of a mismatched call is touched.
-// In a group whose ranks share a node the messages go through mailboxes in shared memory instead
-// of MPI_Isend / MPI_Irecv (Note [Mailboxes in shared memory], shared_mailbox.cpp): the same
-// rounds, the same messages, one mailbox per round standing for the round's tag.
-// Every receive has room for the largest message any call may send, so a peer making another
-// call (another payload size) is read, not truncated, and makes the receiver mark the check
-// failed (both of its pair set to the largest value, which no agreeing pair has); the hashes
-// differ anyway, so every rank fails it. The channel carries nothing else (but the direct
-// reduce-scatters' blocks, under tags of their own: Note [Direct reduce-scatter]), and one
-// exchange at a time (the check queue posts the next check when this one completes).
-//
-// It is a work of its own rather than an MpiWork with a next_round closure: one round's two
-// requests in fields, a scratch buffer reused from the last exchange, nothing allocated per
-// call but the work itself (a small collective's time was largely allocations: 25 per call).
-constexpr int64_t kCheckHeader = 3 * int64_t(sizeof(int64_t));
-// The most a check carries (CheckPayload::bytes); the communicator picks which collectives go
-// this way (communicator.cpp).
-constexpr size_t kCarriedBytes = 256 * 1024;
-// One message: the header and at most every payload.
-constexpr int64_t kCheckMessage = kCheckHeader + int64_t(kCarriedBytes);
-constexpr int kSecondPhaseTag = 32;  // above any first-phase round (ceil(log2 n) < 32)
-// The most a check carries when its group runs the exchange through mailboxes in shared memory
-// (Note [Mailboxes in shared memory], shared_mailbox.cpp), and what such a group carries of every
-// kind (carried_limit): every message fits a mailbox's slot.
-constexpr size_t kMailboxCarriedBytes = 64 * 1024;
-using MailboxesPtr = std::shared_ptr<SharedMailboxes>;
-
-// The rounds of an exchange over n ranks: ceil(log2 n).
-int exchange_rounds(int n) {
-  int r = 0;
-  while ((1 << r) < n) ++r;
-  return r;
-}
-
-// Whether groups inside one node exchange through shared memory: unless LOOM_SHM_EXCHANGE=0.
-bool mailboxes_enabled() {
-  const char* v = std::getenv("LOOM_SHM_EXCHANGE");
-  return v == nullptr || std::string(v) != "0";
-}
-
-// Scratch buffers of completed exchanges, for the next exchange: the message out, the message in
-// and a reduction's blocks. Host memory of the communicator, as MPI's own buffers are, not
-// tensors: the memory accounting of a model (tests/mpi/memory_test.cpp) counts what its tensors
-// hold. An exchange that never completes keeps its buffer (See Note [Abandoned operations]).
-using ExchangeScratch = std::shared_ptr<std::vector<int64_t>>;
-using SpareScratch = std::shared_ptr<std::vector<ExchangeScratch>>;
-constexpr size_t kScratchWords = (2 * size_t(kCheckMessage) + kCarriedBytes) / sizeof(int64_t);
-
-// A spare buffer of at least `words` (grown if it is shorter), or a new one.
-ExchangeScratch take_scratch(std::vector<ExchangeScratch>& spare, size_t words) {
-  if (spare.empty()) return std::make_shared<std::vector<int64_t>>(words);
-  ExchangeScratch s = std::move(spare.back());
-  spare.pop_back();
-  if (s->size() < words) s->resize(words);
-  return s;
-}
-
-// The positions a group's signature exchanges run their rounds in (Note [Node-interleaved exchange
-// order], topology.h): rank_at[p] is the group rank at position p; position_of is its inverse.
-struct ExchangeOrder {
-  std::vector<int> rank_at, position_of;
-  explicit ExchangeOrder(std::vector<int> order) : rank_at(std::move(order)) {
-    position_of.assign(rank_at.size(), -1);
-    for (size_t p = 0; p < rank_at.size(); ++p) position_of[size_t(rank_at[p])] = int(p);
-  }
-};
-using ExchangeOrderPtr = std::shared_ptr<const ExchangeOrder>;
-
-class SignatureExchange final : public MpiPolledWork {
- public:
-  using Kind = CheckPayload::Kind;
-
-  // `pair`: as check_exchange_impl's, written when the first phase completes.
-  // `boxes`: the group's mailboxes in shared memory, or null to send through MPI.
-  SignatureExchange(std::shared_ptr<CommHandle> handle, OpContext context, double timeout_s,
-                    int rank, int n, ExchangeOrderPtr order, int64_t* pair,
-                    const CheckPayload& payload, SpareScratch spare, MailboxesPtr boxes)
-      : MpiPolledWork(std::move(handle), std::move(context), timeout_s),
-        rank_(rank),
-        n_(n),
-        order_(std::move(order)),
-        position_(order_->position_of[size_t(rank)]),
-        pair_(pair),
-        p_(payload),
-        block_(int64_t(payload.block)),
-        spare_(std::move(spare)),
-        boxes_(std::move(boxes)) {
-    scratch_ = take_scratch(*spare_, kScratchWords);
-    out_ = scratch_->data();
-    received_in_ = out_ + kCheckMessage / int64_t(sizeof(int64_t));
-    in_ = received_in_;
-    blocks_ = reinterpret_cast<char*>(out_) + 2 * kCheckMessage;
-    out_[0] = pair[0];
-    out_[1] = pair[1];
-    const auto* input = static_cast<const char*>(p_.input);
-    switch (p_.kind) {
-      case Kind::kNone:
-        block_ = 0;
-        break;
-      case Kind::kAllgather:
-      case Kind::kAllreduceByAllgather:
-        if (block_ > 0) std::memcpy(held(), input, size_t(block_));
-        break;
-      case Kind::kReduceScatter:
-      case Kind::kAllreduce:
-        // Index i: the block bound for position p - i (an allreduce's last blocks may be short).
-        for (int i = 0; i < n_; ++i) {
-          const int64_t to = rank_at(position_ - i);
-          const int64_t bytes = std::min(block_, int64_t(p_.input_bytes) - to * block_);
-          if (bytes > 0) std::memcpy(blocks_ + i * block_, input + to * block_, size_t(bytes));
-        }
-        break;
-    }
-    post_round();
-  }
-  ~SignatureExchange() override;
-
- protected:
-  bool poll() override {
-    if (!round_arrived()) return false;
-    const int64_t expected = round_blocks() * block_;
-    if (in_[2] != expected) {  // another call: fail the check on every rank
-      LOOM_ASSERT(first_phase_, "second phase of ", context().str(), " got ", in_[2],
-                  " bytes, expected ", expected);
-      out_[0] = out_[1] = std::numeric_limits<int64_t>::max();
-      failed_check_ = true;
-    } else if (first_phase_) {
-      out_[0] = std::max(out_[0], in_[0]);
-      out_[1] = std::max(out_[1], in_[1]);
-    }
-    if (!failed_check_) take_round();
-    if (boxes_) boxes_->release(round_);
-    ++round_;
-    if (round_ < rounds()) {
-      post_round();
-      return false;
-    }
-    if (first_phase_) {
-      pair_[0] = out_[0];
-      pair_[1] = out_[1];
-      if (!hashes_agree(out_)) return true;  // nothing is written
-      if (p_.kind == Kind::kAllreduce) {     // reduce this rank's block, then gather the blocks
-        reduce_mine(held());
-        first_phase_ = false;
-        round_ = 0;
-        have_ = 1;
-        post_round();
-        return false;
-      }
-    }
-    write_outputs();
-    return true;
-  }
-
-  void finish() override {
-    spare_->push_back(std::move(scratch_));  // no request uses it any more
-    if (comm) comm->failed = false;          // the group works again
-    comm.reset();
-  }
-
- private:
-  // Whether this round moves held blocks (Bruck's allgather) rather than indexed ones.
-  bool gathers() const {
-    return !first_phase_ || (p_.kind != Kind::kReduceScatter && p_.kind != Kind::kAllreduce);
-  }
-  int rounds() const { return exchange_rounds(n_); }
-  char* held() { return reinterpret_cast<char*>(out_ + 3); }
-  const char* received() const { return reinterpret_cast<const char*>(in_ + 3); }
-
-  // Blocks in this round's message: Bruck's allgather sends what it holds, up to 2^k; its
-  // all-to-all the indices with bit k set.
-  int64_t round_blocks() const {
-    if (gathers()) return std::min<int64_t>(have_, n_ - have_);
-    int64_t count = 0;
-    for (int i = 0; i < n_; ++i) count += (i >> round_) & 1;
-    return count;
-  }
-
-  void post_round() {
-    const int step = 1 << round_;  // < n
-    const int64_t blocks = round_blocks();
-    out_[2] = blocks * block_;
-    if (!gathers()) {  // pack the indices with bit k set after the header
-      char* at = held();
-      for (int i = 0; i < n_; ++i)
-        if ((i >> round_) & 1) {
-          std::memcpy(at, blocks_ + i * block_, size_t(block_));
-          at += block_;
-        }
-    }
-    const size_t message = size_t(kCheckHeader + blocks * block_);
-    if (boxes_) {  // See Note [Mailboxes in shared memory] (shared_mailbox.cpp)
-      unsent_ = !send_to_mailbox();
-      return;
-    }
-    const int tag = (first_phase_ ? 0 : kSecondPhaseTag) + round_;
-    const MPI_Comm c = comm->comm;
-    LOOM_MPI_CHECK_IN(context(), MPI_Irecv(received_in_, int(kCheckMessage), MPI_BYTE,
-                                           rank_at(position_ + step), tag, c, &requests_[0]));
-    LOOM_MPI_CHECK_IN(context(), MPI_Isend(out_, int(message), MPI_BYTE, rank_at(position_ - step),
-                                           tag, c, &requests_[1]));
-  }
-
-  // Puts this round's message (out_, as post_round packed it) into the mailbox of the rank it
-  // goes to; false while that mailbox is full.
-  bool send_to_mailbox() {
-    return boxes_->try_send(rank_at(position_ - (1 << round_)), round_, out_,
-                            size_t(kCheckHeader + out_[2]));
-  }
-
-  // Whether this round's message went out and the peer's came in (in_ then points at it), as
-  // MPI_Testall's two requests or the mailboxes say.
-  bool round_arrived() {
-    if (!boxes_) {
-      int flag = 0;
-      check_mpi(MPI_Testall(2, requests_, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", __FILE__,
-                __LINE__, context());
-      return flag != 0;
-    }
-    // Until the message is out, out_ is still to be sent: the round's results wait for both.
-    unsent_ = unsent_ && !send_to_mailbox();
-    in_ = unsent_ ? nullptr : static_cast<const int64_t*>(boxes_->peek(round_));
-    // See Note [Polling a mailbox on a shared core].
-    if (!in_ && g_ranks_outnumber_cores) std::this_thread::yield();
-    return in_ != nullptr;
-  }
-
-  // Keeps what a round brought.
-  void take_round() {
-    if (block_ == 0) return;
-    if (gathers()) {
-      const int64_t count = round_blocks();
-      std::memcpy(held() + have_ * block_, received(), size_t(count * block_));
-      have_ += count;
-      return;
-    }
-    const char* at = received();
-    for (int i = 0; i < n_; ++i)
-      if ((i >> round_) & 1) {
-        std::memcpy(blocks_ + i * block_, at, size_t(block_));
-        at += block_;
-      }
-  }
-
-  // The group rank at position p (mod n) of the exchange order.
-  int rank_at(int64_t p) const { return order_->rank_at[size_t(((p % n_) + n_) % n_)]; }
-
-  // This rank's share of a reduction: op over every rank's block for it, in rank order (index i
-  // holds position p + i's).
-  void reduce_mine(void* out) {
-    const int64_t element = int64_t(dtype_size(p_.dtype));
-    const int64_t count =
-        std::clamp<int64_t>(int64_t(p_.input_bytes) - rank_ * block_, 0, block_) / element;
-    reduce_in_rank_order(blocks_, size_t(block_), n_, order_->position_of.data(), position_,
-                         p_.dtype, p_.op, 0,
-                         p_.kind == Kind::kReduceScatter ? block_ / element : count, out);
-  }
-
-  // The outputs, once the check agreed.
-  void write_outputs() {
-    auto* out = static_cast<char*>(p_.output);
-    switch (p_.kind) {
-      case Kind::kNone:
-        return;
-      case Kind::kReduceScatter:
-        if (block_ > 0) reduce_mine(out);
-        return;
-      case Kind::kAllreduceByAllgather:  // held[i] is position p + i's whole input
-        reduce_in_rank_order(held(), size_t(block_), n_, order_->position_of.data(), position_,
-                             p_.dtype, p_.op, 0, block_ / int64_t(dtype_size(p_.dtype)), out);
-        return;
-      case Kind::kAllgather:
-      case Kind::kAllreduce: {
-        // held[i] is position p + i's block: into rank order (an allreduce's last short).
-        const int64_t total = p_.kind == Kind::kAllgather ? block_ * n_ : int64_t(p_.input_bytes);
-        for (int64_t i = 0; i < n_; ++i) {
-          const int64_t j = rank_at(position_ + i);
-          const int64_t bytes = std::min(block_, total - j * block_);
-          if (bytes > 0) std::memcpy(out + j * block_, held() + i * block_, size_t(bytes));
-        }
-        return;
-      }
-    }
-  }
-
-  int rank_, n_;
-  ExchangeOrderPtr order_;
-  int position_;  // this rank's, in order_
-  int64_t* pair_;
-  CheckPayload p_;
-  int64_t block_;
-  SpareScratch spare_;
-  ExchangeScratch scratch_;
-  MailboxesPtr boxes_;
-  bool unsent_ = false;   // through boxes_: this round's message waits for room in its mailbox
-  int64_t* out_;          // the message out: header, then held blocks (allgather) or a packed round
-  int64_t* received_in_;  // where MPI receives the message in
-  const int64_t* in_;     // the message in: received_in_, or the mailbox's slot
-  char* blocks_;          // a reduction's n blocks, by index
-  MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  bool first_phase_ = true;
-  bool failed_check_ = false;
-  int round_ = 0;
-  int64_t have_ = 1;  // blocks held by an allgather: this rank's own
-};
-
-SignatureExchange::~SignatureExchange() {
-  if (done()) return;
-  // See Note [Abandoned operations]: the rounds go on while it settles.
-  if (!settles([this] { return poll(); }))
-    abandoned().push_back(
-        Abandoned{{requests_[0], requests_[1]}, {}, {}, std::move(scratch_), std::move(comm)});
-}
-
-// Note [Direct reduce-scatter]
-// Open MPI serves the nonblocking reduce-scatter loom would post from coll/libnbc, and its blocking
-// one reduces to a root and scatters; on the shared-memory transport both moved about half of what
-// the transport allows (benchmarks/README.md, "Direct reduce-scatter": libnbc at 0.34-0.65x of the
-// blocking call at 256 KiB-1 MiB on 4 ranks). So the backend makes every host reduce-scatter
-// itself, inside one node and across nodes (Note [Direct collectives inside one node]): each rank
-// sends block j of its input straight to rank j (no copy) and receives every other rank's block for
-// it into a scratch buffer, then reduces the n blocks in rank order (collectives/carried.h): the
-// bits of the carried reduce-scatter, for every message pattern. The scratch is bounded
-// (kDirectScratchBytes; a whole-bucket buffer would add a gradient copy to ZeRO's peak): when the
-// other ranks' blocks do not fit it, the blocks travel in pieces, two pieces' receives posted at a
-// time, and a piece's receives are posted again for the piece two on once it is reduced (into the
-// output, whose piece no later message reads). Sends are all posted at once, from the input. A
-// piece posted only as an earlier one is reduced needs stepping while the rank waits for anything
-// else (Note [Works that post as they go], work.h): a first version without that hung when two
-// ranks waited for two reduce-scatters in different orders. Two scratch buffers are kept per group
-// for the next calls (host memory, as MPI's own buffers are). The messages go over the check
-// channel's communicator, where no user message can match them, each reduce-scatter under a tag of
-// its own (kDirectTag and up, counted per group: every rank posts its collectives in the same
-// order, the check queue's or, with checks off, the calls'), so that neither a check nor another
-// reduce-scatter in flight can match them; within one, a sender's pieces and a receiver's receives
-// go in piece order, which MPI's matching keeps. With checks off, a rank calling with another size
-// is caught only where a piece arrives short (an error naming both lengths); a longer one is MPI's
-// truncation, which Open MPI 4.1's TCP transport turned into a heap overwrite (an unchecked test of
-// it crashed a later one across emulated nodes): undefined, as any collective called with different
-// sizes without the check.
-constexpr size_t kDirectScratchBytes = 4 * 1024 * 1024;
-constexpr int64_t kPiecesInFlight = 2;  // per peer: one being reduced while the next arrives
-constexpr int kDirectTag = 64;  // the first; above every tag of a signature exchange (< 2 x 32)
-
-// Note [Direct allreduce]
-// An allreduce of host tensors that its check does not carry (Note [Small collectives in their
-// check], communicator.cpp) is a direct reduce-scatter (Note [Direct reduce-scatter]) of blocks of
-// ceil(count / n) elements, then an allgather of the reduced blocks straight into the output: each
-// rank sends its block to every rank and receives rank j's into block j. Measured side by side with
-// MPI's blocking allreduce (benchmarks/README.md, "Direct allreduce", medians): on 3, 4 and 8 ranks
-// from 64 KiB to 64 MiB this ran at 0.98-1.51x of it where loom's MPI_Iallreduce had run at
-// 0.73-1.05x. On 2 ranks, from 256 KiB to 16 MiB, MPI's call was as fast or faster (this
-// 0.90-0.97x, MPI_Iallreduce 0.94-1.00x), so those stay with MPI; below and above, this was faster
-// (64 KiB 0.99x against 0.81x, 16-64 MiB 1.23-1.26x against 1.00x, where the pieces help). Every
-// block is reduced once, in rank order, by its rank: every rank gets the same bits. In place, a
-// block's allgather overwrites what the reduce-scatter sent from it, so the allgather is posted
-// once every send has left; it is posted by a step (Note [Works that post as they go], work.h), as
-// a later piece is.
-bool direct_allreduce_fits(int64_t bytes, int n) {
-  if (n < 2 || bytes / n >= int64_t(INT_MAX) / 2) return false;
-  return n > 2 || bytes < 256 * 1024 || bytes >= 16 * 1024 * 1024;
-}
-
-// Bytes of one piece of a block of `block_bytes` sent to each of n - 1 peers: the whole block
-// when the peers' blocks fit the scratch, else what fits kPiecesInFlight of them (a multiple of
-// 64 bytes, so of every element size).
-int64_t direct_piece_bytes(int64_t block_bytes, int n) {
-  if (block_bytes * (n - 1) <= int64_t(kDirectScratchBytes)) return block_bytes;
-  return std::max<int64_t>(64,
-                           int64_t(kDirectScratchBytes) / (kPiecesInFlight * (n - 1)) / 64 * 64);
-}
-
-// Note [Direct collectives inside one node]
-// The direct reduce-scatter, allreduce and allgather send every rank's block straight to its owner:
-// each rank exchanges with every other. Inside one node that is what the shared-memory transport
-// does best; across nodes, each node's link then carries L (n - L) / n of the data per phase (L
-// ranks of the node, n in all), where a ring whose ranks are in node order crosses it once, (n - 1)
-// / n: 1.3x more on 2 nodes of 2 ranks, 1.7x on 4 of 2, on the slowest link. So the allreduce and
-// the allgather are used only in groups whose ranks all share a node (MPI_Comm_split_type, at the
-// group's construction); a group across nodes keeps MPI's calls for them (and its two levels:
-// README.md, "Multi-node on one machine"), whose node-local level is such a group. The
-// reduce-scatter is direct in every group: Open MPI's reduce-scatters are no ring either (the
-// blocking one reduces to a root and scatters; libnbc's, which loom would post, ran at half the
-// transport's speed inside one node: Note [Direct reduce-scatter]), and on emulated nodes the
-// direct one beat the libnbc call at every size from 256 KiB (benchmarks/README.md, "Across
-// nodes"; loom / MPI's blocking call, libnbc -> direct: 4 x 2 nodes on 1 Gbit/s links 0.72-0.75
-// -> 0.98-1.03 at 256 KiB, 0.99-1.00 -> 1.42-1.44 at 16 MiB; unshaped 2 x 2 0.51-0.63 -> 0.96-1.12
-// at 1 MiB), but for 2 x 2 on 1 Gbit/s links at 1-4 MiB, where it ran at 0.9-1.0x the libnbc
-// call's speed (both above MPI's blocking one).
-
-// A reduce-scatter made as Note [Direct reduce-scatter] says, or an allreduce made of one and an
-// allgather of the reduced blocks (Note [Direct allreduce]).
-class DirectReduction final : public MpiPolledWork {
- public:
-  enum class Kind { kReduceScatter, kAllreduce };
-
-  // `channel`: the communicator the messages travel on (the check channel's). A reduce-scatter's
-  // output is this rank's block; an allreduce's is the whole result, cut into blocks of
-  // ceil(count / n) elements (the last ones shorter, or empty).
-  DirectReduction(Kind kind, std::shared_ptr<CommHandle> channel, OpContext context,
-                  double timeout_s, int rank, int n, const Tensor& input, const Tensor& output,
-                  ReduceOp op, int tag, SpareScratch spare)
-      : MpiPolledWork(std::move(channel), std::move(context), timeout_s),
-        kind_(kind),
-        rank_(rank),
-        n_(n),
-        tag_(tag),
-        input_(input.detach()),
-        output_(output.detach()),
-        op_(op),
-        total_(int64_t(input.nbytes())),
-        block_(kind == Kind::kReduceScatter
-                   ? int64_t(output.nbytes())
-                   : (input.numel() + n - 1) / n * int64_t(dtype_size(input.dtype()))),
-        piece_(direct_piece_bytes(block_, n)),
-        pieces_(pieces_of(rank_)),
-        window_(std::max<int64_t>(1, std::min(pieces_, pieces_ == 1 ? 1 : kPiecesInFlight))),
-        spare_(std::move(spare)) {
-    const size_t words = (size_t(window_ * (n_ - 1) * piece_) + 7) / 8;
-    scratch_ = take_scratch(*spare_, words);
-    receives_.assign(size_t(window_ * (n_ - 1)), MPI_REQUEST_NULL);
-    statuses_.resize(size_t(n_ - 1));
-    for (int64_t k = 0; k < std::min(window_, pieces_); ++k) post_receives(k);
-    for (int i = 1; i < n_; ++i) {  // block j of the input to rank j, piece by piece
-      const int to = (rank_ - i + n_) % n_;
-      for (int64_t k = 0; k < pieces_of(to); ++k) {
-        sends_.push_back(MPI_REQUEST_NULL);
-        LOOM_MPI_CHECK_IN(
-            this->context(),
-            MPI_Isend(bytes_at(input_, 0) + int64_t(to) * block_ + k * piece_,
-                      int(piece_bytes(to, k)), MPI_BYTE, to, tag_, comm->comm, &sends_.back()));
-      }
-    }
-    keep_stepping();
-  }
-  ~DirectReduction() override;
-
- protected:
-  // Reduces the pieces that arrived, in order, posting the receives of the ones after them; an
-  // allreduce then posts its allgather once every piece is reduced and sent.
-  void step() override {
-    while (reduced_ < pieces_) {
-      const int64_t k = reduced_;
-      MPI_Request* receives = &receives_[size_t((k % window_) * (n_ - 1))];
-      if (!test_all(receives, statuses_.data(), n_ - 1, context())) return;
-      const int64_t bytes = piece_bytes(rank_, k);
-      for (int i = 1; i < n_; ++i)
-        check_length(statuses_[size_t(i - 1)], bytes, (rank_ + i) % n_, "block's piece at byte ",
-                     k * piece_);
-      const void* on_stack[64];
-      std::vector<const void*> on_heap(n_ > 64 ? size_t(n_) : 0);
-      const void** by_rank = n_ > 64 ? on_heap.data() : on_stack;
-      for (int i = 0; i < n_; ++i)
-        by_rank[(rank_ + i) % n_] = i == 0 ? own_input() + k * piece_ : slot(k, i);
-      const int64_t element = int64_t(dtype_size(output_.dtype()));
-      reduce_ranks(by_rank, n_, output_.dtype(), op_, bytes / element, own_output() + k * piece_);
-      ++reduced_;
-      if (k + window_ < pieces_) post_receives(k + window_);
-    }
-    if (kind_ == Kind::kAllreduce && gathers_.empty()) {
-      // The allgather's receives overwrite the input in place: not before every send has left.
-      if (!test_all(sends_.data(), nullptr, int(sends_.size()), context())) return;
-      post_gather();
-    }
-    stop_stepping();  // everything is posted; what is left completes in MPI
-  }
-
-  bool poll() override {
-    step();
-    if (reduced_ < pieces_ || !test_all(sends_.data(), nullptr, int(sends_.size()), context()))
-      return false;
-    if (kind_ == Kind::kReduceScatter) return true;
-    if (gathers_.empty() || !test_all(gathers_, gather_statuses_, context())) return false;
-    for (int i = 1; i < n_; ++i) {
-      const int from = (rank_ + i) % n_;
-      check_length(gather_statuses_[size_t(i - 1)], block_bytes(from), from, "reduced block", 0);
-    }
-    return true;
-  }
-
-  void finish() override {
-    // No request uses the scratch any more; two spares serve two reductions in flight.
-    if (spare_->size() < 2) spare_->push_back(std::move(scratch_));
-    scratch_.reset();
-    input_ = output_ = Tensor();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
-  }
-
- private:
-  // Bytes of rank j's block, its pieces, and piece k of it.
-  int64_t block_bytes(int j) const {
-    return std::clamp<int64_t>(total_ - int64_t(j) * block_, 0, block_);
-  }
-  int64_t pieces_of(int j) const { return (block_bytes(j) + piece_ - 1) / piece_; }
-  int64_t piece_bytes(int j, int64_t k) const {
-    return std::min(piece_, block_bytes(j) - k * piece_);
-  }
-  const char* own_input() const { return bytes_at(input_, 0) + int64_t(rank_) * block_; }
-  char* own_output() const {
-    return bytes_at(output_, 0) + (kind_ == Kind::kAllreduce ? int64_t(rank_) * block_ : 0);
-  }
-  // Where rank r + i's piece k of this rank's block arrives.
-  char* slot(int64_t k, int i) const {
-    return reinterpret_cast<char*>(scratch_->data()) +
-           ((k % window_) * (n_ - 1) + (i - 1)) * piece_;
-  }
-  void post_receives(int64_t k) {
-    for (int i = 1; i < n_; ++i)
-      LOOM_MPI_CHECK_IN(context(), MPI_Irecv(slot(k, i), int(piece_bytes(rank_, k)), MPI_BYTE,
-                                             (rank_ + i) % n_, tag_, comm->comm,
-                                             &receives_[size_t((k % window_) * (n_ - 1) + i - 1)]));
-  }
-  // The allgather: this rank's reduced block to every rank, rank j's into block j. Under the same
-  // tag: a rank's pieces for this one were all posted before its block, and MPI matches one
-  // sender's messages of one tag in the order they were sent.
-  void post_gather() {
-    gathers_.assign(size_t(2 * (n_ - 1)), MPI_REQUEST_NULL);
-    gather_statuses_.resize(gathers_.size());
-    for (int i = 1; i < n_; ++i) {
-      const int from = (rank_ + i) % n_, to = (rank_ - i + n_) % n_;
-      LOOM_MPI_CHECK_IN(context(), MPI_Irecv(bytes_at(output_, 0) + int64_t(from) * block_,
-                                             int(block_bytes(from)), MPI_BYTE, from, tag_,
-                                             comm->comm, &gathers_[size_t(i - 1)]));
-      LOOM_MPI_CHECK_IN(context(), MPI_Isend(own_output(), int(block_bytes(rank_)), MPI_BYTE, to,
-                                             tag_, comm->comm, &gathers_[size_t(n_ - 1 + i - 1)]));
-    }
-  }
-  void check_length(const MPI_Status& status, int64_t expected, int from, const char* what,
-                    int64_t at) const {
-    int got = 0;
-    MPI_Get_count(&status, MPI_BYTE, &got);
-    if (got == expected) return;
-    const char* op = kind_ == Kind::kAllreduce ? "allreduce" : "reduce_scatter";
-    throw CommError(loom::detail::str_cat("[rank ", error_rank(), "] ", context().str(), ": rank ",
-                                          from, " sent ", got, " bytes of its ", op, " ", what, at,
-                                          ", this rank expected ", expected, " (the ranks called ",
-                                          op, " with different sizes)"));
-  }
-
-  Kind kind_;
-  int rank_, n_, tag_;
-  Tensor input_, output_;  // what MPI reads and writes and the reduction writes: alive until done
-  ReduceOp op_;
-  int64_t total_;   // bytes of the input
-  int64_t block_;   // bytes from one rank's block to the next (the last blocks may be shorter)
-  int64_t piece_;   // bytes of a piece (a block's last may be shorter)
-  int64_t pieces_;  // of this rank's block
-  int64_t window_;  // pieces whose receives are posted at a time
-  int64_t reduced_ = 0;
-  SpareScratch spare_;
-  ExchangeScratch scratch_;            // window_ x (n - 1) pieces
-  std::vector<MPI_Request> receives_;  // window_ x (n - 1), by piece modulo window_
-  std::vector<MPI_Status> statuses_;
-  std::vector<MPI_Request> sends_;    // every piece to every rank
-  std::vector<MPI_Request> gathers_;  // an allreduce's allgather: n - 1 receives, n - 1 sends
-  std::vector<MPI_Status> gather_statuses_;
-};
-
-DirectReduction::~DirectReduction() {
-  stop_stepping();
-  if (done()) return;
-  // See Note [Abandoned operations].
-  if (!settles([this] { return poll(); })) {
-    std::vector<MPI_Request> requests = std::move(receives_);
-    requests.insert(requests.end(), sends_.begin(), sends_.end());
-    requests.insert(requests.end(), gathers_.begin(), gathers_.end());
-    abandoned().push_back(Abandoned{
-        std::move(requests), {input_, output_}, {}, std::move(scratch_), std::move(comm)});
-  }
-}
-
-// Note [Direct allgather]
-// An allgather of host tensors in a group inside one node (Note [Direct collectives inside one
-// node]) that its check does not carry: each rank sends its input to every other rank and receives
-// rank j's straight into block j of the output, every message posted at once (nothing to step).
-// After the check's round trip, Open MPI's MPI_Iallgather (libnbc) ran at 0.53-0.94x of MPI's
-// blocking allgather from 16 to 256 KiB on 2 and 4 ranks, this at 0.67-1.02x; from 1 MiB up both
-// ran at MPI's speed (benchmarks/README.md, "Direct allreduce and allgather"). The messages go over
-// the check channel's communicator under a tag of their own, as the direct reduce-scatter's do;
-// with checks off, a rank that called with another size is caught by the lengths received.
-class DirectAllgather final : public MpiPolledWork {
- public:
-  DirectAllgather(std::shared_ptr<CommHandle> channel, OpContext context, double timeout_s,
-                  int rank, int n, const Tensor& input, const Tensor& output, int tag)
-      : MpiPolledWork(std::move(channel), std::move(context), timeout_s),
-        rank_(rank),
-        n_(n),
-        block_(int64_t(input.nbytes())),
-        input_(input.detach()),
-        output_(output.detach()) {
-    const int64_t block = block_;
-    char* mine = bytes_at(output_, 0) + int64_t(rank) * block;
-    if (mine != bytes_at(input_, 0)) std::memcpy(mine, bytes_at(input_, 0), size_t(block));
-    requests_.assign(size_t(2 * (n - 1)), MPI_REQUEST_NULL);
-    statuses_.resize(requests_.size());
-    for (int i = 1; i < n; ++i) {
-      const int from = (rank + i) % n, to = (rank - i + n) % n;
-      LOOM_MPI_CHECK_IN(this->context(),
-                        MPI_Irecv(bytes_at(output_, 0) + int64_t(from) * block, int(block),
-                                  MPI_BYTE, from, tag, comm->comm, &requests_[size_t(i - 1)]));
-      LOOM_MPI_CHECK_IN(this->context(), MPI_Isend(mine, int(block), MPI_BYTE, to, tag, comm->comm,
-                                                   &requests_[size_t(n - 1 + i - 1)]));
-    }
-    keep_stepping();  // See Note [MPI requests move in every wait]
-  }
-  ~DirectAllgather() override;
-
- protected:
-  void step() override {
-    if (transported()) stop_stepping();
-  }
-  bool poll() override {
-    if (!transported()) return false;
-    for (int i = 1; i < n_; ++i) {  // with checks off, a rank may have called with another size
-      int got = 0;
-      MPI_Get_count(&statuses_[size_t(i - 1)], MPI_BYTE, &got);
-      if (got != block_)
-        throw CommError(loom::detail::str_cat(
-            "[rank ", error_rank(), "] ", context().str(), ": rank ", (rank_ + i) % n_, " sent ",
-            got, " bytes of its allgather input, this rank expected ", block_,
-            " (the ranks called allgather with different sizes)"));
-    }
-    return true;
-  }
-  void finish() override {
-    input_ = output_ = Tensor();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
-  }
-
- private:
-  int rank_, n_;
-  int64_t block_;          // bytes of every rank's input
-  Tensor input_, output_;  // what MPI reads and writes: alive until completion
-  // Whether every request completed, in a poll or a step (statuses_ then hold the lengths).
-  bool transported() {
-    if (!completed_) completed_ = test_all(requests_, statuses_, context());
-    return completed_;
-  }
-
-  std::vector<MPI_Request> requests_;  // n - 1 receives, then n - 1 sends
-  std::vector<MPI_Status> statuses_;
-  bool completed_ = false;
-};
-
-DirectAllgather::~DirectAllgather() {
-  stop_stepping();
-  if (done()) return;
-  // See Note [Abandoned operations].
-  if (!settles([this] { return poll(); }))
-    abandoned().push_back(
-        Abandoned{std::move(requests_), {input_, output_}, {}, nullptr, std::move(comm)});
-}
-
 // ---------------------------------------------------------------- the communicator
 
 int comm_rank(MPI_Comm comm) {
@@ -965,9 +287,9 @@ class MpiCommunicator final : public Communicator {
     // See Note [Direct allreduce].
     if (one_node_ && input.device().is_cpu() && output.device().is_cpu() &&
         direct_allreduce_fits(int64_t(input.nbytes()), size()))
-      return std::make_shared<DirectReduction>(
-          DirectReduction::Kind::kAllreduce, checks_->handle_, context_of(info), timeout_seconds(),
-          rank(), size(), input, output, o.op, next_direct_tag(), spare_direct_);
+      return direct_reduction(DirectReductionKind::kAllreduce, checks_->handle_, context_of(info),
+                              timeout_seconds(), rank(), size(), input, output, o.op,
+                              next_direct_tag(), spare_direct_);
     const DType rd = reduction_dtype(input.dtype());
     auto w = make_work(info, {input, output});
     Tensor send, recv;  // send undefined: MPI_IN_PLACE on recv
@@ -1004,9 +326,9 @@ class MpiCommunicator final : public Communicator {
     // A group of one has no check channel for the messages (MPI's call copies).
     if (size() > 1 && input.device().is_cpu() && output.device().is_cpu() &&
         output.numel() <= mpi_max_count() && output.numel() > 0)
-      return std::make_shared<DirectReduction>(
-          DirectReduction::Kind::kReduceScatter, checks_->handle_, context_of(info),
-          timeout_seconds(), rank(), size(), input, output, o.op, next_direct_tag(), spare_direct_);
+      return direct_reduction(DirectReductionKind::kReduceScatter, checks_->handle_,
+                              context_of(info), timeout_seconds(), rank(), size(), input, output,
+                              o.op, next_direct_tag(), spare_direct_);
     const int count = fits_one_call(info, "output", output.numel());
     const DType rd = reduction_dtype(input.dtype());
     auto w = make_work(info, {input, output});
@@ -1044,9 +366,8 @@ class MpiCommunicator final : public Communicator {
     // See Note [Direct allgather].
     if (one_node_ && input.device().is_cpu() && output.device().is_cpu() && input.numel() > 0 &&
         input.numel() <= mpi_max_count() && input.nbytes() <= size_t(INT_MAX))
-      return std::make_shared<DirectAllgather>(checks_->handle_, context_of(info),
-                                               timeout_seconds(), rank(), size(), input, output,
-                                               next_direct_tag());
+      return direct_allgather(checks_->handle_, context_of(info), timeout_seconds(), rank(), size(),
+                              input, output, next_direct_tag());
     const int count = fits_one_call(info, "input", input.numel());
     const DType dt = input.dtype();
     // In place: the input is this rank's chunk of the output, where MPI_IN_PLACE expects it.
@@ -1303,9 +624,8 @@ class MpiCommunicator final : public Communicator {
                      (payload.input != nullptr && payload.output != nullptr)),
                 "signature exchange carrying ", payload.bytes(size()), " bytes");
     // By value, not `this`: the work keeps the MPI communicator alive, not the group.
-    return make_recycled<SignatureExchange>(handle_, context_of(info), timeout_seconds(), rank(),
-                                            size(), exchange_order_, pair, payload, spare_scratch_,
-                                            mailboxes_);
+    return signature_exchange(handle_, context_of(info), timeout_seconds(), rank(), size(),
+                              exchange_order_, pair, payload, spare_scratch_, mailboxes_);
   }
 
   WorkPtr barrier_impl(const BarrierOptions&, const OpInfo& info) override {

@@ -5,6 +5,14 @@
 
 namespace loom::comm::mpi_impl {
 
+ExchangeScratch take_scratch(std::vector<ExchangeScratch>& spare, size_t words) {
+  if (spare.empty()) return std::make_shared<std::vector<int64_t>>(words);
+  ExchangeScratch s = std::move(spare.back());
+  spare.pop_back();
+  if (s->size() < words) s->resize(words);
+  return s;
+}
+
 // Note [MPI staging]
 // MPI is handed host buffers of a type it can reduce. A buffer is staged (copied into a host
 // tensor before the call, and the result copied back in finish()) when it lives on a GPU (Open

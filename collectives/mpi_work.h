@@ -21,6 +21,16 @@ namespace loom::comm::mpi_impl {
 
 using Clock = std::chrono::steady_clock;
 
+// Scratch buffers of completed signature exchanges and direct reductions, for the next ones: host
+// memory of the communicator, as MPI's own buffers are, not tensors: the memory accounting of a
+// model (tests/mpi/memory_test.cpp) counts what its tensors hold. A work that never completes
+// keeps its buffer (See Note [Abandoned operations]).
+using ExchangeScratch = std::shared_ptr<std::vector<int64_t>>;
+using SpareScratch = std::shared_ptr<std::vector<ExchangeScratch>>;
+
+// A spare buffer of at least `words` (grown if it is shorter), or a new one.
+ExchangeScratch take_scratch(std::vector<ExchangeScratch>& spare, size_t words);
+
 // Whether MPI_Finalize has run (after it, nothing of MPI may be called but this).
 bool mpi_finalized();
 

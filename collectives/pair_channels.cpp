@@ -11,8 +11,8 @@ namespace loom::comm {
 // A small send and receive through Open MPI's shared-memory transport cost about twice what the
 // memory needs (Note [Mailboxes in shared memory], shared_mailbox.cpp): loom's 1 KiB ping-pong
 // ran at 0.84-0.95 of raw MPI_Send/MPI_Recv's on the 2-vCPU Xeon VM with all of loom's own cost
-// trimmed (Note [A single message's cost], mpi_backend.cpp). So a group inside one node of at
-// most kMaxRanks ranks carries its point-to-point messages through a segment of its own: rank r
+// trimmed (Note [A single message's cost], mpi_point_to_point.cpp). So a group inside one node of
+// at most kMaxRanks ranks carries its point-to-point messages through a segment of its own: rank r
 // has one mailbox per sending rank (itself included), so each mailbox is a single-producer,
 // single-consumer queue of kSlots messages.
 //

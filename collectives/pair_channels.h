@@ -2,8 +2,8 @@
 // shared memory: a small message travels in its mailbox, a larger one announces itself there and
 // its bytes follow through the caller's transport. Matching is MPI's (by sender and tag, in the
 // order receives are posted). See Note [Point-to-point through mailboxes] in pair_channels.cpp.
-// Knows no MPI and no Tensor: the backend (mpi_backend.cpp) moves announced bytes and owns the
-// buffers.
+// Knows no MPI and no Tensor: the backend (mpi_point_to_point.cpp) moves announced bytes and owns
+// the buffers.
 #pragma once
 
 #include <cstddef>

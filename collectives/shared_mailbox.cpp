@@ -15,7 +15,7 @@ namespace loom::comm {
 
 // Note [Mailboxes in shared memory]
 // A small collective's time on one node is mostly the signature exchange's round trip (Note
-// [Signature exchange], mpi_backend.cpp), and Open MPI's shared-memory transport spends about
+// [Signature exchange], mpi_exchange.cpp), and Open MPI's shared-memory transport spends about
 // twice what the memory needs on it: on a 2-vCPU Xeon VM two processes swapping 1 KiB through
 // MPI_Irecv + MPI_Isend + MPI_Testall took 1.13-1.21 us, through a shared mapping with a flag per
 // direction 0.59-0.62 us (4 KiB: 2.8-3.0 against 1.4-1.5 us; 3-5 runs of each, taken in turn). So a

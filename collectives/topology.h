@@ -25,7 +25,7 @@ NodeMap node_map(Communicator& group);
 
 // Note [Node-interleaved exchange order]
 // A dissemination over n ranks (the signature check's exchange, Note [Signature exchange] in
-// mpi_backend.cpp: in round k each rank sends to the one 2^k places before it, ceil(log2 n)
+// mpi_exchange.cpp: in round k each rank sends to the one 2^k places before it, ceil(log2 n)
 // rounds) waits in every round for its slowest message. In group-rank order on N nodes of R ranks
 // every round has pairs on two nodes, so each costs a network latency. Laid out by (index within
 // its node, node) instead, positions p and p - 2^k share a node whenever N divides 2^k: with N a

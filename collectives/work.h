@@ -20,7 +20,7 @@ WorkPtr completed_work();
 // Subclasses implement poll() (make progress; true once the operation is complete) and
 // optionally finish() (post-processing run once, on the waiting thread, after completion: e.g.
 // dividing a sum by the group size for avg, or copying a staging buffer back).
-// See Note [Late ranks] (mpi_backend.cpp): a backend's way to answer, while this process waits,
+// See Note [Late ranks] (mpi_work.cpp): a backend's way to answer, while this process waits,
 // another rank's question "what are you waiting for?". Called in the slow part of every wait,
 // with the wait's context.
 using CensusAnswer = void (*)(const std::string& waiting_for);
@@ -31,7 +31,7 @@ void set_census_answer(CensusAnswer answer);
 // bounded scratch, piece by piece) must also move on while its rank waits for something else: two
 // ranks waiting for two such works in different orders would each wait for a message the other
 // posts only from the work it is not polling (it hung so: Note [Direct reduce-scatter] in
-// mpi_backend.cpp). MPI's own nonblocking collectives progress inside any MPI call; these progress
+// mpi_direct.cpp). MPI's own nonblocking collectives progress inside any MPI call; these progress
 // inside any loom wait or test: such a work registers itself (keep_stepping) and every
 // PollingWork's wait and test steps all the registered ones, as progress_checks() advances the
 // check queues. A step only posts what became postable and never blocks; an error in a step taken

@@ -31,7 +31,7 @@ inline const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, 
 // signature checks (an f32 allreduce of 3001 as the allgather of its inputs on 2 ranks, in two
 // phases on more), 17011 (more than a check carries, in every dtype) through MPI's own
 // collectives, or for a reduce_scatter loom's direct one (Note [Direct reduce-scatter] in
-// mpi_backend.cpp; Note [Small collectives in their check]).
+// mpi_direct.cpp; Note [Small collectives in their check]).
 inline const int64_t kSizes[] = {0, 1, 7, 1009, 3001, 17011};
 
 // The value a rank holds for reductions: ±(r+1)(i%7+1), negative at odd i.

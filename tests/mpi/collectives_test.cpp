@@ -136,7 +136,7 @@ TEST(Collectives, ReduceScatterInPiecesEveryDtypeOpInAndOutOfPlace) {
 }
 
 // An allreduce past the direct reduce-scatter's scratch (Note [Direct allreduce] in
-// mpi_backend.cpp: 16 MiB and up on 2 ranks, the pieces from 4 MiB over the other ranks): blocks
+// mpi_direct.cpp: 16 MiB and up on 2 ranks, the pieces from 4 MiB over the other ranks): blocks
 // of ceil(count / n) elements with a shorter last one, reduced in pieces, then gathered; in place
 // the gather overwrites what the reduce-scatter sent. Every dtype with sum, f32 and bf16 with
 // every op.
@@ -154,7 +154,7 @@ TEST(Collectives, AllreduceInPiecesEveryDtypeInAndOutOfPlace) {
   EXPECT_EQ(total_wrong(wrong), 0);
 }
 
-// Direct allreduces (Note [Direct allreduce] in mpi_backend.cpp) and reduce-scatters in flight
+// Direct allreduces (Note [Direct allreduce] in mpi_direct.cpp) and reduce-scatters in flight
 // together, two of them in pieces, waited for in call order on even ranks and in reverse on odd
 // ones: a later piece's receive and an allreduce's allgather are posted only as earlier messages
 // arrive, so a rank waiting for another collective must still take those steps (Note [Works that
