@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "collectives/termination.h"
+#include "core/progress.h"
 
 namespace loom::comm {
 
@@ -39,6 +40,9 @@ void step_works() {
 
 void PollingWork::keep_stepping() {
   if (stepping_) return;
+  // See Note [Progress during compute] (core/progress.cpp): the works move between ops too.
+  static const bool hooked = (set_progress_hook(&step_works), true);
+  (void)hooked;
   stepping_works().push_back(this);
   stepping_ = true;
 }

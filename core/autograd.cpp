@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/ops.h"
+#include "core/progress.h"
 
 namespace loom::autograd {
 
@@ -167,6 +168,7 @@ void SavedTensor::check(const Node& node) const {
 void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& saved, BackwardFn backward) {
   if (!needs_grad(inputs)) return;
+  progress_during_compute();  // See Note [Progress during compute] (progress.cpp)
   std::vector<SavedTensor> saved_tensors;
   saved_tensors.reserve(saved.size());
   for (const Tensor& t : saved)
@@ -380,6 +382,7 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
 
   NoGradGuard no_grad;
   while (!ready.empty()) {
+    progress_during_compute();  // See Note [Progress during compute] (progress.cpp)
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
     Tensor grad = std::move(pending[node.get()]);

@@ -56,8 +56,8 @@ bool is_compute(ActionKind kind) {
 // ready for), and after posting a send it polls it for up to 200 us, so a peer already waiting
 // takes the message at once. On those 2 ranks (GPT 4 x 256, 4 micro-batches) a GPipe step went
 // from 435-468 ms to 299-307 and a 1F1B step from 301-322 to 278-297, against 290 and 280 with
-// Open MPI's single-copy transfers (CMA) on. A progress thread would also move data during a
-// compute action; this keeps MPI's thread level.
+// Open MPI's single-copy transfers (CMA) on. Inside a compute action the transfers move too, at
+// the granularity of its ops (Note [Progress during compute], core/progress.cpp).
 //
 // Note [Receives posted early]
 // A schedule places each receive (RA, RG) just before the compute that consumes it, which is
