@@ -1,7 +1,8 @@
 // loom-bench-pp: every pipeline schedule on the same GPT and global batch, under mpirun -np N
-// (N = pp): the measured bubble per rank (from the executor's timeline) beside the validator's
-// prediction with unit costs, the median step time, and each rank's peak memory during a step
-// from the CPU allocator (parameters, gradients, optimizer state and live activations).
+// (N = pp): the measured bubble per rank (from the executor's timeline, the median over the timed
+// steps) beside the validator's prediction with unit costs, the median step time, and each rank's
+// peak memory during a step from the CPU allocator (parameters, gradients, optimizer state and live
+// activations).
 //
 //   mpirun -np 4 build/bin/loom-bench-pp [--layers 8 --dim 256 --heads 4 --seq 128 --batch 16
 //                                         --microbatches 8 --steps 6]
@@ -83,7 +84,7 @@ Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Commu
   }
   Allocator& cpu = allocator_for(Device::cpu());
   std::vector<double> ms;
-  Timelines last;
+  std::vector<std::vector<double>> bubbles;  // per timed step, per rank
   for (int step = 0; step < a.warmup + a.steps; ++step) {
     pp->barrier_sync();
     cpu.reset_peak();
@@ -92,14 +93,24 @@ Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Commu
     opt.step();
     opt.zero_grad();
     const double t = std::chrono::duration<double>(Clock::now() - start).count() * 1e3;
-    if (step >= a.warmup) ms.push_back(t);
-    last = gather_timelines(exec.timeline(), *pp);
+    const std::vector<double> b = measured_bubbles(gather_timelines(exec.timeline(), *pp));
+    if (step < a.warmup) continue;
+    ms.push_back(t);
+    bubbles.push_back(b);
+  }
+  // Each rank's median bubble over the timed steps: one step's moves with the host's noise.
+  std::vector<double> bubble(bubbles[0].size());
+  for (size_t r = 0; r < bubble.size(); ++r) {
+    std::vector<double> of_rank;
+    for (const std::vector<double>& b : bubbles) of_rank.push_back(b[r]);
+    std::sort(of_rank.begin(), of_rank.end());
+    bubble[r] = of_rank[of_rank.size() / 2];
   }
   std::sort(ms.begin(), ms.end());
   // The slowest rank's median sets the step time.
   Tensor med = Tensor::full({1}, ms[ms.size() / 2], DType::kF32);
   pp->allreduce(med, {comm::ReduceOp::kMax})->wait();
-  return Result{med.item(), measured_bubbles(last), validate(s), double(cpu.peak_bytes()) / 1e6};
+  return Result{med.item(), bubble, validate(s), double(cpu.peak_bytes()) / 1e6};
 }
 
 int run(int argc, char** argv) {
