@@ -182,8 +182,7 @@ class DirectReduction final : public MpiPolledWork {
     if (spare_->size() < 2) spare_->push_back(std::move(scratch_));
     scratch_.reset();
     input_ = output_ = Tensor();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
+    release_comm();
   }
 
  private:
@@ -324,8 +323,7 @@ class DirectAllgather final : public MpiPolledWork {
   }
   void finish() override {
     input_ = output_ = Tensor();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
+    release_comm();
   }
 
  private:

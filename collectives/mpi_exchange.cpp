@@ -157,8 +157,7 @@ class SignatureExchange final : public MpiPolledWork {
 
   void finish() override {
     spare_->push_back(std::move(scratch_));  // no request uses it any more
-    if (comm) comm->failed = false;          // the group works again
-    comm.reset();
+    release_comm();
   }
 
  private:

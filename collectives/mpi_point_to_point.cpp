@@ -79,8 +79,7 @@ class PointToPointWork final : public MpiPolledWork {
 
   void finish() override {
     tensor_ = Tensor();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
+    release_comm();
     if (!recv_) return;
     if (const int got = received_count(status_, type_); got != count_)
       throw short_receive(context(), peer_, tag_, got, count_);
@@ -175,8 +174,7 @@ class ChannelWork final : public MpiPolledWork {
     return transported();
   }
   void finish() override {
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
+    release_comm();
     std::vector<ChannelMessage> messages = std::move(messages_);
     for (ChannelMessage& m : messages)
       if (!m.error.empty()) throw CommError(m.error);

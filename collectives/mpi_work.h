@@ -128,6 +128,13 @@ class MpiPolledWork : public PollingWork {
   std::shared_ptr<CommHandle> comm;  // kept until the requests complete
 
  protected:
+  // For finish(): the operation completed, so its group works again (a failure before it is
+  // over: See Note [Abandoned operations]), and the communicator is no longer needed.
+  void release_comm() {
+    if (comm) comm->failed = false;
+    comm.reset();
+  }
+
   std::string late_ranks() override {
     return comm && !mpi_finalized() ? census(comm->comm, waiting_for()) : "";
   }
@@ -209,8 +216,7 @@ class MpiWork final : public MpiPolledWork {
     then = nullptr;
     if (f) f();
     buffers.clear();
-    if (comm) comm->failed = false;  // the group works again
-    comm.reset();
+    release_comm();
   }
 
  private:
