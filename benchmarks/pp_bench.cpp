@@ -5,7 +5,7 @@
 // activations).
 //
 //   mpirun -np 4 build/bin/loom-bench-pp [--layers 8 --dim 256 --heads 4 --seq 128 --batch 16
-//                                         --microbatches 8 --steps 6]
+//                                         --microbatches 8 --steps 6 --recompute 0|1]
 #include <omp.h>
 
 #include <algorithm>
@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   int64_t layers = 8, dim = 256, heads = 4, seq = 128, batch = 16, vocab = 256, microbatches = 8,
-          steps = 6, warmup = 1;
+          steps = 6, warmup = 1, recompute = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -49,7 +49,8 @@ Args parse(int argc, char** argv) {
                           {"vocab", &a.vocab},
                           {"microbatches", &a.microbatches},
                           {"steps", &a.steps},
-                          {"warmup", &a.warmup}});
+                          {"warmup", &a.warmup},
+                          {"recompute", &a.recompute}});
   return a;
 }
 
@@ -70,6 +71,7 @@ Result bench(const Args& a, const Schedule& s, const std::shared_ptr<comm::Commu
   for (const ChunkPlace& place : s.chunks[size_t(rank)]) {
     auto st = std::make_shared<GptStage>(c, place.stage, s.stages);
     st->init_parameters(1);
+    st->set_checkpointing(a.recompute != 0);  // full recomputation: every block checkpointed
     for (const Tensor& p : st->parameters()) params.push_back(p);
     chunks.push_back(stage_chunk(st, pairs[size_t(place.stage)], nullptr));
     stages.push_back(st);
@@ -122,9 +124,10 @@ int run(int argc, char** argv) {
   if (root)
     std::printf(
         "loom-bench-pp: pp %d, GPT layers %lld dim %lld heads %lld, batch %lld x seq %lld, "
-        "%lld micro-batches, f32, AdamW, 1 thread per rank, median of %lld steps\n",
+        "%lld micro-batches, f32, AdamW, %s, 1 thread per rank, median of %lld steps\n",
         p, (long long)a.layers, (long long)a.dim, (long long)a.heads, (long long)a.batch,
-        (long long)a.seq, (long long)a.microbatches, (long long)a.steps);
+        (long long)a.seq, (long long)a.microbatches,
+        a.recompute ? "full recomputation" : "no recomputation", (long long)a.steps);
   for (const std::string name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
     if (name == "chimera" && p % 2 != 0) continue;
     const Schedule s = make_schedule(name, p, a.microbatches, name == "interleaved" ? 2 : 1);

@@ -25,6 +25,8 @@ namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
 thread_local bool grad_mode = true;
 thread_local int recompute_depth = 0;  // See recomputing()
+// Inside checkpoint()'s first, unrecorded forward: its ops still give the progress hook its turn.
+thread_local int checkpointed_forward_depth = 0;
 
 class FunctionNode final : public Node {
  public:
@@ -167,8 +169,13 @@ void SavedTensor::check(const Node& node) const {
 
 void record(Tensor& output, const char* name, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& saved, BackwardFn backward) {
-  if (!needs_grad(inputs)) return;
-  progress_during_compute();  // See Note [Progress during compute] (progress.cpp)
+  // See Note [Progress during compute] (progress.cpp). A checkpointed block's first forward
+  // records nothing, yet is as long as the recomputation that does: its ops run the hook too.
+  if (!needs_grad(inputs)) {
+    if (checkpointed_forward_depth > 0) progress_during_compute();
+    return;
+  }
+  progress_during_compute();
   std::vector<SavedTensor> saved_tensors;
   saved_tensors.reserve(saved.size());
   for (const Tensor& t : saved)
@@ -432,6 +439,10 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
   Tensor out;
   {
     NoGradGuard no_grad;
+    struct CheckpointedForward {  // even if fn throws
+      CheckpointedForward() { ++checkpointed_forward_depth; }
+      ~CheckpointedForward() { --checkpointed_forward_depth; }
+    } forward;
     out = fn(inputs);
   }
   out = out.detach();

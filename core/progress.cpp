@@ -16,7 +16,9 @@ namespace loom {
 // sends between actions (Note [Progress between actions], parallel/pipeline/executor.cpp), and
 // every loom wait steps the works with bytes in flight (Note [MPI requests move in every wait],
 // collectives/mpi_work.h); this carries the same step into the compute itself: autograd calls
-// progress_during_compute() as each op records its node and before each backward node, and the
+// progress_during_compute() as each op records its node (and as each op of a checkpointed block's
+// first forward would, which records nothing: with full recomputation that forward is a quarter of
+// the compute) and before each backward node, and the
 // collectives install step_works() as the hook when a work first registers for stepping. So a
 // transfer moves at the granularity of ops, not of pipeline actions, and DDP's and ZeRO's
 // reductions posted from the backward move with it. The hook runs on the thread that installed it

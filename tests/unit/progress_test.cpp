@@ -1,6 +1,6 @@
 // The progress hook of Note [Progress during compute] (core/progress.cpp): autograd runs it as ops
-// record their nodes and between backward nodes, on the installing thread only, at most every
-// kProgressIntervalSeconds, never inside itself.
+// record their nodes (and in a checkpointed block's unrecorded forward) and between backward nodes,
+// on the installing thread only, at most every kProgressIntervalSeconds, never inside itself.
 #include "core/progress.h"
 
 #include <gtest/gtest.h>
@@ -66,6 +66,33 @@ TEST_F(ProgressHookTest, BackwardRunsTheHookBetweenNodes) {
   EXPECT_GE(g_calls, 1);
   // The gradient is unchanged by the hook: d/dx x^11 = 11 x^10.
   EXPECT_FLOAT_EQ(x.grad().to_vector<float>()[0], 11.0f * 1024.0f);
+}
+
+// A checkpointed block's first forward records nothing, but its ops run the hook as the
+// recomputation's do; ops under a plain no-grad guard still do not.
+TEST_F(ProgressHookTest, CheckpointedForwardRunsTheHook) {
+  Tensor x = Tensor::full({4}, 2.0f, DType::kF32).set_requires_grad(true);
+  auto block = [](const std::vector<Tensor>& in) {
+    Tensor y = in[0];
+    for (int i = 0; i < 3; ++i) {
+      pause();
+      y = mul(y, in[0]);
+    }
+    return y;
+  };
+  set_progress_hook(&count_call);
+  Tensor y = autograd::checkpoint(block, {x});
+  const int after_forward = g_calls;
+  EXPECT_GE(after_forward, 3);  // (checkpoint's own record may find it due too)
+  {
+    NoGradGuard no_grad;
+    Tensor z = block({x});
+    EXPECT_EQ(g_calls, after_forward);
+  }
+  // The backward recomputes (3 recording ops) and runs its nodes: the gradient is x^4's.
+  autograd::backward({sum(y)}, {Tensor::full({}, 1.0f, DType::kF32)});
+  EXPECT_GE(g_calls, after_forward + 4);  // the first node, then 3 recorded ops
+  EXPECT_FLOAT_EQ(x.grad().to_vector<float>()[0], 4.0f * 8.0f);
 }
 
 TEST_F(ProgressHookTest, RunsAtMostOncePerInterval) {
