@@ -114,6 +114,7 @@ void Progress::step(const StepMetrics& m) {
                         {"step_ms", m.step_ms}};
     if (m.grad_norm >= 0) j["grad_norm"] = m.grad_norm;
     if (m.comm_wait_ms >= 0) j["comm_wait_ms"] = m.comm_wait_ms;
+    if (m.comm_wait_least_ms >= 0) j["comm_wait_least_ms"] = m.comm_wait_least_ms;
     if (m.mfu >= 0) j["mfu"] = m.mfu;
     if (!m.metrics_extra.empty()) j.update(nlohmann::json::parse(m.metrics_extra));
     write_row(j.dump() + "\n", m.step);

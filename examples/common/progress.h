@@ -20,7 +20,10 @@ struct StepMetrics {
   double step_ms = 0;
   double grad_norm = -1;     // < 0: not computed
   double comm_wait_ms = -1;  // < 0: no data-parallel reduction; else the time waited for it
-  double mfu = -1;           // < 0: not known (CPU, or a GPU without a peak); else a fraction
+  // The least of comm_wait_ms over the data-parallel ranks (< 0: not known): the wait of the rank
+  // that finished its backward last, which no other rank's lateness lengthens.
+  double comm_wait_least_ms = -1;
+  double mfu = -1;  // < 0: not known (CPU, or a GPU without a peak); else a fraction
   // A program's own measures: appended to the line, and (a JSON object's text) merged into the
   // metrics record. Empty: none.
   std::string line_extra;

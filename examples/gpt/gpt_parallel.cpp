@@ -221,6 +221,11 @@ StepResult DataParallelStep::run(const io::Batch& global, int64_t step, double l
     zero_->finish_gradients();  // the experts' too (ZeroOptions::own_parameters)
     wait_ms = zero_->exposed_wait_seconds() * 1e3;
   }
+  if (wait_ms >= 0) {
+    Tensor least = Tensor::full({1}, wait_ms, DType::kF32);
+    dp_->allreduce_sync(least, comm::ReduceOp::kMin);
+    result.comm_wait_least_ms = least.item();
+  }
   if (model_.ep_group()) {
     result.moe_exchange_ms = parallel::take_expert_exchange_seconds() * 1e3;
     Tensor aux = Tensor::full({1}, result.moe_aux_loss, DType::kF32);

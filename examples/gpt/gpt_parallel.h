@@ -42,7 +42,10 @@ struct StepResult {
   double loss;          // over the whole global batch
   double grad_norm;     // before clipping; -1 without clipping
   double comm_wait_ms;  // waiting for the gradient reductions after backward; -1 without any
-  bool skipped;         // bf16 / f16: an inf or nan gradient on some rank; nothing was updated
+  // The least comm_wait_ms over the data-parallel ranks: a rank's wait also holds the time it
+  // waited for a later rank to finish its backward; the last rank's holds only the reduction.
+  double comm_wait_least_ms = -1;
+  bool skipped;  // bf16 / f16: an inf or nan gradient on some rank; nothing was updated
   // With MoE blocks (loss is then the cross-entropy alone): their auxiliary losses, each
   // expert's assignments summed over the MoE blocks, and the assignments capacity dropped.
   double moe_aux_loss = -1;

@@ -432,6 +432,7 @@ int run(int argc, char** argv) {
     m.tokens_per_s = double(o.batch * o.seq) / (m.step_ms / 1e3);
     m.grad_norm = norm;
     m.comm_wait_ms = r.comm_wait_ms;
+    m.comm_wait_least_ms = r.comm_wait_least_ms;
     if (r.moe_aux_loss >= 0) {  // MoE: the auxiliary losses and where the tokens went
       std::string load;
       for (int64_t n : r.moe_load) load += (load.empty() ? "" : "/") + std::to_string(n);

@@ -82,12 +82,26 @@ moe_layout() {
   compare "$name" "$dir/$name.jsonl" "$reference"
   compare_loads "$name" "$dir/$name.jsonl" "$reference"
 }
+# check_waits NAME FILE: each step's row carries rank 0's wait for the gradient reductions and the
+# least wait over the data-parallel ranks, which cannot exceed rank 0's (reduced in f32: to its
+# rounding).
+check_waits() {
+  python3 - "$2" "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l]
+for r in rows:
+    w, least = r["comm_wait_ms"], r["comm_wait_least_ms"]
+    assert 0 <= least <= w * (1 + 1e-6), f"{sys.argv[2]}: step {r['step']}: least wait {least} ms, rank 0's {w} ms"
+print(f"{sys.argv[2]}: {len(rows)} steps carry comm_wait_ms >= comm_wait_least_ms >= 0")
+PY
+}
 for zero in 0 1 2 3; do
   for accum in 1 2; do
     name="dp2_zero${zero}_accum${accum}"
     "$mpiexec" -np 2 "$@" "$gpt" "${common[@]}" --dp 2 --zero "$zero" --grad-accum "$accum" \
       --bucket-mb 0.01 --metrics-file "$dir/$name.jsonl" > "$dir/$name.log"
     compare "$name" "$dir/$name.jsonl"
+    check_waits "$name" "$dir/$name.jsonl"
   done
 done
 
