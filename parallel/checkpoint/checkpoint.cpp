@@ -636,22 +636,31 @@ void check_chunk(const std::string& dir, const std::string& tensor, const io::St
 
 // Note [Parallel load]
 // A load reads its plan's chunk runs in blocks of whole chunks (1 MiB) on kLoadWorkers threads
-// (the caller and the others): each worker takes the next block in plan order, pread()s it,
-// checks its chunks' crc32c at once, while the bytes are still in the cache, and copies it out.
-// So the kernel's copy out of the page cache (or the disk) and the checksums of different blocks
-// run side by side, and each block is checked where it is hot; a single reader thread feeding a
-// single checker (the first design) left the checker reading every byte back from memory. A block
-// that lies inside one destination run is read straight into it; any other (the ends of a
-// resharded run, pieces wanted twice) goes through its worker's bounce buffer. Blocks write
-// disjoint destination bytes (each wanted element comes from one stored element), so workers
-// need no lock but the block counter. An error stops the blocks after it, and the load raises the
-// error of the earliest failing block: the same one a sequential load would meet first.
+// (the caller and the others): each worker takes the next block in plan order, pread()s it into
+// its own bounce buffer, checks its chunks' crc32c there, and copies it out into every
+// destination run it overlaps. The kernel's copy out of the page cache (or the disk) and the
+// checksums of different blocks run side by side; a single reader thread feeding a single checker
+// (the first design) left the checker reading every byte back from memory.
+//
+// Why every block goes through the bounce buffer, though a block inside one destination run
+// could be read straight into it (the design until 2026-12-04): a resume loads into tensors that
+// the model and optimizer have just made and initialised, pages that the kernel has never
+// written. On the development VM (a PVM guest: the guest kernel and its processes run on separate
+// shadow page tables) the kernel's first write to each such page costs a trip to the hypervisor:
+// pread() straight into a fresh 768 MB destination ran at 0.8-1.2 GB/s with its crc32c, on one
+// and two threads, against 8.8-14 GB/s through a 1 MiB bounce buffer and a memcpy (the bounce
+// buffer stays in the L2, and the process's own stores into its pages need no trip). Only a
+// second load into the same tensors is faster straight (7.1 against 5.2 GB/s on one thread):
+// that is a benchmark loop, not a resume. Elsewhere the two move the same bytes through memory:
+// the kernel's store to the destination becomes a memcpy's.
+//
+// Blocks write disjoint destination bytes (each wanted element comes from one stored element), so
+// workers need no lock but the block counter. An error stops the blocks after it, and the load
+// raises the error of the earliest failing block: the same one a sequential load would meet first.
 struct Block {
-  size_t source;           // index into the plan's sources
-  uint64_t first, last;    // chunks, of the stored piece
-  uint64_t begin, end;     // bytes, of the stored piece
-  char* direct = nullptr;  // the destination it is read into, or null: a bounce buffer
-  size_t direct_copy = 0;  // which copy of the source `direct` serves
+  size_t source;         // index into the plan's sources
+  uint64_t first, last;  // chunks, of the stored piece
+  uint64_t begin, end;   // bytes, of the stored piece
 };
 
 constexpr uint64_t kBlockBytes = uint64_t(1) << 20;
@@ -673,9 +682,8 @@ class BlockWorkers {
 
   // Reads, checks and copies out every block; throws the earliest failing block's error.
   void run() {
-    uint64_t bounce = 0;  // the largest block that needs a bounce buffer
-    for (const Block& b : blocks_)
-      if (!b.direct) bounce = std::max(bounce, b.end - b.begin);
+    uint64_t bounce = 0;  // the largest block
+    for (const Block& b : blocks_) bounce = std::max(bounce, b.end - b.begin);
     const size_t workers = std::min(kLoadWorkers, blocks_.size());
     std::vector<std::thread> threads;
     try {
@@ -689,12 +697,12 @@ class BlockWorkers {
 
  private:
   void work(uint64_t bounce_bytes) {
-    std::unique_ptr<char[]> bounce;  // made at the first block that needs it
+    std::unique_ptr<char[]> bounce;  // made at this worker's first block
     for (;;) {
       const size_t i = next_.fetch_add(1);
       if (i >= blocks_.size() || i > first_error_.load()) return;
       try {  // everything that can throw on a worker thread is raised on the caller's
-        if (!blocks_[i].direct && !bounce) bounce.reset(new char[bounce_bytes]);
+        if (!bounce) bounce.reset(new char[bounce_bytes]);
         one_block(blocks_[i], bounce.get());
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -707,19 +715,17 @@ class BlockWorkers {
     }
   }
 
-  void one_block(const Block& b, char* bounce) {
+  void one_block(const Block& b, char* bytes) {
     const ReadPlan::Source& src = plan_.sources[b.source];
     const io::TensorEntry& t = manifest_.tensors.at(src.tensor);
     const io::StoredPiece& sp = t.pieces[src.piece];
     const uint64_t es = dtype_size(t.dtype);
-    char* bytes = b.direct ? b.direct : bounce;  // the stored piece's bytes [b.begin, b.end)
+    // `bytes` receives the stored piece's bytes [b.begin, b.end).
     files_.read_at(sp.file, sp.offset + b.begin, bytes, b.end - b.begin);
     for (uint64_t c = b.first; c <= b.last; ++c)
       check_chunk(path_, src.tensor, sp, c, bytes + (c * sp.chunk_bytes - b.begin));
-    // Out into every other destination run the block overlaps.
-    for (size_t ci = 0; ci < src.copies.size(); ++ci) {
-      if (b.direct && ci == b.direct_copy) continue;
-      const ReadPlan::Copy& c = src.copies[ci];
+    // Out into every destination run the block overlaps.
+    for (const ReadPlan::Copy& c : src.copies) {
       const uint64_t lo = std::max(b.begin, uint64_t(c.src_index) * es);
       const uint64_t hi = std::min(b.end, uint64_t(c.src_index + c.n) * es);
       if (lo >= hi) continue;
@@ -745,12 +751,12 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
   const ReadPlan plan = plan_load(path, manifest, requests_of(pieces));
   // Destination staging: CPU, the stored dtype; pieces already so are written in place.
   std::vector<Tensor> staging(pieces.size());
-  std::vector<char> direct(pieces.size(), 0);
+  std::vector<char> in_place(pieces.size(), 0);
   for (size_t i = 0; i < pieces.size(); ++i) {
     const StatePiece& p = pieces[i];
     const DType stored = manifest.tensors.at(p.name).dtype;
-    direct[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == stored;
-    staging[i] = direct[i] ? p.data : Tensor::empty({p.region.numel()}, stored);
+    in_place[i] = p.data.device().is_cpu() && p.data.is_contiguous() && p.data.dtype() == stored;
+    staging[i] = in_place[i] ? p.data : Tensor::empty({p.region.numel()}, stored);
   }
   auto dst_of = [&](const ReadPlan::Copy& c, uint64_t es) {
     return static_cast<char*>(staging[c.request].data_ptr()) + uint64_t(c.dst_index) * es;
@@ -763,36 +769,26 @@ uint64_t load_local(const std::string& path, const io::CheckpointManifest& manif
     const ReadPlan::Source& src = plan.sources[s];
     const io::TensorEntry& t = manifest.tensors.at(src.tensor);
     const io::StoredPiece& sp = t.pieces[src.piece];
-    const uint64_t es = dtype_size(t.dtype);
     files.open(sp.file);
     const uint64_t per_block = std::max<uint64_t>(1, kBlockBytes / sp.chunk_bytes);
     for (const auto& [first, last] : src.chunk_runs) {
       for (uint64_t k = first; k <= last; k += per_block) {
         Block b{s, k, std::min(last, k + per_block - 1), 0, 0};
         std::tie(b.begin, b.end) = ReadPlan::chunk_span(sp, b.first, b.last);
-        for (size_t ci = 0; ci < src.copies.size(); ++ci) {
-          const ReadPlan::Copy& c = src.copies[ci];
-          const uint64_t lo = uint64_t(c.src_index) * es, hi = lo + uint64_t(c.n) * es;
-          if (lo <= b.begin && b.end <= hi) {
-            b.direct = dst_of(c, es) + (b.begin - lo);
-            b.direct_copy = ci;
-            break;
-          }
-        }
         blocks.push_back(b);
       }
     }
   }
   BlockWorkers(path, files, manifest, plan, blocks, dst_of).run();
   for (size_t i = 0; i < pieces.size(); ++i) {
-    if (!direct[i])
+    if (!in_place[i])
       Tensor(pieces[i].data)
           .copy_(staging[i]
                      .to(pieces[i].data.dtype())
                      .to(pieces[i].data.device())
                      .reshape(pieces[i].data.shape()));
     else if (pieces[i].data.numel() > 0)
-      pieces[i].data.storage()->bump_version();  // written by read(): See Note [Version counter]
+      pieces[i].data.storage()->bump_version();  // written in place: See Note [Version counter]
   }
   return plan.bytes();
 }

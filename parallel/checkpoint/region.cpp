@@ -106,8 +106,8 @@ void for_each_overlap(const Shape& global_shape, const io::Region& src, const io
         dst.offset[k] >= src.offset[k] + src.shape[k])
       return;
   // Rows are found one at a time, but a run that continues the previous one in both regions
-  // extends it: a whole tensor, or whole rows of it, is one run and loads as one copy (per-row
-  // runs of 3 KB had sent a GPT-2 load through bounce buffers; Note [Parallel load]).
+  // extends it: a whole tensor, or whole rows of it, is one run and loads as one copy per block
+  // (per-row runs of 3 KB had cost a GPT-2 load a memcpy per row; Note [Parallel load]).
   int64_t run_src = 0, run_dst = 0, run_n = 0;
   auto emit = [&](int64_t s, int64_t d, int64_t n) {
     if (run_n > 0 && s == run_src + run_n && d == run_dst + run_n) {
