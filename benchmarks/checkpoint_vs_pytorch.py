@@ -19,8 +19,9 @@ mpirun: plain AdamW over the same state), into the same directory. The script ru
 rounds of one run of each side, so both sides meet the disk in the same minute, and alternates
 which side goes first (PyTorch in the first round), so neither always follows the other's writes
 and deletions. It takes the disk's raw figures (write + fsync as the save writes, O_DIRECT in
-8 MiB pwrite()s; read: read() in 1 MiB calls; the same number of bytes) from loom's run of each
-round.
+8 MiB pwrite()s; read: read() in 1 MiB calls into memory allocated and written just before, as a
+resume's tensors are; the same number of bytes) from loom's run of each round. loom's loads go
+into a model and optimizer built just before each, as a resume does.
 
 Prints the medians over rounds, each side's fraction of the raw disk in its round and
 PyTorch time / loom time (> 1: loom is faster).
