@@ -568,6 +568,7 @@ int run(int argc, char** argv) {
           if (cold && root) drop_cached(ckpt_dir);
           {
             FreshState into(config, world, 0);
+            row->bytes = into.load_bytes(*world, numel);  // each rank loads all of it
             row->seconds.push_back(
                 timed(*world, [&] { into.state->load(last_path, manifest, *world); }));
           }
@@ -579,7 +580,6 @@ int run(int argc, char** argv) {
             char* const end = target.data() + target.size();
             for (int k = 0; k < n; ++k) at += raw_read(raw_path_of(k), at, size_t(end - at));
           }));
-          row->bytes = double(n) * double(numel) * 12;  // each rank loads all of it
           row->raw_bytes = double(n) * total_bytes;
         }
       }
