@@ -155,29 +155,39 @@ uint64_t reflected64(uint32_t poly) {
 }
 
 // Folds the buffer while at least 512 bytes remain and returns the register after everything it
-// consumed; p and n advance past it.
-uint32_t crc_fold(uint32_t c, const unsigned char*& p, size_t& n) {
+// consumed (a multiple of 256 bytes); p and n advance past it. With kCopy, every 64 bytes it loads
+// are also stored to d, which advances with p: the copy costs stores only (crc32c_copy).
+template <bool kCopy>
+uint32_t crc_fold(uint32_t c, const unsigned char*& p, size_t& n, unsigned char*& d) {
   if (n < 512) return c;
   static const __m512i k = [] {
     const uint64_t high = reflected64(x_pow_mod(2048 + 63)), low = reflected64(x_pow_mod(2047));
     return _mm512_set_epi64(int64_t(low), int64_t(high), int64_t(low), int64_t(high), int64_t(low),
                             int64_t(high), int64_t(low), int64_t(high));
   }();
-  __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
-  __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
-  x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(int(c))));
-  p += 256;
-  n -= 256;
-  auto fold = [&](__m512i x, const unsigned char* next) {
-    const __m512i hi = _mm512_clmulepi64_epi128(x, k, 0x00);  // low qword: x^127..x^64
-    const __m512i lo = _mm512_clmulepi64_epi128(x, k, 0x11);  // high qword: x^63..x^0
-    return _mm512_ternarylogic_epi64(hi, lo, _mm512_loadu_si512(next), 0x96);  // a ^ b ^ c
+  auto load = [&](size_t at) {
+    const __m512i v = _mm512_loadu_si512(p + at);
+    if constexpr (kCopy) _mm512_storeu_si512(d + at, v);
+    return v;
   };
-  for (; n >= 256; n -= 256, p += 256) {
-    x0 = fold(x0, p);
-    x1 = fold(x1, p + 64);
-    x2 = fold(x2, p + 128);
-    x3 = fold(x3, p + 192);
+  __m512i x0 = load(0), x1 = load(64), x2 = load(128), x3 = load(192);
+  x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(int(c))));
+  auto advance = [&] {
+    p += 256;
+    n -= 256;
+    if constexpr (kCopy) d += 256;
+  };
+  advance();
+  auto fold = [&](__m512i x, size_t at) {
+    const __m512i hi = _mm512_clmulepi64_epi128(x, k, 0x00);   // low qword: x^127..x^64
+    const __m512i lo = _mm512_clmulepi64_epi128(x, k, 0x11);   // high qword: x^63..x^0
+    return _mm512_ternarylogic_epi64(hi, lo, load(at), 0x96);  // a ^ b ^ c
+  };
+  for (; n >= 256; advance()) {
+    x0 = fold(x0, 0);
+    x1 = fold(x1, 64);
+    x2 = fold(x2, 128);
+    x3 = fold(x3, 192);
   }
   alignas(64) unsigned char rest[256];
   _mm512_store_si512(rest, x0);
@@ -199,7 +209,8 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   constexpr size_t kLong = 8192, kShort = 512;
   static const Shift long_shift(kLong), short_shift(kShort);
 #if LOOM_CRC32C_FOLD
-  c = crc_fold(c, p, n);  // Note [Folded crc32c]
+  unsigned char* no_copy = nullptr;
+  c = crc_fold<false>(c, p, n, no_copy);  // Note [Folded crc32c]
 #endif
   c = crc_three_way(c, p, n, kLong, long_shift);
   c = crc_three_way(c, p, n, kShort, short_shift);
@@ -212,6 +223,21 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   for (; n > 0; --n, ++p) c = table[(c ^ *p) & 0xff] ^ (c >> 8);
 #endif
   return ~c;
+}
+
+uint32_t crc32c_copy(void* dst, const void* src, size_t n, uint32_t crc) {
+#if LOOM_CRC32C_FOLD
+  // Measured on the development VM (Zen 5, 1 MiB blocks from an L2-resident buffer into fresh
+  // memory): 9.7-10.8 GB/s on one thread against 8.0-9.1 for crc32c and then memcpy.
+  const auto* p = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+  const uint32_t c = crc_fold<true>(~crc, p, n, d);  // Note [Folded crc32c]
+  std::memcpy(d, p, n);
+  return crc32c(p, n, ~c);  // the rest (under 512 bytes), from the register the fold left
+#else
+  std::memcpy(dst, src, n);
+  return crc32c(src, n, crc);
+#endif
 }
 
 // Note [Direct data writes]

@@ -26,6 +26,10 @@ namespace loom::parallel::checkpoint {
 // 0xE3069283. Continue a running checksum by passing the previous value. Uses the SSE4.2
 // instruction, three streams at once, when the build targets it.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The same checksum of `src`'s n bytes, which it copies to `dst` (not overlapping it) on the way:
+// one pass over `src` where the build folds with VPCLMULQDQ (Note [Folded crc32c]), else the
+// checksum and then memcpy.
+uint32_t crc32c_copy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 
 // How a DurableFile's bytes reach the disk: through the page cache (small files: manifests,
 // pointers) or around it (checkpoint data files; Note [Direct data writes] in durable.cpp).

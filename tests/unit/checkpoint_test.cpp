@@ -171,6 +171,31 @@ TEST(Crc32cTest, FoldedLengthsEqualTheReference) {
   }
 }
 
+// crc32c_copy: the checksum crc32c gives and the bytes copied exactly, at the folded path's
+// lengths and every source and destination alignment mod 64, from a zero and a running start;
+// nothing written past the end.
+TEST(Crc32cTest, CopyGivesTheChecksumAndTheBytes) {
+  std::mt19937 rng(4);
+  std::string data(70000, '\0');
+  for (char& c : data) c = char(rng());
+  const uint32_t running = crc32c_bitwise("prefix");
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(511), size_t(512), size_t(513),
+                   size_t(767), size_t(768), size_t(4096 + 255), size_t(65536 + 17)})
+    for (size_t from = 0; from < 64; from += 13)
+      for (size_t to = 0; to < 64; to += 21) {
+        const std::string part = data.substr(from, n);
+        std::string out(n + 128, '\x5a');
+        EXPECT_EQ(crc32c_copy(out.data() + to, data.data() + from, n), crc32c_bitwise(part))
+            << n << " from " << from << " to " << to;
+        EXPECT_EQ(out.substr(to, n), part) << n << " from " << from << " to " << to;
+        EXPECT_EQ(out.substr(0, to), std::string(to, '\x5a'));
+        EXPECT_EQ(out.substr(to + n), std::string(128 - to, '\x5a'));
+        EXPECT_EQ(crc32c_copy(out.data() + to, data.data() + from, n, running),
+                  crc32c_bitwise("prefix" + part))
+            << n << " from " << from << " to " << to << ", running";
+      }
+}
+
 TEST(Crc32cTest, EmptyInput) {
   EXPECT_EQ(crc32c(nullptr, 0), 0u);
   EXPECT_EQ(crc32c_bitwise(""), 0u);
@@ -905,6 +930,57 @@ TEST_F(DamageTest, DamageInTwoBlocksReportsTheFirst) {
                             std::to_string(p.offset + chunk + p.chunk_bytes) + ")";
   for (int trial = 0; trial < 20; ++trial)
     expect_error([&] { load(ckpt, m, rooms, self_comm()); }, {"checksum", range});
+}
+
+// Note [Checked while copied]: a chunk goes to its rooms through crc32c_copy when at most
+// kCheckedRuns runs take it, each byte once; else it is checked first. Each way, a load reads a
+// good checkpoint back exactly and names a damaged chunk: the whole tensor (one run), a part
+// starting and ending inside chunks (runs with bytes no room takes around them), eight short
+// rooms inside one chunk (too many runs), and the same part twice (two runs on the same bytes).
+TEST_F(DamageTest, DamageIsFoundWhetherCheckedWhileCopiedOrFirst) {
+  std::vector<float> v(size_t(1) << 16);
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (float& x : v) x = u(rng);
+  const Tensor big = Tensor::from_vector(v, {int64_t(v.size())});
+  const Globals g = {{"model.big", big}};
+  const std::string ckpt =
+      save(path("runs"), 1, {{"model.big", big.shape(), Region::whole(big.shape()), big}},
+           nlohmann::json::object(), self_comm(), {.chunk_bytes = 4096})
+          .path;
+  const io::CheckpointManifest m = read_manifest(ckpt);
+  const int64_t chunk = 1024;                    // elements
+  auto part = [&](int64_t begin, int64_t end) {  // elements [begin, end)
+    Region r = Region::whole(big.shape());
+    r.begin = begin;
+    r.end = end;
+    return room(g, "model.big", r, DType::kF32);
+  };
+  std::vector<StatePiece> short_rooms;
+  for (int64_t k = 0; k < 8; ++k)
+    short_rooms.push_back(part(5 * chunk + 100 * k, 5 * chunk + 100 * k + 60));
+  const std::vector<std::vector<StatePiece>> loads = {
+      {room(g, "model.big", Region::whole(big.shape()), DType::kF32)},
+      {part(3 * chunk + 17, 9 * chunk - 5)},
+      short_rooms,
+      {part(4 * chunk + 3, 6 * chunk), part(4 * chunk + 3, 6 * chunk)},
+  };
+  for (const std::vector<StatePiece>& rooms : loads) {
+    load(ckpt, m, rooms, self_comm());
+    expect_all_hold(rooms, g);
+  }
+  const io::StoredPiece& p = m.tensors.at("model.big").pieces.at(0);
+  const std::string file = ckpt + "/" + p.file;
+  std::string bytes = read_bytes(file);
+  const uint64_t damaged = 5 * 4096 + 4 * 400 + 8;  // inside the fourth short room
+  bytes[p.offset + damaged] ^= 0x04;
+  write_bytes(file, bytes);
+  const std::string range = "bytes [" + std::to_string(p.offset + 5 * 4096) + ", " +
+                            std::to_string(p.offset + 6 * 4096) + ")";
+  for (size_t i = 0; i < loads.size(); ++i) {
+    SCOPED_TRACE("load " + std::to_string(i));
+    expect_error([&] { load(ckpt, m, loads[i], self_comm()); }, {"checksum", range, "model.big"});
+  }
 }
 
 TEST_F(DamageTest, TruncatedDataFile) {
