@@ -252,16 +252,10 @@ nlohmann::json write_data_file(const std::string& dir, const std::string& file, 
     const uint64_t nbytes = part.nbytes();
     LOOM_ASSERT(out.written() == layout.data_offset[i], "data file offset ", out.written(), " for ",
                 keys[i], ", the header says ", layout.data_offset[i]);
-    // The checksums of a few MiB of chunks, then one write of them, while they are in the cache.
+    // Each chunk's checksum as it is staged for the disk (DurableFile::write_checksummed).
     std::vector<uint32_t> crcs;
-    const uint64_t per_write =
-        std::max<uint64_t>(1, (uint64_t(4) << 20) / chunk_bytes) * chunk_bytes;
-    for (uint64_t at = 0; at < nbytes; at += per_write) {
-      const uint64_t n = std::min(per_write, nbytes - at);
-      for (uint64_t c = 0; c < n; c += chunk_bytes)
-        crcs.push_back(crc32c(bytes + at + c, std::min(chunk_bytes, n - c)));
-      out.write(bytes + at, n);
-    }
+    for (uint64_t at = 0; at < nbytes; at += chunk_bytes)
+      crcs.push_back(out.write_checksummed(bytes + at, size_t(std::min(chunk_bytes, nbytes - at))));
     nlohmann::json pj = region_json(s.region);
     pj["tensor"] = s.piece->name;
     pj["key"] = keys[i];
@@ -667,9 +661,10 @@ constexpr uint64_t kBlockBytes = uint64_t(1) << 20;
 // Note [Checked while copied]
 // A chunk goes from the bounce buffer to its destination runs through crc32c_copy, which
 // checksums the bytes as it copies them (durable.h): one pass over the bounce buffer instead of
-// two. In a load of GPT-2 124M's training state on the development VM (Zen 5), reading 1 MiB
-// blocks from the page cache, checking and copying them out ran at 9.7-10.8 GB/s on one thread
-// this way against 8.0-9.1 checking first, and 16-19 against 13-16 GB/s on two threads
+// two. On the development VM (Zen 5), a 768 MB file read in 1 MiB blocks from the page cache,
+// checked and copied into fresh memory ran at 9.7-10.8 GB/s on one thread this way against
+// 8.0-9.1 checking first, and 16-19 against 13-16 GB/s on two; GPT-2 124M's training state
+// (1.49 GB) loaded warm in 0.103-0.107 s against 0.114-0.122 s on one rank
 // (benchmarks/README.md, "A load's checksum on the way out"). The cost: a damaged chunk is copied
 // before its checksum fails, so the tensors a failed load leaves hold its bytes, where before
 // they held the state that was there. Neither is a state to train from, and a failed load raises

@@ -437,10 +437,13 @@ void DurableFile::pwrite_all(const char* p, size_t n, uint64_t offset) {
   }
 }
 
-void DurableFile::stage(const char* p, size_t n) {
+void DurableFile::stage(const char* p, size_t n, uint32_t* crc) {
   while (n > 0) {
     const size_t take = std::min(n, kDirectBlock - staged_);
-    std::memcpy(writer_->block() + staged_, p, take);
+    if (crc != nullptr)
+      *crc = crc32c_copy(writer_->block() + staged_, p, take, *crc);
+    else
+      std::memcpy(writer_->block() + staged_, p, take);
     staged_ += take;
     p += take;
     n -= take;
@@ -468,6 +471,18 @@ void DurableFile::write(const void* data, size_t n) {
     n -= size_t(w);
     written_ += uint64_t(w);
   }
+}
+
+uint32_t DurableFile::write_checksummed(const void* data, size_t n, uint32_t crc) {
+  LOOM_ASSERT(fd_ >= 0, "write after commit to ", path_);
+  if (writer_ == nullptr) {
+    crc = crc32c(data, n, crc);
+    write(data, n);
+    return crc;
+  }
+  stage(static_cast<const char*>(data), n, &crc);
+  written_ += n;
+  return crc;
 }
 
 void DurableFile::commit() {

@@ -50,6 +50,9 @@ class DurableFile {
   DurableFile& operator=(const DurableFile&) = delete;
 
   void write(const void* data, size_t n);
+  // write(), returning crc32c of the bytes continued from `crc`. Where the bytes are staged
+  // (kDirect) it is computed as they are copied in: one pass over `data` (crc32c_copy).
+  uint32_t write_checksummed(const void* data, size_t n, uint32_t crc = 0);
   uint64_t written() const { return written_; }
   void commit();
   // Whether the writes so far went around the page cache (false in kBuffered mode, and after a
@@ -59,7 +62,8 @@ class DurableFile {
  private:
   class BlockWriter;  // Note [Writing while staging], in durable.cpp
 
-  void stage(const char* p, size_t n);
+  // Copies into the writer's blocks; with `crc`, checksums the bytes on the way.
+  void stage(const char* p, size_t n, uint32_t* crc = nullptr);
   void pwrite_all(const char* p, size_t n, uint64_t offset);
   [[noreturn]] void fail_write(int err, const char* what, uint64_t so_far) const;
 

@@ -207,8 +207,9 @@ TEST(Crc32cTest, EmptyInput) {
 
 class DurableFileTest : public testing::TempDirTest {};
 
-// Note [Direct data writes]: whatever the sizes of the writes, a committed file holds exactly the
-// bytes written, in both modes: lengths around the 4 KiB alignment and the 8 MiB staging block,
+// Note [Direct data writes]: whatever the sizes of the writes (write() and write_checksummed() in
+// turn, the latter returning each piece's crc32c), a committed file holds exactly the bytes
+// written, in both modes: lengths around the 4 KiB alignment and the 8 MiB staging block,
 // written in pieces of odd sizes, on the test's temporary directory (O_DIRECT where its file
 // system takes it) and on /dev/shm when there is one (tmpfs, which on Linux before 6.6 refuses
 // O_DIRECT: the buffered fallback). No temporary is left behind.
@@ -236,7 +237,14 @@ TEST_F(DurableFileTest, EveryModeAndLengthWritesExactlyTheBytes) {
           size_t at = 0;
           for (size_t k = 0; at < length; ++k) {
             const size_t n = std::min(length - at, pieces[k % 4]);
-            f.write(data.data() + at, n);
+            if (k % 2 == 0) {
+              f.write(data.data() + at, n);
+            } else {  // checksummed as staged, across the staging blocks' ends
+              const uint32_t running = 0x1234567u;
+              EXPECT_EQ(f.write_checksummed(data.data() + at, n, running),
+                        crc32c(data.data() + at, n, running))
+                  << n << " bytes at " << at;
+            }
             at += n;
           }
           EXPECT_EQ(f.written(), length);
