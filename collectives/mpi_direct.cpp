@@ -46,16 +46,18 @@ constexpr int64_t kPiecesInFlight = 2;  // per peer: one being reduced while the
 // rank sends its block to every rank and receives rank j's into block j. Measured side by side with
 // MPI's blocking allreduce (benchmarks/README.md, "Direct allreduce", medians): on 3, 4 and 8 ranks
 // from 64 KiB to 64 MiB this ran at 0.98-1.51x of it where loom's MPI_Iallreduce had run at
-// 0.73-1.05x. On 2 ranks, from 256 KiB to 16 MiB, MPI's call was as fast or faster (this
-// 0.90-0.97x, MPI_Iallreduce 0.94-1.00x), so those stay with MPI; below and above, this was faster
-// (64 KiB 0.99x against 0.81x, 16-64 MiB 1.23-1.26x against 1.00x, where the pieces help). Every
-// block is reduced once, in rank order, by its rank: every rank gets the same bits. In place, a
-// block's allgather overwrites what the reduce-scatter sent from it, so the allgather is posted
-// once every send has left; it is posted by a step (Note [Works that post as they go], work.h), as
-// a later piece is.
+// 0.73-1.05x. On 2 ranks, where MPI's allreduce is one exchange of the whole input, it first
+// stayed with MPI_Iallreduce from 256 KiB to 16 MiB (Zen 4, 2026-11-30: this 0.90-0.97x,
+// MPI_Iallreduce 0.94-1.00x). Measured again on the Zen 5 VM (2026-12-04, after the waits began
+// stepping every work in flight; which of the two made the difference was not isolated), direct
+// ran at 0.95-1.07x there against MPI_Iallreduce's 0.84-0.97x ("Direct allreduce on 2 ranks"),
+// so every group size goes direct. Every block is reduced once, in rank order, by its rank: every
+// rank gets the same bits. In place, a block's allgather overwrites what the reduce-scatter sent
+// from it, so the allgather is posted once every send has left; it is posted by a step (Note [Works
+// that post as they go], work.h), as a later piece is.
 bool direct_allreduce_fits(int64_t bytes, int n) {
-  if (n < 2 || bytes / n >= int64_t(INT_MAX) / 2) return false;
-  return n > 2 || bytes < 256 * 1024 || bytes >= 16 * 1024 * 1024;
+  // A block's byte count travels as an int (MPI's counts).
+  return n >= 2 && bytes / n < int64_t(INT_MAX) / 2;
 }
 
 // Note [Direct collectives inside one node]
