@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -210,30 +211,46 @@ Cluster calibrate(Cluster c, const std::shared_ptr<comm::Communicator>& comm,
              seconds.back(), " s): the machine is too noisy to calibrate");
   const double rate = 1.0 / slope;
 
+  // Note [Kernels timed in a row]
+  // On a GPU each timed run queues the kernel `in_a_row` times and waits once, as a training step
+  // queues its kernels back to back; one wait per kernel (a launch, then a one-element read back
+  // to the host) is not part of a step. A CPU's kernels are done when they return: one run each.
+  // On the H200 (2026-12-04, seventh GPU session) this took the calibrated element-wise rate from
+  // the sixth session's 320 GB/s to 375 GB/s; the rest of the gap to loom-bench-cuda's 1-4 TB/s
+  // was the softmax's (below): without it, 862 GB/s.
+  const int in_a_row = o.device.is_cpu() ? 1 : 20;
   const int64_t elements = 32 << 20;  // 128 MB of f32 each way
   Tensor src = Tensor::full({elements}, 1.0, DType::kF32, o.device);
   Tensor dst = Tensor::zeros({elements}, DType::kF32, o.device);
-  const double copy_s = median_seconds(o.repeats, comm, [&] {
-    dst.copy_(src);
-    settle(dst);
-  });
+  const double copy_s = median_seconds(o.repeats, comm,
+                                       [&] {
+                                         for (int i = 0; i < in_a_row; ++i) dst.copy_(src);
+                                         settle(dst);
+                                       }) /
+                        in_a_row;
   // What the cost model's element-wise term divides by: the bytes loom's GELU and softmax move
-  // per second (one read, one write). On a GPU that is about the copy's bandwidth; on a CPU their
-  // arithmetic (tanh, exp) bounds them below it, so the slower of the three is kept.
+  // per second (one read, one write). On a CPU their arithmetic (tanh, exp) bounds them below the
+  // copy, so the slowest of the three is kept. On a GPU the copy and the GELU are kept: loom's
+  // softmax in bf16 runs as a conversion to f32, the f32 kernel and a rounding back (five times
+  // the bf16 op's bytes), which no kernel of a training step does (attention and the loss have
+  // their own), and it set the H200's rate at 375 GB/s (862 GB/s without it).
   const Tensor x = Tensor::full({elements / 4 / 1024, 1024}, 0.5, o.dtype, o.device);
   Tensor y;
-  const double gelu_s = median_seconds(o.repeats, comm, [&] {
-    y = gelu(x);
-    settle(y);
-  });
-  const double softmax_s = median_seconds(o.repeats, comm, [&] {
+  const double gelu_s = median_seconds(o.repeats, comm,
+                                       [&] {
+                                         for (int i = 0; i < in_a_row; ++i) y = gelu(x);
+                                         settle(y);
+                                       }) /
+                        in_a_row;
+  const double softmax_s = !o.device.is_cpu() ? 0.0 : median_seconds(o.repeats, comm, [&] {
     y = softmax(x);
     settle(y);
   });
   const std::vector<double> kernels = mean_over_ranks({copy_s, gelu_s, softmax_s}, comm);
   const double op_bytes = 2.0 * double(x.numel()) * double(dtype_size(o.dtype));
-  const double bandwidth = std::min(
-      {2.0 * double(elements) * 4.0 / kernels[0], op_bytes / kernels[1], op_bytes / kernels[2]});
+  const double bandwidth =
+      std::min({2.0 * double(elements) * 4.0 / kernels[0], op_bytes / kernels[1],
+                kernels[2] > 0 ? op_bytes / kernels[2] : HUGE_VAL});
 
   // Note [Calibrating the block]
   // One block's forward + backward (a GPT of 3 blocks less one of 1, halved) at two micro-batch
