@@ -7,10 +7,20 @@ triple loop (about 2.5 GFLOP/s on the development VM), and a GPT step is 6-7x sl
 OpenBLAS, so a ratio against it would flatter loom. scripts/install-deps.sh installs
 libopenblas0-pthread, which takes over libblas.so.3. Each benchmark prints blas_line() and
 reports a ratio only when optimized() is true.
+
+OpenBLAS picks its kernels by the CPU it recognises, unless OPENBLAS_CORETYPE names them: the
+development VM's environment sets OPENBLAS_CORETYPE=Haswell (AVX2 kernels), and on its Zen 5 CPU
+(AVX-512) a 1-thread 1024^3 torch.mm ran at 76-89 GFLOP/s so, against 144-176 with OpenBLAS's own
+choice (Cooperlake) or SkylakeX. best_openblas_coretype() times the candidates; `make bench` runs
+every PyTorch peer with the fastest (benchmarks/report.py), and blas_line() names the kernels a
+run used.
 """
 
 import ctypes
+import json
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -60,24 +70,111 @@ def loom_gemm():
     return "Eigen"
 
 
+def _openblas():
+    """The loaded OpenBLAS library (ctypes), or None."""
+    for path in _loaded_blas():
+        if "openblas" in path.lower():
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                return None
+    return None
+
+
+def openblas_core():
+    """The name of the kernels OpenBLAS chose in this process ("Haswell", "SkylakeX", ...), or
+    None without OpenBLAS."""
+    lib = _openblas()
+    try:
+        if lib is not None:
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_corename().decode()
+    except AttributeError:
+        pass
+    return None
+
+
+_CORE_PROBE = r"""
+import json, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+import peer_blas
+torch.set_num_threads(1)
+a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+for _ in range(3):
+    torch.mm(a, b)
+best = None
+for _ in range(5):
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.1:
+        torch.mm(a, b)
+        reps += 1
+    rate = 2.0 * 1024 ** 3 * reps / (time.perf_counter() - t0) / 1e9
+    best = rate if best is None else max(best, rate)
+print(json.dumps({"core": peer_blas.openblas_core(), "gflops": best}))
+"""
+
+
+def _avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return False
+
+
+def best_openblas_coretype(python=sys.executable):
+    """The OPENBLAS_CORETYPE under which PyTorch's GEMMs run fastest here, among: the one this
+    process inherited (if any), none (OpenBLAS's own choice) and, on an AVX-512 CPU, SkylakeX;
+    each timed on a 1-thread 1024^3 torch.mm (best of 5) in a fresh process, since OpenBLAS reads
+    the variable when it loads. Returns (the value, None meaning unset; a line saying what was
+    measured and chosen)."""
+    inherited = os.environ.get("OPENBLAS_CORETYPE") or None
+    candidates = [inherited, None] if inherited else [None]
+    if _avx512() and "SkylakeX" not in candidates:
+        candidates.append("SkylakeX")
+    here = os.path.dirname(os.path.abspath(__file__))
+    measured = []
+    for coretype in candidates:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        if coretype:
+            env["OPENBLAS_CORETYPE"] = coretype
+        try:
+            out = subprocess.run([python, "-c", _CORE_PROBE, here], capture_output=True,
+                                 text=True, env=env, timeout=120, check=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return inherited, "OpenBLAS core: not chosen (the core probe failed)"
+        if result["core"] is None:
+            return inherited, "OpenBLAS core: none (PyTorch is not on OpenBLAS here)"
+        measured.append((coretype, result))
+    best = max(measured, key=lambda m: m[1]["gflops"])
+    said = ", ".join(f"{'OPENBLAS_CORETYPE=' + c if c else 'unset'} -> {r['core']} "
+                     f"{r['gflops']:.0f} GFLOP/s" for c, r in measured)
+    return best[0], (f"OpenBLAS core {best[1]['core']} (1-thread 1024^3 torch.mm: {said}; "
+                     "PyTorch runs with the fastest)")
+
+
 def openblas_threads():
     """The threads OpenBLAS's GEMMs run on in this process (its own pool, which
     torch.set_num_threads does not size: OPENBLAS_NUM_THREADS, read when the library loads), or
     None without OpenBLAS."""
-    for path in _loaded_blas():
-        if "openblas" in path.lower():
-            try:
-                return int(ctypes.CDLL(path).openblas_get_num_threads())
-            except (OSError, AttributeError):
-                return None
-    return None
+    lib = _openblas()
+    try:
+        return None if lib is None else int(lib.openblas_get_num_threads())
+    except AttributeError:
+        return None
 
 
 def blas_line(threads):
     """One line naming PyTorch's BLAS and its thread counts, and loom's GEMM."""
     kind, detail = describe()
-    blas_threads = openblas_threads()
-    own = "" if blas_threads is None else f", OpenBLAS threads = {blas_threads}"
+    blas_threads, core = openblas_threads(), openblas_core()
+    own = "" if blas_threads is None else f", OpenBLAS threads = {blas_threads}, core {core}"
     return (f"PyTorch BLAS: {kind} ({detail}), torch.get_num_threads() = {threads}{own}; loom "
             f"GEMM: {loom_gemm()}, OMP_NUM_THREADS = " + os.environ.get("OMP_NUM_THREADS", "unset"))
 

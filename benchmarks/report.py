@@ -467,6 +467,7 @@ def markdown(report):
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux "
              f"{m['kernel']}; Python {m['python']}; libblas.so.3 -> {m['libblas.so.3']}.",
              "Packages: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()) + ".",
+             m.get("openblas_core", "OpenBLAS core: not recorded") + ".",
              "",
              "speedup = the peer's time / loom's (> 1: loom is faster); fraction = loom's rate / "
              "the limit's (1: at the limit). Every reference is measured in the same run.",
@@ -541,8 +542,22 @@ def main():
     if args.readme and (args.quick or only != SUITES):
         p.error("--readme needs every suite at full size (no --quick, no --only)")
 
+    # PyTorch's OpenBLAS at its best: the fastest of the kernels an inherited OPENBLAS_CORETYPE
+    # names, OpenBLAS's own choice and its AVX-512 ones (benchmarks/peer_blas.py). Every program
+    # started below inherits the choice.
+    try:
+        import peer_blas  # imports torch
+        coretype, core_line = peer_blas.best_openblas_coretype(PYTHON)
+    except ImportError as e:
+        coretype, core_line = os.environ.get("OPENBLAS_CORETYPE"), f"OpenBLAS core: not chosen ({e})"
+    print("report: " + core_line, flush=True)
+    if coretype:
+        os.environ["OPENBLAS_CORETYPE"] = coretype
+    else:
+        os.environ.pop("OPENBLAS_CORETYPE", None)
     r = Runner(args)
     report = {"machine": machine(), "quick": args.quick, "rows": [], "extra": {}, "failed": {}}
+    report["machine"]["openblas_core"] = core_line
     for name in only:
         print(f"report: suite {name}", flush=True)
         try:
