@@ -10,8 +10,8 @@ reports a ratio only when optimized() is true.
 
 OpenBLAS picks its kernels by the CPU it recognises, unless OPENBLAS_CORETYPE names them: the
 development VM's environment sets OPENBLAS_CORETYPE=Haswell (AVX2 kernels), and on its Zen 5 CPU
-(AVX-512) a 1-thread 1024^3 torch.mm ran at 76-89 GFLOP/s so, against 144-176 with OpenBLAS's own
-choice (Cooperlake) or SkylakeX. best_openblas_coretype() times the candidates; `make bench` runs
+(AVX-512) a 1-thread 1024^3 torch.mm ran at 75-102 GFLOP/s under it, against 144-192 with
+OpenBLAS's own choice (Cooperlake) or SkylakeX. best_openblas_coretype() times the candidates; `make bench` runs
 every PyTorch peer with the fastest (benchmarks/report.py), and blas_line() names the kernels a
 run used.
 """
@@ -55,16 +55,21 @@ def optimized():
     return describe()[0] in ("mkl", "openblas")
 
 
+def _cpu_flags():
+    """The first CPU's flags from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f
+                         if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
 def loom_gemm():
     """Which CPU GEMM loom runs here, assuming it was built for this machine (-march=native, the
     default LOOM_NATIVE=ON): its own packed kernel with AVX2 and FMA (zmm-wide with AVX-512),
     Eigen elsewhere (kernels/cpu/gemm_packed.h)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith("flags")), [])
-    except OSError:
-        flags = []
+    flags = _cpu_flags()
     if "avx2" in flags and "fma" in flags:
         return "loom's packed kernel, " + ("AVX-512" if "avx512f" in flags else "AVX2")
     return "Eigen"
@@ -115,17 +120,6 @@ print(json.dumps({"core": peer_blas.openblas_core(), "gflops": best}))
 """
 
 
-def _avx512():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512f" in line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return False
-
-
 def best_openblas_coretype(python=sys.executable):
     """The OPENBLAS_CORETYPE under which PyTorch's GEMMs run fastest here, among: the one this
     process inherited (if any), none (OpenBLAS's own choice) and, on an AVX-512 CPU, SkylakeX;
@@ -134,7 +128,7 @@ def best_openblas_coretype(python=sys.executable):
     measured and chosen)."""
     inherited = os.environ.get("OPENBLAS_CORETYPE") or None
     candidates = [inherited, None] if inherited else [None]
-    if _avx512() and "SkylakeX" not in candidates:
+    if "avx512f" in _cpu_flags() and "SkylakeX" not in candidates:
         candidates.append("SkylakeX")
     here = os.path.dirname(os.path.abspath(__file__))
     measured = []

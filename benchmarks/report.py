@@ -549,7 +549,8 @@ def main():
         import peer_blas  # imports torch
         coretype, core_line = peer_blas.best_openblas_coretype(PYTHON)
     except ImportError as e:
-        coretype, core_line = os.environ.get("OPENBLAS_CORETYPE"), f"OpenBLAS core: not chosen ({e})"
+        coretype = os.environ.get("OPENBLAS_CORETYPE")
+        core_line = f"OpenBLAS core: not chosen ({e})"
     print("report: " + core_line, flush=True)
     if coretype:
         os.environ["OPENBLAS_CORETYPE"] = coretype
