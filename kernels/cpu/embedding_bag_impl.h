@@ -74,12 +74,53 @@ inline void axpy_row(float* acc, const Float16* row, float s, int64_t n) {
 // clobbers nothing, so it costs no instruction. tests/unit/kernels_object_code.sh checks
 // the object files.
 //
+// Note [Prefetch loops]
+// A row's lines are prefetched by straight-line code (a switch falling through up to 8 lines,
+// whole groups of 8 before it), not by a loop of one prefetch per line whose trip count, the
+// row's bytes, is known only at run time. With that loop the forward at FBGEMM's default shape
+// (rows of 512 bytes) took 1.3-1.4x the time of the same kernel compiled with the row width
+// known (its 8 prefetches unrolled), timed in turn in one process on the 2-vCPU Zen 5 VM:
+// 13.5-15 ms against 10-11 ms, and torch.nn.EmbeddingBag's 11-12 ms. The prefetches stall the
+// core once its miss buffers are full; a loop branch per line, and its exit, apparently cost the
+// look-ahead the core would otherwise keep. No hardware counters here to say more.
+//
 // Starts loading the 64-byte lines of [p, p + bytes) (locality and write intent as
 // __builtin_prefetch's).
 template <int Locality, int Write = 0>
 inline void prefetch_lines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, Write, Locality);
+  int64_t lines = (bytes + 63) / 64;
+  for (; lines > 8; lines -= 8, c += 512)
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) __builtin_prefetch(c + 64 * k, Write, Locality);
+  switch (lines) {  // the last 1-8 lines, straight-line code
+    case 8:
+      __builtin_prefetch(c + 448, Write, Locality);
+      [[fallthrough]];
+    case 7:
+      __builtin_prefetch(c + 384, Write, Locality);
+      [[fallthrough]];
+    case 6:
+      __builtin_prefetch(c + 320, Write, Locality);
+      [[fallthrough]];
+    case 5:
+      __builtin_prefetch(c + 256, Write, Locality);
+      [[fallthrough]];
+    case 4:
+      __builtin_prefetch(c + 192, Write, Locality);
+      [[fallthrough]];
+    case 3:
+      __builtin_prefetch(c + 128, Write, Locality);
+      [[fallthrough]];
+    case 2:
+      __builtin_prefetch(c + 64, Write, Locality);
+      [[fallthrough]];
+    case 1:
+      __builtin_prefetch(c, Write, Locality);
+      [[fallthrough]];
+    default:
+      break;
+  }
   asm volatile("");
 }
 
