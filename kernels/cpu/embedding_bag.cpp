@@ -70,21 +70,18 @@ struct BagLookups {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"  // inline vector helpers: see embedding_bag_impl.h
 template <int N, typename W, typename Index>
-void pool_tile(const BagLookups<W, Index>& bag, int64_t c0, bool first_pass, bool mean,
+void pool_tile(const BagLookups<W, Index>& bag, int64_t c0, bool first_pass, float scale,
                float* out) {
   F32xV acc[N] = {};
-  int64_t n = 0;
   for (int64_t p = bag.begin; p < bag.end; ++p) {
     if (first_pass) bag.prefetch_ahead(p);
     const int64_t r = resolve_row(int64_t(bag.indices[p]), bag.num_rows, bag.mode);
     if (r < 0) continue;
-    ++n;
     const W* row = bag.table + r * bag.dim + c0;
     const float w = bag.weight(p);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) acc[i] += w * detail::load_lanes(row + kLanes * i);
   }
-  const float scale = mean && n > 0 ? 1.0f / float(n) : 1.0f;
 #pragma GCC unroll 8
   for (int i = 0; i < N; ++i) detail::store_lanes(out + c0 + kLanes * i, acc[i] * scale);
 }
@@ -94,31 +91,28 @@ void pool_tile(const BagLookups<W, Index>& bag, int64_t c0, bool first_pass, boo
 // pool_tile<vectors> for a run-time vectors in [1, N]: the columns left after the full tiles.
 template <int N, typename W, typename Index>
 void pool_vectors(int64_t vectors, const BagLookups<W, Index>& bag, int64_t c0, bool first_pass,
-                  bool mean, float* out) {
+                  float scale, float* out) {
   if constexpr (N > 0) {
-    if (vectors == N) return pool_tile<N>(bag, c0, first_pass, mean, out);
-    pool_vectors<N - 1>(vectors, bag, c0, first_pass, mean, out);
+    if (vectors == N) return pool_tile<N>(bag, c0, first_pass, scale, out);
+    pool_vectors<N - 1>(vectors, bag, c0, first_pass, scale, out);
   }
 }
 
 // The last dim % kLanes columns, [c0, dim) (4, 8 or 12: dims are multiples of 4).
 template <typename W, typename Index>
-void pool_tail(const BagLookups<W, Index>& bag, int64_t c0, bool mean, float* out) {
+void pool_tail(const BagLookups<W, Index>& bag, int64_t c0, float scale, float* out) {
   const int64_t width = bag.dim - c0;
   float acc[12] = {};
-  int64_t n = 0;
   for (int64_t p = bag.begin; p < bag.end; ++p) {
     const int64_t r = resolve_row(int64_t(bag.indices[p]), bag.num_rows, bag.mode);
-    if (r < 0) continue;
-    ++n;
-    detail::axpy_row(acc, bag.table + r * bag.dim + c0, bag.weight(p), width);
+    if (r >= 0) detail::axpy_row(acc, bag.table + r * bag.dim + c0, bag.weight(p), width);
   }
-  const float scale = mean && n > 0 ? 1.0f / float(n) : 1.0f;
   for (int64_t c = 0; c < width; ++c) out[c0 + c] = acc[c] * scale;
 }
 
 // Sum (weighted, or mean) of one bag's rows into out[0, dim), each element written once, tile
-// by tile; returns the bad indices met. Each pass reads the lookups from the indices, in order
+// by tile; returns the bad indices met. A first pass over the indices counts the bad ones and
+// the valid ones (for the mean); each tile pass reads the lookups from the indices, in order
 // (a bag's indices stay in L1 between passes). Rows are prefetched kPrefetchAhead lookups ahead,
 // on into the next bags up to table_end (the next bags of a table usually come next on the same
 // thread), so a bag's first rows are on their way before it starts.
@@ -131,16 +125,20 @@ void pool_tail(const BagLookups<W, Index>& bag, int64_t c0, bool mean, float* ou
 // on the 2-vCPU Zen 5 VM (the larger gain there was Note [Prefetch loops], embedding_bag_impl.h).
 template <typename W, typename Index>
 int64_t pool_bag(const BagLookups<W, Index>& bag, bool mean, float* out) {
-  int64_t bad = 0;
-  for (int64_t p = bag.begin; p < bag.end; ++p)
-    bad += static_cast<uint64_t>(bag.indices[p]) >= static_cast<uint64_t>(bag.num_rows);
+  int64_t bad = 0, valid = 0;
+  for (int64_t p = bag.begin; p < bag.end; ++p) {
+    const int64_t index = int64_t(bag.indices[p]);
+    bad += static_cast<uint64_t>(index) >= static_cast<uint64_t>(bag.num_rows);
+    valid += resolve_row(index, bag.num_rows, bag.mode) >= 0;
+  }
+  const float scale = mean && valid > 0 ? 1.0f / float(valid) : 1.0f;
   constexpr int64_t kTile = kLanes * kTileVectors;
   int64_t c0 = 0;
-  for (; c0 + kTile <= bag.dim; c0 += kTile) pool_tile<kTileVectors>(bag, c0, c0 == 0, mean, out);
+  for (; c0 + kTile <= bag.dim; c0 += kTile) pool_tile<kTileVectors>(bag, c0, c0 == 0, scale, out);
   const int64_t vectors = (bag.dim - c0) / kLanes;
-  pool_vectors<kTileVectors - 1>(vectors, bag, c0, c0 == 0, mean, out);
+  pool_vectors<kTileVectors - 1>(vectors, bag, c0, c0 == 0, scale, out);
   c0 += kLanes * vectors;
-  if (c0 < bag.dim) pool_tail(bag, c0, mean, out);
+  if (c0 < bag.dim) pool_tail(bag, c0, scale, out);
   return bad;
 }
 
